@@ -1,0 +1,33 @@
+#pragma once
+
+// JSON parsing for the safetensors header and the sharded-checkpoint index.
+// Internal to common/safetensors.
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
+
+namespace tandem::safetensors::internal {
+
+// Words the error for a key repeated in one object. `path` lists the keys
+// leading to that object from the root ("[]" for an array element; empty
+// for the root object itself).
+using DuplicateKeyMessage = std::function<std::string(
+    const std::vector<std::string>& path, const std::string& key)>;
+
+// Parses `text` as one JSON value (surrounding whitespace allowed). Unlike
+// nlohmann::json::parse, which silently keeps the last of repeated keys,
+// a key repeated within one object is an error. Never throws.
+//
+// Errors are InvalidArgument and start with `source` (usually a path):
+//   "<source>: <what> is not valid JSON: <parser detail with byte offset>"
+//   "<source>: <duplicate_message(path, key)>"
+absl::StatusOr<nlohmann::json> ParseJsonRejectingDuplicateKeys(
+    absl::string_view text, absl::string_view source, absl::string_view what,
+    const DuplicateKeyMessage& duplicate_message);
+
+}  // namespace tandem::safetensors::internal
