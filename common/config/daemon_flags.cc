@@ -1,0 +1,126 @@
+#include "common/config/daemon_flags.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+
+extern char** environ;
+
+namespace tandem::config {
+
+void AddServerOptions(ConfigSchema* schema, ServerOptions* options) {
+  schema->AddString("grpc_address", &options->grpc_address,
+                    "host:port where gRPC is served; port 0 picks a free port.");
+  schema->AddString("metrics_address", &options->metrics_address,
+                    "host:port of the Prometheus /metrics endpoint; port 0 "
+                    "picks a free port; empty disables it.");
+  schema->AddString("ready_file", &options->ready_file,
+                    "If set, bound addresses are written here as JSON once "
+                    "the daemon serves.");
+  schema->AddEnum("log.level", &options->log_level,
+                  {"trace", "debug", "info", "warn", "error", "critical",
+                   "off"},
+                  "Minimum log level.");
+  schema->AddEnum("log.format", &options->log_format, {"text", "json"},
+                  "Log line format on stderr.");
+  schema->AddInt("drain_timeout_ms", &options->drain_timeout_ms, 0,
+                 3'600'000,
+                 "On SIGTERM, how long in-flight work may drain before the "
+                 "daemon stops anyway.");
+}
+
+namespace {
+
+absl::Status ApplyLayers(ConfigSchema* schema, const std::string& config_file,
+                         const std::vector<std::string>& overrides,
+                         const std::vector<std::pair<std::string, std::string>>&
+                             flag_values) {
+  if (!config_file.empty()) RETURN_IF_ERROR(schema->ApplyYamlFile(config_file));
+  RETURN_IF_ERROR(schema->ApplyEnvironment(environ));
+  for (const auto& assignment : overrides) {
+    RETURN_IF_ERROR(schema->ApplyOverride(assignment));
+  }
+  for (const auto& [key, value] : flag_values) {
+    RETURN_IF_ERROR(schema->SetFromText(
+        key, value, absl::StrCat("flag for ", key)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+CommandLineResult LoadDaemonConfig(
+    int argc, char** argv, const std::string& daemon_name,
+    ConfigSchema* schema, const std::function<absl::Status()>& validate) {
+  CLI::App app{absl::StrCat(daemon_name, ": a Tandem daemon")};
+  std::string config_file;
+  std::vector<std::string> overrides;
+  std::string grpc_address, metrics_address, ready_file;
+  bool print_config = false;
+  app.add_option("--config", config_file, "YAML config file");
+  app.add_option("--set", overrides, "Override one key: key=value (repeatable)");
+  app.add_option("--grpc-address", grpc_address, "host:port to serve gRPC on");
+  app.add_option("--metrics-address", metrics_address,
+                 "host:port to serve /metrics on");
+  app.add_option("--ready-file", ready_file,
+                 "Write bound addresses as JSON here once serving");
+  app.add_flag("--print-config", print_config,
+               "Print the effective configuration as YAML and exit");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return {false, app.exit(e)};
+  }
+  std::vector<std::pair<std::string, std::string>> flag_values;
+  if (!grpc_address.empty()) flag_values.emplace_back("grpc_address", grpc_address);
+  if (!metrics_address.empty()) {
+    flag_values.emplace_back("metrics_address", metrics_address);
+  }
+  if (!ready_file.empty()) flag_values.emplace_back("ready_file", ready_file);
+
+  absl::Status status = ApplyLayers(schema, config_file, overrides, flag_values);
+  if (status.ok()) status = validate();
+  if (!status.ok()) {
+    std::cerr << daemon_name << ": configuration error: " << status.message()
+              << "\n";
+    return {false, 2};
+  }
+  if (print_config) {
+    std::cout << "# Effective configuration of " << daemon_name << "\n"
+              << schema->ToYaml();
+    return {false, 0};
+  }
+  return {true, 0};
+}
+
+absl::Status WriteReadyFile(const std::string& path,
+                            const std::string& grpc_address,
+                            const std::string& metrics_address) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) {
+      return absl::InternalError(absl::StrCat("cannot write ready file ", tmp));
+    }
+    out << "{\"grpc_address\": \"" << grpc_address
+        << "\", \"metrics_address\": \"" << metrics_address
+        << "\", \"pid\": " << getpid() << "}\n";
+    if (!out.flush()) {
+      return absl::InternalError(absl::StrCat("cannot write ready file ", tmp));
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(
+        absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::config

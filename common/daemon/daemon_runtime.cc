@@ -1,0 +1,71 @@
+#include "common/daemon/daemon_runtime.h"
+
+#include <signal.h>
+
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
+
+namespace tandem::daemon {
+
+absl::StatusOr<std::unique_ptr<DaemonRuntime>> DaemonRuntime::Create(
+    const std::string& daemon_name, const config::ServerOptions& options,
+    std::shared_ptr<prometheus::Registry> registry,
+    const std::vector<grpc::Service*>& services) {
+  std::unique_ptr<DaemonRuntime> runtime(new DaemonRuntime());
+  runtime->name_ = daemon_name;
+  runtime->options_ = options;
+  ASSIGN_OR_RETURN(runtime->metrics_,
+                   metrics::MetricsServer::Create(options.metrics_address,
+                                                  daemon_name,
+                                                  std::move(registry)));
+  ASSIGN_OR_RETURN(runtime->grpc_,
+                   rpc::GrpcServer::Start(options.grpc_address, services));
+  ComponentLogger(daemon_name)
+      ->info("serving gRPC on {} and metrics on {}", runtime->grpc_address(),
+             runtime->metrics_address().empty() ? "(disabled)"
+                                                : runtime->metrics_address());
+  return runtime;
+}
+
+absl::Status DaemonRuntime::MarkReady() {
+  grpc_->SetServing(true);
+  if (!options_.ready_file.empty()) {
+    RETURN_IF_ERROR(config::WriteReadyFile(options_.ready_file, grpc_address(),
+                                           metrics_address()));
+  }
+  ComponentLogger(name_)->info("ready");
+  return absl::OkStatus();
+}
+
+void DaemonRuntime::MarkNotServing() { grpc_->SetServing(false); }
+
+void DaemonRuntime::Shutdown(absl::Duration deadline) {
+  if (grpc_) grpc_->Shutdown(deadline);
+  metrics_.reset();
+}
+
+namespace {
+sigset_t TerminationSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
+  return set;
+}
+}  // namespace
+
+void BlockTerminationSignals() {
+  sigset_t set = TerminationSignals();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+int WaitForTerminationSignal() {
+  sigset_t set = TerminationSignals();
+  int signal_number = 0;
+  while (sigwait(&set, &signal_number) != 0) {
+  }
+  return signal_number;
+}
+
+}  // namespace tandem::daemon

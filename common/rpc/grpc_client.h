@@ -1,0 +1,41 @@
+#pragma once
+
+// Client-side helpers: every call carries a deadline, and UNAVAILABLE is
+// retried with capped exponential backoff and jitter until an overall budget
+// runs out. Conversions between absl::Status and grpc::Status live here too.
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace tandem::rpc {
+
+struct RetryPolicy {
+  // Deadline of each attempt.
+  absl::Duration attempt_timeout = absl::Seconds(5);
+  // Total time across attempts, including backoff sleeps.
+  absl::Duration total_timeout = absl::Seconds(30);
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(2);
+};
+
+// Runs `call` with a fresh ClientContext carrying the attempt deadline,
+// retrying on UNAVAILABLE (and DEADLINE_EXCEEDED of an attempt when budget
+// remains). `what` names the RPC in the returned error.
+absl::Status CallWithRetry(
+    const std::string& what, const RetryPolicy& policy,
+    const std::function<grpc::Status(grpc::ClientContext*)>& call);
+
+// An insecure channel to host:port with keepalive suited to the control
+// plane.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+
+absl::Status ToAbslStatus(const grpc::Status& status);
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+}  // namespace tandem::rpc

@@ -1,0 +1,50 @@
+#pragma once
+
+// GrpcServer runs one daemon's gRPC services (callback API) together with
+// the standard grpc.health.v1 health service and server reflection.
+//
+// Health contract: the overall status ("") and every registered service are
+// NOT_SERVING from start until SetServing(true); Shutdown() sets
+// NOT_SERVING before it stops accepting calls, so load balancers and probes
+// see the daemon leave before connections close.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace grpc {
+class Server;
+class Service;
+}  // namespace grpc
+
+namespace tandem::rpc {
+
+class GrpcServer {
+ public:
+  // Binds `address` (host:port; port 0 picks a free port) and starts
+  // serving `services`, which must outlive the server.
+  static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(
+      const std::string& address, const std::vector<grpc::Service*>& services);
+  ~GrpcServer();
+
+  // host:port actually bound.
+  const std::string& bound_address() const { return bound_address_; }
+
+  // Flips the health status of the server and all its services.
+  void SetServing(bool serving);
+
+  // Health to NOT_SERVING, then waits up to `deadline` for in-flight calls
+  // before cancelling them. Idempotent.
+  void Shutdown(absl::Duration deadline);
+
+ private:
+  GrpcServer() = default;
+  std::unique_ptr<grpc::Server> server_;
+  std::string bound_address_;
+  bool shut_down_ = false;
+};
+
+}  // namespace tandem::rpc

@@ -1,0 +1,153 @@
+#include "services/coordinator/member_registry.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem::coordinator {
+
+const char* RoleName(tandem::v1::Role role) {
+  switch (role) {
+    case tandem::v1::ROLE_ROLLOUT:
+      return "rollout";
+    case tandem::v1::ROLE_VERIFIER:
+      return "verifier";
+    case tandem::v1::ROLE_TRAINER:
+      return "trainer";
+    default:
+      return "unspecified";
+  }
+}
+
+const char* MemberStateName(tandem::v1::MemberState state) {
+  switch (state) {
+    case tandem::v1::MEMBER_STATE_ALIVE:
+      return "alive";
+    case tandem::v1::MEMBER_STATE_DRAINING:
+      return "draining";
+    case tandem::v1::MEMBER_STATE_DEAD:
+      return "dead";
+    case tandem::v1::MEMBER_STATE_LEFT:
+      return "left";
+    default:
+      return "unspecified";
+  }
+}
+
+MemberRegistry::MemberRegistry(absl::Duration heartbeat_timeout)
+    : heartbeat_timeout_(heartbeat_timeout) {}
+
+tandem::v1::MemberInfo MemberRegistry::Register(
+    const tandem::v1::RegisterRequest& request, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  Entry entry;
+  tandem::v1::MemberInfo& info = entry.info;
+  info.set_member_id(
+      absl::StrCat(RoleName(request.role()), "-", next_id_++));
+  info.set_role(request.role());
+  info.set_state(tandem::v1::MEMBER_STATE_ALIVE);
+  info.set_grpc_address(request.grpc_address());
+  info.set_metrics_address(request.metrics_address());
+  info.set_hostname(request.hostname());
+  info.set_pid(request.pid());
+  info.set_policy_version(request.policy_version());
+  info.set_registered_unix_ms(absl::ToUnixMillis(now));
+  info.set_last_heartbeat_unix_ms(absl::ToUnixMillis(now));
+  if (!request.previous_member_id().empty()) {
+    int count = ++reregistrations_[request.previous_member_id()];
+    info.set_reregistrations(count);
+    reregistrations_[info.member_id()] = count;
+  }
+  entry.last_seen = now;
+  members_[info.member_id()] = entry;
+  return info;
+}
+
+absl::Status MemberRegistry::Heartbeat(
+    const tandem::v1::HeartbeatRequest& request, absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  auto it = members_.find(request.member_id());
+  if (it == members_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("member '", request.member_id(),
+                     "' is not registered; register again"));
+  }
+  tandem::v1::MemberInfo& info = it->second.info;
+  if (info.state() == tandem::v1::MEMBER_STATE_DEAD ||
+      info.state() == tandem::v1::MEMBER_STATE_LEFT) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("member '", request.member_id(), "' was declared ",
+                     MemberStateName(info.state()), "; register again"));
+  }
+  it->second.last_seen = now;
+  info.set_last_heartbeat_unix_ms(absl::ToUnixMillis(now));
+  info.set_policy_version(request.policy_version());
+  if (request.state() == tandem::v1::MEMBER_STATE_DRAINING) {
+    info.set_state(tandem::v1::MEMBER_STATE_DRAINING);
+  }
+  *info.mutable_load() = request.load();
+  return absl::OkStatus();
+}
+
+absl::Status MemberRegistry::Deregister(const std::string& member_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = members_.find(member_id);
+  if (it == members_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("member '", member_id, "' is not registered"));
+  }
+  it->second.info.set_state(tandem::v1::MEMBER_STATE_LEFT);
+  return absl::OkStatus();
+}
+
+std::vector<tandem::v1::MemberInfo> MemberRegistry::ExpireSilent(
+    absl::Time now) {
+  std::vector<tandem::v1::MemberInfo> expired;
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, entry] : members_) {
+    const auto state = entry.info.state();
+    if (state != tandem::v1::MEMBER_STATE_ALIVE &&
+        state != tandem::v1::MEMBER_STATE_DRAINING) {
+      continue;
+    }
+    if (now - entry.last_seen > heartbeat_timeout_) {
+      entry.info.set_state(tandem::v1::MEMBER_STATE_DEAD);
+      expired.push_back(entry.info);
+    }
+  }
+  return expired;
+}
+
+std::vector<tandem::v1::MemberInfo> MemberRegistry::Snapshot() const {
+  std::vector<tandem::v1::MemberInfo> out;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, entry] : members_) out.push_back(entry.info);
+  return out;
+}
+
+void MemberRegistry::Prune(absl::Time now, absl::Duration retention) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = members_.begin(); it != members_.end();) {
+    const auto state = it->second.info.state();
+    const bool gone = state == tandem::v1::MEMBER_STATE_DEAD ||
+                      state == tandem::v1::MEMBER_STATE_LEFT;
+    if (gone && now - it->second.last_seen > retention) {
+      it = members_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+std::map<tandem::v1::Role, int> MemberRegistry::CountAlive() const {
+  std::map<tandem::v1::Role, int> counts;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, entry] : members_) {
+    const auto state = entry.info.state();
+    if (state == tandem::v1::MEMBER_STATE_ALIVE ||
+        state == tandem::v1::MEMBER_STATE_DRAINING) {
+      ++counts[entry.info.role()];
+    }
+  }
+  return counts;
+}
+
+}  // namespace tandem::coordinator

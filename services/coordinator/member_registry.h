@@ -1,0 +1,60 @@
+#pragma once
+
+// MemberRegistry is the coordinator's table of cluster members. Members
+// register, heartbeat and deregister; ExpireSilent() declares dead every
+// member whose last heartbeat is older than the timeout. A dead member's
+// heartbeats are refused so it registers again under a new id. Thread-safe.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "tandem/v1/common.pb.h"
+#include "tandem/v1/coordinator.pb.h"
+
+namespace tandem::coordinator {
+
+class MemberRegistry {
+ public:
+  explicit MemberRegistry(absl::Duration heartbeat_timeout);
+
+  // Adds a member and returns its info (with a new member_id).
+  tandem::v1::MemberInfo Register(const tandem::v1::RegisterRequest& request,
+                                  absl::Time now);
+  // Records a heartbeat. FailedPrecondition when the member is unknown,
+  // dead or gone: it must register again.
+  absl::Status Heartbeat(const tandem::v1::HeartbeatRequest& request,
+                         absl::Time now);
+  // Marks the member as left. NotFound when unknown.
+  absl::Status Deregister(const std::string& member_id);
+  // Declares dead every alive member silent for longer than the timeout and
+  // returns them.
+  std::vector<tandem::v1::MemberInfo> ExpireSilent(absl::Time now);
+  // Every member that is not dead or left, plus dead and left members until
+  // they are pruned (kept for `retention` so status shows them).
+  std::vector<tandem::v1::MemberInfo> Snapshot() const;
+  // Forgets dead and left members older than `retention`.
+  void Prune(absl::Time now, absl::Duration retention);
+  // Live members by role.
+  std::map<tandem::v1::Role, int> CountAlive() const;
+
+ private:
+  struct Entry {
+    tandem::v1::MemberInfo info;
+    absl::Time last_seen;
+  };
+  const absl::Duration heartbeat_timeout_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, Entry> members_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> reregistrations_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+const char* RoleName(tandem::v1::Role role);
+const char* MemberStateName(tandem::v1::MemberState state);
+
+}  // namespace tandem::coordinator
