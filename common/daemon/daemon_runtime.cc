@@ -2,6 +2,8 @@
 
 #include <signal.h>
 
+#include <thread>
+
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
 
@@ -40,8 +42,11 @@ absl::Status DaemonRuntime::MarkReady() {
 void DaemonRuntime::MarkNotServing() { grpc_->SetServing(false); }
 
 void DaemonRuntime::Shutdown(absl::Duration deadline) {
+  // The metrics HTTP server takes about a second to stop (its listener polls
+  // on a timer), so it stops alongside gRPC rather than after it.
+  std::thread stop_metrics([this] { metrics_.reset(); });
   if (grpc_) grpc_->Shutdown(deadline);
-  metrics_.reset();
+  stop_metrics.join();
 }
 
 namespace {

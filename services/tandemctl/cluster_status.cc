@@ -1,0 +1,92 @@
+#include "services/tandemctl/cluster_status.h"
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace tandem::ctl {
+namespace {
+
+const char* Role(tandem::v1::Role role) {
+  switch (role) {
+    case tandem::v1::ROLE_ROLLOUT:
+      return "rollout";
+    case tandem::v1::ROLE_VERIFIER:
+      return "verifier";
+    case tandem::v1::ROLE_TRAINER:
+      return "trainer";
+    default:
+      return "?";
+  }
+}
+
+const char* State(tandem::v1::MemberState state) {
+  switch (state) {
+    case tandem::v1::MEMBER_STATE_ALIVE:
+      return "alive";
+    case tandem::v1::MEMBER_STATE_DRAINING:
+      return "draining";
+    case tandem::v1::MEMBER_STATE_DEAD:
+      return "dead";
+    case tandem::v1::MEMBER_STATE_LEFT:
+      return "left";
+    default:
+      return "?";
+  }
+}
+
+}  // namespace
+
+std::string FormatClusterStatus(
+    const tandem::v1::GetClusterStatusResponse& status, int64_t now_unix_ms) {
+  std::string out = absl::StrFormat(
+      "policy version %d  membership epoch %d  group size %d  max lag %d\n",
+      status.policy_version(), status.membership_epoch(), status.group_size(),
+      status.max_lag());
+  absl::StrAppend(&out,
+                  absl::StrFormat("%-14s %-9s %-9s %-22s %-8s %8s %10s %9s\n",
+                                  "MEMBER", "ROLE", "STATE", "GRPC", "VERSION",
+                                  "RUNNING", "TOK/S", "HB AGE"));
+  for (const auto& m : status.members()) {
+    const double age_s =
+        static_cast<double>(now_unix_ms - m.last_heartbeat_unix_ms()) / 1000.0;
+    absl::StrAppend(
+        &out, absl::StrFormat("%-14s %-9s %-9s %-22s %-8d %8d %10.1f %8.1fs\n",
+                              m.member_id(), Role(m.role()), State(m.state()),
+                              m.grpc_address(), m.policy_version(),
+                              m.load().running(), m.load().tokens_per_second(),
+                              age_s));
+  }
+  const auto& q = status.queues();
+  absl::StrAppend(
+      &out,
+      absl::StrFormat("queues: pending %d  leased %d  scoring %d  ready %d  "
+                      "training %d\n",
+                      q.pending_prompts(), q.leased_prompts(),
+                      q.scoring_samples(), q.ready_groups(),
+                      q.training_groups()));
+  return out;
+}
+
+std::string FormatStatusLine(
+    const tandem::v1::GetClusterStatusResponse& status) {
+  int alive = 0;
+  int total = 0;
+  double tokens_per_second = 0;
+  for (const auto& m : status.members()) {
+    if (m.state() == tandem::v1::MEMBER_STATE_LEFT) continue;
+    ++total;
+    if (m.state() == tandem::v1::MEMBER_STATE_ALIVE) ++alive;
+    if (m.role() == tandem::v1::ROLE_ROLLOUT) {
+      tokens_per_second += m.load().tokens_per_second();
+    }
+  }
+  return absl::StrFormat(
+      "members %d/%d alive | version %d | %.1f tok/s | ready groups %d | "
+      "trained groups %d",
+      alive, total, status.policy_version(), tokens_per_second,
+      status.queues().ready_groups(), status.counters().groups_trained());
+}
+
+}  // namespace tandem::ctl
