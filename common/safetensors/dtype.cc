@@ -100,8 +100,8 @@ absl::StatusOr<uint64_t> CheckedNumBytes(const std::vector<int64_t>& shape,
     count *= d;
   }
   if (element_size != 0 && count > kMax / element_size) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "shape ", ShapeToString(shape), " byte size overflows 64 bits"));
+    return absl::OutOfRangeError(absl::StrCat("shape ", ShapeToString(shape),
+                                              " byte size overflows 64 bits"));
   }
   return count * element_size;
 }

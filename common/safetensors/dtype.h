@@ -36,10 +36,9 @@ enum class DType : uint8_t {
 
 // All dtypes, in enum order; handy for tests and exhaustive switches.
 inline constexpr std::array<DType, 15> kAllDTypes = {
-    DType::kBool, DType::kU8,   DType::kI8,     DType::kU16,
-    DType::kI16,  DType::kF16,  DType::kBF16,   DType::kU32,
-    DType::kI32,  DType::kF32,  DType::kF64,    DType::kU64,
-    DType::kI64,  DType::kF8E4M3, DType::kF8E5M2};
+    DType::kBool, DType::kU8,   DType::kI8,  DType::kU16,    DType::kI16,
+    DType::kF16,  DType::kBF16, DType::kU32, DType::kI32,    DType::kF32,
+    DType::kF64,  DType::kU64,  DType::kI64, DType::kF8E4M3, DType::kF8E5M2};
 
 // The on-disk name of `dtype`, e.g. "BF16".
 absl::string_view DTypeName(DType dtype);

@@ -21,6 +21,12 @@ struct OpenObject {
 absl::StatusOr<nlohmann::json> ParseJsonRejectingDuplicateKeys(
     absl::string_view text, absl::string_view source, absl::string_view what,
     const DuplicateKeyMessage& duplicate_message) {
+  // nlohmann's lexer takes a NUL byte for the end of the input and would
+  // silently ignore whatever follows; raw NUL is never valid JSON.
+  if (const size_t nul = text.find('\0'); nul != absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": ", what, " is not valid JSON: NUL byte at offset ", nul));
+  }
   using Event = nlohmann::json::parse_event_t;
   std::vector<OpenObject> open;
   // Key path from the root to the innermost open object or array.
@@ -29,12 +35,18 @@ absl::StatusOr<nlohmann::json> ParseJsonRejectingDuplicateKeys(
   std::vector<bool> container_is_object;
   bool after_key = false;
   std::string duplicate_error;
+  std::string nesting_error;
 
   auto callback = [&](int /*depth*/, Event event,
                       nlohmann::json& parsed) -> bool {
     switch (event) {
       case Event::object_start:
       case Event::array_start:
+        if (container_is_object.size() >= kMaxNestingDepth &&
+            nesting_error.empty()) {
+          nesting_error =
+              absl::StrCat("nesting deeper than ", kMaxNestingDepth, " levels");
+        }
         if (!container_is_object.empty()) {
           path.push_back(after_key ? open.back().last_key : "[]");
         }
@@ -77,6 +89,10 @@ absl::StatusOr<nlohmann::json> ParseJsonRejectingDuplicateKeys(
   } catch (const nlohmann::json::exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": ", what, " is not valid JSON: ", e.what()));
+  }
+  if (!nesting_error.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": ", what, " has ", nesting_error));
   }
   if (!duplicate_error.empty()) {
     return absl::InvalidArgumentError(

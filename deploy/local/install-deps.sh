@@ -17,6 +17,11 @@ PACKAGES=(
   catch2 python3 python3-grpcio prometheus
 )
 
+# The tokenizer reference tests run the npm packages' JavaScript tokenizers.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  PACKAGES+=(nodejs npm)
+fi
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -1,0 +1,125 @@
+#include "kernels/crc32c.h"
+
+#include <array>
+#include <cstring>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <nmmintrin.h>
+#define TANDEM_CRC32C_X86 1
+#else
+#define TANDEM_CRC32C_X86 0
+#endif
+
+namespace tandem::kernels {
+namespace {
+
+constexpr uint32_t kPolynomial = 0x82F63B78u;  // reflected Castagnoli
+
+// kTables[k][b] is the CRC of byte b followed by k zero bytes, which lets the
+// portable loop fold eight input bytes per iteration (slicing-by-8).
+using Tables = std::array<std::array<uint32_t, 256>, 8>;
+
+constexpr Tables MakeTables() {
+  Tables t{};
+  for (uint32_t b = 0; b < 256; ++b) {
+    uint32_t crc = b;
+    for (int i = 0; i < 8; ++i) crc = (crc >> 1) ^ ((crc & 1u) ? kPolynomial : 0u);
+    t[0][b] = crc;
+  }
+  for (uint32_t b = 0; b < 256; ++b) {
+    for (int k = 1; k < 8; ++k) t[k][b] = (t[k - 1][b] >> 8) ^ t[0][t[k - 1][b] & 0xFFu];
+  }
+  return t;
+}
+
+constexpr Tables kTables = MakeTables();
+
+inline uint64_t LoadLe64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, sizeof(v));  // x86 and the targets we build for are LE
+  return v;
+}
+
+#if TANDEM_CRC32C_X86
+__attribute__((target("sse4.2"))) uint32_t ExtendSse42(uint32_t crc,
+                                                        const uint8_t* p,
+                                                        size_t n) {
+  uint64_t c = ~crc;
+  // Align to 8 bytes so the 64-bit loads below never straddle lines badly.
+  while (n > 0 && (reinterpret_cast<uintptr_t>(p) & 7u) != 0) {
+    c = _mm_crc32_u8(static_cast<uint32_t>(c), *p++);
+    --n;
+  }
+  while (n >= 32) {
+    c = _mm_crc32_u64(c, LoadLe64(p));
+    c = _mm_crc32_u64(c, LoadLe64(p + 8));
+    c = _mm_crc32_u64(c, LoadLe64(p + 16));
+    c = _mm_crc32_u64(c, LoadLe64(p + 24));
+    p += 32;
+    n -= 32;
+  }
+  while (n >= 8) {
+    c = _mm_crc32_u64(c, LoadLe64(p));
+    p += 8;
+    n -= 8;
+  }
+  uint32_t c32 = static_cast<uint32_t>(c);
+  while (n > 0) {
+    c32 = _mm_crc32_u8(c32, *p++);
+    --n;
+  }
+  return ~c32;
+}
+
+bool DetectSse42() { return __builtin_cpu_supports("sse4.2"); }
+#endif
+
+}  // namespace
+
+uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t size) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  uint32_t c = ~crc;
+  while (size > 0 && (reinterpret_cast<uintptr_t>(p) & 7u) != 0) {
+    c = (c >> 8) ^ kTables[0][(c ^ *p++) & 0xFFu];
+    --size;
+  }
+  while (size >= 8) {
+    const uint64_t v = LoadLe64(p) ^ c;
+    c = kTables[7][v & 0xFF] ^ kTables[6][(v >> 8) & 0xFF] ^
+        kTables[5][(v >> 16) & 0xFF] ^ kTables[4][(v >> 24) & 0xFF] ^
+        kTables[3][(v >> 32) & 0xFF] ^ kTables[2][(v >> 40) & 0xFF] ^
+        kTables[1][(v >> 48) & 0xFF] ^ kTables[0][v >> 56];
+    p += 8;
+    size -= 8;
+  }
+  while (size > 0) {
+    c = (c >> 8) ^ kTables[0][(c ^ *p++) & 0xFFu];
+    --size;
+  }
+  return ~c;
+}
+
+bool Crc32cHardwareAccelerated() {
+#if TANDEM_CRC32C_X86
+  static const bool has_sse42 = DetectSse42();
+  return has_sse42;
+#else
+  return false;
+#endif
+}
+
+uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size) {
+  if (size == 0) return crc;
+#if TANDEM_CRC32C_X86
+  if (Crc32cHardwareAccelerated()) {
+    return ExtendSse42(crc, static_cast<const uint8_t*>(data), size);
+  }
+#endif
+  return Crc32cExtendPortable(crc, data, size);
+}
+
+uint32_t Crc32c(const void* data, size_t size) {
+  return Crc32cExtend(0, data, size);
+}
+
+}  // namespace tandem::kernels

@@ -1,0 +1,31 @@
+#pragma once
+
+// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), the checksum of
+// weight buckets and pull-path chunks. Matches RFC 3720 (iSCSI) and
+// absl::ComputeCrc32c / Google's crc32c library: Crc32c("123456789") ==
+// 0xE3069283.
+//
+// The hardware path (SSE4.2 `crc32` instruction) is chosen at run time when
+// the CPU has it; otherwise a portable slicing-by-8 table implementation
+// runs. Both produce identical results. All functions are thread-safe.
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tandem::kernels {
+
+// CRC-32C of `size` bytes at `data`. `data` may be null when size == 0.
+uint32_t Crc32c(const void* data, size_t size);
+
+// Continues a CRC: Crc32cExtend(Crc32c(a), b) == Crc32c(a followed by b).
+// Start from 0 for an empty prefix.
+uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size);
+
+// The portable implementation, exposed so tests can compare it with the
+// hardware path on machines that have one.
+uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t size);
+
+// True when Crc32c() uses the SSE4.2 instruction on this machine.
+bool Crc32cHardwareAccelerated();
+
+}  // namespace tandem::kernels

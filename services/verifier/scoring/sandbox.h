@@ -1,0 +1,165 @@
+#pragma once
+
+// A process sandbox for running untrusted programs (the "code" verifier).
+//
+// Each Run() clones a small init process (sandbox_child.h) that forks the
+// program and relays its exit status. They are contained by:
+//   - fresh network and PID namespaces, created by clone(CLONE_NEWNET |
+//     CLONE_NEWPID). In the new network namespace even loopback is down, so
+//     every connect() fails. The init is PID 1 of the PID namespace, so when
+//     the program exits, or the init is killed, the kernel kills every
+//     process the program started, including ones that left its process
+//     group with setsid(). Concurrent runs cannot see or signal each other.
+//     (This is the unshare(CLONE_NEWNET) of the design, done at clone time
+//     so that the PID namespace comes with it.)
+//   - a new session (setsid) and process group; the parent SIGKILLs the
+//     init and the group on wall-clock timeout, on output overflow, and
+//     after the program exits (which reaps background children in fallback
+//     mode);
+//   - setrlimit on the program: RLIMIT_CPU (soft cpu_seconds, SIGXCPU; hard
+//     one more, SIGKILL), RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NPROC,
+//     RLIMIT_NOFILE, and no core dumps;
+//   - when the daemon runs as root: supplementary groups dropped and
+//     setresgid/setresuid to run_as_gid/run_as_uid (nobody, 65534) in the
+//     program, after the namespaces exist; PR_SET_NO_NEW_PRIVS so setuid
+//     binaries cannot regain privileges; the init has PR_SET_PDEATHSIG, so
+//     the run dies with the daemon;
+//   - its own new, empty directory under work_root as cwd, HOME and TMPDIR,
+//     owned by the sandbox user with mode 0700 inside a daemon-owned 0711
+//     directory, removed (recursively) after the run whatever happened;
+//   - stdin from an in-memory file, stdout and stderr through pipes, each
+//     capped at max_output_bytes: past the cap the parent stops reading and
+//     kills the run;
+//   - every other inherited file descriptor closed (close_range), and a
+//     minimal environment (PATH, HOME, TMPDIR, LANG).
+//
+// If the namespaces cannot be created (not root, no CAP_SYS_ADMIN, a
+// restrictive container), Run() returns Unavailable and runs nothing,
+// unless allow_network_fallback is set: then the program runs without
+// network and PID isolation, contained only by the process-group kill, and
+// SandboxResult::isolated is false.
+//
+// Caveats, by design of the mechanisms used:
+//   - RLIMIT_NPROC counts all processes of the real uid. Concurrent runs
+//     share the sandbox uid, so one fork bomb can make another concurrent
+//     run fail to start (ResourceExhausted) until it is killed. When not
+//     running as root the limit counts the daemon user's own processes, so
+//     max_processes must leave room for them.
+//   - There is no mount namespace: the program can read what nobody can
+//     read, and write where nobody can write (e.g. /tmp outside its
+//     directory; such files outlive the run). RLIMIT_FSIZE bounds each
+//     file, not their number.
+//
+// Thread-safe: Run() may be called concurrently; each run has its own
+// directory, pipes and processes.
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace tandem::verifier {
+
+struct SandboxLimits {
+  int cpu_seconds = 5;                             // RLIMIT_CPU.
+  double wall_seconds = 10.0;                      // Enforced by parent.
+  int64_t address_space_bytes = int64_t{1} << 30;  // RLIMIT_AS, 1 GiB.
+  int64_t file_size_bytes = int64_t{16} << 20;     // RLIMIT_FSIZE, 16 MiB.
+  int max_processes = 64;                          // RLIMIT_NPROC.
+  int64_t max_output_bytes = int64_t{1} << 20;     // Per stream, 1 MiB.
+  int max_open_files = 64;                         // RLIMIT_NOFILE.
+  // Run without network/PID namespaces when they cannot be created,
+  // instead of refusing. Off by default: never run code unisolated unless
+  // the operator says so.
+  bool allow_network_fallback = false;
+};
+
+struct SandboxConfig {
+  SandboxLimits limits;
+  // Parent of the per-run directories; must exist and be searchable by the
+  // sandbox user.
+  std::string work_root = "/tmp";
+  // Identity of the program when the daemon runs as root.
+  uid_t run_as_uid = 65534;
+  gid_t run_as_gid = 65534;
+};
+
+// OK, or InvalidArgument naming the first bad field, e.g.
+// "sandbox.limits.cpu_seconds must be > 0, got 0".
+absl::Status ValidateSandboxConfig(const SandboxConfig& config);
+
+struct SandboxCommand {
+  // argv[0] is an absolute path; it is executed as is (no PATH lookup).
+  std::vector<std::string> argv;
+  std::string stdin_data;
+  // Files written into the run directory before the program starts, as
+  // (plain file name, content); mode 0444.
+  std::vector<std::pair<std::string, std::string>> files;
+};
+
+enum class SandboxTermination {
+  kExited,       // exit_code is valid.
+  kSignaled,     // Killed by `signal` (SIGXCPU: CPU limit; SIGXFSZ: file).
+  kWallTimeout,  // Killed by the parent at wall_seconds.
+  kOutputLimit,  // Killed by the parent past max_output_bytes.
+};
+
+struct SandboxResult {
+  SandboxTermination termination = SandboxTermination::kExited;
+  int exit_code = -1;
+  int signal = 0;
+  std::string stdout_data;  // At most max_output_bytes.
+  std::string stderr_data;  // At most max_output_bytes.
+  absl::Duration wall_time;
+  // User + system CPU of the program and the processes that were reaped
+  // inside the run (approximate when the run was killed).
+  absl::Duration cpu_time;
+  // False only when run under allow_network_fallback without namespaces.
+  bool isolated = true;
+};
+
+class Sandbox {
+ public:
+  // InvalidArgument when the config is invalid or work_root is not a
+  // directory.
+  static absl::StatusOr<std::unique_ptr<Sandbox>> Create(
+      const SandboxConfig& config);
+
+  Sandbox(const Sandbox&) = delete;
+  Sandbox& operator=(const Sandbox&) = delete;
+
+  // Runs `command` to completion under the limits. A program that fails,
+  // loops, hogs memory or floods output is a SandboxResult, not an error.
+  // Errors: InvalidArgument (bad command), Unavailable (namespaces cannot
+  // be created and no fallback allowed; nothing ran), ResourceExhausted
+  // (the process could not start, e.g. RLIMIT_NPROC of the sandbox user is
+  // used up by concurrent runs), Internal (a system call of the parent
+  // failed). The run directory is removed in every case.
+  // REQUIRES: SIGCHLD is not ignored (SIG_IGN) in this process; the exit
+  // status of the run would be lost.
+  absl::StatusOr<SandboxResult> Run(const SandboxCommand& command) const;
+
+  const SandboxConfig& config() const { return config_; }
+
+  // Makes namespace creation fail as if the kernel refused it, to test the
+  // refusal and the fallback without a restricted kernel.
+  void SimulateNamespaceFailureForTest(bool fail) {
+    simulate_namespace_failure_.store(fail);
+  }
+
+ private:
+  explicit Sandbox(SandboxConfig config) : config_(std::move(config)) {}
+
+  const SandboxConfig config_;
+  std::atomic<bool> simulate_namespace_failure_{false};
+};
+
+}  // namespace tandem::verifier

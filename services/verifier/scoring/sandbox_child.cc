@@ -1,0 +1,158 @@
+#include "services/verifier/scoring/sandbox_child.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace tandem::verifier::sandbox_internal {
+namespace {
+
+[[noreturn]] void Fail(int stage) {
+  const ChildFailure failure{stage, errno};
+  ssize_t unused = write(kFailureFd, &failure, sizeof(failure));
+  (void)unused;
+  _exit(127);
+}
+
+// fork() as a raw system call (see the header for why not glibc's).
+pid_t RawFork() {
+  return static_cast<pid_t>(syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0));
+}
+
+// Puts stdin/stdout/stderr at 0/1/2, the failure and status pipes at
+// kFailureFd/kStatusFd, and closes every other descriptor.
+void ArrangeDescriptors(const ChildSpec& spec) {
+  // Lift everything above the target range first, so that no dup below
+  // overwrites a descriptor still needed.
+  const int in = fcntl(spec.stdin_fd, F_DUPFD_CLOEXEC, 10);
+  const int out = fcntl(spec.stdout_fd, F_DUPFD_CLOEXEC, 10);
+  const int err = fcntl(spec.stderr_fd, F_DUPFD_CLOEXEC, 10);
+  const int failure = fcntl(spec.failure_fd, F_DUPFD_CLOEXEC, 10);
+  const int status = fcntl(spec.status_fd, F_DUPFD_CLOEXEC, 10);
+  if (in < 0 || out < 0 || err < 0 || failure < 0 || status < 0 ||
+      dup3(failure, kFailureFd, O_CLOEXEC) < 0) {
+    // Report on the original descriptor; the dup may not exist.
+    const ChildFailure report{kStageDescriptors, errno};
+    ssize_t unused = write(spec.failure_fd, &report, sizeof(report));
+    (void)unused;
+    _exit(127);
+  }
+  if (dup2(in, STDIN_FILENO) < 0 || dup2(out, STDOUT_FILENO) < 0 ||
+      dup2(err, STDERR_FILENO) < 0 || dup3(status, kStatusFd, O_CLOEXEC) < 0) {
+    Fail(kStageDescriptors);
+  }
+  if (close_range(kStatusFd + 1, ~0U, 0) != 0) {
+    rlimit nofile{};
+    if (getrlimit(RLIMIT_NOFILE, &nofile) != 0) Fail(kStageDescriptors);
+    for (rlim_t fd = kStatusFd + 1; fd < nofile.rlim_cur; ++fd) {
+      close(static_cast<int>(fd));
+    }
+  }
+}
+
+[[noreturn]] void ExecProgram(const ChildSpec& spec) {
+  close(kStatusFd);
+  if (chdir(spec.work_dir) != 0) Fail(kStageChdir);
+  for (const ChildRlimit& rl : spec.rlimits) {
+    if (setrlimit(static_cast<__rlimit_resource>(rl.resource), &rl.limit) !=
+        0) {
+      Fail(kStageRlimit);
+    }
+  }
+  if (spec.drop_privileges) {
+    // Groups first: after setresuid() they can no longer be changed.
+    if (syscall(SYS_setgroups, 0, nullptr) != 0) Fail(kStageDropGroups);
+    if (syscall(SYS_setresgid, spec.gid, spec.gid, spec.gid) != 0) {
+      Fail(kStageSetGid);
+    }
+    if (syscall(SYS_setresuid, spec.uid, spec.uid, spec.uid) != 0) {
+      Fail(kStageSetUid);
+    }
+  }
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) Fail(kStageNoNewPrivs);
+  execve(spec.argv[0], spec.argv, spec.envp);
+  Fail(kStageExec);
+}
+
+// Ignored signals and the signal mask survive execve(); the daemon's
+// (e.g. SIGPIPE ignored, SIGTERM blocked for a sigwait thread) must not
+// reach the program, and the init needs SIGCHLD at its default to wait.
+void ResetSignals() {
+  struct sigaction default_action {};
+  default_action.sa_handler = SIG_DFL;
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sig == SIGKILL || sig == SIGSTOP) continue;
+    sigaction(sig, &default_action, nullptr);  // Fails harmlessly for some.
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+}
+
+}  // namespace
+
+int SandboxInitMain(void* raw_spec) {
+  const ChildSpec& spec = *static_cast<const ChildSpec*>(raw_spec);
+  ResetSignals();
+  ArrangeDescriptors(spec);
+  if (setsid() < 0) Fail(kStageSession);
+  // Dies with the daemon; the program then dies with the namespace.
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) {
+    Fail(kStageDeathSignal);
+  }
+  const pid_t program = RawFork();
+  if (program < 0) Fail(kStageFork);
+  if (program == 0) ExecProgram(spec);
+
+  // Only the program keeps the pipes open from here on, so the parent sees
+  // EOF on them once the program's whole process tree is gone.
+  close(kFailureFd);
+  close(STDIN_FILENO);
+  close(STDOUT_FILENO);
+  close(STDERR_FILENO);
+  while (true) {
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, 0);
+    if (pid == program) {
+      ssize_t unused = write(kStatusFd, &status, sizeof(status));
+      (void)unused;
+      _exit(0);
+    }
+    if (pid < 0 && errno != EINTR) _exit(126);  // Cannot happen.
+  }
+}
+
+const char* ChildStageName(int stage) {
+  switch (stage) {
+    case kStageSession:
+      return "setsid";
+    case kStageDeathSignal:
+      return "prctl(PR_SET_PDEATHSIG)";
+    case kStageDescriptors:
+      return "arranging descriptors";
+    case kStageFork:
+      return "fork";
+    case kStageChdir:
+      return "chdir to the run directory";
+    case kStageRlimit:
+      return "setrlimit";
+    case kStageDropGroups:
+      return "setgroups";
+    case kStageSetGid:
+      return "setresgid";
+    case kStageSetUid:
+      return "setresuid";
+    case kStageNoNewPrivs:
+      return "prctl(PR_SET_NO_NEW_PRIVS)";
+    case kStageExec:
+      return "execve";
+  }
+  return "child setup";
+}
+
+}  // namespace tandem::verifier::sandbox_internal

@@ -1,0 +1,179 @@
+"""Helpers for integration tests: real Tandem binaries as subprocesses on
+loopback, an independent gRPC health client (Debian's python3-grpcio), and a
+real Prometheus server."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+
+import grpc
+
+BIN_DIR = os.environ.get("TANDEM_BIN_DIR", os.path.join(
+    os.path.dirname(__file__), "..", "..", "build", "bin"))
+
+# grpc.health.v1.HealthCheckResponse.ServingStatus
+SERVING_STATUS = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING",
+                  3: "SERVICE_UNKNOWN"}
+
+
+def binary(name):
+    path = os.path.join(BIN_DIR, name)
+    if not os.access(path, os.X_OK):
+        raise RuntimeError(f"{path} not found; build first")
+    return path
+
+
+def wait_for(predicate, timeout, what, interval=0.05):
+    """Polls predicate() until it returns a truthy value; fails after timeout."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def health_check(address, service="", timeout=2.0):
+    """Raw /grpc.health.v1.Health/Check; returns the status name.
+
+    The request and response are encoded by hand (field 1: service string;
+    field 1: status varint) so that this client shares nothing with ours."""
+    request = b""
+    if service:
+        encoded = service.encode()
+        request = b"\x0a" + bytes([len(encoded)]) + encoded
+    with grpc.insecure_channel(address) as channel:
+        check = channel.unary_unary("/grpc.health.v1.Health/Check",
+                                    request_serializer=None,
+                                    response_deserializer=None)
+        response = check(request, timeout=timeout)
+    if response == b"":
+        return SERVING_STATUS[0]
+    assert response[0] == 0x08, response
+    return SERVING_STATUS.get(response[1], f"?{response[1]}")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Launcher:
+    """tandem-local running a whole cluster in a temporary run directory."""
+
+    def __init__(self, rollout_workers=2, config_dir=None, extra_args=()):
+        self.run_dir = tempfile.mkdtemp(prefix="tandem-it-")
+        args = [binary("tandem-local"), "--run-dir", self.run_dir,
+                "--rollout-workers", str(rollout_workers),
+                "--bin-dir", BIN_DIR, *extra_args]
+        if config_dir:
+            args += ["--config-dir", config_dir]
+        self.names = (["coordinator", "trainer", "verifier"] +
+                      [f"rollout-{i}" for i in range(rollout_workers)])
+        self.output = open(os.path.join(self.run_dir, "launcher.out"), "w+")
+        self.process = subprocess.Popen(args, stdout=self.output,
+                                        stderr=subprocess.STDOUT)
+
+    def ready(self, name):
+        return read_json(os.path.join(self.run_dir, "ready", f"{name}.json"))
+
+    def wait_all_ready(self, timeout=60):
+        def all_ready():
+            if self.process.poll() is not None:
+                raise AssertionError(
+                    f"launcher exited early:\n{self.launcher_output()}")
+            infos = {n: self.ready(n) for n in self.names}
+            return infos if all(infos.values()) else None
+        return wait_for(all_ready, timeout, "every daemon's ready file")
+
+    def log(self, name):
+        with open(os.path.join(self.run_dir, "logs", f"{name}.log")) as f:
+            return f.read()
+
+    def launcher_output(self):
+        if not self.output.closed:
+            self.output.flush()
+        with open(self.output.name) as f:
+            return f.read()
+
+    def stop(self, timeout=40):
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.output.close()
+        return self.process.returncode
+
+    def cleanup(self):
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+class Prometheus:
+    """A real Prometheus server on loopback scraping the given targets."""
+
+    def __init__(self, targets, scrape_interval="1s"):
+        self.dir = tempfile.mkdtemp(prefix="tandem-prom-")
+        self.port = free_port()
+        jobs = []
+        for job, target in targets.items():
+            jobs.append(f"""  - job_name: "{job}"
+    scrape_interval: {scrape_interval}
+    static_configs:
+      - targets: ["{target}"]
+""")
+        config = os.path.join(self.dir, "prometheus.yml")
+        with open(config, "w") as f:
+            f.write("global:\n  scrape_interval: " + scrape_interval +
+                    "\nscrape_configs:\n" + "".join(jobs))
+        prometheus = shutil.which("prometheus")
+        if prometheus is None:
+            raise RuntimeError("prometheus not installed (Debian package "
+                               "'prometheus'; run deploy/local/install-deps.sh)")
+        self.log = open(os.path.join(self.dir, "prometheus.log"), "w")
+        self.process = subprocess.Popen(
+            [prometheus, f"--config.file={config}",
+             f"--storage.tsdb.path={self.dir}/data",
+             f"--web.listen-address=127.0.0.1:{self.port}"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+
+    def query(self, expr):
+        url = (f"http://127.0.0.1:{self.port}/api/v1/query?" +
+               urllib.parse.urlencode({"query": expr}))
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                body = json.load(r)
+        except OSError:
+            return None
+        if body.get("status") != "success":
+            return None
+        return body["data"]["result"]
+
+    def stop(self):
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,135 @@
+"""The whole cluster from the launcher: every daemon serves, reports health
+to an independent client, is scraped by a real Prometheus, and a killed
+rollout worker is noticed by the coordinator and restarted by the launcher.
+
+The tests share one cluster and run in the order of their names."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+import unittest
+
+import harness
+
+CONFIG_DIR = os.path.join(os.path.dirname(__file__), "config")
+HEARTBEAT_TIMEOUT_S = 1.5  # config/coordinator.yaml
+
+
+def cluster_status(address):
+    out = subprocess.run(
+        [harness.binary("tandemctl"), "status", "--coordinator", address,
+         "--json"], capture_output=True, text=True, timeout=15, check=True)
+    return json.loads(out.stdout)
+
+
+class ClusterTest(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.launcher = harness.Launcher(rollout_workers=2,
+                                        config_dir=CONFIG_DIR)
+        cls.ready = cls.launcher.wait_all_ready()
+        cls.coordinator = cls.ready["coordinator"]["grpc_address"]
+
+    @classmethod
+    def tearDownClass(cls):
+        code = cls.launcher.stop()
+        output = cls.launcher.launcher_output()
+        cls.launcher.cleanup()
+        if code != 0:
+            raise AssertionError(
+                f"launcher exited {code} on Ctrl-C:\n{output}")
+
+    def test_1_every_daemon_is_serving_to_an_independent_client(self):
+        for name, info in self.ready.items():
+            with self.subTest(daemon=name):
+                status = harness.wait_for(
+                    lambda: harness.health_check(info["grpc_address"]) ==
+                    "SERVING", 10, f"{name} SERVING")
+                self.assertTrue(status)
+
+    def test_2_coordinator_lists_every_member_alive(self):
+        def all_alive():
+            members = cluster_status(self.coordinator).get("members", [])
+            alive = [m for m in members if m.get("state") ==
+                     "MEMBER_STATE_ALIVE"]
+            return alive if len(alive) == 4 else None
+        alive = harness.wait_for(all_alive, 15, "4 alive members")
+        roles = sorted(m["role"] for m in alive)
+        self.assertEqual(roles, ["ROLE_ROLLOUT", "ROLE_ROLLOUT",
+                                 "ROLE_TRAINER", "ROLE_VERIFIER"])
+        text = subprocess.run(
+            [harness.binary("tandemctl"), "status", "--coordinator",
+             self.coordinator], capture_output=True, text=True, timeout=15,
+            check=True).stdout
+        self.assertIn("queues:", text)
+        self.assertEqual(text.count(" alive "), 4, text)
+
+    def test_3_prometheus_scrapes_every_daemon(self):
+        targets = {name: info["metrics_address"]
+                   for name, info in self.ready.items()}
+        prometheus = harness.Prometheus(targets)
+        try:
+            def all_up():
+                result = prometheus.query("up")
+                if not result:
+                    return None
+                up = {r["metric"]["job"]: r["value"][1] for r in result}
+                return up if (len(up) == len(targets) and
+                              all(v == "1" for v in up.values())) else None
+            up = harness.wait_for(all_up, 60, "up == 1 for every daemon",
+                                  interval=0.5)
+            self.assertEqual(set(up), set(targets))
+            versions = prometheus.query("tandem_policy_version")
+            self.assertGreaterEqual(len(versions), 3)
+        finally:
+            prometheus.stop()
+
+    def test_4_killed_rollout_is_declared_dead_and_restarted(self):
+        victim = self.launcher.ready("rollout-0")
+        old_pid = victim["pid"]
+        before = {m["memberId"] for m in
+                  cluster_status(self.coordinator)["members"]
+                  if m.get("state") == "MEMBER_STATE_ALIVE"}
+        os.kill(old_pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+
+        def declared_dead():
+            for m in cluster_status(self.coordinator)["members"]:
+                if (m.get("grpcAddress") == victim["grpc_address"] and
+                        m.get("state") == "MEMBER_STATE_DEAD"):
+                    return m
+            return None
+        dead = harness.wait_for(declared_dead, HEARTBEAT_TIMEOUT_S + 2.0,
+                                "coordinator to declare rollout-0 dead")
+        noticed_after = time.monotonic() - killed_at
+        self.assertIn(dead["memberId"], before)
+        # Within the heartbeat timeout plus one expiry-loop period and the
+        # polling interval of this test.
+        self.assertLess(noticed_after, HEARTBEAT_TIMEOUT_S + 1.0)
+        self.assertIn("declared dead",
+                      self.launcher.log("coordinator"))
+
+        def restarted():
+            info = self.launcher.ready("rollout-0")
+            return info if info and info["pid"] != old_pid else None
+        new = harness.wait_for(restarted, 20, "launcher to restart rollout-0")
+        self.assertEqual(harness.wait_for(
+            lambda: harness.health_check(new["grpc_address"]) == "SERVING",
+            10, "restarted rollout-0 SERVING"), True)
+
+        def rejoined():
+            for m in cluster_status(self.coordinator)["members"]:
+                if (m.get("grpcAddress") == new["grpc_address"] and
+                        m.get("state") == "MEMBER_STATE_ALIVE"):
+                    return m
+            return None
+        harness.wait_for(rejoined, 10, "restarted rollout-0 to register")
+        self.assertIn("restarted rollout-0",
+                      self.launcher.launcher_output())
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

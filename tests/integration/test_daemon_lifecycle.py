@@ -1,0 +1,135 @@
+"""Each daemon on its own: clean exit on SIGTERM within the drain deadline,
+health visible to an independent client, and configuration errors that name
+the file, line and key."""
+
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import unittest
+
+import harness
+
+DAEMONS = ["coordinator", "rollout", "verifier", "trainer"]
+DRAIN_TIMEOUT_MS = 3000
+
+
+class Daemon:
+    def __init__(self, name, tmp, extra=()):
+        self.ready_file = os.path.join(tmp, f"{name}.ready.json")
+        self.log_path = os.path.join(tmp, f"{name}.log")
+        self.log = open(self.log_path, "w")
+        self.process = subprocess.Popen(
+            [harness.binary(f"tandem-{name}"), "--grpc-address",
+             "127.0.0.1:0", "--metrics-address", "127.0.0.1:0",
+             "--ready-file", self.ready_file, "--set",
+             f"drain_timeout_ms={DRAIN_TIMEOUT_MS}", *extra],
+            stdout=self.log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self):
+        return harness.wait_for(lambda: harness.read_json(self.ready_file),
+                                20, f"{self.ready_file}")
+
+    def output(self):
+        with open(self.log_path) as f:
+            return f.read()
+
+
+class LifecycleTest(unittest.TestCase):
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="tandem-life-")
+
+    def test_sigterm_exits_zero_within_drain_deadline(self):
+        coordinator = Daemon("coordinator", self.tmp)
+        address = coordinator.wait_ready()["grpc_address"]
+        members = {name: Daemon(name, self.tmp,
+                                ["--set", f"coordinator_address={address}"])
+                   for name in DAEMONS[1:]}
+        for name, daemon in members.items():
+            info = daemon.wait_ready()
+            self.assertEqual(harness.wait_for(
+                lambda: harness.health_check(info["grpc_address"]) ==
+                "SERVING", 10, f"{name} SERVING"), True)
+        # Members first, then the coordinator, as an operator would.
+        for name, daemon in list(members.items()) + [("coordinator",
+                                                      coordinator)]:
+            with self.subTest(daemon=name):
+                started = time.monotonic()
+                daemon.process.send_signal(signal.SIGTERM)
+                try:
+                    code = daemon.process.wait(
+                        timeout=DRAIN_TIMEOUT_MS / 1000 + 5)
+                except subprocess.TimeoutExpired:
+                    daemon.process.kill()
+                    self.fail(f"{name} still running after SIGTERM")
+                elapsed = time.monotonic() - started
+                self.assertEqual(code, 0, daemon.output())
+                self.assertLess(elapsed, DRAIN_TIMEOUT_MS / 1000 + 2)
+                self.assertIn("exited cleanly", daemon.output())
+        self.assertIn("left (shutdown)", coordinator.output())
+        for daemon in [coordinator, *members.values()]:
+            daemon.log.close()
+
+    def write_config(self, daemon, text):
+        path = os.path.join(self.tmp, f"{daemon}.yaml")
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def run_with_config(self, daemon, text):
+        """Runs a daemon whose config is expected to be refused."""
+        path = self.write_config(daemon, text)
+        result = subprocess.run(
+            [harness.binary(f"tandem-{daemon}"), "--config", path,
+             "--grpc-address", "127.0.0.1:0"],
+            capture_output=True, text=True, timeout=20)
+        return path, result
+
+    def test_unknown_key_exits_nonzero_naming_file_line_and_key(self):
+        for daemon in DAEMONS:
+            with self.subTest(daemon=daemon):
+                path, result = self.run_with_config(
+                    daemon, "log:\n  level: info\n  colour: blue\n")
+                self.assertNotEqual(result.returncode, 0)
+                self.assertIn(f"{path}:3: unknown key 'log.colour'",
+                              result.stderr)
+
+    def test_out_of_range_and_wrong_type_name_the_key_and_value(self):
+        path, result = self.run_with_config("coordinator",
+                                            "group_size: 0\n")
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn(f"{path}:1: group_size must be in [1, 1024], got 0",
+                      result.stderr)
+        path, result = self.run_with_config(
+            "rollout", "engine:\n  max_num_seqs: lots\n")
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn(f"{path}:2: engine.max_num_seqs expected an integer, "
+                      "got 'lots'", result.stderr)
+
+    def test_malformed_yaml_exits_nonzero_naming_the_file(self):
+        path, result = self.run_with_config("verifier",
+                                            "worker_threads: [1,\n")
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn(path, result.stderr)
+        self.assertIn("malformed YAML", result.stderr)
+
+    def test_print_config_output_is_a_valid_config(self):
+        for daemon in DAEMONS:
+            with self.subTest(daemon=daemon):
+                printed = subprocess.run(
+                    [harness.binary(f"tandem-{daemon}"), "--print-config",
+                     "--set", "log.level=debug"],
+                    capture_output=True, text=True, timeout=20, check=True)
+                self.assertIn('level: "debug"', printed.stdout)
+                path = self.write_config(daemon, printed.stdout)
+                again = subprocess.run(
+                    [harness.binary(f"tandem-{daemon}"), "--config", path,
+                     "--print-config"],
+                    capture_output=True, text=True, timeout=20, check=True)
+                self.assertEqual(again.stdout, printed.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
