@@ -44,9 +44,9 @@ absl::Status InitLogging(const LogOptions& options) {
   std::lock_guard<std::mutex> lock(g_mu);
   g_options = options;
   spdlog::set_level(level);
-  spdlog::set_pattern(options.format == LogFormat::kJson ? kJsonPattern
-                                                         : kTextPattern,
-                      spdlog::pattern_time_type::utc);
+  spdlog::set_pattern(
+      options.format == LogFormat::kJson ? kJsonPattern : kTextPattern,
+      spdlog::pattern_time_type::utc);
   spdlog::flush_on(spdlog::level::info);
   return absl::OkStatus();
 }
@@ -58,9 +58,9 @@ std::shared_ptr<spdlog::logger> ComponentLogger(std::string_view component) {
   auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
   auto logger = std::make_shared<spdlog::logger>(name, sink);
   logger->set_level(spdlog::get_level());
-  logger->set_pattern(g_options.format == LogFormat::kJson ? kJsonPattern
-                                                           : kTextPattern,
-                      spdlog::pattern_time_type::utc);
+  logger->set_pattern(
+      g_options.format == LogFormat::kJson ? kJsonPattern : kTextPattern,
+      spdlog::pattern_time_type::utc);
   logger->flush_on(spdlog::level::info);
   spdlog::register_logger(logger);
   return logger;

@@ -8,9 +8,8 @@
 #include <string>
 #include <string_view>
 
-#include "absl/strings/string_view.h"
-
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "spdlog/spdlog.h"
 
 namespace tandem {

@@ -24,6 +24,6 @@
   if (!tmp.ok()) return tmp.status();                 \
   lhs = std::move(tmp).value()
 
-#define ASSIGN_OR_RETURN(lhs, expr)                                          \
-  TANDEM_ASSIGN_OR_RETURN_IMPL_(                                             \
+#define ASSIGN_OR_RETURN(lhs, expr) \
+  TANDEM_ASSIGN_OR_RETURN_IMPL_(    \
       TANDEM_STATUS_CONCAT_(tandem_statusor_, __LINE__), lhs, expr)

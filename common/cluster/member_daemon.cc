@@ -4,16 +4,14 @@
 
 namespace tandem::cluster {
 
-void AddCoordinatorAddress(config::ConfigSchema* schema,
-                           std::string* address) {
+void AddCoordinatorAddress(config::ConfigSchema* schema, std::string* address) {
   schema->AddString("coordinator_address", address,
                     "host:port of the coordinator's gRPC server.");
 }
 
 absl::StatusOr<std::unique_ptr<MemberDaemon>> MemberDaemon::Create(
     const std::string& name, tandem::v1::Role role,
-    const config::ServerOptions& server,
-    const std::string& coordinator_address,
+    const config::ServerOptions& server, const std::string& coordinator_address,
     std::shared_ptr<prometheus::Registry> registry,
     const std::vector<grpc::Service*>& services,
     MemberSession::HeartbeatFiller filler,
@@ -24,8 +22,8 @@ absl::StatusOr<std::unique_ptr<MemberDaemon>> MemberDaemon::Create(
   std::unique_ptr<MemberDaemon> member(new MemberDaemon());
   member->name_ = name;
   ASSIGN_OR_RETURN(member->runtime_,
-                   daemon::DaemonRuntime::Create(name, server,
-                                                 std::move(registry), services));
+                   daemon::DaemonRuntime::Create(
+                       name, server, std::move(registry), services));
   MemberSessionOptions options;
   options.coordinator_address = coordinator_address;
   options.role = role;

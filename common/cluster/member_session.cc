@@ -40,7 +40,9 @@ MemberSession::MemberSession(MemberSessionOptions options,
 
 MemberSession::~MemberSession() { Stop(false, "destroyed"); }
 
-void MemberSession::Start() { thread_ = std::thread([this] { Run(); }); }
+void MemberSession::Start() {
+  thread_ = std::thread([this] { Run(); });
+}
 
 std::string MemberSession::member_id() const {
   absl::MutexLock lock(&mu_);
@@ -80,8 +82,8 @@ bool MemberSession::TryRegister() {
   member_id_ = response.member_id();
   previous_member_id_ = response.member_id();
   registered_ = true;
-  heartbeat_interval_ =
-      absl::Milliseconds(std::max<int64_t>(50, response.heartbeat_interval_ms()));
+  heartbeat_interval_ = absl::Milliseconds(
+      std::max<int64_t>(50, response.heartbeat_interval_ms()));
   cluster_policy_version_ = response.policy_version();
   ComponentLogger(RoleName(options_.role))
       ->info("registered with coordinator {} as {} (heartbeat every {} ms)",
@@ -145,9 +147,8 @@ void MemberSession::Run() {
       wait = heartbeat_interval_;
     }
     absl::MutexLock lock(&mu_);
-    auto stop_requested = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return stop_;
-    };
+    auto stop_requested = [this]()
+                              ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_; };
     mu_.AwaitWithTimeout(absl::Condition(&stop_requested), wait);
   }
 }

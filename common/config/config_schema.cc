@@ -4,8 +4,8 @@
 
 #include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -91,8 +91,8 @@ void ConfigSchema::AddString(const std::string& path, std::string* field,
 void ConfigSchema::AddEnum(const std::string& path, std::string* field,
                            std::vector<std::string> choices,
                            const std::string& help) {
-  Field f{path, absl::StrCat(help, " One of: ", absl::StrJoin(choices, ", "),
-                             "."),
+  Field f{path,
+          absl::StrCat(help, " One of: ", absl::StrJoin(choices, ", "), "."),
           "string"};
   f.set = [field, choices](const std::string& text) {
     for (const auto& c : choices) {
@@ -101,23 +101,22 @@ void ConfigSchema::AddEnum(const std::string& path, std::string* field,
         return absl::OkStatus();
       }
     }
-    return absl::InvalidArgumentError(
-        absl::StrCat("must be one of ", absl::StrJoin(choices, ", "),
-                     "; got '", text, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "must be one of ", absl::StrJoin(choices, ", "), "; got '", text, "'"));
   };
   f.to_yaml = [field] { return QuoteYaml(*field); };
   AddField(std::move(f));
 }
 
-void ConfigSchema::AddInt(const std::string& path, int64_t* field,
-                          int64_t min, int64_t max, const std::string& help) {
+void ConfigSchema::AddInt(const std::string& path, int64_t* field, int64_t min,
+                          int64_t max, const std::string& help) {
   Field f{path, help, "integer"};
   f.set = [field, min, max](const std::string& text) {
     int64_t value = 0;
     if (absl::Status s = ParseInt(text, &value); !s.ok()) return s;
     if (value < min || value > max) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "must be in [", min, ", ", max, "], got ", value));
+      return absl::OutOfRangeError(
+          absl::StrCat("must be in [", min, ", ", max, "], got ", value));
     }
     *field = value;
     return absl::OkStatus();
@@ -126,15 +125,15 @@ void ConfigSchema::AddInt(const std::string& path, int64_t* field,
   AddField(std::move(f));
 }
 
-void ConfigSchema::AddDouble(const std::string& path, double* field,
-                             double min, double max, const std::string& help) {
+void ConfigSchema::AddDouble(const std::string& path, double* field, double min,
+                             double max, const std::string& help) {
   Field f{path, help, "number"};
   f.set = [field, min, max](const std::string& text) {
     double value = 0;
     if (absl::Status s = ParseDouble(text, &value); !s.ok()) return s;
     if (value < min || value > max) {
-      return absl::OutOfRangeError(absl::StrCat(
-          "must be in [", min, ", ", max, "], got ", value));
+      return absl::OutOfRangeError(
+          absl::StrCat("must be in [", min, ", ", max, "], got ", value));
     }
     *field = value;
     return absl::OkStatus();
@@ -165,15 +164,16 @@ void ConfigSchema::AddStringList(const std::string& path,
   // From text (environment, --set): comma-separated.
   f.set = [field](const std::string& text) {
     field->clear();
-    for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    for (absl::string_view part :
+         absl::StrSplit(text, ',', absl::SkipEmpty())) {
       field->emplace_back(absl::StripAsciiWhitespace(part));
     }
     return absl::OkStatus();
   };
   f.set_node = [field](const YAML::Node& node) {
     if (!node.IsSequence()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "expected a list of strings, got ", ScalarText(node)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("expected a list of strings, got ", ScalarText(node)));
     }
     std::vector<std::string> values;
     for (const auto& item : node) {
@@ -210,9 +210,9 @@ absl::Status ConfigSchema::ApplyNode(const YAML::Node& node,
       return absl::InvalidArgumentError(absl::StrCat(
           NodeLocation(source, key_node), ": keys must be plain strings"));
     }
-    const std::string path =
-        prefix.empty() ? key_node.Scalar()
-                       : absl::StrCat(prefix, ".", key_node.Scalar());
+    const std::string path = prefix.empty()
+                                 ? key_node.Scalar()
+                                 : absl::StrCat(prefix, ".", key_node.Scalar());
     auto it = by_path_.find(path);
     if (it == by_path_.end()) {
       if (IsPrefix(path)) {
@@ -319,8 +319,8 @@ absl::Status ConfigSchema::SetFromText(const std::string& path,
   }
   absl::Status status = fields_[it->second].set(value);
   if (!status.ok()) {
-    return absl::Status(status.code(), absl::StrCat(source, ": ", path, " ",
-                                                    status.message()));
+    return absl::Status(
+        status.code(), absl::StrCat(source, ": ", path, " ", status.message()));
   }
   return absl::OkStatus();
 }
@@ -328,8 +328,8 @@ absl::Status ConfigSchema::SetFromText(const std::string& path,
 absl::Status ConfigSchema::ApplyOverride(const std::string& assignment) {
   size_t eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--set ", assignment, ": expected key=value"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--set ", assignment, ": expected key=value"));
   }
   return SetFromText(assignment.substr(0, eq), assignment.substr(eq + 1),
                      absl::StrCat("--set ", assignment));

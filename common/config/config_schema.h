@@ -41,10 +41,10 @@ class ConfigSchema {
   // A string restricted to `choices`.
   void AddEnum(const std::string& path, std::string* field,
                std::vector<std::string> choices, const std::string& help);
-  void AddInt(const std::string& path, int64_t* field, int64_t min,
-              int64_t max, const std::string& help);
-  void AddDouble(const std::string& path, double* field, double min,
-                 double max, const std::string& help);
+  void AddInt(const std::string& path, int64_t* field, int64_t min, int64_t max,
+              const std::string& help);
+  void AddDouble(const std::string& path, double* field, double min, double max,
+                 const std::string& help);
   void AddBool(const std::string& path, bool* field, const std::string& help);
   void AddStringList(const std::string& path, std::vector<std::string>* field,
                      const std::string& help);
@@ -89,8 +89,8 @@ class ConfigSchema {
                          const std::string& source);
   bool IsPrefix(const std::string& prefix) const;
 
-  std::vector<Field> fields_;                 // in registration order
-  std::map<std::string, size_t> by_path_;     // path -> index in fields_
+  std::vector<Field> fields_;              // in registration order
+  std::map<std::string, size_t> by_path_;  // path -> index in fields_
 };
 
 }  // namespace tandem::config

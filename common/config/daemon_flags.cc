@@ -16,40 +16,40 @@ extern char** environ;
 namespace tandem::config {
 
 void AddServerOptions(ConfigSchema* schema, ServerOptions* options) {
-  schema->AddString("grpc_address", &options->grpc_address,
-                    "host:port where gRPC is served; port 0 picks a free port.");
+  schema->AddString(
+      "grpc_address", &options->grpc_address,
+      "host:port where gRPC is served; port 0 picks a free port.");
   schema->AddString("metrics_address", &options->metrics_address,
                     "host:port of the Prometheus /metrics endpoint; port 0 "
                     "picks a free port; empty disables it.");
   schema->AddString("ready_file", &options->ready_file,
                     "If set, bound addresses are written here as JSON once "
                     "the daemon serves.");
-  schema->AddEnum("log.level", &options->log_level,
-                  {"trace", "debug", "info", "warn", "error", "critical",
-                   "off"},
-                  "Minimum log level.");
+  schema->AddEnum(
+      "log.level", &options->log_level,
+      {"trace", "debug", "info", "warn", "error", "critical", "off"},
+      "Minimum log level.");
   schema->AddEnum("log.format", &options->log_format, {"text", "json"},
                   "Log line format on stderr.");
-  schema->AddInt("drain_timeout_ms", &options->drain_timeout_ms, 0,
-                 3'600'000,
+  schema->AddInt("drain_timeout_ms", &options->drain_timeout_ms, 0, 3'600'000,
                  "On SIGTERM, how long in-flight work may drain before the "
                  "daemon stops anyway.");
 }
 
 namespace {
 
-absl::Status ApplyLayers(ConfigSchema* schema, const std::string& config_file,
-                         const std::vector<std::string>& overrides,
-                         const std::vector<std::pair<std::string, std::string>>&
-                             flag_values) {
+absl::Status ApplyLayers(
+    ConfigSchema* schema, const std::string& config_file,
+    const std::vector<std::string>& overrides,
+    const std::vector<std::pair<std::string, std::string>>& flag_values) {
   if (!config_file.empty()) RETURN_IF_ERROR(schema->ApplyYamlFile(config_file));
   RETURN_IF_ERROR(schema->ApplyEnvironment(environ));
   for (const auto& assignment : overrides) {
     RETURN_IF_ERROR(schema->ApplyOverride(assignment));
   }
   for (const auto& [key, value] : flag_values) {
-    RETURN_IF_ERROR(schema->SetFromText(
-        key, value, absl::StrCat("flag for ", key)));
+    RETURN_IF_ERROR(
+        schema->SetFromText(key, value, absl::StrCat("flag for ", key)));
   }
   return absl::OkStatus();
 }
@@ -57,15 +57,16 @@ absl::Status ApplyLayers(ConfigSchema* schema, const std::string& config_file,
 }  // namespace
 
 CommandLineResult LoadDaemonConfig(
-    int argc, char** argv, const std::string& daemon_name,
-    ConfigSchema* schema, const std::function<absl::Status()>& validate) {
+    int argc, char** argv, const std::string& daemon_name, ConfigSchema* schema,
+    const std::function<absl::Status()>& validate) {
   CLI::App app{absl::StrCat(daemon_name, ": a Tandem daemon")};
   std::string config_file;
   std::vector<std::string> overrides;
   std::string grpc_address, metrics_address, ready_file;
   bool print_config = false;
   app.add_option("--config", config_file, "YAML config file");
-  app.add_option("--set", overrides, "Override one key: key=value (repeatable)");
+  app.add_option("--set", overrides,
+                 "Override one key: key=value (repeatable)");
   app.add_option("--grpc-address", grpc_address, "host:port to serve gRPC on");
   app.add_option("--metrics-address", metrics_address,
                  "host:port to serve /metrics on");
@@ -79,13 +80,15 @@ CommandLineResult LoadDaemonConfig(
     return {false, app.exit(e)};
   }
   std::vector<std::pair<std::string, std::string>> flag_values;
-  if (!grpc_address.empty()) flag_values.emplace_back("grpc_address", grpc_address);
+  if (!grpc_address.empty())
+    flag_values.emplace_back("grpc_address", grpc_address);
   if (!metrics_address.empty()) {
     flag_values.emplace_back("metrics_address", metrics_address);
   }
   if (!ready_file.empty()) flag_values.emplace_back("ready_file", ready_file);
 
-  absl::Status status = ApplyLayers(schema, config_file, overrides, flag_values);
+  absl::Status status =
+      ApplyLayers(schema, config_file, overrides, flag_values);
   if (status.ok()) status = validate();
   if (!status.ok()) {
     std::cerr << daemon_name << ": configuration error: " << status.message()

@@ -46,10 +46,9 @@ struct CommandLineResult {
 
 // Parses argv into the schema's struct, then calls `validate` for
 // cross-field checks. Prints errors, help and --print-config output itself.
-CommandLineResult LoadDaemonConfig(int argc, char** argv,
-                                   const std::string& daemon_name,
-                                   ConfigSchema* schema,
-                                   const std::function<absl::Status()>& validate);
+CommandLineResult LoadDaemonConfig(
+    int argc, char** argv, const std::string& daemon_name, ConfigSchema* schema,
+    const std::function<absl::Status()>& validate);
 
 // Writes {"grpc_address": ..., "metrics_address": ..., "pid": ...} to
 // `path` atomically (temp file + rename).

@@ -29,9 +29,9 @@ int RunDaemon(int argc, char** argv, const std::string& name) {
   Config config;
   config::ConfigSchema schema;
   RegisterFields(&schema, &config);
-  const config::CommandLineResult parsed = config::LoadDaemonConfig(
-      argc, argv, "tandem-" + name, &schema,
-      [&config] { return Validate(config); });
+  const config::CommandLineResult parsed =
+      config::LoadDaemonConfig(argc, argv, "tandem-" + name, &schema,
+                               [&config] { return Validate(config); });
   if (!parsed.run) return parsed.exit_code;
   if (absl::Status s = InitDaemonLogging(config.server); !s.ok()) {
     std::cerr << "tandem-" << name << ": " << s.message() << "\n";

@@ -16,10 +16,9 @@ absl::StatusOr<std::unique_ptr<DaemonRuntime>> DaemonRuntime::Create(
   std::unique_ptr<DaemonRuntime> runtime(new DaemonRuntime());
   runtime->name_ = daemon_name;
   runtime->options_ = options;
-  ASSIGN_OR_RETURN(runtime->metrics_,
-                   metrics::MetricsServer::Create(options.metrics_address,
-                                                  daemon_name,
-                                                  std::move(registry)));
+  ASSIGN_OR_RETURN(runtime->metrics_, metrics::MetricsServer::Create(
+                                          options.metrics_address, daemon_name,
+                                          std::move(registry)));
   ASSIGN_OR_RETURN(runtime->grpc_,
                    rpc::GrpcServer::Start(options.grpc_address, services));
   ComponentLogger(daemon_name)

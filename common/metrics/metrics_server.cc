@@ -39,14 +39,14 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Create(
 
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "metrics_address must be host:port, got '", address, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics_address must be host:port, got '", address, "'"));
   }
   try {
     server->exposer_ = std::make_unique<prometheus::Exposer>(address, 2);
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot serve metrics on ", address, ": ", e.what()));
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
   }
   server->exposer_->RegisterCollectable(server->registry_);
   auto ports = server->exposer_->GetListeningPorts();

@@ -4,11 +4,11 @@
 // retried with capped exponential backoff and jitter until an overall budget
 // runs out. Conversions between absl::Status and grpc::Status live here too.
 
+#include <grpcpp/grpcpp.h>
+
 #include <functional>
 #include <memory>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"

@@ -1,8 +1,8 @@
 #include "common/rpc/grpc_server.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -25,9 +25,8 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   std::unique_ptr<GrpcServer> server(new GrpcServer());
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || port == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve gRPC on ", address,
-                     " (address in use or not local?)"));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot serve gRPC on ", address, " (address in use or not local?)"));
   }
   // The default health service reports SERVING once built; turn it off at
   // once so nothing sees the daemon ready before it is.

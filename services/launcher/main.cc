@@ -13,11 +13,10 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
@@ -73,7 +72,8 @@ std::map<std::string, std::string> ReadReadyFile(const std::string& path) {
 // Writes the daemon's config file into the run directory: the user's file
 // from --config-dir if present, else the embedded default.
 std::string PrepareConfig(const Options& options, const std::string& daemon) {
-  const fs::path out = fs::path(options.run_dir) / "config" / (daemon + ".yaml");
+  const fs::path out =
+      fs::path(options.run_dir) / "config" / (daemon + ".yaml");
   if (!options.config_dir.empty()) {
     const fs::path user = fs::path(options.config_dir) / (daemon + ".yaml");
     if (fs::exists(user)) {
@@ -131,11 +131,17 @@ class Launcher {
                                 const std::string& name,
                                 const std::string& grpc_address) {
     std::vector<std::string> argv = {
-        Binary(daemon),  "--config",        PrepareConfig(options_, daemon),
-        "--grpc-address", grpc_address,     "--metrics-address",
-        "127.0.0.1:0",   "--ready-file",    ReadyPath(name),
-        "--set",         absl::StrCat("drain_timeout_ms=",
-                                      options_.drain_timeout_ms)};
+        Binary(daemon),
+        "--config",
+        PrepareConfig(options_, daemon),
+        "--grpc-address",
+        grpc_address,
+        "--metrics-address",
+        "127.0.0.1:0",
+        "--ready-file",
+        ReadyPath(name),
+        "--set",
+        absl::StrCat("drain_timeout_ms=", options_.drain_timeout_ms)};
     if (daemon != "coordinator") {
       argv.push_back("--set");
       argv.push_back("coordinator_address=" + coordinator_address_);
@@ -157,9 +163,8 @@ class Launcher {
       if (!ready.empty()) {
         coordinator_address_ = ready["grpc_address"];
         // A restarted coordinator must come back on the same address.
-        supervisor_.UpdateArgv(
-            "coordinator",
-            Argv("coordinator", "coordinator", coordinator_address_));
+        supervisor_.UpdateArgv("coordinator", Argv("coordinator", "coordinator",
+                                                   coordinator_address_));
         Event(absl::StrCat("coordinator serving on ", coordinator_address_));
         stub_ = tandem::v1::Coordinator::NewStub(
             rpc::MakeChannel(coordinator_address_));
@@ -189,9 +194,9 @@ class Launcher {
     grpc::Status rpc = stub_->GetClusterStatus(
         &context, tandem::v1::GetClusterStatusRequest(), &status);
     const std::string line =
-        rpc.ok() ? ctl::FormatStatusLine(status)
-                 : absl::StrCat("coordinator unreachable: ",
-                                rpc.error_message());
+        rpc.ok()
+            ? ctl::FormatStatusLine(status)
+            : absl::StrCat("coordinator unreachable: ", rpc.error_message());
     if (final_table && rpc.ok()) {
       std::cout << "\r\033[K"
                 << ctl::FormatClusterStatus(status,
@@ -211,9 +216,10 @@ class Launcher {
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGHUP);
-    const absl::Time end = options_.duration_s > 0
-                               ? absl::Now() + absl::Seconds(options_.duration_s)
-                               : absl::InfiniteFuture();
+    const absl::Time end =
+        options_.duration_s > 0
+            ? absl::Now() + absl::Seconds(options_.duration_s)
+            : absl::InfiniteFuture();
     const absl::Duration status_every = absl::Seconds(
         isatty(STDOUT_FILENO) ? options_.status_interval_s
                               : std::max(5.0, options_.status_interval_s));
@@ -268,9 +274,8 @@ int main(int argc, char** argv) {
                  "How long each daemon may drain on shutdown");
   CLI11_PARSE(app, argc, argv);
   if (options.run_dir.empty()) {
-    options.run_dir =
-        "run/" + absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(),
-                                  absl::LocalTimeZone());
+    options.run_dir = "run/" + absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(),
+                                                absl::LocalTimeZone());
   }
   options.run_dir = std::filesystem::absolute(options.run_dir).string();
   sigset_t set;

@@ -8,8 +8,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -42,9 +42,8 @@ ProcessSupervisor::~ProcessSupervisor() { StopAll(absl::Seconds(5)); }
 absl::Status ProcessSupervisor::Spawn(Child* child) {
   const ProcessSpec& spec = child->spec;
   if (!spec.ready_file.empty()) std::remove(spec.ready_file.c_str());
-  int log_fd =
-      open(spec.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC,
-           0644);
+  int log_fd = open(spec.log_path.c_str(),
+                    O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (log_fd < 0) {
     return absl::InternalError(absl::StrCat("cannot open log ", spec.log_path,
                                             ": ", std::strerror(errno)));
@@ -143,8 +142,7 @@ bool ProcessSupervisor::StopAll(absl::Duration grace) {
   return StopWave(0, 1, give_up) && all_clean;
 }
 
-bool ProcessSupervisor::StopWave(size_t begin, size_t end,
-                                 absl::Time give_up) {
+bool ProcessSupervisor::StopWave(size_t begin, size_t end, absl::Time give_up) {
   bool all_clean = true;
   for (size_t i = begin; i < end; ++i) {
     if (children_[i].pid > 0) kill(children_[i].pid, SIGTERM);
@@ -166,8 +164,8 @@ bool ProcessSupervisor::StopWave(size_t begin, size_t end,
         break;
       }
       if (absl::Now() >= give_up) {
-        sink_(absl::StrCat(child.spec.name,
-                           " did not stop in time; killing it"));
+        sink_(
+            absl::StrCat(child.spec.name, " did not stop in time; killing it"));
         kill(child.pid, SIGKILL);
         waitpid(child.pid, &wait_status, 0);
         child.pid = -1;

@@ -3,6 +3,6 @@
 
 int main(int argc, char** argv) {
   return tandem::daemon::RunDaemon<tandem::rollout::RolloutWorker,
-                                   tandem::rollout::RolloutConfig>(
-      argc, argv, "rollout");
+                                   tandem::rollout::RolloutConfig>(argc, argv,
+                                                                   "rollout");
 }

@@ -13,8 +13,6 @@ void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config) {
                  1 << 24, "Most tokens processed in one engine step.");
 }
 
-absl::Status Validate(const RolloutConfig& config) {
-  return absl::OkStatus();
-}
+absl::Status Validate(const RolloutConfig& config) { return absl::OkStatus(); }
 
 }  // namespace tandem::rollout

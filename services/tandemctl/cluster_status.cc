@@ -60,12 +60,11 @@ std::string FormatClusterStatus(
   }
   const auto& q = status.queues();
   absl::StrAppend(
-      &out,
-      absl::StrFormat("queues: pending %d  leased %d  scoring %d  ready %d  "
-                      "training %d\n",
-                      q.pending_prompts(), q.leased_prompts(),
-                      q.scoring_samples(), q.ready_groups(),
-                      q.training_groups()));
+      &out, absl::StrFormat(
+                "queues: pending %d  leased %d  scoring %d  ready %d  "
+                "training %d\n",
+                q.pending_prompts(), q.leased_prompts(), q.scoring_samples(),
+                q.ready_groups(), q.training_groups()));
   return out;
 }
 

@@ -2,11 +2,11 @@
 //
 //   tandemctl status [--coordinator HOST:PORT] [--json]
 
+#include <google/protobuf/util/json_util.h>
+
 #include <cstdlib>
 #include <iostream>
 #include <string>
-
-#include <google/protobuf/util/json_util.h>
 
 #include "CLI/CLI.hpp"
 #include "absl/time/clock.h"
@@ -42,8 +42,7 @@ int RunStatus(const std::string& coordinator, bool json, double timeout_s) {
     std::string text;
     google::protobuf::util::JsonPrintOptions options;
     options.add_whitespace = true;
-    (void)google::protobuf::util::MessageToJsonString(response, &text,
-                                                      options);
+    (void)google::protobuf::util::MessageToJsonString(response, &text, options);
     std::cout << text;
   } else {
     std::cout << tandem::ctl::FormatClusterStatus(

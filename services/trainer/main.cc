@@ -3,6 +3,6 @@
 
 int main(int argc, char** argv) {
   return tandem::daemon::RunDaemon<tandem::trainer::Trainer,
-                                   tandem::trainer::TrainerConfig>(
-      argc, argv, "trainer");
+                                   tandem::trainer::TrainerConfig>(argc, argv,
+                                                                   "trainer");
 }

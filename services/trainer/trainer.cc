@@ -18,17 +18,16 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   RETURN_IF_ERROR(Validate(config));
   std::unique_ptr<Trainer> trainer(new Trainer(config));
   Trainer* self = trainer.get();
-  ASSIGN_OR_RETURN(
-      trainer->member_,
-      cluster::MemberDaemon::Create(
-          "trainer", tandem::v1::ROLE_TRAINER, config.server,
-          config.coordinator_address, trainer->registry_, {self},
-          [self](tandem::v1::HeartbeatRequest* r) {
-            r->set_policy_version(self->version_);
-            if (self->stopping_) {
-              r->set_state(tandem::v1::MEMBER_STATE_DRAINING);
-            }
-          }));
+  ASSIGN_OR_RETURN(trainer->member_,
+                   cluster::MemberDaemon::Create(
+                       "trainer", tandem::v1::ROLE_TRAINER, config.server,
+                       config.coordinator_address, trainer->registry_, {self},
+                       [self](tandem::v1::HeartbeatRequest* r) {
+                         r->set_policy_version(self->version_);
+                         if (self->stopping_) {
+                           r->set_state(tandem::v1::MEMBER_STATE_DRAINING);
+                         }
+                       }));
   return trainer;
 }
 

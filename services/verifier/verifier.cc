@@ -40,19 +40,18 @@ absl::StatusOr<std::unique_ptr<Verifier>> Verifier::Create(
   }
   std::vector<std::string> names = scorer_registry.Names();
   Verifier* self = verifier.get();
-  ASSIGN_OR_RETURN(
-      verifier->member_,
-      cluster::MemberDaemon::Create(
-          "verifier", tandem::v1::ROLE_VERIFIER, config.server,
-          config.coordinator_address, verifier->registry_, {self},
-          [self](tandem::v1::HeartbeatRequest* r) {
-            r->mutable_load()->set_running(
-                static_cast<uint32_t>(self->inflight_.load()));
-            if (self->stopping_) {
-              r->set_state(tandem::v1::MEMBER_STATE_DRAINING);
-            }
-          },
-          {{"verifiers", absl::StrJoin(names, ",")}}));
+  ASSIGN_OR_RETURN(verifier->member_,
+                   cluster::MemberDaemon::Create(
+                       "verifier", tandem::v1::ROLE_VERIFIER, config.server,
+                       config.coordinator_address, verifier->registry_, {self},
+                       [self](tandem::v1::HeartbeatRequest* r) {
+                         r->mutable_load()->set_running(
+                             static_cast<uint32_t>(self->inflight_.load()));
+                         if (self->stopping_) {
+                           r->set_state(tandem::v1::MEMBER_STATE_DRAINING);
+                         }
+                       },
+                       {{"verifiers", absl::StrJoin(names, ",")}}));
   Log()->info("verifiers: {}", absl::StrJoin(names, ", "));
   return verifier;
 }
@@ -80,9 +79,8 @@ absl::Status Verifier::ValidateBatch(
                                   item.metadata().end());
     absl::Status status = it->second->Validate(score_request);
     if (!status.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("items[", i, "] (", item.verifier(), "): ",
-                       status.message()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "items[", i, "] (", item.verifier(), "): ", status.message()));
     }
   }
   return absl::OkStatus();

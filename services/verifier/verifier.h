@@ -5,11 +5,10 @@
 // limit (RESOURCE_EXHAUSTED beyond it).
 
 #include <atomic>
+#include <boost/asio/thread_pool.hpp>
 #include <map>
 #include <memory>
 #include <string>
-
-#include <boost/asio/thread_pool.hpp>
 
 #include "absl/status/statusor.h"
 #include "common/cluster/member_daemon.h"

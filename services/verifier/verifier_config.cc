@@ -14,8 +14,8 @@ void RegisterFields(config::ConfigSchema* schema, VerifierConfig* config) {
                  "Threads that run scorers.");
   schema->AddInt("code.cpu_seconds", &config->code_cpu_seconds, 1, 3600,
                  "CPU-time limit of one sandboxed program run.");
-  schema->AddDouble("code.wall_seconds", &config->code_wall_seconds, 0.1,
-                    3600, "Wall-clock limit of one sandboxed program run.");
+  schema->AddDouble("code.wall_seconds", &config->code_wall_seconds, 0.1, 3600,
+                    "Wall-clock limit of one sandboxed program run.");
   schema->AddInt("code.address_space_bytes", &config->code_address_space_bytes,
                  16 << 20, int64_t{1} << 40,
                  "Address-space limit of a sandboxed program.");
@@ -30,8 +30,6 @@ void RegisterFields(config::ConfigSchema* schema, VerifierConfig* config) {
                   "kernel refuses one (unsafe; off refuses to run code).");
 }
 
-absl::Status Validate(const VerifierConfig& config) {
-  return absl::OkStatus();
-}
+absl::Status Validate(const VerifierConfig& config) { return absl::OkStatus(); }
 
 }  // namespace tandem::verifier

@@ -52,9 +52,8 @@ TEST_CASE("unknown key error names file, line and key path") {
   TestConfig config;
   ConfigSchema schema;
   Bind(&schema, &config);
-  absl::Status s =
-      schema.ApplyYamlText("name: a\nengine:\n  workers: 2\n  wrokers: 3\n",
-                           "conf.yaml");
+  absl::Status s = schema.ApplyYamlText(
+      "name: a\nengine:\n  workers: 2\n  wrokers: 3\n", "conf.yaml");
   REQUIRE_FALSE(s.ok());
   CHECK(Message(s) == "conf.yaml:4: unknown key 'engine.wrokers'");
 }
@@ -77,7 +76,8 @@ TEST_CASE("wrong type error names file, line, key and value") {
   CHECK(Message(s) ==
         "conf.yaml:2: engine.workers expected an integer, got 'many'");
   s = schema.ApplyYamlText("enabled: maybe\n", "conf.yaml");
-  CHECK(Message(s) == "conf.yaml:1: enabled expected true or false, got 'maybe'");
+  CHECK(Message(s) ==
+        "conf.yaml:1: enabled expected true or false, got 'maybe'");
   s = schema.ApplyYamlText("name: [1, 2]\n", "conf.yaml");
   CHECK(Message(s) == "conf.yaml:1: name expected a string, got a list");
   s = schema.ApplyYamlText("engine: 3\n", "conf.yaml");

@@ -2,6 +2,8 @@
 // until the server appears, gives up on non-retryable codes at once, and
 // respects its total budget when nothing ever answers.
 
+#include "common/rpc/grpc_client.h"
+
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -9,7 +11,6 @@
 #include <catch2/catch.hpp>
 #include <thread>
 
-#include "common/rpc/grpc_client.h"
 #include "services/coordinator/coordinator.h"
 
 namespace tandem {
@@ -68,8 +69,8 @@ TEST_CASE("CallWithRetry returns a non-retryable error after one attempt") {
   REQUIRE(created.ok());
   auto server = std::move(created).value();
   REQUIRE(server->Start().ok());
-  auto stub =
-      tandem::v1::Coordinator::NewStub(rpc::MakeChannel(server->grpc_address()));
+  auto stub = tandem::v1::Coordinator::NewStub(
+      rpc::MakeChannel(server->grpc_address()));
   int attempts = 0;
   tandem::v1::RegisterResponse response;
   absl::Status status = rpc::CallWithRetry(

@@ -1,6 +1,6 @@
-#include <catch2/catch.hpp>
-
 #include "services/coordinator/member_registry.h"
+
+#include <catch2/catch.hpp>
 
 namespace tandem::coordinator {
 namespace {
@@ -48,7 +48,8 @@ TEST_CASE("a dead member's heartbeat is refused so it registers again") {
   CHECK(registry.CountAlive()[tandem::v1::ROLE_ROLLOUT] == 1);
 }
 
-TEST_CASE("unknown member heartbeat fails and deregistered members are pruned") {
+TEST_CASE(
+    "unknown member heartbeat fails and deregistered members are pruned") {
   MemberRegistry registry(absl::Seconds(1));
   const absl::Time t0 = absl::FromUnixSeconds(1000);
   tandem::v1::HeartbeatRequest hb;

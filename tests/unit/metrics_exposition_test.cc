@@ -80,8 +80,10 @@ TEST_CASE("daemon metric families pass promtool check metrics over HTTP") {
       tandem::metrics::MetricsServer::Create("127.0.0.1:0", "test", registry);
   REQUIRE(server.ok());
   const std::string body = HttpGet((*server)->bound_address(), "/metrics");
-  CHECK_THAT(body, Catch::Contains(
-                       "tandem_coordinator_members_expired_total{role=\"rollout\"} 1"));
+  CHECK_THAT(
+      body,
+      Catch::Contains(
+          "tandem_coordinator_members_expired_total{role=\"rollout\"} 1"));
   CHECK_THAT(body, Catch::Contains("tandem_build_info{"));
   const CommandResult result = RunPromtool(body);
   INFO(result.output);

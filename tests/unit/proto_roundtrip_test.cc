@@ -3,13 +3,13 @@
 // (recursively, repeated fields with two elements, maps with two entries,
 // one member of each oneof), serialized, parsed back and compared.
 
-#include <catch2/catch.hpp>
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/descriptor.pb.h>
 #include <google/protobuf/dynamic_message.h>
 #include <google/protobuf/message.h>
 #include <google/protobuf/util/message_differencer.h>
 
+#include <catch2/catch.hpp>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,7 +69,8 @@ void SetField(Message* message, const FieldDescriptor* field, int seed,
       break;
     }
     case FieldDescriptor::CPPTYPE_STRING: {
-      std::string value = field->name() + "-" + std::to_string(seed) + "-\xce\xbb";
+      std::string value =
+          field->name() + "-" + std::to_string(seed) + "-\xce\xbb";
       if (field->type() == FieldDescriptor::TYPE_BYTES) {
         value += std::string("\0\xff", 2);
       }
@@ -133,8 +134,8 @@ TEST_CASE("every tandem.v1 message round-trips through the wire format") {
     if (d->field_count() > 0) CHECK_FALSE(wire.empty());
     std::unique_ptr<Message> parsed(prototype->New());
     REQUIRE(parsed->ParseFromString(wire));
-    CHECK(google::protobuf::util::MessageDifferencer::Equals(*original,
-                                                             *parsed));
+    CHECK(
+        google::protobuf::util::MessageDifferencer::Equals(*original, *parsed));
   }
 }
 

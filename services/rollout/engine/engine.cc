@@ -1,0 +1,245 @@
+#include "services/rollout/engine/engine.h"
+
+#include <algorithm>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "services/rollout/engine/sampler.h"
+
+namespace tandem::rollout {
+
+Engine::Engine(EngineOptions options, EngineModel* model,
+               WeightUpdateSource* weights, uint64_t initial_version)
+    : options_(std::move(options)),
+      model_(model),
+      weights_(weights),
+      blocks_(options_.num_kv_blocks, options_.block_size),
+      scheduler_(options_.limits, &blocks_),
+      version_(initial_version) {}
+
+Engine::~Engine() = default;
+
+absl::Status Engine::Add(const std::string& request_id,
+                         std::vector<int32_t> prompt,
+                         const SamplingParams& params) {
+  if (prompt.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request ", request_id, ": prompt is empty"));
+  }
+  if (params.n < 1 || params.max_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request ", request_id, ": n and max_tokens must be >= 1, got n=",
+        params.n, " max_tokens=", params.max_tokens));
+  }
+  const int64_t longest =
+      static_cast<int64_t>(prompt.size()) + params.max_tokens;
+  if (blocks_.BlocksFor(static_cast<int32_t>(
+          std::min<int64_t>(longest, INT32_MAX))) > blocks_.num_blocks()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request ", request_id, ": prompt (", prompt.size(),
+                     " tokens) + max_tokens (", params.max_tokens,
+                     ") exceeds the whole KV cache (", blocks_.num_blocks(),
+                     " blocks of ", blocks_.block_size(), ")"));
+  }
+  const absl::Time now = absl::Now();
+  std::vector<Sequence*> siblings;
+  for (int32_t i = 0; i < params.n; ++i) {
+    auto seq = std::make_unique<Sequence>();
+    seq->id = next_seq_id_++;
+    seq->request_id = request_id;
+    seq->sample_index = i;
+    seq->prompt = prompt;
+    seq->params = params;
+    seq->rng.seed(params.seed != 0 ? params.seed + i : std::random_device{}());
+    seq->arrival = now;
+    Sequence* raw = seq.get();
+    sequences_[raw->id] = std::move(seq);
+    if (i == 0) {
+      leaders_[request_id] = raw->id;
+      scheduler_.AddWaiting(raw);
+    } else {
+      siblings.push_back(raw);
+    }
+  }
+  if (!siblings.empty()) pending_siblings_[request_id] = std::move(siblings);
+  return absl::OkStatus();
+}
+
+int32_t Engine::TryFork(Sequence* seq) {
+  auto leader_it = leaders_.find(seq->request_id);
+  if (leader_it == leaders_.end() || leader_it->second == seq->id) return 0;
+  auto it = sequences_.find(leader_it->second);
+  const int32_t shared = static_cast<int32_t>(seq->prompt.size()) - 1;
+  if (it == sequences_.end() || shared <= 0 ||
+      it->second->num_cached < shared) {
+    return 0;
+  }
+  return model_->ForkCache(it->second->id, seq->id, shared) ? shared : 0;
+}
+
+absl::Status Engine::MaybeCommitUpdate(StepStats* stats) {
+  if (weights_ == nullptr) return absl::OkStatus();
+  const uint64_t ready = weights_->ReadyVersion(version_);
+  if (ready == 0) {
+    draining_for_update_ = false;
+    return absl::OkStatus();
+  }
+  if (options_.update_policy == EngineOptions::UpdatePolicy::kDrain &&
+      !scheduler_.running().empty()) {
+    draining_for_update_ = true;  // finish what runs, admit nothing
+    return absl::OkStatus();
+  }
+  const absl::Time start = absl::Now();
+  RETURN_IF_ERROR(weights_->Commit(ready));
+  version_ = ready;
+  if (options_.kv_policy == EngineOptions::KvPolicy::kRecompute) {
+    for (Sequence* seq : scheduler_.RecomputeAll()) {
+      model_->ReleaseCache(seq->id);
+    }
+  }
+  draining_for_update_ = false;
+  stats->committed_update = true;
+  stats->committed_version = ready;
+  stats->pause_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepStats> Engine::Step() {
+  const absl::Time step_start = absl::Now();
+  StepStats stats;
+  RETURN_IF_ERROR(MaybeCommitUpdate(&stats));
+  const Scheduler::Admission admission =
+      draining_for_update_       ? Scheduler::Admission::kNone
+      : options_.static_batching ? Scheduler::Admission::kStatic
+                                 : Scheduler::Admission::kContinuous;
+  SchedulePlan plan = scheduler_.Schedule(
+      admission, [this](Sequence* s) { return TryFork(s); });
+  for (Sequence* seq : plan.preempted) {
+    model_->ReleaseCache(seq->id);
+    ++preemptions_;
+  }
+  stats.preempted = static_cast<int32_t>(plan.preempted.size());
+  if (plan.chunks.empty()) {
+    stats.step_seconds = absl::ToDoubleSeconds(absl::Now() - step_start);
+    return stats;
+  }
+  std::vector<ForwardChunk> chunks;
+  chunks.reserve(plan.chunks.size());
+  for (const ScheduledChunk& c : plan.chunks) {
+    chunks.push_back({c.seq, c.start, c.end, c.samples()});
+  }
+  ASSIGN_OR_RETURN(std::vector<float> logits, model_->Forward(chunks));
+  const int32_t vocab = model_->vocab_size();
+  const absl::Time now = absl::Now();
+  size_t row = 0;
+  std::vector<Sequence*> done;
+  for (const ScheduledChunk& c : plan.chunks) {
+    Sequence* seq = c.seq;
+    const bool samples = c.samples();
+    seq->num_cached = c.end;
+    if (!samples) {
+      stats.prefill_tokens += c.end - c.start;
+      continue;
+    }
+    if (c.end - c.start > 1 || seq->output.empty()) {
+      stats.prefill_tokens += c.end - c.start;
+    }
+    const SampledToken sampled =
+        SampleToken(logits.data() + row * vocab, vocab, seq->params, &seq->rng);
+    ++row;
+    seq->Append(sampled.token, sampled.logprob, version_);
+    ++generated_tokens_;
+    ++stats.decode_tokens;
+    if (seq->output.size() == 1) {
+      seq->first_token = now;
+      // The leader's prompt is cached: its siblings can now share it.
+      auto pending = pending_siblings_.find(seq->request_id);
+      if (seq->sample_index == 0 && pending != pending_siblings_.end()) {
+        for (auto it = pending->second.rbegin(); it != pending->second.rend();
+             ++it) {
+          scheduler_.AddWaitingFront(*it);
+        }
+        pending_siblings_.erase(pending);
+      }
+    }
+    const auto& stops = seq->params.stop_token_ids;
+    const bool stop =
+        std::find(stops.begin(), stops.end(), sampled.token) != stops.end() ||
+        std::find(options_.eos_token_ids.begin(), options_.eos_token_ids.end(),
+                  sampled.token) != options_.eos_token_ids.end();
+    if (stop) {
+      seq->finish_reason = FinishReason::kStop;
+      done.push_back(seq);
+    } else if (static_cast<int32_t>(seq->output.size()) >=
+               seq->params.max_tokens) {
+      seq->finish_reason = FinishReason::kLength;
+      done.push_back(seq);
+    }
+  }
+  for (Sequence* seq : done) Retire(seq, seq->finish_reason);
+  stats.finished = static_cast<int32_t>(done.size());
+  stats.step_seconds = absl::ToDoubleSeconds(absl::Now() - step_start);
+  return stats;
+}
+
+void Engine::Retire(Sequence* seq, FinishReason reason) {
+  FinishedSample sample;
+  sample.request_id = seq->request_id;
+  sample.sample_index = seq->sample_index;
+  sample.prompt = seq->prompt;
+  sample.output = std::move(seq->output);
+  sample.logprobs = std::move(seq->logprobs);
+  sample.spans = std::move(seq->spans);
+  sample.finish_reason = reason;
+  sample.preemptions = seq->preemptions;
+  sample.admitted = seq->admitted;
+  sample.first_token = seq->first_token;
+  sample.finished = absl::Now();
+  finished_.push_back(std::move(sample));
+  scheduler_.Finish(seq);
+  model_->ReleaseCache(seq->id);
+  auto leader = leaders_.find(seq->request_id);
+  if (leader != leaders_.end() && leader->second == seq->id) {
+    leaders_.erase(leader);
+  }
+  sequences_.erase(seq->id);
+}
+
+std::vector<FinishedSample> Engine::TakeFinished() {
+  std::vector<FinishedSample> out;
+  out.swap(finished_);
+  return out;
+}
+
+std::vector<std::string> Engine::AbortAll() {
+  std::vector<std::string> requests;
+  for (auto& [id, seq] : sequences_) {
+    requests.push_back(seq->request_id);
+    model_->ReleaseCache(id);
+  }
+  std::sort(requests.begin(), requests.end());
+  requests.erase(std::unique(requests.begin(), requests.end()), requests.end());
+  scheduler_.Clear();
+  sequences_.clear();
+  leaders_.clear();
+  pending_siblings_.clear();
+  return requests;
+}
+
+EngineSnapshot Engine::Snapshot() const {
+  EngineSnapshot s;
+  s.running = static_cast<int32_t>(scheduler_.running().size());
+  s.waiting = static_cast<int32_t>(scheduler_.num_waiting());
+  for (const auto& [request, siblings] : pending_siblings_) {
+    s.waiting += static_cast<int32_t>(siblings.size());
+  }
+  s.kv_blocks_used = blocks_.num_used();
+  s.kv_blocks_total = blocks_.num_blocks();
+  s.policy_version = version_;
+  s.generated_tokens = generated_tokens_;
+  s.preemptions = preemptions_;
+  return s;
+}
+
+}  // namespace tandem::rollout

@@ -1,0 +1,127 @@
+#pragma once
+
+// Engine: continuous-batching generation with inflight weight updates.
+//
+// Each Step() (1) applies a ready weight update at the step boundary
+// according to the update policy, (2) asks the Scheduler what to compute,
+// (3) runs the model once over all chunks, (4) samples one token for every
+// sequence whose chunk reached its end, recording the token's behavior
+// log-prob and the live policy version, and (5) retires finished samples.
+// Not thread-safe: one thread drives Step(); Add() and TakeFinished() are
+// called from that thread too (the service layer queues work for it).
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "services/rollout/engine/block_manager.h"
+#include "services/rollout/engine/engine_model.h"
+#include "services/rollout/engine/scheduler.h"
+
+namespace tandem::rollout {
+
+struct EngineOptions {
+  SchedulerLimits limits;
+  int32_t num_kv_blocks = 1024;
+  int32_t block_size = 16;
+  // Continuous batching admits as soon as capacity frees; static batching
+  // (a benchmark baseline) admits only into an empty batch.
+  bool static_batching = false;
+  // kInflight: commit at the next step boundary; kDrain (baseline): stop
+  // admitting, finish every running sequence, then commit.
+  enum class UpdatePolicy {
+    kInflight,
+    kDrain
+  } update_policy = UpdatePolicy::kInflight;
+  // After a commit, running sequences keep their KV cache (PipelineRL) or
+  // recompute it under the new weights.
+  enum class KvPolicy { kKeep, kRecompute } kv_policy = KvPolicy::kKeep;
+  // Tokens that end every sample (the model's end of sequence).
+  std::vector<int32_t> eos_token_ids;
+};
+
+struct FinishedSample {
+  std::string request_id;
+  int32_t sample_index = 0;
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> output;
+  std::vector<float> logprobs;
+  std::vector<VersionSpan> spans;
+  FinishReason finish_reason = FinishReason::kNone;
+  uint32_t preemptions = 0;
+  absl::Time admitted, first_token, finished;
+};
+
+// What one step did; the service layer turns it into metrics.
+struct StepStats {
+  int32_t prefill_tokens = 0;
+  int32_t decode_tokens = 0;  // sequences that sampled a token
+  int32_t preempted = 0;
+  int32_t finished = 0;
+  bool committed_update = false;
+  uint64_t committed_version = 0;
+  double pause_seconds = 0.0;  // time spent committing (0 without update)
+  double step_seconds = 0.0;
+};
+
+struct EngineSnapshot {
+  int32_t running = 0;
+  int32_t waiting = 0;
+  int32_t kv_blocks_used = 0;
+  int32_t kv_blocks_total = 0;
+  uint64_t policy_version = 0;
+  uint64_t generated_tokens = 0;
+  uint64_t preemptions = 0;
+};
+
+class Engine {
+ public:
+  // `model` and `weights` (may be null: no updates) must outlive the engine.
+  Engine(EngineOptions options, EngineModel* model, WeightUpdateSource* weights,
+         uint64_t initial_version);
+  ~Engine();
+
+  // Queues a request: params.n samples of `prompt`. InvalidArgument for an
+  // empty prompt, n < 1, max_tokens < 1, or a prompt that cannot fit in the
+  // whole KV cache.
+  absl::Status Add(const std::string& request_id, std::vector<int32_t> prompt,
+                   const SamplingParams& params);
+  // One engine step. Errors come from the model.
+  absl::StatusOr<StepStats> Step();
+  // Samples finished since the last call.
+  std::vector<FinishedSample> TakeFinished();
+  // Aborts every unfinished sample and returns their request ids.
+  std::vector<std::string> AbortAll();
+
+  bool idle() const { return scheduler_.idle() && pending_siblings_.empty(); }
+  EngineSnapshot Snapshot() const;
+  uint64_t policy_version() const { return version_; }
+
+ private:
+  absl::Status MaybeCommitUpdate(StepStats* stats);
+  int32_t TryFork(Sequence* seq);
+  void Retire(Sequence* seq, FinishReason reason);
+
+  const EngineOptions options_;
+  EngineModel* const model_;
+  WeightUpdateSource* const weights_;
+  BlockManager blocks_;
+  Scheduler scheduler_;
+  uint64_t version_;
+  bool draining_for_update_ = false;
+  uint64_t next_seq_id_ = 1;
+  uint64_t generated_tokens_ = 0;
+  uint64_t preemptions_ = 0;
+  std::map<uint64_t, std::unique_ptr<Sequence>> sequences_;
+  // request id -> id of the sample that prefills the shared prompt.
+  std::map<std::string, uint64_t> leaders_;
+  // Samples 1..n-1 of a request wait here until sample 0 has its prompt
+  // cached, then join the queue and copy that cache instead of prefilling.
+  std::map<std::string, std::vector<Sequence*>> pending_siblings_;
+  std::vector<FinishedSample> finished_;
+};
+
+}  // namespace tandem::rollout

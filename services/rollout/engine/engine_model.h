@@ -1,0 +1,54 @@
+#pragma once
+
+// EngineModel is the seam between the generation engine and the neural
+// network: it keeps each sequence's keys and values and computes the tokens
+// the scheduler asks for. The engine calls it from its one thread only.
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "services/rollout/engine/sequence.h"
+
+namespace tandem::rollout {
+
+struct ForwardChunk {
+  // Compute tokens [start, end) of `seq`, appending their keys and values
+  // to the sequence's cache (which holds exactly `start` tokens).
+  const Sequence* seq = nullptr;
+  int32_t start = 0;
+  int32_t end = 0;
+  // Produce logits of the last computed token.
+  bool wants_logits = false;
+};
+
+class EngineModel {
+ public:
+  virtual ~EngineModel() = default;
+  virtual int32_t vocab_size() const = 0;
+  // Runs one step over all chunks. Returns vocab_size() floats per chunk
+  // with wants_logits, in chunk order.
+  virtual absl::StatusOr<std::vector<float>> Forward(
+      const std::vector<ForwardChunk>& chunks) = 0;
+  // Copies the first `num_tokens` cached tokens of `src` into `dst`'s
+  // (empty) cache. Returns false when `src` does not hold them.
+  virtual bool ForkCache(uint64_t src, uint64_t dst, int32_t num_tokens) = 0;
+  // Drops a sequence's cache.
+  virtual void ReleaseCache(uint64_t seq_id) = 0;
+};
+
+// Where new weights come from. The transport fills a staging buffer in the
+// background; the engine asks at each step boundary whether a version is
+// ready and, if so, commits it while generation is paused.
+class WeightUpdateSource {
+ public:
+  virtual ~WeightUpdateSource() = default;
+  // A fully received, verified version newer than `live`, or 0. Must not
+  // block.
+  virtual uint64_t ReadyVersion(uint64_t live) = 0;
+  // Makes `version` live in the model (a pointer swap in staged mode, a
+  // copy in inplace mode). Called on the engine thread between steps.
+  virtual absl::Status Commit(uint64_t version) = 0;
+};
+
+}  // namespace tandem::rollout
