@@ -8,7 +8,8 @@ void FindChangedWords(absl::Span<const uint16_t> prev,
                       absl::Span<const uint16_t> next,
                       std::vector<uint64_t>* changed) {
   assert(prev.size() == next.size());
-  ForEachChangedWord(prev, next, [changed](size_t i) { changed->push_back(i); });
+  ForEachChangedWord(prev, next,
+                     [changed](size_t i) { changed->push_back(i); });
 }
 
 uint64_t CountChangedWords(absl::Span<const uint16_t> prev,

@@ -23,11 +23,13 @@ constexpr Tables MakeTables() {
   Tables t{};
   for (uint32_t b = 0; b < 256; ++b) {
     uint32_t crc = b;
-    for (int i = 0; i < 8; ++i) crc = (crc >> 1) ^ ((crc & 1u) ? kPolynomial : 0u);
+    for (int i = 0; i < 8; ++i)
+      crc = (crc >> 1) ^ ((crc & 1u) ? kPolynomial : 0u);
     t[0][b] = crc;
   }
   for (uint32_t b = 0; b < 256; ++b) {
-    for (int k = 1; k < 8; ++k) t[k][b] = (t[k - 1][b] >> 8) ^ t[0][t[k - 1][b] & 0xFFu];
+    for (int k = 1; k < 8; ++k)
+      t[k][b] = (t[k - 1][b] >> 8) ^ t[0][t[k - 1][b] & 0xFFu];
   }
   return t;
 }
@@ -42,8 +44,8 @@ inline uint64_t LoadLe64(const uint8_t* p) {
 
 #if TANDEM_CRC32C_X86
 __attribute__((target("sse4.2"))) uint32_t ExtendSse42(uint32_t crc,
-                                                        const uint8_t* p,
-                                                        size_t n) {
+                                                       const uint8_t* p,
+                                                       size_t n) {
   uint64_t c = ~crc;
   // Align to 8 bytes so the 64-bit loads below never straddle lines badly.
   while (n > 0 && (reinterpret_cast<uintptr_t>(p) & 7u) != 0) {

@@ -1,0 +1,128 @@
+#pragma once
+
+// Weight broadcast over LibTorch's c10d ProcessGroupGloo (CPU), rendezvous
+// through a c10d TCPStore. One GlooBroadcastGroup is one membership epoch
+// (tandem.v1.BroadcastGroup): rank 0 is the trainer, which also hosts the
+// TCPStore; ranks 1..n-1 are rollout workers.
+//
+// Wire protocol per version, all as Gloo broadcasts from rank 0 of byte
+// buffers viewed as float32 (Gloo in LibTorch 1.13 rejects bf16/int16):
+//   1. a 16-byte header: u64 manifest size, u64 payload size;
+//   2. the serialized WeightManifest, zero-padded to a multiple of 4;
+//   3. FULL: every bucket, broadcast straight into the receiver's staging
+//      bucket (no extra copy); DELTA: the encoded delta in pieces of at most
+//      bucket_bytes, padded to a multiple of 4.
+// Receivers always take part in every broadcast of a version, even after a
+// local failure (stale version, bad checksum), so one bad member never
+// desynchronises or hangs the others; the failure is reported afterwards.
+//
+// Deadlines: every collective, and the rendezvous, carries `timeout`. A
+// collective that fails or times out marks the group broken: later calls
+// return FailedPrecondition at once, and the coordinator forms the next
+// epoch without the dead member (membership changes only between versions).
+// Receivers call ReceiveNext() once the coordinator has announced a version;
+// waiting longer than `timeout` for a sender breaks the group.
+//
+// Thread-safety: a group is used by one thread at a time (its sender or its
+// receiver). Abort() may be called from any thread.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/weights/weight_transport.h"
+
+namespace tandem::weights {
+
+struct GlooGroupConfig {
+  // TCPStore address (see GlooRendezvousStore).
+  std::string store_host = "127.0.0.1";
+  uint16_t store_port = 0;
+  // Key prefix unique to the epoch (BroadcastGroup.key_prefix).
+  std::string key_prefix = "tandem/weights/epoch0";
+  int rank = 0;
+  int world_size = 1;
+  // Address Gloo binds for its pairs on this host.
+  std::string bind_host = "127.0.0.1";
+  // Deadline of the rendezvous and of every collective.
+  absl::Duration timeout = absl::Seconds(30);
+};
+
+// The TCPStore server the trainer hosts for all epochs (each epoch uses its
+// own key prefix). Thread-safe.
+class GlooRendezvousStore {
+ public:
+  // Listens on host:port (port 0 picks a free port).
+  static absl::StatusOr<std::unique_ptr<GlooRendezvousStore>> Create(
+      const std::string& host, uint16_t port, absl::Duration timeout);
+  ~GlooRendezvousStore();
+  uint16_t port() const;
+
+ private:
+  friend class GlooBroadcastGroup;
+  struct Impl;
+  explicit GlooRendezvousStore(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+class GlooBroadcastGroup {
+ public:
+  // Joins the group; blocks until all world_size ranks have joined or
+  // `timeout` passes (Unavailable then). Rank 0 passes the store it hosts
+  // (`server`, which must outlive the group); other ranks pass nullptr and
+  // connect to store_host:store_port. A rank 0 without a server starts one
+  // on store_port.
+  static absl::StatusOr<std::unique_ptr<GlooBroadcastGroup>> Create(
+      const GlooGroupConfig& config,
+      const GlooRendezvousStore* server = nullptr);
+  ~GlooBroadcastGroup();
+
+  int rank() const;
+  int world_size() const;
+  bool broken() const;
+
+  // Broadcasts `bytes` from rank 0 into every rank's `bytes`, in place.
+  // REQUIRES: size a multiple of 4, data 4-byte aligned. Errors mark the
+  // group broken.
+  absl::Status Broadcast(absl::Span<uint8_t> bytes);
+
+  // Marks the group broken; later collectives fail fast.
+  void Abort();
+
+ private:
+  struct Impl;
+  explicit GlooBroadcastGroup(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Rank 0's WeightSender. `group` must outlive it.
+class GlooWeightSender : public WeightSender {
+ public:
+  explicit GlooWeightSender(GlooBroadcastGroup* group) : group_(group) {}
+  // `deadline` is not used: each collective carries the group's timeout.
+  absl::Status Publish(const v1::WeightManifest& manifest,
+                       absl::Span<const uint8_t> payload,
+                       absl::Time deadline) override;
+
+ private:
+  GlooBroadcastGroup* group_;
+};
+
+// A worker rank's WeightReceiver. `group` must outlive it.
+class GlooWeightReceiver : public WeightReceiver {
+ public:
+  explicit GlooWeightReceiver(GlooBroadcastGroup* group) : group_(group) {}
+  absl::StatusOr<uint64_t> ReceiveNext(StagingWeights* staging,
+                                       absl::Time deadline) override;
+  // Aborts the group (the pending collective still ends at its timeout).
+  void Cancel() override { group_->Abort(); }
+
+ private:
+  GlooBroadcastGroup* group_;
+};
+
+}  // namespace tandem::weights

@@ -1,0 +1,222 @@
+#include "common/weights/staging_weights.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/bf16_change.h"
+#include "kernels/bf16_delta.h"
+
+namespace tandem::weights {
+
+absl::StatusOr<std::unique_ptr<StagingWeights>> StagingWeights::Create(
+    FlatWeightLayout layout, StagingMode mode) {
+  return std::unique_ptr<StagingWeights>(
+      new StagingWeights(std::move(layout), mode));
+}
+
+StagingWeights::StagingWeights(FlatWeightLayout layout, StagingMode mode)
+    : layout_(std::move(layout)), mode_(mode) {
+  const int copies = mode == StagingMode::kDoubleBuffer ? 2 : 1;
+  for (int i = 0; i < copies; ++i) buffers_.emplace_back(layout_.total_bytes());
+}
+
+WeightBuffer& StagingWeights::StagingBuffer() {
+  return mode_ == StagingMode::kDoubleBuffer ? buffers_[1 - live_index_]
+                                             : buffers_[live_index_];
+}
+
+absl::Status StagingWeights::Reject(absl::Status why) {
+  state_ = State::kIdle;
+  ++stats_.rejected_versions;
+  return why;
+}
+
+absl::Status StagingWeights::Begin(const v1::WeightManifest& manifest) {
+  if (absl::Status s = layout_.CheckSameLayout(manifest); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  const uint64_t v = manifest.policy_version();
+  if (live_version_.has_value() && v <= *live_version_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "weights v", v, " is not newer than the live v", *live_version_));
+  }
+  if (manifest.kind() == v1::WEIGHT_PAYLOAD_KIND_DELTA) {
+    if (!live_version_.has_value() ||
+        *live_version_ != manifest.base_version()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "weights v", v, " is a delta on v", manifest.base_version(),
+          " but the live version is ",
+          live_version_.has_value() ? absl::StrCat("v", *live_version_)
+                                    : std::string("none"),
+          "; fetch a full version"));
+    }
+  } else if (manifest.kind() != v1::WEIGHT_PAYLOAD_KIND_FULL) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weights v", v, ": payload kind unspecified"));
+  }
+  staged_ = manifest;
+  bucket_done_.assign(layout_.num_buckets(), false);
+  buckets_left_ = layout_.num_buckets();
+  state_ = State::kReceiving;
+  if (mode_ == StagingMode::kInplace) {
+    // Readers are paused by contract; live is being overwritten.
+    live_version_.reset();
+    live_manifest_.reset();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StagingWeights::CheckReceivingFull(uint32_t bucket) const {
+  if (state_ != State::kReceiving ||
+      staged_.kind() != v1::WEIGHT_PAYLOAD_KIND_FULL) {
+    return absl::FailedPreconditionError(
+        "no FULL weights version is being received");
+  }
+  if (bucket >= layout_.num_buckets()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bucket ", bucket, " out of range (",
+                     layout_.num_buckets(), " buckets)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<absl::Span<uint8_t>> StagingWeights::MutableBucket(
+    uint32_t bucket) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckReceivingFull(bucket); !s.ok()) return s;
+  const BucketRange& range = layout_.buckets()[bucket];
+  return StagingBuffer().span().subspan(range.offset, range.size);
+}
+
+absl::Status StagingWeights::WriteBucketChunk(uint32_t bucket, uint64_t offset,
+                                              absl::Span<const uint8_t> data) {
+  uint8_t* dst = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckReceivingFull(bucket); !s.ok()) return s;
+    const BucketRange& range = layout_.buckets()[bucket];
+    if (offset > range.size || data.size() > range.size - offset) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk of ", data.size(), " bytes at offset ", offset,
+          " does not fit bucket ", bucket, " of ", range.size, " bytes"));
+    }
+    dst = StagingBuffer().data() + range.offset + offset;
+    stats_.bytes_received += data.size();
+  }
+  // The staging buffer belongs to the receiver until FinishBucket.
+  if (!data.empty()) std::memcpy(dst, data.data(), data.size());
+  return absl::OkStatus();
+}
+
+absl::Status StagingWeights::FinishBucket(uint32_t bucket) {
+  const uint8_t* data = nullptr;
+  v1::WeightManifest const* manifest = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckReceivingFull(bucket); !s.ok()) return s;
+    if (bucket_done_[bucket]) return absl::OkStatus();
+    data = StagingBuffer().data() + layout_.buckets()[bucket].offset;
+    manifest = &staged_;
+  }
+  // Checksumming runs unlocked: staged_ only changes in Begin(), which the
+  // receiver (this thread) calls.
+  absl::Status verified =
+      VerifyBucket(*manifest, bucket, {data, layout_.buckets()[bucket].size});
+  absl::MutexLock lock(&mu_);
+  if (!verified.ok()) return Reject(std::move(verified));
+  bucket_done_[bucket] = true;
+  if (--buckets_left_ == 0) state_ = State::kReady;
+  return absl::OkStatus();
+}
+
+absl::Status StagingWeights::ApplyDelta(absl::Span<const uint8_t> delta) {
+  uint8_t* staging = nullptr;
+  const uint8_t* live = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (state_ != State::kReceiving ||
+        staged_.kind() != v1::WEIGHT_PAYLOAD_KIND_DELTA) {
+      return absl::FailedPreconditionError(
+          "no DELTA weights version is being received");
+    }
+    staging = StagingBuffer().data();
+    live = buffers_[live_index_].data();
+    stats_.bytes_received += delta.size();
+  }
+  const uint64_t size = layout_.total_bytes();
+  // Staging becomes a copy of the base (live); concurrent engine reads of
+  // live are fine.
+  if (staging != live) std::memcpy(staging, live, size);
+  absl::Status applied = kernels::ApplyBf16Delta(
+      delta, kernels::AsMutableWords({staging, size}), /*validate_first=*/true);
+  if (applied.ok()) applied = VerifyWeights(staged_, {staging, size});
+  absl::MutexLock lock(&mu_);
+  if (!applied.ok()) {
+    return Reject(absl::Status(
+        applied.code(), absl::StrCat("weights v", staged_.policy_version(),
+                                     " delta rejected: ", applied.message())));
+  }
+  bucket_done_.assign(layout_.num_buckets(), true);
+  buckets_left_ = 0;
+  state_ = State::kReady;
+  return absl::OkStatus();
+}
+
+void StagingWeights::Abort() {
+  absl::MutexLock lock(&mu_);
+  state_ = State::kIdle;
+}
+
+bool StagingWeights::ready() const {
+  absl::MutexLock lock(&mu_);
+  return state_ == State::kReady;
+}
+
+bool StagingWeights::WaitUntilTaken(absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  auto taken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return state_ != State::kReady;
+  };
+  return mu_.AwaitWithDeadline(absl::Condition(&taken), deadline);
+}
+
+absl::StatusOr<uint64_t> StagingWeights::Commit() {
+  absl::MutexLock lock(&mu_);
+  if (state_ != State::kReady) {
+    return absl::FailedPreconditionError(
+        "no verified weights version is staged");
+  }
+  if (mode_ == StagingMode::kDoubleBuffer) live_index_ = 1 - live_index_;
+  live_version_ = staged_.policy_version();
+  live_manifest_ = staged_;
+  state_ = State::kIdle;
+  ++stats_.commits;
+  if (staged_.kind() == v1::WEIGHT_PAYLOAD_KIND_DELTA) {
+    ++stats_.delta_versions;
+  } else {
+    ++stats_.full_versions;
+  }
+  return *live_version_;
+}
+
+LiveWeights StagingWeights::live() const {
+  absl::MutexLock lock(&mu_);
+  return LiveWeights{buffers_[live_index_].span(), live_version_};
+}
+
+std::optional<uint64_t> StagingWeights::live_version() const {
+  absl::MutexLock lock(&mu_);
+  return live_version_;
+}
+
+std::optional<v1::WeightManifest> StagingWeights::live_manifest() const {
+  absl::MutexLock lock(&mu_);
+  return live_manifest_;
+}
+
+StagingStats StagingWeights::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace tandem::weights

@@ -1,0 +1,154 @@
+#pragma once
+
+// StagingWeights: the rollout worker's side of a weight update. A transport
+// receives version v into a staging buffer in the background while the
+// engine keeps generating from the live buffer; at a decode-step boundary
+// the engine calls Commit(), which swaps the two buffers by pointer (the
+// pause is a swap, not a copy). Every bucket is checked against the
+// manifest's CRC-32C before the version can be committed; a mismatch
+// rejects the whole version and leaves the live weights untouched.
+//
+// Modes:
+//   kDoubleBuffer  two buffers (live + staging); receive never disturbs live.
+//   kInplace       one buffer, for when memory cannot hold two copies: the
+//                  transport writes straight into live. The caller must
+//                  pause every reader of live() from Begin() until Commit()
+//                  or a failure. Live is invalid (live_version() empty)
+//                  from Begin() until Commit(); after a rejected version it
+//                  stays invalid until a FULL version is committed.
+//
+// Protocol (receiver side): Begin(manifest), then for a FULL manifest every
+// bucket is written (MutableBucket() for zero-copy receipt, or
+// WriteBucketChunk()) and sealed with FinishBucket(); for a DELTA manifest
+// one ApplyDelta(). ready() turns true after the last bucket verifies.
+//
+// Thread-safety: one receiver thread calls the receiver-side methods; one
+// engine thread calls Commit() and live(). They may run concurrently. The
+// span returned by live() stays valid until the engine's next Commit() (or,
+// in kInplace mode, the next Begin()); the engine must not keep it across
+// those calls. A span from MutableBucket() is valid until the next Begin(),
+// Abort() or failure. Small state is guarded by an internal mutex; bulk
+// bytes are written without it, into the buffer only the receiver owns.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/weights/flat_weight_layout.h"
+#include "common/weights/weight_buffer.h"
+#include "tandem/v1/common.pb.h"
+
+namespace tandem::weights {
+
+enum class StagingMode { kDoubleBuffer, kInplace };
+
+struct LiveWeights {
+  absl::Span<const uint8_t> bytes;
+  std::optional<uint64_t> version;  // empty: no valid weights yet
+};
+
+struct StagingStats {
+  uint64_t commits = 0;
+  uint64_t rejected_versions = 0;  // failed verification or bad payload
+  uint64_t bytes_received = 0;     // bucket bytes and delta bytes
+  uint64_t full_versions = 0;
+  uint64_t delta_versions = 0;
+};
+
+class StagingWeights {
+ public:
+  static absl::StatusOr<std::unique_ptr<StagingWeights>> Create(
+      FlatWeightLayout layout, StagingMode mode);
+
+  StagingWeights(const StagingWeights&) = delete;
+  StagingWeights& operator=(const StagingWeights&) = delete;
+
+  const FlatWeightLayout& layout() const { return layout_; }
+  StagingMode mode() const { return mode_; }
+
+  // ---- Receiver side ----
+
+  // Starts receiving `manifest`'s version, discarding any version staged
+  // and not yet committed. FailedPrecondition when the layout differs, the
+  // version is not newer than live, or a DELTA's base_version is not the
+  // live version.
+  absl::Status Begin(const v1::WeightManifest& manifest);
+
+  // Writable bytes of `bucket` for a FULL version being received.
+  absl::StatusOr<absl::Span<uint8_t>> MutableBucket(uint32_t bucket);
+
+  // Copies `data` to `offset` inside `bucket` of the FULL version being
+  // received. InvalidArgument when it does not fit.
+  absl::Status WriteBucketChunk(uint32_t bucket, uint64_t offset,
+                                absl::Span<const uint8_t> data);
+
+  // Verifies `bucket`. On a CRC mismatch returns DataLoss naming the bucket
+  // and both checksums and rejects the version (Begin() again to retry).
+  absl::Status FinishBucket(uint32_t bucket);
+
+  // Applies an encoded delta (kernels/bf16_delta.h) for a DELTA version:
+  // the staging buffer becomes live + delta, then every bucket is
+  // verified. DataLoss / InvalidArgument reject the version.
+  absl::Status ApplyDelta(absl::Span<const uint8_t> delta);
+
+  // Drops the version being received or staged.
+  void Abort();
+
+  // ---- Engine side ----
+
+  // True when a verified version waits for Commit().
+  bool ready() const;
+
+  // Blocks until no verified version waits for Commit() (returns true) or
+  // `deadline` passes (returns false). For the receiving thread, which
+  // receives the next version only after the engine took the last one.
+  bool WaitUntilTaken(absl::Time deadline) const;
+
+  // Makes the staged version live and returns it. FailedPrecondition when
+  // nothing verified is staged.
+  absl::StatusOr<uint64_t> Commit();
+
+  LiveWeights live() const;
+  std::optional<uint64_t> live_version() const;
+
+  // The manifest of the live version (empty when there is none).
+  std::optional<v1::WeightManifest> live_manifest() const;
+
+  StagingStats stats() const;
+
+ private:
+  enum class State { kIdle, kReceiving, kReady };
+
+  StagingWeights(FlatWeightLayout layout, StagingMode mode);
+  WeightBuffer& StagingBuffer() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Reject(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckReceivingFull(uint32_t bucket) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const FlatWeightLayout layout_;
+  const StagingMode mode_;
+
+  mutable absl::Mutex mu_;
+  // buffers_[live_index_] is live; in kDoubleBuffer the other is staging,
+  // in kInplace there is one buffer that is both. The vector itself never
+  // changes after construction.
+  std::vector<WeightBuffer> buffers_;
+  int live_index_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<uint64_t> live_version_ ABSL_GUARDED_BY(mu_);
+  std::optional<v1::WeightManifest> live_manifest_ ABSL_GUARDED_BY(mu_);
+  State state_ ABSL_GUARDED_BY(mu_) = State::kIdle;
+  v1::WeightManifest staged_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> bucket_done_ ABSL_GUARDED_BY(mu_);
+  uint32_t buckets_left_ ABSL_GUARDED_BY(mu_) = 0;
+  StagingStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tandem::weights

@@ -1,0 +1,107 @@
+#include "common/weights/weight_store.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace tandem::weights {
+
+WeightStore::WeightStore(size_t retain_versions)
+    : retain_(std::max<size_t>(retain_versions, 1)) {}
+
+absl::Status WeightStore::Put(
+    const v1::WeightManifest& manifest,
+    std::shared_ptr<const std::vector<uint8_t>> bytes) {
+  if (bytes == nullptr) return absl::InvalidArgumentError("null payload");
+  const uint64_t v = manifest.policy_version();
+  if (manifest.kind() == v1::WEIGHT_PAYLOAD_KIND_FULL &&
+      bytes->size() != manifest.total_bytes()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weights v", v, ": full payload is ", bytes->size(),
+                     " bytes, manifest says ", manifest.total_bytes()));
+  }
+  absl::MutexLock lock(&mu_);
+  Entry& entry = versions_[v];
+  switch (manifest.kind()) {
+    case v1::WEIGHT_PAYLOAD_KIND_FULL:
+      entry.full = StoredPayload{manifest, std::move(bytes)};
+      break;
+    case v1::WEIGHT_PAYLOAD_KIND_DELTA:
+      entry.delta = StoredPayload{manifest, std::move(bytes)};
+      break;
+    default:
+      versions_.erase(v);
+      return absl::InvalidArgumentError(
+          absl::StrCat("weights v", v, ": payload kind unspecified"));
+  }
+  Evict();
+  return absl::OkStatus();
+}
+
+void WeightStore::Evict() {
+  if (versions_.empty()) return;
+  // The newest anchor: the highest version holding a full payload at or
+  // below the latest version's anchor_version.
+  const Entry& latest = versions_.rbegin()->second;
+  const v1::WeightManifest& m =
+      latest.full ? latest.full->manifest : latest.delta->manifest;
+  const uint64_t anchor = m.anchor_version();
+  const uint64_t newest = versions_.rbegin()->first;
+  for (auto it = versions_.begin(); it != versions_.end();) {
+    const bool old = newest - it->first >= retain_;
+    if (old && it->first != anchor) {
+      it = versions_.erase(it);
+    } else if (old && it->first == anchor) {
+      it->second.delta.reset();  // keep only the anchor's full copy
+      ++it;
+    } else {
+      ++it;
+    }
+  }
+}
+
+std::optional<uint64_t> WeightStore::latest_version() const {
+  absl::MutexLock lock(&mu_);
+  if (versions_.empty()) return std::nullopt;
+  return versions_.rbegin()->first;
+}
+
+absl::StatusOr<StoredPayload> WeightStore::Get(
+    uint64_t version, v1::WeightPayloadKind kind) const {
+  absl::MutexLock lock(&mu_);
+  if (versions_.empty()) {
+    return absl::NotFoundError("no weights version published yet");
+  }
+  if (version == 0) version = versions_.rbegin()->first;
+  auto it = versions_.find(version);
+  if (it != versions_.end()) {
+    if (kind == v1::WEIGHT_PAYLOAD_KIND_FULL && it->second.full) {
+      return *it->second.full;
+    }
+    if (kind == v1::WEIGHT_PAYLOAD_KIND_DELTA && it->second.delta) {
+      return *it->second.delta;
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("weights v", version,
+                                          " is not retained as ",
+                                          v1::WeightPayloadKind_Name(kind)));
+}
+
+absl::StatusOr<v1::WeightManifest> WeightStore::Manifest(
+    uint64_t version) const {
+  absl::MutexLock lock(&mu_);
+  if (versions_.empty()) {
+    return absl::NotFoundError("no weights version published yet");
+  }
+  if (version == 0) version = versions_.rbegin()->first;
+  auto it = versions_.find(version);
+  if (it == versions_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("weights v", version, " is not retained"));
+  }
+  return it->second.full ? it->second.full->manifest
+                         : it->second.delta->manifest;
+}
+
+}  // namespace tandem::weights

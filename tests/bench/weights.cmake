@@ -1,0 +1,7 @@
+# Transport throughput (pull and Gloo broadcast) against a raw socket copy.
+if(TARGET tandem_weights_gloo)
+  add_executable(weights_transport_bench
+    ${CMAKE_CURRENT_SOURCE_DIR}/weights_transport_bench.cc)
+  target_link_libraries(weights_transport_bench PRIVATE tandem_weights_gloo
+    tandem_weights_grpc)
+endif()

@@ -1,0 +1,312 @@
+#include "common/weights/staging_weights.h"
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "common/weights/background_receiver.h"
+#include "common/weights/in_process_transport.h"
+#include "kernels/anchor_policy.h"
+#include "kernels/bf16_change.h"
+#include "kernels/bf16_delta.h"
+#include "weights_test_util.h"
+
+namespace tandem::weights {
+namespace {
+
+FlatWeightLayout SmallLayout() {
+  auto layout = FlatWeightLayout::Create(
+      testing::SmallModelTensors(), {.bucket_bytes = 4096, .alignment = 64});
+  REQUIRE(layout.ok());
+  return *std::move(layout);
+}
+
+bool SameBytes(absl::Span<const uint8_t> a, const WeightBuffer& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+// The trainer's side of the tests: versions of a buffer, published full at
+// anchors and as deltas in between.
+class FakeTrainer {
+ public:
+  FakeTrainer(const FlatWeightLayout& layout, WeightSender* sender,
+              uint64_t anchor_every)
+      : layout_(layout),
+        sender_(sender),
+        policy_(*kernels::AnchorPolicy::Create(anchor_every)),
+        current_(layout.total_bytes()),
+        previous_(layout.total_bytes()) {
+    testing::FillRandom(layout_, &current_, rng_);
+  }
+
+  // Publishes the current weights as version `v` (after mutating them for
+  // v > 0).
+  void Step(uint64_t v) {
+    if (v > 0) {
+      std::memcpy(previous_.data(), current_.data(), current_.size());
+      testing::Perturb(layout_, &current_, rng_, 0.01);
+    }
+    auto manifest = layout_.BuildManifest(current_.span(), v);
+    REQUIRE(manifest.ok());
+    manifest->set_anchor_version(policy_.ScheduledAnchorAtOrBefore(v));
+    if (policy_.IsScheduledAnchor(v)) {
+      REQUIRE(
+          sender_->Publish(*manifest, current_.span(), absl::InfiniteFuture())
+              .ok());
+      return;
+    }
+    auto delta = kernels::EncodeBf16Delta(kernels::AsWords(previous_.span()),
+                                          kernels::AsWords(current_.span()));
+    REQUIRE(delta.ok());
+    manifest->set_kind(v1::WEIGHT_PAYLOAD_KIND_DELTA);
+    manifest->set_base_version(v - 1);
+    REQUIRE(sender_->Publish(*manifest, *delta, absl::InfiniteFuture()).ok());
+  }
+
+  const WeightBuffer& current() const { return current_; }
+
+ private:
+  const FlatWeightLayout& layout_;
+  WeightSender* sender_;
+  kernels::AnchorPolicy policy_;
+  std::mt19937_64 rng_{42};
+  WeightBuffer current_;
+  WeightBuffer previous_;
+};
+
+TEST_CASE("Staged version becomes live only at Commit, by pointer swap",
+          "[weights][staging]") {
+  const FlatWeightLayout layout = SmallLayout();
+  auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  StagingWeights& s = **staging;
+  CHECK_FALSE(s.live_version().has_value());
+  CHECK_FALSE(s.Commit().ok());
+
+  std::mt19937_64 rng(1);
+  WeightBuffer v1(layout.total_bytes());
+  testing::FillRandom(layout, &v1, rng);
+  auto m1 = layout.BuildManifest(v1.span(), 1);
+  REQUIRE(m1.ok());
+  REQUIRE(s.Begin(*m1).ok());
+  for (const BucketRange& b : layout.buckets()) {
+    CHECK_FALSE(s.ready());
+    auto dst = s.MutableBucket(b.index);
+    REQUIRE(dst.ok());
+    std::memcpy(dst->data(), v1.data() + b.offset, b.size);
+    REQUIRE(s.FinishBucket(b.index).ok());
+  }
+  CHECK(s.ready());
+  CHECK_FALSE(s.live_version().has_value());
+  auto committed = s.Commit();
+  REQUIRE(committed.ok());
+  CHECK(*committed == 1);
+  const LiveWeights live1 = s.live();
+  CHECK(live1.version == 1u);
+  CHECK(SameBytes(live1.bytes, v1));
+
+  // Receiving v2 does not touch live; Commit flips to the other buffer.
+  WeightBuffer v2(layout.total_bytes());
+  testing::FillRandom(layout, &v2, rng);
+  auto m2 = layout.BuildManifest(v2.span(), 2);
+  REQUIRE(m2.ok());
+  REQUIRE(StagePayload(&s, *m2, v2.span()).ok());
+  CHECK(SameBytes(s.live().bytes, v1));
+  CHECK(s.live().version == 1u);
+  REQUIRE(s.Commit().ok());
+  const LiveWeights live2 = s.live();
+  CHECK(live2.version == 2u);
+  CHECK(live2.bytes.data() != live1.bytes.data());
+  CHECK(SameBytes(live2.bytes, v2));
+  CHECK(s.stats().commits == 2);
+
+  // Old or equal versions are refused.
+  CHECK(s.Begin(*m2).code() == absl::StatusCode::kFailedPrecondition);
+  // A delta whose base is not live is refused.
+  v1::WeightManifest delta = *m2;
+  delta.set_policy_version(9);
+  delta.set_kind(v1::WEIGHT_PAYLOAD_KIND_DELTA);
+  delta.set_base_version(8);
+  CHECK(s.Begin(delta).code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("A corrupted bucket is detected and the version is not committed",
+          "[weights][staging]") {
+  const FlatWeightLayout layout = SmallLayout();
+  InProcessWeightBus bus;
+  auto sender = bus.NewSender();
+  auto receiver = bus.NewReceiver();
+  FakeTrainer trainer(layout, sender.get(), /*anchor_every=*/100);
+  auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  StagingWeights& s = **staging;
+
+  trainer.Step(0);
+  REQUIRE(receiver->ReceiveNext(&s, absl::InfiniteFuture()).ok());
+  REQUIRE(s.Commit().ok());
+
+  // Full payload with a flipped byte in bucket 2.
+  WeightBuffer good(layout.total_bytes());
+  std::memcpy(good.data(), trainer.current().data(), good.size());
+  WeightBuffer bad(layout.total_bytes());
+  std::mt19937_64 rng(5);
+  testing::FillRandom(layout, &bad, rng);
+  auto manifest = layout.BuildManifest(bad.span(), 1);
+  REQUIRE(manifest.ok());
+  bad.data()[2 * 4096 + 5] ^= 1;
+  absl::Status st = StagePayload(&s, *manifest, bad.span());
+  CHECK(st.code() == absl::StatusCode::kDataLoss);
+  CHECK(std::string(st.message()).find("bucket 2") != std::string::npos);
+  CHECK_FALSE(s.ready());
+  CHECK_FALSE(s.Commit().ok());
+  CHECK(s.live().version == 0u);
+  CHECK(SameBytes(s.live().bytes, good));
+
+  // A corrupted delta (flipped byte in transit) is rejected the same way.
+  trainer.Step(1);
+  bus.CorruptNextDeliveryForTest(40);
+  auto received = receiver->ReceiveNext(&s, absl::InfiniteFuture());
+  CHECK_FALSE(received.ok());
+  CHECK_FALSE(s.ready());
+  CHECK(s.live().version == 0u);
+  CHECK(SameBytes(s.live().bytes, good));
+  CHECK(s.stats().rejected_versions == 2);
+  // The clean copy then goes through.
+  received = receiver->ReceiveNext(&s, absl::InfiniteFuture());
+  REQUIRE(received.ok());
+  REQUIRE(s.Commit().ok());
+  CHECK(SameBytes(s.live().bytes, trainer.current()));
+}
+
+TEST_CASE(
+    "Versions through the in-process transport match the trainer bit "
+    "for bit, across anchors, for live and late receivers",
+    "[weights][transport]") {
+  const FlatWeightLayout layout = SmallLayout();
+  InProcessWeightBus bus(/*retain=*/16);
+  auto sender = bus.NewSender();
+  FakeTrainer trainer(layout, sender.get(), /*anchor_every=*/4);
+  auto receiver = bus.NewReceiver();
+  auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  for (uint64_t v = 0; v <= 10; ++v) {
+    trainer.Step(v);
+    auto got = receiver->ReceiveNext(staging->get(), absl::InfiniteFuture());
+    REQUIRE(got.ok());
+    CHECK(*got == v);
+    REQUIRE((*staging)->Commit().ok());
+    REQUIRE(SameBytes((*staging)->live().bytes, trainer.current()));
+  }
+  CHECK((*staging)->stats().delta_versions == 8);
+  CHECK((*staging)->stats().full_versions == 3);
+
+  // A late joiner starts from the newest retained anchor (8), then deltas.
+  auto late = bus.NewReceiver();
+  auto late_staging = StagingWeights::Create(layout, StagingMode::kInplace);
+  REQUIRE(late_staging.ok());
+  std::vector<uint64_t> seen;
+  while (!(*late_staging)->live_version().has_value() ||
+         *(*late_staging)->live_version() < 10) {
+    auto got = late->ReceiveNext(late_staging->get(), absl::InfiniteFuture());
+    REQUIRE(got.ok());
+    seen.push_back(*got);
+    REQUIRE((*late_staging)->Commit().ok());
+  }
+  CHECK(seen == std::vector<uint64_t>{8, 9, 10});
+  CHECK(SameBytes((*late_staging)->live().bytes, trainer.current()));
+}
+
+TEST_CASE(
+    "Inplace mode invalidates live while receiving and after a "
+    "rejected version",
+    "[weights][staging]") {
+  const FlatWeightLayout layout = SmallLayout();
+  auto staging = StagingWeights::Create(layout, StagingMode::kInplace);
+  REQUIRE(staging.ok());
+  StagingWeights& s = **staging;
+  std::mt19937_64 rng(3);
+  WeightBuffer v1(layout.total_bytes());
+  testing::FillRandom(layout, &v1, rng);
+  auto m1 = layout.BuildManifest(v1.span(), 1);
+  REQUIRE(m1.ok());
+  REQUIRE(StagePayload(&s, *m1, v1.span()).ok());
+  CHECK_FALSE(s.live_version().has_value());
+  const uint8_t* before = s.live().bytes.data();
+  REQUIRE(s.Commit().ok());
+  CHECK(s.live().bytes.data() == before);  // one buffer
+  CHECK(s.live_version() == 1u);
+
+  WeightBuffer v2(layout.total_bytes());
+  testing::FillRandom(layout, &v2, rng);
+  auto m2 = layout.BuildManifest(v2.span(), 2);
+  REQUIRE(m2.ok());
+  v2.data()[100] ^= 1;
+  CHECK(StagePayload(&s, *m2, v2.span()).code() == absl::StatusCode::kDataLoss);
+  CHECK_FALSE(s.live_version().has_value());
+  CHECK_FALSE(s.Commit().ok());
+  v2.data()[100] ^= 1;
+  REQUIRE(StagePayload(&s, *m2, v2.span()).ok());
+  REQUIRE(s.Commit().ok());
+  CHECK(SameBytes(s.live().bytes, v2));
+}
+
+TEST_CASE(
+    "Engine reads of live never see a torn version while a receiver "
+    "stages the next ones",
+    "[weights][staging][threads]") {
+  const FlatWeightLayout layout = SmallLayout();
+  InProcessWeightBus bus(/*retain=*/64);
+  auto sender = bus.NewSender();
+  FakeTrainer trainer(layout, sender.get(), /*anchor_every=*/5);
+  for (uint64_t v = 0; v <= 40; ++v) trainer.Step(v);
+  auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  StagingWeights& s = **staging;
+  auto receiver = bus.NewReceiver();
+
+  BackgroundReceiver background(receiver.get(), &s,
+                                {.receive_slice = absl::Milliseconds(50)});
+  background.Start();
+  // Engine: verify live against its manifest between commits.
+  int verified = 0;
+  while (!s.live_version().has_value() || *s.live_version() < 40) {
+    if (s.ready()) REQUIRE(s.Commit().ok());
+    const LiveWeights live = s.live();
+    if (live.version.has_value()) {
+      auto manifest = s.live_manifest();
+      REQUIRE(manifest.has_value());
+      REQUIRE(VerifyWeights(*manifest, live.bytes).ok());
+      ++verified;
+    }
+  }
+  background.Stop();
+  INFO(background.stats().last_error);
+  CHECK(background.stats().errors == 0);
+  CHECK(background.stats().staged >= 1);
+  CHECK(verified > 0);
+  CHECK(SameBytes(s.live().bytes, trainer.current()));
+}
+
+TEST_CASE("Cancel unblocks a waiting receiver", "[weights][transport]") {
+  const FlatWeightLayout layout = SmallLayout();
+  InProcessWeightBus bus;
+  auto receiver = bus.NewReceiver();
+  auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  CHECK(absl::IsDeadlineExceeded(
+      receiver
+          ->ReceiveNext(staging->get(), absl::Now() + absl::Milliseconds(10))
+          .status()));
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    receiver->Cancel();
+  });
+  CHECK(absl::IsCancelled(
+      receiver->ReceiveNext(staging->get(), absl::InfiniteFuture()).status()));
+  canceller.join();
+}
+
+}  // namespace
+}  // namespace tandem::weights

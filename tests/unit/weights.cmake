@@ -1,0 +1,14 @@
+tandem_add_test(weights_test
+  SOURCES
+    ${CMAKE_CURRENT_SOURCE_DIR}/flat_weight_layout_test.cc
+    ${CMAKE_CURRENT_SOURCE_DIR}/staging_weights_test.cc
+  LIBS tandem_weights)
+tandem_add_test(weights_pull_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_pull_test.cc
+  LIBS tandem_weights_grpc)
+if(TARGET tandem_weights_gloo)
+  tandem_add_test(weights_gloo_test
+    SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_gloo_test.cc
+    LIBS tandem_weights_gloo
+    TIMEOUT 120)
+endif()

@@ -1,0 +1,182 @@
+// Gloo broadcast transport tests: several ranks as threads of this process,
+// rendezvous through a TCPStore on an ephemeral port.
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "common/weights/gloo_broadcast_transport.h"
+#include "kernels/anchor_policy.h"
+#include "kernels/bf16_change.h"
+#include "kernels/bf16_delta.h"
+#include "weights_test_util.h"
+
+namespace tandem::weights {
+namespace {
+
+using Bytes = std::vector<uint8_t>;
+
+FlatWeightLayout Layout() {
+  auto layout = FlatWeightLayout::Create(
+      testing::SmallModelTensors(), {.bucket_bytes = 4096, .alignment = 64});
+  REQUIRE(layout.ok());
+  return *std::move(layout);
+}
+
+GlooGroupConfig Config(uint16_t port, int rank, int world, std::string prefix,
+                       absl::Duration timeout = absl::Seconds(20)) {
+  GlooGroupConfig c;
+  c.store_port = port;
+  c.rank = rank;
+  c.world_size = world;
+  c.key_prefix = std::move(prefix);
+  c.timeout = timeout;
+  return c;
+}
+
+TEST_CASE(
+    "Gloo broadcast delivers full and delta versions bit for bit to "
+    "every receiver",
+    "[weights][gloo]") {
+  const FlatWeightLayout layout = Layout();
+  auto server = GlooRendezvousStore::Create("127.0.0.1", 0, absl::Seconds(20));
+  REQUIRE(server.ok());
+  const uint16_t port = (*server)->port();
+  constexpr int kWorld = 3;
+  constexpr uint64_t kVersions = 7;
+
+  // Trainer versions, computed up front: anchors every 3, deltas between.
+  auto policy = *kernels::AnchorPolicy::Create(3);
+  std::mt19937_64 rng(11);
+  std::vector<WeightBuffer> versions;
+  versions.emplace_back(layout.total_bytes());
+  testing::FillRandom(layout, &versions.back(), rng);
+  for (uint64_t v = 1; v < kVersions; ++v) {
+    versions.emplace_back(layout.total_bytes());
+    std::memcpy(versions[v].data(), versions[v - 1].data(),
+                layout.total_bytes());
+    testing::Perturb(layout, &versions[v], rng, 0.01);
+  }
+
+  std::vector<absl::Status> results(kWorld);
+  std::vector<Bytes> final_bytes(kWorld);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto group =
+          GlooBroadcastGroup::Create(Config(port, rank, kWorld, "epoch1"),
+                                     rank == 0 ? server->get() : nullptr);
+      if (!group.ok()) {
+        results[rank] = group.status();
+        return;
+      }
+      if (rank == 0) {
+        GlooWeightSender sender(group->get());
+        for (uint64_t v = 0; v < kVersions; ++v) {
+          auto m = layout.BuildManifest(versions[v].span(), v);
+          m->set_anchor_version(policy.ScheduledAnchorAtOrBefore(v));
+          absl::Status s;
+          if (policy.IsScheduledAnchor(v)) {
+            s = sender.Publish(*m, versions[v].span(), absl::InfiniteFuture());
+          } else {
+            auto delta = kernels::EncodeBf16Delta(
+                kernels::AsWords(versions[v - 1].span()),
+                kernels::AsWords(versions[v].span()));
+            m->set_kind(v1::WEIGHT_PAYLOAD_KIND_DELTA);
+            m->set_base_version(v - 1);
+            s = sender.Publish(*m, *delta, absl::InfiniteFuture());
+          }
+          if (!s.ok()) {
+            results[rank] = s;
+            return;
+          }
+        }
+        return;
+      }
+      auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+      GlooWeightReceiver receiver(group->get());
+      for (uint64_t v = 0; v < kVersions; ++v) {
+        auto got = receiver.ReceiveNext(staging->get(), absl::InfiniteFuture());
+        if (!got.ok()) {
+          results[rank] = got.status();
+          return;
+        }
+        if (*got != v || !(*staging)->Commit().ok()) {
+          results[rank] = absl::InternalError("wrong version or commit");
+          return;
+        }
+      }
+      auto live = (*staging)->live();
+      final_bytes[rank].assign(live.bytes.begin(), live.bytes.end());
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < kWorld; ++rank) {
+    INFO("rank " << rank << ": " << results[rank].ToString());
+    REQUIRE(results[rank].ok());
+  }
+  const Bytes want(versions.back().data(),
+                   versions.back().data() + layout.total_bytes());
+  for (int rank = 1; rank < kWorld; ++rank) CHECK(final_bytes[rank] == want);
+}
+
+TEST_CASE("Gloo collectives end at their deadline when a peer never shows",
+          "[weights][gloo]") {
+  auto server = GlooRendezvousStore::Create("127.0.0.1", 0, absl::Seconds(5));
+  REQUIRE(server.ok());
+  const uint16_t port = (*server)->port();
+  // Rendezvous: rank 1 of 3 never joins.
+  const absl::Time start = absl::Now();
+  bool other_joined = true;
+  std::thread other([&] {
+    other_joined = GlooBroadcastGroup::Create(
+                       Config(port, 2, 3, "dead-rendezvous", absl::Seconds(2)))
+                       .ok();
+  });
+  auto group = GlooBroadcastGroup::Create(
+      Config(port, 0, 3, "dead-rendezvous", absl::Seconds(2)), server->get());
+  other.join();
+  CHECK_FALSE(group.ok());
+  CHECK_FALSE(other_joined);
+  CHECK(absl::Now() - start < absl::Seconds(15));
+
+  // Broadcast: both ranks join, but rank 1 stops taking part.
+  std::atomic<bool> receiver_done{false};
+  absl::Status sender_status;
+  absl::Status receiver_joined;
+  std::thread receiver_thread([&] {
+    auto g = GlooBroadcastGroup::Create(
+        Config(port, 1, 2, "dead-peer", absl::Seconds(2)));
+    receiver_joined = g.status();
+    // Joined, then never takes part in a collective.
+    while (!receiver_done.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+  auto g0 = GlooBroadcastGroup::Create(
+      Config(port, 0, 2, "dead-peer", absl::Seconds(2)), server->get());
+  if (!g0.ok()) {
+    receiver_done = true;
+    receiver_thread.join();
+    FAIL(g0.status().ToString());
+  }
+  std::vector<float> big(16 << 20);  // 64 MiB: far more than socket buffers
+  const absl::Time t0 = absl::Now();
+  absl::Status s = (*g0)->Broadcast(
+      {reinterpret_cast<uint8_t*>(big.data()), big.size() * 4});
+  const absl::Duration took = absl::Now() - t0;
+  receiver_done = true;
+  receiver_thread.join();
+  REQUIRE(receiver_joined.ok());
+  INFO(s.ToString());
+  CHECK_FALSE(s.ok());
+  CHECK(took < absl::Seconds(15));
+  CHECK((*g0)->broken());
+  CHECK(absl::IsFailedPrecondition(
+      (*g0)->Broadcast({reinterpret_cast<uint8_t*>(big.data()), 4})));
+}
+
+}  // namespace
+}  // namespace tandem::weights

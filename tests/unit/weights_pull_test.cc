@@ -1,0 +1,241 @@
+// Loopback tests of the catch-up (pull) path: WeightServerService over a
+// WeightStore, GrpcPullReceiver into StagingWeights, on a port-0 server.
+
+#include <grpcpp/grpcpp.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "common/weights/grpc_pull_receiver.h"
+#include "common/weights/weight_server.h"
+#include "common/weights/weight_store.h"
+#include "kernels/anchor_policy.h"
+#include "kernels/bf16_change.h"
+#include "kernels/bf16_delta.h"
+#include "weights_test_util.h"
+
+namespace tandem::weights {
+namespace {
+
+using Bytes = std::vector<uint8_t>;
+
+FlatWeightLayout SmallLayout() {
+  auto layout = FlatWeightLayout::Create(
+      testing::SmallModelTensors(), {.bucket_bytes = 4096, .alignment = 64});
+  REQUIRE(layout.ok());
+  return *std::move(layout);
+}
+
+// Publishes like the trainer: a FULL copy of anchors and of the latest
+// version, a DELTA for every other version.
+class Publisher {
+ public:
+  Publisher(const FlatWeightLayout& layout, WeightStore* store)
+      : layout_(layout), store_(store), current_(layout.total_bytes()) {
+    testing::FillRandom(layout_, &current_, rng_);
+  }
+
+  void Step(uint64_t v) {
+    const Bytes previous(current_.data(), current_.data() + current_.size());
+    if (v > 0) testing::Perturb(layout_, &current_, rng_, 0.02);
+    auto manifest = layout_.BuildManifest(current_.span(), v);
+    REQUIRE(manifest.ok());
+    manifest->set_anchor_version(policy_.ScheduledAnchorAtOrBefore(v));
+    if (!policy_.IsScheduledAnchor(v)) {
+      auto delta = kernels::EncodeBf16Delta(kernels::AsWords(previous),
+                                            kernels::AsWords(current_.span()));
+      REQUIRE(delta.ok());
+      v1::WeightManifest dm = *manifest;
+      dm.set_kind(v1::WEIGHT_PAYLOAD_KIND_DELTA);
+      dm.set_base_version(v - 1);
+      REQUIRE(store_->Put(dm, std::make_shared<const Bytes>(*std::move(delta)))
+                  .ok());
+    }
+    REQUIRE(store_
+                ->Put(*manifest,
+                      std::make_shared<const Bytes>(
+                          current_.data(), current_.data() + current_.size()))
+                .ok());
+  }
+
+  const WeightBuffer& current() const { return current_; }
+
+ private:
+  const FlatWeightLayout& layout_;
+  WeightStore* store_;
+  kernels::AnchorPolicy policy_ = *kernels::AnchorPolicy::Create(4);
+  std::mt19937_64 rng_{7};
+  WeightBuffer current_;
+};
+
+class Loopback {
+ public:
+  explicit Loopback(WeightServerOptions options = {})
+      : service_(&store_, options) {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    REQUIRE(server_ != nullptr);
+    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                   grpc::InsecureChannelCredentials());
+  }
+  ~Loopback() { server_->Shutdown(); }
+
+  WeightStore& store() { return store_; }
+  WeightServerService& service() { return service_; }
+  std::shared_ptr<grpc::Channel> channel() { return channel_; }
+
+ private:
+  WeightStore store_{16};
+  WeightServerService service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+};
+
+bool SameBytes(absl::Span<const uint8_t> a, const WeightBuffer& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(20); }
+
+// Receives and commits until live reaches `target`.
+void CatchUp(GrpcPullReceiver& receiver, StagingWeights& staging,
+             uint64_t target) {
+  while (!staging.live_version().has_value() ||
+         *staging.live_version() < target) {
+    auto got = receiver.ReceiveNext(&staging, Soon());
+    INFO(got.status().ToString());
+    REQUIRE(got.ok());
+    REQUIRE(staging.Commit().ok());
+  }
+}
+
+TEST_CASE(
+    "Pull path: a late joiner fetches one full copy, then follows "
+    "deltas, bit for bit",
+    "[weights][pull]") {
+  const FlatWeightLayout layout = SmallLayout();
+  Loopback loop;
+  Publisher trainer(layout, &loop.store());
+  for (uint64_t v = 0; v <= 6; ++v) trainer.Step(v);
+  auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  GrpcPullReceiver receiver(loop.channel(), {.chunk_bytes = 1000});
+  CatchUp(receiver, **staging, 6);
+  CHECK(SameBytes((*staging)->live().bytes, trainer.current()));
+  CHECK((*staging)->stats().full_versions == 1);
+  for (uint64_t v = 7; v <= 11; ++v) {
+    trainer.Step(v);
+    CatchUp(receiver, **staging, v);
+    REQUIRE(SameBytes((*staging)->live().bytes, trainer.current()));
+  }
+  // 7 and 9..11 are deltas on live; 8 is a scheduled anchor (full).
+  CHECK((*staging)->stats().delta_versions == 4);
+  CHECK((*staging)->stats().full_versions == 2);
+  CHECK(receiver.stats().resumes == 0);
+}
+
+TEST_CASE("Pull path resumes broken streams from the last verified byte",
+          "[weights][pull]") {
+  const FlatWeightLayout layout = SmallLayout();
+  Loopback loop;
+  Publisher trainer(layout, &loop.store());
+  trainer.Step(0);
+  loop.service().FailStreamsAfterChunksForTest(3);
+  auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  GrpcPullReceiver receiver(loop.channel(),
+                            {.chunk_bytes = 1000, .max_attempts = 3});
+  CatchUp(receiver, **staging, 0);
+  CHECK(SameBytes((*staging)->live().bytes, trainer.current()));
+  CHECK(receiver.stats().resumes > 5);
+  CHECK(receiver.stats().bytes == layout.total_bytes());
+}
+
+TEST_CASE("Pull path discards a corrupted chunk and refetches it",
+          "[weights][pull]") {
+  const FlatWeightLayout layout = SmallLayout();
+  Loopback loop;
+  Publisher trainer(layout, &loop.store());
+  trainer.Step(0);
+  loop.service().CorruptChunkForTest(4);
+  auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  GrpcPullReceiver receiver(loop.channel(), {.chunk_bytes = 1000});
+  CatchUp(receiver, **staging, 0);
+  CHECK(SameBytes((*staging)->live().bytes, trainer.current()));
+  CHECK(receiver.stats().chunk_crc_errors == 1);
+  CHECK(receiver.stats().resumes == 1);
+}
+
+TEST_CASE("Pull path rejects a version whose bucket fails verification",
+          "[weights][pull]") {
+  const FlatWeightLayout layout = SmallLayout();
+  Loopback loop;
+  std::mt19937_64 rng(3);
+  WeightBuffer good(layout.total_bytes());
+  testing::FillRandom(layout, &good, rng);
+  auto manifest = layout.BuildManifest(good.span(), 1);
+  REQUIRE(manifest.ok());
+  Bytes bad(good.data(), good.data() + good.size());
+  bad[4096 + 9] ^= 0x04;  // the server's own copy is wrong in bucket 1
+  REQUIRE(loop.store().Put(*manifest, std::make_shared<const Bytes>(bad)).ok());
+  auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  GrpcPullReceiver receiver(loop.channel(), {});
+  auto got = receiver.ReceiveNext(staging->get(), Soon());
+  REQUIRE_FALSE(got.ok());
+  CHECK(absl::IsDataLoss(got.status()));
+  CHECK(std::string(got.status().message()).find("bucket 1") !=
+        std::string::npos);
+  CHECK_FALSE((*staging)->ready());
+  CHECK_FALSE((*staging)->Commit().ok());
+  CHECK_FALSE((*staging)->live_version().has_value());
+}
+
+TEST_CASE(
+    "Pull receiver waits for a newer version until its deadline or "
+    "Cancel",
+    "[weights][pull]") {
+  const FlatWeightLayout layout = SmallLayout();
+  Loopback loop;
+  auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  GrpcPullReceiver receiver(loop.channel(),
+                            {.poll_interval = absl::Milliseconds(10)});
+  CHECK(absl::IsDeadlineExceeded(
+      receiver.ReceiveNext(staging->get(), absl::Now() + absl::Milliseconds(50))
+          .status()));
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    receiver.Cancel();
+  });
+  CHECK(
+      absl::IsCancelled(receiver.ReceiveNext(staging->get(), Soon()).status()));
+  canceller.join();
+}
+
+TEST_CASE("WeightStore keeps the anchor and evicts old versions",
+          "[weights][pull]") {
+  const FlatWeightLayout layout = SmallLayout();
+  WeightStore store(/*retain_versions=*/3);
+  Publisher trainer(layout, &store);
+  for (uint64_t v = 0; v <= 7; ++v) trainer.Step(v);
+  CHECK(store.latest_version() == 7u);
+  CHECK(store.Get(4, v1::WEIGHT_PAYLOAD_KIND_FULL).ok());  // anchor of 7
+  CHECK(store.Get(7, v1::WEIGHT_PAYLOAD_KIND_DELTA).ok());
+  CHECK(absl::IsNotFound(store.Get(3, v1::WEIGHT_PAYLOAD_KIND_FULL).status()));
+  CHECK(absl::IsNotFound(store.Manifest(2).status()));
+  auto latest = store.Manifest(0);
+  REQUIRE(latest.ok());
+  CHECK(latest->policy_version() == 7);
+  CHECK(latest->kind() == v1::WEIGHT_PAYLOAD_KIND_FULL);
+}
+
+}  // namespace
+}  // namespace tandem::weights

@@ -1,0 +1,53 @@
+#pragma once
+
+// Helpers shared by the weights unit tests: a small model layout and
+// random bf16 contents.
+
+#include <random>
+#include <vector>
+
+#include "common/weights/flat_weight_layout.h"
+#include "common/weights/weight_buffer.h"
+
+namespace tandem::weights::testing {
+
+inline std::vector<TensorInfo> SmallModelTensors() {
+  return {
+      {"model.embed_tokens.weight", v1::DTYPE_BF16, {64, 32}, 64 * 32 * 2},
+      {"model.layers.0.input_layernorm.weight", v1::DTYPE_F32, {32}, 32 * 4},
+      {"model.layers.0.self_attn.q_proj.weight",
+       v1::DTYPE_BF16,
+       {32, 32},
+       32 * 32 * 2},
+      {"model.layers.0.mlp.up_proj.weight",
+       v1::DTYPE_BF16,
+       {96, 32},
+       96 * 32 * 2},
+      {"model.norm.weight", v1::DTYPE_BF16, {3}, 3 * 2},
+      {"lm_head.weight", v1::DTYPE_BF16, {64, 32}, 64 * 32 * 2},
+  };
+}
+
+// Fills every tensor (not the padding) with random bytes.
+inline void FillRandom(const FlatWeightLayout& layout, WeightBuffer* buf,
+                       std::mt19937_64& rng) {
+  for (const TensorPlacement& t : layout.tensors()) {
+    for (uint64_t i = 0; i < t.info.byte_size; ++i) {
+      buf->data()[t.offset + i] = static_cast<uint8_t>(rng());
+    }
+  }
+}
+
+// Changes ~`density` of the bf16 words of the tensors by one ULP.
+inline void Perturb(const FlatWeightLayout& layout, WeightBuffer* buf,
+                    std::mt19937_64& rng, double density) {
+  std::bernoulli_distribution flip(density);
+  for (const TensorPlacement& t : layout.tensors()) {
+    auto* w = reinterpret_cast<uint16_t*>(buf->data() + t.offset);
+    for (uint64_t i = 0; i < t.info.byte_size / 2; ++i) {
+      if (flip(rng)) w[i] = static_cast<uint16_t>(w[i] + 1);
+    }
+  }
+}
+
+}  // namespace tandem::weights::testing
