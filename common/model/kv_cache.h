@@ -16,8 +16,12 @@
 //        Store(layer, k, v)       the n new tokens' keys/values at [L, L+n)
 //        Read(layer, L + n)       keys/values of tokens [0, L+n)
 //   3. Commit(n)                  after every layer succeeded.
-// A step that fails between 1 and 3 leaves num_tokens() at L; the slots
-// [L, L+n) may hold garbage and are overwritten by the next step.
+// DecoderModel runs all three itself, Store/Read under c10::InferenceMode.
+// An engine may also call Reserve earlier (at admission, to decide whether
+// a sequence fits), so Reserve(n) with room already there must succeed
+// without side effects. A step that fails between 1 and 3 leaves
+// num_tokens() at L; the slots [L, L+n) may hold garbage and are
+// overwritten by the next step.
 //
 // Keys are stored after RoPE (and after Qwen3's k norm), so cached entries
 // never need re-rotation. Shapes: k, v passed to Store are

@@ -74,8 +74,8 @@ class FieldReader {
     if (!Has(key)) return fallback;
     const json& value = object_.at(key);
     if (!value.is_boolean()) {
-      return Error(key, absl::StrCat("must be true or false, got ",
-                                     value.dump()));
+      return Error(key,
+                   absl::StrCat("must be true or false, got ", value.dump()));
     }
     return value.get<bool>();
   }
@@ -110,10 +110,9 @@ absl::StatusOr<Architecture> ParseArchitecture(const json& root,
        {Architecture::kLlama, Architecture::kQwen2, Architecture::kQwen3}) {
     if (name == ArchitectureName(arch)) return arch;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat(source, ": architectures ['", name,
-                   "'] is not supported; expected one of ",
-                   kSupportedArchitectures));
+  return absl::InvalidArgumentError(absl::StrCat(
+      source, ": architectures ['", name,
+      "'] is not supported; expected one of ", kSupportedArchitectures));
 }
 
 absl::StatusOr<std::optional<RopeScaling>> ParseRopeScaling(
@@ -133,9 +132,9 @@ absl::StatusOr<std::optional<RopeScaling>> ParseRopeScaling(
   }
   if (type == "default") return std::nullopt;
   if (type != "llama3") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": type '", type,
-        "' is not supported; only 'llama3' (and 'default') are"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": type '", type,
+                     "' is not supported; only 'llama3' (and 'default') are"));
   }
   RopeScaling scaling;
   ASSIGN_OR_RETURN(scaling.factor, fields.Double("factor"));
@@ -147,12 +146,14 @@ absl::StatusOr<std::optional<RopeScaling>> ParseRopeScaling(
 }
 
 absl::StatusOr<WeightDType> ParseDType(const FieldReader& fields) {
-  ASSIGN_OR_RETURN(std::string name, fields.String("torch_dtype", "float32"));
+  // transformers >= 4.56 writes "dtype", older versions "torch_dtype".
+  const char* key = fields.Has("torch_dtype") ? "torch_dtype" : "dtype";
+  ASSIGN_OR_RETURN(std::string name, fields.String(key, "float32"));
   if (name == "float32" || name == "float16") return WeightDType::kFloat32;
   if (name == "bfloat16") return WeightDType::kBFloat16;
-  return fields.Error("torch_dtype",
-                      absl::StrCat("must be float32, bfloat16 or float16, got '",
-                                   name, "'"));
+  return fields.Error(
+      key,
+      absl::StrCat("must be float32, bfloat16 or float16, got '", name, "'"));
 }
 
 absl::Status ParseTokenIds(const json& root, absl::string_view source,
@@ -227,7 +228,8 @@ absl::Status ValidateModelConfig(const ModelConfig& c,
         absl::StrCat("head_dim must be even for RoPE, got ", c.head_dim));
   }
   if (!(c.rms_norm_eps > 0)) {
-    return error(absl::StrCat("rms_norm_eps must be > 0, got ", c.rms_norm_eps));
+    return error(
+        absl::StrCat("rms_norm_eps must be > 0, got ", c.rms_norm_eps));
   }
   if (!(c.rope_theta > 0)) {
     return error(absl::StrCat("rope_theta must be > 0, got ", c.rope_theta));
@@ -261,8 +263,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
   json root = json::parse(json_text.begin(), json_text.end(), nullptr,
                           /*allow_exceptions=*/false);
   if (root.is_discarded()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": not valid JSON"));
+    return absl::InvalidArgumentError(absl::StrCat(source, ": not valid JSON"));
   }
   if (!root.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -272,17 +273,16 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
   ASSIGN_OR_RETURN(config.architecture, ParseArchitecture(root, source));
   FieldReader fields(root, source);
   ASSIGN_OR_RETURN(std::string model_type, fields.String("model_type", ""));
-  if (!model_type.empty() &&
-      model_type != ModelTypeName(config.architecture)) {
-    return fields.Error(
-        "model_type", absl::StrCat("'", model_type, "' does not match ",
-                                   ArchitectureName(config.architecture)));
+  if (!model_type.empty() && model_type != ModelTypeName(config.architecture)) {
+    return fields.Error("model_type",
+                        absl::StrCat("'", model_type, "' does not match ",
+                                     ArchitectureName(config.architecture)));
   }
   ASSIGN_OR_RETURN(std::string act, fields.String("hidden_act", "silu"));
   if (act != "silu") {
-    return fields.Error("hidden_act",
-                        absl::StrCat("'", act, "' is not supported; only "
-                                               "'silu' (SwiGLU) is"));
+    return fields.Error("hidden_act", absl::StrCat("'", act,
+                                                   "' is not supported; only "
+                                                   "'silu' (SwiGLU) is"));
   }
   ASSIGN_OR_RETURN(config.vocab_size, fields.Int("vocab_size"));
   ASSIGN_OR_RETURN(config.hidden_size, fields.Int("hidden_size"));
@@ -290,26 +290,28 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
   ASSIGN_OR_RETURN(config.num_hidden_layers, fields.Int("num_hidden_layers"));
   ASSIGN_OR_RETURN(config.num_attention_heads,
                    fields.Int("num_attention_heads"));
-  ASSIGN_OR_RETURN(config.num_key_value_heads,
-                   fields.Int("num_key_value_heads", config.num_attention_heads));
+  ASSIGN_OR_RETURN(
+      config.num_key_value_heads,
+      fields.Int("num_key_value_heads", config.num_attention_heads));
   if (config.num_attention_heads <= 0) {
-    return fields.Error("num_attention_heads",
-                        absl::StrCat("must be > 0, got ",
-                                     config.num_attention_heads));
+    return fields.Error(
+        "num_attention_heads",
+        absl::StrCat("must be > 0, got ", config.num_attention_heads));
   }
   const bool divides = config.hidden_size % config.num_attention_heads == 0;
-  ASSIGN_OR_RETURN(config.head_dim,
-                   fields.Int("head_dim", divides ? config.hidden_size /
-                                                        config.num_attention_heads
-                                                  : 0));
+  ASSIGN_OR_RETURN(
+      config.head_dim,
+      fields.Int(
+          "head_dim",
+          divides ? config.hidden_size / config.num_attention_heads : 0));
   if (config.head_dim == 0) {
-    return fields.Error(
-        "head_dim", absl::StrCat("is missing and num_attention_heads (",
-                                 config.num_attention_heads,
-                                 ") does not divide hidden_size (",
-                                 config.hidden_size, ")"));
+    return fields.Error("head_dim",
+                        absl::StrCat("is missing and num_attention_heads (",
+                                     config.num_attention_heads,
+                                     ") does not divide hidden_size (",
+                                     config.hidden_size, ")"));
   }
-  ASSIGN_OR_RETURN(config.rms_norm_eps, fields.Double("rms_norm_eps"));
+  ASSIGN_OR_RETURN(config.rms_norm_eps, fields.Double("rms_norm_eps", 1e-6));
   ASSIGN_OR_RETURN(config.rope_theta, fields.Double("rope_theta", 10000.0));
   ASSIGN_OR_RETURN(config.rope_scaling, ParseRopeScaling(root, source));
   ASSIGN_OR_RETURN(config.max_position_embeddings,
@@ -317,16 +319,17 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
   ASSIGN_OR_RETURN(config.tie_word_embeddings,
                    fields.Bool("tie_word_embeddings", false));
   ASSIGN_OR_RETURN(config.dtype, ParseDType(fields));
+  // Qwen2 and Qwen3 configs carry sliding-window fields that are inactive
+  // unless use_sliding_window is true.
+  ASSIGN_OR_RETURN(bool sliding, fields.Bool("use_sliding_window", false));
+  if (sliding) {
+    return fields.Error("use_sliding_window",
+                        "true is not supported (sliding-window attention)");
+  }
   switch (config.architecture) {
-    case Architecture::kQwen2: {
+    case Architecture::kQwen2:
       config.attention_bias = true;
-      ASSIGN_OR_RETURN(bool sliding, fields.Bool("use_sliding_window", false));
-      if (sliding) {
-        return fields.Error("use_sliding_window",
-                            "true is not supported (sliding-window attention)");
-      }
       break;
-    }
     case Architecture::kQwen3:
       config.qk_norm = true;
       [[fallthrough]];
@@ -362,7 +365,8 @@ absl::StatusOr<ModelConfig> ReadModelConfig(const std::string& dir) {
 
 nlohmann::json ModelConfigToJson(const ModelConfig& c) {
   json out = c.raw.is_object() ? c.raw : json::object();
-  out["architectures"] = json::array({std::string(ArchitectureName(c.architecture))});
+  out["architectures"] =
+      json::array({std::string(ArchitectureName(c.architecture))});
   out["model_type"] = std::string(ModelTypeName(c.architecture));
   out["vocab_size"] = c.vocab_size;
   out["hidden_size"] = c.hidden_size;
@@ -388,6 +392,7 @@ nlohmann::json ModelConfigToJson(const ModelConfig& c) {
   out["max_position_embeddings"] = c.max_position_embeddings;
   out["tie_word_embeddings"] = c.tie_word_embeddings;
   out["torch_dtype"] = std::string(WeightDTypeName(c.dtype));
+  if (out.contains("dtype")) out["dtype"] = out["torch_dtype"];
   if (c.architecture == Architecture::kQwen2) {
     out["use_sliding_window"] = false;
   } else {

@@ -63,8 +63,8 @@ struct ModelConfig {
   // Per-head RMSNorm of queries and keys before RoPE (Qwen3).
   bool qk_norm = false;
   bool tie_word_embeddings = false;
-  // `torch_dtype` of the checkpoint. float16 checkpoints are read as
-  // float32 (exact), since CPU LibTorch lacks fast half kernels.
+  // `torch_dtype` (or `dtype`) of the checkpoint. float16 checkpoints are read
+  // as float32 (exact), since CPU LibTorch lacks fast half kernels.
   WeightDType dtype = WeightDType::kFloat32;
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;
@@ -87,7 +87,8 @@ absl::Status ValidateModelConfig(const ModelConfig& config,
 // ['GPT2LMHeadModel'] is not supported; expected one of ..."),
 // `model_type` that disagrees with it, rope scaling types other than
 // "llama3"/"default", `hidden_act` other than "silu", Llama's `mlp_bias`,
-// and Qwen2's sliding-window attention; missing required fields are named.
+// and sliding-window attention (use_sliding_window: true); missing required
+// fields are named.
 absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
                                              absl::string_view source);
 

@@ -6,6 +6,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/status_macros.h"
@@ -22,10 +23,10 @@ std::string ShapeString(at::IntArrayRef shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
 }
 
+// RMSNorm weights: input_layernorm, post_attention_layernorm, q_norm,
+// k_norm and the final model.norm.
 bool IsNormWeight(const std::string& name) {
-  return name.size() >= 11 &&
-         (name.find("norm.weight") != std::string::npos ||
-          name.find("layernorm.weight") != std::string::npos);
+  return absl::EndsWith(name, "norm.weight");
 }
 
 }  // namespace
@@ -41,14 +42,14 @@ std::vector<ExpectedTensor> ExpectedTensors(const ModelConfig& c) {
   out.push_back({"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}});
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     out.push_back({LayerName(i, "input_layernorm.weight"), {c.hidden_size}});
-    out.push_back({LayerName(i, "self_attn.q_proj.weight"),
-                   {q_dim, c.hidden_size}});
-    out.push_back({LayerName(i, "self_attn.k_proj.weight"),
-                   {kv_dim, c.hidden_size}});
-    out.push_back({LayerName(i, "self_attn.v_proj.weight"),
-                   {kv_dim, c.hidden_size}});
-    out.push_back({LayerName(i, "self_attn.o_proj.weight"),
-                   {c.hidden_size, q_dim}});
+    out.push_back(
+        {LayerName(i, "self_attn.q_proj.weight"), {q_dim, c.hidden_size}});
+    out.push_back(
+        {LayerName(i, "self_attn.k_proj.weight"), {kv_dim, c.hidden_size}});
+    out.push_back(
+        {LayerName(i, "self_attn.v_proj.weight"), {kv_dim, c.hidden_size}});
+    out.push_back(
+        {LayerName(i, "self_attn.o_proj.weight"), {c.hidden_size, q_dim}});
     if (c.attention_bias) {
       out.push_back({LayerName(i, "self_attn.q_proj.bias"), {q_dim}});
       out.push_back({LayerName(i, "self_attn.k_proj.bias"), {kv_dim}});
@@ -98,20 +99,19 @@ absl::StatusOr<std::shared_ptr<ModelWeights>> ModelWeights::Create(
     }
     const at::Tensor& t = it->second;
     if (t.sizes() != at::IntArrayRef(e.shape)) {
-      return error(e.name,
-                   absl::StrCat("expected shape ", ShapeString(e.shape),
-                                ", got ", ShapeString(t.sizes())));
+      return error(e.name, absl::StrCat("expected shape ", ShapeString(e.shape),
+                                        ", got ", ShapeString(t.sizes())));
     }
     if (t.scalar_type() != dtype) {
-      return error(e.name, absl::StrCat("expected dtype ",
-                                        c10::toString(dtype), ", got ",
-                                        c10::toString(t.scalar_type())));
+      return error(e.name,
+                   absl::StrCat("expected dtype ", c10::toString(dtype),
+                                ", got ", c10::toString(t.scalar_type())));
     }
     if (!device.has_value()) device = t.device();
     if (t.device() != *device) {
-      return error(e.name, absl::StrCat("on device ", t.device().str(),
-                                        " but other tensors are on ",
-                                        device->str()));
+      return error(e.name,
+                   absl::StrCat("on device ", t.device().str(),
+                                " but other tensors are on ", device->str()));
     }
   }
   for (const auto& [name, tensor] : tensors) {
@@ -131,8 +131,8 @@ absl::StatusOr<std::shared_ptr<ModelWeights>> ModelWeights::Create(
   };
   w->embed_tokens_ = get("model.embed_tokens.weight");
   w->final_norm_ = get("model.norm.weight");
-  w->lm_head_ = config.tie_word_embeddings ? w->embed_tokens_
-                                           : get("lm_head.weight");
+  w->lm_head_ =
+      config.tie_word_embeddings ? w->embed_tokens_ : get("lm_head.weight");
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     LayerWeights l;
     l.input_layernorm = get(LayerName(i, "input_layernorm.weight"));

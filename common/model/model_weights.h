@@ -12,12 +12,12 @@
 //   model.embed_tokens.weight                         [vocab, hidden]
 //   model.layers.i.input_layernorm.weight             [hidden]
 //   model.layers.i.self_attn.q_proj.weight            [heads*head_dim, hidden]
-//   model.layers.i.self_attn.k_proj.weight            [kv_heads*head_dim, hidden]
-//   model.layers.i.self_attn.v_proj.weight            [kv_heads*head_dim, hidden]
+//   model.layers.i.self_attn.k_proj.weight            [kv_heads*head_dim,
+//   hidden] model.layers.i.self_attn.v_proj.weight [kv_heads*head_dim, hidden]
 //   model.layers.i.self_attn.{q,k,v}_proj.bias        (attention_bias)
 //   model.layers.i.self_attn.o_proj.weight            [hidden, heads*head_dim]
-//   model.layers.i.self_attn.o_proj.bias              (attention_bias, not Qwen2)
-//   model.layers.i.self_attn.{q,k}_norm.weight        [head_dim] (Qwen3)
+//   model.layers.i.self_attn.o_proj.bias              (attention_bias, not
+//   Qwen2) model.layers.i.self_attn.{q,k}_norm.weight        [head_dim] (Qwen3)
 //   model.layers.i.post_attention_layernorm.weight    [hidden]
 //   model.layers.i.mlp.{gate,up}_proj.weight          [intermediate, hidden]
 //   model.layers.i.mlp.down_proj.weight               [hidden, intermediate]

@@ -3,10 +3,10 @@
 // Turning LibTorch exceptions into absl::Status at the model's boundary.
 // Internal to common/model.
 
+#include <c10/util/Exception.h>
+
 #include <exception>
 #include <string>
-
-#include <c10/util/Exception.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -23,8 +23,7 @@ inline absl::Status TorchErrorToStatus(absl::string_view what,
         absl::StrCat(what, ": ", c10_error->what_without_backtrace()));
   }
   if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(what, ": out of memory"));
+    return absl::ResourceExhaustedError(absl::StrCat(what, ": out of memory"));
   }
   return absl::InternalError(absl::StrCat(what, ": ", e.what()));
 }

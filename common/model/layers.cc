@@ -1,0 +1,156 @@
+#include "common/model/layers.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace tandem::model::internal {
+
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::Tensor x32 = x.to(at::kFloat);
+  const at::Tensor variance = x32.pow(2).mean(-1, /*keepdim=*/true);
+  const at::Tensor normed = x32 * at::rsqrt(variance + eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+at::Tensor RopeInverseFrequencies(const ModelConfig& config) {
+  const int64_t dim = config.head_dim;
+  const at::Tensor exponents =
+      at::arange(0, dim, 2, at::TensorOptions().dtype(at::kLong))
+          .to(at::kFloat) /
+      static_cast<double>(dim);
+  at::Tensor inv_freq =
+      1.0 /
+      at::pow(at::scalar_tensor(config.rope_theta, at::kFloat), exponents);
+  if (!config.rope_scaling.has_value()) return inv_freq;
+  const RopeScaling& s = *config.rope_scaling;
+  const double old_context =
+      static_cast<double>(s.original_max_position_embeddings);
+  const double low_freq_wavelen = old_context / s.low_freq_factor;
+  const double high_freq_wavelen = old_context / s.high_freq_factor;
+  const at::Tensor wavelen = 2.0 * M_PI / inv_freq;
+  at::Tensor scaled =
+      at::where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq);
+  const at::Tensor smooth = (old_context / wavelen - s.low_freq_factor) /
+                            (s.high_freq_factor - s.low_freq_factor);
+  const at::Tensor smoothed =
+      (1.0 - smooth) * scaled / s.factor + smooth * scaled;
+  const at::Tensor is_medium =
+      at::logical_not(wavelen < high_freq_wavelen)
+          .logical_and(at::logical_not(wavelen > low_freq_wavelen));
+  return at::where(is_medium, smoothed, scaled);
+}
+
+std::pair<at::Tensor, at::Tensor> RopeCosSin(const at::Tensor& inv_freq,
+                                             const at::Tensor& positions,
+                                             at::ScalarType dtype) {
+  const at::Tensor freqs =
+      positions.to(at::kFloat).unsqueeze(1) *
+      inv_freq.to(positions.device()).unsqueeze(0);  // [T, head_dim / 2]
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+
+at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& cos,
+                     const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  const at::Tensor rotated =
+      at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  // cos/sin [T, D] broadcast over heads.
+  return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1);
+}
+
+at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k,
+                           const at::Tensor& v, double scale) {
+  const int64_t n = q.size(0);
+  const int64_t heads = q.size(1);
+  const int64_t dim = q.size(2);
+  const int64_t kv_heads = k.size(0);
+  const int64_t length = k.size(1);
+  const int64_t group = heads / kv_heads;
+  // [kv_heads, group * n, dim]: rows of one kv head's query group together.
+  const at::Tensor qg = q.view({n, kv_heads, group, dim})
+                            .permute({1, 2, 0, 3})
+                            .reshape({kv_heads, group * n, dim});
+  at::Tensor scores = at::matmul(qg, k.transpose(1, 2)) * scale;
+  if (n > 1) {
+    // Query i (at position length - n + i) must not see keys after it.
+    const auto long_options =
+        at::TensorOptions().dtype(at::kLong).device(q.device());
+    const at::Tensor key_pos = at::arange(length, long_options);
+    const at::Tensor query_pos = at::arange(length - n, length, long_options);
+    const at::Tensor future = key_pos.unsqueeze(0) > query_pos.unsqueeze(1);
+    scores = scores.view({kv_heads, group, n, length})
+                 .masked_fill(future, -std::numeric_limits<float>::infinity())
+                 .view({kv_heads, group * n, length});
+  }
+  const at::Tensor probs =
+      at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+  const at::Tensor out = at::matmul(probs, v);  // [kv_heads, group * n, dim]
+  return out.view({kv_heads, group, n, dim})
+      .permute({2, 0, 1, 3})
+      .reshape({n, heads * dim});
+}
+
+at::Tensor PaddedCausalAttention(const std::vector<at::Tensor>& qs,
+                                 const std::vector<at::Tensor>& ks,
+                                 const std::vector<at::Tensor>& vs,
+                                 double scale) {
+  const int64_t batch = static_cast<int64_t>(qs.size());
+  const int64_t heads = qs[0].size(1);
+  const int64_t dim = qs[0].size(2);
+  const int64_t kv_heads = ks[0].size(1);
+  const int64_t group = heads / kv_heads;
+  std::vector<int64_t> n(batch), offset(batch), length(batch);
+  int64_t max_n = 0, max_length = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    n[b] = qs[b].size(0);
+    length[b] = ks[b].size(0);
+    offset[b] = length[b] - n[b];
+    max_n = std::max(max_n, n[b]);
+    max_length = std::max(max_length, length[b]);
+  }
+  const at::Tensor q = at::pad_sequence(qs, /*batch_first=*/true);
+  const at::Tensor k = at::pad_sequence(ks, /*batch_first=*/true);
+  const at::Tensor v = at::pad_sequence(vs, /*batch_first=*/true);
+  // [B, kv_heads, group * max_n, dim]
+  const at::Tensor qg = q.view({batch, max_n, kv_heads, group, dim})
+                            .permute({0, 2, 3, 1, 4})
+                            .reshape({batch, kv_heads, group * max_n, dim});
+  at::Tensor scores = at::matmul(qg, k.permute({0, 2, 3, 1})) * scale;
+  // Key j is visible to query i of sequence b iff j <= offset_b + i and
+  // j < length_b; for padded rows (i >= n_b) that is every real key.
+  const auto long_options =
+      at::TensorOptions().dtype(at::kLong).device(q.device());
+  const at::Tensor key_pos =
+      at::arange(max_length, long_options).view({1, 1, -1});
+  const at::Tensor query_idx = at::arange(max_n, long_options).view({1, -1, 1});
+  const at::Tensor offsets =
+      at::tensor(offset, at::kLong).to(q.device()).view({-1, 1, 1});
+  const at::Tensor lengths =
+      at::tensor(length, at::kLong).to(q.device()).view({-1, 1, 1});
+  const at::Tensor hidden =
+      (key_pos > offsets + query_idx).logical_or(key_pos >= lengths);
+  scores = scores.view({batch, kv_heads, group, max_n, max_length})
+               .masked_fill(hidden.unsqueeze(1).unsqueeze(1),
+                            -std::numeric_limits<float>::infinity())
+               .view({batch, kv_heads, group * max_n, max_length});
+  const at::Tensor probs =
+      at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+  const at::Tensor out = at::matmul(probs, v.permute({0, 2, 1, 3}))
+                             .view({batch, kv_heads, group, max_n, dim})
+                             .permute({0, 3, 1, 2, 4})
+                             .reshape({batch * max_n, heads * dim});
+  bool dense = true;
+  for (int64_t b = 0; b < batch; ++b) dense = dense && n[b] == max_n;
+  if (dense) return out;
+  std::vector<int64_t> rows;
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t i = 0; i < n[b]; ++i) rows.push_back(b * max_n + i);
+  }
+  return out.index_select(0, at::tensor(rows, at::kLong).to(q.device()));
+}
+
+}  // namespace tandem::model::internal

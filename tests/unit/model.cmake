@@ -1,0 +1,12 @@
+# Model core unit tests (common/model). Tiny random models only.
+if(NOT TARGET tandem_model)
+  return()
+endif()
+tandem_add_test(model_test
+  SOURCES
+    ${CMAKE_CURRENT_SOURCE_DIR}/model_test.cc
+    ${CMAKE_CURRENT_SOURCE_DIR}/model_checkpoint_test.cc
+    ${CMAKE_CURRENT_SOURCE_DIR}/model_reference_test.cc
+  LIBS tandem_model
+  TIMEOUT 120)
+target_precompile_headers(model_test PRIVATE <ATen/ATen.h>)
