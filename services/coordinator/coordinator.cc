@@ -1,5 +1,9 @@
 #include "services/coordinator/coordinator.h"
 
+#include <algorithm>
+#include <boost/asio/post.hpp>
+
+#include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
 #include "common/rpc/grpc_client.h"
@@ -16,6 +20,40 @@ grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
   return reactor;
 }
 
+grpc::Status Invalid(const std::string& message) {
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
+}
+
+grpc::Status Draining() {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      "coordinator is shutting down");
+}
+
+GroupLedgerOptions LedgerOptions(const CoordinatorConfig& config,
+                                 const PromptSource& source,
+                                 absl::Time started) {
+  GroupLedgerOptions options;
+  options.group_size = static_cast<uint32_t>(config.group_size);
+  options.max_lag = static_cast<uint32_t>(config.max_lag);
+  options.lease_timeout = absl::Milliseconds(config.lease_timeout_ms);
+  options.batch_timeout = absl::Milliseconds(config.training.batch_timeout_ms);
+  options.keep_stale = config.training.stale_groups == "keep";
+  options.groups_per_version =
+      static_cast<uint64_t>(config.training.groups_per_version);
+  tandem::v1::SamplingParams& sampling = options.sampling;
+  sampling.set_temperature(static_cast<float>(config.sampling.temperature));
+  sampling.set_top_p(static_cast<float>(config.sampling.top_p));
+  sampling.set_top_k(static_cast<int32_t>(config.sampling.top_k));
+  sampling.set_max_tokens(config.sampling.max_tokens > 0
+                              ? static_cast<int32_t>(config.sampling.max_tokens)
+                              : source.default_max_tokens());
+  for (int32_t id : source.stop_token_ids()) sampling.add_stop_token_ids(id);
+  // Ids of this incarnation start with its start time, so ids never repeat
+  // across restarts.
+  options.id_prefix = absl::StrCat("c", absl::Hex(absl::ToUnixMillis(started)));
+  return options;
+}
+
 }  // namespace
 
 Coordinator::Coordinator(const CoordinatorConfig& config)
@@ -29,36 +67,102 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
     const CoordinatorConfig& config) {
   RETURN_IF_ERROR(Validate(config));
   std::unique_ptr<Coordinator> coordinator(new Coordinator(config));
-  ASSIGN_OR_RETURN(coordinator->runtime_,
+  Coordinator* self = coordinator.get();
+  ASSIGN_OR_RETURN(std::unique_ptr<PromptSource> source,
+                   NewPromptSource(config.dataset));
+  GroupLedgerOptions ledger_options =
+      LedgerOptions(config, *source, self->started_);
+  self->ledger_ =
+      std::make_unique<GroupLedger>(ledger_options, std::move(source));
+  ScoringDispatcherOptions scoring;
+  scoring.batch_size = static_cast<uint32_t>(config.scoring.batch_size);
+  scoring.batch_wait = absl::Milliseconds(config.scoring.batch_wait_ms);
+  scoring.timeout = absl::Milliseconds(config.scoring.timeout_ms);
+  scoring.concurrency = static_cast<uint32_t>(config.scoring.concurrency);
+  scoring.retry_backoff = absl::Milliseconds(config.scoring.retry_backoff_ms);
+  self->scoring_ = std::make_unique<ScoringDispatcher>(
+      scoring, &self->verifier_client_,
+      [self] {
+        return self->members_.LiveAddresses(tandem::v1::ROLE_VERIFIER);
+      },
+      [self](const ScoringTask& task, const tandem::v1::Score& score) {
+        if (self->ledger_->RecordScore(task.group_id, task.sample_index,
+                                       score)) {
+          self->ServeParkedPulls(/*finish_all=*/false);
+        }
+      });
+  if (!config.journal.dir.empty()) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Journal> journal,
+                     Journal::Open(config.journal.dir));
+    const std::string path = journal->path();
+    std::vector<ScoringTask> to_score;
+    RETURN_IF_ERROR(
+        self->ledger_->Recover(std::move(journal), absl::Now(), &to_score));
+    const LedgerStats stats = self->ledger_->Stats();
+    Log()->info(
+        "journal {}: policy version {}, dataset cursor {}, {} pending, {} "
+        "leased, {} samples to score, {} ready groups, {} groups trained",
+        path, stats.policy_version, stats.dataset_cursor, stats.pending_prompts,
+        stats.leased_prompts, to_score.size(),
+        stats.ready_groups + stats.training_groups, stats.groups_trained);
+    self->scoring_->Enqueue(std::move(to_score));
+  }
+  self->sync_pool_ = std::make_unique<boost::asio::thread_pool>(1);
+  ASSIGN_OR_RETURN(self->runtime_,
                    daemon::DaemonRuntime::Create("coordinator", config.server,
-                                                 coordinator->registry_,
-                                                 {coordinator.get()}));
+                                                 self->registry_, {self}));
+  Log()->info("prompt source: {}; group_size {}, max_lag {}",
+              self->ledger_->DescribeSource(), config.group_size,
+              config.max_lag);
   return coordinator;
 }
 
 Coordinator::~Coordinator() { Stop(); }
 
 absl::Status Coordinator::Start() {
-  expiry_thread_ = std::thread([this] { ExpiryLoop(); });
+  scoring_->Start();
+  maintenance_thread_ = std::thread([this] { MaintenanceLoop(); });
   return runtime_->MarkReady();
 }
 
-void Coordinator::ExpiryLoop() {
+void Coordinator::MaintenanceLoop() {
   const absl::Duration period =
-      std::max(absl::Milliseconds(config_.heartbeat_interval_ms) / 4,
-               absl::Milliseconds(10));
-  while (!stop_expiry_.WaitForNotificationWithTimeout(period)) {
+      std::clamp(absl::Milliseconds(config_.heartbeat_interval_ms) / 4,
+                 absl::Milliseconds(10), absl::Milliseconds(100));
+  while (!stop_maintenance_.WaitForNotificationWithTimeout(period)) {
     const absl::Time now = absl::Now();
     for (const auto& member : members_.ExpireSilent(now)) {
+      const uint32_t returned = ledger_->ReleaseMember(member.member_id());
       Log()->warn(
           "member {} ({} at {}, pid {}) missed heartbeats for {} ms; declared "
-          "dead",
+          "dead; {} leases back in the queue",
           member.member_id(), RoleName(member.role()), member.grpc_address(),
-          member.pid(), config_.heartbeat_timeout_ms);
+          member.pid(), config_.heartbeat_timeout_ms, returned);
       metrics_.CountExpired(member.role());
+      ++members_expired_;
     }
     members_.Prune(now, absl::Milliseconds(config_.member_retention_ms));
+    if (uint32_t n = ledger_->ExpireLeases(now); n > 0) {
+      Log()->warn("{} prompt leases expired; their prompts are queued again",
+                  n);
+    }
+    if (uint32_t n = ledger_->ExpireBatches(now); n > 0) {
+      Log()->warn(
+          "{} training batches were not committed in time; their "
+          "groups are ready again",
+          n);
+    }
+    ServeParkedPulls(/*finish_all=*/false);
+    if (absl::Status s = ledger_->FlushJournal(); !s.ok()) {
+      Log()->error("{}", s.ToString());
+    }
+    if (absl::Status s =
+            ledger_->MaybeCompactJournal(config_.journal.compact_bytes);
+        !s.ok()) {
+      Log()->error("journal compaction failed: {}", s.ToString());
+    }
     UpdateMemberGauges();
+    UpdateWorkMetrics();
   }
 }
 
@@ -77,25 +181,24 @@ void Coordinator::UpdateMemberGauges() {
   }
 }
 
+void Coordinator::UpdateWorkMetrics() {
+  metrics_.Update(ledger_->Stats(), scoring_->Stats());
+}
+
 grpc::ServerUnaryReactor* Coordinator::Register(
     grpc::CallbackServerContext* context,
     const tandem::v1::RegisterRequest* request,
     tandem::v1::RegisterResponse* response) {
-  if (draining_) {
-    return Finish(context, grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                        "coordinator is shutting down"));
-  }
+  if (draining_) return Finish(context, Draining());
   if (request->role() == tandem::v1::ROLE_UNSPECIFIED) {
     return Finish(context,
-                  grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                               "role must be set (rollout, verifier, trainer)"));
+                  Invalid("role must be set (rollout, verifier, trainer)"));
   }
   tandem::v1::MemberInfo info = members_.Register(*request, absl::Now());
   metrics_.CountRegistration(info.role());
   UpdateMemberGauges();
-  Log()->info("registered {} (gRPC {}, metrics {}, pid {}{})",
-              info.member_id(), info.grpc_address(), info.metrics_address(),
-              info.pid(),
+  Log()->info("registered {} (gRPC {}, metrics {}, pid {}{})", info.member_id(),
+              info.grpc_address(), info.metrics_address(), info.pid(),
               request->previous_member_id().empty()
                   ? ""
                   : ", previously " + request->previous_member_id());
@@ -104,6 +207,12 @@ grpc::ServerUnaryReactor* Coordinator::Register(
   response->set_heartbeat_timeout_ms(config_.heartbeat_timeout_ms);
   response->set_group_size(config_.group_size);
   response->set_max_lag(config_.max_lag);
+  response->set_policy_version(ledger_->policy_version());
+  tandem::v1::WeightManifest manifest;
+  std::string weight_server_address;
+  ledger_->LatestVersion(&manifest, &weight_server_address);
+  if (manifest.policy_version() > 0) *response->mutable_manifest() = manifest;
+  response->set_weight_server_address(weight_server_address);
   return Finish(context, grpc::Status::OK);
 }
 
@@ -111,7 +220,14 @@ grpc::ServerUnaryReactor* Coordinator::Heartbeat(
     grpc::CallbackServerContext* context,
     const tandem::v1::HeartbeatRequest* request,
     tandem::v1::HeartbeatResponse* response) {
-  absl::Status status = members_.Heartbeat(*request, absl::Now());
+  const absl::Time now = absl::Now();
+  absl::Status status = members_.Heartbeat(*request, now);
+  if (status.ok()) {
+    RenewResult renewed = ledger_->Renew(request->member_id(), {}, now);
+    response->set_leases_renewed(renewed.renewed);
+    response->set_lease_deadline_unix_ms(absl::ToUnixMillis(renewed.deadline));
+    response->set_policy_version(ledger_->policy_version());
+  }
   return Finish(context, rpc::ToGrpcStatus(status));
 }
 
@@ -121,11 +237,195 @@ grpc::ServerUnaryReactor* Coordinator::Deregister(
     tandem::v1::DeregisterResponse* response) {
   absl::Status status = members_.Deregister(request->member_id());
   if (status.ok()) {
-    Log()->info("member {} left ({})", request->member_id(),
-                request->reason());
+    const uint32_t returned = ledger_->ReleaseMember(request->member_id());
+    response->set_leases_returned(returned);
+    Log()->info("member {} left ({}); {} leases back in the queue",
+                request->member_id(), request->reason(), returned);
     UpdateMemberGauges();
   }
   return Finish(context, rpc::ToGrpcStatus(status));
+}
+
+grpc::ServerUnaryReactor* Coordinator::LeasePrompts(
+    grpc::CallbackServerContext* context,
+    const tandem::v1::LeasePromptsRequest* request,
+    tandem::v1::LeasePromptsResponse* response) {
+  if (draining_) return Finish(context, Draining());
+  if (request->max_prompts() == 0) {
+    return Finish(context, Invalid("max_prompts must be > 0"));
+  }
+  if (!members_.IsLive(request->member_id())) {
+    return Finish(context,
+                  grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                               absl::StrCat("member '", request->member_id(),
+                                            "' is not registered or was "
+                                            "declared dead; register again")));
+  }
+  *response = ledger_->Lease(request->member_id(), request->max_prompts(),
+                             request->policy_version(), absl::Now());
+  if (response->leases_size() > 0) {
+    const uint64_t version = ledger_->policy_version();
+    metrics_.ObserveDispatchStaleness(version > request->policy_version()
+                                          ? version - request->policy_version()
+                                          : 0);
+  }
+  return Finish(context, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* Coordinator::RenewLeases(
+    grpc::CallbackServerContext* context,
+    const tandem::v1::RenewLeasesRequest* request,
+    tandem::v1::RenewLeasesResponse* response) {
+  if (request->lease_ids_size() == 0) {
+    return Finish(context, Invalid("lease_ids must not be empty"));
+  }
+  std::vector<std::string> ids(request->lease_ids().begin(),
+                               request->lease_ids().end());
+  RenewResult result = ledger_->Renew(request->member_id(), ids, absl::Now());
+  for (auto& id : result.unknown) response->add_unknown_lease_ids(id);
+  response->set_deadline_unix_ms(absl::ToUnixMillis(result.deadline));
+  return Finish(context, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* Coordinator::ReturnLeases(
+    grpc::CallbackServerContext* context,
+    const tandem::v1::ReturnLeasesRequest* request,
+    tandem::v1::ReturnLeasesResponse* response) {
+  std::vector<std::string> ids(request->lease_ids().begin(),
+                               request->lease_ids().end());
+  const uint32_t returned = ledger_->Return(request->member_id(), ids);
+  response->set_returned(returned);
+  if (returned > 0) {
+    Log()->info("member {} returned {} leases ({})", request->member_id(),
+                returned, request->reason());
+  }
+  return Finish(context, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* Coordinator::SubmitSamples(
+    grpc::CallbackServerContext* context,
+    const tandem::v1::SubmitSamplesRequest* request,
+    tandem::v1::SubmitSamplesResponse* response) {
+  for (int i = 0; i < request->samples_size(); ++i) {
+    const tandem::v1::Sample& sample = request->samples(i);
+    if (sample.lease_id().empty()) {
+      return Finish(
+          context, Invalid(absl::StrCat("samples[", i, "].lease_id is empty")));
+    }
+    if (sample.behavior_logprobs_size() != 0 &&
+        sample.behavior_logprobs_size() != sample.completion_token_ids_size()) {
+      return Finish(
+          context,
+          Invalid(absl::StrCat("samples[", i, "].behavior_logprobs has ",
+                               sample.behavior_logprobs_size(), " entries for ",
+                               sample.completion_token_ids_size(), " tokens")));
+    }
+  }
+  SubmitResult result = ledger_->Submit(*request);
+  *response = std::move(result.response);
+  if (!result.to_score.empty()) scoring_->Enqueue(std::move(result.to_score));
+  return Finish(context, grpc::Status::OK);
+}
+
+bool Coordinator::TryPull(const tandem::v1::PullTrainingBatchRequest& request,
+                          tandem::v1::PullTrainingBatchResponse* response,
+                          uint32_t* dropped) {
+  tandem::v1::PullTrainingBatchResponse attempt =
+      ledger_->Pull(request, absl::Now());
+  *dropped += attempt.dropped_stale_groups();
+  if (attempt.batch_id().empty()) return false;
+  *response = std::move(attempt);
+  response->set_dropped_stale_groups(*dropped);
+  return true;
+}
+
+grpc::ServerUnaryReactor* Coordinator::PullTrainingBatch(
+    grpc::CallbackServerContext* context,
+    const tandem::v1::PullTrainingBatchRequest* request,
+    tandem::v1::PullTrainingBatchResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  uint32_t dropped = 0;
+  if (TryPull(*request, response, &dropped) || request->wait_ms() <= 0) {
+    response->set_dropped_stale_groups(dropped);
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  absl::MutexLock lock(&pulls_mu_);
+  if (pulls_closed_) {
+    response->set_dropped_stale_groups(dropped);
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  const absl::Duration wait =
+      std::min(absl::Milliseconds(request->wait_ms()), absl::Minutes(10));
+  // Answer (empty) before the caller's own deadline runs out.
+  const absl::Time deadline =
+      std::min(absl::Now() + wait,
+               absl::FromChrono(context->deadline()) - absl::Milliseconds(50));
+  parked_pulls_.push_back(
+      ParkedPull{reactor, request, response, deadline, dropped});
+  return reactor;
+}
+
+void Coordinator::ServeParkedPulls(bool finish_all) {
+  absl::MutexLock lock(&pulls_mu_);
+  if (finish_all) pulls_closed_ = true;
+  const absl::Time now = absl::Now();
+  std::erase_if(parked_pulls_, [&](ParkedPull& pull) {
+    const bool served = TryPull(*pull.request, pull.response, &pull.dropped);
+    if (!served && !finish_all && now < pull.deadline) return false;
+    pull.response->set_dropped_stale_groups(pull.dropped);
+    pull.reactor->Finish(grpc::Status::OK);
+    return true;
+  });
+}
+
+grpc::ServerUnaryReactor* Coordinator::CommitTrainingBatch(
+    grpc::CallbackServerContext* context,
+    const tandem::v1::CommitTrainingBatchRequest* request,
+    tandem::v1::CommitTrainingBatchResponse* response) {
+  if (request->batch_id().empty()) {
+    return Finish(context, Invalid("batch_id is empty"));
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // The commit syncs the journal: off the reactor.
+  boost::asio::post(*sync_pool_, [this, reactor, request, response] {
+    absl::StatusOr<CommitResult> result =
+        ledger_->Commit(request->batch_id(), request->policy_version());
+    if (!result.ok()) {
+      reactor->Finish(rpc::ToGrpcStatus(result.status()));
+      return;
+    }
+    for (uint64_t staleness : result->staleness) {
+      metrics_.ObserveTrainedStaleness(staleness);
+    }
+    response->set_groups_committed(result->groups);
+    reactor->Finish(grpc::Status::OK);
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* Coordinator::PublishPolicyVersion(
+    grpc::CallbackServerContext* context,
+    const tandem::v1::PublishPolicyVersionRequest* request,
+    tandem::v1::PublishPolicyVersionResponse* response) {
+  if (!request->has_manifest()) {
+    return Finish(context, Invalid("manifest is required"));
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // Publishing syncs the journal: off the reactor.
+  boost::asio::post(*sync_pool_, [this, reactor, request] {
+    const uint64_t version = request->manifest().policy_version();
+    absl::Status status = ledger_->PublishVersion(
+        request->manifest(), request->weight_server_address());
+    if (status.ok()) {
+      metrics_.policy_version().Set(static_cast<double>(version));
+      Log()->info("policy version {} published by {}", version,
+                  request->member_id());
+    }
+    reactor->Finish(rpc::ToGrpcStatus(status));
+  });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* Coordinator::GetClusterStatus(
@@ -135,6 +435,22 @@ grpc::ServerUnaryReactor* Coordinator::GetClusterStatus(
   for (auto& member : members_.Snapshot()) {
     *response->add_members() = std::move(member);
   }
+  const LedgerStats stats = ledger_->Stats();
+  response->set_policy_version(stats.policy_version);
+  tandem::v1::QueueDepths* queues = response->mutable_queues();
+  queues->set_pending_prompts(stats.pending_prompts);
+  queues->set_leased_prompts(stats.leased_prompts);
+  queues->set_scoring_samples(stats.scoring_samples);
+  queues->set_ready_groups(stats.ready_groups);
+  queues->set_training_groups(stats.training_groups);
+  tandem::v1::ClusterCounters* counters = response->mutable_counters();
+  counters->set_groups_dispatched(stats.groups_dispatched);
+  counters->set_groups_completed(stats.groups_completed);
+  counters->set_groups_trained(stats.groups_trained);
+  counters->set_groups_dropped_stale(stats.groups_dropped_stale);
+  counters->set_samples_received(stats.samples_received);
+  counters->set_lease_expiries(stats.lease_expiries);
+  counters->set_members_expired(members_expired_);
   response->set_started_unix_ms(absl::ToUnixMillis(started_));
   response->set_max_lag(config_.max_lag);
   response->set_group_size(config_.group_size);
@@ -145,15 +461,26 @@ void Coordinator::GracefulStop(absl::Duration deadline) {
   draining_ = true;
   runtime_->MarkNotServing();
   Log()->info("draining (deadline {})", absl::FormatDuration(deadline));
+  ServeParkedPulls(/*finish_all=*/true);
   runtime_->Shutdown(deadline);
   Stop();
 }
 
 void Coordinator::Stop() {
   if (stopped_.exchange(true)) return;
-  if (!stop_expiry_.HasBeenNotified()) stop_expiry_.Notify();
-  if (expiry_thread_.joinable()) expiry_thread_.join();
-  if (runtime_) runtime_->Shutdown(absl::ZeroDuration());
+  if (!stop_maintenance_.HasBeenNotified()) stop_maintenance_.Notify();
+  if (maintenance_thread_.joinable()) maintenance_thread_.join();
+  if (scoring_) scoring_->Stop();
+  if (runtime_) {
+    ServeParkedPulls(/*finish_all=*/true);
+    runtime_->Shutdown(absl::ZeroDuration());
+  }
+  if (sync_pool_) sync_pool_->join();
+  if (ledger_) {
+    if (absl::Status s = ledger_->SyncJournal(); !s.ok()) {
+      Log()->error("{}", s.ToString());
+    }
+  }
   Log()->info("stopped");
 }
 

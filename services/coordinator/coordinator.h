@@ -1,13 +1,26 @@
 #pragma once
 
 // The coordinator daemon: cluster membership (registration, heartbeats,
-// expiry of silent members) and cluster status. Prompt leasing, sample
-// intake, training batches and policy versions are served by later parts of
-// this class as they land; their RPCs answer UNIMPLEMENTED until then.
+// expiry of silent members), the prompt stream and its leases, sample
+// intake and scoring by verifier members, training batches under the
+// staleness bound, and policy versions. WatchCluster is not served yet
+// (UNIMPLEMENTED).
+//
+// Threads: gRPC reactors only touch in-memory state under short locks and
+// never wait; PullTrainingBatch calls that must wait for ready groups are
+// parked and finished later by the scoring threads (when a group becomes
+// ready) or the maintenance loop (at their deadline). The maintenance loop
+// also expires members, leases and uncommitted batches, flushes and
+// compacts the journal, and refreshes metrics. Scoring calls run on the
+// ScoringDispatcher's threads; commits and publishes, which sync the
+// journal, run on a small pool.
 
 #include <atomic>
+#include <boost/asio/thread_pool.hpp>
 #include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -15,7 +28,9 @@
 #include "common/daemon/daemon_runtime.h"
 #include "services/coordinator/coordinator_config.h"
 #include "services/coordinator/coordinator_metrics.h"
+#include "services/coordinator/group_ledger.h"
 #include "services/coordinator/member_registry.h"
+#include "services/coordinator/scoring_dispatcher.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 
 namespace tandem::coordinator {
@@ -26,10 +41,11 @@ class Coordinator : public tandem::v1::Coordinator::CallbackService {
       const CoordinatorConfig& config);
   ~Coordinator() override;
 
-  // Starts the expiry loop and marks the daemon ready.
+  // Starts the maintenance loop and the scoring threads and marks the
+  // daemon ready.
   absl::Status Start();
-  // Health NOT_SERVING, refuses new registrations with UNAVAILABLE, lets
-  // in-flight calls finish within `deadline`, then stops.
+  // Health NOT_SERVING, refuses new work with UNAVAILABLE, answers parked
+  // pulls, lets in-flight calls finish within `deadline`, then stops.
   void GracefulStop(absl::Duration deadline);
   // Stops at once. Idempotent.
   void Stop();
@@ -49,27 +65,84 @@ class Coordinator : public tandem::v1::Coordinator::CallbackService {
       grpc::CallbackServerContext* context,
       const tandem::v1::DeregisterRequest* request,
       tandem::v1::DeregisterResponse* response) override;
+  grpc::ServerUnaryReactor* LeasePrompts(
+      grpc::CallbackServerContext* context,
+      const tandem::v1::LeasePromptsRequest* request,
+      tandem::v1::LeasePromptsResponse* response) override;
+  grpc::ServerUnaryReactor* RenewLeases(
+      grpc::CallbackServerContext* context,
+      const tandem::v1::RenewLeasesRequest* request,
+      tandem::v1::RenewLeasesResponse* response) override;
+  grpc::ServerUnaryReactor* ReturnLeases(
+      grpc::CallbackServerContext* context,
+      const tandem::v1::ReturnLeasesRequest* request,
+      tandem::v1::ReturnLeasesResponse* response) override;
+  grpc::ServerUnaryReactor* SubmitSamples(
+      grpc::CallbackServerContext* context,
+      const tandem::v1::SubmitSamplesRequest* request,
+      tandem::v1::SubmitSamplesResponse* response) override;
+  grpc::ServerUnaryReactor* PullTrainingBatch(
+      grpc::CallbackServerContext* context,
+      const tandem::v1::PullTrainingBatchRequest* request,
+      tandem::v1::PullTrainingBatchResponse* response) override;
+  grpc::ServerUnaryReactor* CommitTrainingBatch(
+      grpc::CallbackServerContext* context,
+      const tandem::v1::CommitTrainingBatchRequest* request,
+      tandem::v1::CommitTrainingBatchResponse* response) override;
+  grpc::ServerUnaryReactor* PublishPolicyVersion(
+      grpc::CallbackServerContext* context,
+      const tandem::v1::PublishPolicyVersionRequest* request,
+      tandem::v1::PublishPolicyVersionResponse* response) override;
   grpc::ServerUnaryReactor* GetClusterStatus(
       grpc::CallbackServerContext* context,
       const tandem::v1::GetClusterStatusRequest* request,
       tandem::v1::GetClusterStatusResponse* response) override;
 
  private:
+  // A PullTrainingBatch call waiting for ready groups.
+  struct ParkedPull {
+    grpc::ServerUnaryReactor* reactor;
+    const tandem::v1::PullTrainingBatchRequest* request;
+    tandem::v1::PullTrainingBatchResponse* response;
+    absl::Time deadline;
+    uint32_t dropped = 0;
+  };
+
   explicit Coordinator(const CoordinatorConfig& config);
-  void ExpiryLoop();
+  void MaintenanceLoop();
   void UpdateMemberGauges();
+  void UpdateWorkMetrics();
+  // Tries every parked pull; finishes those served, past their deadline, or
+  // all of them when `finish_all`.
+  void ServeParkedPulls(bool finish_all);
+  // Tries one pull; true when it has groups (the response is filled).
+  bool TryPull(const tandem::v1::PullTrainingBatchRequest& request,
+               tandem::v1::PullTrainingBatchResponse* response,
+               uint32_t* dropped);
 
   const CoordinatorConfig config_;
   std::shared_ptr<prometheus::Registry> registry_;
   CoordinatorMetrics metrics_;
   MemberRegistry members_;
+  std::unique_ptr<GroupLedger> ledger_;
+  GrpcVerifierClient verifier_client_;
+  std::unique_ptr<ScoringDispatcher> scoring_;
   std::unique_ptr<daemon::DaemonRuntime> runtime_;
   const absl::Time started_;
 
   std::atomic<bool> draining_{false};
-  absl::Notification stop_expiry_;
-  std::thread expiry_thread_;
+  std::atomic<uint64_t> members_expired_{0};
+  absl::Notification stop_maintenance_;
+  std::thread maintenance_thread_;
   std::atomic<bool> stopped_{false};
+
+  absl::Mutex pulls_mu_;
+  std::vector<ParkedPull> parked_pulls_ ABSL_GUARDED_BY(pulls_mu_);
+  bool pulls_closed_ ABSL_GUARDED_BY(pulls_mu_) = false;
+
+  // Runs calls that wait on the disk (journal syncs at commits and
+  // publishes), so reactors never do.
+  std::unique_ptr<boost::asio::thread_pool> sync_pool_;
 };
 
 }  // namespace tandem::coordinator

@@ -3,6 +3,28 @@
 #include "services/coordinator/member_registry.h"
 
 namespace tandem::coordinator {
+namespace {
+
+prometheus::Counter* NewCounter(prometheus::Registry& registry,
+                                const std::string& name,
+                                const std::string& help,
+                                const prometheus::Labels& labels = {}) {
+  return &prometheus::BuildCounter()
+              .Name(name)
+              .Help(help)
+              .Register(registry)
+              .Add(labels);
+}
+
+prometheus::Histogram::BucketBoundaries StalenessBuckets() {
+  return {0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 64};
+}
+
+void Advance(prometheus::Counter* counter, uint64_t now, uint64_t before) {
+  if (now > before) counter->Increment(static_cast<double>(now - before));
+}
+
+}  // namespace
 
 CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
     : members_(prometheus::BuildGauge()
@@ -22,7 +44,73 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
                            .Name("tandem_policy_version")
                            .Help("Latest policy version this daemon knows.")
                            .Register(registry)
-                           .Add({})) {
+                           .Add({})),
+      queue_depth_(prometheus::BuildGauge()
+                       .Name("tandem_coordinator_queue_depth")
+                       .Help("Work by lifecycle stage: prompts pending and "
+                             "leased, samples scoring, groups ready and "
+                             "training.")
+                       .Register(registry)),
+      pending_(&queue_depth_.Add({{"queue", "pending"}})),
+      leased_(&queue_depth_.Add({{"queue", "leased"}})),
+      scoring_(&queue_depth_.Add({{"queue", "scoring"}})),
+      ready_(&queue_depth_.Add({{"queue", "ready"}})),
+      training_(&queue_depth_.Add({{"queue", "training"}})),
+      dispatched_(NewCounter(registry,
+                             "tandem_coordinator_groups_dispatched_total",
+                             "Groups leased to rollout workers.")),
+      completed_(NewCounter(registry,
+                            "tandem_coordinator_groups_completed_total",
+                            "Groups whose samples were all scored.")),
+      dropped_stale_(NewCounter(
+          registry, "tandem_coordinator_groups_dropped_stale_total",
+          "Scored groups dropped for exceeding the staleness bound.")),
+      trained_(NewCounter(registry, "tandem_coordinator_groups_trained_total",
+                          "Groups committed by the trainer.")),
+      abandoned_(NewCounter(
+          registry, "tandem_coordinator_groups_abandoned_total",
+          "Leases that ended unfinished (expired, returned, worker dead); "
+          "their prompts were queued again.")),
+      samples_(NewCounter(registry, "tandem_coordinator_samples_received_total",
+                          "Samples accepted from rollout workers.")),
+      lease_expiries_(NewCounter(registry,
+                                 "tandem_coordinator_lease_expiries_total",
+                                 "Prompt leases that passed their deadline.")),
+      batches_expired_(NewCounter(
+          registry, "tandem_coordinator_training_batches_expired_total",
+          "Training batches not committed in time and handed out again.")),
+      score_calls_(prometheus::BuildCounter()
+                       .Name("tandem_coordinator_score_calls_total")
+                       .Help("ScoreBatch calls to verifiers, by outcome.")
+                       .Register(registry)),
+      scoring_ok_(&score_calls_.Add({{"outcome", "ok"}})),
+      scoring_failed_(&score_calls_.Add({{"outcome", "failed"}})),
+      journal_bytes_(&prometheus::BuildGauge()
+                          .Name("tandem_coordinator_journal_bytes")
+                          .Help("Size of the coordinator's journal.")
+                          .Register(registry)
+                          .Add({})),
+      journal_syncs_(NewCounter(registry,
+                                "tandem_coordinator_journal_syncs_total",
+                                "fsyncs of the journal (batch boundaries and "
+                                "compactions).")),
+      journal_sync_seconds_(
+          NewCounter(registry, "tandem_coordinator_journal_sync_seconds_total",
+                     "Time spent in fsync of the journal.")),
+      trained_staleness_(
+          &prometheus::BuildHistogram()
+               .Name("tandem_coordinator_trained_staleness_versions")
+               .Help("Policy versions between the oldest token of a trained "
+                     "group and the trainer's version.")
+               .Register(registry)
+               .Add({}, StalenessBuckets())),
+      dispatch_staleness_(
+          &prometheus::BuildHistogram()
+               .Name("tandem_coordinator_dispatch_staleness_versions")
+               .Help("Policy versions a rollout worker lagged behind the "
+                     "latest version when it leased prompts.")
+               .Register(registry)
+               .Add({}, StalenessBuckets())) {
   for (auto role : {tandem::v1::ROLE_ROLLOUT, tandem::v1::ROLE_VERIFIER,
                     tandem::v1::ROLE_TRAINER}) {
     for (auto state :
@@ -48,6 +136,44 @@ void CoordinatorMetrics::CountExpired(tandem::v1::Role role) {
 
 void CoordinatorMetrics::CountRegistration(tandem::v1::Role role) {
   registrations_.Add({{"role", RoleName(role)}}).Increment();
+}
+
+void CoordinatorMetrics::Update(const LedgerStats& ledger,
+                                const ScoringStats& scoring) {
+  absl::MutexLock lock(&mu_);
+  policy_version_->Set(static_cast<double>(ledger.policy_version));
+  pending_->Set(static_cast<double>(ledger.pending_prompts));
+  leased_->Set(static_cast<double>(ledger.leased_prompts));
+  scoring_->Set(static_cast<double>(ledger.scoring_samples));
+  ready_->Set(static_cast<double>(ledger.ready_groups));
+  training_->Set(static_cast<double>(ledger.training_groups));
+  const LedgerStats& l = last_ledger_;
+  Advance(dispatched_, ledger.groups_dispatched, l.groups_dispatched);
+  Advance(completed_, ledger.groups_completed, l.groups_completed);
+  Advance(dropped_stale_, ledger.groups_dropped_stale, l.groups_dropped_stale);
+  Advance(trained_, ledger.groups_trained, l.groups_trained);
+  Advance(abandoned_, ledger.groups_abandoned, l.groups_abandoned);
+  Advance(samples_, ledger.samples_received, l.samples_received);
+  Advance(lease_expiries_, ledger.lease_expiries, l.lease_expiries);
+  Advance(batches_expired_, ledger.batches_expired, l.batches_expired);
+  Advance(scoring_ok_, scoring.calls_ok, last_scoring_.calls_ok);
+  Advance(scoring_failed_, scoring.calls_failed, last_scoring_.calls_failed);
+  journal_bytes_->Set(static_cast<double>(ledger.journal_bytes));
+  Advance(journal_syncs_, ledger.journal_syncs, l.journal_syncs);
+  if (ledger.journal_sync_seconds > l.journal_sync_seconds) {
+    journal_sync_seconds_->Increment(ledger.journal_sync_seconds -
+                                     l.journal_sync_seconds);
+  }
+  last_ledger_ = ledger;
+  last_scoring_ = scoring;
+}
+
+void CoordinatorMetrics::ObserveTrainedStaleness(uint64_t versions) {
+  trained_staleness_->Observe(static_cast<double>(versions));
+}
+
+void CoordinatorMetrics::ObserveDispatchStaleness(uint64_t versions) {
+  dispatch_staleness_->Observe(static_cast<double>(versions));
 }
 
 }  // namespace tandem::coordinator

@@ -1,12 +1,18 @@
 #pragma once
 
 // Metric families of the coordinator, declared once. Label sets are bounded:
-// role (3 values) and member state (4 values).
+// role (3 values), member state (4), queue (5), outcome (2).
 
+#include <cstdint>
+
+#include "absl/synchronization/mutex.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "services/coordinator/group_ledger.h"
+#include "services/coordinator/scoring_dispatcher.h"
 #include "tandem/v1/common.pb.h"
 
 namespace tandem::coordinator {
@@ -22,11 +28,49 @@ class CoordinatorMetrics {
   void CountRegistration(tandem::v1::Role role);
   prometheus::Gauge& policy_version() { return *policy_version_; }
 
+  // Brings queue gauges and work counters up to date with the ledger's and
+  // the dispatcher's figures (counters advance by the difference since the
+  // previous call). Thread-safe.
+  void Update(const LedgerStats& ledger, const ScoringStats& scoring);
+  // Staleness (in versions) of one trained group.
+  void ObserveTrainedStaleness(uint64_t versions);
+  // Versions a worker lagged behind the latest version when it was leased
+  // prompts.
+  void ObserveDispatchStaleness(uint64_t versions);
+
  private:
   prometheus::Family<prometheus::Gauge>& members_;
   prometheus::Family<prometheus::Counter>& expired_;
   prometheus::Family<prometheus::Counter>& registrations_;
   prometheus::Gauge* policy_version_;
+
+  prometheus::Family<prometheus::Gauge>& queue_depth_;
+  prometheus::Gauge* pending_;
+  prometheus::Gauge* leased_;
+  prometheus::Gauge* scoring_;
+  prometheus::Gauge* ready_;
+  prometheus::Gauge* training_;
+  prometheus::Counter* dispatched_;
+  prometheus::Counter* completed_;
+  prometheus::Counter* dropped_stale_;
+  prometheus::Counter* trained_;
+  prometheus::Counter* abandoned_;
+  prometheus::Counter* samples_;
+  prometheus::Counter* lease_expiries_;
+  prometheus::Counter* batches_expired_;
+  prometheus::Family<prometheus::Counter>& score_calls_;
+  prometheus::Counter* scoring_ok_;
+  prometheus::Counter* scoring_failed_;
+  prometheus::Gauge* journal_bytes_;
+  prometheus::Counter* journal_syncs_;
+  prometheus::Counter* journal_sync_seconds_;
+  prometheus::Histogram* trained_staleness_;
+  prometheus::Histogram* dispatch_staleness_;
+
+  absl::Mutex mu_;
+  // Ledger and dispatcher totals at the previous Update.
+  LedgerStats last_ledger_ ABSL_GUARDED_BY(mu_);
+  ScoringStats last_scoring_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::coordinator

@@ -40,8 +40,7 @@ tandem::v1::MemberInfo MemberRegistry::Register(
   absl::MutexLock lock(&mu_);
   Entry entry;
   tandem::v1::MemberInfo& info = entry.info;
-  info.set_member_id(
-      absl::StrCat(RoleName(request.role()), "-", next_id_++));
+  info.set_member_id(absl::StrCat(RoleName(request.role()), "-", next_id_++));
   info.set_role(request.role());
   info.set_state(tandem::v1::MEMBER_STATE_ALIVE);
   info.set_grpc_address(request.grpc_address());
@@ -135,6 +134,29 @@ void MemberRegistry::Prune(absl::Time now, absl::Duration retention) {
       ++it;
     }
   }
+}
+
+bool MemberRegistry::IsLive(const std::string& member_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = members_.find(member_id);
+  if (it == members_.end()) return false;
+  const auto state = it->second.info.state();
+  return state == tandem::v1::MEMBER_STATE_ALIVE ||
+         state == tandem::v1::MEMBER_STATE_DRAINING;
+}
+
+std::vector<std::string> MemberRegistry::LiveAddresses(
+    tandem::v1::Role role) const {
+  std::vector<std::string> out;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, entry] : members_) {
+    if (entry.info.role() == role &&
+        entry.info.state() == tandem::v1::MEMBER_STATE_ALIVE &&
+        !entry.info.grpc_address().empty()) {
+      out.push_back(entry.info.grpc_address());
+    }
+  }
+  return out;
 }
 
 std::map<tandem::v1::Role, int> MemberRegistry::CountAlive() const {

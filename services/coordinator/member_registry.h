@@ -39,6 +39,10 @@ class MemberRegistry {
   std::vector<tandem::v1::MemberInfo> Snapshot() const;
   // Forgets dead and left members older than `retention`.
   void Prune(absl::Time now, absl::Duration retention);
+  // True when the member is registered and alive or draining.
+  bool IsLive(const std::string& member_id) const;
+  // gRPC addresses of alive members of `role`.
+  std::vector<std::string> LiveAddresses(tandem::v1::Role role) const;
   // Live members by role.
   std::map<tandem::v1::Role, int> CountAlive() const;
 

@@ -1,3 +1,10 @@
 tandem_add_test(member_registry_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/member_registry_test.cc
   LIBS tandem_coordinator_lib)
+tandem_add_test(coordinator_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/coordinator_ledger_test.cc
+    ${CMAKE_CURRENT_SOURCE_DIR}/coordinator_staleness_test.cc
+    ${CMAKE_CURRENT_SOURCE_DIR}/coordinator_dataset_test.cc
+    ${CMAKE_CURRENT_SOURCE_DIR}/coordinator_scoring_test.cc
+    ${CMAKE_CURRENT_SOURCE_DIR}/coordinator_journal_test.cc
+  LIBS tandem_coordinator_lib)

@@ -1,0 +1,240 @@
+#pragma once
+
+// GroupLedger is the coordinator's record of where every prompt and sample
+// is: prompts pending (returned ones first, then the source), leased to a
+// rollout worker, samples waiting for scores, and (via its TrainingQueue)
+// ready and training groups. It never loses or duplicates a prompt:
+//
+//   pending --Lease--> leased --all samples submitted--> scoring
+//      ^                 |                                  |
+//      +-- expiry, return, member death                all scored
+//                                                           v
+//               trained <--Commit-- training <--Pull-- ready (TrainingQueue)
+//
+// A lease covers one prompt and one group of group_size samples; a prompt
+// whose lease ends unfinished (expired, returned, its worker dead or gone)
+// goes back to the front of the pending queue and is leased again under a
+// new lease and group id; samples of the old lease are then rejected, and
+// scores that arrive for it are ignored.
+//
+// Dispatch throttle (staleness bound): no leases while at least
+// (max_lag + 1) * groups_per_version groups are in flight, nor to a worker
+// more than max_lag versions behind the latest published version.
+//
+// Durability: with a Journal (Recover()), every change is appended as a
+// record, and the journal is synced at batch boundaries (Commit, Publish)
+// and by SyncJournal(); a restarted coordinator replays it and continues
+// with the same prompts, groups, batches and version. See journal.h.
+//
+// Time is passed in (`now`), so tests drive it. Thread-safe.
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "services/coordinator/group_state.h"
+#include "services/coordinator/journal.h"
+#include "services/coordinator/prompt_source.h"
+#include "services/coordinator/training_queue.h"
+#include "tandem/v1/coordinator.pb.h"
+#include "tandem/v1/verifier.pb.h"
+
+namespace tandem::coordinator {
+
+struct GroupLedgerOptions {
+  uint32_t group_size = 8;
+  uint32_t max_lag = 4;
+  absl::Duration lease_timeout = absl::Minutes(1);
+  absl::Duration batch_timeout = absl::Minutes(5);
+  bool keep_stale = false;
+  uint64_t groups_per_version = 64;
+  // Sent with every lease (stop_token_ids and max_tokens may be filled from
+  // the prompt source).
+  tandem::v1::SamplingParams sampling;
+  // Makes lease, group and batch ids unique across coordinator restarts.
+  std::string id_prefix = "c0";
+  // How long a worker should wait when no lease can be given.
+  absl::Duration throttle_retry = absl::Milliseconds(200);
+  absl::Duration empty_retry = absl::Seconds(1);
+};
+
+// A sample to be scored, with where its score goes.
+struct ScoringTask {
+  std::string group_id;
+  uint32_t sample_index = 0;
+  tandem::v1::ScoreItem item;  // item_id is the sample_id
+};
+
+struct SubmitResult {
+  tandem::v1::SubmitSamplesResponse response;
+  // Newly accepted samples to score.
+  std::vector<ScoringTask> to_score;
+};
+
+struct RenewResult {
+  uint32_t renewed = 0;
+  std::vector<std::string> unknown;
+  absl::Time deadline;
+};
+
+// Plain figures for status and metrics.
+struct LedgerStats {
+  uint64_t policy_version = 0;
+  uint64_t pending_prompts = 0;
+  uint64_t leased_prompts = 0;
+  uint64_t scoring_samples = 0;
+  uint64_t ready_groups = 0;
+  uint64_t training_groups = 0;
+  uint64_t groups_dispatched = 0;
+  uint64_t groups_completed = 0;
+  uint64_t groups_trained = 0;
+  uint64_t groups_dropped_stale = 0;
+  uint64_t groups_kept_stale = 0;
+  uint64_t groups_abandoned = 0;  // leases that ended unfinished
+  uint64_t samples_received = 0;
+  uint64_t lease_expiries = 0;
+  uint64_t batches_expired = 0;
+  uint64_t dataset_cursor = 0;
+  uint64_t journal_bytes = 0;
+  uint64_t journal_syncs = 0;
+  double journal_sync_seconds = 0;
+  bool dataset_exhausted = false;
+};
+
+class GroupLedger {
+ public:
+  GroupLedger(GroupLedgerOptions options, std::unique_ptr<PromptSource> source);
+
+  // Leases up to `max_prompts` prompts to `member_id`, whose weights are at
+  // `worker_version`.
+  tandem::v1::LeasePromptsResponse Lease(const std::string& member_id,
+                                         uint32_t max_prompts,
+                                         uint64_t worker_version,
+                                         absl::Time now);
+  // Extends the member's leases (all of them when `lease_ids` is empty).
+  // Leases that do not exist or belong to another member are `unknown`.
+  RenewResult Renew(const std::string& member_id,
+                    const std::vector<std::string>& lease_ids, absl::Time now);
+  // Gives the member's listed leases back; returns how many were returned.
+  uint32_t Return(const std::string& member_id,
+                  const std::vector<std::string>& lease_ids);
+  // Returns every lease of a member that died or left.
+  uint32_t ReleaseMember(const std::string& member_id);
+  // Returns leases past their deadline; returns how many.
+  uint32_t ExpireLeases(absl::Time now);
+
+  // Accepts samples of live leases (idempotent by sample_id).
+  SubmitResult Submit(const tandem::v1::SubmitSamplesRequest& request);
+  // Records a verifier's score; ignored when the group is gone or the
+  // sample already has one. Returns true when the group became ready.
+  bool RecordScore(const std::string& group_id, uint32_t sample_index,
+                   const tandem::v1::Score& score);
+
+  tandem::v1::PullTrainingBatchResponse Pull(
+      const tandem::v1::PullTrainingBatchRequest& request, absl::Time now);
+  absl::StatusOr<CommitResult> Commit(const std::string& batch_id,
+                                      uint64_t policy_version);
+  uint32_t ExpireBatches(absl::Time now);
+
+  // Versions go up by one: FailedPrecondition unless the manifest's
+  // version is the current version plus one.
+  absl::Status PublishVersion(const tandem::v1::WeightManifest& manifest,
+                              const std::string& weight_server_address);
+  // The same with an empty manifest (tests).
+  absl::Status PublishVersion(uint64_t version);
+  uint64_t policy_version() const;
+  // The latest published manifest (version 0 and empty before any) and
+  // its weight server address.
+  void LatestVersion(tandem::v1::WeightManifest* manifest,
+                     std::string* weight_server_address) const;
+
+  // Replays `journal` into this (fresh) ledger, renews the restored leases
+  // until now + lease_timeout, compacts the journal, and from then on
+  // records every change in it. `to_score` receives the restored samples
+  // that still need a score. Errors name the journal and offset.
+  absl::Status Recover(std::unique_ptr<Journal> journal, absl::Time now,
+                       std::vector<ScoringTask>* to_score);
+  // Writes buffered journal records to the file (no fsync).
+  absl::Status FlushJournal();
+  // Writes and fsyncs them.
+  absl::Status SyncJournal();
+  // Compacts the journal when it has grown past `max_bytes`.
+  absl::Status MaybeCompactJournal(uint64_t max_bytes);
+  uint64_t journal_bytes() const;
+
+  LedgerStats Stats() const;
+  std::string DescribeSource() const;
+
+ private:
+  std::unique_ptr<GroupState> NewGroup(std::shared_ptr<const Prompt> prompt,
+                                       const std::string& member_id,
+                                       uint64_t worker_version, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends a lease unfinished: the prompt goes back to the front of pending.
+  void AbandonLocked(const std::string& group_id, bool expired)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Installs a dispatched group in the lease tables.
+  void InsertLeasedLocked(std::unique_ptr<GroupState> group)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stores one valid new sample; returns its scoring task.
+  ScoringTask AcceptSampleLocked(GroupState& group,
+                                 const tandem::v1::Sample& sample,
+                                 const std::string& member_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool RecordScoreLocked(const std::string& group_id, uint32_t sample_index,
+                         const tandem::v1::Score& score)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status PublishLocked(const tandem::v1::WeightManifest& manifest,
+                             const std::string& weight_server_address)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Record(const journal::Record& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies one journal record (replay).
+  absl::Status ApplyLocked(const journal::Record& record)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records that rebuild the current state.
+  std::vector<journal::Record> SnapshotLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeReadyLocked(const std::string& group_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RememberFinishedLease(const std::string& lease_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const GroupLedgerOptions options_;
+  mutable absl::Mutex mu_;
+  std::unique_ptr<PromptSource> source_ ABSL_GUARDED_BY(mu_);
+  bool source_exhausted_ ABSL_GUARDED_BY(mu_) = false;
+  // Prompts returned unfinished, leased before new ones.
+  std::deque<std::shared_ptr<const Prompt>> pending_ ABSL_GUARDED_BY(mu_);
+  // Groups that are leased or scoring, by group id.
+  absl::flat_hash_map<std::string, std::unique_ptr<GroupState>> groups_
+      ABSL_GUARDED_BY(mu_);
+  // Live leases: lease id -> group id, and member -> lease ids.
+  absl::flat_hash_map<std::string, std::string> leases_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::set<std::string>> member_leases_
+      ABSL_GUARDED_BY(mu_);
+  // Leases whose samples were all submitted (bounded), so resubmissions
+  // count as duplicates rather than rejections.
+  absl::flat_hash_set<std::string> finished_leases_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> finished_order_ ABSL_GUARDED_BY(mu_);
+  TrainingQueue training_ ABSL_GUARDED_BY(mu_);
+  uint64_t policy_version_ ABSL_GUARDED_BY(mu_) = 0;
+  tandem::v1::WeightManifest manifest_ ABSL_GUARDED_BY(mu_);
+  std::string weight_server_address_ ABSL_GUARDED_BY(mu_);
+  // Null when the coordinator runs without a journal.
+  std::unique_ptr<Journal> journal_ ABSL_GUARDED_BY(mu_);
+  uint64_t groups_per_version_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t scoring_samples_ ABSL_GUARDED_BY(mu_) = 0;
+  LedgerStats counters_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tandem::coordinator
