@@ -1,0 +1,125 @@
+"""deploy/compose: `docker-compose config -q` accepts the compose file, and
+the resolved configuration keeps the promises of the deployment: four
+daemons from one image plus Prometheus and Grafana, gRPC health checks,
+rollout workers (and verifiers) scalable with --scale (no container name,
+no host port), config files mounted from deploy/compose/config, TANDEM_*
+variables that name real config keys, and a Prometheus config that scrapes
+every daemon service under the job names the rules use."""
+
+import os
+import sys
+
+import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+COMPOSE_FILE = os.path.join(common.COMPOSE_DIR, "docker-compose.yml")
+SCALABLE = ("rollout", "verifier")
+
+
+def main():
+    fail = common.Failures()
+    compose = common.need("docker-compose", "docker-compose")
+    # The file as docker-compose validates it, with no variables set.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TANDEM_", "PROMETHEUS_", "GRAFANA_"))}
+    common.run([compose, "-f", COMPOSE_FILE, "config", "-q"], env=env)
+    resolved = yaml.safe_load(common.run(
+        [compose, "-f", COMPOSE_FILE, "config"], env=env))
+    services = resolved["services"]
+    fail.check(set(services) == set(common.DAEMONS) | {"prometheus", "grafana"},
+               f"services: {sorted(services)}")
+    keys = common.config_keys()
+    images = set()
+
+    for name in common.DAEMONS:
+        s = services.get(name)
+        if not fail.check(s is not None, f"no service {name}"):
+            continue
+        images.add(s.get("image"))
+        fail.check(s.get("build", {}).get("dockerfile") == "docker/Dockerfile",
+                   f"{name}: not built from docker/Dockerfile")
+        context = s.get("build", {}).get("context", "")
+        fail.check(os.path.realpath(context) == os.path.realpath(common.REPO),
+                   f"{name}: build context {context} is not the repository")
+        command = s.get("command", [])
+        fail.check(command[:1] == [f"tandem-{name}"],
+                   f"{name}: command {command}")
+        config = command[command.index("--config") + 1] \
+            if "--config" in command else None
+        fail.check(config == f"/etc/tandem/{name}.yaml",
+                   f"{name}: --config {config}")
+        mounts = {}
+        for v in s.get("volumes", []):
+            if isinstance(v, str):
+                parts = v.split(":")
+                mounts[parts[1]] = parts[0]
+            else:
+                mounts[v["target"]] = v.get("source")
+        source = mounts.get(f"/etc/tandem/{name}.yaml")
+        fail.check(source and os.path.realpath(source) == os.path.realpath(
+            os.path.join(common.CONFIG_DIR, f"{name}.yaml")),
+            f"{name}: config not mounted from deploy/compose/config "
+            f"({source})")
+        hc = s.get("healthcheck", {})
+        fail.check(hc.get("test") == ["CMD", "tandem-health"],
+                   f"{name}: healthcheck {hc.get('test')}")
+        environment = s.get("environment", {})
+        for var in environment:
+            if var.startswith("TANDEM_"):
+                fail.check(common.env_to_key(var, keys) is not None,
+                           f"{name}: {var} names no config key")
+        fail.check(environment.get("TANDEM_METRICS_ADDRESS") == "0.0.0.0:9400",
+                   f"{name}: metrics not on 0.0.0.0:9400")
+        fail.check(environment.get("TANDEM_READY_FILE") ==
+                   "/run/tandem/ready.json",
+                   f"{name}: the health check reads /run/tandem/ready.json")
+        if name != "coordinator":
+            fail.check(environment.get("TANDEM_COORDINATOR_ADDRESS") ==
+                       "coordinator:50051", f"{name}: coordinator address")
+            fail.check(str(environment.get("TANDEM_GRPC_ADDRESS", ""))
+                       .startswith("auto:"),
+                       f"{name}: members must bind a routable address "
+                       "(auto:PORT)")
+            fail.check("coordinator" in s.get("depends_on", {}),
+                       f"{name}: does not depend on the coordinator")
+        if name in SCALABLE:
+            fail.check("container_name" not in s,
+                       f"{name}: a container_name prevents --scale")
+            fail.check(not s.get("ports"),
+                       f"{name}: host ports prevent --scale")
+    fail.check(len(images) == 1, f"daemons use several images: {images}")
+    fail.check("journal" in "".join(
+        str(v) for v in services["coordinator"].get("volumes", [])),
+        "coordinator: no journal volume")
+    fail.check(services["coordinator"]["environment"].get(
+        "TANDEM_JOURNAL_DIR") == "/var/lib/tandem/journal",
+        "coordinator: TANDEM_JOURNAL_DIR")
+
+    # Files mounted into Prometheus and Grafana exist.
+    for name in ("prometheus", "grafana"):
+        for v in services[name].get("volumes", []):
+            source = v.split(":")[0] if isinstance(v, str) else v.get("source")
+            if v.get("type") == "volume" if isinstance(v, dict) else False:
+                continue
+            if source and source.startswith("/"):
+                fail.check(os.path.exists(source),
+                           f"{name}: mounts missing {source}")
+
+    # The compose Prometheus config scrapes every daemon service by DNS.
+    with open(os.path.join(common.PROM_DIR, "prometheus.yml")) as f:
+        prom = yaml.safe_load(f)
+    jobs = {j["job_name"]: j for j in prom["scrape_configs"]}
+    for name in common.DAEMONS:
+        job = jobs.get(f"tandem-{name}")
+        if fail.check(job is not None, f"prometheus.yml: no job tandem-{name}"):
+            sd = job.get("dns_sd_configs", [{}])[0]
+            fail.check(sd.get("names") == [name] and sd.get("port") == 9400,
+                       f"prometheus.yml: tandem-{name} does not resolve "
+                       f"service {name} on port 9400")
+    fail.exit("compose")
+
+
+if __name__ == "__main__":
+    main()

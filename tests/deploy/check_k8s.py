@@ -1,0 +1,228 @@
+"""Kubernetes manifests: `kubectl kustomize` builds every overlay, every
+object validates against the Kubernetes API schemas of the npm package
+kubernetes-models@4, and the objects fit together (selectors, probes,
+ConfigMap contents, environment variables naming real config keys, volumes,
+HPA targets, GPU requests).
+
+    /usr/bin/python3 check_k8s.py NODE_MODULES_PARENT"""
+
+import json
+import os
+import sys
+import tempfile
+
+import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OVERLAYS = ("cpu", "gpu")
+GRPC_PORTS = {"coordinator": 50051, "rollout": 50052, "verifier": 50053,
+              "trainer": 50054}
+
+
+def build(overlay):
+    kubectl = common.need("kubectl", "kubectl")
+    out = common.run([kubectl, "kustomize",
+                      os.path.join(common.K8S_DIR, "overlays", overlay)])
+    return [o for o in yaml.safe_load_all(out) if o]
+
+
+def validate_schemas(objects, fixture, overlay):
+    node = common.need("node", "nodejs")
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(objects, f)
+        path = f.name
+    try:
+        import subprocess
+        result = subprocess.run(
+            [node, os.path.join(HERE, "validate_k8s.mjs"),
+             os.path.join(fixture, "node_modules"), path],
+            capture_output=True, text=True)
+    finally:
+        os.unlink(path)
+    print(f"--- kubernetes-models, overlay {overlay}\n{result.stdout}"
+          f"{result.stderr}", end="")
+    return result.returncode == 0
+
+
+def pod_specs(objects):
+    for o in objects:
+        template = o.get("spec", {}).get("template")
+        if o["kind"] in ("Deployment", "StatefulSet") and template:
+            yield o, template
+
+
+def check_overlay(overlay, objects, keys, fail):
+    by_kind = {}
+    for o in objects:
+        by_kind.setdefault(o["kind"], {})[o["metadata"]["name"]] = o
+        if o["kind"] != "Namespace":
+            fail.check(o["metadata"].get("namespace") == "tandem",
+                       f"{overlay}: {o['kind']}/{o['metadata']['name']} "
+                       "is not in namespace tandem")
+
+    workloads = {o["metadata"]["name"]: o for o, _ in pod_specs(objects)}
+    fail.check(set(workloads) == set(common.DAEMONS),
+               f"{overlay}: workloads {sorted(workloads)} != daemons")
+
+    # The coordinator: one-replica StatefulSet with a journal volume.
+    sts = by_kind.get("StatefulSet", {}).get("coordinator")
+    if fail.check(sts is not None, f"{overlay}: no coordinator StatefulSet"):
+        spec = sts["spec"]
+        fail.check(spec.get("replicas") == 1,
+                   f"{overlay}: coordinator replicas {spec.get('replicas')}")
+        claims = [c["metadata"]["name"]
+                  for c in spec.get("volumeClaimTemplates", [])]
+        fail.check("journal" in claims, f"{overlay}: no journal claim")
+        c = spec["template"]["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+        fail.check(env.get("TANDEM_JOURNAL_DIR") == mounts.get("journal"),
+                   f"{overlay}: TANDEM_JOURNAL_DIR is not the journal mount")
+        fail.check(spec.get("serviceName") in by_kind.get("Service", {}),
+                   f"{overlay}: StatefulSet serviceName has no Service")
+        governing = by_kind["Service"].get(spec.get("serviceName"), {})
+        fail.check(governing.get("spec", {}).get("clusterIP") == "None",
+                   f"{overlay}: the StatefulSet's Service is not headless")
+    for name in ("rollout", "verifier", "trainer"):
+        fail.check(name in by_kind.get("Deployment", {}),
+                   f"{overlay}: {name} is not a Deployment")
+
+    configmaps = by_kind.get("ConfigMap", {})
+    config = [cm for n, cm in configmaps.items()
+              if n.startswith("tandem-config")]
+    if fail.check(len(config) == 1, f"{overlay}: ConfigMap tandem-config"):
+        data = config[0]["data"]
+        for d in common.DAEMONS:
+            with open(os.path.join(common.CONFIG_DIR, f"{d}.yaml")) as f:
+                fail.check(data.get(f"{d}.yaml") == f.read(),
+                           f"{overlay}: ConfigMap {d}.yaml differs from "
+                           f"deploy/compose/config/{d}.yaml")
+
+    services = by_kind.get("Service", {})
+    for name, o in workloads.items():
+        template = o["spec"]["template"]
+        labels = template["metadata"]["labels"]
+        selector = o["spec"]["selector"]["matchLabels"]
+        fail.check(all(labels.get(k) == v for k, v in selector.items()),
+                   f"{overlay}: {name} selector does not match its pods")
+        annotations = template["metadata"].get("annotations", {})
+        fail.check(annotations.get("prometheus.io/scrape") == "true" and
+                   annotations.get("prometheus.io/port") == "9400",
+                   f"{overlay}: {name} pods lack scrape annotations")
+        fail.check(labels.get("app.kubernetes.io/part-of") == "tandem",
+                   f"{overlay}: {name} pods lack part-of=tandem (scrape "
+                   "config keeps only those)")
+        fail.check(labels.get("app.kubernetes.io/component") == name,
+                   f"{overlay}: {name} pods: component label (job name)")
+        pod = template["spec"]
+        fail.check(pod.get("securityContext", {}).get("runAsNonRoot") is True,
+                   f"{overlay}: {name} may run as root")
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        claim_names = {c["metadata"]["name"]
+                       for c in o["spec"].get("volumeClaimTemplates", [])}
+        c = pod["containers"][0]
+        fail.check(c["args"][0] == f"tandem-{name}",
+                   f"{overlay}: {name} runs {c['args'][0]}")
+        config_arg = c["args"][c["args"].index("--config") + 1]
+        fail.check(config_arg == f"/etc/tandem/{name}.yaml",
+                   f"{overlay}: {name} --config {config_arg}")
+        for m in c.get("volumeMounts", []):
+            fail.check(m["name"] in volumes or m["name"] in claim_names,
+                       f"{overlay}: {name} mounts unknown volume {m['name']}")
+        cfg = volumes.get("config", {}).get("configMap", {}).get("name", "")
+        fail.check(cfg in configmaps,
+                   f"{overlay}: {name} ConfigMap '{cfg}' does not exist")
+        for v in volumes.values():
+            claim = v.get("persistentVolumeClaim", {}).get("claimName")
+            if claim:
+                fail.check(claim in by_kind.get("PersistentVolumeClaim", {}),
+                           f"{overlay}: {name} claim {claim} does not exist")
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        fail.check(ports.get("grpc") == GRPC_PORTS[name] and
+                   ports.get("metrics") == 9400,
+                   f"{overlay}: {name} ports {ports}")
+        for probe in ("readinessProbe", "livenessProbe"):
+            p = c.get(probe, {})
+            fail.check(p.get("grpc", {}).get("port") == GRPC_PORTS[name],
+                       f"{overlay}: {name} {probe} is not a gRPC probe on "
+                       f"{GRPC_PORTS[name]}")
+        requests = c.get("resources", {}).get("requests", {})
+        fail.check("cpu" in requests and "memory" in requests,
+                   f"{overlay}: {name} has no cpu/memory requests")
+        env = {e["name"]: e for e in c.get("env", [])}
+        for var in env:
+            if var.startswith("TANDEM_"):
+                fail.check(common.env_to_key(var, keys) is not None,
+                           f"{overlay}: {name} sets {var}, which names no "
+                           "config key")
+        grpc_address = env.get("TANDEM_GRPC_ADDRESS", {}).get("value", "")
+        fail.check(grpc_address.endswith(f":{GRPC_PORTS[name]}"),
+                   f"{overlay}: {name} binds {grpc_address}")
+        if name != "coordinator":
+            fail.check(env.get("TANDEM_COORDINATOR_ADDRESS", {}).get("value")
+                       == "coordinator:50051",
+                       f"{overlay}: {name} coordinator address")
+            # Members must register an address others can dial.
+            fail.check(grpc_address == f"$(POD_IP):{GRPC_PORTS[name]}" and
+                       env.get("POD_IP", {}).get("valueFrom", {})
+                       .get("fieldRef", {}).get("fieldPath") == "status.podIP",
+                       f"{overlay}: {name} does not bind its pod IP")
+        # Every workload has a Service selecting it.
+        selecting = [s for s in services.values()
+                     if s["spec"].get("selector") and
+                     all(labels.get(k) == v
+                         for k, v in s["spec"]["selector"].items())]
+        fail.check(selecting, f"{overlay}: no Service selects {name}")
+        if overlay == "gpu" and name in ("rollout", "trainer"):
+            limits = c.get("resources", {}).get("limits", {})
+            fail.check(limits.get("nvidia.com/gpu") == "1",
+                       f"{overlay}: {name} requests no GPU")
+            fail.check(c["image"].endswith(":cuda"),
+                       f"{overlay}: {name} image {c['image']}")
+        if overlay == "cpu":
+            fail.check(c["image"] == "tandem:cpu",
+                       f"{overlay}: {name} image {c['image']}")
+            fail.check("nvidia.com/gpu" not in
+                       c.get("resources", {}).get("limits", {}),
+                       f"{overlay}: {name} requests a GPU")
+
+    for name in ("rollout", "verifier", "trainer"):
+        s = services.get(name)
+        if fail.check(s is not None, f"{overlay}: no Service {name}"):
+            fail.check(s["spec"].get("clusterIP") == "None",
+                       f"{overlay}: Service {name} is not headless")
+    fail.check("coordinator" in services, f"{overlay}: no coordinator Service")
+
+    hpas = by_kind.get("HorizontalPodAutoscaler", {})
+    fail.check("rollout" in hpas, f"{overlay}: no rollout HPA")
+    for name, h in hpas.items():
+        ref = h["spec"]["scaleTargetRef"]
+        fail.check(ref["name"] in by_kind.get(ref["kind"], {}),
+                   f"{overlay}: HPA {name} targets missing {ref}")
+        for m in h["spec"]["metrics"]:
+            fail.check(m["type"] in ("Pods", "Object"),
+                       f"{overlay}: HPA {name} metric type {m['type']} is not "
+                       "from the custom metrics API")
+
+
+def main():
+    fixture = sys.argv[1] if len(sys.argv) > 1 else None
+    fail = common.Failures()
+    keys = common.config_keys()
+    for overlay in OVERLAYS:
+        objects = build(overlay)
+        print(f"overlay {overlay}: {len(objects)} objects")
+        if fixture:
+            fail.check(validate_schemas(objects, fixture, overlay),
+                       f"{overlay}: schema validation (kubernetes-models)")
+        check_overlay(overlay, objects, keys, fail)
+    if not fixture:
+        fail.check(False, "no npm fixture given: schemas not validated")
+    fail.exit("k8s manifests")
+
+
+if __name__ == "__main__":
+    main()
