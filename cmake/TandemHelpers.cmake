@@ -1,9 +1,13 @@
-# tandem_proto_library(NAME PROTOS a.proto b.proto [DEPS lib...])
+# tandem_proto_library(NAME PROTOS a.proto b.proto [ROOT dir] [DEPS lib...])
 # Generates C++ message and gRPC service code for the listed .proto files
-# (paths relative to ${PROJECT_SOURCE_DIR}/proto) into a static library.
+# (paths relative to ROOT, default ${PROJECT_SOURCE_DIR}/proto) into a
+# static library.
 function(tandem_proto_library name)
-  cmake_parse_arguments(ARG "" "" "PROTOS;DEPS" ${ARGN})
+  cmake_parse_arguments(ARG "" "ROOT" "PROTOS;DEPS" ${ARGN})
   set(proto_root ${PROJECT_SOURCE_DIR}/proto)
+  if(ARG_ROOT)
+    set(proto_root ${ARG_ROOT})
+  endif()
   set(out_dir ${PROJECT_BINARY_DIR}/gen)
   file(MAKE_DIRECTORY ${out_dir})
   set(srcs)

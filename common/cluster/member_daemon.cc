@@ -48,9 +48,10 @@ void MemberDaemon::MarkNotServing() { runtime_->MarkNotServing(); }
 void MemberDaemon::Shutdown(absl::Duration deadline) {
   if (shut_down_) return;
   shut_down_ = true;
-  runtime_->MarkNotServing();
-  session_->Stop(/*deregister=*/true, "shutdown");
-  runtime_->Shutdown(deadline);
+  // Create may have failed half-way: only stop what exists.
+  if (runtime_) runtime_->MarkNotServing();
+  if (session_) session_->Stop(/*deregister=*/true, "shutdown");
+  if (runtime_) runtime_->Shutdown(deadline);
 }
 
 }  // namespace tandem::cluster

@@ -13,8 +13,15 @@ PACKAGES=(
   libabsl-dev libboost-dev libyaml-cpp-dev prometheus-cpp-dev
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
   libpcre2-dev libutf8proc-dev
+  # optimized BLAS for LibTorch's fp32 matmuls (Debian's default is the
+  # reference BLAS, ~13x slower on the tiny model). The serial build: the
+  # pthread one breaks civetweb's thread creation (the /metrics server) in
+  # the same process, and each daemon runs single-threaded math anyway.
+  libopenblas0-serial
   # tests: unit framework, independent gRPC client, real Prometheus server
   catch2 python3 python3-grpcio prometheus
+  # deployment checks: compose file validation (kubectl is preinstalled)
+  docker-compose python3-yaml
 )
 
 # The tokenizer reference tests run the npm packages' JavaScript tokenizers.

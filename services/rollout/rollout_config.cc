@@ -7,10 +7,39 @@ namespace tandem::rollout {
 void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config) {
   config::AddServerOptions(schema, &config->server);
   cluster::AddCoordinatorAddress(schema, &config->coordinator_address);
+  schema->AddString("model.path", &config->model_path,
+                    "Hugging Face model directory (config.json, "
+                    "*.safetensors, tokenizer.json); empty = the built-in "
+                    "tiny model of the arithmetic task.");
+  schema->AddInt("model.seed", &config->model_seed, 0, INT64_MAX,
+                 "Seed of the built-in model's random initial weights.");
+  schema->AddInt("model.torch_threads", &config->torch_threads, 0, 1024,
+                 "LibTorch intra-op threads; 0 = LibTorch's default.");
   schema->AddInt("engine.max_num_seqs", &config->max_num_seqs, 1, 65536,
                  "Most sequences decoded together in one batch.");
   schema->AddInt("engine.max_batched_tokens", &config->max_batched_tokens, 1,
-                 1 << 24, "Most tokens processed in one engine step.");
+                 1 << 24, "Most tokens computed in one engine step.");
+  schema->AddInt("engine.num_kv_blocks", &config->num_kv_blocks, 1, 1 << 24,
+                 "KV-cache capacity in blocks.");
+  schema->AddInt("engine.block_size", &config->block_size, 1, 4096,
+                 "Token slots per KV-cache block.");
+  schema->AddEnum("engine.batching", &config->batching,
+                  {"continuous", "static"},
+                  "continuous admits work as soon as capacity frees; static "
+                  "(a benchmark baseline) only into an empty batch.");
+  schema->AddEnum("engine.update_policy", &config->update_policy,
+                  {"inflight", "drain"},
+                  "inflight swaps weights at the next step boundary; drain "
+                  "(a baseline) finishes running sequences first.");
+  schema->AddEnum("engine.kv_policy", &config->kv_policy, {"keep", "recompute"},
+                  "After a weight update, running sequences keep their KV "
+                  "cache or recompute it.");
+  schema->AddEnum("engine.update_mode", &config->update_mode,
+                  {"staged", "inplace"},
+                  "staged receives into a second buffer and swaps pointers; "
+                  "inplace copies into the live weights during the pause.");
+  schema->AddInt("prefetch_prompts", &config->prefetch_prompts, 1, 1 << 20,
+                 "Leased prompts kept queued ahead of the engine.");
 }
 
 absl::Status Validate(const RolloutConfig& config) { return absl::OkStatus(); }

@@ -12,9 +12,21 @@ namespace tandem::rollout {
 struct RolloutConfig {
   config::ServerOptions server;
   std::string coordinator_address = "127.0.0.1:50051";
-  // Engine limits (used by the engine; advertised to the coordinator).
+  // Hugging Face model directory; empty = the built-in tiny model.
+  std::string model_path;
+  int64_t model_seed = 1;
+  // LibTorch intra-op threads (0 = LibTorch's default).
+  int64_t torch_threads = 1;
   int64_t max_num_seqs = 64;
   int64_t max_batched_tokens = 4096;
+  int64_t num_kv_blocks = 4096;
+  int64_t block_size = 16;
+  std::string batching = "continuous";     // continuous | static
+  std::string update_policy = "inflight";  // inflight | drain
+  std::string kv_policy = "keep";          // keep | recompute
+  std::string update_mode = "staged";      // staged | inplace
+  // Prompts leased ahead of the engine.
+  int64_t prefetch_prompts = 16;
 };
 
 void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config);

@@ -1,17 +1,104 @@
 #include "services/rollout/rollout_metrics.h"
 
 namespace tandem::rollout {
+namespace {
 
-RolloutMetrics::RolloutMetrics(prometheus::Registry& registry)
-    : policy_version(prometheus::BuildGauge()
-                         .Name("tandem_policy_version")
-                         .Help("Policy version of the live weights.")
-                         .Register(registry)
-                         .Add({})),
-      paused(prometheus::BuildGauge()
-                 .Name("tandem_rollout_paused")
-                 .Help("1 while generation is paused or drained, else 0.")
-                 .Register(registry)
-                 .Add({})) {}
+prometheus::Gauge& Gauge(prometheus::Registry& r, const char* name,
+                         const char* help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
+}
+prometheus::Counter& Counter(prometheus::Registry& r, const char* name,
+                             const char* help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
+}
+prometheus::Histogram& Histogram(prometheus::Registry& r, const char* name,
+                                 const char* help,
+                                 prometheus::Histogram::BucketBoundaries b) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add(
+      {}, std::move(b));
+}
+
+}  // namespace
+
+RolloutMetrics::RolloutMetrics(prometheus::Registry& r)
+    : policy_version(Gauge(r, "tandem_policy_version",
+                           "Policy version of the live weights.")),
+      paused(Gauge(r, "tandem_rollout_paused",
+                   "1 while generation is paused or drained, else 0.")),
+      generated_tokens(Counter(r, "tandem_rollout_generated_tokens_total",
+                               "Tokens sampled.")),
+      prefill_tokens(Counter(r, "tandem_rollout_prefill_tokens_total",
+                             "Prompt (and recomputed) tokens computed.")),
+      finished(prometheus::BuildCounter()
+                   .Name("tandem_rollout_samples_finished_total")
+                   .Help("Finished samples by finish reason.")
+                   .Register(r)),
+      running(Gauge(r, "tandem_rollout_running_sequences",
+                    "Sequences in the running batch.")),
+      waiting(Gauge(r, "tandem_rollout_waiting_sequences",
+                    "Sequences waiting for KV-cache space.")),
+      kv_usage(Gauge(r, "tandem_rollout_kv_cache_usage_ratio",
+                     "Fraction of KV-cache blocks in use.")),
+      preemptions(Counter(r, "tandem_rollout_preemptions_total",
+                          "Sequences preempted for KV-cache space.")),
+      batch_size(Histogram(r, "tandem_rollout_batch_size",
+                           "Sequences sampling a token per engine step.",
+                           {1, 2, 4, 8, 16, 32, 64, 128, 256})),
+      step_seconds(Histogram(
+          r, "tandem_rollout_step_seconds", "Duration of one engine step.",
+          {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1})),
+      time_per_output_token(Histogram(
+          r, "tandem_rollout_time_per_output_token_seconds",
+          "Wall time per generated token of a finished sample.",
+          {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1})),
+      pause_seconds(
+          Histogram(r, "tandem_rollout_weight_update_pause_seconds",
+                    "Generation pause to commit a new weight version.",
+                    {0.00001, 0.0001, 0.001, 0.01, 0.1, 1, 10})),
+      version_spread(Histogram(
+          r, "tandem_rollout_sample_version_spread",
+          "Policy versions spanned by one finished sample (max - min).",
+          {0, 1, 2, 3, 4, 8, 16})) {
+  for (const char* reason : {"stop", "length", "aborted"}) {
+    finished.Add({{"reason", reason}});
+  }
+}
+
+void RolloutMetrics::RecordStep(const StepStats& step,
+                                const EngineSnapshot& snapshot) {
+  generated_tokens.Increment(step.decode_tokens);
+  prefill_tokens.Increment(step.prefill_tokens);
+  preemptions.Increment(step.preempted);
+  if (step.decode_tokens > 0) batch_size.Observe(step.decode_tokens);
+  if (step.decode_tokens + step.prefill_tokens > 0) {
+    step_seconds.Observe(step.step_seconds);
+  }
+  if (step.committed_update) pause_seconds.Observe(step.pause_seconds);
+  running.Set(snapshot.running);
+  waiting.Set(snapshot.waiting);
+  kv_usage.Set(snapshot.kv_blocks_total == 0
+                   ? 0.0
+                   : static_cast<double>(snapshot.kv_blocks_used) /
+                         snapshot.kv_blocks_total);
+  policy_version.Set(static_cast<double>(snapshot.policy_version));
+}
+
+void RolloutMetrics::RecordFinished(const FinishedSample& sample) {
+  finished.Add({{"reason", FinishReasonName(sample.finish_reason)}})
+      .Increment();
+  if (!sample.output.empty()) {
+    time_per_output_token.Observe(
+        absl::ToDoubleSeconds(sample.finished - sample.admitted) /
+        sample.output.size());
+  }
+  if (!sample.spans.empty()) {
+    uint64_t lo = sample.spans.front().policy_version, hi = lo;
+    for (const auto& s : sample.spans) {
+      lo = std::min(lo, s.policy_version);
+      hi = std::max(hi, s.policy_version);
+    }
+    version_spread.Observe(static_cast<double>(hi - lo));
+  }
+}
 
 }  // namespace tandem::rollout

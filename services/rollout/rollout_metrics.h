@@ -1,18 +1,35 @@
 #pragma once
 
-// Metric families of the rollout worker, declared once.
+// Metric families of the rollout worker, declared once. The engine returns
+// plain StepStats; RolloutMetrics::Record turns them into metrics.
 
+#include "prometheus/counter.h"
 #include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "services/rollout/engine/engine.h"
 
 namespace tandem::rollout {
 
 struct RolloutMetrics {
   explicit RolloutMetrics(prometheus::Registry& registry);
-  // tandem_policy_version: version of the live weights.
+  void RecordStep(const StepStats& step, const EngineSnapshot& snapshot);
+  void RecordFinished(const FinishedSample& sample);
+
   prometheus::Gauge& policy_version;
-  // tandem_rollout_paused: 1 while paused or drained.
   prometheus::Gauge& paused;
+  prometheus::Counter& generated_tokens;
+  prometheus::Counter& prefill_tokens;
+  prometheus::Family<prometheus::Counter>& finished;
+  prometheus::Gauge& running;
+  prometheus::Gauge& waiting;
+  prometheus::Gauge& kv_usage;
+  prometheus::Counter& preemptions;
+  prometheus::Histogram& batch_size;
+  prometheus::Histogram& step_seconds;
+  prometheus::Histogram& time_per_output_token;
+  prometheus::Histogram& pause_seconds;
+  prometheus::Histogram& version_spread;
 };
 
 }  // namespace tandem::rollout

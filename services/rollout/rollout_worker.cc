@@ -1,12 +1,47 @@
 #include "services/rollout/rollout_worker.h"
 
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
+#include "common/tokenizer/tokenizer.h"
 
 namespace tandem::rollout {
 namespace {
 
 auto Log() { return ComponentLogger("rollout"); }
+
+tandem::v1::FinishReason ToProto(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop:
+      return tandem::v1::FINISH_REASON_STOP;
+    case FinishReason::kLength:
+      return tandem::v1::FINISH_REASON_LENGTH;
+    case FinishReason::kAborted:
+      return tandem::v1::FINISH_REASON_ABORTED;
+    default:
+      return tandem::v1::FINISH_REASON_UNSPECIFIED;
+  }
+}
+
+EngineOptions ToEngineOptions(const RolloutConfig& config,
+                              std::vector<int32_t> eos) {
+  EngineOptions o;
+  o.limits.max_num_seqs = static_cast<int32_t>(config.max_num_seqs);
+  o.limits.max_batched_tokens = static_cast<int32_t>(config.max_batched_tokens);
+  o.num_kv_blocks = static_cast<int32_t>(config.num_kv_blocks);
+  o.block_size = static_cast<int32_t>(config.block_size);
+  o.static_batching = config.batching == "static";
+  o.update_policy = config.update_policy == "drain"
+                        ? EngineOptions::UpdatePolicy::kDrain
+                        : EngineOptions::UpdatePolicy::kInflight;
+  o.kv_policy = config.kv_policy == "recompute"
+                    ? EngineOptions::KvPolicy::kRecompute
+                    : EngineOptions::KvPolicy::kKeep;
+  o.eos_token_ids = std::move(eos);
+  return o;
+}
 
 }  // namespace
 
@@ -18,37 +53,221 @@ RolloutWorker::RolloutWorker(const RolloutConfig& config)
 absl::StatusOr<std::unique_ptr<RolloutWorker>> RolloutWorker::Create(
     const RolloutConfig& config) {
   RETURN_IF_ERROR(Validate(config));
-  std::unique_ptr<RolloutWorker> worker(new RolloutWorker(config));
-  RolloutWorker* self = worker.get();
+  std::unique_ptr<RolloutWorker> w(new RolloutWorker(config));
+  ASSIGN_OR_RETURN(w->model_,
+                   LoadModel(config.model_path, config.model_seed,
+                             static_cast<int32_t>(config.torch_threads)));
+  Log()->info("model: {}", w->model_.description);
+  w->engine_model_ = std::make_unique<TorchEngineModel>(w->model_.decoder,
+                                                        w->model_.max_tokens);
+  w->weight_source_ = std::make_unique<StagedWeightSource>(
+      w->model_.decoder, config.update_mode == "inplace"
+                             ? StagedWeightSource::Mode::kInplace
+                             : StagedWeightSource::Mode::kStaged);
+  w->engine_ = std::make_unique<Engine>(
+      ToEngineOptions(config, w->model_.eos_token_ids), w->engine_model_.get(),
+      w->weight_source_.get(), 0);
+  RolloutWorker* self = w.get();
   ASSIGN_OR_RETURN(
-      worker->member_,
+      w->member_,
       cluster::MemberDaemon::Create(
           "rollout", tandem::v1::ROLE_ROLLOUT, config.server,
-          config.coordinator_address, worker->registry_, {self},
+          config.coordinator_address, w->registry_, {self},
           [self](tandem::v1::HeartbeatRequest* r) { self->FillHeartbeat(r); },
           {{"max_num_seqs", std::to_string(config.max_num_seqs)}}));
-  return worker;
+  cluster::MemberSession* session = &w->member_->session();
+  auto member_id = [session] { return session->member_id(); };
+  w->prefetcher_ = std::make_unique<PromptPrefetcher>(
+      session->stub(), member_id,
+      [self] {
+        absl::MutexLock lock(&self->mu_);
+        return self->snapshot_.policy_version;
+      },
+      static_cast<int32_t>(config.prefetch_prompts));
+  w->submitter_ = std::make_unique<SampleSubmitter>(session->stub(), member_id);
+  return w;
 }
 
 RolloutWorker::~RolloutWorker() { Stop(); }
 
-absl::Status RolloutWorker::Start() { return member_->Start(); }
+absl::Status RolloutWorker::Start() {
+  {
+    absl::MutexLock lock(&mu_);
+    rate_since_ = absl::Now();
+  }
+  RETURN_IF_ERROR(member_->Start());
+  prefetcher_->Start();
+  submitter_->Start();
+  generation_thread_ = std::thread([this] { GenerationLoop(); });
+  return absl::OkStatus();
+}
+
+void RolloutWorker::AdmitLeases() {
+  const EngineSnapshot snap = engine_->Snapshot();
+  const int32_t room =
+      static_cast<int32_t>(config_.max_num_seqs) - snap.running - snap.waiting;
+  if (room <= 0) return;
+  for (tandem::v1::PromptLease& lease :
+       prefetcher_->Take(std::max(1, room / 4))) {
+    SamplingParams params;
+    const auto& s = lease.sampling();
+    params.temperature = s.temperature();
+    params.top_p = s.top_p() > 0 ? s.top_p() : 1.0f;
+    params.top_k = s.top_k();
+    params.seed = s.seed();
+    params.stop_token_ids.assign(s.stop_token_ids().begin(),
+                                 s.stop_token_ids().end());
+    params.n = static_cast<int32_t>(std::max<uint32_t>(1, lease.group_size()));
+    const int64_t room_tokens =
+        model_.max_tokens - lease.prompt_token_ids_size();
+    params.max_tokens = static_cast<int32_t>(std::min<int64_t>(
+        s.max_tokens() > 0 ? s.max_tokens() : room_tokens, room_tokens));
+    std::vector<int32_t> prompt(lease.prompt_token_ids().begin(),
+                                lease.prompt_token_ids().end());
+    absl::Status status =
+        params.max_tokens > 0
+            ? engine_->Add(lease.lease_id(), std::move(prompt), params)
+            : absl::InvalidArgumentError(
+                  absl::StrCat("prompt of ", lease.prompt_token_ids_size(),
+                               " tokens leaves no room in a context of ",
+                               model_.max_tokens));
+    if (!status.ok()) {
+      Log()->warn("lease {} refused: {}", lease.lease_id(),
+                  std::string(status.message()));
+      prefetcher_->Return({lease.lease_id()}, "invalid prompt");
+      continue;
+    }
+    const std::string id = lease.lease_id();
+    leases_[id] = {std::move(lease), params.n};
+  }
+}
+
+void RolloutWorker::Deliver(FinishedSample f) {
+  metrics_.RecordFinished(f);
+  auto it = leases_.find(f.request_id);
+  if (it == leases_.end()) return;
+  const tandem::v1::PromptLease& lease = it->second.lease;
+  tandem::v1::Sample sample;
+  sample.set_sample_id(absl::StrCat(lease.lease_id(), "/", f.sample_index));
+  sample.set_lease_id(lease.lease_id());
+  sample.set_group_id(lease.group_id());
+  sample.set_sample_index(static_cast<uint32_t>(f.sample_index));
+  sample.mutable_completion_token_ids()->Add(f.output.begin(), f.output.end());
+  sample.mutable_behavior_logprobs()->Add(f.logprobs.begin(), f.logprobs.end());
+  for (const VersionSpan& span : f.spans) {
+    auto* out = sample.add_version_spans();
+    out->set_policy_version(span.policy_version);
+    out->set_num_tokens(span.num_tokens);
+  }
+  sample.set_finish_reason(ToProto(f.finish_reason));
+  sample.set_completion_text(
+      model_.tokenizer->Decode(f.output, /*skip_special=*/true));
+  auto* timings = sample.mutable_timings();
+  timings->set_admitted_unix_ms(absl::ToUnixMillis(f.admitted));
+  timings->set_first_token_unix_ms(absl::ToUnixMillis(f.first_token));
+  timings->set_finished_unix_ms(absl::ToUnixMillis(f.finished));
+  timings->set_preemptions(f.preemptions);
+  sample.set_worker_id(member_->session().member_id());
+  submitter_->Enqueue(std::move(sample));
+  if (--it->second.remaining == 0) leases_.erase(it);
+}
+
+void RolloutWorker::PublishStatus() {
+  const EngineSnapshot snap = engine_->Snapshot();
+  absl::MutexLock lock(&mu_);
+  snapshot_ = snap;
+  const absl::Time now = absl::Now();
+  const absl::Duration window = now - rate_since_;
+  if (window >= absl::Seconds(1)) {
+    tokens_per_second_ =
+        static_cast<double>(snap.generated_tokens - rate_tokens_) /
+        absl::ToDoubleSeconds(window);
+    rate_tokens_ = snap.generated_tokens;
+    rate_since_ = now;
+  }
+  if (state_ == tandem::v1::ROLLOUT_STATE_DRAINING && engine_->idle()) {
+    state_ = tandem::v1::ROLLOUT_STATE_DRAINED;
+    metrics_.paused.Set(1);
+    Log()->info("drained: no sequence in flight");
+  }
+}
+
+void RolloutWorker::GenerationLoop() {
+  while (true) {
+    bool generating = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto runnable = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return stop_ || state_ == tandem::v1::ROLLOUT_STATE_RUNNING ||
+               state_ == tandem::v1::ROLLOUT_STATE_DRAINING;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&runnable), absl::Seconds(1));
+      if (stop_) break;
+      generating = state_ == tandem::v1::ROLLOUT_STATE_RUNNING;
+      if (!runnable()) continue;
+    }
+    if (generating) AdmitLeases();
+    if (engine_->idle()) {
+      PublishStatus();
+      absl::SleepFor(absl::Milliseconds(5));
+      continue;
+    }
+    absl::StatusOr<StepStats> step = engine_->Step();
+    if (!step.ok()) {
+      Log()->error("engine step failed: {}; returning in-flight leases",
+                   step.status().ToString());
+      prefetcher_->Return(engine_->AbortAll(), "engine error");
+      leases_.clear();
+      absl::SleepFor(absl::Seconds(1));
+      continue;
+    }
+    metrics_.RecordStep(*step, engine_->Snapshot());
+    if (step->committed_update) {
+      absl::MutexLock lock(&mu_);
+      last_pause_seconds_ = step->pause_seconds;
+    }
+    for (FinishedSample& f : engine_->TakeFinished()) Deliver(std::move(f));
+    PublishStatus();
+  }
+  // Unfinished work goes back to the coordinator for other workers.
+  std::vector<std::string> aborted = engine_->AbortAll();
+  leases_.clear();
+  prefetcher_->Return(aborted, "shutdown");
+}
 
 void RolloutWorker::FillHeartbeat(tandem::v1::HeartbeatRequest* request) {
   absl::MutexLock lock(&mu_);
-  request->set_policy_version(policy_version_);
+  request->set_policy_version(snapshot_.policy_version);
   if (stopping_) request->set_state(tandem::v1::MEMBER_STATE_DRAINING);
+  auto* load = request->mutable_load();
+  load->set_running(static_cast<uint32_t>(snapshot_.running));
+  load->set_waiting(static_cast<uint32_t>(snapshot_.waiting));
+  load->set_kv_cache_usage(snapshot_.kv_blocks_total == 0
+                               ? 0.0
+                               : static_cast<double>(snapshot_.kv_blocks_used) /
+                                     snapshot_.kv_blocks_total);
+  load->set_tokens_total(snapshot_.generated_tokens);
+  load->set_tokens_per_second(tokens_per_second_);
+  load->set_last_pause_seconds(last_pause_seconds_);
 }
 
 void RolloutWorker::FillStatus(tandem::v1::RolloutStatus* status) {
   status->set_member_id(member_->session().member_id());
+  status->set_prefetched_prompts(static_cast<uint32_t>(prefetcher_->depth()));
   absl::MutexLock lock(&mu_);
   status->set_state(state_);
-  status->set_policy_version(policy_version_);
+  status->set_policy_version(snapshot_.policy_version);
+  status->set_running_sequences(static_cast<uint32_t>(snapshot_.running));
+  status->set_waiting_sequences(static_cast<uint32_t>(snapshot_.waiting));
+  status->set_kv_blocks_used(static_cast<uint64_t>(snapshot_.kv_blocks_used));
+  status->set_kv_blocks_total(static_cast<uint64_t>(snapshot_.kv_blocks_total));
+  status->set_generated_tokens_total(snapshot_.generated_tokens);
+  status->set_tokens_per_second(tokens_per_second_);
+  status->set_last_update_pause_seconds(last_pause_seconds_);
 }
 
-grpc::ServerUnaryReactor* RolloutWorker::SetState(
-    grpc::CallbackServerContext* context, tandem::v1::RolloutState state,
+grpc::ServerUnaryReactor* RolloutWorker::Control(
+    grpc::CallbackServerContext* context, tandem::v1::RolloutState target,
     tandem::v1::RolloutStatus* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (stopping_) {
@@ -58,12 +277,19 @@ grpc::ServerUnaryReactor* RolloutWorker::SetState(
   }
   {
     absl::MutexLock lock(&mu_);
-    if (state_ != state) {
+    if (state_ != target && !(target == tandem::v1::ROLLOUT_STATE_DRAINING &&
+                              state_ == tandem::v1::ROLLOUT_STATE_DRAINED)) {
       Log()->info("state {} -> {}", tandem::v1::RolloutState_Name(state_),
-                  tandem::v1::RolloutState_Name(state));
+                  tandem::v1::RolloutState_Name(target));
+      state_ = target;
     }
-    state_ = state;
-    metrics_.paused.Set(state == tandem::v1::ROLLOUT_STATE_RUNNING ? 0 : 1);
+    metrics_.paused.Set(state_ == tandem::v1::ROLLOUT_STATE_RUNNING ? 0 : 1);
+  }
+  // Draining stops leasing and gives back prompts not yet started; running
+  // leases again after a drain.
+  prefetcher_->SetLeasing(target == tandem::v1::ROLLOUT_STATE_RUNNING);
+  if (target == tandem::v1::ROLLOUT_STATE_DRAINING) {
+    prefetcher_->ReturnQueued("drain");
   }
   FillStatus(response);
   reactor->Finish(grpc::Status::OK);
@@ -84,33 +310,55 @@ grpc::ServerUnaryReactor* RolloutWorker::Pause(
     grpc::CallbackServerContext* context,
     const tandem::v1::PauseRequest* request,
     tandem::v1::RolloutStatus* response) {
-  return SetState(context, tandem::v1::ROLLOUT_STATE_PAUSED, response);
+  return Control(context, tandem::v1::ROLLOUT_STATE_PAUSED, response);
 }
 
 grpc::ServerUnaryReactor* RolloutWorker::Resume(
     grpc::CallbackServerContext* context,
     const tandem::v1::ResumeRequest* request,
     tandem::v1::RolloutStatus* response) {
-  return SetState(context, tandem::v1::ROLLOUT_STATE_RUNNING, response);
+  return Control(context, tandem::v1::ROLLOUT_STATE_RUNNING, response);
 }
 
 grpc::ServerUnaryReactor* RolloutWorker::Drain(
     grpc::CallbackServerContext* context,
     const tandem::v1::DrainRequest* request,
     tandem::v1::RolloutStatus* response) {
-  // Without an engine nothing is in flight, so a drain completes at once.
-  return SetState(context, tandem::v1::ROLLOUT_STATE_DRAINED, response);
+  return Control(context, tandem::v1::ROLLOUT_STATE_DRAINING, response);
 }
 
 void RolloutWorker::GracefulStop(absl::Duration deadline) {
   stopping_ = true;
   member_->MarkNotServing();
-  member_->Shutdown(deadline);
+  Stop(deadline);
 }
 
-void RolloutWorker::Stop() {
+void RolloutWorker::Stop() { Stop(absl::Seconds(2)); }
+
+void RolloutWorker::Stop(absl::Duration deadline) {
   stopping_ = true;
-  if (member_) member_->Shutdown(absl::ZeroDuration());
+  if (stopped_.exchange(true)) return;
+  const absl::Time give_up = absl::Now() + deadline;
+  if (prefetcher_) prefetcher_->SetLeasing(false);
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (generation_thread_.joinable()) generation_thread_.join();
+  if (prefetcher_) {
+    prefetcher_->Stop();
+    prefetcher_->ReturnQueued("shutdown");
+  }
+  if (submitter_) {
+    if (!submitter_->Flush(
+            std::max(give_up - absl::Now(), absl::ZeroDuration()))) {
+      Log()->warn("shutdown deadline passed with samples undelivered");
+    }
+    submitter_->Stop();
+  }
+  if (member_) {
+    member_->Shutdown(std::max(give_up - absl::Now(), absl::ZeroDuration()));
+  }
 }
 
 }  // namespace tandem::rollout

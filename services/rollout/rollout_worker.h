@@ -1,17 +1,28 @@
 #pragma once
 
-// The rollout worker daemon. This class owns the worker's control surface
-// (status, pause, resume, drain) and its cluster membership; the generation
-// engine plugs in behind it.
+// The rollout worker daemon: a generation engine fed by a prompt
+// prefetcher, streaming finished samples to the coordinator, with its
+// control surface (status, pause, resume, drain) and cluster membership.
+//
+// Threads: the generation thread alone drives the Engine; the prefetcher
+// and submitter have their own threads; gRPC reactors only flip flags and
+// read the last published status.
 
 #include <atomic>
+#include <map>
 #include <memory>
+#include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/cluster/member_daemon.h"
+#include "services/rollout/engine/engine.h"
+#include "services/rollout/prompt_prefetcher.h"
 #include "services/rollout/rollout_config.h"
 #include "services/rollout/rollout_metrics.h"
+#include "services/rollout/sample_submitter.h"
+#include "services/rollout/torch_engine_model.h"
 #include "tandem/v1/rollout.grpc.pb.h"
 
 namespace tandem::rollout {
@@ -23,10 +34,14 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
   ~RolloutWorker() override;
 
   absl::Status Start();
-  // Health NOT_SERVING, control calls refused with UNAVAILABLE, leaves the
-  // cluster, stops serving within `deadline`.
+  // Health NOT_SERVING, stops leasing, aborts in-flight generation and
+  // returns every unfinished lease to the coordinator, delivers finished
+  // samples (within `deadline`), leaves the cluster.
   void GracefulStop(absl::Duration deadline);
   void Stop();
+
+  // The in-process weight source, for tests and the in-process trainer.
+  StagedWeightSource& weight_source() { return *weight_source_; }
 
   // tandem.v1.RolloutWorker
   grpc::ServerUnaryReactor* GetStatus(
@@ -45,23 +60,47 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
                                   tandem::v1::RolloutStatus* response) override;
 
  private:
+  struct LeaseState {
+    tandem::v1::PromptLease lease;
+    int32_t remaining = 0;
+  };
+
   explicit RolloutWorker(const RolloutConfig& config);
+  void Stop(absl::Duration deadline);
+  void GenerationLoop();
+  void AdmitLeases();
+  void Deliver(FinishedSample sample);
+  void PublishStatus();
   void FillStatus(tandem::v1::RolloutStatus* status);
   void FillHeartbeat(tandem::v1::HeartbeatRequest* request);
-  grpc::ServerUnaryReactor* SetState(grpc::CallbackServerContext* context,
-                                     tandem::v1::RolloutState state,
-                                     tandem::v1::RolloutStatus* response);
+  grpc::ServerUnaryReactor* Control(grpc::CallbackServerContext* context,
+                                    tandem::v1::RolloutState target,
+                                    tandem::v1::RolloutStatus* response);
 
   const RolloutConfig config_;
   std::shared_ptr<prometheus::Registry> registry_;
   RolloutMetrics metrics_;
+  LoadedModel model_;
+  std::unique_ptr<TorchEngineModel> engine_model_;
+  std::unique_ptr<StagedWeightSource> weight_source_;
+  std::unique_ptr<Engine> engine_;            // generation thread only
+  std::map<std::string, LeaseState> leases_;  // generation thread only
   std::unique_ptr<cluster::MemberDaemon> member_;
+  std::unique_ptr<PromptPrefetcher> prefetcher_;
+  std::unique_ptr<SampleSubmitter> submitter_;
+  std::thread generation_thread_;
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> stopped_{false};
 
   absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   tandem::v1::RolloutState state_ ABSL_GUARDED_BY(mu_) =
       tandem::v1::ROLLOUT_STATE_RUNNING;
-  uint64_t policy_version_ ABSL_GUARDED_BY(mu_) = 0;
+  EngineSnapshot snapshot_ ABSL_GUARDED_BY(mu_);
+  double tokens_per_second_ ABSL_GUARDED_BY(mu_) = 0;
+  double last_pause_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t rate_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time rate_since_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::rollout

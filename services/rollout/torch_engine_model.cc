@@ -7,10 +7,67 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/model/decoder_model.h"
+#include "common/model/hf_checkpoint.h"
 #include "common/model/kv_cache.h"
+#include "common/model/model_config.h"
 #include "common/model/model_weights.h"
+#include "common/task/arith_tokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 
 namespace tandem::rollout {
+
+namespace {
+
+// The embedded default: a small decoder on the arithmetic task's character
+// vocabulary (4 layers, width 128).
+model::ModelConfig BuiltinTinyModelConfig(int64_t vocab_size) {
+  model::ModelConfig c;
+  c.architecture = model::Architecture::kQwen2;
+  c.vocab_size = vocab_size;
+  c.hidden_size = 128;
+  c.intermediate_size = 384;
+  c.num_hidden_layers = 4;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 32;
+  c.max_position_embeddings = 64;
+  c.attention_bias = true;
+  c.tie_word_embeddings = true;
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<LoadedModel> LoadModel(const std::string& path, uint64_t seed,
+                                      int32_t torch_threads) {
+  if (torch_threads > 0) torch::set_num_threads(torch_threads);
+  LoadedModel loaded;
+  std::shared_ptr<model::ModelWeights> weights;
+  if (path.empty()) {
+    ASSIGN_OR_RETURN(auto tokenizer, task::LoadArithTokenizer());
+    loaded.tokenizer = std::move(tokenizer);
+    model::ModelConfig config =
+        BuiltinTinyModelConfig(loaded.tokenizer->vocab_size());
+    if (auto eos = loaded.tokenizer->TokenId("<|eos|>")) {
+      config.eos_token_ids = {*eos};
+    }
+    ASSIGN_OR_RETURN(weights, model::RandomInit(config, seed));
+    loaded.description =
+        absl::StrCat("built-in tiny model (random init, seed ", seed, ")");
+  } else {
+    ASSIGN_OR_RETURN(weights, model::LoadHfModel(path));
+    ASSIGN_OR_RETURN(auto tokenizer,
+                     tokenizer::Tokenizer::FromFile(path + "/tokenizer.json"));
+    loaded.tokenizer = std::move(tokenizer);
+    loaded.description = path;
+  }
+  for (int64_t id : weights->config().eos_token_ids) {
+    loaded.eos_token_ids.push_back(static_cast<int32_t>(id));
+  }
+  loaded.max_tokens = weights->config().max_position_embeddings;
+  loaded.decoder = std::make_shared<model::DecoderModel>(std::move(weights));
+  return loaded;
+}
 
 TorchEngineModel::TorchEngineModel(std::shared_ptr<model::DecoderModel> model,
                                    int64_t max_tokens)

@@ -1,18 +1,23 @@
 // tandemctl: command-line client for a running Tandem cluster.
 //
 //   tandemctl status [--coordinator HOST:PORT] [--json]
+//   tandemctl health --address HOST:PORT [--service NAME]
+//   tandemctl worker (status|pause|resume|drain) --address HOST:PORT [--json]
 
 #include <google/protobuf/util/json_util.h>
 
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <string>
 
 #include "CLI/CLI.hpp"
 #include "absl/time/clock.h"
 #include "common/rpc/grpc_client.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "services/tandemctl/cluster_status.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
+#include "tandem/v1/rollout.grpc.pb.h"
 
 namespace {
 
@@ -21,32 +26,109 @@ std::string DefaultCoordinator() {
   return env != nullptr ? env : "127.0.0.1:50051";
 }
 
+std::string ToJson(const google::protobuf::Message& message) {
+  std::string text;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &text, options);
+  return text;
+}
+
+tandem::rpc::RetryPolicy Policy(double timeout_s) {
+  tandem::rpc::RetryPolicy policy;
+  policy.attempt_timeout = absl::Seconds(timeout_s);
+  policy.total_timeout = absl::Seconds(timeout_s);
+  return policy;
+}
+
+int Fail(const std::string& what, const std::string& address,
+         const absl::Status& status) {
+  std::cerr << "tandemctl: " << what << " at " << address << ": "
+            << status.message() << "\n";
+  return 1;
+}
+
 int RunStatus(const std::string& coordinator, bool json, double timeout_s) {
   auto stub =
       tandem::v1::Coordinator::NewStub(tandem::rpc::MakeChannel(coordinator));
   tandem::v1::GetClusterStatusResponse response;
-  tandem::rpc::RetryPolicy policy;
-  policy.attempt_timeout = absl::Seconds(timeout_s);
-  policy.total_timeout = absl::Seconds(timeout_s);
   absl::Status status = tandem::rpc::CallWithRetry(
-      "GetClusterStatus", policy, [&](grpc::ClientContext* context) {
-        return stub->GetClusterStatus(
-            context, tandem::v1::GetClusterStatusRequest(), &response);
+      "GetClusterStatus", Policy(timeout_s), [&](grpc::ClientContext* c) {
+        return stub->GetClusterStatus(c, {}, &response);
       });
+  if (!status.ok())
+    return Fail("cannot reach coordinator", coordinator, status);
+  std::cout << (json ? ToJson(response)
+                     : tandem::ctl::FormatClusterStatus(
+                           response, absl::ToUnixMillis(absl::Now())));
+  return 0;
+}
+
+// Exit code 0 when SERVING, 1 otherwise: usable as a container healthcheck.
+int RunHealth(const std::string& address, const std::string& service,
+              double timeout_s) {
+  auto stub =
+      grpc::health::v1::Health::NewStub(tandem::rpc::MakeChannel(address));
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(
+      absl::ToChronoTime(absl::Now() + absl::Seconds(timeout_s)));
+  grpc::Status status = stub->Check(&context, request, &response);
   if (!status.ok()) {
-    std::cerr << "tandemctl: cannot reach coordinator at " << coordinator
-              << ": " << status.message() << "\n";
+    std::cout << "UNREACHABLE " << status.error_message() << "\n";
     return 1;
   }
-  if (json) {
-    std::string text;
-    google::protobuf::util::JsonPrintOptions options;
-    options.add_whitespace = true;
-    (void)google::protobuf::util::MessageToJsonString(response, &text, options);
-    std::cout << text;
+  std::cout << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
+                   response.status())
+            << "\n";
+  return response.status() == grpc::health::v1::HealthCheckResponse::SERVING
+             ? 0
+             : 1;
+}
+
+int RunWorker(const std::string& action, const std::string& address, bool json,
+              double timeout_s) {
+  auto stub =
+      tandem::v1::RolloutWorker::NewStub(tandem::rpc::MakeChannel(address));
+  tandem::v1::RolloutStatus response;
+  std::function<grpc::Status(grpc::ClientContext*)> call;
+  if (action == "status") {
+    call = [&](grpc::ClientContext* c) {
+      return stub->GetStatus(c, {}, &response);
+    };
+  } else if (action == "pause") {
+    tandem::v1::PauseRequest request;
+    request.set_reason("tandemctl");
+    call = [&, request](grpc::ClientContext* c) {
+      return stub->Pause(c, request, &response);
+    };
+  } else if (action == "resume") {
+    call = [&](grpc::ClientContext* c) {
+      return stub->Resume(c, {}, &response);
+    };
   } else {
-    std::cout << tandem::ctl::FormatClusterStatus(
-        response, absl::ToUnixMillis(absl::Now()));
+    tandem::v1::DrainRequest request;
+    request.set_reason("tandemctl");
+    call = [&, request](grpc::ClientContext* c) {
+      return stub->Drain(c, request, &response);
+    };
+  }
+  absl::Status status =
+      tandem::rpc::CallWithRetry("worker " + action, Policy(timeout_s), call);
+  if (!status.ok())
+    return Fail("worker " + action + " failed", address, status);
+  if (json) {
+    std::cout << ToJson(response);
+  } else {
+    std::cout << tandem::v1::RolloutState_Name(response.state()) << " version "
+              << response.policy_version() << " running "
+              << response.running_sequences() << " waiting "
+              << response.waiting_sequences() << " prefetched "
+              << response.prefetched_prompts() << " tokens "
+              << response.generated_tokens_total() << "\n";
   }
   return 0;
 }
@@ -57,15 +139,36 @@ int main(int argc, char** argv) {
   CLI::App app{"tandemctl: inspect and steer a Tandem cluster"};
   app.require_subcommand(1);
   std::string coordinator = DefaultCoordinator();
+  std::string address, service, action;
   bool json = false;
   double timeout_s = 5;
+
   CLI::App* status = app.add_subcommand(
       "status", "Members, their versions and health, queue depths");
   status->add_option("--coordinator", coordinator,
                      "Coordinator host:port (env TANDEM_COORDINATOR_ADDRESS)");
   status->add_flag("--json", json, "Print the raw status as JSON");
   status->add_option("--timeout", timeout_s, "Seconds to wait for an answer");
+
+  CLI::App* health = app.add_subcommand(
+      "health", "grpc.health.v1 check of any daemon; exit 0 iff SERVING");
+  health->add_option("--address", address, "Daemon gRPC host:port")->required();
+  health->add_option("--service", service, "Service name (default: overall)");
+  health->add_option("--timeout", timeout_s, "Seconds to wait for an answer");
+
+  CLI::App* worker = app.add_subcommand(
+      "worker", "Status, pause, resume or drain a rollout worker");
+  worker->add_option("action", action, "status | pause | resume | drain")
+      ->required()
+      ->check(CLI::IsMember({"status", "pause", "resume", "drain"}));
+  worker->add_option("--address", address, "Rollout worker gRPC host:port")
+      ->required();
+  worker->add_flag("--json", json, "Print the raw status as JSON");
+  worker->add_option("--timeout", timeout_s, "Seconds to wait for an answer");
+
   CLI11_PARSE(app, argc, argv);
   if (status->parsed()) return RunStatus(coordinator, json, timeout_s);
+  if (health->parsed()) return RunHealth(address, service, timeout_s);
+  if (worker->parsed()) return RunWorker(action, address, json, timeout_s);
   return 2;
 }

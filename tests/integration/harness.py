@@ -76,6 +76,53 @@ def free_port():
         return s.getsockname()[1]
 
 
+class Daemon:
+    """One daemon binary on ephemeral loopback ports, logging to a file."""
+
+    def __init__(self, daemon, tmp, extra=(), name=None):
+        name = name or daemon
+        self.ready_file = os.path.join(tmp, f"{name}.ready.json")
+        self.log_path = os.path.join(tmp, f"{name}.log")
+        self.log = open(self.log_path, "w")
+        self.process = subprocess.Popen(
+            [binary(f"tandem-{daemon}"), "--grpc-address", "127.0.0.1:0",
+             "--metrics-address", "127.0.0.1:0", "--ready-file",
+             self.ready_file, *extra],
+            stdout=self.log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout=30):
+        def ready():
+            if self.process.poll() is not None:
+                raise AssertionError(
+                    f"{self.log_path}: exited {self.process.returncode}:\n"
+                    f"{self.output()}")
+            return read_json(self.ready_file)
+        return wait_for(ready, timeout, self.ready_file)
+
+    def output(self):
+        with open(self.log_path) as f:
+            return f.read()
+
+    def stop(self, sig=signal.SIGTERM, timeout=20):
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+        return self.process.returncode
+
+
+def tandemctl_json(*args, timeout=15):
+    out = subprocess.run([binary("tandemctl"), *args, "--json"],
+                         capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise AssertionError(f"tandemctl {' '.join(args)}: {out.stderr}")
+    return json.loads(out.stdout)
+
+
 class Launcher:
     """tandem-local running a whole cluster in a temporary run directory."""
 

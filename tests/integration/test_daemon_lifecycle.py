@@ -13,27 +13,7 @@ import harness
 
 DAEMONS = ["coordinator", "rollout", "verifier", "trainer"]
 DRAIN_TIMEOUT_MS = 3000
-
-
-class Daemon:
-    def __init__(self, name, tmp, extra=()):
-        self.ready_file = os.path.join(tmp, f"{name}.ready.json")
-        self.log_path = os.path.join(tmp, f"{name}.log")
-        self.log = open(self.log_path, "w")
-        self.process = subprocess.Popen(
-            [harness.binary(f"tandem-{name}"), "--grpc-address",
-             "127.0.0.1:0", "--metrics-address", "127.0.0.1:0",
-             "--ready-file", self.ready_file, "--set",
-             f"drain_timeout_ms={DRAIN_TIMEOUT_MS}", *extra],
-            stdout=self.log, stderr=subprocess.STDOUT)
-
-    def wait_ready(self):
-        return harness.wait_for(lambda: harness.read_json(self.ready_file),
-                                20, f"{self.ready_file}")
-
-    def output(self):
-        with open(self.log_path) as f:
-            return f.read()
+DRAIN = ["--set", f"drain_timeout_ms={DRAIN_TIMEOUT_MS}"]
 
 
 class LifecycleTest(unittest.TestCase):
@@ -42,10 +22,11 @@ class LifecycleTest(unittest.TestCase):
         self.tmp = tempfile.mkdtemp(prefix="tandem-life-")
 
     def test_sigterm_exits_zero_within_drain_deadline(self):
-        coordinator = Daemon("coordinator", self.tmp)
+        coordinator = harness.Daemon("coordinator", self.tmp, DRAIN)
         address = coordinator.wait_ready()["grpc_address"]
-        members = {name: Daemon(name, self.tmp,
-                                ["--set", f"coordinator_address={address}"])
+        members = {name: harness.Daemon(
+                       name, self.tmp,
+                       [*DRAIN, "--set", f"coordinator_address={address}"])
                    for name in DAEMONS[1:]}
         for name, daemon in members.items():
             info = daemon.wait_ready()

@@ -63,15 +63,14 @@ class WorkRoot {
   // Processes whose working directory is (or was, if deleted) under here.
   int LiveProcesses() const {
     int count = 0;
-    for (const auto& entry : fs::directory_iterator("/proc")) {
-      const std::string name = entry.path().filename();
-      if (name.empty() ||
-          name.find_first_not_of("0123456789") != std::string::npos) {
-        continue;
-      }
-      std::error_code ec;
-      const fs::path cwd = fs::read_symlink(entry.path() / "cwd", ec);
-      if (!ec && absl::StartsWith(cwd.string(), path_)) ++count;
+    std::error_code ec;
+    for (fs::directory_iterator it("/proc", ec), end; !ec && it != end;
+         it.increment(ec)) {
+      const std::string name = it->path().filename();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::error_code link_ec;  // The process may be gone by now.
+      const fs::path cwd = fs::read_symlink(it->path() / "cwd", link_ec);
+      if (!link_ec && absl::StartsWith(cwd.string(), path_)) ++count;
     }
     return count;
   }
@@ -460,6 +459,26 @@ TEST_CASE("sandbox reports exit status, output and a removed directory",
   INFO("stderr: " << result->stderr_data);
   CHECK(absl::StartsWith(result->stderr_data, "err\n" + root.path() + "/"));
   CHECK(result->isolated);
+  CHECK(root.Empty());
+
+  // A large stdin is never a deadlock, even when it is not read; output
+  // is cut at exactly the cap.
+  SandboxCommand big_stdin;
+  big_stdin.argv = {"/bin/sh", "-c", "wc -c"};
+  big_stdin.stdin_data = std::string(1 << 20, 'x');
+  auto counted = (*sandbox)->Run(big_stdin);
+  REQUIRE(counted.ok());
+  CHECK(counted->stdout_data == "1048576\n");
+  SandboxCommand ignores_stdin;
+  ignores_stdin.argv = {"/bin/sh", "-c", "exit 0"};
+  ignores_stdin.stdin_data = std::string(1 << 20, 'x');
+  REQUIRE((*sandbox)->Run(ignores_stdin).ok());
+  SandboxCommand flood;
+  flood.argv = {"/bin/sh", "-c", "while :; do echo xxxxxxxxxxxxxxx; done"};
+  auto flooded = (*sandbox)->Run(flood);
+  REQUIRE(flooded.ok());
+  CHECK(flooded->termination == SandboxTermination::kOutputLimit);
+  CHECK(flooded->stdout_data.size() == size_t{64 << 10});
   CHECK(root.Empty());
 
   SandboxCommand relative;

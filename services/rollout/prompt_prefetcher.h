@@ -1,0 +1,63 @@
+#pragma once
+
+// PromptPrefetcher keeps a local queue of leased prompts full from the
+// coordinator on a background thread, so the engine never waits on the
+// network for work (the Olmo 3 lesson). Leases it holds but the engine has
+// not started are returned to the coordinator by ReturnQueued(). Thread-safe.
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "tandem/v1/coordinator.grpc.pb.h"
+
+namespace tandem::rollout {
+
+class PromptPrefetcher {
+ public:
+  // `member_id` returns the worker's current member id ("" while
+  // unregistered); `policy_version` its live version.
+  PromptPrefetcher(tandem::v1::Coordinator::Stub* stub,
+                   std::function<std::string()> member_id,
+                   std::function<uint64_t()> policy_version,
+                   int32_t target_depth);
+  ~PromptPrefetcher();
+
+  void Start();
+  // Stops the thread (joins). Idempotent.
+  void Stop();
+  // Stops or resumes leasing (draining stops it; queued leases stay).
+  void SetLeasing(bool enabled);
+
+  // Up to `n` queued leases, oldest first; never blocks.
+  std::vector<tandem::v1::PromptLease> Take(int32_t n);
+  // Gives every queued lease back to the coordinator; returns how many.
+  int32_t ReturnQueued(const std::string& reason);
+  // Returns specific leases (e.g. aborted in-flight work).
+  void Return(const std::vector<std::string>& lease_ids,
+              const std::string& reason);
+
+  int32_t depth() const;
+  uint64_t leased_total() const;
+
+ private:
+  void Run();
+
+  tandem::v1::Coordinator::Stub* const stub_;
+  const std::function<std::string()> member_id_;
+  const std::function<uint64_t()> policy_version_;
+  const int32_t target_depth_;
+  std::thread thread_;
+
+  mutable absl::Mutex mu_;
+  std::deque<tandem::v1::PromptLease> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool leasing_ ABSL_GUARDED_BY(mu_) = true;
+  uint64_t leased_total_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace tandem::rollout
