@@ -142,7 +142,16 @@ class Launcher {
         ReadyPath(name),
         "--set",
         absl::StrCat("drain_timeout_ms=", options_.drain_timeout_ms)};
-    if (daemon != "coordinator") {
+    if (daemon == "coordinator") {
+      // The journal lives in the run directory, so a restarted coordinator
+      // resumes where it stopped (unless the user's config says otherwise).
+      if (options_.config_dir.empty() ||
+          !fs::exists(fs::path(options_.config_dir) / "coordinator.yaml")) {
+        argv.push_back("--set");
+        argv.push_back("journal.dir=" +
+                       (fs::path(options_.run_dir) / "journal").string());
+      }
+    } else {
       argv.push_back("--set");
       argv.push_back("coordinator_address=" + coordinator_address_);
     }
