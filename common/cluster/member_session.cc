@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/base/logging.h"
+#include "common/cluster/member_names.h"
 #include "common/rpc/grpc_client.h"
 
 namespace tandem::cluster {
@@ -14,19 +15,6 @@ std::string Hostname() {
   char buf[256] = {0};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
   return buf;
-}
-
-const char* RoleName(tandem::v1::Role role) {
-  switch (role) {
-    case tandem::v1::ROLE_ROLLOUT:
-      return "rollout";
-    case tandem::v1::ROLE_VERIFIER:
-      return "verifier";
-    case tandem::v1::ROLE_TRAINER:
-      return "trainer";
-    default:
-      return "member";
-  }
 }
 
 }  // namespace

@@ -4,34 +4,6 @@
 
 namespace tandem::coordinator {
 
-const char* RoleName(tandem::v1::Role role) {
-  switch (role) {
-    case tandem::v1::ROLE_ROLLOUT:
-      return "rollout";
-    case tandem::v1::ROLE_VERIFIER:
-      return "verifier";
-    case tandem::v1::ROLE_TRAINER:
-      return "trainer";
-    default:
-      return "unspecified";
-  }
-}
-
-const char* MemberStateName(tandem::v1::MemberState state) {
-  switch (state) {
-    case tandem::v1::MEMBER_STATE_ALIVE:
-      return "alive";
-    case tandem::v1::MEMBER_STATE_DRAINING:
-      return "draining";
-    case tandem::v1::MEMBER_STATE_DEAD:
-      return "dead";
-    case tandem::v1::MEMBER_STATE_LEFT:
-      return "left";
-    default:
-      return "unspecified";
-  }
-}
-
 MemberRegistry::MemberRegistry(absl::Duration heartbeat_timeout)
     : heartbeat_timeout_(heartbeat_timeout) {}
 

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/cluster/member_names.h"
 #include "tandem/v1/common.pb.h"
 #include "tandem/v1/coordinator.pb.h"
 
@@ -58,7 +59,7 @@ class MemberRegistry {
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
-const char* RoleName(tandem::v1::Role role);
-const char* MemberStateName(tandem::v1::MemberState state);
+using cluster::MemberStateName;
+using cluster::RoleName;
 
 }  // namespace tandem::coordinator

@@ -4,37 +4,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/cluster/member_names.h"
 
 namespace tandem::ctl {
 namespace {
 
-const char* Role(tandem::v1::Role role) {
-  switch (role) {
-    case tandem::v1::ROLE_ROLLOUT:
-      return "rollout";
-    case tandem::v1::ROLE_VERIFIER:
-      return "verifier";
-    case tandem::v1::ROLE_TRAINER:
-      return "trainer";
-    default:
-      return "?";
-  }
-}
-
-const char* State(tandem::v1::MemberState state) {
-  switch (state) {
-    case tandem::v1::MEMBER_STATE_ALIVE:
-      return "alive";
-    case tandem::v1::MEMBER_STATE_DRAINING:
-      return "draining";
-    case tandem::v1::MEMBER_STATE_DEAD:
-      return "dead";
-    case tandem::v1::MEMBER_STATE_LEFT:
-      return "left";
-    default:
-      return "?";
-  }
-}
+using cluster::MemberStateName;
+using cluster::RoleName;
 
 }  // namespace
 
@@ -53,10 +29,10 @@ std::string FormatClusterStatus(
         static_cast<double>(now_unix_ms - m.last_heartbeat_unix_ms()) / 1000.0;
     absl::StrAppend(
         &out, absl::StrFormat("%-14s %-9s %-9s %-22s %-8d %8d %10.1f %8.1fs\n",
-                              m.member_id(), Role(m.role()), State(m.state()),
-                              m.grpc_address(), m.policy_version(),
-                              m.load().running(), m.load().tokens_per_second(),
-                              age_s));
+                              m.member_id(), RoleName(m.role()),
+                              MemberStateName(m.state()), m.grpc_address(),
+                              m.policy_version(), m.load().running(),
+                              m.load().tokens_per_second(), age_s));
   }
   const auto& q = status.queues();
   absl::StrAppend(
