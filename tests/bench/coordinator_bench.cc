@@ -1,0 +1,198 @@
+// Control-plane capacity: simulated rollout workers in this process (a
+// process separate from the coordinator) lease prompts and submit finished
+// samples over loopback as fast as they can. Reports accepted samples/s and
+// SubmitSamples / LeasePrompts latency percentiles. Run it through
+// tests/bench/coordinator_bench.sh, which starts a coordinator for it.
+//
+//   coordinator_bench --coordinator HOST:PORT [--workers 16] [--seconds 10]
+//                     [--tokens 16] [--batch 64]
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/rpc/grpc_client.h"
+#include "tandem/v1/coordinator.grpc.pb.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Flags {
+  std::string coordinator;
+  int workers = 16;
+  int seconds = 10;
+  int tokens = 16;
+  int batch = 64;
+};
+
+struct Latencies {
+  std::mutex mu;
+  std::vector<double> submit, lease;
+};
+
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(q * (v.size() - 1))];
+}
+
+void Worker(const Flags& flags, std::atomic<bool>* stop,
+            std::atomic<uint64_t>* accepted, std::atomic<uint64_t>* rejected,
+            Latencies* latencies) {
+  auto stub = tandem::v1::Coordinator::NewStub(
+      tandem::rpc::MakeChannel(flags.coordinator));
+  tandem::v1::RegisterRequest reg;
+  reg.set_role(tandem::v1::ROLE_ROLLOUT);
+  reg.set_grpc_address("127.0.0.1:1");
+  tandem::v1::RegisterResponse reg_response;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(5));
+    if (!stub->Register(&context, reg, &reg_response).ok()) std::abort();
+  }
+  const std::string id = reg_response.member_id();
+  std::vector<double> submit_ms, lease_ms;
+  auto last_heartbeat = Clock::now();
+  std::vector<tandem::v1::Sample> pending;
+  while (!*stop) {
+    if (Clock::now() - last_heartbeat > std::chrono::milliseconds(500)) {
+      tandem::v1::HeartbeatRequest hb;
+      hb.set_member_id(id);
+      tandem::v1::HeartbeatResponse hb_response;
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::seconds(5));
+      stub->Heartbeat(&context, hb, &hb_response);
+      last_heartbeat = Clock::now();
+    }
+    if (pending.size() < static_cast<size_t>(flags.batch)) {
+      tandem::v1::LeasePromptsRequest request;
+      request.set_member_id(id);
+      request.set_max_prompts(16);
+      tandem::v1::LeasePromptsResponse response;
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::seconds(5));
+      const auto start = Clock::now();
+      grpc::Status status = stub->LeasePrompts(&context, request, &response);
+      lease_ms.push_back(
+          std::chrono::duration<double, std::milli>(Clock::now() - start)
+              .count());
+      if (!status.ok()) continue;
+      for (const auto& lease : response.leases()) {
+        for (uint32_t i = 0; i < lease.group_size(); ++i) {
+          tandem::v1::Sample s;
+          s.set_sample_id(lease.lease_id() + "/" + std::to_string(i));
+          s.set_lease_id(lease.lease_id());
+          s.set_group_id(lease.group_id());
+          s.set_sample_index(i);
+          for (int t = 0; t < flags.tokens; ++t) {
+            s.add_completion_token_ids(t % 10);
+            s.add_behavior_logprobs(-0.5f);
+          }
+          auto* span = s.add_version_spans();
+          span->set_policy_version(0);
+          span->set_num_tokens(flags.tokens);
+          s.set_finish_reason(tandem::v1::FINISH_REASON_STOP);
+          s.set_completion_text("42");
+          s.set_worker_id(id);
+          pending.push_back(std::move(s));
+        }
+      }
+      if (response.leases_size() == 0 && pending.empty()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
+    }
+    tandem::v1::SubmitSamplesRequest request;
+    request.set_member_id(id);
+    const size_t n = std::min(pending.size(), static_cast<size_t>(flags.batch));
+    for (size_t i = 0; i < n; ++i)
+      *request.add_samples() = std::move(pending[i]);
+    pending.erase(pending.begin(), pending.begin() + n);
+    tandem::v1::SubmitSamplesResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(5));
+    const auto start = Clock::now();
+    grpc::Status status = stub->SubmitSamples(&context, request, &response);
+    submit_ms.push_back(
+        std::chrono::duration<double, std::milli>(Clock::now() - start)
+            .count());
+    if (status.ok()) {
+      *accepted += response.accepted();
+      *rejected += response.rejected_sample_ids_size();
+    }
+  }
+  std::lock_guard<std::mutex> lock(latencies->mu);
+  latencies->submit.insert(latencies->submit.end(), submit_ms.begin(),
+                           submit_ms.end());
+  latencies->lease.insert(latencies->lease.end(), lease_ms.begin(),
+                          lease_ms.end());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string f = argv[i];
+    if (f == "--coordinator")
+      flags.coordinator = argv[i + 1];
+    else if (f == "--workers")
+      flags.workers = std::atoi(argv[i + 1]);
+    else if (f == "--seconds")
+      flags.seconds = std::atoi(argv[i + 1]);
+    else if (f == "--tokens")
+      flags.tokens = std::atoi(argv[i + 1]);
+    else if (f == "--batch")
+      flags.batch = std::atoi(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", f.c_str());
+      return 2;
+    }
+  }
+  if (flags.coordinator.empty()) {
+    std::fprintf(stderr, "--coordinator HOST:PORT is required\n");
+    return 2;
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> accepted{0}, rejected{0};
+  Latencies latencies;
+  std::vector<std::thread> threads;
+  const auto start = Clock::now();
+  for (int w = 0; w < flags.workers; ++w) {
+    threads.emplace_back(Worker, std::cref(flags), &stop, &accepted, &rejected,
+                         &latencies);
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(flags.seconds));
+  stop = true;
+  for (auto& t : threads) t.join();
+  const double seconds =
+      std::chrono::duration<double>(Clock::now() - start).count();
+  std::printf(
+      "workers %d, %d completion tokens/sample, %d samples/SubmitSamples, "
+      "%.1f s\n",
+      flags.workers, flags.tokens, flags.batch, seconds);
+  std::printf("accepted samples: %llu (%.0f samples/s), rejected %llu\n",
+              static_cast<unsigned long long>(accepted.load()),
+              accepted / seconds,
+              static_cast<unsigned long long>(rejected.load()));
+  std::printf("SubmitSamples: %zu calls, p50 %.2f ms, p99 %.2f ms\n",
+              latencies.submit.size(), Percentile(latencies.submit, 0.5),
+              Percentile(latencies.submit, 0.99));
+  std::printf("LeasePrompts:  %zu calls, p50 %.2f ms, p99 %.2f ms\n",
+              latencies.lease.size(), Percentile(latencies.lease, 0.5),
+              Percentile(latencies.lease, 0.99));
+  return 0;
+}
