@@ -3,10 +3,15 @@
 //   tandemctl status [--coordinator HOST:PORT] [--json]
 //   tandemctl health --address HOST:PORT [--service NAME]
 //   tandemctl worker (status|pause|resume|drain) --address HOST:PORT [--json]
+//   tandemctl tokenize --model DIR            < text lines
+//   tandemctl logprobs --model DIR --input F.jsonl
+//   tandemctl generate --model DIR --prompt TEXT [--max-tokens N]
+//                      [--temperature T] [--seed S]
 
 #include <google/protobuf/util/json_util.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <string>
@@ -16,6 +21,7 @@
 #include "common/rpc/grpc_client.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "services/tandemctl/cluster_status.h"
+#include "services/tandemctl/model_tools.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 #include "tandem/v1/rollout.grpc.pb.h"
 
@@ -166,7 +172,50 @@ int main(int argc, char** argv) {
   worker->add_flag("--json", json, "Print the raw status as JSON");
   worker->add_option("--timeout", timeout_s, "Seconds to wait for an answer");
 
+  std::string model_dir, input;
+  tandem::ctl::GenerateOptions generate_options;
+  CLI::App* tokenize = app.add_subcommand(
+      "tokenize", "Text lines on stdin to JSON token ids, one line each");
+  tokenize->add_option("--model", model_dir,
+                       "Hugging Face model directory (empty: built-in)");
+  CLI::App* logprobs = app.add_subcommand(
+      "logprobs", "Per-token log-probs of {\"tokens\":[...]} lines");
+  logprobs->add_option("--model", model_dir,
+                       "Hugging Face model directory (empty: built-in)");
+  logprobs->add_option("--input", input, "JSONL file (default: stdin)");
+  CLI::App* generate =
+      app.add_subcommand("generate", "Complete a prompt (greedy by default)");
+  generate->add_option("--model", model_dir,
+                       "Hugging Face model directory (empty: built-in)");
+  generate->add_option("--prompt", generate_options.prompt, "Prompt text")
+      ->required();
+  generate->add_option("--max-tokens", generate_options.max_tokens,
+                       "Most tokens to generate");
+  generate->add_option("--temperature", generate_options.temperature,
+                       "0 = greedy");
+  generate->add_option("--seed", generate_options.seed, "Sampling seed");
+
   CLI11_PARSE(app, argc, argv);
+  auto report = [](const absl::Status& status) {
+    if (status.ok()) return 0;
+    std::cerr << "tandemctl: " << status.message() << "\n";
+    return 1;
+  };
+  if (tokenize->parsed()) {
+    return report(tandem::ctl::Tokenize(model_dir, std::cin, std::cout));
+  }
+  if (logprobs->parsed()) {
+    if (input.empty()) {
+      return report(tandem::ctl::LogProbs(model_dir, std::cin, std::cout));
+    }
+    std::ifstream file(input);
+    if (!file) return report(absl::NotFoundError("cannot read " + input));
+    return report(tandem::ctl::LogProbs(model_dir, file, std::cout));
+  }
+  if (generate->parsed()) {
+    return report(
+        tandem::ctl::Generate(model_dir, generate_options, std::cout));
+  }
   if (status->parsed()) return RunStatus(coordinator, json, timeout_s);
   if (health->parsed()) return RunHealth(address, service, timeout_s);
   if (worker->parsed()) return RunWorker(action, address, json, timeout_s);

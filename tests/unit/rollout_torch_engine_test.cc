@@ -5,7 +5,6 @@
 
 #include <torch/torch.h>
 
-#include <catch2/catch.hpp>
 #include <map>
 
 #include "common/model/decoder_model.h"
@@ -13,6 +12,9 @@
 #include "services/rollout/engine/engine.h"
 #include "services/rollout/torch_engine_model.h"
 #include "tests/unit/model_test_util.h"
+
+// Last: glog (through LibTorch) defines a CHECK macro of its own.
+#include <catch2/catch.hpp>
 
 namespace tandem::rollout {
 namespace {

@@ -1,0 +1,113 @@
+#include "services/tandemctl/model_tools.h"
+
+#include <torch/torch.h>
+
+#include <istream>
+#include <nlohmann/json.hpp>
+#include <ostream>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "common/model/decoder_model.h"
+#include "common/model/torch_status.h"
+#include "common/tokenizer/tokenizer.h"
+#include "services/rollout/engine/engine.h"
+#include "services/rollout/torch_engine_model.h"
+
+namespace tandem::ctl {
+namespace {
+
+absl::StatusOr<rollout::LoadedModel> Load(const std::string& dir) {
+  return rollout::LoadModel(dir, /*seed=*/1, /*torch_threads=*/0);
+}
+
+}  // namespace
+
+absl::Status Tokenize(const std::string& model_dir, std::istream& in,
+                      std::ostream& out) {
+  ASSIGN_OR_RETURN(rollout::LoadedModel model, Load(model_dir));
+  std::string line;
+  while (std::getline(in, line)) {
+    out << nlohmann::json(model.tokenizer->Encode(line)).dump() << "\n";
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LogProbs(const std::string& model_dir, std::istream& in,
+                      std::ostream& out) {
+  ASSIGN_OR_RETURN(rollout::LoadedModel model, Load(model_dir));
+  const int64_t vocab = model.decoder->weights()->config().vocab_size;
+  std::string line;
+  for (int line_no = 1; std::getline(in, line); ++line_no) {
+    if (line.empty()) continue;
+    std::vector<int64_t> tokens;
+    try {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      tokens = j.at("tokens").get<std::vector<int64_t>>();
+    } catch (const nlohmann::json::exception& e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input line ", line_no,
+                       ": expected {\"tokens\": [ids...]}: ", e.what()));
+    }
+    for (int64_t t : tokens) {
+      if (t < 0 || t >= vocab) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("input line ", line_no, ": token ", t, " outside [0, ",
+                         vocab, ")"));
+      }
+    }
+    std::vector<float> logprobs;
+    if (tokens.size() >= 2) {
+      const int64_t n = static_cast<int64_t>(tokens.size());
+      ASSIGN_OR_RETURN(
+          at::Tensor logits,
+          model.decoder->ForwardPacked(
+              torch::tensor(tokens, torch::kLong),
+              torch::arange(n, torch::kLong),
+              torch::tensor(std::vector<int64_t>{0, n}, torch::kLong)));
+      try {
+        const at::Tensor lp =
+            torch::log_softmax(logits.to(torch::kFloat), -1).contiguous();
+        const float* data = lp.data_ptr<float>();
+        for (int64_t i = 1; i < n; ++i) {
+          logprobs.push_back(data[(i - 1) * vocab + tokens[i]]);
+        }
+      } catch (const std::exception& e) {
+        return model::internal::TorchErrorToStatus("logprobs", e);
+      }
+    }
+    out << nlohmann::json{{"logprobs", logprobs}}.dump() << "\n";
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Generate(const std::string& model_dir,
+                      const GenerateOptions& options, std::ostream& out) {
+  ASSIGN_OR_RETURN(rollout::LoadedModel model, Load(model_dir));
+  rollout::TorchEngineModel engine_model(model.decoder, model.max_tokens);
+  rollout::EngineOptions engine_options;
+  engine_options.eos_token_ids = model.eos_token_ids;
+  rollout::Engine engine(engine_options, &engine_model, nullptr, 0);
+  std::vector<int32_t> prompt = model.tokenizer->Encode(options.prompt);
+  rollout::SamplingParams params;
+  params.temperature = options.temperature;
+  params.seed = options.seed;
+  params.max_tokens =
+      std::min<int32_t>(options.max_tokens,
+                        static_cast<int32_t>(model.max_tokens - prompt.size()));
+  RETURN_IF_ERROR(engine.Add("generate", prompt, params));
+  while (!engine.idle()) RETURN_IF_ERROR(engine.Step().status());
+  for (const auto& sample : engine.TakeFinished()) {
+    out << nlohmann::json{{"text",
+                           model.tokenizer->Decode(sample.output, true)},
+                          {"tokens", sample.output},
+                          {"logprobs", sample.logprobs},
+                          {"finish_reason",
+                           rollout::FinishReasonName(sample.finish_reason)}}
+               .dump()
+        << "\n";
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::ctl
