@@ -1,0 +1,95 @@
+#pragma once
+
+// GrpoTrainer owns the trainable policy (fp32 master weights with
+// autograd), its AdamW optimizer and learning-rate schedule, and turns a
+// batch of scored groups into one optimizer step: a packed forward to the
+// final hidden states, chunked log-probs of the completion tokens (never
+// materialising [tokens, vocab]), the GRPO/PPO loss against the behavior
+// log-probs the rollout workers recorded, backward, gradient clipping and
+// an AdamW step. Each step produces the next policy version. Not
+// thread-safe: one training thread.
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "services/trainer/loss/chunked_logprobs.h"
+#include "services/trainer/loss/grpo_loss.h"
+
+namespace tandem::model {
+class DecoderModel;
+class ModelWeights;
+}  // namespace tandem::model
+
+namespace tandem::trainer {
+
+// One completion of a group, as the trainer receives it.
+struct ScoredCompletion {
+  std::vector<int32_t> tokens;
+  std::vector<float> behavior_logprobs;  // one per token
+  double reward = 0.0;
+  // Oldest policy version that produced any of its tokens.
+  uint64_t min_policy_version = 0;
+};
+
+struct ScoredPromptGroup {
+  std::vector<int32_t> prompt;
+  std::vector<ScoredCompletion> completions;
+};
+
+struct GrpoTrainerOptions {
+  GrpoLossOptions loss;
+  TokenLogProbsOptions logprobs;
+  double lr = 1e-4;
+  double weight_decay = 0.0;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  int64_t warmup_steps = 0;
+  double max_grad_norm = 1.0;
+};
+
+struct GrpoStepStats {
+  uint64_t policy_version = 0;  // after the step
+  GrpoLossStats loss;
+  double grad_norm = 0.0;
+  double lr = 0.0;
+  double reward_mean = 0.0;
+  double reward_std = 0.0;
+  int64_t trained_tokens = 0;
+  // Per completion: trainer version before the step minus its
+  // min_policy_version.
+  std::vector<int64_t> staleness;
+  double step_seconds = 0.0;
+};
+
+class GrpoTrainer {
+ public:
+  // Takes the initial weights (any dtype; training runs on an fp32 copy).
+  static absl::StatusOr<std::unique_ptr<GrpoTrainer>> Create(
+      const model::ModelWeights& initial, uint64_t initial_version,
+      GrpoTrainerOptions options);
+  ~GrpoTrainer();
+
+  // One optimizer step over every completion of `groups`.
+  absl::StatusOr<GrpoStepStats> Step(
+      const std::vector<ScoredPromptGroup>& groups);
+
+  // A detached copy of the current weights for publishing to rollout
+  // workers (in the master dtype).
+  absl::StatusOr<std::shared_ptr<model::ModelWeights>> SnapshotWeights() const;
+  uint64_t policy_version() const { return version_; }
+  const model::DecoderModel& policy() const { return *policy_; }
+
+ private:
+  GrpoTrainer() = default;
+  struct Optimizer;
+
+  GrpoTrainerOptions options_;
+  std::shared_ptr<model::DecoderModel> policy_;
+  std::unique_ptr<Optimizer> optimizer_;
+  uint64_t version_ = 0;
+  int64_t step_ = 0;
+};
+
+}  // namespace tandem::trainer
