@@ -85,6 +85,10 @@ absl::StatusOr<std::unique_ptr<RolloutWorker>> RolloutWorker::Create(
       },
       static_cast<int32_t>(config.prefetch_prompts));
   w->submitter_ = std::make_unique<SampleSubmitter>(session->stub(), member_id);
+  ASSIGN_OR_RETURN(w->subscriber_,
+                   WeightSubscriber::Create(
+                       w->model_.decoder, w->weight_source_.get(),
+                       [self] { return self->TrainerAddress(); }, 0));
   return w;
 }
 
@@ -98,6 +102,7 @@ absl::Status RolloutWorker::Start() {
   RETURN_IF_ERROR(member_->Start());
   prefetcher_->Start();
   submitter_->Start();
+  subscriber_->Start();
   generation_thread_ = std::thread([this] { GenerationLoop(); });
   return absl::OkStatus();
 }
@@ -207,12 +212,15 @@ void RolloutWorker::GenerationLoop() {
       if (!runnable()) continue;
     }
     if (generating) AdmitLeases();
-    if (engine_->idle()) {
+    const bool idle = engine_->idle();
+    // An idle engine still steps: that is where a staged weight version is
+    // committed, and a worker too stale to get prompts must catch up.
+    absl::StatusOr<StepStats> step = engine_->Step();
+    if (idle && step.ok() && !step->committed_update) {
       PublishStatus();
       absl::SleepFor(absl::Milliseconds(5));
       continue;
     }
-    absl::StatusOr<StepStats> step = engine_->Step();
     if (!step.ok()) {
       Log()->error("engine step failed: {}; returning in-flight leases",
                    step.status().ToString());
@@ -233,6 +241,31 @@ void RolloutWorker::GenerationLoop() {
   std::vector<std::string> aborted = engine_->AbortAll();
   leases_.clear();
   prefetcher_->Return(aborted, "shutdown");
+}
+
+std::string RolloutWorker::TrainerAddress() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Now() - trainer_address_checked_ < absl::Seconds(2)) {
+      return trainer_address_;
+    }
+    trainer_address_checked_ = absl::Now();
+  }
+  tandem::v1::GetClusterStatusResponse status;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  std::string address;
+  if (member_->session().stub()->GetClusterStatus(&context, {}, &status).ok()) {
+    for (const auto& m : status.members()) {
+      if (m.role() == tandem::v1::ROLE_TRAINER &&
+          m.state() == tandem::v1::MEMBER_STATE_ALIVE) {
+        address = m.grpc_address();
+      }
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  trainer_address_ = address;
+  return address;
 }
 
 void RolloutWorker::FillHeartbeat(tandem::v1::HeartbeatRequest* request) {
@@ -345,6 +378,7 @@ void RolloutWorker::Stop(absl::Duration deadline) {
     stop_ = true;
   }
   if (generation_thread_.joinable()) generation_thread_.join();
+  if (subscriber_) subscriber_->Stop();
   if (prefetcher_) {
     prefetcher_->Stop();
     prefetcher_->ReturnQueued("shutdown");

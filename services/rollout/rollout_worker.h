@@ -23,6 +23,7 @@
 #include "services/rollout/rollout_metrics.h"
 #include "services/rollout/sample_submitter.h"
 #include "services/rollout/torch_engine_model.h"
+#include "services/rollout/weight_subscriber.h"
 #include "tandem/v1/rollout.grpc.pb.h"
 
 namespace tandem::rollout {
@@ -73,6 +74,9 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
   void PublishStatus();
   void FillStatus(tandem::v1::RolloutStatus* status);
   void FillHeartbeat(tandem::v1::HeartbeatRequest* request);
+  // gRPC address of an alive trainer (its WeightServer), from the
+  // coordinator's member list, refreshed at most every 2 s.
+  std::string TrainerAddress();
   grpc::ServerUnaryReactor* Control(grpc::CallbackServerContext* context,
                                     tandem::v1::RolloutState target,
                                     tandem::v1::RolloutStatus* response);
@@ -88,6 +92,7 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
   std::unique_ptr<cluster::MemberDaemon> member_;
   std::unique_ptr<PromptPrefetcher> prefetcher_;
   std::unique_ptr<SampleSubmitter> submitter_;
+  std::unique_ptr<WeightSubscriber> subscriber_;
   std::thread generation_thread_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> stopped_{false};
@@ -101,6 +106,8 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
   double last_pause_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rate_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time rate_since_ ABSL_GUARDED_BY(mu_);
+  std::string trainer_address_ ABSL_GUARDED_BY(mu_);
+  absl::Time trainer_address_checked_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::rollout

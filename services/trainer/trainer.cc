@@ -1,8 +1,37 @@
 #include "services/trainer/trainer.h"
 
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
 #include "common/base/status_macros.h"
+#include "common/model/decoder_model.h"
+#include "common/model/model_weights.h"
+#include "common/rpc/grpc_client.h"
+#include "common/weights/model_flattening.h"
+#include "services/rollout/torch_engine_model.h"
 
 namespace tandem::trainer {
+namespace {
+
+auto Log() { return ComponentLogger("trainer"); }
+
+GrpoTrainerOptions ToOptions(const TrainerConfig& c) {
+  GrpoTrainerOptions o;
+  o.lr = c.lr;
+  o.warmup_steps = c.warmup_steps;
+  o.max_grad_norm = c.max_grad_norm;
+  o.loss.clip_low = c.clip_low;
+  o.loss.clip_high = c.clip_high;
+  o.loss.advantage = c.advantage == "dr_grpo"
+                         ? AdvantageNormalization::kGroupMean
+                         : AdvantageNormalization::kGroupMeanStd;
+  o.loss.aggregation =
+      c.aggregation == "sequence"     ? LossAggregation::kSequenceMean
+      : c.aggregation == "pipelinerl" ? LossAggregation::kSumOverSequences
+                                      : LossAggregation::kTokenMean;
+  return o;
+}
+
+}  // namespace
 
 Trainer::Trainer(const TrainerConfig& config)
     : config_(config),
@@ -11,19 +40,64 @@ Trainer::Trainer(const TrainerConfig& config)
                           .Name("tandem_policy_version")
                           .Help("Policy version of the trainer's weights.")
                           .Register(*registry_)
-                          .Add({})) {}
+                          .Add({})),
+      trained_tokens_(prometheus::BuildCounter()
+                          .Name("tandem_trainer_trained_tokens_total")
+                          .Help("Completion tokens trained on.")
+                          .Register(*registry_)
+                          .Add({})),
+      loss_(prometheus::BuildGauge()
+                .Name("tandem_trainer_loss")
+                .Help("Policy loss of the last step.")
+                .Register(*registry_)
+                .Add({})),
+      reward_mean_(prometheus::BuildGauge()
+                       .Name("tandem_trainer_reward_mean")
+                       .Help("Mean reward of the last trained batch.")
+                       .Register(*registry_)
+                       .Add({})),
+      step_seconds_(
+          prometheus::BuildHistogram()
+              .Name("tandem_trainer_step_seconds")
+              .Help("Duration of one optimizer step.")
+              .Register(*registry_)
+              .Add({},
+                   prometheus::Histogram::BucketBoundaries{
+                       0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30})),
+      staleness_(prometheus::BuildHistogram()
+                     .Name("tandem_trainer_staleness_versions")
+                     .Help("Versions between the trainer and the oldest "
+                           "token of each trained sample.")
+                     .Register(*registry_)
+                     .Add({}, prometheus::Histogram::BucketBoundaries{
+                                  0, 1, 2, 3, 4, 6, 8, 16})) {}
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const TrainerConfig& config) {
   RETURN_IF_ERROR(Validate(config));
   std::unique_ptr<Trainer> trainer(new Trainer(config));
+  ASSIGN_OR_RETURN(
+      rollout::LoadedModel model,
+      rollout::LoadModel(config.model_path, config.model_seed,
+                         static_cast<int32_t>(config.torch_threads)));
+  Log()->info("policy: {}", model.description);
+  ASSIGN_OR_RETURN(
+      trainer->grpo_,
+      GrpoTrainer::Create(*model.decoder->weights(), 0, ToOptions(config)));
+  ASSIGN_OR_RETURN(weights::FlatWeightLayout layout,
+                   weights::LayoutForModel(*model.decoder->weights()));
+  trainer->layout_ =
+      std::make_unique<weights::FlatWeightLayout>(std::move(layout));
+  trainer->weight_server_ = std::make_unique<weights::WeightServerService>(
+      &trainer->store_, weights::WeightServerOptions{});
   Trainer* self = trainer.get();
   ASSIGN_OR_RETURN(trainer->member_,
                    cluster::MemberDaemon::Create(
                        "trainer", tandem::v1::ROLE_TRAINER, config.server,
-                       config.coordinator_address, trainer->registry_, {self},
+                       config.coordinator_address, trainer->registry_,
+                       {self, trainer->weight_server_.get()},
                        [self](tandem::v1::HeartbeatRequest* r) {
-                         r->set_policy_version(self->version_);
+                         r->set_policy_version(self->grpo_->policy_version());
                          if (self->stopping_) {
                            r->set_state(tandem::v1::MEMBER_STATE_DRAINING);
                          }
@@ -33,14 +107,136 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
 
 Trainer::~Trainer() { Stop(); }
 
-absl::Status Trainer::Start() { return member_->Start(); }
+absl::Status Trainer::Start() {
+  RETURN_IF_ERROR(member_->Start());
+  if (config_.train) {
+    training_thread_ = std::thread([this] { TrainingLoop(); });
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Publish(uint64_t version) {
+  ASSIGN_OR_RETURN(auto weights, grpo_->SnapshotWeights());
+  ASSIGN_OR_RETURN(auto flat, weights::FlattenModel(*weights, *layout_));
+  ASSIGN_OR_RETURN(tandem::v1::WeightManifest manifest,
+                   layout_->BuildManifest(*flat, version));
+  manifest.set_kind(tandem::v1::WEIGHT_PAYLOAD_KIND_FULL);
+  manifest.set_anchor_version(version);
+  manifest.set_published_unix_ms(absl::ToUnixMillis(absl::Now()));
+  RETURN_IF_ERROR(store_.Put(manifest, flat));
+  tandem::v1::PublishPolicyVersionRequest request;
+  request.set_member_id(member_->session().member_id());
+  *request.mutable_manifest() = manifest;
+  request.set_weight_server_address(member_->grpc_address());
+  tandem::v1::PublishPolicyVersionResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  return rpc::ToAbslStatus(member_->session().stub()->PublishPolicyVersion(
+      &context, request, &response));
+}
+
+absl::Status Trainer::TrainOnce() {
+  const std::string member = member_->session().member_id();
+  if (member.empty()) {
+    absl::SleepFor(absl::Milliseconds(100));
+    return absl::OkStatus();
+  }
+  tandem::v1::PullTrainingBatchRequest pull;
+  pull.set_member_id(member);
+  pull.set_max_tokens(static_cast<uint64_t>(config_.batch_max_tokens));
+  pull.set_max_groups(static_cast<uint32_t>(config_.batch_max_groups));
+  pull.set_trainer_policy_version(grpo_->policy_version());
+  pull.set_wait_ms(config_.pull_wait_ms);
+  tandem::v1::PullTrainingBatchResponse batch;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(
+        absl::Now() + absl::Milliseconds(config_.pull_wait_ms) +
+        absl::Seconds(5)));
+    RETURN_IF_ERROR(rpc::ToAbslStatus(
+        member_->session().stub()->PullTrainingBatch(&context, pull, &batch)));
+  }
+  if (batch.batch_id().empty() || batch.groups_size() == 0) {
+    return absl::OkStatus();
+  }
+  std::vector<ScoredPromptGroup> groups;
+  for (const auto& g : batch.groups()) {
+    ScoredPromptGroup group;
+    group.prompt.assign(g.prompt_token_ids().begin(),
+                        g.prompt_token_ids().end());
+    for (const auto& scored : g.samples()) {
+      const auto& s = scored.sample();
+      ScoredCompletion c;
+      c.tokens.assign(s.completion_token_ids().begin(),
+                      s.completion_token_ids().end());
+      c.behavior_logprobs.assign(s.behavior_logprobs().begin(),
+                                 s.behavior_logprobs().end());
+      c.reward = scored.score().reward();
+      c.min_policy_version = g.min_policy_version();
+      for (const auto& span : s.version_spans()) {
+        c.min_policy_version =
+            std::min(c.min_policy_version, span.policy_version());
+      }
+      group.completions.push_back(std::move(c));
+    }
+    groups.push_back(std::move(group));
+  }
+  ASSIGN_OR_RETURN(GrpoStepStats stats, grpo_->Step(groups));
+  RETURN_IF_ERROR(Publish(stats.policy_version));
+  tandem::v1::CommitTrainingBatchRequest commit;
+  commit.set_member_id(member);
+  commit.set_batch_id(batch.batch_id());
+  commit.set_policy_version(stats.policy_version);
+  tandem::v1::CommitTrainingBatchResponse committed;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    RETURN_IF_ERROR(
+        rpc::ToAbslStatus(member_->session().stub()->CommitTrainingBatch(
+            &context, commit, &committed)));
+  }
+  policy_version_.Set(static_cast<double>(stats.policy_version));
+  trained_tokens_.Increment(static_cast<double>(stats.trained_tokens));
+  loss_.Set(stats.loss.loss);
+  reward_mean_.Set(stats.reward_mean);
+  step_seconds_.Observe(stats.step_seconds);
+  for (int64_t s : stats.staleness) staleness_.Observe(static_cast<double>(s));
+  Log()->info(
+      "version {}: {} groups, {} tokens, reward {:.3f}, loss {:.4f}, clip "
+      "{:.3f}, grad norm {:.3f}, {:.2f}s",
+      stats.policy_version, groups.size(), stats.trained_tokens,
+      stats.reward_mean, stats.loss.loss, stats.loss.clip_fraction,
+      stats.grad_norm, stats.step_seconds);
+  absl::MutexLock lock(&mu_);
+  status_.set_step(status_.step() + 1);
+  status_.set_policy_version(stats.policy_version);
+  status_.set_trained_tokens_total(status_.trained_tokens_total() +
+                                   stats.trained_tokens);
+  status_.set_last_loss(stats.loss.loss);
+  status_.set_last_reward_mean(stats.reward_mean);
+  status_.set_last_step_seconds(stats.step_seconds);
+  return absl::OkStatus();
+}
+
+void Trainer::TrainingLoop() {
+  while (!stopping_) {
+    absl::Status status = TrainOnce();
+    if (!status.ok() && !stopping_) {
+      Log()->warn("training step failed: {}", status.ToString());
+      absl::SleepFor(absl::Seconds(1));
+    }
+  }
+}
 
 grpc::ServerUnaryReactor* Trainer::GetStatus(
     grpc::CallbackServerContext* context,
     const tandem::v1::GetTrainerStatusRequest* request,
     tandem::v1::TrainerStatus* response) {
+  {
+    absl::MutexLock lock(&mu_);
+    *response = status_;
+  }
   response->set_member_id(member_->session().member_id());
-  response->set_policy_version(version_);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
@@ -49,12 +245,14 @@ grpc::ServerUnaryReactor* Trainer::GetStatus(
 void Trainer::GracefulStop(absl::Duration deadline) {
   stopping_ = true;
   member_->MarkNotServing();
-  member_->Shutdown(deadline);
+  Stop();
 }
 
 void Trainer::Stop() {
   stopping_ = true;
-  if (member_) member_->Shutdown(absl::ZeroDuration());
+  if (stopped_.exchange(true)) return;
+  if (training_thread_.joinable()) training_thread_.join();
+  if (member_) member_->Shutdown(absl::Seconds(2));
 }
 
 }  // namespace tandem::trainer

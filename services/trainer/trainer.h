@@ -1,14 +1,26 @@
 #pragma once
 
-// The trainer daemon: its control surface and cluster membership. The
-// training loop and the weight server plug in behind it.
+// The trainer daemon: pulls scored groups from the coordinator, takes GRPO
+// optimizer steps (GrpoTrainer), and publishes every new policy version:
+// the weights go into a WeightStore served by this daemon's WeightServer
+// (the pull path rollout workers follow), the manifest to the coordinator.
+// Each trained batch is committed after its version is published, so a
+// group is trained at most once.
 
 #include <atomic>
 #include <memory>
+#include <thread>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/cluster/member_daemon.h"
+#include "common/weights/flat_weight_layout.h"
+#include "common/weights/weight_server.h"
+#include "common/weights/weight_store.h"
+#include "prometheus/counter.h"
 #include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "services/trainer/rl/grpo_trainer.h"
 #include "services/trainer/trainer_config.h"
 #include "tandem/v1/trainer.grpc.pb.h"
 
@@ -32,13 +44,30 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
 
  private:
   explicit Trainer(const TrainerConfig& config);
+  void TrainingLoop();
+  absl::Status TrainOnce();
+  absl::Status Publish(uint64_t version);
 
   const TrainerConfig config_;
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Gauge& policy_version_;
+  prometheus::Counter& trained_tokens_;
+  prometheus::Gauge& loss_;
+  prometheus::Gauge& reward_mean_;
+  prometheus::Histogram& step_seconds_;
+  prometheus::Histogram& staleness_;
+
+  std::unique_ptr<GrpoTrainer> grpo_;
+  std::unique_ptr<weights::FlatWeightLayout> layout_;
+  weights::WeightStore store_{4};
+  std::unique_ptr<weights::WeightServerService> weight_server_;
   std::unique_ptr<cluster::MemberDaemon> member_;
+  std::thread training_thread_;
   std::atomic<bool> stopping_{false};
-  std::atomic<uint64_t> version_{0};
+  std::atomic<bool> stopped_{false};
+
+  absl::Mutex mu_;
+  tandem::v1::TrainerStatus status_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::trainer

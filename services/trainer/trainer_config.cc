@@ -9,6 +9,38 @@ void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config) {
   cluster::AddCoordinatorAddress(schema, &config->coordinator_address);
   schema->AddString("checkpoint_dir", &config->checkpoint_dir,
                     "Directory where checkpoints are written.");
+  schema->AddString("model.path", &config->model_path,
+                    "Initial policy: a Hugging Face directory; empty = the "
+                    "built-in tiny model with random weights from model.seed "
+                    "(the rollout workers' default).");
+  schema->AddInt("model.seed", &config->model_seed, 0, INT64_MAX,
+                 "Seed of the built-in model's random initial weights.");
+  schema->AddInt("model.torch_threads", &config->torch_threads, 0, 1024,
+                 "LibTorch intra-op threads; 0 = LibTorch's default.");
+  schema->AddBool("training.enabled", &config->train,
+                  "Pull scored groups, train and publish new versions.");
+  schema->AddDouble("training.lr", &config->lr, 0, 1, "AdamW learning rate.");
+  schema->AddInt("training.warmup_steps", &config->warmup_steps, 0, 1 << 30,
+                 "Linear learning-rate warmup steps.");
+  schema->AddDouble("training.max_grad_norm", &config->max_grad_norm, 0, 1e9,
+                    "Gradient clipping norm.");
+  schema->AddDouble("training.clip_low", &config->clip_low, 0, 1,
+                    "PPO ratio clip below 1 (1 - clip_low).");
+  schema->AddDouble("training.clip_high", &config->clip_high, 0, 10,
+                    "PPO ratio clip above 1 (1 + clip_high).");
+  schema->AddEnum(
+      "training.advantage", &config->advantage, {"grpo", "dr_grpo"},
+      "grpo: (r - mean) / (std + eps) per group; dr_grpo: r - mean.");
+  schema->AddEnum("training.aggregation", &config->aggregation,
+                  {"token", "sequence", "pipelinerl"},
+                  "Loss aggregation: mean over tokens, over sequences, or "
+                  "sum over tokens / number of sequences (PipelineRL).");
+  schema->AddInt("training.batch_max_tokens", &config->batch_max_tokens, 1,
+                 1 << 30, "Token budget of one training batch.");
+  schema->AddInt("training.batch_max_groups", &config->batch_max_groups, 0,
+                 1 << 20, "Most groups per batch (0 = no bound).");
+  schema->AddInt("training.pull_wait_ms", &config->pull_wait_ms, 0, 600000,
+                 "How long one batch pull may wait for ready groups.");
 }
 
 absl::Status Validate(const TrainerConfig& config) {

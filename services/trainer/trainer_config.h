@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -13,6 +14,23 @@ struct TrainerConfig {
   std::string coordinator_address = "127.0.0.1:50051";
   // Where checkpoints are written.
   std::string checkpoint_dir = "checkpoints";
+  // Initial policy: a Hugging Face directory, or empty for the built-in
+  // tiny model (random weights from model_seed, as the rollout workers).
+  std::string model_path;
+  int64_t model_seed = 1;
+  int64_t torch_threads = 1;
+  // Training.
+  bool train = true;
+  double lr = 1e-4;
+  int64_t warmup_steps = 0;
+  double max_grad_norm = 1.0;
+  double clip_low = 0.2;
+  double clip_high = 0.2;
+  std::string advantage = "grpo";     // grpo | dr_grpo
+  std::string aggregation = "token";  // token | sequence | pipelinerl
+  int64_t batch_max_tokens = 4096;
+  int64_t batch_max_groups = 16;
+  int64_t pull_wait_ms = 1000;
 };
 
 void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config);

@@ -21,7 +21,10 @@ class RolloutWorkerTest(unittest.TestCase):
         cls.tmp = tempfile.mkdtemp(prefix="tandem-rollout-")
         cls.coordinator = harness.Daemon(
             "coordinator", cls.tmp,
-            ["--config", os.path.join(CONFIG, "coordinator.yaml")])
+            ["--config", os.path.join(CONFIG, "coordinator.yaml"),
+             # No trainer consumes groups here: keep the staleness throttle
+             # from stopping dispatch during the test.
+             "--set", "training.groups_per_version=100000"])
         cls.address = cls.coordinator.wait_ready()["grpc_address"]
         member = ["--set", f"coordinator_address={cls.address}"]
         cls.verifier = harness.Daemon("verifier", cls.tmp, member)
