@@ -430,4 +430,20 @@ ModelConfig Qwen2_5_0_5BConfig() {
   return c;
 }
 
+ModelConfig BuiltinTinyModelConfig(int64_t vocab_size) {
+  ModelConfig c;
+  c.architecture = Architecture::kQwen2;
+  c.vocab_size = vocab_size;
+  c.hidden_size = 128;
+  c.intermediate_size = 384;
+  c.num_hidden_layers = 4;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 32;
+  c.max_position_embeddings = 64;
+  c.attention_bias = true;
+  c.tie_word_embeddings = true;
+  return c;
+}
+
 }  // namespace tandem::model

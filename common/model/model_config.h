@@ -95,6 +95,12 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
 // Reads `dir`/config.json.
 absl::StatusOr<ModelConfig> ReadModelConfig(const std::string& dir);
 
+// The embedded default's tiny decoder (Qwen2 shape: 4 layers, width 128,
+// tied embeddings, fp32, context 64) over a `vocab_size` vocabulary; shared
+// by the rollout worker's built-in model and the SFT warm start. Callers
+// set bos/eos ids.
+ModelConfig BuiltinTinyModelConfig(int64_t vocab_size);
+
 // config.json for `config`: `raw` with every modelled field overwritten
 // (so unknown fields are kept), or a complete fresh config when `raw` is
 // null. Loads in Hugging Face transformers.

@@ -16,28 +16,6 @@
 
 namespace tandem::rollout {
 
-namespace {
-
-// The embedded default: a small decoder on the arithmetic task's character
-// vocabulary (4 layers, width 128).
-model::ModelConfig BuiltinTinyModelConfig(int64_t vocab_size) {
-  model::ModelConfig c;
-  c.architecture = model::Architecture::kQwen2;
-  c.vocab_size = vocab_size;
-  c.hidden_size = 128;
-  c.intermediate_size = 384;
-  c.num_hidden_layers = 4;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 32;
-  c.max_position_embeddings = 64;
-  c.attention_bias = true;
-  c.tie_word_embeddings = true;
-  return c;
-}
-
-}  // namespace
-
 absl::StatusOr<LoadedModel> LoadModel(const std::string& path, uint64_t seed,
                                       int32_t torch_threads) {
   if (torch_threads > 0) torch::set_num_threads(torch_threads);
@@ -47,7 +25,7 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path, uint64_t seed,
     ASSIGN_OR_RETURN(auto tokenizer, task::LoadArithTokenizer());
     loaded.tokenizer = std::move(tokenizer);
     model::ModelConfig config =
-        BuiltinTinyModelConfig(loaded.tokenizer->vocab_size());
+        model::BuiltinTinyModelConfig(loaded.tokenizer->vocab_size());
     if (auto eos = loaded.tokenizer->TokenId("<|eos|>")) {
       config.eos_token_ids = {*eos};
     }

@@ -257,20 +257,7 @@ absl::StatusOr<SftResult> Train(
 }  // namespace
 
 model::ModelConfig TinyModelConfig(int64_t vocab_size) {
-  // Copied from BuiltinTinyModelConfig (services/rollout/
-  // torch_engine_model.cc); keep equal until both share one definition.
-  model::ModelConfig c;
-  c.architecture = model::Architecture::kQwen2;
-  c.vocab_size = vocab_size;
-  c.hidden_size = 128;
-  c.intermediate_size = 384;
-  c.num_hidden_layers = 4;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 32;
-  c.max_position_embeddings = 64;
-  c.attention_bias = true;
-  c.tie_word_embeddings = true;
+  model::ModelConfig c = model::BuiltinTinyModelConfig(vocab_size);
   c.bos_token_id = task::kArithBosId;
   c.eos_token_ids = {task::kArithEosId};
   return c;

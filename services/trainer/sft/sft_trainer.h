@@ -105,10 +105,8 @@ absl::StatusOr<SftResult> RunSft(
     const SftOptions& options,
     const std::function<void(const SftCurvePoint&)>& on_eval = nullptr);
 
-// The built-in tiny model's shape for `vocab_size` tokens.
-// TODO(lead): one definition shared with the rollout worker's
-// BuiltinTinyModelConfig (services/rollout/torch_engine_model.cc); the
-// numbers here are copied from it and must stay equal.
+// model::BuiltinTinyModelConfig (the rollout worker's built-in shape) with
+// the arithmetic task's bos/eos ids.
 model::ModelConfig TinyModelConfig(int64_t vocab_size);
 
 }  // namespace tandem::trainer::sft
