@@ -80,10 +80,17 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   scoring.timeout = absl::Milliseconds(config.scoring.timeout_ms);
   scoring.concurrency = static_cast<uint32_t>(config.scoring.concurrency);
   scoring.retry_backoff = absl::Milliseconds(config.scoring.retry_backoff_ms);
+  scoring.unroutable_timeout =
+      absl::Milliseconds(config.scoring.unroutable_timeout_ms);
   self->scoring_ = std::make_unique<ScoringDispatcher>(
       scoring, &self->verifier_client_,
       [self] {
-        return self->members_.LiveAddresses(tandem::v1::ROLE_VERIFIER);
+        std::vector<VerifierReplica> replicas;
+        for (auto& member : self->members_.ServingVerifiers()) {
+          replicas.push_back(
+              {std::move(member.address), std::move(member.verifiers)});
+        }
+        return replicas;
       },
       [self](const ScoringTask& task, const tandem::v1::Score& score) {
         if (self->ledger_->RecordScore(task.group_id, task.sample_index,

@@ -72,6 +72,11 @@ void RegisterFields(config::ConfigSchema* schema, CoordinatorConfig* config) {
                  "Concurrent ScoreBatch calls.");
   schema->AddInt("scoring.retry_backoff_ms", &sc.retry_backoff_ms, 1, 60000,
                  "Wait after a failed ScoreBatch call before retrying (ms).");
+  schema->AddInt("scoring.unroutable_timeout_ms", &sc.unroutable_timeout_ms, 0,
+                 86400000,
+                 "How long a sample waits for a live verifier replica serving "
+                 "its verifier before it is scored 0 as no_verifier (ms); 0 "
+                 "= wait forever.");
 
   TrainingOptions& t = config->training;
   schema->AddInt("training.batch_timeout_ms", &t.batch_timeout_ms, 10, 86400000,

@@ -58,6 +58,10 @@ struct ScoringOptions {
   int64_t concurrency = 2;
   // Backoff after a failed call before the items are tried again.
   int64_t retry_backoff_ms = 100;
+  // How long a sample waits for a live verifier replica that serves its
+  // verifier name before it is scored 0 with outcome "no_verifier"; 0 waits
+  // forever.
+  int64_t unroutable_timeout_ms = 0;
 };
 
 // Training batches and the staleness bound (YAML section `training`).

@@ -85,6 +85,21 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
                        .Register(registry)),
       scoring_ok_(&score_calls_.Add({{"outcome", "ok"}})),
       scoring_failed_(&score_calls_.Add({{"outcome", "failed"}})),
+      scoring_unroutable_(NewCounter(
+          registry, "tandem_coordinator_scoring_unroutable_total",
+          "Attempts to score a sample that found no live verifier replica "
+          "serving its verifier name (one per sample per attempt).")),
+      scoring_unroutable_waiting_(
+          &prometheus::BuildGauge()
+               .Name("tandem_coordinator_scoring_unroutable_samples")
+               .Help("Samples waiting now because no live verifier replica "
+                     "serves their verifier name.")
+               .Register(registry)
+               .Add({})),
+      scoring_no_verifier_(NewCounter(
+          registry, "tandem_coordinator_scoring_no_verifier_total",
+          "Samples scored 0 because no replica served their verifier "
+          "within scoring.unroutable_timeout_ms.")),
       journal_bytes_(&prometheus::BuildGauge()
                           .Name("tandem_coordinator_journal_bytes")
                           .Help("Size of the coordinator's journal.")
@@ -158,6 +173,12 @@ void CoordinatorMetrics::Update(const LedgerStats& ledger,
   Advance(batches_expired_, ledger.batches_expired, l.batches_expired);
   Advance(scoring_ok_, scoring.calls_ok, last_scoring_.calls_ok);
   Advance(scoring_failed_, scoring.calls_failed, last_scoring_.calls_failed);
+  Advance(scoring_unroutable_, scoring.unroutable_attempts,
+          last_scoring_.unroutable_attempts);
+  scoring_unroutable_waiting_->Set(
+      static_cast<double>(scoring.unroutable_waiting));
+  Advance(scoring_no_verifier_, scoring.items_no_verifier,
+          last_scoring_.items_no_verifier);
   journal_bytes_->Set(static_cast<double>(ledger.journal_bytes));
   Advance(journal_syncs_, ledger.journal_syncs, l.journal_syncs);
   if (ledger.journal_sync_seconds > l.journal_sync_seconds) {

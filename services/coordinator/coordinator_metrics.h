@@ -61,6 +61,9 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Counter>& score_calls_;
   prometheus::Counter* scoring_ok_;
   prometheus::Counter* scoring_failed_;
+  prometheus::Counter* scoring_unroutable_;
+  prometheus::Gauge* scoring_unroutable_waiting_;
+  prometheus::Counter* scoring_no_verifier_;
   prometheus::Gauge* journal_bytes_;
   prometheus::Counter* journal_syncs_;
   prometheus::Counter* journal_sync_seconds_;

@@ -1,6 +1,8 @@
 #include "services/coordinator/member_registry.h"
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace tandem::coordinator {
 
@@ -26,6 +28,13 @@ tandem::v1::MemberInfo MemberRegistry::Register(
     int count = ++reregistrations_[request.previous_member_id()];
     info.set_reregistrations(count);
     reregistrations_[info.member_id()] = count;
+  }
+  if (auto it = request.capabilities().find("verifiers");
+      it != request.capabilities().end()) {
+    for (absl::string_view name : absl::StrSplit(it->second, ',')) {
+      name = absl::StripAsciiWhitespace(name);
+      if (!name.empty()) entry.verifiers.emplace(name);
+    }
   }
   entry.last_seen = now;
   members_[info.member_id()] = entry;
@@ -126,6 +135,20 @@ std::vector<std::string> MemberRegistry::LiveAddresses(
         entry.info.state() == tandem::v1::MEMBER_STATE_ALIVE &&
         !entry.info.grpc_address().empty()) {
       out.push_back(entry.info.grpc_address());
+    }
+  }
+  return out;
+}
+
+std::vector<MemberRegistry::ServingVerifier> MemberRegistry::ServingVerifiers()
+    const {
+  std::vector<ServingVerifier> out;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, entry] : members_) {
+    if (entry.info.role() == tandem::v1::ROLE_VERIFIER &&
+        entry.info.state() == tandem::v1::MEMBER_STATE_ALIVE &&
+        !entry.info.grpc_address().empty()) {
+      out.push_back({entry.info.grpc_address(), entry.verifiers});
     }
   }
   return out;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -47,10 +48,22 @@ class MemberRegistry {
   // Live members by role.
   std::map<tandem::v1::Role, int> CountAlive() const;
 
+  // A verifier member that can take work, with the verifier names it
+  // advertised at registration (capability "verifiers", a comma list; empty
+  // when it advertised none).
+  struct ServingVerifier {
+    std::string address;
+    std::set<std::string> verifiers;
+  };
+  // Alive (not draining) verifier members with a gRPC address.
+  std::vector<ServingVerifier> ServingVerifiers() const;
+
  private:
   struct Entry {
     tandem::v1::MemberInfo info;
     absl::Time last_seen;
+    // Parsed "verifiers" capability (verifier members).
+    std::set<std::string> verifiers;
   };
   const absl::Duration heartbeat_timeout_;
   mutable absl::Mutex mu_;

@@ -1,14 +1,26 @@
 #pragma once
 
 // ScoringDispatcher sends submitted samples to verifier replicas: it
-// batches queued ScoringTasks (up to batch_size, waiting at most batch_wait
-// for a batch to fill), calls ScoreBatch on the next live verifier in
-// round-robin order with a deadline, and hands each score to a callback.
+// batches queued ScoringTasks that name the same verifier (up to
+// batch_size, waiting at most batch_wait for a batch to fill), calls
+// ScoreBatch with a deadline on the next live replica, in round-robin order,
+// among those that serve that verifier, and hands each score to a callback.
+//
+// Routing: a replica advertises the verifier names it serves when it
+// registers (capability "verifiers", a comma list). A replica that
+// advertised no list is assumed to serve every name. A sample whose
+// verifier no live replica serves is "unroutable": it is set aside (other
+// verifiers' samples keep flowing), counted, logged with the names the live
+// replicas do serve, and tried again after retry_backoff. With
+// unroutable_timeout > 0 it is scored 0 with outcome "no_verifier" once it
+// has waited that long, so a dataset naming a verifier nobody runs cannot
+// stall its groups forever; with 0 it waits until such a replica registers.
+//
 // Failed calls (unreachable, overloaded, timed out) put the items back at
 // the front of the queue and are retried after a backoff on the next
 // replica, for as long as it takes: a sample is never dropped for want of a
-// verifier. A batch refused as malformed (INVALID_ARGUMENT) is retried item
-// by item, and an item refused alone is scored 0 with outcome
+// live replica. A batch refused as malformed (INVALID_ARGUMENT) is retried
+// item by item, and an item refused alone is scored 0 with outcome
 // "invalid_request", so one bad sample cannot stall its group.
 //
 // Calls run on the dispatcher's own threads (scoring.concurrency of them),
@@ -19,6 +31,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -59,6 +72,20 @@ struct ScoringDispatcherOptions {
   absl::Duration timeout = absl::Seconds(10);
   uint32_t concurrency = 2;
   absl::Duration retry_backoff = absl::Milliseconds(100);
+  // How long an unroutable sample waits for a replica serving its verifier
+  // before it is scored 0 ("no_verifier"); zero waits forever.
+  absl::Duration unroutable_timeout = absl::ZeroDuration();
+};
+
+// A live verifier replica and the verifier names it serves.
+struct VerifierReplica {
+  std::string address;  // host:port
+  // Empty: the replica advertised nothing and is assumed to serve any name.
+  std::set<std::string> verifiers;
+
+  bool Serves(const std::string& verifier) const {
+    return verifiers.empty() || verifiers.count(verifier) > 0;
+  }
 };
 
 struct ScoringStats {
@@ -68,18 +95,25 @@ struct ScoringStats {
   uint64_t items_invalid = 0;
   uint64_t queued = 0;
   uint64_t in_flight = 0;
+  // Times a sample found no live replica serving its verifier (counted per
+  // sample per attempt).
+  uint64_t unroutable_attempts = 0;
+  // Samples waiting now because no live replica serves their verifier.
+  uint64_t unroutable_waiting = 0;
+  // Samples scored 0 ("no_verifier") after unroutable_timeout.
+  uint64_t items_no_verifier = 0;
 };
 
 class ScoringDispatcher {
  public:
-  // Live verifier addresses (host:port), asked before every call.
-  using AddressSource = std::function<std::vector<std::string>()>;
+  // Live verifier replicas, asked before every call.
+  using ReplicaSource = std::function<std::vector<VerifierReplica>()>;
   // Called (on a dispatcher thread) once per scored task.
   using ScoreSink =
       std::function<void(const ScoringTask&, const tandem::v1::Score&)>;
 
   ScoringDispatcher(ScoringDispatcherOptions options, VerifierClient* client,
-                    AddressSource addresses, ScoreSink sink);
+                    ReplicaSource replicas, ScoreSink sink);
   ~ScoringDispatcher();
 
   void Start();
@@ -95,23 +129,46 @@ class ScoringDispatcher {
     // Send in a batch of its own (after a batch was refused as malformed).
     bool alone = false;
   };
+  // The queue of one verifier name.
+  struct VerifierQueue {
+    std::deque<Entry> entries;
+    // Not taken before this time (set while no replica serves the name).
+    absl::Time not_before = absl::InfinitePast();
+    // Since when no live replica has served the name (InfiniteFuture while
+    // one does).
+    absl::Time unroutable_since = absl::InfiniteFuture();
+    absl::Time last_logged = absl::InfinitePast();
+  };
 
   void Run();
-  // Waits for work; false when stopping.
-  bool TakeBatch(std::vector<Entry>* batch);
+  // Waits for work; false when stopping. Every entry of a batch names
+  // `*verifier`.
+  bool TakeBatch(std::vector<Entry>* batch, std::string* verifier);
   void Requeue(std::vector<Entry> batch, bool alone);
+  // Puts back a batch no live replica serves and holds its verifier's queue
+  // for retry_backoff, or scores the batch 0 ("no_verifier") once the name
+  // has been unroutable for unroutable_timeout.
+  void HandleUnroutable(std::vector<Entry> batch, const std::string& verifier,
+                        const std::vector<VerifierReplica>& replicas);
   void SleepUnlessStopped(absl::Duration duration);
 
   const ScoringDispatcherOptions options_;
   VerifierClient* const client_;
-  const AddressSource addresses_;
+  const ReplicaSource replicas_;
   const ScoreSink sink_;
   std::vector<std::thread> threads_;
 
   mutable absl::Mutex mu_;
-  std::deque<Entry> queue_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, VerifierQueue> queues_ ABSL_GUARDED_BY(mu_);
+  uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;
+  // Bumped whenever entries are added, to wake threads waiting for a held
+  // queue.
+  uint64_t enqueue_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  // The verifier name served last, for round-robin across names.
+  std::string last_verifier_ ABSL_GUARDED_BY(mu_);
+  // Round-robin position per verifier name.
+  std::map<std::string, uint64_t> next_replica_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t next_replica_ ABSL_GUARDED_BY(mu_) = 0;
   ScoringStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -1,8 +1,10 @@
 #include <catch2/catch.hpp>
+#include <atomic>
 #include <map>
 #include <set>
 
 #include "absl/synchronization/mutex.h"
+#include "services/coordinator/member_registry.h"
 #include "services/coordinator/scoring_dispatcher.h"
 
 namespace tandem::coordinator {
@@ -83,7 +85,7 @@ TEST_CASE(
   ScoringDispatcher dispatcher(
       options, &verifiers,
       [] {
-        return std::vector<std::string>{"a:1", "b:1"};
+        return std::vector<VerifierReplica>{{"a:1", {}}, {"b:1", {}}};
       },
       [&sink](const ScoringTask& t, const tandem::v1::Score& s) {
         sink.Add(t, s);
@@ -116,8 +118,8 @@ TEST_CASE("Scoring: items wait while no verifier is registered",
   ScoringDispatcher dispatcher(
       options, &verifiers,
       [&registered] {
-        return registered ? std::vector<std::string>{"a:1"}
-                          : std::vector<std::string>{};
+        return registered ? std::vector<VerifierReplica>{{"a:1", {}}}
+                          : std::vector<VerifierReplica>{};
       },
       [&sink](const ScoringTask& t, const tandem::v1::Score& s) {
         sink.Add(t, s);
@@ -143,7 +145,8 @@ TEST_CASE(
   options.batch_size = 8;
   options.batch_wait = absl::Milliseconds(20);
   ScoringDispatcher dispatcher(
-      options, &verifiers, [] { return std::vector<std::string>{"a:1"}; },
+      options, &verifiers,
+      [] { return std::vector<VerifierReplica>{{"a:1", {}}}; },
       [&sink](const ScoringTask& t, const tandem::v1::Score& s) {
         sink.Add(t, s);
       });
@@ -152,11 +155,167 @@ TEST_CASE(
   dispatcher.Enqueue(tasks);
   dispatcher.Start();
   REQUIRE(sink.WaitFor(4));
+  // Stats are updated right after the score is handed over.
+  dispatcher.Stop();
   absl::MutexLock lock(&sink.mu);
   CHECK(sink.scores["bad0"].outcome() == "invalid_request");
   CHECK(sink.scores["bad0"].reward() == 0.0);
   CHECK(sink.scores["arith1"].reward() == 1.0);
   CHECK(dispatcher.Stats().items_invalid == 1);
+}
+
+TEST_CASE(
+    "Scoring: a sample goes only to replicas that serve its verifier, "
+    "load-balanced among them",
+    "[coordinator][scoring]") {
+  FakeVerifiers verifiers;
+  Sink sink;
+  ScoringDispatcherOptions options;
+  options.batch_size = 2;
+  options.batch_wait = absl::ZeroDuration();
+  options.concurrency = 1;
+  ScoringDispatcher dispatcher(
+      options, &verifiers,
+      [] {
+        return std::vector<VerifierReplica>{
+            {"math-a:1", {"math", "exact"}},
+            {"math-b:1", {"math"}},
+            {"code:1", {"code"}},
+        };
+      },
+      [&sink](const ScoringTask& t, const tandem::v1::Score& s) {
+        sink.Add(t, s);
+      });
+  std::vector<ScoringTask> tasks = Tasks(8, "math");
+  for (auto& task : Tasks(4, "code")) tasks.push_back(task);
+  for (auto& task : Tasks(2, "exact")) tasks.push_back(task);
+  dispatcher.Enqueue(tasks);
+  dispatcher.Start();
+  REQUIRE(sink.WaitFor(14));
+  dispatcher.Stop();
+  absl::MutexLock lock(&verifiers.mu_);
+  // Every batch holds one verifier name; record which names each replica
+  // was sent by replaying the calls' sizes against what it may serve.
+  auto items = [&](const std::string& address) {
+    int n = 0;
+    for (int k : verifiers.calls_[address]) n += k;
+    return n;
+  };
+  CHECK(items("code:1") == 4);
+  CHECK(items("math-a:1") + items("math-b:1") == 10);
+  // math's 8 samples in batches of 2 alternate between its two replicas;
+  // exact's 2 can only go to math-a.
+  CHECK(items("math-b:1") >= 2);
+  CHECK(items("math-a:1") >= 2 + 2);
+  CHECK(dispatcher.Stats().unroutable_attempts == 0);
+}
+
+TEST_CASE(
+    "Scoring: a verifier no replica serves waits, is counted and does not "
+    "block other verifiers",
+    "[coordinator][scoring]") {
+  FakeVerifiers verifiers;
+  Sink sink;
+  std::atomic<bool> code_up{false};
+  ScoringDispatcherOptions options;
+  options.batch_wait = absl::ZeroDuration();
+  options.retry_backoff = absl::Milliseconds(5);
+  options.concurrency = 1;
+  ScoringDispatcher dispatcher(
+      options, &verifiers,
+      [&code_up] {
+        std::vector<VerifierReplica> replicas{{"math:1", {"math"}}};
+        if (code_up) replicas.push_back({"code:1", {"code"}});
+        return replicas;
+      },
+      [&sink](const ScoringTask& t, const tandem::v1::Score& s) {
+        sink.Add(t, s);
+      });
+  std::vector<ScoringTask> tasks = Tasks(3, "code");
+  for (auto& task : Tasks(3, "math")) tasks.push_back(task);
+  dispatcher.Enqueue(tasks);
+  dispatcher.Start();
+  REQUIRE(sink.WaitFor(3));
+  absl::SleepFor(absl::Milliseconds(50));
+  {
+    absl::MutexLock lock(&sink.mu);
+    CHECK(sink.scores.size() == 3);
+    CHECK(sink.scores.count("math0") == 1);
+    CHECK(sink.scores.count("code0") == 0);
+  }
+  ScoringStats waiting = dispatcher.Stats();
+  CHECK(waiting.unroutable_attempts >= 3);
+  CHECK(waiting.unroutable_waiting == 3);
+  CHECK(waiting.items_no_verifier == 0);
+  code_up = true;
+  REQUIRE(sink.WaitFor(6));
+  dispatcher.Stop();
+  CHECK(dispatcher.Stats().unroutable_waiting == 0);
+  absl::MutexLock lock(&verifiers.mu_);
+  CHECK(verifiers.calls_["code:1"].size() >= 1);
+  CHECK(verifiers.calls_.count("math:1") == 1);
+}
+
+TEST_CASE(
+    "Scoring: with unroutable_timeout a verifier nobody serves is scored 0 "
+    "as no_verifier",
+    "[coordinator][scoring]") {
+  FakeVerifiers verifiers;
+  Sink sink;
+  ScoringDispatcherOptions options;
+  options.batch_wait = absl::ZeroDuration();
+  options.retry_backoff = absl::Milliseconds(5);
+  options.unroutable_timeout = absl::Milliseconds(30);
+  ScoringDispatcher dispatcher(
+      options, &verifiers,
+      [] { return std::vector<VerifierReplica>{{"math:1", {"math"}}}; },
+      [&sink](const ScoringTask& t, const tandem::v1::Score& s) {
+        sink.Add(t, s);
+      });
+  const absl::Time start = absl::Now();
+  dispatcher.Enqueue(Tasks(2, "maht"));
+  dispatcher.Start();
+  REQUIRE(sink.WaitFor(2));
+  CHECK(absl::Now() - start >= absl::Milliseconds(30));
+  dispatcher.Stop();
+  absl::MutexLock lock(&sink.mu);
+  CHECK(sink.scores["maht0"].outcome() == "no_verifier");
+  CHECK(sink.scores["maht0"].reward() == 0.0);
+  CHECK(sink.scores["maht0"].reason().find("maht") != std::string::npos);
+  CHECK(dispatcher.Stats().items_no_verifier == 2);
+  absl::MutexLock verifiers_lock(&verifiers.mu_);
+  CHECK(verifiers.calls_.empty());
+}
+
+TEST_CASE(
+    "Scoring: the registry reports the verifier names each alive replica "
+    "advertised",
+    "[coordinator][scoring]") {
+  MemberRegistry registry(absl::Seconds(5));
+  const absl::Time now = absl::Now();
+  tandem::v1::RegisterRequest request;
+  request.set_role(tandem::v1::ROLE_VERIFIER);
+  request.set_grpc_address("v1:1");
+  (*request.mutable_capabilities())["verifiers"] = "math, code,,exact";
+  registry.Register(request, now);
+  request.set_grpc_address("v2:1");
+  request.mutable_capabilities()->clear();
+  const std::string draining =
+      registry.Register(request, now).member_id();
+  request.set_grpc_address("v3:1");
+  registry.Register(request, now);
+  tandem::v1::HeartbeatRequest heartbeat;
+  heartbeat.set_member_id(draining);
+  heartbeat.set_state(tandem::v1::MEMBER_STATE_DRAINING);
+  REQUIRE(registry.Heartbeat(heartbeat, now).ok());
+  std::vector<MemberRegistry::ServingVerifier> serving =
+      registry.ServingVerifiers();
+  REQUIRE(serving.size() == 2);
+  std::map<std::string, std::set<std::string>> by_address;
+  for (const auto& s : serving) by_address[s.address] = s.verifiers;
+  CHECK(by_address["v1:1"] == std::set<std::string>{"code", "exact", "math"});
+  CHECK(by_address["v3:1"].empty());  // advertised nothing: serves any
+  CHECK(by_address.count("v2:1") == 0);  // draining takes no new work
 }
 
 }  // namespace
