@@ -2,6 +2,8 @@
 
 #include <boost/asio/post.hpp>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/logging.h"
@@ -33,12 +35,20 @@ absl::StatusOr<std::unique_ptr<Verifier>> Verifier::Create(
   limits.max_output_bytes = config.code_max_output_bytes;
   limits.max_processes = static_cast<int>(config.code_max_processes);
   limits.allow_network_fallback = config.code_allow_network_fallback;
+  builtin.sandbox.private_filesystem = config.code_private_filesystem;
   ScorerRegistry scorer_registry;
   RETURN_IF_ERROR(RegisterBuiltinScorers(builtin, &scorer_registry));
-  for (const std::string& name : scorer_registry.Names()) {
+  std::vector<std::string> names = config.verifiers;
+  if (names.empty()) names = scorer_registry.Names();
+  const std::vector<std::string> known = scorer_registry.Names();
+  for (const std::string& name : names) {
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("verifiers: unknown verifier '", name,
+                       "' (known: ", absl::StrJoin(known, ", "), ")"));
+    }
     ASSIGN_OR_RETURN(verifier->scorers_[name], scorer_registry.Create(name));
   }
-  std::vector<std::string> names = scorer_registry.Names();
   Verifier* self = verifier.get();
   ASSIGN_OR_RETURN(verifier->member_,
                    cluster::MemberDaemon::Create(
@@ -98,6 +108,9 @@ void Verifier::ScoreAll(const tandem::v1::ScoreBatchRequest& request,
     ScoreResult result = scorers_.at(item.verifier())->Score(score_request);
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     metrics_.Observe(item.verifier(), result.outcome, seconds);
+    for (absl::string_view kill : result.sandbox_kills) {
+      metrics_.CountSandboxKill(kill);
+    }
     tandem::v1::ScoreResult* out = response->add_results();
     out->set_item_id(item.item_id());
     out->set_seconds(seconds);

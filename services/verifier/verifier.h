@@ -31,6 +31,9 @@ class Verifier : public tandem::v1::Verifier::CallbackService {
   void GracefulStop(absl::Duration deadline);
   void Stop();
 
+  // host:port of the gRPC server (bound at Create).
+  const std::string& grpc_address() const { return member_->grpc_address(); }
+
   // tandem.v1.Verifier
   grpc::ServerUnaryReactor* ScoreBatch(
       grpc::CallbackServerContext* context,

@@ -12,6 +12,9 @@ void RegisterFields(config::ConfigSchema* schema, VerifierConfig* config) {
                  "refused with RESOURCE_EXHAUSTED.");
   schema->AddInt("worker_threads", &config->worker_threads, 1, 256,
                  "Threads that run scorers.");
+  schema->AddStringList("verifiers", &config->verifiers,
+                        "Verifier names this replica serves (advertised to "
+                        "the coordinator for routing); empty = all.");
   schema->AddInt("code.cpu_seconds", &config->code_cpu_seconds, 1, 3600,
                  "CPU-time limit of one sandboxed program run.");
   schema->AddDouble("code.wall_seconds", &config->code_wall_seconds, 0.1, 3600,
@@ -28,6 +31,9 @@ void RegisterFields(config::ConfigSchema* schema, VerifierConfig* config) {
                   &config->code_allow_network_fallback,
                   "Run code without a private network namespace when the "
                   "kernel refuses one (unsafe; off refuses to run code).");
+  schema->AddBool("code.private_filesystem", &config->code_private_filesystem,
+                  "Give each run a private read-only filesystem view (mount "
+                  "namespace) where the kernel allows it.");
 }
 
 absl::Status Validate(const VerifierConfig& config) { return absl::OkStatus(); }

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "common/config/config_schema.h"
@@ -16,6 +17,9 @@ struct VerifierConfig {
   int64_t max_concurrency = 64;
   // Threads that run scorers.
   int64_t worker_threads = 2;
+  // Verifier names this replica serves and advertises to the coordinator,
+  // which routes samples by them; empty = every registered verifier.
+  std::vector<std::string> verifiers;
   // Sandbox limits for the `code` verifier.
   int64_t code_cpu_seconds = 5;
   double code_wall_seconds = 10.0;
@@ -23,6 +27,9 @@ struct VerifierConfig {
   int64_t code_max_output_bytes = int64_t{1} << 20;
   int64_t code_max_processes = 64;
   bool code_allow_network_fallback = false;
+  // A private, read-only filesystem view per run (mount namespace) where
+  // the kernel allows it.
+  bool code_private_filesystem = true;
 };
 
 void RegisterFields(config::ConfigSchema* schema, VerifierConfig* config);

@@ -1,5 +1,7 @@
 #include "services/verifier/verifier_metrics.h"
 
+#include "services/verifier/scoring/scorer.h"
+
 namespace tandem::verifier {
 
 VerifierMetrics::VerifierMetrics(prometheus::Registry& registry)
@@ -20,7 +22,20 @@ VerifierMetrics::VerifierMetrics(prometheus::Registry& registry)
                     .Name("tandem_verifier_rejected_batches_total")
                     .Help("Batches refused with RESOURCE_EXHAUSTED.")
                     .Register(registry)
-                    .Add({})) {}
+                    .Add({})),
+      sandbox_kills_(prometheus::BuildCounter()
+                         .Name("tandem_verifier_sandbox_kills_total")
+                         .Help("Sandboxed runs ended by force, by reason: "
+                               "cpu, wall_clock, output, file_size, signal.")
+                         .Register(registry)) {
+  for (absl::string_view reason : kAllKillReasons) {
+    sandbox_kills_.Add({{"reason", std::string(reason)}});
+  }
+}
+
+void VerifierMetrics::CountSandboxKill(absl::string_view reason) {
+  sandbox_kills_.Add({{"reason", std::string(reason)}}).Increment();
+}
 
 void VerifierMetrics::Observe(const std::string& verifier,
                               const std::string& outcome, double seconds) {

@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "absl/strings/string_view.h"
+
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
@@ -19,12 +21,16 @@ class VerifierMetrics {
                double seconds);
   prometheus::Gauge& inflight() { return inflight_; }
   prometheus::Counter& rejected() { return rejected_; }
+  // Counts a sandboxed run ended by force; `reason` is one of
+  // kAllKillReasons.
+  void CountSandboxKill(absl::string_view reason);
 
  private:
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Histogram>& seconds_;
   prometheus::Gauge& inflight_;
   prometheus::Counter& rejected_;
+  prometheus::Family<prometheus::Counter>& sandbox_kills_;
 };
 
 }  // namespace tandem::verifier

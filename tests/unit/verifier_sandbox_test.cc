@@ -206,6 +206,7 @@ TEST_CASE("code contains an infinite loop with the CPU limit", "[escape]") {
   CHECK(result.reward == 0.0);
   CHECK(result.outcome == "timeout");
   CHECK(absl::StrContains(result.reason, "CPU limit"));
+  CHECK(result.sandbox_kills == std::vector<absl::string_view>{kKillCpu});
   // The first timeout ends the run; the second test is not run.
   CHECK(elapsed < std::chrono::seconds(9));
   f.ExpectNothingLeft();
@@ -222,6 +223,7 @@ TEST_CASE("code contains a sleeping program with the wall-clock limit",
   CHECK(result.reward == 0.0);
   CHECK(result.outcome == "timeout");
   CHECK(absl::StrContains(result.reason, "wall-clock"));
+  CHECK(result.sandbox_kills == std::vector<absl::string_view>{kKillWall});
   f.ExpectNothingLeft();
   ExpectGoodProgramScoresOne(*f.scorer);
 }
@@ -345,6 +347,7 @@ TEST_CASE("code contains huge output with the output cap", "[escape]") {
   CHECK(result.outcome == "output_limit");
   CHECK(elapsed < std::chrono::seconds(2));  // Killed at the cap, not later.
   CHECK(result.reason.size() < 1000);        // The reason stays bounded.
+  CHECK(result.sandbox_kills == std::vector<absl::string_view>{kKillOutput});
 
   const ScoreResult big_file =
       f.Score("with open('big', 'wb') as f:\n    f.write(b'x' * (4 << 20))\n",
@@ -488,6 +491,87 @@ TEST_CASE("sandbox reports exit status, output and a removed directory",
   bad_file.argv = {"/bin/true"};
   bad_file.files = {{"../escape", ""}};
   CHECK(absl::IsInvalidArgument((*sandbox)->Run(bad_file).status()));
+}
+
+TEST_CASE(
+    "sandbox gives each run a private, read-only view: its own directory is "
+    "the only writable place and other runs and daemon processes are hidden",
+    "[isolation]") {
+  REQUIRE_ROOT_OR_SKIP();
+  WorkRoot root;
+  // Something another run (or the daemon) left in work_root.
+  const std::string other = root.path() + "/other-run";
+  REQUIRE(mkdir(other.c_str(), 0777) == 0);
+  auto sandbox = Sandbox::Create(TestConfig(root));
+  REQUIRE(sandbox.ok());
+  SandboxCommand command;
+  command.argv = {"/usr/bin/python3", "probe.py"};
+  command.files = {{"probe.py", absl::StrCat(R"(import os
+def try_write(path):
+    try:
+        with open(path, 'w') as f:
+            f.write('x')
+        return 'wrote'
+    except OSError as e:
+        return type(e).__name__ + ':' + str(e.errno)
+print('own', try_write('own.txt'))
+print('tmp', try_write('/tmp/escape.txt'))
+print('root', try_write(')", root.path(), R"(/escape.txt'))
+print('devshm', try_write('/dev/shm/escape'))
+print('siblings', sorted(os.listdir(')", root.path(), R"(')))
+print('pids', sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))
+print('run', os.listdir('/run'))
+)")}};
+  auto result = (*sandbox)->Run(command);
+  REQUIRE(result.ok());
+  INFO("stdout: " << result->stdout_data << "\nstderr: " << result->stderr_data);
+  REQUIRE(result->termination == SandboxTermination::kExited);
+  CHECK(result->exit_code == 0);
+  CHECK(result->isolated);
+  CHECK(result->private_filesystem);
+  const std::string& out = result->stdout_data;
+  CHECK(absl::StrContains(out, "own wrote\n"));
+  // EROFS (30): nothing outside the run directory is writable.
+  CHECK(absl::StrContains(out, "tmp OSError:30\n"));
+  CHECK(absl::StrContains(out, "root OSError:30\n"));
+  CHECK(absl::StrContains(out, "devshm OSError:30\n"));
+  // Only its own run directory in work_root; "other-run" is out of sight.
+  CHECK(absl::StrContains(out, "siblings ['tandem-sandbox-"));
+  CHECK(!absl::StrContains(out, "other-run"));
+  // /proc of the run's PID namespace: its init and itself.
+  CHECK(absl::StrContains(out, "pids [1, 2]\n"));
+  CHECK(absl::StrContains(out, "run []\n"));
+  CHECK(!fs::exists("/tmp/escape.txt"));
+  CHECK(!fs::exists(root.path() + "/escape.txt"));
+  // The daemon's namespace is untouched: no mount leaked back.
+  CHECK(fs::exists(other));
+  REQUIRE(rmdir(other.c_str()) == 0);
+  CHECK(root.Empty());
+}
+
+TEST_CASE(
+    "sandbox keeps network and PID namespaces when a private view is "
+    "refused",
+    "[isolation]") {
+  REQUIRE_ROOT_OR_SKIP();
+  Fixture f;
+  f.scorer->SandboxForTest().SimulateMountNamespaceFailureForTest(true);
+  ExpectGoodProgramScoresOne(*f.scorer);
+  const ScoreResult network = f.Score(
+      "import socket\n"
+      "socket.create_connection(('127.0.0.1', 9), timeout=1)\n",
+      Tests({{"", ""}}));
+  INFO(network.reason);
+  CHECK(network.reward == 0.0);
+  CHECK(absl::StrContains(network.reason, "unreachable"));
+  SandboxCommand command;
+  command.argv = {"/bin/sh", "-c", "echo $$"};
+  auto result = f.scorer->SandboxForTest().Run(command);
+  REQUIRE(result.ok());
+  CHECK(result->isolated);
+  CHECK(!result->private_filesystem);
+  CHECK(result->stdout_data == "2\n");
+  f.ExpectNothingLeft();
 }
 
 TEST_CASE("code refuses to run without namespaces unless fallback is allowed",

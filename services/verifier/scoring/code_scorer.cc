@@ -137,6 +137,7 @@ struct TestVerdict {
   bool passed = false;
   absl::string_view failure;  // Outcome label when not passed.
   std::string detail;
+  absl::string_view kill;  // kAllKillReasons; empty when not ended by force.
 };
 
 TestVerdict Judge(const SandboxResult& run, const TestCase& test,
@@ -144,11 +145,13 @@ TestVerdict Judge(const SandboxResult& run, const TestCase& test,
   TestVerdict v;
   switch (run.termination) {
     case SandboxTermination::kWallTimeout:
+      v.kill = kKillWall;
       v.failure = kOutcomeTimeout;
       v.detail = absl::StrCat("wall-clock limit of ", limits.wall_seconds,
                               " s exceeded");
       return v;
     case SandboxTermination::kOutputLimit:
+      v.kill = kKillOutput;
       v.failure = kOutcomeOutputLimit;
       v.detail =
           absl::StrCat("output exceeded ", limits.max_output_bytes, " bytes");
@@ -158,14 +161,17 @@ TestVerdict Judge(const SandboxResult& run, const TestCase& test,
                        (run.signal == SIGKILL &&
                         run.cpu_time >= absl::Seconds(limits.cpu_seconds));
       if (cpu) {
+        v.kill = kKillCpu;
         v.failure = kOutcomeTimeout;
         v.detail =
             absl::StrCat("CPU limit of ", limits.cpu_seconds, " s exceeded");
       } else if (run.signal == SIGXFSZ) {
+        v.kill = kKillFileSize;
         v.failure = kOutcomeOutputLimit;
         v.detail = absl::StrCat("file size limit of ", limits.file_size_bytes,
                                 " bytes exceeded");
       } else {
+        v.kill = kKillSignal;
         v.failure = kOutcomeRuntimeError;
         v.detail = absl::StrCat("killed by signal ", run.signal, " (",
                                 SignalName(run.signal), "); stderr ",
@@ -229,6 +235,7 @@ ScoreResult CodeScorer::Score(const ScoreRequest& request) {
   size_t passed = 0;
   std::optional<TestVerdict> first_failure;
   size_t first_failure_index = 0;
+  std::vector<absl::string_view> kills;
   for (size_t i = 0; i < total; ++i) {
     SandboxCommand command;
     command.argv = task->argv;
@@ -243,6 +250,7 @@ ScoreResult CodeScorer::Score(const ScoreRequest& request) {
                        " not run: ", run.status().message()));
     }
     TestVerdict verdict = Judge(*run, task->tests[i], limits);
+    if (!verdict.kill.empty()) kills.push_back(verdict.kill);
     if (verdict.passed) {
       ++passed;
       continue;
@@ -260,9 +268,12 @@ ScoreResult CodeScorer::Score(const ScoreRequest& request) {
     absl::StrAppend(&reason, "; test ", first_failure_index + 1, " ",
                     first_failure->failure, ": ", first_failure->detail);
   }
-  if (passed == total) return MakeResult(1.0, kOutcomeCorrect, reason);
-  if (passed > 0) return MakeResult(reward, kOutcomePartial, reason);
-  return MakeResult(0.0, first_failure->failure, reason);
+  ScoreResult result =
+      passed == total ? MakeResult(1.0, kOutcomeCorrect, reason)
+      : passed > 0    ? MakeResult(reward, kOutcomePartial, reason)
+                      : MakeResult(0.0, first_failure->failure, reason);
+  result.sandbox_kills = std::move(kills);
+  return result;
 }
 
 absl::StatusOr<std::unique_ptr<Scorer>> NewCodeScorer(

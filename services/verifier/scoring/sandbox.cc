@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "services/verifier/scoring/sandbox_child.h"
@@ -130,6 +131,7 @@ class RunDirectory {
 
   ~RunDirectory() { RemoveTree(outer_); }
 
+  const std::string& outer_dir() const { return outer_; }
   const std::string& work_dir() const { return work_; }
 
  private:
@@ -205,7 +207,7 @@ struct ExecStrings {
 // Waits for the failure report of the child's setup. EOF means the program
 // was exec'd; a report means nothing runs, and the init is reaped here.
 absl::Status AwaitExec(pid_t pid, const UniqueFd& failure_read,
-                       absl::string_view program) {
+                       absl::string_view program, int* failed_stage) {
   ChildFailure failure{};
   ssize_t n;
   do {
@@ -214,6 +216,7 @@ absl::Status AwaitExec(pid_t pid, const UniqueFd& failure_read,
   if (n != static_cast<ssize_t>(sizeof(failure))) return absl::OkStatus();
   while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
   }
+  *failed_stage = failure.stage;
   const std::string message =
       absl::StrCat("sandbox child failed at ", ChildStageName(failure.stage),
                    " (", program, "): ", std::strerror(failure.error));
@@ -336,10 +339,11 @@ absl::Status ValidateSandboxConfig(const SandboxConfig& config) {
         "few), got ",
         l.max_open_files));
   }
-  if (config.work_root.empty() || config.work_root.front() != '/') {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sandbox.work_root must be an absolute path, got \"",
-                     config.work_root, "\""));
+  if (config.work_root.empty() || config.work_root.front() != '/' ||
+      config.work_root.find_first_not_of('/') == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sandbox.work_root must be an absolute path other than /, got \"",
+        config.work_root, "\""));
   }
   return absl::OkStatus();
 }
@@ -374,11 +378,6 @@ absl::StatusOr<SandboxResult> Sandbox::Run(
 
   ASSIGN_OR_RETURN(std::unique_ptr<RunDirectory> dir,
                    RunDirectory::Create(config_, drop_privileges, command));
-  ASSIGN_OR_RETURN(UniqueFd stdin_file, MakeStdinFile(command.stdin_data));
-  ASSIGN_OR_RETURN(Pipe out, MakePipe());
-  ASSIGN_OR_RETURN(Pipe err, MakePipe());
-  ASSIGN_OR_RETURN(Pipe failure, MakePipe());
-  ASSIGN_OR_RETURN(Pipe status, MakePipe(O_NONBLOCK));
 
   const ExecStrings argv(command.argv);
   const ExecStrings envp({
@@ -387,77 +386,141 @@ absl::StatusOr<SandboxResult> Sandbox::Run(
       "TMPDIR=" + dir->work_dir(),
       "LANG=C.UTF-8",
   });
+  // Directories hidden under an empty tmpfs in a private view, except those
+  // that contain work_root (hiding them would hide the run directory).
+  std::vector<std::string> hidden;
+  for (const char* candidate :
+       {"/run", "/dev/shm", "/var/tmp", "/home", "/root", "/mnt", "/media"}) {
+    const std::string dir_path = candidate;
+    if (config_.work_root == dir_path ||
+        absl::StartsWith(config_.work_root, dir_path + "/")) {
+      continue;
+    }
+    hidden.push_back(dir_path);
+  }
+  std::vector<const char*> hidden_dirs;
+  for (const std::string& h : hidden) hidden_dirs.push_back(h.c_str());
+  hidden_dirs.push_back(nullptr);
   auto rl = [](int64_t soft, int64_t hard) {
     return rlimit{static_cast<rlim_t>(soft), static_cast<rlim_t>(hard)};
   };
-  const ChildSpec spec{
-      .stdin_fd = stdin_file.get(),
-      .stdout_fd = out.write.get(),
-      .stderr_fd = err.write.get(),
-      .failure_fd = failure.write.get(),
-      .status_fd = status.write.get(),
-      .work_dir = dir->work_dir().c_str(),
-      .argv = argv.pointers.data(),
-      .envp = envp.pointers.data(),
-      .drop_privileges = drop_privileges,
-      .uid = config_.run_as_uid,
-      .gid = config_.run_as_gid,
-      .rlimits = {
-          {RLIMIT_CPU, rl(limits.cpu_seconds, limits.cpu_seconds + 1)},
-          {RLIMIT_AS,
-           rl(limits.address_space_bytes, limits.address_space_bytes)},
-          {RLIMIT_FSIZE, rl(limits.file_size_bytes, limits.file_size_bytes)},
-          {RLIMIT_NPROC, rl(limits.max_processes, limits.max_processes)},
-          {RLIMIT_NOFILE, rl(limits.max_open_files, limits.max_open_files)},
-          {RLIMIT_CORE, rl(0, 0)},
-      }};
 
-  // The init runs on its own stack in a copy of this address space.
-  constexpr size_t kInitStackBytes = 256 * 1024;
-  std::vector<char> stack(kInitStackBytes);
-  char* stack_top = stack.data() + stack.size();
-  stack_top -= reinterpret_cast<uintptr_t>(stack_top) % 64;
-  void* spec_arg = const_cast<ChildSpec*>(&spec);
-
-  bool isolated = true;
+  // Isolation tiers, strongest first: private mounts + network + PID
+  // namespaces; network + PID namespaces; none (only with
+  // allow_network_fallback).
+  enum class Tier { kPrivateMounts, kNamespaces, kNone };
+  Tier tier = config_.private_filesystem ? Tier::kPrivateMounts
+                                         : Tier::kNamespaces;
+  UniqueFd out_read, err_read, status_read;
   pid_t pid = -1;
-  if (simulate_namespace_failure_.load()) {
-    errno = EPERM;
-  } else {
-    pid = clone(&SandboxInitMain, stack_top,
-                CLONE_NEWNET | CLONE_NEWPID | SIGCHLD, spec_arg);
-  }
-  if (pid < 0) {
-    const int error = errno;
-    if (error == EAGAIN || error == ENOMEM) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("clone: ", std::strerror(error)));
+  absl::Time start;
+  while (true) {
+    ASSIGN_OR_RETURN(UniqueFd stdin_file, MakeStdinFile(command.stdin_data));
+    ASSIGN_OR_RETURN(Pipe out, MakePipe());
+    ASSIGN_OR_RETURN(Pipe err, MakePipe());
+    ASSIGN_OR_RETURN(Pipe failure, MakePipe());
+    ASSIGN_OR_RETURN(Pipe status, MakePipe(O_NONBLOCK));
+    const ChildSpec spec{
+        .stdin_fd = stdin_file.get(),
+        .stdout_fd = out.write.get(),
+        .stderr_fd = err.write.get(),
+        .failure_fd = failure.write.get(),
+        .status_fd = status.write.get(),
+        .work_dir = dir->work_dir().c_str(),
+        .argv = argv.pointers.data(),
+        .envp = envp.pointers.data(),
+        .drop_privileges = drop_privileges,
+        .uid = config_.run_as_uid,
+        .gid = config_.run_as_gid,
+        .rlimits = {
+            {RLIMIT_CPU, rl(limits.cpu_seconds, limits.cpu_seconds + 1)},
+            {RLIMIT_AS,
+             rl(limits.address_space_bytes, limits.address_space_bytes)},
+            {RLIMIT_FSIZE,
+             rl(limits.file_size_bytes, limits.file_size_bytes)},
+            {RLIMIT_NPROC, rl(limits.max_processes, limits.max_processes)},
+            {RLIMIT_NOFILE, rl(limits.max_open_files, limits.max_open_files)},
+            {RLIMIT_CORE, rl(0, 0)},
+        },
+        .private_mounts = tier == Tier::kPrivateMounts,
+        .work_root = config_.work_root.c_str(),
+        .outer_dir = dir->outer_dir().c_str(),
+        .hidden_dirs = hidden_dirs.data(),
+    };
+
+    // The init runs on its own stack in a copy of this address space.
+    constexpr size_t kInitStackBytes = 256 * 1024;
+    std::vector<char> stack(kInitStackBytes);
+    char* stack_top = stack.data() + stack.size();
+    stack_top -= reinterpret_cast<uintptr_t>(stack_top) % 64;
+    void* spec_arg = const_cast<ChildSpec*>(&spec);
+    int flags = SIGCHLD;
+    if (tier != Tier::kNone) flags |= CLONE_NEWNET | CLONE_NEWPID;
+    if (tier == Tier::kPrivateMounts) flags |= CLONE_NEWNS;
+    if (tier != Tier::kNone && simulate_namespace_failure_.load()) {
+      pid = -1;
+      errno = EPERM;
+    } else if (tier == Tier::kPrivateMounts &&
+               simulate_mount_failure_.load()) {
+      pid = -1;
+      errno = EPERM;
+    } else {
+      pid = clone(&SandboxInitMain, stack_top, flags, spec_arg);
     }
-    if (!limits.allow_network_fallback) {
-      return absl::UnavailableError(absl::StrCat(
-          "cannot create network and PID namespaces (", std::strerror(error),
-          "); refusing to run untrusted code without them (set "
-          "allow_network_fallback to run unisolated)"));
+    if (pid < 0) {
+      const int error = errno;
+      if (error == EAGAIN || error == ENOMEM) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("clone: ", std::strerror(error)));
+      }
+      if (tier == Tier::kPrivateMounts) {
+        tier = Tier::kNamespaces;
+        continue;
+      }
+      if (tier == Tier::kNamespaces && limits.allow_network_fallback) {
+        tier = Tier::kNone;
+        continue;
+      }
+      if (tier == Tier::kNamespaces) {
+        return absl::UnavailableError(absl::StrCat(
+            "cannot create network and PID namespaces (",
+            std::strerror(error),
+            "); refusing to run untrusted code without them (set "
+            "allow_network_fallback to run unisolated)"));
+      }
+      return ErrnoStatus("clone");
     }
-    isolated = false;
-    pid = clone(&SandboxInitMain, stack_top, SIGCHLD, spec_arg);
-    if (pid < 0) return ErrnoStatus("clone");
+    start = absl::Now();
+    out.write.Reset();
+    err.write.Reset();
+    failure.write.Reset();
+    status.write.Reset();
+    stdin_file.Reset();
+    int failed_stage = 0;
+    absl::Status exec_status =
+        AwaitExec(pid, failure.read, command.argv[0], &failed_stage);
+    if (!exec_status.ok() && tier == Tier::kPrivateMounts &&
+        failed_stage == sandbox_internal::kStageMounts) {
+      // A restrictive kernel or container (e.g. a seccomp filter on mount):
+      // keep the namespaces, lose the private view.
+      tier = Tier::kNamespaces;
+      continue;
+    }
+    RETURN_IF_ERROR(exec_status);
+    out_read = std::move(out.read);
+    err_read = std::move(err.read);
+    status_read = std::move(status.read);
+    break;
   }
-  const absl::Time start = absl::Now();
-  out.write.Reset();
-  err.write.Reset();
-  failure.write.Reset();
-  status.write.Reset();
-  stdin_file.Reset();
-  RETURN_IF_ERROR(AwaitExec(pid, failure.read, command.argv[0]));
 
   SandboxResult result;
-  result.isolated = isolated;
+  result.isolated = tier != Tier::kNone;
+  result.private_filesystem = tier == Tier::kPrivateMounts;
   ASSIGN_OR_RETURN(
       const Interruption interruption,
       Supervise(pid, start + absl::Seconds(limits.wall_seconds),
                 static_cast<size_t>(limits.max_output_bytes),
-                std::move(out.read), std::move(err.read), &result));
+                std::move(out_read), std::move(err_read), &result));
 
   int init_status = 0;
   rusage usage{};
@@ -467,7 +530,7 @@ absl::StatusOr<SandboxResult> Sandbox::Run(
   // init was killed (timeout, output overflow), and then the program died
   // with it by SIGKILL.
   int program_status = 0;
-  if (read(status.read.get(), &program_status, sizeof(program_status)) !=
+  if (read(status_read.get(), &program_status, sizeof(program_status)) !=
       static_cast<ssize_t>(sizeof(program_status))) {
     program_status = init_status;
   }

@@ -27,17 +27,32 @@
 //   - its own new, empty directory under work_root as cwd, HOME and TMPDIR,
 //     owned by the sandbox user with mode 0700 inside a daemon-owned 0711
 //     directory, removed (recursively) after the run whatever happened;
+//   - a private filesystem view (mount namespace, CLONE_NEWNS), when
+//     private_filesystem is set and the kernel allows it: every mount is
+//     made private (nothing propagates back), work_root and /run, /dev/shm,
+//     /var/tmp, /home, /root, /mnt, /media (those that do not contain
+//     work_root) are covered by empty tmpfs, so other runs' directories and
+//     the daemon's sockets are out of sight; the run directory is mounted
+//     back at its own path; /proc is a new procfs of the PID namespace
+//     (only the run's processes); then the whole tree is read-only and
+//     nosuid except the run directory. The program can write nowhere but
+//     its own directory, and all of it disappears with the namespace.
 //   - stdin from an in-memory file, stdout and stderr through pipes, each
 //     capped at max_output_bytes: past the cap the parent stops reading and
 //     kills the run;
 //   - every other inherited file descriptor closed (close_range), and a
 //     minimal environment (PATH, HOME, TMPDIR, LANG).
 //
-// If the namespaces cannot be created (not root, no CAP_SYS_ADMIN, a
-// restrictive container), Run() returns Unavailable and runs nothing,
-// unless allow_network_fallback is set: then the program runs without
-// network and PID isolation, contained only by the process-group kill, and
-// SandboxResult::isolated is false.
+// Isolation is tried in tiers, strongest first:
+//   1. private filesystem view + network + PID namespaces;
+//   2. network + PID namespaces (the mount namespace or one of its mounts
+//      was refused, e.g. by a seccomp filter, or private_filesystem is off):
+//      SandboxResult::private_filesystem is false;
+//   3. none. If the namespaces of tier 2 cannot be created (not root, no
+//      CAP_SYS_ADMIN, a restrictive container), Run() returns Unavailable
+//      and runs nothing, unless allow_network_fallback is set: then the
+//      program runs without network and PID isolation, contained only by
+//      the process-group kill, and SandboxResult::isolated is false.
 //
 // Caveats, by design of the mechanisms used:
 //   - RLIMIT_NPROC counts all processes of the real uid. Concurrent runs
@@ -45,10 +60,14 @@
 //     run fail to start (ResourceExhausted) until it is killed. When not
 //     running as root the limit counts the daemon user's own processes, so
 //     max_processes must leave room for them.
-//   - There is no mount namespace: the program can read what nobody can
-//     read, and write where nobody can write (e.g. /tmp outside its
-//     directory; such files outlive the run). RLIMIT_FSIZE bounds each
-//     file, not their number.
+//   - Without the private filesystem view (tier 2 below) the program can
+//     read what nobody can read, and write where nobody can write (e.g.
+//     /tmp outside its directory; such files outlive the run), and see the
+//     daemon's processes in /proc. RLIMIT_FSIZE bounds each file, not
+//     their number.
+//   - The private view needs CAP_SYS_ADMIN (the daemon runs as root). An
+//     unprivileged daemon would need a user namespace as well, which this
+//     sandbox does not create: without root it gets tier 2 at best.
 //
 // Thread-safe: Run() may be called concurrently; each run has its own
 // directory, pipes and processes.
@@ -90,6 +109,9 @@ struct SandboxConfig {
   // Identity of the program when the daemon runs as root.
   uid_t run_as_uid = 65534;
   gid_t run_as_gid = 65534;
+  // Give each run a private filesystem view (tier 1 above) where the
+  // kernel allows it.
+  bool private_filesystem = true;
 };
 
 // OK, or InvalidArgument naming the first bad field, e.g.
@@ -124,6 +146,8 @@ struct SandboxResult {
   absl::Duration cpu_time;
   // False only when run under allow_network_fallback without namespaces.
   bool isolated = true;
+  // True when the run had the private filesystem view.
+  bool private_filesystem = false;
 };
 
 class Sandbox {
@@ -154,12 +178,17 @@ class Sandbox {
   void SimulateNamespaceFailureForTest(bool fail) {
     simulate_namespace_failure_.store(fail);
   }
+  // Makes the mount namespace fail alone, to test the fall back to tier 2.
+  void SimulateMountNamespaceFailureForTest(bool fail) {
+    simulate_mount_failure_.store(fail);
+  }
 
  private:
   explicit Sandbox(SandboxConfig config) : config_(std::move(config)) {}
 
   const SandboxConfig config_;
   std::atomic<bool> simulate_namespace_failure_{false};
+  std::atomic<bool> simulate_mount_failure_{false};
 };
 
 }  // namespace tandem::verifier

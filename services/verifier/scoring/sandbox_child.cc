@@ -2,7 +2,9 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -79,6 +81,54 @@ void ArrangeDescriptors(const ChildSpec& spec) {
   Fail(kStageExec);
 }
 
+// See ChildSpec::private_mounts. Runs in the init, before the program is
+// forked, with the privileges of the daemon.
+void SetUpPrivateMounts(const ChildSpec& spec) {
+  // Nothing done here may propagate back to the daemon's namespace.
+  if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+    Fail(kStageMounts);
+  }
+  // A detached copy of the run directory, taken before work_root is hidden.
+  const int tree = static_cast<int>(
+      syscall(SYS_open_tree, AT_FDCWD, spec.work_dir,
+              OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC));
+  if (tree < 0) Fail(kStageMounts);
+  for (const char* const* dir = spec.hidden_dirs; *dir != nullptr; ++dir) {
+    if (mount("tmpfs", *dir, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+              "size=16k,mode=0755") != 0 &&
+        errno != ENOENT && errno != ENOTDIR) {
+      Fail(kStageMounts);
+    }
+  }
+  // Hides the other runs' directories (and the rest of work_root).
+  if (mount("tmpfs", spec.work_root, "tmpfs", MS_NOSUID | MS_NODEV,
+            "size=64k,mode=0755") != 0 ||
+      mkdir(spec.outer_dir, 0711) != 0 || mkdir(spec.work_dir, 0700) != 0 ||
+      syscall(SYS_move_mount, tree, "", AT_FDCWD, spec.work_dir,
+              MOVE_MOUNT_F_EMPTY_PATH) != 0) {
+    Fail(kStageMounts);
+  }
+  close(tree);
+  // The init is PID 1 of the new PID namespace: this /proc shows only the
+  // run's processes, not the daemon's command line or environment.
+  if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+            nullptr) != 0) {
+    Fail(kStageMounts);
+  }
+  mount_attr read_only{};
+  read_only.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID;
+  if (syscall(SYS_mount_setattr, AT_FDCWD, "/", AT_RECURSIVE, &read_only,
+              sizeof(read_only)) != 0) {
+    Fail(kStageMounts);
+  }
+  mount_attr writable{};
+  writable.attr_clr = MOUNT_ATTR_RDONLY;
+  if (syscall(SYS_mount_setattr, AT_FDCWD, spec.work_dir, 0, &writable,
+              sizeof(writable)) != 0) {
+    Fail(kStageMounts);
+  }
+}
+
 // Ignored signals and the signal mask survive execve(); the daemon's
 // (e.g. SIGPIPE ignored, SIGTERM blocked for a sigwait thread) must not
 // reach the program, and the init needs SIGCHLD at its default to wait.
@@ -105,6 +155,7 @@ int SandboxInitMain(void* raw_spec) {
   if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) {
     Fail(kStageDeathSignal);
   }
+  if (spec.private_mounts) SetUpPrivateMounts(spec);
   const pid_t program = RawFork();
   if (program < 0) Fail(kStageFork);
   if (program == 0) ExecProgram(spec);
@@ -151,6 +202,8 @@ const char* ChildStageName(int stage) {
       return "prctl(PR_SET_NO_NEW_PRIVS)";
     case kStageExec:
       return "execve";
+    case kStageMounts:
+      return "private mounts";
   }
   return "child setup";
 }

@@ -41,6 +41,7 @@ enum ChildStage : int {
   kStageSetUid,
   kStageNoNewPrivs,
   kStageExec,
+  kStageMounts,
 };
 
 struct ChildFailure {
@@ -67,6 +68,17 @@ struct ChildSpec {
   uid_t uid;
   gid_t gid;
   ChildRlimit rlimits[6];
+  // Private filesystem view; REQUIRES: the init was cloned with
+  // CLONE_NEWNS. The init makes every mount private, hides each existing
+  // directory of `hidden_dirs` (nullptr-terminated) and `work_root` under
+  // an empty tmpfs, mounts the run directory back at the same path
+  // (`outer_dir`/work = `work_dir`), mounts a /proc of the new PID
+  // namespace, and makes everything read-only and nosuid except the run
+  // directory.
+  bool private_mounts;
+  const char* work_root;
+  const char* outer_dir;
+  const char* const* hidden_dirs;
 };
 
 // clone() entry point; `spec` is a const ChildSpec*. Never returns.

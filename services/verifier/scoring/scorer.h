@@ -19,6 +19,7 @@
 #include <array>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -56,10 +57,23 @@ inline constexpr std::array<absl::string_view, 10> kAllOutcomes = {
     kOutcomeOutputLimit,       kOutcomeRuntimeError, kOutcomeError,
     kOutcomeSandboxUnavailable};
 
+// Why a sandboxed run was ended by force, for the kills metric: the CPU
+// limit, the wall-clock limit, the output cap, the file-size limit, or
+// another fatal signal (e.g. SIGSEGV when an allocation fails).
+inline constexpr absl::string_view kKillCpu = "cpu";
+inline constexpr absl::string_view kKillWall = "wall_clock";
+inline constexpr absl::string_view kKillOutput = "output";
+inline constexpr absl::string_view kKillFileSize = "file_size";
+inline constexpr absl::string_view kKillSignal = "signal";
+inline constexpr absl::string_view kAllKillReasons[] = {
+    kKillCpu, kKillWall, kKillOutput, kKillFileSize, kKillSignal};
+
 struct ScoreResult {
   double reward = 0.0;  // In [0, 1].
   std::string outcome;  // One of kAllOutcomes.
   std::string reason;   // Human-readable; may quote (truncated) output.
+  // One of kAllKillReasons per sandboxed run that was ended by force.
+  std::vector<absl::string_view> sandbox_kills;
 };
 
 class Scorer {

@@ -1,0 +1,217 @@
+// The verifier daemon in process, through its real gRPC surface: every
+// sandbox escape attempt of issue 7 ends as reward 0 with a reason and the
+// daemon keeps serving; malformed batches get INVALID_ARGUMENT naming the
+// item and field; a full verifier answers RESOURCE_EXHAUSTED.
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "nlohmann/json.hpp"
+#include "services/verifier/verifier.h"
+#include "tandem/v1/verifier.grpc.pb.h"
+
+namespace tandem::verifier {
+namespace {
+
+struct Daemon {
+  std::unique_ptr<Verifier> verifier;
+  std::unique_ptr<tandem::v1::Verifier::Stub> stub;
+
+  explicit Daemon(int64_t max_concurrency = 64) {
+    VerifierConfig config;
+    config.server.metrics_address = "";
+    // Nobody listens there: registration retries in the background, and
+    // scoring does not depend on it.
+    config.coordinator_address = "127.0.0.1:1";
+    config.max_concurrency = max_concurrency;
+    config.worker_threads = 2;
+    config.code_cpu_seconds = 1;
+    config.code_wall_seconds = 3.0;
+    config.code_address_space_bytes = int64_t{256} << 20;
+    config.code_max_output_bytes = 64 << 10;
+    config.code_max_processes = 16;
+    auto created = Verifier::Create(config);
+    REQUIRE(created.ok());
+    verifier = *std::move(created);
+    REQUIRE(verifier->Start().ok());
+    stub = tandem::v1::Verifier::NewStub(grpc::CreateChannel(
+        verifier->grpc_address(), grpc::InsecureChannelCredentials()));
+  }
+  ~Daemon() { verifier->GracefulStop(absl::Seconds(10)); }
+
+  grpc::Status Score(const tandem::v1::ScoreBatchRequest& request,
+                     tandem::v1::ScoreBatchResponse* response) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
+    return stub->ScoreBatch(&context, request, response);
+  }
+};
+
+tandem::v1::ScoreItem CodeItem(const std::string& id,
+                               const std::string& program) {
+  tandem::v1::ScoreItem item;
+  item.set_item_id(id);
+  item.set_verifier("code");
+  item.set_completion_text(program);
+  nlohmann::json tests = nlohmann::json::array();
+  tests.push_back({{"stdin", "1 2\n"}, {"expected_stdout", "3\n"}});
+  (*item.mutable_metadata())["language"] = "python";
+  (*item.mutable_metadata())["tests"] = tests.dump();
+  return item;
+}
+
+constexpr char kGoodProgram[] =
+    "a, b = map(int, input().split())\nprint(a + b)\n";
+
+TEST_CASE(
+    "Verifier service: each sandbox escape attempt scores 0 with a reason "
+    "and the daemon keeps serving",
+    "[verifier][escape]") {
+  if (geteuid() != 0) {
+    WARN("skipped: sandbox isolation needs root (CI runs it)");
+    return;
+  }
+  Daemon daemon;
+  tandem::v1::ScoreBatchRequest request;
+  *request.add_items() = CodeItem("loop", "while True:\n    pass\n");
+  *request.add_items() = CodeItem("fork_bomb",
+                                  "import os\n"
+                                  "while True:\n"
+                                  "    try:\n"
+                                  "        os.fork()\n"
+                                  "    except OSError:\n"
+                                  "        pass\n");
+  *request.add_items() =
+      CodeItem("memory_hog", "x = bytearray(1 << 34)\nprint(len(x))\n");
+  *request.add_items() =
+      CodeItem("huge_output", "while True:\n    print('x' * 4096)\n");
+  *request.add_items() = CodeItem(
+      "network",
+      "import socket\n"
+      "socket.create_connection(('127.0.0.1', 9), timeout=1)\n"
+      "print(3)\n");
+  *request.add_items() = CodeItem(
+      "escape_fs", "open('/tmp/tandem-escape', 'w').write('x')\nprint(3)\n");
+  *request.add_items() = CodeItem("good", kGoodProgram);
+  tandem::v1::ScoreBatchResponse response;
+  grpc::Status status = daemon.Score(request, &response);
+  REQUIRE(status.ok());
+  REQUIRE(response.results_size() == request.items_size());
+  std::map<std::string, tandem::v1::Score> scores;
+  for (const auto& result : response.results()) {
+    scores[result.item_id()] = result.score();
+  }
+  for (const char* id : {"loop", "fork_bomb", "memory_hog", "huge_output",
+                         "network", "escape_fs"}) {
+    INFO(id << ": " << scores[id].outcome() << ": " << scores[id].reason());
+    CHECK(scores[id].reward() == 0.0);
+    CHECK(!scores[id].reason().empty());
+  }
+  CHECK(scores["loop"].outcome() == "timeout");
+  CHECK(scores["fork_bomb"].outcome() == "timeout");
+  CHECK((scores["memory_hog"].outcome() == "memory" ||
+         scores["memory_hog"].outcome() == "runtime_error"));
+  CHECK(scores["huge_output"].outcome() == "output_limit");
+  CHECK(scores["network"].outcome() == "runtime_error");
+  CHECK(absl::StrContains(scores["network"].reason(), "unreachable"));
+  CHECK(scores["escape_fs"].outcome() == "runtime_error");
+  CHECK(access("/tmp/tandem-escape", F_OK) != 0);
+  CHECK(scores["good"].reward() == 1.0);
+
+  // Still serving, right after.
+  tandem::v1::ScoreBatchRequest again;
+  *again.add_items() = CodeItem("good-again", kGoodProgram);
+  tandem::v1::ScoreBatchResponse again_response;
+  REQUIRE(daemon.Score(again, &again_response).ok());
+  CHECK(again_response.results(0).score().reward() == 1.0);
+}
+
+TEST_CASE(
+    "Verifier service: a malformed batch is INVALID_ARGUMENT naming the item "
+    "and field, and nothing of it is scored",
+    "[verifier][malformed]") {
+  Daemon daemon;
+  tandem::v1::ScoreBatchRequest request;
+  tandem::v1::ScoreItem good;
+  good.set_item_id("ok");
+  good.set_verifier("exact");
+  good.set_completion_text("42");
+  (*good.mutable_metadata())["answer"] = "42";
+  *request.add_items() = good;
+  tandem::v1::ScoreItem unknown = good;
+  unknown.set_verifier("nope");
+  *request.add_items() = unknown;
+  tandem::v1::ScoreBatchResponse response;
+  grpc::Status status = daemon.Score(request, &response);
+  CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(absl::StrContains(status.error_message(), "items[1].verifier"));
+  CHECK(response.results_size() == 0);
+
+  tandem::v1::ScoreBatchRequest no_answer;
+  tandem::v1::ScoreItem math = good;
+  math.set_verifier("math");
+  math.mutable_metadata()->clear();
+  *no_answer.add_items() = math;
+  status = daemon.Score(no_answer, &response);
+  CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(absl::StrContains(status.error_message(), "items[0]"));
+  CHECK(absl::StrContains(status.error_message(), "metadata.answer"));
+
+  tandem::v1::ScoreBatchRequest bad_tests;
+  tandem::v1::ScoreItem code = CodeItem("c", kGoodProgram);
+  (*code.mutable_metadata())["tests"] = "{not json";
+  *bad_tests.add_items() = code;
+  status = daemon.Score(bad_tests, &response);
+  CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(absl::StrContains(status.error_message(), "metadata.tests"));
+
+  // The well-formed item alone is scored.
+  tandem::v1::ScoreBatchRequest alone;
+  *alone.add_items() = good;
+  REQUIRE(daemon.Score(alone, &response).ok());
+  CHECK(response.results(0).score().reward() == 1.0);
+}
+
+TEST_CASE(
+    "Verifier service: past its concurrency limit it answers "
+    "RESOURCE_EXHAUSTED and serves again once free",
+    "[verifier][backpressure]") {
+  if (geteuid() != 0) {
+    WARN("skipped: the slow item runs in the sandbox, which needs root");
+    return;
+  }
+  Daemon daemon(/*max_concurrency=*/2);
+  tandem::v1::ScoreBatchRequest slow;
+  *slow.add_items() = CodeItem("slow1", "import time\ntime.sleep(1.5)\n");
+  *slow.add_items() = CodeItem("slow2", "import time\ntime.sleep(1.5)\n");
+  grpc::Status slow_status;
+  std::thread busy([&] {
+    tandem::v1::ScoreBatchResponse response;
+    slow_status = daemon.Score(slow, &response);
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  tandem::v1::ScoreBatchRequest more;
+  tandem::v1::ScoreItem item;
+  item.set_item_id("more");
+  item.set_verifier("exact");
+  item.set_completion_text("1");
+  (*item.mutable_metadata())["answer"] = "1";
+  *more.add_items() = item;
+  tandem::v1::ScoreBatchResponse response;
+  grpc::Status status = daemon.Score(more, &response);
+  CHECK(status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  busy.join();
+  CHECK(slow_status.ok());
+  REQUIRE(daemon.Score(more, &response).ok());
+  CHECK(response.results(0).score().reward() == 1.0);
+}
+
+}  // namespace
+}  // namespace tandem::verifier
