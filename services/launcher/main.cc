@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -25,8 +26,12 @@
 #include "common/rpc/grpc_client.h"
 #include "services/launcher/embedded_config.h"
 #include "services/launcher/process_supervisor.h"
+#include "services/launcher/progress.h"
+#include "services/launcher/warm_start.h"
 #include "services/tandemctl/cluster_status.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
+#include "tandem/v1/rollout.grpc.pb.h"
+#include "tandem/v1/trainer.grpc.pb.h"
 
 namespace fs = std::filesystem;
 
@@ -41,7 +46,21 @@ struct Options {
   double duration_s = 0;
   double status_interval_s = 1;
   int64_t drain_timeout_ms = 10000;
+  // auto: on unless --config-dir is given.
+  std::string warm_start = "auto";
+  std::string cache_dir;
 };
+
+// The warm start of the embedded default task (3-digit addition): flags of
+// `tandem-trainer sft`, chosen so the saved model lands in the 20-60%
+// held-out window (docs/sft.md).
+const std::vector<std::string>& WarmStartFlags() {
+  static const std::vector<std::string> flags = {
+      "--digits", "3", "--subtraction", "false", "--steps", "3000",
+      "--eval-every", "50", "--target-accuracy", "0.3", "--max-accuracy",
+      "0.6"};
+  return flags;
+}
 
 void Event(const std::string& line) {
   const std::string stamp =
@@ -95,6 +114,8 @@ class Launcher {
       fs::create_directories(fs::path(options_.run_dir) / sub);
     }
     Event(absl::StrCat("run directory ", options_.run_dir));
+    if (!WarmStart()) return 1;
+    rl_start_ = absl::Now();
     if (!StartCoordinator()) {
       supervisor_.StopAll(absl::Seconds(5));
       return 1;
@@ -109,10 +130,29 @@ class Launcher {
               ? absl::StrCat("received ", strsignal(signal_number),
                              "; stopping the cluster")
               : "duration reached; stopping the cluster");
+    std::optional<ProgressSnapshot> last = Collect();
+    RunSummary summary;
+    summary.rl_time = absl::Now() - rl_start_;
+    summary.warm_start_time = warm_start_time_;
     const bool clean = supervisor_.StopAll(
         absl::Milliseconds(options_.drain_timeout_ms) + absl::Seconds(5));
     Event(clean ? "all daemons exited cleanly"
                 : "some daemons did not exit cleanly (see logs)");
+    if (last.has_value()) {
+      for (const auto& [name, tokens] : generated_tokens_) {
+        summary.generated_tokens += tokens;
+      }
+      const fs::path checkpoints = fs::path(options_.run_dir) / "checkpoints";
+      std::error_code ec;
+      const fs::path latest = fs::canonical(checkpoints / "latest", ec);
+      if (!ec) {
+        summary.checkpoint_path = latest.string();
+        if (fs::exists(latest / "hf")) {
+          summary.export_path = (latest / "hf").string();
+        }
+      }
+      std::cout << FormatRunSummary(*last, summary) << std::flush;
+    }
     return clean ? 0 : 1;
   }
 
@@ -155,7 +195,49 @@ class Launcher {
       argv.push_back("--set");
       argv.push_back("coordinator_address=" + coordinator_address_);
     }
+    if ((daemon == "trainer" || daemon == "rollout") && !model_path_.empty()) {
+      argv.push_back("--set");
+      argv.push_back("model.path=" + model_path_);
+    }
+    if (daemon == "trainer" &&
+        (options_.config_dir.empty() ||
+         !fs::exists(fs::path(options_.config_dir) / "trainer.yaml"))) {
+      argv.push_back("--set");
+      argv.push_back("checkpoint_dir=" +
+                     (fs::path(options_.run_dir) / "checkpoints").string());
+    }
     return argv;
+  }
+
+  bool WarmStartEnabled() const {
+    if (options_.warm_start == "on") return true;
+    if (options_.warm_start == "off") return false;
+    return options_.config_dir.empty();
+  }
+
+  // Runs (or finds cached) the supervised warm start; its checkpoint becomes
+  // the trainer's and the rollout workers' model.path.
+  bool WarmStart() {
+    if (!WarmStartEnabled()) return true;
+    WarmStartOptions warm;
+    warm.trainer_binary = Binary("trainer");
+    warm.output_dir =
+        (fs::path(options_.cache_dir) / "warm-start" / "arith3-add").string();
+    warm.log_path = LogPath("warm-start");
+    warm.sft_flags = WarmStartFlags();
+    Event(absl::StrCat("warm start: supervised training of the built-in ",
+                       "model on 3-digit addition (cached in ",
+                       warm.output_dir, ")"));
+    const absl::Time start = absl::Now();
+    absl::StatusOr<std::string> model = RunWarmStart(
+        warm, [](const std::string& line) { Event("warm start: " + line); });
+    warm_start_time_ = absl::Now() - start;
+    if (!model.ok()) {
+      Event(std::string(model.status().message()));
+      return false;
+    }
+    model_path_ = *model;
+    return true;
   }
 
   bool StartCoordinator() {
@@ -195,20 +277,68 @@ class Launcher {
     }
   }
 
+  // Status of the coordinator, the trainer and the rollout workers; empty
+  // when the coordinator does not answer.
+  std::optional<ProgressSnapshot> Collect() {
+    ProgressSnapshot snapshot;
+    snapshot.taken = absl::Now();
+    {
+      grpc::ClientContext context;
+      context.set_deadline(
+          absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
+      grpc::Status rpc = stub_->GetClusterStatus(
+          &context, tandem::v1::GetClusterStatusRequest(), &snapshot.cluster);
+      if (!rpc.ok()) {
+        last_error_ = rpc.error_message();
+        return std::nullopt;
+      }
+    }
+    for (const auto& m : snapshot.cluster.members()) {
+      if (m.state() != tandem::v1::MEMBER_STATE_ALIVE) continue;
+      if (m.role() == tandem::v1::ROLE_TRAINER) {
+        tandem::v1::TrainerStatus trainer;
+        grpc::ClientContext context;
+        context.set_deadline(
+            absl::ToChronoTime(absl::Now() + absl::Milliseconds(300)));
+        auto stub = tandem::v1::Trainer::NewStub(Channel(m.grpc_address()));
+        if (stub->GetStatus(&context, tandem::v1::GetTrainerStatusRequest(),
+                            &trainer)
+                .ok()) {
+          snapshot.trainer = trainer;
+        }
+      } else if (m.role() == tandem::v1::ROLE_ROLLOUT) {
+        tandem::v1::RolloutStatus rollout;
+        grpc::ClientContext context;
+        context.set_deadline(
+            absl::ToChronoTime(absl::Now() + absl::Milliseconds(300)));
+        auto stub = tandem::v1::RolloutWorker::NewStub(Channel(m.grpc_address()));
+        if (stub->GetStatus(&context, tandem::v1::GetRolloutStatusRequest(),
+                            &rollout)
+                .ok()) {
+          uint64_t& seen = generated_tokens_[m.member_id()];
+          seen = std::max(seen, rollout.generated_tokens_total());
+          snapshot.rollouts.push_back(std::move(rollout));
+        }
+      }
+    }
+    return snapshot;
+  }
+
+  std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
+    auto& channel = channels_[address];
+    if (channel == nullptr) channel = rpc::MakeChannel(address);
+    return channel;
+  }
+
   void ShowStatus(bool final_table) {
-    tandem::v1::GetClusterStatusResponse status;
-    grpc::ClientContext context;
-    context.set_deadline(
-        absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
-    grpc::Status rpc = stub_->GetClusterStatus(
-        &context, tandem::v1::GetClusterStatusRequest(), &status);
+    std::optional<ProgressSnapshot> snapshot = Collect();
     const std::string line =
-        rpc.ok()
-            ? ctl::FormatStatusLine(status)
-            : absl::StrCat("coordinator unreachable: ", rpc.error_message());
-    if (final_table && rpc.ok()) {
+        snapshot.has_value()
+            ? FormatProgressLine(*snapshot)
+            : absl::StrCat("coordinator unreachable: ", last_error_);
+    if (final_table && snapshot.has_value()) {
       std::cout << "\r\033[K"
-                << ctl::FormatClusterStatus(status,
+                << ctl::FormatClusterStatus(snapshot->cluster,
                                             absl::ToUnixMillis(absl::Now()))
                 << std::flush;
     } else if (isatty(STDOUT_FILENO)) {
@@ -252,6 +382,12 @@ class Launcher {
   ProcessSupervisor supervisor_;
   std::string coordinator_address_;
   std::unique_ptr<tandem::v1::Coordinator::Stub> stub_;
+  std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;
+  std::map<std::string, uint64_t> generated_tokens_;
+  std::string last_error_;
+  std::string model_path_;
+  absl::Duration warm_start_time_;
+  absl::Time rl_start_;
 };
 
 }  // namespace
@@ -281,7 +417,19 @@ int main(int argc, char** argv) {
                  "Seconds between status updates on a terminal");
   app.add_option("--drain-timeout-ms", options.drain_timeout_ms,
                  "How long each daemon may drain on shutdown");
+  app.add_option("--warm-start", options.warm_start,
+                 "Supervised warm start of the built-in model before RL "
+                 "(cached): auto = on unless --config-dir is given")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  app.add_option("--cache-dir", options.cache_dir,
+                 "Where the warm start is cached (default "
+                 "$TANDEM_CACHE_DIR, $XDG_CACHE_HOME/tandem or "
+                 "~/.cache/tandem)");
   CLI11_PARSE(app, argc, argv);
+  if (options.cache_dir.empty()) {
+    options.cache_dir = tandem::launcher::DefaultCacheRoot();
+  }
+  options.cache_dir = std::filesystem::absolute(options.cache_dir).string();
   if (options.run_dir.empty()) {
     options.run_dir = "run/" + absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(),
                                                 absl::LocalTimeZone());

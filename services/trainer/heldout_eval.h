@@ -1,0 +1,72 @@
+#pragma once
+
+// Held-out evaluation of the policy inside the trainer daemon: every
+// `every_versions` published versions (and once before the first step),
+// greedy exact-match accuracy on the first `problems` problems of the
+// built-in task's held-out split, decoded the way the rollout worker
+// decodes. This is the learning signal the demo reports (the training
+// reward is measured on sampled, not greedy, answers).
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/config/config_schema.h"
+#include "common/task/arith_task.h"
+
+namespace tandem::model {
+class DecoderModel;
+}
+namespace tandem::tokenizer {
+class Tokenizer;
+}
+
+namespace tandem::trainer {
+
+struct HeldoutEvalConfig {
+  // 0 disables evaluation.
+  int64_t every_versions = 0;
+  int64_t problems = 256;
+  // Must match the coordinator's dataset.arith_* settings.
+  int64_t arith_digits = 3;
+  bool arith_subtraction = true;
+  int64_t seed = 0;
+};
+
+void RegisterHeldoutEvalFields(config::ConfigSchema* schema,
+                               HeldoutEvalConfig* config);
+
+struct HeldoutResult {
+  uint64_t policy_version = 0;
+  int64_t correct = 0;
+  int64_t total = 0;
+  double seconds = 0.0;
+  double accuracy() const {
+    return total == 0 ? 0.0 : static_cast<double>(correct) / total;
+  }
+};
+
+class HeldoutEvaluator {
+ public:
+  // Errors name the eval.* field that is out of range.
+  static absl::StatusOr<std::unique_ptr<HeldoutEvaluator>> Create(
+      const HeldoutEvalConfig& config);
+  ~HeldoutEvaluator();
+
+  // Whether `version` is due for an evaluation.
+  bool Due(uint64_t version) const;
+
+  // Greedy exact match of `policy` on the held-out problems; never changes
+  // the model.
+  absl::StatusOr<HeldoutResult> Evaluate(const model::DecoderModel& policy,
+                                         uint64_t version) const;
+
+ private:
+  HeldoutEvaluator() = default;
+  HeldoutEvalConfig config_;
+  std::vector<task::ArithProblem> problems_;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+};
+
+}  // namespace tandem::trainer

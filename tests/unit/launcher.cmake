@@ -1,0 +1,3 @@
+tandem_add_test(launcher_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/launcher_progress_test.cc
+  LIBS tandem_launcher_lib)
