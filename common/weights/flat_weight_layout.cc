@@ -351,4 +351,24 @@ absl::Status VerifyWeights(const v1::WeightManifest& manifest,
   return absl::OkStatus();
 }
 
+std::string WeightsDigest(absl::Span<const uint32_t> bucket_crcs) {
+  uint32_t crc = 0;
+  for (uint32_t c : bucket_crcs) {
+    const unsigned char le[4] = {
+        static_cast<unsigned char>(c), static_cast<unsigned char>(c >> 8),
+        static_cast<unsigned char>(c >> 16),
+        static_cast<unsigned char>(c >> 24)};
+    crc = kernels::Crc32cExtend(crc, le, sizeof(le));
+  }
+  return absl::StrFormat("%08x", crc);
+}
+
+std::string ManifestDigest(const v1::WeightManifest& manifest) {
+  if (manifest.buckets_size() == 0) return "";
+  std::vector<uint32_t> crcs;
+  crcs.reserve(manifest.buckets_size());
+  for (const v1::BucketSpec& b : manifest.buckets()) crcs.push_back(b.crc32c());
+  return WeightsDigest(crcs);
+}
+
 }  // namespace tandem::weights

@@ -134,4 +134,13 @@ absl::Status VerifyBucket(const v1::WeightManifest& manifest, uint32_t bucket,
 absl::Status VerifyWeights(const v1::WeightManifest& manifest,
                            absl::Span<const uint8_t> flat);
 
+// A short fingerprint of a whole weight buffer: the CRC-32C (8 hex digits)
+// over its bucket CRC-32Cs as little-endian u32s, in bucket order. Equal
+// digests of the same layout mean equal bytes, up to CRC collisions; used to
+// compare a worker's received weights with the trainer's in status output.
+std::string WeightsDigest(absl::Span<const uint32_t> bucket_crcs);
+
+// WeightsDigest of the buckets `manifest` describes ("" without buckets).
+std::string ManifestDigest(const v1::WeightManifest& manifest);
+
 }  // namespace tandem::weights

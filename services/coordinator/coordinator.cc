@@ -4,9 +4,11 @@
 #include <boost/asio/post.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
 #include "common/rpc/grpc_client.h"
+#include "common/weights/flat_weight_layout.h"
 
 namespace tandem::coordinator {
 namespace {
@@ -114,6 +116,16 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
         stats.ready_groups + stats.training_groups, stats.groups_trained);
     self->scoring_->Enqueue(std::move(to_score));
   }
+  BroadcastEpochsOptions epochs;
+  epochs.enabled = config.weight_sync.broadcast;
+  epochs.report_timeout =
+      absl::Milliseconds(config.weight_sync.report_timeout_ms);
+  // Unique per incarnation, so key prefixes never repeat across restarts.
+  epochs.key_prefix_base = absl::StrCat(
+      "tandem/weights/c", absl::Hex(absl::ToUnixMillis(self->started_)));
+  self->epochs_ = std::make_unique<BroadcastEpochs>(epochs);
+  self->weight_sync_gauges_ =
+      std::make_unique<WeightSyncGauges>(*self->registry_);
   self->sync_pool_ = std::make_unique<boost::asio::thread_pool>(1);
   ASSIGN_OR_RETURN(self->runtime_,
                    daemon::DaemonRuntime::Create("coordinator", config.server,
@@ -146,6 +158,7 @@ void Coordinator::MaintenanceLoop() {
           member.member_id(), RoleName(member.role()), member.grpc_address(),
           member.pid(), config_.heartbeat_timeout_ms, returned);
       metrics_.CountExpired(member.role());
+      epochs_->RemoveMember(member.member_id());
       ++members_expired_;
     }
     members_.Prune(now, absl::Milliseconds(config_.member_retention_ms));
@@ -170,6 +183,7 @@ void Coordinator::MaintenanceLoop() {
     }
     UpdateMemberGauges();
     UpdateWorkMetrics();
+    weight_sync_gauges_->Update(epochs_->Stats());
   }
 }
 
@@ -220,6 +234,14 @@ grpc::ServerUnaryReactor* Coordinator::Register(
   ledger_->LatestVersion(&manifest, &weight_server_address);
   if (manifest.policy_version() > 0) *response->mutable_manifest() = manifest;
   response->set_weight_server_address(weight_server_address);
+  // A trainer that hosts a broadcast rendezvous store advertises it.
+  if (info.role() == tandem::v1::ROLE_TRAINER) {
+    auto store = request->capabilities().find("weight_broadcast_store");
+    if (store != request->capabilities().end() && !store->second.empty()) {
+      epochs_->SetTrainer(info.member_id(), store->second);
+    }
+  }
+  response->set_membership_epoch(epochs_->Current().epoch());
   return Finish(context, grpc::Status::OK);
 }
 
@@ -234,6 +256,7 @@ grpc::ServerUnaryReactor* Coordinator::Heartbeat(
     response->set_leases_renewed(renewed.renewed);
     response->set_lease_deadline_unix_ms(absl::ToUnixMillis(renewed.deadline));
     response->set_policy_version(ledger_->policy_version());
+    response->set_membership_epoch(epochs_->Current().epoch());
   }
   return Finish(context, rpc::ToGrpcStatus(status));
 }
@@ -246,6 +269,7 @@ grpc::ServerUnaryReactor* Coordinator::Deregister(
   if (status.ok()) {
     const uint32_t returned = ledger_->ReleaseMember(request->member_id());
     response->set_leases_returned(returned);
+    epochs_->RemoveMember(request->member_id());
     Log()->info("member {} left ({}); {} leases back in the queue",
                 request->member_id(), request->reason(), returned);
     UpdateMemberGauges();
@@ -421,12 +445,23 @@ grpc::ServerUnaryReactor* Coordinator::PublishPolicyVersion(
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // Publishing syncs the journal: off the reactor.
-  boost::asio::post(*sync_pool_, [this, reactor, request] {
+  boost::asio::post(*sync_pool_, [this, reactor, request, response] {
     const uint64_t version = request->manifest().policy_version();
     absl::Status status = ledger_->PublishVersion(
         request->manifest(), request->weight_server_address());
     if (status.ok()) {
       metrics_.policy_version().Set(static_cast<double>(version));
+      const uint64_t before = epochs_->Current().epoch();
+      tandem::v1::BroadcastGroup group =
+          epochs_->OnPublish(version, absl::Now());
+      if (group.epoch() != before) {
+        Log()->info(
+            "weight broadcast epoch {} from version {}: {} receivers ({})",
+            group.epoch(), version, std::max(0, group.member_ids_size() - 1),
+            absl::StrJoin(group.member_ids(), ", "));
+      }
+      response->set_membership_epoch(group.epoch());
+      *response->mutable_group() = std::move(group);
       Log()->info("policy version {} published by {}", version,
                   request->member_id());
     }
@@ -459,8 +494,42 @@ grpc::ServerUnaryReactor* Coordinator::GetClusterStatus(
   counters->set_lease_expiries(stats.lease_expiries);
   counters->set_members_expired(members_expired_);
   response->set_started_unix_ms(absl::ToUnixMillis(started_));
+  *response->mutable_broadcast_group() = epochs_->Current();
+  response->set_membership_epoch(response->broadcast_group().epoch());
+  {
+    tandem::v1::WeightManifest manifest;
+    std::string weight_server_address;
+    ledger_->LatestVersion(&manifest, &weight_server_address);
+    response->set_weights_digest(weights::ManifestDigest(manifest));
+  }
   response->set_max_lag(config_.max_lag);
   response->set_group_size(config_.group_size);
+  return Finish(context, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* Coordinator::SyncWeightGroup(
+    grpc::CallbackServerContext* context,
+    const tandem::v1::SyncWeightGroupRequest* request,
+    tandem::v1::SyncWeightGroupResponse* response) {
+  if (!members_.IsLive(request->member_id())) {
+    return Finish(context,
+                  grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                               absl::StrCat("member '", request->member_id(),
+                                            "' is not registered or was "
+                                            "declared dead; register again")));
+  }
+  if (request->failed_epoch() != 0) {
+    Log()->warn("weight broadcast epoch {} failed at {}: {}",
+                request->failed_epoch(), request->member_id(),
+                request->failure());
+  }
+  epochs_->Report(*request, absl::Now());
+  tandem::v1::WeightManifest manifest;
+  std::string weight_server_address;
+  ledger_->LatestVersion(&manifest, &weight_server_address);
+  response->set_policy_version(ledger_->policy_version());
+  response->set_weight_server_address(weight_server_address);
+  *response->mutable_group() = epochs_->Current();
   return Finish(context, grpc::Status::OK);
 }
 

@@ -26,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/daemon/daemon_runtime.h"
+#include "services/coordinator/broadcast_epochs.h"
 #include "services/coordinator/coordinator_config.h"
 #include "services/coordinator/coordinator_metrics.h"
 #include "services/coordinator/group_ledger.h"
@@ -97,6 +98,11 @@ class Coordinator : public tandem::v1::Coordinator::CallbackService {
       grpc::CallbackServerContext* context,
       const tandem::v1::GetClusterStatusRequest* request,
       tandem::v1::GetClusterStatusResponse* response) override;
+  // Weight broadcast membership (polling; WatchCluster is not served).
+  grpc::ServerUnaryReactor* SyncWeightGroup(
+      grpc::CallbackServerContext* context,
+      const tandem::v1::SyncWeightGroupRequest* request,
+      tandem::v1::SyncWeightGroupResponse* response) override;
 
  private:
   // A PullTrainingBatch call waiting for ready groups.
@@ -124,6 +130,10 @@ class Coordinator : public tandem::v1::Coordinator::CallbackService {
   std::shared_ptr<prometheus::Registry> registry_;
   CoordinatorMetrics metrics_;
   MemberRegistry members_;
+  // Weight broadcast group as membership epochs (trainer + caught-up
+  // rollout workers); changes only when a version is published.
+  std::unique_ptr<BroadcastEpochs> epochs_;
+  std::unique_ptr<WeightSyncGauges> weight_sync_gauges_;
   std::unique_ptr<GroupLedger> ledger_;
   GrpcVerifierClient verifier_client_;
   std::unique_ptr<ScoringDispatcher> scoring_;

@@ -96,6 +96,16 @@ void RegisterFields(config::ConfigSchema* schema, CoordinatorConfig* config) {
   schema->AddInt("journal.compact_bytes", &config->journal.compact_bytes, 4096,
                  INT64_MAX,
                  "Compact the journal when it grows past this many bytes.");
+
+  WeightSyncOptions& w = config->weight_sync;
+  schema->AddBool("weight_sync.broadcast", &w.broadcast,
+                  "Form weight broadcast groups (membership epochs) of the "
+                  "trainer and caught-up rollout workers; off = every worker "
+                  "pulls.");
+  schema->AddInt("weight_sync.report_timeout_ms", &w.report_timeout_ms, 10,
+                 3600000,
+                 "A rollout worker joins the next broadcast epoch only if it "
+                 "reported within this time (ms).");
 }
 
 absl::Status Validate(const CoordinatorConfig& config) {

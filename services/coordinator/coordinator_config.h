@@ -86,6 +86,16 @@ struct JournalOptions {
   int64_t compact_bytes = 64 << 20;
 };
 
+// Weight sync by broadcast (YAML section `weight_sync`): the coordinator
+// owns the broadcast group as membership epochs (broadcast_epochs.h).
+struct WeightSyncOptions {
+  // Form broadcast groups; off = every rollout worker pulls.
+  bool broadcast = true;
+  // A rollout worker joins the next epoch only if its last SyncWeightGroup
+  // report is at most this old.
+  int64_t report_timeout_ms = 2000;
+};
+
 struct CoordinatorConfig {
   config::ServerOptions server;
   // Members heartbeat this often.
@@ -105,6 +115,7 @@ struct CoordinatorConfig {
   ScoringOptions scoring;
   TrainingOptions training;
   JournalOptions journal;
+  WeightSyncOptions weight_sync;
 };
 
 void RegisterFields(config::ConfigSchema* schema, CoordinatorConfig* config);
