@@ -1,6 +1,8 @@
 #include "services/rollout/rollout_worker.h"
 
 #include <algorithm>
+#include <chrono>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
@@ -54,19 +56,12 @@ absl::StatusOr<std::unique_ptr<RolloutWorker>> RolloutWorker::Create(
     const RolloutConfig& config) {
   RETURN_IF_ERROR(Validate(config));
   std::unique_ptr<RolloutWorker> w(new RolloutWorker(config));
-  ASSIGN_OR_RETURN(w->model_,
-                   LoadModel(config.model_path, config.model_seed,
-                             static_cast<int32_t>(config.torch_threads)));
-  Log()->info("model: {}", w->model_.description);
-  w->engine_model_ = std::make_unique<TorchEngineModel>(w->model_.decoder,
-                                                        w->model_.max_tokens);
-  w->weight_source_ = std::make_unique<StagedWeightSource>(
-      w->model_.decoder, config.update_mode == "inplace"
-                             ? StagedWeightSource::Mode::kInplace
-                             : StagedWeightSource::Mode::kStaged);
-  w->engine_ = std::make_unique<Engine>(
-      ToEngineOptions(config, w->model_.eos_token_ids), w->engine_model_.get(),
-      w->weight_source_.get(), 0);
+  if (!config.model_path.empty() &&
+      !std::filesystem::exists(config.model_path + "/config.json")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model_path: no config.json in '", config.model_path,
+                     "'"));
+  }
   RolloutWorker* self = w.get();
   ASSIGN_OR_RETURN(
       w->member_,
@@ -85,11 +80,36 @@ absl::StatusOr<std::unique_ptr<RolloutWorker>> RolloutWorker::Create(
       },
       static_cast<int32_t>(config.prefetch_prompts));
   w->submitter_ = std::make_unique<SampleSubmitter>(session->stub(), member_id);
+  return w;
+}
+
+absl::Status RolloutWorker::LoadModelAndEngine() {
+  // Aliases keep the statements as they were in Create.
+  RolloutWorker* const w = this;
+  RolloutWorker* const self = this;
+  const RolloutConfig& config = config_;
+  if (model_loader_) {
+    ASSIGN_OR_RETURN(w->model_, model_loader_());
+  } else {
+    ASSIGN_OR_RETURN(w->model_,
+                     LoadModel(config.model_path, config.model_seed,
+                               static_cast<int32_t>(config.torch_threads)));
+  }
+  Log()->info("model: {}", w->model_.description);
+  w->engine_model_ = std::make_unique<TorchEngineModel>(w->model_.decoder,
+                                                        w->model_.max_tokens);
+  w->weight_source_ = std::make_unique<StagedWeightSource>(
+      w->model_.decoder, config.update_mode == "inplace"
+                             ? StagedWeightSource::Mode::kInplace
+                             : StagedWeightSource::Mode::kStaged);
+  w->engine_ = std::make_unique<Engine>(
+      ToEngineOptions(config, w->model_.eos_token_ids), w->engine_model_.get(),
+      w->weight_source_.get(), 0);
   ASSIGN_OR_RETURN(w->subscriber_,
                    WeightSubscriber::Create(
                        w->model_.decoder, w->weight_source_.get(),
                        [self] { return self->TrainerAddress(); }, 0));
-  return w;
+  return absl::OkStatus();
 }
 
 RolloutWorker::~RolloutWorker() { Stop(); }
@@ -99,12 +119,33 @@ absl::Status RolloutWorker::Start() {
     absl::MutexLock lock(&mu_);
     rate_since_ = absl::Now();
   }
-  RETURN_IF_ERROR(member_->Start());
+  loader_thread_ = std::thread([this] { LoadAndStart(); });
+  return absl::OkStatus();
+}
+
+void RolloutWorker::LoadAndStart() {
+  const absl::Time load_start = absl::Now();
+  if (absl::Status status = LoadModelAndEngine(); !status.ok()) {
+    Log()->critical("cannot load the model: {}; health stays NOT_SERVING",
+                    status.ToString());
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) return;
+    state_ = tandem::v1::ROLLOUT_STATE_RUNNING;
+  }
+  loaded_ = true;
+  Log()->info("model loaded in {}",
+              absl::FormatDuration(absl::Now() - load_start));
+  if (absl::Status status = member_->Start(); !status.ok()) {
+    Log()->critical("cannot start serving: {}", status.ToString());
+    return;
+  }
   prefetcher_->Start();
   submitter_->Start();
   subscriber_->Start();
   generation_thread_ = std::thread([this] { GenerationLoop(); });
-  return absl::OkStatus();
 }
 
 void RolloutWorker::AdmitLeases() {
@@ -179,6 +220,11 @@ void RolloutWorker::Deliver(FinishedSample f) {
 
 void RolloutWorker::PublishStatus() {
   const EngineSnapshot snap = engine_->Snapshot();
+  // Read before taking mu_: the prefetcher calls back into this class.
+  const bool nothing_undelivered =
+      submitter_->pending() == 0 && prefetcher_->depth() == 0;
+  bool return_prefetched = false;
+  {
   absl::MutexLock lock(&mu_);
   snapshot_ = snap;
   const absl::Time now = absl::Now();
@@ -191,9 +237,42 @@ void RolloutWorker::PublishStatus() {
     rate_since_ = now;
   }
   if (state_ == tandem::v1::ROLLOUT_STATE_DRAINING && engine_->idle()) {
-    state_ = tandem::v1::ROLLOUT_STATE_DRAINED;
-    metrics_.paused.Set(1);
-    Log()->info("drained: no sequence in flight");
+    if (nothing_undelivered) {
+      state_ = tandem::v1::ROLLOUT_STATE_DRAINED;
+      metrics_.paused.Set(1);
+      Log()->info("drained: no sequence in flight, every sample delivered");
+    } else {
+      // Leases that arrived after leasing stopped go back too.
+      return_prefetched = true;
+    }
+  }
+  }
+  if (return_prefetched && prefetcher_->depth() > 0) {
+    prefetcher_->ReturnQueued("drain");
+  }
+  AnswerDrainWaiters(/*all=*/false);
+}
+
+void RolloutWorker::AnswerDrainWaiters(bool all) {
+  std::vector<DrainWaiter> done;
+  {
+    absl::MutexLock lock(&mu_);
+    if (drain_waiters_.empty()) return;
+    const absl::Time now = absl::Now();
+    const bool draining = state_ == tandem::v1::ROLLOUT_STATE_DRAINING;
+    auto keep = drain_waiters_.begin();
+    for (DrainWaiter& waiter : drain_waiters_) {
+      if (all || !draining || now >= waiter.answer_by) {
+        done.push_back(waiter);
+      } else {
+        *keep++ = waiter;
+      }
+    }
+    drain_waiters_.erase(keep, drain_waiters_.end());
+  }
+  for (DrainWaiter& waiter : done) {
+    FillStatus(waiter.response);
+    waiter.reactor->Finish(grpc::Status::OK);
   }
 }
 
@@ -299,17 +378,17 @@ void RolloutWorker::FillStatus(tandem::v1::RolloutStatus* status) {
   status->set_last_update_pause_seconds(last_pause_seconds_);
 }
 
-grpc::ServerUnaryReactor* RolloutWorker::Control(
-    grpc::CallbackServerContext* context, tandem::v1::RolloutState target,
-    tandem::v1::RolloutStatus* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+grpc::Status RolloutWorker::Transition(tandem::v1::RolloutState target) {
   if (stopping_) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                 "rollout worker is shutting down"));
-    return reactor;
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "rollout worker is shutting down");
   }
   {
     absl::MutexLock lock(&mu_);
+    if (state_ == tandem::v1::ROLLOUT_STATE_LOADING) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "rollout worker is loading its model");
+    }
     if (state_ != target && !(target == tandem::v1::ROLLOUT_STATE_DRAINING &&
                               state_ == tandem::v1::ROLLOUT_STATE_DRAINED)) {
       Log()->info("state {} -> {}", tandem::v1::RolloutState_Name(state_),
@@ -323,10 +402,10 @@ grpc::ServerUnaryReactor* RolloutWorker::Control(
   prefetcher_->SetLeasing(target == tandem::v1::ROLLOUT_STATE_RUNNING);
   if (target == tandem::v1::ROLLOUT_STATE_DRAINING) {
     prefetcher_->ReturnQueued("drain");
+  } else {
+    AnswerDrainWaiters(/*all=*/true);
   }
-  FillStatus(response);
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  return grpc::Status::OK;
 }
 
 grpc::ServerUnaryReactor* RolloutWorker::GetStatus(
@@ -343,21 +422,59 @@ grpc::ServerUnaryReactor* RolloutWorker::Pause(
     grpc::CallbackServerContext* context,
     const tandem::v1::PauseRequest* request,
     tandem::v1::RolloutStatus* response) {
-  return Control(context, tandem::v1::ROLLOUT_STATE_PAUSED, response);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  grpc::Status status = Transition(tandem::v1::ROLLOUT_STATE_PAUSED);
+  if (status.ok()) FillStatus(response);
+  reactor->Finish(status);
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* RolloutWorker::Resume(
     grpc::CallbackServerContext* context,
     const tandem::v1::ResumeRequest* request,
     tandem::v1::RolloutStatus* response) {
-  return Control(context, tandem::v1::ROLLOUT_STATE_RUNNING, response);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  grpc::Status status = Transition(tandem::v1::ROLLOUT_STATE_RUNNING);
+  if (status.ok()) FillStatus(response);
+  reactor->Finish(status);
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* RolloutWorker::Drain(
     grpc::CallbackServerContext* context,
     const tandem::v1::DrainRequest* request,
     tandem::v1::RolloutStatus* response) {
-  return Control(context, tandem::v1::ROLLOUT_STATE_DRAINING, response);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (grpc::Status status = Transition(tandem::v1::ROLLOUT_STATE_DRAINING);
+      !status.ok()) {
+    reactor->Finish(status);
+    return reactor;
+  }
+  Log()->info("drain requested{}{}", request->reason().empty() ? "" : ": ",
+              request->reason());
+  // Answer a little before the caller's deadline, so that it gets the
+  // status (DRAINING) rather than DEADLINE_EXCEEDED. No deadline: wait until
+  // drained.
+  const absl::Time now = absl::Now();
+  absl::Time answer_by = absl::InfiniteFuture();
+  if (context->deadline() <
+      std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
+    const absl::Time deadline = absl::FromChrono(context->deadline());
+    answer_by = deadline - std::min(absl::Milliseconds(200),
+                                    (deadline - now) / 10);
+  }
+  bool answer_now = false;
+  {
+    absl::MutexLock lock(&mu_);
+    answer_now = state_ != tandem::v1::ROLLOUT_STATE_DRAINING ||
+                 answer_by <= now || stopping_;
+    if (!answer_now) drain_waiters_.push_back({reactor, response, answer_by});
+  }
+  if (answer_now) {
+    FillStatus(response);
+    reactor->Finish(grpc::Status::OK);
+  }
+  return reactor;
 }
 
 void RolloutWorker::GracefulStop(absl::Duration deadline) {
@@ -377,7 +494,10 @@ void RolloutWorker::Stop(absl::Duration deadline) {
     absl::MutexLock lock(&mu_);
     stop_ = true;
   }
+  // A load in progress cannot be interrupted; the loader sees stop_ after it.
+  if (loader_thread_.joinable()) loader_thread_.join();
   if (generation_thread_.joinable()) generation_thread_.join();
+  AnswerDrainWaiters(/*all=*/true);
   if (subscriber_) subscriber_->Stop();
   if (prefetcher_) {
     prefetcher_->Stop();

@@ -6,13 +6,17 @@
 //
 // Threads: the generation thread alone drives the Engine; the prefetcher
 // and submitter have their own threads; gRPC reactors only flip flags and
-// read the last published status.
+// read the last published status. The model is loaded on a loader thread
+// after the gRPC server is up, so that status and health answer (LOADING,
+// NOT_SERVING) while a large checkpoint loads.
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -34,15 +38,31 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
       const RolloutConfig& config);
   ~RolloutWorker() override;
 
+  // Returns at once: the gRPC server already answers (state LOADING, health
+  // NOT_SERVING); a loader thread loads the model, builds the engine, then
+  // marks health SERVING, registers with the coordinator and starts
+  // generating. A failed load is logged and leaves the worker NOT_SERVING.
   absl::Status Start();
   // Health NOT_SERVING, stops leasing, aborts in-flight generation and
   // returns every unfinished lease to the coordinator, delivers finished
-  // samples (within `deadline`), leaves the cluster.
+  // samples (within `deadline`), leaves the cluster. A model load in
+  // progress cannot be interrupted: stopping waits for it to end.
   void GracefulStop(absl::Duration deadline);
   void Stop();
 
+  // host:port of the gRPC server (bound at Create).
+  const std::string& grpc_address() const { return member_->grpc_address(); }
+
   // The in-process weight source, for tests and the in-process trainer.
+  // REQUIRES: the model is loaded (health SERVING).
   StagedWeightSource& weight_source() { return *weight_source_; }
+
+  // Replaces LoadModel (e.g. with one that blocks, to observe LOADING).
+  // REQUIRES: called before Start().
+  void SetModelLoaderForTest(
+      std::function<absl::StatusOr<LoadedModel>()> loader) {
+    model_loader_ = std::move(loader);
+  }
 
   // tandem.v1.RolloutWorker
   grpc::ServerUnaryReactor* GetStatus(
@@ -56,6 +76,11 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
       grpc::CallbackServerContext* context,
       const tandem::v1::ResumeRequest* request,
       tandem::v1::RolloutStatus* response) override;
+  // Stops admitting and leasing, gives back prompts not started, finishes
+  // every in-flight sequence and delivers its samples; the state is
+  // DRAINED once nothing is left. Answers when drained, when the state
+  // leaves DRAINING (Resume, Pause, shutdown), or just before the call's
+  // deadline (state DRAINING then), never blocking a reactor.
   grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
                                   const tandem::v1::DrainRequest* request,
                                   tandem::v1::RolloutStatus* response) override;
@@ -66,8 +91,23 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
     int32_t remaining = 0;
   };
 
+  // A Drain call waiting for DRAINED.
+  struct DrainWaiter {
+    grpc::ServerUnaryReactor* reactor;
+    tandem::v1::RolloutStatus* response;
+    absl::Time answer_by;
+  };
+
   explicit RolloutWorker(const RolloutConfig& config);
   void Stop(absl::Duration deadline);
+  // Loader thread: the model-dependent parts, then the rest of Start.
+  absl::Status LoadModelAndEngine();
+  void LoadAndStart();
+  // Moves the worker to `target` (Pause, Resume, Drain). UNAVAILABLE while
+  // loading or shutting down.
+  grpc::Status Transition(tandem::v1::RolloutState target);
+  // Answers the Drain calls that are done waiting (all of them if `all`).
+  void AnswerDrainWaiters(bool all);
   void GenerationLoop();
   void AdmitLeases();
   void Deliver(FinishedSample sample);
@@ -77,9 +117,6 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
   // gRPC address of an alive trainer (its WeightServer), from the
   // coordinator's member list, refreshed at most every 2 s.
   std::string TrainerAddress();
-  grpc::ServerUnaryReactor* Control(grpc::CallbackServerContext* context,
-                                    tandem::v1::RolloutState target,
-                                    tandem::v1::RolloutStatus* response);
 
   const RolloutConfig config_;
   std::shared_ptr<prometheus::Registry> registry_;
@@ -93,14 +130,20 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
   std::unique_ptr<PromptPrefetcher> prefetcher_;
   std::unique_ptr<SampleSubmitter> submitter_;
   std::unique_ptr<WeightSubscriber> subscriber_;
+  std::function<absl::StatusOr<LoadedModel>()> model_loader_;
+  std::thread loader_thread_;
   std::thread generation_thread_;
+  // Set by the loader thread once the model-dependent members (engine_,
+  // subscriber_, ...) exist; RPC threads read them only after seeing it.
+  std::atomic<bool> loaded_{false};
   std::atomic<bool> stopping_{false};
   std::atomic<bool> stopped_{false};
 
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   tandem::v1::RolloutState state_ ABSL_GUARDED_BY(mu_) =
-      tandem::v1::ROLLOUT_STATE_RUNNING;
+      tandem::v1::ROLLOUT_STATE_LOADING;
+  std::vector<DrainWaiter> drain_waiters_ ABSL_GUARDED_BY(mu_);
   EngineSnapshot snapshot_ ABSL_GUARDED_BY(mu_);
   double tokens_per_second_ ABSL_GUARDED_BY(mu_) = 0;
   double last_pause_seconds_ ABSL_GUARDED_BY(mu_) = 0;

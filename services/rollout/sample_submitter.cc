@@ -31,6 +31,11 @@ bool SampleSubmitter::Flush(absl::Duration deadline) {
   return mu_.AwaitWithTimeout(absl::Condition(&empty), deadline);
 }
 
+size_t SampleSubmitter::pending() const {
+  absl::MutexLock lock(&mu_);
+  return queue_.size() + static_cast<size_t>(in_flight_);
+}
+
 void SampleSubmitter::Stop() {
   {
     absl::MutexLock lock(&mu_);

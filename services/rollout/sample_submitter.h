@@ -28,6 +28,8 @@ class SampleSubmitter {
   void Enqueue(tandem::v1::Sample sample);
   // Waits until the queue is delivered or `deadline` passes; true if empty.
   bool Flush(absl::Duration deadline);
+  // Samples queued or being submitted.
+  size_t pending() const;
   void Stop();
 
   uint64_t submitted_total() const;

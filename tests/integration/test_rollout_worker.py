@@ -74,8 +74,10 @@ class RolloutWorkerTest(unittest.TestCase):
                          "tokens after resume")
 
     def test_3_drain_finishes_in_flight_work_then_reports_drained(self):
-        self.assertEqual(self.worker_status("drain")["state"],
-                         "ROLLOUT_STATE_DRAINING")
+        # Drain answers once drained, or just before the call's deadline
+        # (tandemctl's --timeout) with DRAINING.
+        self.assertIn(self.worker_status("drain")["state"],
+                      ("ROLLOUT_STATE_DRAINING", "ROLLOUT_STATE_DRAINED"))
         drained = harness.wait_for(
             lambda: (lambda s: s if s["state"] == "ROLLOUT_STATE_DRAINED"
                      else None)(self.worker_status()), 60, "DRAINED")
