@@ -60,13 +60,18 @@ void ScoringDispatcher::Stop() {
 }
 
 void ScoringDispatcher::Enqueue(std::vector<ScoringTask> tasks) {
+  const absl::Time now = absl::Now();
   absl::MutexLock lock(&mu_);
+  bool takeable = false;
   for (auto& task : tasks) {
     VerifierQueue& queue = queues_[task.item.verifier()];
     queue.entries.push_back(Entry{std::move(task), false});
+    takeable = takeable || queue.not_before <= now;
   }
   queued_ += tasks.size();
-  ++enqueue_seq_;
+  // Threads waiting for a held queue need to wake only for work they can
+  // take now (a held queue wakes them when its hold ends).
+  if (takeable) ++enqueue_seq_;
 }
 
 ScoringStats ScoringDispatcher::Stats() const {

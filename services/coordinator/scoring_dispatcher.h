@@ -161,8 +161,8 @@ class ScoringDispatcher {
   mutable absl::Mutex mu_;
   std::map<std::string, VerifierQueue> queues_ ABSL_GUARDED_BY(mu_);
   uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;
-  // Bumped whenever entries are added, to wake threads waiting for a held
-  // queue.
+  // Bumped when entries that can be taken now are added, to wake threads
+  // waiting for a held queue.
   uint64_t enqueue_seq_ ABSL_GUARDED_BY(mu_) = 0;
   // The verifier name served last, for round-robin across names.
   std::string last_verifier_ ABSL_GUARDED_BY(mu_);
