@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
@@ -24,8 +25,10 @@ struct Daemon {
   std::unique_ptr<Verifier> verifier;
   std::unique_ptr<tandem::v1::Verifier::Stub> stub;
 
-  explicit Daemon(int64_t max_concurrency = 64) {
+  explicit Daemon(int64_t max_concurrency = 64,
+                  std::vector<std::string> verifiers = {}) {
     VerifierConfig config;
+    config.verifiers = std::move(verifiers);
     config.server.metrics_address = "";
     // Nobody listens there: registration retries in the background, and
     // scoring does not depend on it.
@@ -210,6 +213,44 @@ TEST_CASE(
   busy.join();
   CHECK(slow_status.ok());
   REQUIRE(daemon.Score(more, &response).ok());
+  CHECK(response.results(0).score().reward() == 1.0);
+}
+
+TEST_CASE(
+    "Verifier service: a replica serves only the verifiers it is configured "
+    "with, and an unknown name in the config is refused",
+    "[verifier][routing]") {
+  VerifierConfig bad;
+  bad.server.metrics_address = "";
+  bad.verifiers = {"math", "nope"};
+  auto refused = Verifier::Create(bad);
+  REQUIRE(!refused.ok());
+  CHECK(absl::IsInvalidArgument(refused.status()));
+  CHECK(absl::StrContains(refused.status().message(),
+                          "verifiers: unknown verifier 'nope'"));
+
+  Daemon daemon(/*max_concurrency=*/64, {"math"});
+  {
+    grpc::ClientContext context;
+    tandem::v1::ListVerifiersResponse names;
+    REQUIRE(daemon.stub->ListVerifiers(&context, {}, &names).ok());
+    REQUIRE(names.names_size() == 1);
+    CHECK(names.names(0) == "math");
+  }
+  tandem::v1::ScoreBatchRequest request;
+  tandem::v1::ScoreItem item;
+  item.set_item_id("e");
+  item.set_verifier("exact");
+  item.set_completion_text("1");
+  (*item.mutable_metadata())["answer"] = "1";
+  *request.add_items() = item;
+  tandem::v1::ScoreBatchResponse response;
+  grpc::Status status = daemon.Score(request, &response);
+  CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(absl::StrContains(status.error_message(), "unknown verifier 'exact'"));
+  request.mutable_items(0)->set_verifier("math");
+  (*request.mutable_items(0)->mutable_metadata())["answer"] = "1";
+  REQUIRE(daemon.Score(request, &response).ok());
   CHECK(response.results(0).score().reward() == 1.0);
 }
 
