@@ -8,11 +8,25 @@
 #include "common/rpc/grpc_client.h"
 #include "common/weights/model_flattening.h"
 #include "services/rollout/torch_engine_model.h"
+#include "services/trainer/checkpoint.h"
 
 namespace tandem::trainer {
 namespace {
 
 auto Log() { return ComponentLogger("trainer"); }
+
+CheckpointPolicy ToCheckpointPolicy(const TrainerConfig& c) {
+  CheckpointPolicy p;
+  p.dir = c.checkpoint_dir;
+  p.every_steps = c.checkpoint_every;
+  p.keep = c.checkpoint_keep;
+  p.on_stop = c.checkpoint_on_stop;
+  p.resume = c.resume;
+  p.tokenizer_dir = c.model_path;
+  p.builtin_tokenizer = c.model_path.empty();
+  p.training_config_json = TrainingConfigJson(c);
+  return p;
+}
 
 GrpoTrainerOptions ToOptions(const TrainerConfig& c) {
   GrpoTrainerOptions o;
@@ -76,14 +90,32 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const TrainerConfig& config) {
   RETURN_IF_ERROR(Validate(config));
   std::unique_ptr<Trainer> trainer(new Trainer(config));
+  trainer->checkpoints_ = std::make_unique<CheckpointManager>(
+      ToCheckpointPolicy(config), trainer->registry_.get());
+  // A checkpoint to resume from replaces the initial policy: its hf/ is a
+  // Hugging Face directory with the fp32 master weights.
+  ASSIGN_OR_RETURN(std::optional<LoadedCheckpoint> resumed,
+                   trainer->checkpoints_->FindResumePoint());
+  trainer->resumed_ = resumed.has_value();
   ASSIGN_OR_RETURN(
       rollout::LoadedModel model,
-      rollout::LoadModel(config.model_path, config.model_seed,
+      rollout::LoadModel(resumed ? resumed->hf_dir : config.model_path,
+                         config.model_seed,
                          static_cast<int32_t>(config.torch_threads)));
   Log()->info("policy: {}", model.description);
   ASSIGN_OR_RETURN(
       trainer->grpo_,
       GrpoTrainer::Create(*model.decoder->weights(), 0, ToOptions(config)));
+  if (resumed) {
+    RETURN_IF_ERROR(
+        trainer->checkpoints_->Restore(*resumed, trainer->grpo_.get()));
+    absl::MutexLock lock(&trainer->mu_);
+    trainer->status_.set_step(static_cast<uint64_t>(trainer->grpo_->step()));
+    trainer->status_.set_policy_version(trainer->grpo_->policy_version());
+    trainer->status_.set_last_checkpoint(resumed->path);
+    trainer->policy_version_.Set(
+        static_cast<double>(trainer->grpo_->policy_version()));
+  }
   ASSIGN_OR_RETURN(weights::FlatWeightLayout layout,
                    weights::LayoutForModel(*model.decoder->weights()));
   trainer->layout_ =
@@ -110,6 +142,10 @@ Trainer::~Trainer() { Stop(); }
 absl::Status Trainer::Start() {
   RETURN_IF_ERROR(member_->Start());
   if (config_.train) {
+    {
+      absl::MutexLock lock(&checkpoint_mu_);
+      accepting_checkpoint_requests_ = true;
+    }
     training_thread_ = std::thread([this] { TrainingLoop(); });
   }
   return absl::OkStatus();
@@ -220,7 +256,10 @@ absl::Status Trainer::TrainOnce() {
 
 void Trainer::TrainingLoop() {
   while (!stopping_) {
+    ReconcileVersionOnce();
+    ServeCheckpointRequests();
     absl::Status status = TrainOnce();
+    if (status.ok()) status = MaybeCheckpoint();
     if (!status.ok() && !stopping_) {
       Log()->warn("training step failed: {}", status.ToString());
       absl::SleepFor(absl::Seconds(1));
@@ -242,6 +281,69 @@ grpc::ServerUnaryReactor* Trainer::GetStatus(
   return reactor;
 }
 
+grpc::ServerUnaryReactor* Trainer::SaveCheckpoint(
+    grpc::CallbackServerContext* context,
+    const tandem::v1::SaveCheckpointRequest* request,
+    tandem::v1::SaveCheckpointResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  {
+    // The training thread owns the GrpoTrainer: it writes the checkpoint
+    // between steps and finishes the call (ServeCheckpointRequests).
+    absl::MutexLock lock(&checkpoint_mu_);
+    if (accepting_checkpoint_requests_) {
+      checkpoint_requests_.push_back({reactor, response});
+      return reactor;
+    }
+  }
+  reactor->Finish(grpc::Status(
+      config_.train ? grpc::StatusCode::UNAVAILABLE
+                    : grpc::StatusCode::FAILED_PRECONDITION,
+      config_.train ? "the trainer is stopping"
+                    : "training is disabled (training.enabled: false): "
+                      "nothing to checkpoint"));
+  return reactor;
+}
+
+void Trainer::ReconcileVersionOnce() {
+  if (version_reconciled_ || member_->session().member_id().empty()) return;
+  version_reconciled_ = true;
+  checkpoints_->ReconcileVersion(member_->session().cluster_policy_version(),
+                                 resumed_, grpo_.get());
+  absl::MutexLock lock(&mu_);
+  status_.set_policy_version(grpo_->policy_version());
+}
+
+void Trainer::RecordCheckpoint(const WrittenCheckpoint& written) {
+  absl::MutexLock lock(&mu_);
+  status_.set_last_checkpoint(written.path);
+}
+
+absl::Status Trainer::MaybeCheckpoint() {
+  ASSIGN_OR_RETURN(std::optional<WrittenCheckpoint> written,
+                   checkpoints_->MaybeSave(*grpo_));
+  if (written) RecordCheckpoint(*written);
+  return absl::OkStatus();
+}
+
+void Trainer::ServeCheckpointRequests() {
+  std::vector<CheckpointRequest> requests;
+  {
+    absl::MutexLock lock(&checkpoint_mu_);
+    requests.swap(checkpoint_requests_);
+  }
+  if (requests.empty()) return;
+  absl::StatusOr<WrittenCheckpoint> written = checkpoints_->Save(*grpo_);
+  if (written.ok()) RecordCheckpoint(*written);
+  for (CheckpointRequest& r : requests) {
+    if (written.ok()) {
+      r.response->set_path(written->path);
+      r.response->set_step(static_cast<uint64_t>(written->step));
+    }
+    r.reactor->Finish(written.ok() ? grpc::Status::OK
+                                   : rpc::ToGrpcStatus(written.status()));
+  }
+}
+
 void Trainer::GracefulStop(absl::Duration deadline) {
   stopping_ = true;
   member_->MarkNotServing();
@@ -252,6 +354,23 @@ void Trainer::Stop() {
   stopping_ = true;
   if (stopped_.exchange(true)) return;
   if (training_thread_.joinable()) training_thread_.join();
+  if (grpo_ != nullptr && checkpoints_ != nullptr) {
+    // The training thread has stopped: checkpoint what it trained, then
+    // answer SaveCheckpoint calls that arrived meanwhile.
+    {
+      absl::MutexLock lock(&checkpoint_mu_);
+      accepting_checkpoint_requests_ = false;
+    }
+    absl::StatusOr<std::optional<WrittenCheckpoint>> written =
+        checkpoints_->SaveOnStop(*grpo_);
+    if (!written.ok()) {
+      Log()->error("checkpoint on stop failed: {}",
+                   written.status().ToString());
+    } else if (*written) {
+      RecordCheckpoint(**written);
+    }
+    ServeCheckpointRequests();
+  }
   if (member_) member_->Shutdown(absl::Seconds(2));
 }
 

@@ -9,7 +9,9 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -20,6 +22,7 @@
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
+#include "services/trainer/checkpoint_manager.h"
 #include "services/trainer/rl/grpo_trainer.h"
 #include "services/trainer/trainer_config.h"
 #include "tandem/v1/trainer.grpc.pb.h"
@@ -41,12 +44,24 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
       grpc::CallbackServerContext* context,
       const tandem::v1::GetTrainerStatusRequest* request,
       tandem::v1::TrainerStatus* response) override;
+  // Writes a checkpoint between two steps (on the training thread) and
+  // answers with its path; FAILED_PRECONDITION when training is disabled.
+  grpc::ServerUnaryReactor* SaveCheckpoint(
+      grpc::CallbackServerContext* context,
+      const tandem::v1::SaveCheckpointRequest* request,
+      tandem::v1::SaveCheckpointResponse* response) override;
 
  private:
   explicit Trainer(const TrainerConfig& config);
   void TrainingLoop();
   absl::Status TrainOnce();
   absl::Status Publish(uint64_t version);
+  // Checkpoints (training thread): adopt the coordinator's version numbering
+  // at the first registration; periodic checkpoints; SaveCheckpoint calls.
+  void ReconcileVersionOnce();
+  absl::Status MaybeCheckpoint();
+  void ServeCheckpointRequests();
+  void RecordCheckpoint(const WrittenCheckpoint& written);
 
   const TrainerConfig config_;
   std::shared_ptr<prometheus::Registry> registry_;
@@ -58,6 +73,17 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
   prometheus::Histogram& staleness_;
 
   std::unique_ptr<GrpoTrainer> grpo_;
+  std::unique_ptr<CheckpointManager> checkpoints_;
+  bool resumed_ = false;
+  bool version_reconciled_ = false;  // training thread only
+  struct CheckpointRequest {
+    grpc::ServerUnaryReactor* reactor;
+    tandem::v1::SaveCheckpointResponse* response;
+  };
+  absl::Mutex checkpoint_mu_;
+  std::vector<CheckpointRequest> checkpoint_requests_
+      ABSL_GUARDED_BY(checkpoint_mu_);
+  bool accepting_checkpoint_requests_ ABSL_GUARDED_BY(checkpoint_mu_) = false;
   std::unique_ptr<weights::FlatWeightLayout> layout_;
   weights::WeightStore store_{4};
   std::unique_ptr<weights::WeightServerService> weight_server_;

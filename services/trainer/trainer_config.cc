@@ -1,5 +1,7 @@
 #include "services/trainer/trainer_config.h"
 
+#include <nlohmann/json.hpp>
+
 #include "common/cluster/member_daemon.h"
 
 namespace tandem::trainer {
@@ -8,7 +10,19 @@ void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config) {
   config::AddServerOptions(schema, &config->server);
   cluster::AddCoordinatorAddress(schema, &config->coordinator_address);
   schema->AddString("checkpoint_dir", &config->checkpoint_dir,
-                    "Directory where checkpoints are written.");
+                    "Directory where checkpoints are written (step-<N>/, "
+                    "latest -> newest; the policy export is latest/hf).");
+  schema->AddInt("checkpoint_every", &config->checkpoint_every, 0, INT64_MAX,
+                 "Write a checkpoint every this many optimizer steps; 0 = "
+                 "only on stop and on the SaveCheckpoint RPC.");
+  schema->AddInt("checkpoint_keep", &config->checkpoint_keep, 1, 1 << 20,
+                 "Checkpoints kept; older step-* directories are removed.");
+  schema->AddBool("checkpoint_on_stop", &config->checkpoint_on_stop,
+                  "Write a checkpoint on SIGTERM / graceful stop when the "
+                  "trainer stepped since the last one.");
+  schema->AddBool("resume", &config->resume,
+                  "On start, resume from checkpoint_dir/latest when it "
+                  "exists (weights, optimizer, step, version, RNG).");
   schema->AddString("model.path", &config->model_path,
                     "Initial policy: a Hugging Face directory; empty = the "
                     "built-in tiny model with random weights from model.seed "
@@ -41,6 +55,16 @@ void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config) {
                  1 << 20, "Most groups per batch (0 = no bound).");
   schema->AddInt("training.pull_wait_ms", &config->pull_wait_ms, 0, 600000,
                  "How long one batch pull may wait for ready groups.");
+}
+
+std::string TrainingConfigJson(const TrainerConfig& c) {
+  const nlohmann::json j = {
+      {"model_path", c.model_path},       {"model_seed", c.model_seed},
+      {"lr", c.lr},                       {"warmup_steps", c.warmup_steps},
+      {"max_grad_norm", c.max_grad_norm}, {"clip_low", c.clip_low},
+      {"clip_high", c.clip_high},         {"advantage", c.advantage},
+      {"aggregation", c.aggregation}};
+  return j.dump();
 }
 
 absl::Status Validate(const TrainerConfig& config) {

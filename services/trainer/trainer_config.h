@@ -12,8 +12,12 @@ namespace tandem::trainer {
 struct TrainerConfig {
   config::ServerOptions server;
   std::string coordinator_address = "127.0.0.1:50051";
-  // Where checkpoints are written.
+  // Checkpoints (layout: services/trainer/checkpoint.h, docs/operations.md).
   std::string checkpoint_dir = "checkpoints";
+  int64_t checkpoint_every = 50;  // optimizer steps; 0 = no periodic ones
+  int64_t checkpoint_keep = 2;
+  bool checkpoint_on_stop = true;
+  bool resume = true;
   // Initial policy: a Hugging Face directory, or empty for the built-in
   // tiny model (random weights from model_seed, as the rollout workers).
   std::string model_path;
@@ -35,5 +39,9 @@ struct TrainerConfig {
 
 void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config);
 absl::Status Validate(const TrainerConfig& config);
+
+// The settings that shape the optimisation trajectory, as a JSON object:
+// stored in every checkpoint so a resume under different ones is logged.
+std::string TrainingConfigJson(const TrainerConfig& config);
 
 }  // namespace tandem::trainer

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +15,7 @@
 namespace tandem::trainer {
 
 struct GrpoTrainer::Optimizer {
+  std::vector<std::string> names;  // parallel to `parameters`
   std::vector<at::Tensor> parameters;
   std::unique_ptr<torch::optim::AdamW> adamw;
 };
@@ -36,6 +38,7 @@ absl::StatusOr<std::unique_ptr<GrpoTrainer>> GrpoTrainer::Create(
   try {
     for (const auto& [name, tensor] : master->tensors()) {
       tensor.requires_grad_(true);
+      trainer->optimizer_->names.push_back(name);
       trainer->optimizer_->parameters.push_back(tensor);
     }
     trainer->optimizer_->adamw = std::make_unique<torch::optim::AdamW>(
@@ -131,13 +134,8 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
                      ComputeGrpoLoss(batch, options_.loss));
     stats.loss = loss.stats;
 
-    // Linear warmup, then constant.
     ++step_;
-    const double lr =
-        options_.warmup_steps > 0
-            ? options_.lr * std::min(1.0, static_cast<double>(step_) /
-                                              options_.warmup_steps)
-            : options_.lr;
+    const double lr = LearningRate(step_);
     for (auto& group : optimizer_->adamw->param_groups()) {
       static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     }
@@ -154,6 +152,96 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
   stats.policy_version = version_;
   stats.step_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   return stats;
+}
+
+double GrpoTrainer::LearningRate(int64_t step) const {
+  if (options_.warmup_steps <= 0) return options_.lr;
+  return options_.lr *
+         std::min(1.0, static_cast<double>(step) / options_.warmup_steps);
+}
+
+namespace {
+
+// The key torch::optim keeps a parameter's state under.
+std::string StateKey(const at::Tensor& parameter) {
+  return c10::guts::to_string(parameter.unsafeGetTensorImpl());
+}
+
+}  // namespace
+
+absl::StatusOr<GrpoTrainerState> GrpoTrainer::CaptureState() const {
+  GrpoTrainerState state;
+  state.step = step_;
+  state.policy_version = version_;
+  try {
+    torch::NoGradGuard no_grad;
+    const auto& states = optimizer_->adamw->state();
+    for (size_t i = 0; i < optimizer_->parameters.size(); ++i) {
+      auto it = states.find(StateKey(optimizer_->parameters[i]));
+      if (it == states.end()) continue;
+      const auto& adam =
+          static_cast<const torch::optim::AdamWParamState&>(*it->second);
+      AdamWMoments& m = state.moments[optimizer_->names[i]];
+      m.step = adam.step();
+      m.exp_avg = adam.exp_avg().detach().clone();
+      m.exp_avg_sq = adam.exp_avg_sq().detach().clone();
+    }
+  } catch (const std::exception& e) {
+    return model::internal::TorchErrorToStatus("capturing optimizer state", e);
+  }
+  return state;
+}
+
+absl::Status GrpoTrainer::RestoreState(const GrpoTrainerState& state) {
+  if (!state.moments.empty() &&
+      state.moments.size() != optimizer_->names.size()) {
+    for (const auto& [name, m] : state.moments) {
+      if (std::find(optimizer_->names.begin(), optimizer_->names.end(),
+                    name) == optimizer_->names.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "optimizer state for '", name, "', which the model does not have"));
+      }
+    }
+  }
+  std::vector<std::unique_ptr<torch::optim::AdamWParamState>> restored;
+  try {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < optimizer_->parameters.size() &&
+                       !state.moments.empty();
+         ++i) {
+      const std::string& name = optimizer_->names[i];
+      const at::Tensor& p = optimizer_->parameters[i];
+      auto it = state.moments.find(name);
+      if (it == state.moments.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("optimizer state for '", name, "' is missing"));
+      }
+      const AdamWMoments& m = it->second;
+      for (const at::Tensor* t : {&m.exp_avg, &m.exp_avg_sq}) {
+        if (!t->defined() || t->sizes() != p.sizes()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "optimizer state for '", name, "': expected shape ",
+              c10::str(p.sizes()), ", got ",
+              t->defined() ? c10::str(t->sizes()) : "none"));
+        }
+      }
+      auto adam = std::make_unique<torch::optim::AdamWParamState>();
+      adam->step(m.step);
+      adam->exp_avg(m.exp_avg.to(p.options()).clone());
+      adam->exp_avg_sq(m.exp_avg_sq.to(p.options()).clone());
+      restored.push_back(std::move(adam));
+    }
+    auto& states = optimizer_->adamw->state();
+    states.clear();
+    for (size_t i = 0; i < restored.size(); ++i) {
+      states[StateKey(optimizer_->parameters[i])] = std::move(restored[i]);
+    }
+  } catch (const std::exception& e) {
+    return model::internal::TorchErrorToStatus("restoring optimizer state", e);
+  }
+  step_ = state.step;
+  version_ = state.policy_version;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<model::ModelWeights>>

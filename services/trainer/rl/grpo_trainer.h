@@ -9,8 +9,12 @@
 // an AdamW step. Each step produces the next policy version. Not
 // thread-safe: one training thread.
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -63,6 +67,23 @@ struct GrpoStepStats {
   double step_seconds = 0.0;
 };
 
+// AdamW's per-parameter state.
+struct AdamWMoments {
+  int64_t step = 0;
+  at::Tensor exp_avg;     // fp32, the parameter's shape
+  at::Tensor exp_avg_sq;  // fp32, the parameter's shape
+};
+
+// Everything besides the master weights that a resumed GrpoTrainer needs to
+// take exactly the step an uninterrupted one would take.
+struct GrpoTrainerState {
+  // Optimizer steps taken: the learning-rate schedule's position.
+  int64_t step = 0;
+  uint64_t policy_version = 0;
+  // By parameter (Hugging Face) name; empty before the first step.
+  std::map<std::string, AdamWMoments> moments;
+};
+
 class GrpoTrainer {
  public:
   // Takes the initial weights (any dtype; training runs on an fp32 copy).
@@ -80,6 +101,24 @@ class GrpoTrainer {
   absl::StatusOr<std::shared_ptr<model::ModelWeights>> SnapshotWeights() const;
   uint64_t policy_version() const { return version_; }
   const model::DecoderModel& policy() const { return *policy_; }
+  int64_t step() const { return step_; }
+  const GrpoTrainerOptions& options() const { return options_; }
+
+  // Learning rate of optimizer step `step` (1-based): linear warmup over
+  // options.warmup_steps, then constant.
+  double LearningRate(int64_t step) const;
+
+  // A detached copy of the optimizer state, step and version (checkpoints).
+  absl::StatusOr<GrpoTrainerState> CaptureState() const;
+  // Restores what CaptureState returned. The master weights are not part of
+  // the state: create the trainer from the checkpoint's weights. Errors
+  // (InvalidArgument) name the parameter whose moments are missing, extra
+  // or of the wrong shape; on error the trainer is unchanged.
+  absl::Status RestoreState(const GrpoTrainerState& state);
+
+  // Renumbers the policy: the next Step() produces `version` + 1. For a
+  // trainer that resumes behind or ahead of the coordinator's numbering.
+  void set_policy_version(uint64_t version) { version_ = version; }
 
  private:
   GrpoTrainer() = default;
