@@ -51,7 +51,11 @@ tandem::v1::LeasePromptsResponse GroupLedger::Lease(
   }
   uint64_t in_flight =
       groups_.size() + training_.ready_groups() + training_.training_groups();
-  const uint64_t limit = (options_.max_lag + 1) * groups_per_version_;
+  // A group leased now is trained after the `in_flight` groups ahead of it,
+  // about in_flight / groups_per_version versions later: keep that within
+  // max_lag so generated work is not dropped as stale.
+  const uint64_t limit =
+      std::max<uint64_t>(options_.max_lag, 1) * groups_per_version_;
   bool throttled = false;
   while (static_cast<uint32_t>(response.leases_size()) < max_prompts) {
     if (in_flight >= limit) {
@@ -357,8 +361,8 @@ void GroupLedger::MaybeReadyLocked(const std::string& group_id) {
 tandem::v1::PullTrainingBatchResponse GroupLedger::Pull(
     const tandem::v1::PullTrainingBatchRequest& request, absl::Time now) {
   absl::MutexLock lock(&mu_);
-  groups_per_version_ =
-      std::max<uint64_t>(groups_per_version_, request.max_groups());
+  // The trainer's batch size is the consumption per version.
+  if (request.max_groups() > 0) groups_per_version_ = request.max_groups();
   const std::string batch_id =
       absl::StrCat(options_.id_prefix, "-b", next_id_++);
   tandem::v1::PullTrainingBatchResponse response =

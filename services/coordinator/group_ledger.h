@@ -18,8 +18,12 @@
 // scores that arrive for it are ignored.
 //
 // Dispatch throttle (staleness bound): no leases while at least
-// (max_lag + 1) * groups_per_version groups are in flight, nor to a worker
-// more than max_lag versions behind the latest published version.
+// max(max_lag, 1) * groups_per_version groups are in flight (leased,
+// scoring, ready or training), nor to a worker more than max_lag versions
+// behind the latest published version. groups_per_version starts at the
+// configured value and follows the trainer's batch size (max_groups of its
+// last pull), so work dispatched now is trained within max_lag versions
+// instead of being generated only to be dropped as stale.
 //
 // Durability: with a Journal (Recover()), every change is appended as a
 // record, and the journal is synced at batch boundaries (Commit, Publish)

@@ -289,10 +289,10 @@ TEST_CASE(
     "workers",
     "[coordinator][ledger]") {
   GroupLedgerOptions options = Options(1);
-  options.groups_per_version = 2;  // (max_lag 2 + 1) * 2 = 6 in flight
+  options.groups_per_version = 2;  // max_lag 2 * 2 = 4 in flight
   auto ledger = NewLedger(options);
   auto leases = ledger->Lease("w", 10, 0, kT0);
-  CHECK(leases.leases_size() == 6);
+  CHECK(leases.leases_size() == 4);
   auto none = ledger->Lease("w", 1, 0, kT0);
   CHECK(none.leases_size() == 0);
   CHECK(none.retry_after_ms() > 0);
@@ -304,10 +304,28 @@ TEST_CASE(
   REQUIRE(ledger->Commit(batch.batch_id(), 1).ok());
   CHECK(ledger->Lease("w", 5, 0, kT0).leases_size() == 1);
   // A worker more than max_lag versions behind gets nothing.
-  REQUIRE(ledger->ReleaseMember("w") == 6);
+  REQUIRE(ledger->ReleaseMember("w") == 4);
   for (uint64_t v = 1; v <= 3; ++v) REQUIRE(ledger->PublishVersion(v).ok());
   CHECK(ledger->Lease("old", 1, 0, kT0).leases_size() == 0);
   CHECK(ledger->Lease("new", 1, 1, kT0).leases_size() == 1);
+}
+
+TEST_CASE("Ledger: the in-flight bound follows the trainer's batch size",
+          "[coordinator][ledger]") {
+  GroupLedgerOptions options = Options(1);  // max_lag 2, 100 per version
+  auto ledger = NewLedger(options);
+  auto first = ledger->Lease("w", 3, 0, kT0);
+  REQUIRE(first.leases_size() == 3);
+  Complete(*ledger, first.leases(0), 0);
+  // The trainer takes one group per step: at most 2 * 1 groups in flight.
+  auto batch = ledger->Pull(PullRequest(0, /*max_groups=*/1), kT0);
+  REQUIRE(batch.groups_size() == 1);
+  REQUIRE(ledger->Commit(batch.batch_id(), 1).ok());
+  CHECK(ledger->Lease("w", 5, 0, kT0).leases_size() == 0);  // 2 in flight
+  Complete(*ledger, first.leases(1), 0);
+  auto second = ledger->Pull(PullRequest(1, /*max_groups=*/1), kT0);
+  REQUIRE(ledger->Commit(second.batch_id(), 2).ok());
+  CHECK(ledger->Lease("w", 5, 1, kT0).leases_size() == 1);
 }
 
 TEST_CASE("Ledger: a finite source is exhausted once every lease is done",
