@@ -209,6 +209,7 @@ absl::StatusOr<uint64_t> GlooWeightReceiver::ReceiveNext(
     group_->Abort();  // cannot know how many broadcasts follow
     return absl::DataLossError("gloo: received an unparsable manifest");
   }
+  last_round_version_ = manifest.policy_version();
   // From here on every broadcast of the version is joined, whatever
   // happens locally; `local` records the first local failure.
   absl::Status local = staging->Begin(manifest);

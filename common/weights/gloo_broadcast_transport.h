@@ -121,8 +121,14 @@ class GlooWeightReceiver : public WeightReceiver {
   // Aborts the group (the pending collective still ends at its timeout).
   void Cancel() override { group_->Abort(); }
 
+  // The policy version of the last round this receiver took part in (its
+  // manifest arrived), whether or not the version could be staged: the
+  // sender's stream position. 0 before the first round.
+  uint64_t last_round_version() const { return last_round_version_; }
+
  private:
   GlooBroadcastGroup* group_;
+  uint64_t last_round_version_ = 0;
 };
 
 }  // namespace tandem::weights

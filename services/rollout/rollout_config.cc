@@ -40,6 +40,19 @@ void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config) {
                   "inplace copies into the live weights during the pause.");
   schema->AddInt("prefetch_prompts", &config->prefetch_prompts, 1, 1 << 20,
                  "Leased prompts kept queued ahead of the engine.");
+
+  // Weight sync.
+  schema->AddEnum("weight_sync.mode", &config->weight_sync,
+                  {"broadcast", "pull"},
+                  "broadcast joins the trainer's broadcast group once caught "
+                  "up (falls back to pull on failures); pull always pulls "
+                  "from the trainer's weight server.");
+  schema->AddString("weight_sync.bind_host", &config->weight_sync_bind_host,
+                    "Address Gloo binds for broadcast pairs on this host.");
+  schema->AddInt("weight_sync.timeout_ms", &config->weight_sync_timeout_ms,
+                 100, 3600000,
+                 "Deadline of a broadcast rendezvous and of every collective "
+                 "(ms); a dead peer aborts the group after it.");
 }
 
 absl::Status Validate(const RolloutConfig& config) { return absl::OkStatus(); }

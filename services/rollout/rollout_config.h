@@ -27,6 +27,14 @@ struct RolloutConfig {
   std::string update_mode = "staged";      // staged | inplace
   // Prompts leased ahead of the engine.
   int64_t prefetch_prompts = 16;
+  // ---- Weight sync (weight_sync.*) ----
+  // broadcast: join the coordinator's broadcast group once caught up, with
+  // automatic fallback to pull; pull: always pull from the trainer.
+  std::string weight_sync = "broadcast";
+  // Address Gloo binds for its pairs on this host.
+  std::string weight_sync_bind_host = "127.0.0.1";
+  // Deadline of a broadcast rendezvous and of every collective (ms).
+  int64_t weight_sync_timeout_ms = 10000;
 };
 
 void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config);

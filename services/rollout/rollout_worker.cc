@@ -80,6 +80,8 @@ absl::StatusOr<std::unique_ptr<RolloutWorker>> RolloutWorker::Create(
       },
       static_cast<int32_t>(config.prefetch_prompts));
   w->submitter_ = std::make_unique<SampleSubmitter>(session->stub(), member_id);
+  w->weight_sync_metrics_ =
+      std::make_unique<weights::WeightSyncMetrics>(*w->registry_);
   return w;
 }
 
@@ -105,10 +107,21 @@ absl::Status RolloutWorker::LoadModelAndEngine() {
   w->engine_ = std::make_unique<Engine>(
       ToEngineOptions(config, w->model_.eos_token_ids), w->engine_model_.get(),
       w->weight_source_.get(), 0);
+  cluster::MemberSession* session = &w->member_->session();
+  auto member_id = [session] { return session->member_id(); };
+  WeightSyncOptions sync;
+  sync.mode = config.weight_sync == "pull" ? WeightSyncOptions::Mode::kPull
+                                           : WeightSyncOptions::Mode::kBroadcast;
+  sync.coordinator = session->stub();
+  sync.member_id = member_id;
+  sync.bind_host = config.weight_sync_bind_host;
+  sync.timeout = absl::Milliseconds(config.weight_sync_timeout_ms);
+  sync.metrics = w->weight_sync_metrics_.get();
   ASSIGN_OR_RETURN(w->subscriber_,
                    WeightSubscriber::Create(
                        w->model_.decoder, w->weight_source_.get(),
-                       [self] { return self->TrainerAddress(); }, 0));
+                       [self] { return self->TrainerAddress(); }, 0,
+                       std::move(sync)));
   return absl::OkStatus();
 }
 
@@ -376,6 +389,13 @@ void RolloutWorker::FillStatus(tandem::v1::RolloutStatus* status) {
   status->set_generated_tokens_total(snapshot_.generated_tokens);
   status->set_tokens_per_second(tokens_per_second_);
   status->set_last_update_pause_seconds(last_pause_seconds_);
+  if (loaded_ && subscriber_) {
+    const WeightSyncStatus sync = subscriber_->sync_status();
+    status->set_received_policy_version(sync.received_version);
+    status->set_weights_digest(sync.digest);
+    status->set_weight_sync_transport(sync.transport);
+    status->set_broadcast_epoch(sync.epoch);
+  }
 }
 
 grpc::Status RolloutWorker::Transition(tandem::v1::RolloutState target) {

@@ -129,6 +129,7 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
   std::unique_ptr<cluster::MemberDaemon> member_;
   std::unique_ptr<PromptPrefetcher> prefetcher_;
   std::unique_ptr<SampleSubmitter> submitter_;
+  std::unique_ptr<weights::WeightSyncMetrics> weight_sync_metrics_;
   std::unique_ptr<WeightSubscriber> subscriber_;
   std::function<absl::StatusOr<LoadedModel>()> model_loader_;
   std::thread loader_thread_;

@@ -1,23 +1,56 @@
 #include "services/rollout/weight_subscriber.h"
 
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
 #include "common/model/decoder_model.h"
 #include "common/model/model_weights.h"
 #include "common/rpc/grpc_client.h"
+#include "common/weights/flat_weight_layout.h"
+#include "common/weights/gloo_broadcast_transport.h"
 #include "common/weights/grpc_pull_receiver.h"
 #include "common/weights/model_flattening.h"
 
 namespace tandem::rollout {
+namespace {
+
+auto Log() { return ComponentLogger("rollout"); }
+
+// Splits "host:port" at the last colon.
+bool SplitHostPort(const std::string& address, std::string* host,
+                   uint16_t* port) {
+  const size_t colon = address.rfind(':');
+  uint32_t p = 0;
+  if (colon == std::string::npos ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &p) || p > 65535) {
+    return false;
+  }
+  *host = address.substr(0, colon);
+  *port = static_cast<uint16_t>(p);
+  return true;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<WeightSubscriber>> WeightSubscriber::Create(
     std::shared_ptr<model::DecoderModel> model, StagedWeightSource* source,
-    std::function<std::string()> weight_server_address, uint64_t live_version) {
+    std::function<std::string()> weight_server_address, uint64_t live_version,
+    WeightSyncOptions options) {
+  if (options.mode == WeightSyncOptions::Mode::kBroadcast &&
+      (options.coordinator == nullptr || !options.member_id)) {
+    return absl::InvalidArgumentError(
+        "weight sync by broadcast needs the coordinator client and the "
+        "member id");
+  }
   std::unique_ptr<WeightSubscriber> s(new WeightSubscriber());
   s->model_ = std::move(model);
   s->source_ = source;
   s->address_ = std::move(weight_server_address);
+  s->options_ = std::move(options);
   s->received_version_ = live_version;
+  s->status_.received_version = live_version;
   ASSIGN_OR_RETURN(weights::FlatWeightLayout layout,
                    weights::LayoutForModel(*s->model_->weights()));
   ASSIGN_OR_RETURN(s->staging_,
@@ -37,8 +70,14 @@ void WeightSubscriber::Stop() {
     absl::MutexLock lock(&mu_);
     stop_ = true;
     if (receiver_ != nullptr) receiver_->Cancel();
+    if (active_group_ != nullptr) active_group_->Abort();
   }
   if (thread_.joinable()) thread_.join();
+}
+
+bool WeightSubscriber::stopping() const {
+  absl::MutexLock lock(&mu_);
+  return stop_;
 }
 
 uint64_t WeightSubscriber::received_version() const {
@@ -51,60 +90,265 @@ uint64_t WeightSubscriber::versions_received() const {
   return versions_received_;
 }
 
+WeightSyncStatus WeightSubscriber::sync_status() const {
+  absl::MutexLock lock(&mu_);
+  return status_;
+}
+
 void WeightSubscriber::Run() {
-  auto log = ComponentLogger("rollout");
-  std::string address;
-  std::unique_ptr<weights::GrpcPullReceiver> receiver;
-  while (true) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (stop_) break;
+  const bool broadcast = options_.mode == WeightSyncOptions::Mode::kBroadcast;
+  while (!stopping()) {
+    ClusterView view;
+    if (broadcast && Poll(&view)) {
+      const int rank = RankIn(view.group);
+      if (rank > 0) {
+        BroadcastStep(view, rank);
+        continue;
+      }
     }
-    const std::string current = address_();
-    if (current.empty()) {
+    LeaveGroup();
+    std::string address = view.weight_server_address;
+    if (address.empty()) address = address_();
+    if (address.empty()) {
       absl::SleepFor(absl::Milliseconds(200));
       continue;
     }
-    if (current != address || receiver == nullptr) {
-      address = current;
-      receiver = std::make_unique<weights::GrpcPullReceiver>(
-          rpc::MakeChannel(address), weights::PullOptions{});
-      absl::MutexLock lock(&mu_);
-      receiver_ = receiver.get();
-      if (stop_) break;
-    }
-    absl::StatusOr<uint64_t> version =
-        receiver->ReceiveNext(staging_.get(), absl::Now() + absl::Seconds(1));
-    if (!version.ok()) {
-      // DeadlineExceeded: nothing newer yet. Others: the trainer is away or
-      // the payload was bad; either way, try again.
-      if (version.status().code() != absl::StatusCode::kDeadlineExceeded &&
-          version.status().code() != absl::StatusCode::kCancelled) {
-        log->warn("weight pull from {} failed: {}", address,
-                  version.status().ToString());
-        absl::SleepFor(absl::Milliseconds(200));
-      }
-      continue;
-    }
-    absl::Status status = staging_->Commit().status();
-    absl::StatusOr<std::shared_ptr<model::ModelWeights>> weights;
-    if (status.ok()) {
-      weights =
-          weights::UnflattenModel(model_->weights()->config(),
-                                  staging_->layout(), staging_->live().bytes);
-      status = weights.status();
-    }
-    if (!status.ok()) {
-      log->warn("policy version {} rejected: {}", *version, status.ToString());
-      continue;
-    }
-    source_->Stage(*version, *std::move(weights));
-    absl::MutexLock lock(&mu_);
-    received_version_ = *version;
-    ++versions_received_;
+    // In broadcast mode pull in short slices, so that a new epoch listing
+    // this worker is noticed quickly.
+    PullOnce(address, absl::Now() + (broadcast ? absl::Milliseconds(200)
+                                               : absl::Seconds(1)));
   }
+  LeaveGroup();
   absl::MutexLock lock(&mu_);
   receiver_ = nullptr;
+}
+
+bool WeightSubscriber::Poll(ClusterView* view) {
+  const std::string member_id = options_.member_id();
+  if (member_id.empty()) return false;
+  tandem::v1::SyncWeightGroupRequest request;
+  request.set_member_id(member_id);
+  request.set_policy_version(received_version());
+  request.set_broadcast(true);
+  if (group_ != nullptr) {
+    absl::MutexLock lock(&mu_);
+    request.set_joined_epoch(status_.epoch);
+  }
+  if (failed_epoch_ != 0) {
+    request.set_failed_epoch(failed_epoch_);
+    request.set_failure(failure_);
+  }
+  tandem::v1::SyncWeightGroupResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  grpc::Status status =
+      options_.coordinator->SyncWeightGroup(&context, request, &response);
+  if (!status.ok()) return false;
+  failed_epoch_ = 0;
+  failure_.clear();
+  view->policy_version = response.policy_version();
+  view->group = response.group();
+  view->weight_server_address = response.weight_server_address();
+  return true;
+}
+
+int WeightSubscriber::RankIn(const tandem::v1::BroadcastGroup& group) const {
+  if (group.epoch() == 0 || group.key_prefix() == abandoned_prefix_) {
+    return -1;
+  }
+  const std::string me = options_.member_id();
+  for (int i = 1; i < group.member_ids_size(); ++i) {
+    if (group.member_ids(i) == me) return i;
+  }
+  return -1;
+}
+
+void WeightSubscriber::BroadcastStep(const ClusterView& view, int rank) {
+  const tandem::v1::BroadcastGroup& g = view.group;
+  if (joined_prefix_ != g.key_prefix()) {
+    LeaveGroup();
+    weights::GlooGroupConfig config;
+    if (!SplitHostPort(g.store_address(), &config.store_host,
+                       &config.store_port)) {
+      abandoned_prefix_ = g.key_prefix();
+      Log()->warn("broadcast epoch {}: bad store address '{}'", g.epoch(),
+                  g.store_address());
+      return;
+    }
+    config.key_prefix = g.key_prefix();
+    config.rank = rank;
+    config.world_size = g.member_ids_size();
+    config.bind_host = options_.bind_host;
+    config.timeout = options_.timeout;
+    joined_prefix_ = g.key_prefix();
+    {
+      absl::MutexLock lock(&mu_);
+      status_.epoch = g.epoch();
+    }
+    const absl::Time start = absl::Now();
+    absl::StatusOr<std::unique_ptr<weights::GlooBroadcastGroup>> group =
+        weights::GlooBroadcastGroup::Create(config);
+    if (!group.ok()) {
+      AbandonGroup(group.status().ToString());
+      return;
+    }
+    group_ = *std::move(group);
+    gloo_ = std::make_unique<weights::GlooWeightReceiver>(group_.get());
+    stream_version_ = g.first_policy_version() - 1;
+    {
+      absl::MutexLock lock(&mu_);
+      active_group_ = group_.get();
+      if (stop_) group_->Abort();
+    }
+    if (options_.metrics != nullptr) {
+      options_.metrics->SetEpoch(g.epoch(), g.member_ids_size() - 1);
+    }
+    Log()->info("joined broadcast epoch {} as rank {}/{} in {:.3f}s",
+                g.epoch(), rank, g.member_ids_size(),
+                absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  if (view.policy_version <= stream_version_) {
+    absl::SleepFor(options_.poll_interval);
+    return;
+  }
+  // The trainer broadcasts every version published in this epoch (or a
+  // newer one of the same epoch): one round is due.
+  const absl::Time start = absl::Now();
+  const uint64_t bytes_before = staging_->stats().bytes_received;
+  absl::StatusOr<uint64_t> version =
+      gloo_->ReceiveNext(staging_.get(), start + options_.timeout);
+  stream_version_ = std::max(stream_version_, gloo_->last_round_version());
+  if (version.ok()) {
+    Deliver(*version, weights::SyncTransport::kBroadcast, start, bytes_before);
+    return;
+  }
+  if (group_->broken()) {
+    AbandonGroup(version.status().ToString());
+    return;
+  }
+  if (version.status().code() == absl::StatusCode::kFailedPrecondition) {
+    return;  // a version this worker already holds (pulled before joining)
+  }
+  // The version failed verification: reject it and pull the latest
+  // instead; the group stays intact for the next version.
+  if (options_.metrics != nullptr) {
+    options_.metrics->RecordRejected(weights::SyncTransport::kBroadcast);
+  }
+  Log()->warn("broadcast version {} rejected: {}; pulling it instead",
+              gloo_->last_round_version(), version.status().ToString());
+  if (!view.weight_server_address.empty()) {
+    PullOnce(view.weight_server_address, absl::Now() + absl::Seconds(2));
+  }
+}
+
+void WeightSubscriber::LeaveGroup() {
+  if (group_ == nullptr && joined_prefix_.empty()) return;
+  {
+    absl::MutexLock lock(&mu_);
+    active_group_ = nullptr;
+    status_.epoch = 0;
+  }
+  gloo_.reset();
+  group_.reset();
+  joined_prefix_.clear();
+  if (options_.metrics != nullptr) options_.metrics->SetEpoch(0, 0);
+}
+
+void WeightSubscriber::AbandonGroup(const std::string& why) {
+  uint64_t epoch = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    epoch = status_.epoch;
+  }
+  abandoned_prefix_ = joined_prefix_;
+  failed_epoch_ = epoch;
+  failure_ = why;
+  if (options_.metrics != nullptr) options_.metrics->RecordAborted();
+  if (!stopping()) {
+    Log()->warn("left broadcast epoch {}: {}; pulling until the next epoch",
+                epoch, why);
+  }
+  LeaveGroup();
+}
+
+void WeightSubscriber::PullOnce(const std::string& address,
+                                absl::Time deadline) {
+  if (address != pull_address_ || pull_ == nullptr) {
+    pull_address_ = address;
+    auto receiver = std::make_unique<weights::GrpcPullReceiver>(
+        rpc::MakeChannel(address), weights::PullOptions{});
+    absl::MutexLock lock(&mu_);
+    receiver_ = receiver.get();
+    pull_ = std::move(receiver);
+    if (stop_) return;
+  }
+  const absl::Time start = absl::Now();
+  const uint64_t bytes_before = staging_->stats().bytes_received;
+  absl::StatusOr<uint64_t> version = pull_->ReceiveNext(staging_.get(), deadline);
+  if (version.ok()) {
+    Deliver(*version, weights::SyncTransport::kPull, start, bytes_before);
+    return;
+  }
+  // DeadlineExceeded: nothing newer yet. Others: the trainer is away or
+  // the payload was bad; either way, try again.
+  const absl::StatusCode code = version.status().code();
+  if (code != absl::StatusCode::kDeadlineExceeded &&
+      code != absl::StatusCode::kCancelled) {
+    if (code == absl::StatusCode::kDataLoss && options_.metrics != nullptr) {
+      options_.metrics->RecordRejected(weights::SyncTransport::kPull);
+    }
+    Log()->warn("weight pull from {} failed: {}", address,
+                version.status().ToString());
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+}
+
+void WeightSubscriber::Deliver(uint64_t version,
+                               weights::SyncTransport transport,
+                               absl::Time started, uint64_t bytes_before) {
+  absl::Status status = staging_->Commit().status();
+  absl::StatusOr<std::shared_ptr<model::ModelWeights>> weights;
+  if (status.ok()) {
+    weights = weights::UnflattenModel(model_->weights()->config(),
+                                      staging_->layout(),
+                                      staging_->live().bytes);
+    status = weights.status();
+  }
+  if (!status.ok()) {
+    if (options_.metrics != nullptr) options_.metrics->RecordRejected(transport);
+    Log()->warn("policy version {} rejected: {}", version, status.ToString());
+    return;
+  }
+  const absl::Time staged = absl::Now();
+  source_->Stage(version, *std::move(weights));
+  const std::string digest = weights::WeightsDigest(
+      staging_->layout().BucketCrcs(staging_->live().bytes));
+  const std::optional<v1::WeightManifest> manifest = staging_->live_manifest();
+  if (options_.metrics != nullptr && manifest.has_value()) {
+    // Zero-copy bucket receipt is not counted by StagingWeights: a FULL
+    // version moved total_bytes.
+    const bool full = manifest->kind() != v1::WEIGHT_PAYLOAD_KIND_DELTA;
+    const uint64_t bytes =
+        full ? manifest->total_bytes()
+             : staging_->stats().bytes_received - bytes_before;
+    options_.metrics->RecordVersion(weights::SyncDirection::kReceived,
+                                    transport, full,
+                                    static_cast<double>(bytes),
+                                    absl::ToDoubleSeconds(staged - started));
+    if (manifest->published_unix_ms() > 0) {
+      options_.metrics->RecordPublishToStaged(
+          transport,
+          std::max(0.0, absl::ToDoubleSeconds(
+                            staged - absl::FromUnixMillis(
+                                         manifest->published_unix_ms()))));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  received_version_ = version;
+  ++versions_received_;
+  status_.received_version = version;
+  status_.digest = digest;
+  status_.transport = weights::SyncTransportName(transport);
 }
 
 }  // namespace tandem::rollout

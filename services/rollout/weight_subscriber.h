@@ -1,12 +1,30 @@
 #pragma once
 
-// WeightSubscriber keeps a rollout worker on the newest published policy:
-// a background thread pulls each new version from the trainer's
-// WeightServer (the catch-up path: chunked, CRC-checked, resumable) into a
-// flat staging buffer, verifies and rebuilds it as ModelWeights, and stages
-// it in the StagedWeightSource; the engine then commits it at its next step
-// boundary (a pointer swap), so generation never waits for the transfer.
-// Thread-safe; Stop() joins.
+// WeightSubscriber keeps a rollout worker on the newest published policy.
+// One background thread receives each new version into a flat staging
+// buffer, verifies it (CRC-32C per bucket), rebuilds it as ModelWeights and
+// stages it in the StagedWeightSource; the engine then commits it at its
+// next step boundary (a pointer swap), so generation never waits for a
+// transfer.
+//
+// Transports:
+//   pull       every version is pulled from the trainer's WeightServer (the
+//              catch-up path: chunked, CRC-checked, resumable).
+//   broadcast  the thread polls the coordinator (SyncWeightGroup, every
+//              poll_interval) with what it holds; while it is not in the
+//              current broadcast group it pulls, so it catches up and the
+//              coordinator adds it at the next membership epoch. Once listed
+//              in an epoch it joins that epoch's Gloo group and receives
+//              every version the trainer broadcasts, in order. A failed or
+//              timed-out collective leaves the group (reported to the
+//              coordinator, which forms the next epoch) and falls back to
+//              pull; a version that fails verification is rejected and the
+//              latest version pulled instead, without leaving the group.
+//              A new epoch (a different key prefix) is joined when it lists
+//              this worker; an epoch the worker left is never rejoined.
+//
+// Thread-safety: all public methods are thread-safe; Stop() joins (it may
+// wait up to `timeout` for a rendezvous or collective under way).
 
 #include <cstdint>
 #include <functional>
@@ -17,13 +35,42 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/weights/staging_weights.h"
+#include "common/weights/weight_sync_metrics.h"
 #include "services/rollout/torch_engine_model.h"
+#include "tandem/v1/coordinator.grpc.pb.h"
 
 namespace tandem::weights {
 class GrpcPullReceiver;
+class GlooBroadcastGroup;
+class GlooWeightReceiver;
 }  // namespace tandem::weights
 
 namespace tandem::rollout {
+
+struct WeightSyncOptions {
+  enum class Mode { kBroadcast, kPull };
+  Mode mode = Mode::kPull;
+  // Broadcast mode: the coordinator client and this worker's member id (""
+  // while unregistered, which means pull for now).
+  tandem::v1::Coordinator::Stub* coordinator = nullptr;
+  std::function<std::string()> member_id;
+  // Address Gloo binds for its pairs on this host.
+  std::string bind_host = "127.0.0.1";
+  // Deadline of a rendezvous and of every collective.
+  absl::Duration timeout = absl::Seconds(10);
+  // How often the coordinator is polled (broadcast mode).
+  absl::Duration poll_interval = absl::Milliseconds(50);
+  // Optional metrics (must outlive the subscriber).
+  weights::WeightSyncMetrics* metrics = nullptr;
+};
+
+// What the subscriber holds, for status output.
+struct WeightSyncStatus {
+  uint64_t received_version = 0;
+  std::string digest;     // weights::WeightsDigest of the received bytes
+  std::string transport;  // "broadcast" | "pull" | "" before any version
+  uint64_t epoch = 0;     // broadcast epoch joined (0 = none)
+};
 
 class WeightSubscriber {
  public:
@@ -33,7 +80,7 @@ class WeightSubscriber {
   static absl::StatusOr<std::unique_ptr<WeightSubscriber>> Create(
       std::shared_ptr<model::DecoderModel> model, StagedWeightSource* source,
       std::function<std::string()> weight_server_address,
-      uint64_t live_version);
+      uint64_t live_version, WeightSyncOptions options = {});
   ~WeightSubscriber();
 
   void Start();
@@ -41,22 +88,63 @@ class WeightSubscriber {
 
   uint64_t received_version() const;
   uint64_t versions_received() const;
+  WeightSyncStatus sync_status() const;
 
  private:
+  // The coordinator's answer to one poll.
+  struct ClusterView {
+    uint64_t policy_version = 0;
+    tandem::v1::BroadcastGroup group;
+    std::string weight_server_address;
+  };
+
   WeightSubscriber() = default;
   void Run();
+  bool stopping() const;
+  // Reports to the coordinator and reads the current group. False when the
+  // coordinator could not be asked (the caller pulls meanwhile).
+  bool Poll(ClusterView* view);
+  // This worker's rank in `group`, or -1.
+  int RankIn(const tandem::v1::BroadcastGroup& group) const;
+  // Broadcast path: joins `view.group` if needed and receives one version
+  // when the trainer has published one this worker has not seen.
+  void BroadcastStep(const ClusterView& view, int rank);
+  void LeaveGroup();
+  // Leaves the group after a failed rendezvous or collective and queues
+  // the failure report.
+  void AbandonGroup(const std::string& why);
+  // Pull path: waits until `deadline` for a version newer than the staged
+  // one from the trainer at `address`; stages it.
+  void PullOnce(const std::string& address, absl::Time deadline);
+  // Commits the received version in staging and hands it to the engine.
+  void Deliver(uint64_t version, weights::SyncTransport transport,
+               absl::Time started, uint64_t bytes_before);
 
   std::shared_ptr<model::DecoderModel> model_;
   StagedWeightSource* source_ = nullptr;
   std::function<std::string()> address_;
+  WeightSyncOptions options_;
   std::unique_ptr<weights::StagingWeights> staging_;
   std::thread thread_;
+
+  // Receiver thread only.
+  std::string pull_address_;
+  std::unique_ptr<weights::GrpcPullReceiver> pull_;
+  std::unique_ptr<weights::GlooBroadcastGroup> group_;
+  std::unique_ptr<weights::GlooWeightReceiver> gloo_;
+  std::string joined_prefix_;
+  std::string abandoned_prefix_;
+  uint64_t stream_version_ = 0;  // last version of the group's stream seen
+  uint64_t failed_epoch_ = 0;    // to report once
+  std::string failure_;
 
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   weights::GrpcPullReceiver* receiver_ ABSL_GUARDED_BY(mu_) = nullptr;
+  weights::GlooBroadcastGroup* active_group_ ABSL_GUARDED_BY(mu_) = nullptr;
   uint64_t received_version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t versions_received_ ABSL_GUARDED_BY(mu_) = 0;
+  WeightSyncStatus status_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::rollout

@@ -1,5 +1,7 @@
 #include "services/trainer/trainer.h"
 
+#include <map>
+
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
@@ -123,6 +125,26 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   trainer->weight_server_ = std::make_unique<weights::WeightServerService>(
       &trainer->store_, weights::WeightServerOptions{});
   Trainer* self = trainer.get();
+  trainer->weight_sync_metrics_ =
+      std::make_unique<weights::WeightSyncMetrics>(*trainer->registry_);
+  std::map<std::string, std::string> capabilities;
+  if (config.weight_broadcast) {
+    weights::BroadcastSenderOptions broadcast;
+    broadcast.store_host = config.weight_store_host;
+    broadcast.store_port = static_cast<uint16_t>(config.weight_store_port);
+    broadcast.bind_host = config.weight_store_host;
+    broadcast.timeout =
+        absl::Milliseconds(config.weight_broadcast_timeout_ms);
+    ASSIGN_OR_RETURN(trainer->broadcaster_,
+                     weights::BroadcastSender::Create(
+                         broadcast, [self](const weights::BroadcastOutcome& o) {
+                           self->OnBroadcast(o);
+                         }));
+    capabilities["weight_broadcast_store"] =
+        trainer->broadcaster_->store_address();
+    Log()->info("weight broadcast rendezvous store on {}",
+                trainer->broadcaster_->store_address());
+  }
   ASSIGN_OR_RETURN(trainer->member_,
                    cluster::MemberDaemon::Create(
                        "trainer", tandem::v1::ROLE_TRAINER, config.server,
@@ -133,13 +155,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
                          if (self->stopping_) {
                            r->set_state(tandem::v1::MEMBER_STATE_DRAINING);
                          }
-                       }));
+                       },
+                       std::move(capabilities)));
   return trainer;
 }
 
 Trainer::~Trainer() { Stop(); }
 
 absl::Status Trainer::Start() {
+  if (broadcaster_) broadcaster_->Start();
   RETURN_IF_ERROR(member_->Start());
   if (config_.train) {
     {
@@ -167,8 +191,51 @@ absl::Status Trainer::Publish(uint64_t version) {
   tandem::v1::PublishPolicyVersionResponse response;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  return rpc::ToAbslStatus(member_->session().stub()->PublishPolicyVersion(
-      &context, request, &response));
+  RETURN_IF_ERROR(
+      rpc::ToAbslStatus(member_->session().stub()->PublishPolicyVersion(
+          &context, request, &response)));
+  if (broadcaster_) {
+    // Sent in the background to the group the coordinator assigned to this
+    // version; a group whose rank 0 is not this trainer is not ours.
+    tandem::v1::BroadcastGroup group = response.group();
+    if (group.member_ids_size() == 0 ||
+        group.member_ids(0) != request.member_id()) {
+      group.clear_member_ids();
+    }
+    broadcaster_->Enqueue(group, manifest, flat);
+  }
+  return absl::OkStatus();
+}
+
+void Trainer::OnBroadcast(const weights::BroadcastOutcome& outcome) {
+  weight_sync_metrics_->SetEpoch(outcome.group.epoch(),
+                                 outcome.group.member_ids_size() - 1);
+  if (outcome.status.ok()) {
+    weight_sync_metrics_->RecordVersion(
+        weights::SyncDirection::kSent, weights::SyncTransport::kBroadcast,
+        outcome.full, static_cast<double>(outcome.bytes), outcome.seconds);
+    return;
+  }
+  weight_sync_metrics_->RecordAborted();
+  Log()->warn(
+      "broadcast of version {} to epoch {} ({} receivers) failed after "
+      "{:.2f}s: {}; receivers catch up by pull",
+      outcome.version, outcome.group.epoch(),
+      outcome.group.member_ids_size() - 1, outcome.seconds,
+      outcome.status.ToString());
+  tandem::v1::SyncWeightGroupRequest report;
+  report.set_member_id(member_->session().member_id());
+  report.set_policy_version(outcome.version);
+  report.set_failed_epoch(outcome.group.epoch());
+  report.set_failure(outcome.status.ToString());
+  tandem::v1::SyncWeightGroupResponse ignored;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(3)));
+  grpc::Status s =
+      member_->session().stub()->SyncWeightGroup(&context, report, &ignored);
+  if (!s.ok()) {
+    Log()->warn("could not report the failed broadcast: {}", s.error_message());
+  }
 }
 
 absl::Status Trainer::TrainOnce() {
@@ -354,6 +421,7 @@ void Trainer::Stop() {
   stopping_ = true;
   if (stopped_.exchange(true)) return;
   if (training_thread_.joinable()) training_thread_.join();
+  if (broadcaster_) broadcaster_->Stop();
   if (grpo_ != nullptr && checkpoints_ != nullptr) {
     // The training thread has stopped: checkpoint what it trained, then
     // answer SaveCheckpoint calls that arrived meanwhile.

@@ -16,7 +16,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/cluster/member_daemon.h"
+#include "common/weights/broadcast_sender.h"
 #include "common/weights/flat_weight_layout.h"
+#include "common/weights/weight_sync_metrics.h"
 #include "common/weights/weight_server.h"
 #include "common/weights/weight_store.h"
 #include "prometheus/counter.h"
@@ -56,6 +58,9 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
   void TrainingLoop();
   absl::Status TrainOnce();
   absl::Status Publish(uint64_t version);
+  // Weight broadcast outcome (sender thread): metrics, and a failed
+  // collective is reported to the coordinator so the next epoch forms.
+  void OnBroadcast(const weights::BroadcastOutcome& outcome);
   // Checkpoints (training thread): adopt the coordinator's version numbering
   // at the first registration; periodic checkpoints; SaveCheckpoint calls.
   void ReconcileVersionOnce();
@@ -87,6 +92,10 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
   std::unique_ptr<weights::FlatWeightLayout> layout_;
   weights::WeightStore store_{4};
   std::unique_ptr<weights::WeightServerService> weight_server_;
+  // Broadcast of each version to the current epoch's group (null when
+  // weight_sync.broadcast is off).
+  std::unique_ptr<weights::WeightSyncMetrics> weight_sync_metrics_;
+  std::unique_ptr<weights::BroadcastSender> broadcaster_;
   std::unique_ptr<cluster::MemberDaemon> member_;
   std::thread training_thread_;
   std::atomic<bool> stopping_{false};

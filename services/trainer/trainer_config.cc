@@ -55,6 +55,20 @@ void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config) {
                  1 << 20, "Most groups per batch (0 = no bound).");
   schema->AddInt("training.pull_wait_ms", &config->pull_wait_ms, 0, 600000,
                  "How long one batch pull may wait for ready groups.");
+
+  // Weight sync by broadcast.
+  schema->AddBool("weight_sync.broadcast", &config->weight_broadcast,
+                  "Broadcast each new version to the rollout workers of the "
+                  "current membership epoch (Gloo); off = workers only pull.");
+  schema->AddString("weight_sync.store_host", &config->weight_store_host,
+                    "Host the broadcast rendezvous store (TCPStore) and Gloo "
+                    "bind to and advertise.");
+  schema->AddInt("weight_sync.store_port", &config->weight_store_port, 0,
+                 65535, "Port of the rendezvous store; 0 = any free port.");
+  schema->AddInt("weight_sync.timeout_ms",
+                 &config->weight_broadcast_timeout_ms, 100, 3600000,
+                 "Deadline of each broadcast rendezvous and collective (ms); "
+                 "a dead receiver aborts the group after it.");
 }
 
 std::string TrainingConfigJson(const TrainerConfig& c) {

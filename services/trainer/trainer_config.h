@@ -35,6 +35,16 @@ struct TrainerConfig {
   int64_t batch_max_tokens = 4096;
   int64_t batch_max_groups = 16;
   int64_t pull_wait_ms = 1000;
+  // ---- Weight sync by broadcast (weight_sync.*) ----
+  // Host the rendezvous store for broadcast groups (broadcast on); rollout
+  // workers of each membership epoch receive new versions from it. Pull
+  // (the WeightServer) stays available for catch-up either way.
+  bool weight_broadcast = true;
+  // Address the rendezvous store listens on and advertises; port 0 = any.
+  std::string weight_store_host = "127.0.0.1";
+  int64_t weight_store_port = 0;
+  // Deadline of each broadcast rendezvous and collective (ms).
+  int64_t weight_broadcast_timeout_ms = 10000;
 };
 
 void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config);

@@ -1,0 +1,98 @@
+#include "common/weights/weight_sync_metrics.h"
+
+namespace tandem::weights {
+namespace {
+
+const prometheus::Histogram::BucketBoundaries& SecondsBuckets() {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+  return *buckets;
+}
+
+const char* DirectionName(SyncDirection d) {
+  return d == SyncDirection::kSent ? "sent" : "received";
+}
+
+}  // namespace
+
+const char* SyncTransportName(SyncTransport transport) {
+  return transport == SyncTransport::kBroadcast ? "broadcast" : "pull";
+}
+
+WeightSyncMetrics::WeightSyncMetrics(prometheus::Registry& registry)
+    : bytes_(prometheus::BuildCounter()
+                 .Name("tandem_weight_sync_bytes_total")
+                 .Help("Weight payload bytes moved, by direction, transport "
+                       "and payload kind.")
+                 .Register(registry)),
+      versions_(prometheus::BuildCounter()
+                    .Name("tandem_weight_sync_versions_total")
+                    .Help("Policy versions moved, by direction and transport.")
+                    .Register(registry)),
+      seconds_(prometheus::BuildHistogram()
+                   .Name("tandem_weight_sync_transfer_seconds")
+                   .Help("Time to move one version, by direction and "
+                         "transport.")
+                   .Register(registry)),
+      rejected_(prometheus::BuildCounter()
+                    .Name("tandem_weight_sync_rejected_versions_total")
+                    .Help("Versions received but rejected (checksum or "
+                          "payload errors), by transport.")
+                    .Register(registry)),
+      aborted_(prometheus::BuildCounter()
+                   .Name("tandem_weight_sync_aborted_collectives_total")
+                   .Help("Broadcast groups aborted after a failed or "
+                         "timed-out collective or rendezvous.")
+                   .Register(registry)
+                   .Add({})),
+      epoch_(prometheus::BuildGauge()
+                 .Name("tandem_weight_sync_epoch")
+                 .Help("Broadcast membership epoch this daemon takes part in "
+                       "(0 = none).")
+                 .Register(registry)
+                 .Add({})),
+      receivers_(prometheus::BuildGauge()
+                     .Name("tandem_weight_sync_group_receivers")
+                     .Help("Receivers (rollout workers) in that epoch's "
+                           "group.")
+                     .Register(registry)
+                     .Add({})),
+      publish_to_staged_(
+          prometheus::BuildHistogram()
+              .Name("tandem_weight_sync_publish_to_staged_seconds")
+              .Help("Seconds from the trainer's publish of a version until "
+                    "it is staged on this worker, by transport.")
+              .Register(registry)) {}
+
+void WeightSyncMetrics::RecordVersion(SyncDirection direction,
+                                      SyncTransport transport, bool full,
+                                      double bytes, double seconds) {
+  const std::string d = DirectionName(direction);
+  const std::string t = SyncTransportName(transport);
+  bytes_.Add({{"direction", d}, {"transport", t},
+              {"kind", full ? "full" : "delta"}})
+      .Increment(bytes);
+  versions_.Add({{"direction", d}, {"transport", t}}).Increment();
+  seconds_.Add({{"direction", d}, {"transport", t}}, SecondsBuckets())
+      .Observe(seconds);
+}
+
+void WeightSyncMetrics::RecordRejected(SyncTransport transport) {
+  rejected_.Add({{"transport", SyncTransportName(transport)}}).Increment();
+}
+
+void WeightSyncMetrics::RecordAborted() { aborted_.Increment(); }
+
+void WeightSyncMetrics::RecordPublishToStaged(SyncTransport transport,
+                                              double seconds) {
+  publish_to_staged_
+      .Add({{"transport", SyncTransportName(transport)}}, SecondsBuckets())
+      .Observe(seconds);
+}
+
+void WeightSyncMetrics::SetEpoch(uint64_t epoch, int receivers) {
+  epoch_.Set(static_cast<double>(epoch));
+  receivers_.Set(receivers);
+}
+
+}  // namespace tandem::weights

@@ -1,0 +1,59 @@
+#pragma once
+
+// Metric families of weight sync, declared once and registered by the
+// daemons that move weights (trainer: sender side; rollout worker: receiver
+// side). Labels are bounded: transport is "broadcast" or "pull", kind is
+// "full" or "delta".
+//
+//   tandem_weight_sync_bytes_total{direction,transport,kind}   counter
+//   tandem_weight_sync_versions_total{direction,transport}     counter
+//   tandem_weight_sync_transfer_seconds{direction,transport}   histogram
+//   tandem_weight_sync_rejected_versions_total{transport}      counter
+//   tandem_weight_sync_aborted_collectives_total               counter
+//   tandem_weight_sync_epoch                                   gauge
+//   tandem_weight_sync_group_receivers                         gauge
+//   tandem_weight_sync_publish_to_staged_seconds{transport}    histogram
+//
+// Thread-safe (prometheus-cpp metrics are).
+
+#include <string>
+
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace tandem::weights {
+
+enum class SyncTransport { kBroadcast, kPull };
+enum class SyncDirection { kSent, kReceived };
+
+const char* SyncTransportName(SyncTransport transport);
+
+class WeightSyncMetrics {
+ public:
+  explicit WeightSyncMetrics(prometheus::Registry& registry);
+
+  // One version moved: `bytes` of payload of the given kind (full = true
+  // for a FULL payload) in `seconds`.
+  void RecordVersion(SyncDirection direction, SyncTransport transport,
+                     bool full, double bytes, double seconds);
+  void RecordRejected(SyncTransport transport);
+  void RecordAborted();
+  // Seconds from the trainer's publish (manifest.published_unix_ms) until
+  // the version was staged on this worker, ready for the engine's swap.
+  void RecordPublishToStaged(SyncTransport transport, double seconds);
+  void SetEpoch(uint64_t epoch, int receivers);
+
+ private:
+  prometheus::Family<prometheus::Counter>& bytes_;
+  prometheus::Family<prometheus::Counter>& versions_;
+  prometheus::Family<prometheus::Histogram>& seconds_;
+  prometheus::Family<prometheus::Counter>& rejected_;
+  prometheus::Counter& aborted_;
+  prometheus::Gauge& epoch_;
+  prometheus::Gauge& receivers_;
+  prometheus::Family<prometheus::Histogram>& publish_to_staged_;
+};
+
+}  // namespace tandem::weights

@@ -1,0 +1,214 @@
+// BroadcastSender (the trainer's background broadcaster): one Gloo group per
+// membership epoch, receivers as threads of this process.
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "common/weights/broadcast_sender.h"
+#include "weights_test_util.h"
+
+namespace tandem::weights {
+namespace {
+
+using Payload = std::shared_ptr<const std::vector<uint8_t>>;
+
+FlatWeightLayout Layout() {
+  auto layout = FlatWeightLayout::Create(
+      testing::SmallModelTensors(), {.bucket_bytes = 4096, .alignment = 64});
+  REQUIRE(layout.ok());
+  return *std::move(layout);
+}
+
+v1::BroadcastGroup Group(uint64_t epoch, const std::string& store,
+                         int receivers) {
+  v1::BroadcastGroup g;
+  g.set_epoch(epoch);
+  g.set_store_address(store);
+  g.set_key_prefix("test/epoch" + std::to_string(epoch));
+  g.add_member_ids("trainer");
+  for (int i = 0; i < receivers; ++i) {
+    g.add_member_ids("w" + std::to_string(i));
+  }
+  return g;
+}
+
+struct Version {
+  v1::WeightManifest manifest;
+  Payload payload;
+};
+
+Version MakeVersion(const FlatWeightLayout& layout, uint64_t v,
+                    std::mt19937_64& rng) {
+  WeightBuffer buf(layout.total_bytes());
+  testing::FillRandom(layout, &buf, rng);
+  Version out;
+  out.manifest = *layout.BuildManifest(buf.span(), v);
+  out.manifest.set_kind(v1::WEIGHT_PAYLOAD_KIND_FULL);
+  out.payload = std::make_shared<const std::vector<uint8_t>>(
+      buf.data(), buf.data() + layout.total_bytes());
+  return out;
+}
+
+// A receiver rank: joins `group` and receives `count` versions, returning
+// the bytes of the last one.
+struct Receiver {
+  absl::Status status;
+  std::vector<uint64_t> versions;
+  std::vector<uint8_t> last;
+};
+
+void Receive(const FlatWeightLayout& layout, uint16_t port,
+             const v1::BroadcastGroup& g, int rank, int count,
+             absl::Duration timeout, Receiver* out) {
+  GlooGroupConfig c;
+  c.store_port = port;
+  c.key_prefix = g.key_prefix();
+  c.rank = rank;
+  c.world_size = g.member_ids_size();
+  c.timeout = timeout;
+  auto group = GlooBroadcastGroup::Create(c);
+  if (!group.ok()) {
+    out->status = group.status();
+    return;
+  }
+  auto staging = *StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+  GlooWeightReceiver receiver(group->get());
+  for (int i = 0; i < count; ++i) {
+    absl::StatusOr<uint64_t> v =
+        receiver.ReceiveNext(staging.get(), absl::Now() + timeout);
+    if (!v.ok()) {
+      out->status = v.status();
+      return;
+    }
+    out->versions.push_back(*v);
+    REQUIRE(staging->Commit().ok());
+  }
+  auto live = staging->live().bytes;
+  out->last.assign(live.begin(), live.end());
+}
+
+class Outcomes {
+ public:
+  void Add(const BroadcastOutcome& o) {
+    absl::MutexLock lock(&mu_);
+    outcomes_.push_back(o);
+  }
+  // Waits until `n` outcomes arrived (or 30 s).
+  std::vector<BroadcastOutcome> Wait(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return outcomes_.size() >= n;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(30));
+    return outcomes_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<BroadcastOutcome> outcomes_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_CASE(
+    "BroadcastSender delivers each version to the group of its epoch and "
+    "forms a new group when the epoch changes",
+    "[weights][gloo]") {
+  const FlatWeightLayout layout = Layout();
+  Outcomes outcomes;
+  BroadcastSenderOptions options;
+  options.timeout = absl::Seconds(20);
+  auto sender = BroadcastSender::Create(
+      options, [&](const BroadcastOutcome& o) { outcomes.Add(o); });
+  REQUIRE(sender.ok());
+  (*sender)->Start();
+  const std::string store = (*sender)->store_address();
+  const uint16_t port =
+      static_cast<uint16_t>(std::stoi(store.substr(store.rfind(':') + 1)));
+  std::mt19937_64 rng(5);
+  std::vector<Version> versions;
+  for (uint64_t v = 0; v <= 3; ++v) {
+    versions.push_back(MakeVersion(layout, v, rng));
+  }
+
+  // Epoch 1: one receiver, versions 1 and 2 (sent one at a time).
+  const v1::BroadcastGroup e1 = Group(1, store, 1);
+  Receiver r1;
+  std::thread t1(
+      [&] { Receive(layout, port, e1, 1, 2, absl::Seconds(20), &r1); });
+  (*sender)->Enqueue(e1, versions[1].manifest, versions[1].payload);
+  outcomes.Wait(1);
+  (*sender)->Enqueue(e1, versions[2].manifest, versions[2].payload);
+  t1.join();
+  REQUIRE(r1.status.ok());
+  CHECK(r1.versions == std::vector<uint64_t>{1, 2});
+  CHECK(r1.last == *versions[2].payload);
+
+  // Epoch 2: two receivers, a fresh rendezvous under a new key prefix.
+  const v1::BroadcastGroup e2 = Group(2, store, 2);
+  Receiver a, b;
+  std::thread ta(
+      [&] { Receive(layout, port, e2, 1, 1, absl::Seconds(20), &a); });
+  std::thread tb(
+      [&] { Receive(layout, port, e2, 2, 1, absl::Seconds(20), &b); });
+  (*sender)->Enqueue(e2, versions[3].manifest, versions[3].payload);
+  ta.join();
+  tb.join();
+  REQUIRE(a.status.ok());
+  REQUIRE(b.status.ok());
+  CHECK(a.last == *versions[3].payload);
+  CHECK(b.last == *versions[3].payload);
+  std::vector<BroadcastOutcome> done = outcomes.Wait(3);
+  REQUIRE(done.size() == 3);
+  for (const BroadcastOutcome& o : done) {
+    CHECK(o.status.ok());
+    CHECK(o.bytes == layout.total_bytes());
+  }
+  CHECK(done[2].group.epoch() == 2);
+  (*sender)->Stop();
+}
+
+TEST_CASE(
+    "a receiver that never joins fails the epoch within the deadline; the "
+    "sender reports it and drops the epoch's other versions",
+    "[weights][gloo]") {
+  const FlatWeightLayout layout = Layout();
+  Outcomes outcomes;
+  BroadcastSenderOptions options;
+  options.timeout = absl::Seconds(1);
+  auto sender = BroadcastSender::Create(
+      options, [&](const BroadcastOutcome& o) { outcomes.Add(o); });
+  REQUIRE(sender.ok());
+  (*sender)->Start();
+  const std::string store = (*sender)->store_address();
+  const uint16_t port =
+      static_cast<uint16_t>(std::stoi(store.substr(store.rfind(':') + 1)));
+  std::mt19937_64 rng(6);
+  Version first = MakeVersion(layout, 1, rng);
+  Version second = MakeVersion(layout, 2, rng);
+
+  // Rank 2 is dead: rank 1 joins, the rendezvous times out for both.
+  const v1::BroadcastGroup e1 = Group(1, store, 2);
+  Receiver alive;
+  const absl::Time start = absl::Now();
+  std::thread t(
+      [&] { Receive(layout, port, e1, 1, 1, absl::Seconds(1), &alive); });
+  (*sender)->Enqueue(e1, first.manifest, first.payload);
+  std::vector<BroadcastOutcome> done = outcomes.Wait(1);
+  t.join();
+  REQUIRE(done.size() == 1);
+  CHECK_FALSE(done[0].status.ok());
+  CHECK_FALSE(alive.status.ok());
+  CHECK(absl::Now() - start < absl::Seconds(15));
+  // Later versions of the failed epoch are not attempted.
+  (*sender)->Enqueue(e1, second.manifest, second.payload);
+  absl::SleepFor(absl::Milliseconds(300));
+  CHECK(outcomes.Wait(1).size() == 1);
+  (*sender)->Stop();
+}
+
+}  // namespace
+}  // namespace tandem::weights
