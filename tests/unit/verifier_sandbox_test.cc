@@ -6,10 +6,13 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -572,6 +575,83 @@ TEST_CASE(
   CHECK(!result->private_filesystem);
   CHECK(result->stdout_data == "2\n");
   f.ExpectNothingLeft();
+}
+
+TEST_CASE(
+    "sandbox run by an unprivileged daemon gets its namespaces and private "
+    "view through a user namespace",
+    "[isolation]") {
+  REQUIRE_ROOT_OR_SKIP();  // To become nobody in a child process.
+  WorkRoot root;
+  REQUIRE(chown(root.path().c_str(), 65534, 65534) == 0);
+  int report[2];
+  REQUIRE(pipe(report) == 0);
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    // The "daemon": nobody, no capabilities. Plain code only (no Catch2).
+    close(report[0]);
+    std::string out;
+    if (setgroups(0, nullptr) != 0 || setresgid(65534, 65534, 65534) != 0 ||
+        setresuid(65534, 65534, 65534) != 0 ||
+        // As a daemon started as nobody would be (changing uid cleared it,
+        // and a non-dumpable process cannot write its child's uid_map).
+        prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) != 0) {
+      out = "setup failed";
+    } else if (auto sandbox = Sandbox::Create(TestConfig(root));
+               !sandbox.ok()) {
+      out = std::string(sandbox.status().message());
+    } else {
+      SandboxCommand command;
+      command.argv = {"/usr/bin/python3", "probe.py"};
+      command.files = {{"probe.py", R"(import os, socket
+print(os.getuid(), os.getpid())
+try:
+    open('/tmp/escape-unprivileged', 'w')
+    print('tmp wrote')
+except OSError as e:
+    print('tmp', e.errno)
+try:
+    socket.create_connection(('127.0.0.1', 9), timeout=1)
+    print('net connected')
+except OSError as e:
+    print('net', e.errno)
+open('own.txt', 'w').write('x')
+print('own ok')
+)"}};
+      auto result = (*sandbox)->Run(command);
+      if (!result.ok()) {
+        out = absl::StrCat("run: ", result.status().ToString());
+      } else {
+        out = absl::StrCat(result->isolated ? "isolated" : "unisolated", " ",
+                           result->private_filesystem ? "private" : "shared",
+                           "\n", result->stdout_data, result->stderr_data);
+      }
+    }
+    ssize_t unused = write(report[1], out.data(), out.size());
+    (void)unused;
+    _exit(0);
+  }
+  close(report[1]);
+  std::string out;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = read(report[0], buffer, sizeof(buffer))) > 0) out.append(buffer, n);
+  close(report[0]);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  INFO(out);
+  if (absl::StrContains(out, "UNAVAILABLE")) {
+    WARN("skipped: this kernel refuses unprivileged user namespaces");
+    return;
+  }
+  CHECK(absl::StartsWith(out, "isolated private\n"));
+  CHECK(absl::StrContains(out, "65534 2\n"));  // Own uid; PID 2 under init.
+  CHECK(absl::StrContains(out, "tmp 30\n"));   // EROFS
+  CHECK(absl::StrContains(out, "net 101\n"));  // ENETUNREACH
+  CHECK(absl::StrContains(out, "own ok\n"));
+  CHECK(!fs::exists("/tmp/escape-unprivileged"));
+  CHECK(root.Empty());
 }
 
 TEST_CASE("code refuses to run without namespaces unless fallback is allowed",

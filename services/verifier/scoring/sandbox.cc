@@ -224,6 +224,27 @@ absl::Status AwaitExec(pid_t pid, const UniqueFd& failure_read,
   return absl::InternalError(message);
 }
 
+// Maps the daemon's uid and gid to themselves in the user namespace of the
+// cloned init `pid` (setgroups denied, as an unprivileged process must).
+absl::Status WriteUserMaps(pid_t pid) {
+  auto write_file = [pid](absl::string_view name,
+                          const std::string& text) -> absl::Status {
+    const std::string path = absl::StrCat("/proc/", pid, "/", name);
+    UniqueFd fd(open(path.c_str(), O_WRONLY | O_CLOEXEC));
+    if (!fd.valid() ||
+        write(fd.get(), text.data(), text.size()) !=
+            static_cast<ssize_t>(text.size())) {
+      return ErrnoStatus(absl::StrCat("writing ", path));
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(write_file("setgroups", "deny"));
+  RETURN_IF_ERROR(
+      write_file("uid_map", absl::StrCat(geteuid(), " ", geteuid(), " 1\n")));
+  return write_file("gid_map",
+                    absl::StrCat(getegid(), " ", getegid(), " 1\n"));
+}
+
 // Why the parent ended a run early.
 struct Interruption {
   bool timed_out = false;
@@ -420,6 +441,10 @@ absl::StatusOr<SandboxResult> Sandbox::Run(
     ASSIGN_OR_RETURN(Pipe err, MakePipe());
     ASSIGN_OR_RETURN(Pipe failure, MakePipe());
     ASSIGN_OR_RETURN(Pipe status, MakePipe(O_NONBLOCK));
+    // Without root the namespaces come with a user namespace of their own,
+    // which the daemon may create unprivileged where the kernel allows it.
+    const bool user_namespace = !drop_privileges && tier != Tier::kNone;
+    ASSIGN_OR_RETURN(Pipe user_map_ready, MakePipe());
     const ChildSpec spec{
         .stdin_fd = stdin_file.get(),
         .stdout_fd = out.write.get(),
@@ -446,6 +471,7 @@ absl::StatusOr<SandboxResult> Sandbox::Run(
         .work_root = config_.work_root.c_str(),
         .outer_dir = dir->outer_dir().c_str(),
         .hidden_dirs = hidden_dirs.data(),
+        .user_map_ready_fd = user_namespace ? user_map_ready.read.get() : -1,
     };
 
     // The init runs on its own stack in a copy of this address space.
@@ -457,6 +483,7 @@ absl::StatusOr<SandboxResult> Sandbox::Run(
     int flags = SIGCHLD;
     if (tier != Tier::kNone) flags |= CLONE_NEWNET | CLONE_NEWPID;
     if (tier == Tier::kPrivateMounts) flags |= CLONE_NEWNS;
+    if (user_namespace) flags |= CLONE_NEWUSER;
     if (tier != Tier::kNone && simulate_namespace_failure_.load()) {
       pid = -1;
       errno = EPERM;
@@ -467,28 +494,50 @@ absl::StatusOr<SandboxResult> Sandbox::Run(
     } else {
       pid = clone(&SandboxInitMain, stack_top, flags, spec_arg);
     }
+    // The namespaces of this tier were refused: the next tier, or an
+    // error when there is none.
+    auto step_down = [&](const std::string& why) -> absl::Status {
+      if (tier == Tier::kPrivateMounts) {
+        tier = Tier::kNamespaces;
+        return absl::OkStatus();
+      }
+      if (tier == Tier::kNamespaces && limits.allow_network_fallback) {
+        tier = Tier::kNone;
+        return absl::OkStatus();
+      }
+      return absl::UnavailableError(absl::StrCat(
+          "cannot create network and PID namespaces (", why,
+          "); refusing to run untrusted code without them (set "
+          "allow_network_fallback to run unisolated)"));
+    };
     if (pid < 0) {
       const int error = errno;
       if (error == EAGAIN || error == ENOMEM) {
         return absl::ResourceExhaustedError(
             absl::StrCat("clone: ", std::strerror(error)));
       }
-      if (tier == Tier::kPrivateMounts) {
-        tier = Tier::kNamespaces;
+      if (tier == Tier::kNone) return ErrnoStatus("clone");
+      RETURN_IF_ERROR(step_down(std::strerror(error)));
+      continue;
+    }
+    if (user_namespace) {
+      // The program keeps the daemon's uid and gid (mapped to themselves);
+      // the init has capabilities only inside the new namespaces.
+      if (absl::Status mapped = WriteUserMaps(pid); !mapped.ok()) {
+        KillTree(pid);
+        while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+        }
+        // E.g. a daemon that is not dumpable cannot write its child's maps.
+        RETURN_IF_ERROR(step_down(std::string(mapped.message())));
         continue;
       }
-      if (tier == Tier::kNamespaces && limits.allow_network_fallback) {
-        tier = Tier::kNone;
-        continue;
+      if (write(user_map_ready.write.get(), "1", 1) != 1) {
+        const absl::Status status = ErrnoStatus("waking the sandbox init");
+        KillTree(pid);
+        while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+        }
+        return status;
       }
-      if (tier == Tier::kNamespaces) {
-        return absl::UnavailableError(absl::StrCat(
-            "cannot create network and PID namespaces (",
-            std::strerror(error),
-            "); refusing to run untrusted code without them (set "
-            "allow_network_fallback to run unisolated)"));
-      }
-      return ErrnoStatus("clone");
     }
     start = absl::Now();
     out.write.Reset();

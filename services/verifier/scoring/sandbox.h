@@ -19,6 +19,12 @@
 //   - setrlimit on the program: RLIMIT_CPU (soft cpu_seconds, SIGXCPU; hard
 //     one more, SIGKILL), RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NPROC,
 //     RLIMIT_NOFILE, and no core dumps;
+//   - when the daemon does not run as root: the namespaces are created
+//     together with a user namespace (CLONE_NEWUSER) that maps the daemon's
+//     uid and gid to themselves, which the kernel allows unprivileged
+//     processes where user namespaces are enabled; the program runs as the
+//     daemon's uid without capabilities, and the init has capabilities only
+//     inside the run's namespaces (enough for the private view);
 //   - when the daemon runs as root: supplementary groups dropped and
 //     setresgid/setresuid to run_as_gid/run_as_uid (nobody, 65534) in the
 //     program, after the namespaces exist; PR_SET_NO_NEW_PRIVS so setuid
@@ -48,8 +54,9 @@
 //   2. network + PID namespaces (the mount namespace or one of its mounts
 //      was refused, e.g. by a seccomp filter, or private_filesystem is off):
 //      SandboxResult::private_filesystem is false;
-//   3. none. If the namespaces of tier 2 cannot be created (not root, no
-//      CAP_SYS_ADMIN, a restrictive container), Run() returns Unavailable
+//   3. none. If the namespaces of tier 2 cannot be created (root without
+//      CAP_SYS_ADMIN; without root, user namespaces disabled; a restrictive
+//      container), Run() returns Unavailable
 //      and runs nothing, unless allow_network_fallback is set: then the
 //      program runs without network and PID isolation, contained only by
 //      the process-group kill, and SandboxResult::isolated is false.
@@ -65,9 +72,6 @@
 //     /tmp outside its directory; such files outlive the run), and see the
 //     daemon's processes in /proc. RLIMIT_FSIZE bounds each file, not
 //     their number.
-//   - The private view needs CAP_SYS_ADMIN (the daemon runs as root). An
-//     unprivileged daemon would need a user namespace as well, which this
-//     sandbox does not create: without root it gets tier 2 at best.
 //
 // Thread-safe: Run() may be called concurrently; each run has its own
 // directory, pipes and processes.

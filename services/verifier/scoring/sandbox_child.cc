@@ -148,6 +148,14 @@ void ResetSignals() {
 
 int SandboxInitMain(void* raw_spec) {
   const ChildSpec& spec = *static_cast<const ChildSpec*>(raw_spec);
+  if (spec.user_map_ready_fd >= 0) {
+    char ready = 0;
+    ssize_t n;
+    do {
+      n = read(spec.user_map_ready_fd, &ready, 1);
+    } while (n < 0 && errno == EINTR);
+    if (n != 1) _exit(127);  // The parent gave up and kills us.
+  }
   ResetSignals();
   ArrangeDescriptors(spec);
   if (setsid() < 0) Fail(kStageSession);

@@ -79,6 +79,10 @@ struct ChildSpec {
   const char* work_root;
   const char* outer_dir;
   const char* const* hidden_dirs;
+  // >= 0 when the init was cloned with CLONE_NEWUSER: it waits for one byte
+  // here, written once the parent has set up its uid and gid maps, before
+  // anything that needs them (mounts, files).
+  int user_map_ready_fd;
 };
 
 // clone() entry point; `spec` is a const ChildSpec*. Never returns.
