@@ -33,7 +33,8 @@ CheckpointManager::CheckpointManager(CheckpointPolicy policy,
                 .Add({})) {}
 
 absl::StatusOr<std::optional<LoadedCheckpoint>>
-CheckpointManager::FindResumePoint() {
+CheckpointManager::FindResumePoint(
+    const CoordinatorVersionFn& coordinator_version) {
   absl::StatusOr<std::string> latest = FindLatestCheckpoint(policy_.dir);
   if (!policy_.resume) {
     if (latest.ok()) {
@@ -52,6 +53,21 @@ CheckpointManager::FindResumePoint() {
   if (!latest.ok()) return latest.status();
   absl::StatusOr<LoadedCheckpoint> loaded = ReadCheckpoint(*latest);
   if (!loaded.ok()) return loaded.status();
+  if (coordinator_version && loaded->state.policy_version > 0) {
+    absl::StatusOr<uint64_t> theirs = coordinator_version();
+    if (!theirs.ok()) {
+      Log()->warn("cannot ask the coordinator for its policy version ({}); "
+                  "resuming {}",
+                  theirs.status().ToString(), loaded->path);
+    } else if (*theirs == 0) {
+      Log()->warn(
+          "not resuming {} (policy version {}): the coordinator has no policy "
+          "version yet, so the checkpoint belongs to an earlier run; starting "
+          "from the initial policy (give each run its own checkpoint_dir)",
+          loaded->path, loaded->state.policy_version);
+      return std::nullopt;
+    }
+  }
   return std::optional<LoadedCheckpoint>(*std::move(loaded));
 }
 

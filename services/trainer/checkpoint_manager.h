@@ -11,6 +11,7 @@
 // after that thread has been joined. last_checkpoint() is thread-safe.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -42,11 +43,20 @@ class CheckpointManager {
   // `registry`.
   CheckpointManager(CheckpointPolicy policy, prometheus::Registry* registry);
 
+  // Asks the coordinator for its latest policy version.
+  using CoordinatorVersionFn = std::function<absl::StatusOr<uint64_t>()>;
+
   // The checkpoint to resume from: nullopt when `resume` is off or the
   // directory holds none; an error (naming the file) when `latest` exists
   // but the checkpoint is unreadable or corrupt: a trainer must not silently
   // start over when it was meant to resume.
-  absl::StatusOr<std::optional<LoadedCheckpoint>> FindResumePoint();
+  // A checkpoint past version 0 while the coordinator (asked through
+  // `coordinator_version`, when given) has no version at all belongs to an
+  // earlier run: a new run reusing checkpoint_dir. It is not resumed (a
+  // warning says so) and this run's checkpoints go next to it. When the
+  // coordinator cannot be asked, the checkpoint is resumed.
+  absl::StatusOr<std::optional<LoadedCheckpoint>> FindResumePoint(
+      const CoordinatorVersionFn& coordinator_version = nullptr);
 
   // Restores `checkpoint` into `trainer` (created from checkpoint.hf_dir)
   // and logs a warning when the training configuration changed.

@@ -11,11 +11,27 @@
 #include "common/weights/model_flattening.h"
 #include "services/rollout/torch_engine_model.h"
 #include "services/trainer/checkpoint.h"
+#include "tandem/v1/coordinator.grpc.pb.h"
 
 namespace tandem::trainer {
 namespace {
 
 auto Log() { return ComponentLogger("trainer"); }
+
+// The coordinator's latest policy version (one short retried call).
+absl::StatusOr<uint64_t> CoordinatorPolicyVersion(const std::string& address) {
+  auto stub = tandem::v1::Coordinator::NewStub(rpc::MakeChannel(address));
+  rpc::RetryPolicy retry;
+  retry.attempt_timeout = absl::Seconds(2);
+  retry.total_timeout = absl::Seconds(5);
+  tandem::v1::GetClusterStatusResponse response;
+  RETURN_IF_ERROR(rpc::CallWithRetry(
+      "GetClusterStatus", retry, [&](grpc::ClientContext* context) {
+        return stub->GetClusterStatus(
+            context, tandem::v1::GetClusterStatusRequest(), &response);
+      }));
+  return response.policy_version();
+}
 
 CheckpointPolicy ToCheckpointPolicy(const TrainerConfig& c) {
   CheckpointPolicy p;
@@ -97,7 +113,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   // A checkpoint to resume from replaces the initial policy: its hf/ is a
   // Hugging Face directory with the fp32 master weights.
   ASSIGN_OR_RETURN(std::optional<LoadedCheckpoint> resumed,
-                   trainer->checkpoints_->FindResumePoint());
+                   trainer->checkpoints_->FindResumePoint([&config] {
+                     return CoordinatorPolicyVersion(
+                         config.coordinator_address);
+                   }));
   trainer->resumed_ = resumed.has_value();
   ASSIGN_OR_RETURN(
       rollout::LoadedModel model,

@@ -217,6 +217,30 @@ class TrainerCheckpointTest(unittest.TestCase):
         self.assertIn(os.path.join(corrupt, "step-1",
                                    "optimizer.safetensors"), refused.stderr)
 
+    def test_4_a_new_run_does_not_resume_an_earlier_runs_checkpoint(self):
+        # A fresh coordinator (no policy version) and the same
+        # checkpoint_dir: the checkpoint belongs to the run above.
+        tmp = os.path.join(self.tmp, "second-run")
+        os.makedirs(tmp)
+        coordinator = harness.Daemon(
+            "coordinator", tmp,
+            ["--config", os.path.join(CONFIG, "coordinator.yaml")])
+        try:
+            address = coordinator.wait_ready()["grpc_address"]
+            trainer = harness.Daemon(
+                "trainer", tmp,
+                ["--set", f"coordinator_address={address}",
+                 "--set", f"checkpoint_dir={self.checkpoint_dir}"])
+            try:
+                trainer.wait_ready()
+                log = trainer.output()
+                self.assertIn("belongs to an earlier run", log)
+                self.assertNotIn("resumed from", log)
+            finally:
+                self.assertEqual(trainer.stop(), 0)
+        finally:
+            coordinator.stop()
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -377,6 +377,23 @@ TEST_CASE("a resumed trainer adopts the coordinator's version numbering") {
   CHECK(stats->policy_version == 6);
   CHECK(resumed->step() == 4);  // the schedule continues from the checkpoint
 
+  // A checkpoint past version 0 while the coordinator has none is another
+  // run's: not resumed. Unreachable coordinator: resumed.
+  auto fresh_coordinator = restarted.FindResumePoint(
+      []() -> absl::StatusOr<uint64_t> { return 0; });
+  REQUIRE(fresh_coordinator.ok());
+  CHECK_FALSE(fresh_coordinator->has_value());
+  auto same_run = restarted.FindResumePoint(
+      []() -> absl::StatusOr<uint64_t> { return 3; });
+  REQUIRE(same_run.ok());
+  CHECK(same_run->has_value());
+  auto unreachable = restarted.FindResumePoint(
+      []() -> absl::StatusOr<uint64_t> {
+        return absl::UnavailableError("connection refused");
+      });
+  REQUIRE(unreachable.ok());
+  CHECK(unreachable->has_value());
+
   // No checkpoint at all while the coordinator has versions.
   auto fresh = NewTrainer();
   restarted.ReconcileVersion(7, false, fresh.get());
