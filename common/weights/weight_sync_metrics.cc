@@ -62,7 +62,14 @@ WeightSyncMetrics::WeightSyncMetrics(prometheus::Registry& registry)
               .Name("tandem_weight_sync_publish_to_staged_seconds")
               .Help("Seconds from the trainer's publish of a version until "
                     "it is staged on this worker, by transport.")
-              .Register(registry)) {}
+              .Register(registry)),
+      publish_to_live_(
+          prometheus::BuildHistogram()
+              .Name("tandem_weight_sync_publish_to_live_seconds")
+              .Help("Seconds from the trainer's publish of a version until "
+                    "the engine swapped it in at a step boundary.")
+              .Register(registry)
+              .Add({}, SecondsBuckets())) {}
 
 void WeightSyncMetrics::RecordVersion(SyncDirection direction,
                                       SyncTransport transport, bool full,
@@ -88,6 +95,10 @@ void WeightSyncMetrics::RecordPublishToStaged(SyncTransport transport,
   publish_to_staged_
       .Add({{"transport", SyncTransportName(transport)}}, SecondsBuckets())
       .Observe(seconds);
+}
+
+void WeightSyncMetrics::RecordPublishToLive(double seconds) {
+  publish_to_live_.Observe(seconds);
 }
 
 void WeightSyncMetrics::SetEpoch(uint64_t epoch, int receivers) {

@@ -13,6 +13,7 @@
 //   tandem_weight_sync_epoch                                   gauge
 //   tandem_weight_sync_group_receivers                         gauge
 //   tandem_weight_sync_publish_to_staged_seconds{transport}    histogram
+//   tandem_weight_sync_publish_to_live_seconds                 histogram
 //
 // Thread-safe (prometheus-cpp metrics are).
 
@@ -43,6 +44,9 @@ class WeightSyncMetrics {
   // Seconds from the trainer's publish (manifest.published_unix_ms) until
   // the version was staged on this worker, ready for the engine's swap.
   void RecordPublishToStaged(SyncTransport transport, double seconds);
+  // Seconds from the trainer's publish until the engine swapped the
+  // version in (live) at a step boundary.
+  void RecordPublishToLive(double seconds);
   void SetEpoch(uint64_t epoch, int receivers);
 
  private:
@@ -54,6 +58,7 @@ class WeightSyncMetrics {
   prometheus::Gauge& epoch_;
   prometheus::Gauge& receivers_;
   prometheus::Family<prometheus::Histogram>& publish_to_staged_;
+  prometheus::Histogram& publish_to_live_;
 };
 
 }  // namespace tandem::weights

@@ -323,6 +323,7 @@ void RolloutWorker::GenerationLoop() {
     }
     metrics_.RecordStep(*step, engine_->Snapshot());
     if (step->committed_update) {
+      if (subscriber_) subscriber_->RecordLive(step->committed_version);
       absl::MutexLock lock(&mu_);
       last_pause_seconds_ = step->pause_seconds;
     }

@@ -90,6 +90,22 @@ uint64_t WeightSubscriber::versions_received() const {
   return versions_received_;
 }
 
+void WeightSubscriber::RecordLive(uint64_t version) {
+  int64_t published_ms = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = published_ms_.find(version);
+    if (it == published_ms_.end()) return;
+    published_ms = it->second;
+    published_ms_.erase(published_ms_.begin(), std::next(it));
+  }
+  if (options_.metrics != nullptr) {
+    options_.metrics->RecordPublishToLive(std::max(
+        0.0, absl::ToDoubleSeconds(absl::Now() -
+                                   absl::FromUnixMillis(published_ms))));
+  }
+}
+
 WeightSyncStatus WeightSubscriber::sync_status() const {
   absl::MutexLock lock(&mu_);
   return status_;
@@ -344,6 +360,10 @@ void WeightSubscriber::Deliver(uint64_t version,
     }
   }
   absl::MutexLock lock(&mu_);
+  if (manifest.has_value() && manifest->published_unix_ms() > 0) {
+    published_ms_[version] = manifest->published_unix_ms();
+    while (published_ms_.size() > 16) published_ms_.erase(published_ms_.begin());
+  }
   received_version_ = version;
   ++versions_received_;
   status_.received_version = version;

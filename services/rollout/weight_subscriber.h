@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -90,6 +91,10 @@ class WeightSubscriber {
   uint64_t versions_received() const;
   WeightSyncStatus sync_status() const;
 
+  // The engine made `version` live: records publish-to-live seconds for a
+  // version this subscriber delivered. Cheap; any thread.
+  void RecordLive(uint64_t version);
+
  private:
   // The coordinator's answer to one poll.
   struct ClusterView {
@@ -145,6 +150,9 @@ class WeightSubscriber {
   uint64_t received_version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t versions_received_ ABSL_GUARDED_BY(mu_) = 0;
   WeightSyncStatus status_ ABSL_GUARDED_BY(mu_);
+  // Publish time (manifest.published_unix_ms) of recently delivered
+  // versions, for publish-to-live.
+  std::map<uint64_t, int64_t> published_ms_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::rollout

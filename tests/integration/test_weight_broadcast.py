@@ -6,7 +6,9 @@ and joins a later epoch.
 
 The tests share one cluster and run in the order of their names."""
 
+import datetime
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -68,6 +70,11 @@ def metric_sum(metrics_address, name, **labels):
         if all(f'{k}="{v}"' in head for k, v in labels.items()):
             total += float(value)
     return total
+
+
+def log_time(line):
+    return datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S.%f").replace(
+        tzinfo=datetime.timezone.utc).timestamp()
 
 
 def as_int(message, field):
@@ -168,6 +175,19 @@ class WeightBroadcastTest(unittest.TestCase):
                 self.assertEqual(as_int(w, "broadcastEpoch"),
                                  as_int(status["broadcastGroup"], "epoch"))
         trainer_metrics = self.ready["trainer"]["metrics_address"]
+        sent = metric_sum(trainer_metrics,
+                          "tandem_weight_sync_transfer_seconds_count",
+                          direction="sent", transport="broadcast")
+        seconds = metric_sum(trainer_metrics,
+                             "tandem_weight_sync_transfer_seconds_sum",
+                             direction="sent", transport="broadcast")
+        sent_bytes = metric_sum(trainer_metrics,
+                                "tandem_weight_sync_bytes_total",
+                                direction="sent", transport="broadcast")
+        print(f"trainer broadcast {int(sent)} versions, "
+              f"{sent_bytes / max(sent, 1) / 2**20:.2f} MiB each, "
+              f"mean {1000 * seconds / max(sent, 1):.1f} ms per version "
+              f"(to {len(seen)} receivers)")
         self.assertGreater(metric_sum(
             trainer_metrics, "tandem_weight_sync_bytes_total",
             direction="sent", transport="broadcast", kind="full"), 0)
@@ -186,6 +206,7 @@ class WeightBroadcastTest(unittest.TestCase):
         epoch_before = as_int(before["broadcastGroup"], "epoch")
         os.kill(victim["pid"], signal.SIGKILL)
         killed = time.monotonic()
+        killed_wall = time.time()
 
         # The survivor is in a later epoch without the victim (the
         # restarted worker may already be back in it) and receives new
@@ -214,6 +235,16 @@ class WeightBroadcastTest(unittest.TestCase):
             raise
         print(f"survivor seen back on broadcast {elapsed:.2f}s after the "
               "kill (upper bound: includes tandemctl calls)")
+        # Exactly, from the survivor's own log: its first join of an epoch
+        # after the kill.
+        joins = [log_time(l) for l in
+                 self.launcher.log("rollout-1").splitlines()
+                 if "joined broadcast epoch" in l]
+        rejoin = [t - killed_wall for t in joins if t > killed_wall]
+        self.assertTrue(rejoin)
+        print(f"survivor joined the next epoch {rejoin[0]:.2f}s after the "
+              "kill")
+        self.assertLess(rejoin[0], 30.0)
 
         # The restarted worker (new pid, new member id) catches up by pull
         # and then joins a later epoch with the survivor.

@@ -210,5 +210,70 @@ TEST_CASE(
   (*sender)->Stop();
 }
 
+TEST_CASE(
+    "a broadcast version whose bytes fail the checksum is rejected and not "
+    "committable; the group stays usable for the next version",
+    "[weights][gloo]") {
+  const FlatWeightLayout layout = Layout();
+  auto server = GlooRendezvousStore::Create("127.0.0.1", 0, absl::Seconds(20));
+  REQUIRE(server.ok());
+  const uint16_t port = (*server)->port();
+  std::mt19937_64 rng(7);
+  Version bad = MakeVersion(layout, 1, rng);
+  // Corrupt one byte of bucket 1 after the manifest was built.
+  auto corrupted = std::make_shared<std::vector<uint8_t>>(*bad.payload);
+  (*corrupted)[layout.buckets()[1].offset + 5] ^= 0x40;
+  bad.payload = corrupted;
+  Version good = MakeVersion(layout, 2, rng);
+
+  absl::Status first, second;
+  bool ready_after_bad = true;
+  uint64_t round_after_bad = 0;
+  std::vector<uint8_t> received;
+  std::thread receiver([&] {
+    GlooGroupConfig c;
+    c.store_port = port;
+    c.key_prefix = "corrupt";
+    c.rank = 1;
+    c.world_size = 2;
+    c.timeout = absl::Seconds(20);
+    auto group = GlooBroadcastGroup::Create(c);
+    REQUIRE(group.ok());
+    auto staging = *StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+    GlooWeightReceiver r(group->get());
+    first = r.ReceiveNext(staging.get(), absl::Now() + absl::Seconds(20))
+                .status();
+    ready_after_bad = staging->ready();
+    round_after_bad = r.last_round_version();
+    second = r.ReceiveNext(staging.get(), absl::Now() + absl::Seconds(20))
+                 .status();
+    if (second.ok()) {
+      REQUIRE(staging->Commit().ok());
+      auto live = staging->live().bytes;
+      received.assign(live.begin(), live.end());
+    }
+  });
+  GlooGroupConfig c;
+  c.store_port = port;
+  c.key_prefix = "corrupt";
+  c.rank = 0;
+  c.world_size = 2;
+  c.timeout = absl::Seconds(20);
+  auto group = GlooBroadcastGroup::Create(c, server->get());
+  REQUIRE(group.ok());
+  GlooWeightSender sender(group->get());
+  REQUIRE(sender.Publish(bad.manifest, *bad.payload, absl::InfiniteFuture())
+              .ok());
+  REQUIRE(sender.Publish(good.manifest, *good.payload, absl::InfiniteFuture())
+              .ok());
+  receiver.join();
+  CHECK(first.code() == absl::StatusCode::kDataLoss);
+  CHECK_FALSE(ready_after_bad);
+  CHECK(round_after_bad == 1);
+  CHECK(second.ok());
+  CHECK(received == *good.payload);
+  CHECK_FALSE((*group)->broken());
+}
+
 }  // namespace
 }  // namespace tandem::weights
