@@ -137,9 +137,10 @@ bool ProcessSupervisor::StopAll(absl::Duration grace) {
   if (children_.empty()) return true;
   // Two waves: every process started after the first (the members) stops
   // together, then the first (the coordinator), so members can deregister.
-  const absl::Time give_up = absl::Now() + grace;
-  bool all_clean = StopWave(1, children_.size(), give_up);
-  return StopWave(0, 1, give_up) && all_clean;
+  // Each wave has the whole grace period: members that use their full
+  // drain deadline must not eat the coordinator's.
+  bool all_clean = StopWave(1, children_.size(), absl::Now() + grace);
+  return StopWave(0, 1, absl::Now() + grace) && all_clean;
 }
 
 bool ProcessSupervisor::StopWave(size_t begin, size_t end, absl::Time give_up) {

@@ -42,8 +42,8 @@ class ProcessSupervisor {
   // Reaps exited children and restarts those whose backoff has elapsed.
   void Poll();
   // SIGTERM to every child but the first, then to the first (the
-  // coordinator); waits up to `grace` in all, then SIGKILL to the rest. Returns
-  // true when every child exited by itself with code 0.
+  // coordinator); each wave may take up to `grace`, then SIGKILL to what is
+  // left of it. Returns true when every child exited by itself with code 0.
   bool StopAll(absl::Duration grace);
   // Replaces the argv used for future restarts of `name`.
   void UpdateArgv(const std::string& name, std::vector<std::string> argv);
