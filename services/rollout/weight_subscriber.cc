@@ -347,10 +347,17 @@ void WeightSubscriber::Deliver(uint64_t version,
     const uint64_t bytes =
         full ? manifest->total_bytes()
              : staging_->stats().bytes_received - bytes_before;
+    // A transfer cannot start before the publish: the pull path's wait for
+    // a newer version is not transfer time.
+    const absl::Time began =
+        manifest->published_unix_ms() > 0
+            ? std::max(started,
+                       absl::FromUnixMillis(manifest->published_unix_ms()))
+            : started;
     options_.metrics->RecordVersion(weights::SyncDirection::kReceived,
                                     transport, full,
                                     static_cast<double>(bytes),
-                                    absl::ToDoubleSeconds(staged - started));
+                                    absl::ToDoubleSeconds(staged - began));
     if (manifest->published_unix_ms() > 0) {
       options_.metrics->RecordPublishToStaged(
           transport,
