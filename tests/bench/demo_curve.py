@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Held-out accuracy curve of a tandem-local run, as CSV and SVG.
+
+Reads the trainer's log of a run directory (the lines "held-out accuracy at
+version V: A (C/N, Ss)") and writes the curve against wall time since the
+first evaluation:
+
+  python3 tests/bench/demo_curve.py RUN_DIR --csv out.csv --svg out.svg
+"""
+
+import argparse
+import datetime
+import re
+import sys
+
+LINE = re.compile(r"^(\S+ \S+) I \[trainer\] held-out accuracy at version "
+                  r"(\d+): ([0-9.]+) \((\d+)/(\d+)")
+
+
+def read_curve(run_dir):
+    points = []
+    with open(f"{run_dir}/logs/trainer.log") as f:
+        for line in f:
+            m = LINE.match(line)
+            if not m:
+                continue
+            stamp = datetime.datetime.strptime(m.group(1),
+                                               "%Y-%m-%d %H:%M:%S.%f")
+            points.append((stamp, int(m.group(2)), float(m.group(3))))
+    if not points:
+        sys.exit(f"no held-out evaluations in {run_dir}/logs/trainer.log")
+    start = points[0][0]
+    return [((t - start).total_seconds(), v, a) for t, v, a in points]
+
+
+def svg(curve, title):
+    width, height, left, bottom, top, right = 640, 360, 56, 40, 30, 16
+    max_t = max(60.0, max(t for t, _, _ in curve))
+    lo = min(a for _, _, a in curve)
+    hi = max(a for _, _, a in curve)
+    lo = max(0.0, (int(lo * 10) / 10.0))
+    hi = min(1.0, (int(hi * 10) + 1) / 10.0)
+
+    def x(t):
+        return left + (width - left - right) * t / max_t
+
+    def y(a):
+        return height - bottom - (height - bottom - top) * (a - lo) / (hi - lo)
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
+           f'height="{height}" font-family="sans-serif" font-size="11">',
+           f'<rect width="{width}" height="{height}" fill="white"/>',
+           f'<text x="{width / 2}" y="18" text-anchor="middle" '
+           f'font-size="13">{title}</text>']
+    steps = 10
+    for i in range(steps + 1):
+        a = lo + (hi - lo) * i / steps
+        out.append(f'<line x1="{left}" x2="{width - right}" y1="{y(a):.1f}" '
+                   f'y2="{y(a):.1f}" stroke="#ddd"/>')
+        out.append(f'<text x="{left - 6}" y="{y(a) + 4:.1f}" '
+                   f'text-anchor="end">{100 * a:.0f}%</text>')
+    minute = 60.0
+    t = 0.0
+    while t <= max_t + 1e-9:
+        out.append(f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{top}" '
+                   f'y2="{height - bottom}" stroke="#eee"/>')
+        out.append(f'<text x="{x(t):.1f}" y="{height - bottom + 16}" '
+                   f'text-anchor="middle">{t / 60:.0f}</text>')
+        t += minute
+    out.append(f'<text x="{(left + width - right) / 2}" y="{height - 6}" '
+               f'text-anchor="middle">minutes of RL</text>')
+    out.append(f'<text x="14" y="{(top + height - bottom) / 2}" '
+               f'text-anchor="middle" transform="rotate(-90 14 '
+               f'{(top + height - bottom) / 2})">held-out accuracy '
+               f'(greedy)</text>')
+    path = " ".join(f"{x(t):.1f},{y(a):.1f}" for t, _, a in curve)
+    out.append(f'<polyline fill="none" stroke="#1f77b4" stroke-width="2" '
+               f'points="{path}"/>')
+    base = curve[0][2]
+    out.append(f'<line x1="{left}" x2="{width - right}" y1="{y(base):.1f}" '
+               f'y2="{y(base):.1f}" stroke="#999" stroke-dasharray="4 3"/>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("run_dir")
+    parser.add_argument("--csv")
+    parser.add_argument("--svg")
+    parser.add_argument("--title", default="tandem-local: held-out accuracy")
+    args = parser.parse_args()
+    curve = read_curve(args.run_dir)
+    if args.csv:
+        with open(args.csv, "w") as f:
+            f.write("seconds,policy_version,heldout_accuracy\n")
+            for t, v, a in curve:
+                f.write(f"{t:.1f},{v},{a:.4f}\n")
+    if args.svg:
+        with open(args.svg, "w") as f:
+            f.write(svg(curve, args.title))
+    first, last = curve[0], curve[-1]
+    best = max(curve, key=lambda p: p[2])
+    print(f"{len(curve)} evaluations over {last[0]:.0f} s: "
+          f"{100 * first[2]:.1f}% (v {first[1]}) -> {100 * last[2]:.1f}% "
+          f"(v {last[1]}); best {100 * best[2]:.1f}% (v {best[1]}, "
+          f"{best[0]:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
