@@ -90,7 +90,7 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
       cu_seqlens.push_back(static_cast<int64_t>(input_ids.size()));
       rewards.push_back(static_cast<float>(c.reward));
       group_ids.push_back(static_cast<int64_t>(g));
-      stats.staleness.push_back(static_cast<int64_t>(version_) -
+      stats.staleness.push_back(static_cast<int64_t>(version_.load()) -
                                 static_cast<int64_t>(c.min_policy_version));
       ++sequence;
     }
@@ -148,8 +148,7 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
   } catch (const std::exception& e) {
     return model::internal::TorchErrorToStatus("GRPO step", e);
   }
-  ++version_;
-  stats.policy_version = version_;
+  stats.policy_version = ++version_;
   stats.step_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   return stats;
 }
@@ -172,7 +171,7 @@ std::string StateKey(const at::Tensor& parameter) {
 absl::StatusOr<GrpoTrainerState> GrpoTrainer::CaptureState() const {
   GrpoTrainerState state;
   state.step = step_;
-  state.policy_version = version_;
+  state.policy_version = version_.load();
   try {
     torch::NoGradGuard no_grad;
     const auto& states = optimizer_->adamw->state();

@@ -7,10 +7,11 @@
 // materialising [tokens, vocab]), the GRPO/PPO loss against the behavior
 // log-probs the rollout workers recorded, backward, gradient clipping and
 // an AdamW step. Each step produces the next policy version. Not
-// thread-safe: one training thread.
+// thread-safe: one training thread (policy_version() excepted).
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -99,7 +100,8 @@ class GrpoTrainer {
   // A detached copy of the current weights for publishing to rollout
   // workers (in the master dtype).
   absl::StatusOr<std::shared_ptr<model::ModelWeights>> SnapshotWeights() const;
-  uint64_t policy_version() const { return version_; }
+  // Safe to call from any thread (the trainer daemon's heartbeat reads it).
+  uint64_t policy_version() const { return version_.load(); }
   const model::DecoderModel& policy() const { return *policy_; }
   int64_t step() const { return step_; }
   const GrpoTrainerOptions& options() const { return options_; }
@@ -127,7 +129,7 @@ class GrpoTrainer {
   GrpoTrainerOptions options_;
   std::shared_ptr<model::DecoderModel> policy_;
   std::unique_ptr<Optimizer> optimizer_;
-  uint64_t version_ = 0;
+  std::atomic<uint64_t> version_{0};
   int64_t step_ = 0;
 };
 
