@@ -158,6 +158,10 @@ Layering, later wins (details in
 4. `--set key=value` flags (repeatable);
 5. `--grpc-address`, `--metrics-address`, `--ready-file`.
 
+In the environment and in `--set`, a list value is comma-separated
+(`TANDEM_VERIFIERS=math,code`, `--set verifiers=math,code`); in YAML it is
+a sequence (`verifiers: [math, code]`).
+
 `tandem-<daemon> --config FILE --set k=v --print-config` shows the result
 of the layering without starting the daemon. `tandem-local` starts the
 daemons with its own embedded configs, not these defaults (see below).
