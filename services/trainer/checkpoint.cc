@@ -112,12 +112,11 @@ absl::Status WriteOptimizer(const GrpoTrainerState& state,
          {Entry{"exp_avg/", &m.exp_avg}, Entry{"exp_avg_sq/", &m.exp_avg_sq}}) {
       at::Tensor t = tensor->to(at::kFloat).contiguous().cpu();
       keep_alive.push_back(t);
-      tensors.push_back(
-          {absl::StrCat(prefix, name), safetensors::DType::kF32,
-           t.sizes().vec(),
-           absl::Span<const uint8_t>(
-               static_cast<const uint8_t*>(t.data_ptr()),
-               static_cast<size_t>(t.numel()) * sizeof(float))});
+      tensors.push_back({absl::StrCat(prefix, name), safetensors::DType::kF32,
+                         t.sizes().vec(),
+                         absl::Span<const uint8_t>(
+                             static_cast<const uint8_t*>(t.data_ptr()),
+                             static_cast<size_t>(t.numel()) * sizeof(float))});
     }
   }
   return safetensors::WriteSafetensors(path, tensors, metadata);
@@ -129,9 +128,10 @@ absl::StatusOr<std::map<std::string, AdamWMoments>> ReadOptimizer(
   const auto& metadata = file->metadata();
   auto format = metadata.find("format");
   if (format == metadata.end() || format->second != "tandem-adamw") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": not an optimizer state file (metadata format is not "
-              "'tandem-adamw')"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path,
+                     ": not an optimizer state file (metadata format is not "
+                     "'tandem-adamw')"));
   }
   std::map<std::string, AdamWMoments> moments;
   for (const safetensors::TensorView& view : file->tensors()) {
@@ -145,9 +145,8 @@ absl::StatusOr<std::map<std::string, AdamWMoments>> ReadOptimizer(
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": tensor '", view.name, "' is not F32"));
     }
-    const std::string name =
-        view.name.substr(first ? std::strlen("exp_avg/")
-                               : std::strlen("exp_avg_sq/"));
+    const std::string name = view.name.substr(
+        first ? std::strlen("exp_avg/") : std::strlen("exp_avg_sq/"));
     at::Tensor t = at::empty(view.shape, at::TensorOptions().dtype(at::kFloat));
     if (view.nbytes > 0) std::memcpy(t.data_ptr(), view.data, view.nbytes);
     AdamWMoments& m = moments[name];
@@ -155,9 +154,8 @@ absl::StatusOr<std::map<std::string, AdamWMoments>> ReadOptimizer(
   }
   for (auto& [name, m] : moments) {
     if (!m.exp_avg.defined() || !m.exp_avg_sq.defined()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": parameter '", name,
-                       "' lacks one of exp_avg / exp_avg_sq"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": parameter '", name, "' lacks one of exp_avg / exp_avg_sq"));
     }
     auto step = metadata.find(absl::StrCat("step/", name));
     if (step == metadata.end() || !absl::SimpleAtoi(step->second, &m.step)) {
@@ -286,8 +284,8 @@ absl::StatusOr<WrittenCheckpoint> WriteCheckpoint(
       {"cpu_rng_state", absl::Base64Escape(CpuRngState())},
       {"training_config", config},
       {"config_hash",
-       absl::StrFormat("%08x", kernels::Crc32c(config_text.data(),
-                                               config_text.size()))},
+       absl::StrFormat(
+           "%08x", kernels::Crc32c(config_text.data(), config_text.size()))},
       {"created_unix_ms", absl::ToUnixMillis(absl::Now())},
       {"files", files}};
   const std::string meta_text = meta.dump(2) + "\n";
@@ -302,14 +300,16 @@ absl::StatusOr<WrittenCheckpoint> WriteCheckpoint(
 
   // A step-<step> already there (a trainer that restarted without resuming,
   // or a second save at one step) is replaced: moved aside, then removed.
-  const fs::path replaced = dir / absl::StrCat(kTmpPrefix, trainer.step(), "-replaced");
+  const fs::path replaced =
+      dir / absl::StrCat(kTmpPrefix, trainer.step(), "-replaced");
   if (fs::exists(final_path, ec)) {
     fs::remove_all(replaced, ec);
     fs::rename(final_path, replaced, ec);
     if (ec) return FsError(ec, final_path.string(), "move aside");
   }
   fs::rename(tmp, final_path, ec);
-  if (ec) return FsError(ec, final_path.string(), "rename from " + tmp.string());
+  if (ec)
+    return FsError(ec, final_path.string(), "rename from " + tmp.string());
   RETURN_IF_ERROR(SyncDirectory(dir.string()));
   RETURN_IF_ERROR(PointLatest(dir.string(), name));
   Prune(dir.string(), options.keep, final_path);
@@ -346,7 +346,8 @@ absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(const std::string& path) {
   LoadedCheckpoint loaded;
   loaded.path = path;
   loaded.hf_dir = (fs::path(path) / kCheckpointHfDir).string();
-  const std::string meta_path = (fs::path(path) / kCheckpointStateFile).string();
+  const std::string meta_path =
+      (fs::path(path) / kCheckpointStateFile).string();
   std::error_code ec;
   if (!fs::exists(meta_path, ec)) {
     return absl::DataLossError(absl::StrCat(
@@ -357,10 +358,10 @@ absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(const std::string& path) {
     absl::StatusOr<std::unique_ptr<safetensors::MappedFile>> mapped =
         safetensors::MappedFile::Open(meta_path);
     if (!mapped.ok()) return mapped.status();
-    meta = json::parse(reinterpret_cast<const char*>((*mapped)->data()),
-                       reinterpret_cast<const char*>((*mapped)->data()) +
-                           (*mapped)->size(),
-                       nullptr, false);
+    meta = json::parse(
+        reinterpret_cast<const char*>((*mapped)->data()),
+        reinterpret_cast<const char*>((*mapped)->data()) + (*mapped)->size(),
+        nullptr, false);
   }
   if (meta.is_discarded() || !meta.is_object()) {
     return absl::DataLossError(
@@ -372,33 +373,37 @@ absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(const std::string& path) {
     const bool ok = it != meta.end() &&
                     (numeric ? it->is_number_integer() : it->type() == type);
     if (!ok) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(meta_path, ": field '", key, "' is missing or has the "
-                                                    "wrong type"));
+      return absl::InvalidArgumentError(absl::StrCat(meta_path, ": field '",
+                                                     key,
+                                                     "' is missing or has the "
+                                                     "wrong type"));
     }
     return &*it;
   };
   ASSIGN_OR_RETURN(const json* format, field("format", json::value_t::string));
   if (format->get<std::string>() != kFormat) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        meta_path, ": format is '", format->get<std::string>(),
-        "', expected '", kFormat, "'"));
-  }
-  ASSIGN_OR_RETURN(const json* version,
-                   field("format_version", json::value_t::number_integer, true));
-  if (version->get<int64_t>() != kFormatVersion) {
     return absl::InvalidArgumentError(
-        absl::StrCat(meta_path, ": format_version ", version->get<int64_t>(),
-                     " is not supported (this build reads ", kFormatVersion,
-                     ")"));
+        absl::StrCat(meta_path, ": format is '", format->get<std::string>(),
+                     "', expected '", kFormat, "'"));
+  }
+  ASSIGN_OR_RETURN(
+      const json* version,
+      field("format_version", json::value_t::number_integer, true));
+  if (version->get<int64_t>() != kFormatVersion) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        meta_path, ": format_version ", version->get<int64_t>(),
+        " is not supported (this build reads ", kFormatVersion, ")"));
   }
   ASSIGN_OR_RETURN(const json* step,
                    field("step", json::value_t::number_integer, true));
-  ASSIGN_OR_RETURN(const json* policy_version,
-                   field("policy_version", json::value_t::number_integer, true));
-  ASSIGN_OR_RETURN(const json* rng, field("cpu_rng_state", json::value_t::string));
+  ASSIGN_OR_RETURN(
+      const json* policy_version,
+      field("policy_version", json::value_t::number_integer, true));
+  ASSIGN_OR_RETURN(const json* rng,
+                   field("cpu_rng_state", json::value_t::string));
   ASSIGN_OR_RETURN(const json* files, field("files", json::value_t::object));
-  ASSIGN_OR_RETURN(const json* hash, field("config_hash", json::value_t::string));
+  ASSIGN_OR_RETURN(const json* hash,
+                   field("config_hash", json::value_t::string));
   ASSIGN_OR_RETURN(const json* config,
                    field("training_config", json::value_t::object));
   loaded.state.step = step->get<int64_t>();
@@ -413,8 +418,8 @@ absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(const std::string& path) {
        {std::string(kCheckpointOptimizerFile),
         absl::StrCat(kCheckpointHfDir, "/config.json")}) {
     if (!files->contains(required)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          meta_path, ": 'files' does not list ", required));
+      return absl::InvalidArgumentError(
+          absl::StrCat(meta_path, ": 'files' does not list ", required));
     }
   }
   for (const auto& [file, info] : files->items()) {
@@ -426,9 +431,9 @@ absl::StatusOr<LoadedCheckpoint> ReadCheckpoint(const std::string& path) {
           meta_path, ": files['", file, "'] needs bytes and crc32c"));
     }
     if (!fs::is_regular_file(full, ec)) {
-      return absl::DataLossError(absl::StrCat(
-          full, ": missing (listed in ", kCheckpointStateFile,
-          "): the checkpoint is corrupt"));
+      return absl::DataLossError(absl::StrCat(full, ": missing (listed in ",
+                                              kCheckpointStateFile,
+                                              "): the checkpoint is corrupt"));
     }
     const uint64_t size = fs::file_size(full, ec);
     const uint64_t expected_size = info["bytes"].get<uint64_t>();
@@ -455,10 +460,9 @@ absl::Status RestoreFromCheckpoint(const LoadedCheckpoint& checkpoint,
                                    GrpoTrainer* trainer) {
   absl::Status status = trainer->RestoreState(checkpoint.state);
   if (!status.ok()) {
-    return absl::Status(
-        status.code(),
-        absl::StrCat(checkpoint.path, "/", kCheckpointOptimizerFile, ": ",
-                     status.message()));
+    return absl::Status(status.code(), absl::StrCat(checkpoint.path, "/",
+                                                    kCheckpointOptimizerFile,
+                                                    ": ", status.message()));
   }
   return SetCpuRngState(checkpoint.cpu_rng_state);
 }

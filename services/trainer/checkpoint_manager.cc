@@ -14,13 +14,14 @@ auto Log() { return ComponentLogger("trainer"); }
 CheckpointManager::CheckpointManager(CheckpointPolicy policy,
                                      prometheus::Registry* registry)
     : policy_(std::move(policy)),
-      seconds_(prometheus::BuildHistogram()
-                   .Name("tandem_trainer_checkpoint_seconds")
-                   .Help("Time to write one checkpoint.")
-                   .Register(*registry)
-                   .Add({}, prometheus::Histogram::BucketBoundaries{
-                                0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
-                                120, 300})),
+      seconds_(
+          prometheus::BuildHistogram()
+              .Name("tandem_trainer_checkpoint_seconds")
+              .Help("Time to write one checkpoint.")
+              .Register(*registry)
+              .Add({},
+                   prometheus::Histogram::BucketBoundaries{
+                       0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300})),
       bytes_(prometheus::BuildCounter()
                  .Name("tandem_trainer_checkpoint_bytes_total")
                  .Help("Bytes written to checkpoints.")
@@ -56,9 +57,10 @@ CheckpointManager::FindResumePoint(
   if (coordinator_version && loaded->state.policy_version > 0) {
     absl::StatusOr<uint64_t> theirs = coordinator_version();
     if (!theirs.ok()) {
-      Log()->warn("cannot ask the coordinator for its policy version ({}); "
-                  "resuming {}",
-                  theirs.status().ToString(), loaded->path);
+      Log()->warn(
+          "cannot ask the coordinator for its policy version ({}); "
+          "resuming {}",
+          theirs.status().ToString(), loaded->path);
     } else if (*theirs == 0) {
       Log()->warn(
           "not resuming {} (policy version {}): the coordinator has no policy "
@@ -162,8 +164,7 @@ absl::StatusOr<std::optional<WrittenCheckpoint>> CheckpointManager::MaybeSave(
 
 absl::StatusOr<std::optional<WrittenCheckpoint>> CheckpointManager::SaveOnStop(
     const GrpoTrainer& trainer) {
-  if (!policy_.on_stop || trainer.step() == 0 ||
-      trainer.step() == last_step_) {
+  if (!policy_.on_stop || trainer.step() == 0 || trainer.step() == last_step_) {
     return std::nullopt;
   }
   absl::StatusOr<WrittenCheckpoint> written = Save(trainer);

@@ -6,7 +6,6 @@
 // follow the coordinator's numbering.
 
 #include <torch/torch.h>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -128,10 +127,8 @@ double MaxWeightDifference(const GrpoTrainer& a, const GrpoTrainer& b) {
   REQUIRE(wb.ok());
   double max = 0;
   for (const auto& [name, tensor] : (*wa)->tensors()) {
-    max = std::max(max, (tensor - (*wb)->tensors().at(name))
-                            .abs()
-                            .max()
-                            .item<double>());
+    max = std::max(
+        max, (tensor - (*wb)->tensors().at(name)).abs().max().item<double>());
   }
   return max;
 }
@@ -381,16 +378,16 @@ TEST_CASE("a resumed trainer adopts the coordinator's version numbering") {
 
   // A checkpoint past version 0 while the coordinator has none is another
   // run's: not resumed. Unreachable coordinator: resumed.
-  auto fresh_coordinator = restarted.FindResumePoint(
-      []() -> absl::StatusOr<uint64_t> { return 0; });
+  auto fresh_coordinator =
+      restarted.FindResumePoint([]() -> absl::StatusOr<uint64_t> { return 0; });
   REQUIRE(fresh_coordinator.ok());
   CHECK_FALSE(fresh_coordinator->has_value());
-  auto same_run = restarted.FindResumePoint(
-      []() -> absl::StatusOr<uint64_t> { return 3; });
+  auto same_run =
+      restarted.FindResumePoint([]() -> absl::StatusOr<uint64_t> { return 3; });
   REQUIRE(same_run.ok());
   CHECK(same_run->has_value());
-  auto unreachable = restarted.FindResumePoint(
-      []() -> absl::StatusOr<uint64_t> {
+  auto unreachable =
+      restarted.FindResumePoint([]() -> absl::StatusOr<uint64_t> {
         return absl::UnavailableError("connection refused");
       });
   REQUIRE(unreachable.ok());
@@ -405,8 +402,7 @@ TEST_CASE("a resumed trainer adopts the coordinator's version numbering") {
 // Not run by ctest: `trainer_checkpoint_test "[.bench]"` prints the time
 // and size of writing, verifying and restoring a checkpoint of a ~70M
 // parameter model (fp32 weights + AdamW moments, ~0.85 GB).
-TEST_CASE("checkpoint write and resume cost at 70M parameters",
-          "[.bench]") {
+TEST_CASE("checkpoint write and resume cost at 70M parameters", "[.bench]") {
   model::ModelConfig config = model::testing::TinyQwen3Config();
   config.vocab_size = 32000;
   config.hidden_size = 512;

@@ -195,8 +195,8 @@ absl::Status GrpoTrainer::RestoreState(const GrpoTrainerState& state) {
   if (!state.moments.empty() &&
       state.moments.size() != optimizer_->names.size()) {
     for (const auto& [name, m] : state.moments) {
-      if (std::find(optimizer_->names.begin(), optimizer_->names.end(),
-                    name) == optimizer_->names.end()) {
+      if (std::find(optimizer_->names.begin(), optimizer_->names.end(), name) ==
+          optimizer_->names.end()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "optimizer state for '", name, "', which the model does not have"));
       }
@@ -205,9 +205,8 @@ absl::Status GrpoTrainer::RestoreState(const GrpoTrainerState& state) {
   std::vector<std::unique_ptr<torch::optim::AdamWParamState>> restored;
   try {
     torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < optimizer_->parameters.size() &&
-                       !state.moments.empty();
-         ++i) {
+    for (size_t i = 0;
+         i < optimizer_->parameters.size() && !state.moments.empty(); ++i) {
       const std::string& name = optimizer_->names[i];
       const at::Tensor& p = optimizer_->parameters[i];
       auto it = state.moments.find(name);
@@ -218,10 +217,10 @@ absl::Status GrpoTrainer::RestoreState(const GrpoTrainerState& state) {
       const AdamWMoments& m = it->second;
       for (const at::Tensor* t : {&m.exp_avg, &m.exp_avg_sq}) {
         if (!t->defined() || t->sizes() != p.sizes()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "optimizer state for '", name, "': expected shape ",
-              c10::str(p.sizes()), ", got ",
-              t->defined() ? c10::str(t->sizes()) : "none"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("optimizer state for '", name, "': expected shape ",
+                           c10::str(p.sizes()), ", got ",
+                           t->defined() ? c10::str(t->sizes()) : "none"));
         }
       }
       auto adam = std::make_unique<torch::optim::AdamWParamState>();
