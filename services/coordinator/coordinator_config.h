@@ -31,7 +31,7 @@ struct DatasetOptions {
   bool shuffle = true;
   // Built-in task: operand digits and whether to include subtraction.
   int64_t arith_digits = 3;
-  bool arith_subtraction = true;
+  bool arith_subtraction = false;
   // Built-in task: prepend <|bos|> to the prompt token ids.
   bool add_bos = true;
 };

@@ -30,7 +30,7 @@ struct HeldoutEvalConfig {
   int64_t problems = 256;
   // Must match the coordinator's dataset.arith_* settings.
   int64_t arith_digits = 3;
-  bool arith_subtraction = true;
+  bool arith_subtraction = false;
   int64_t seed = 0;
 };
 

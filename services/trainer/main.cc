@@ -7,12 +7,16 @@
 
 #include "common/daemon/daemon_main.h"
 #include "services/trainer/checkpoint_export.h"
+#include "services/trainer/inprocess_rl.h"
 #include "services/trainer/sft/sft_command.h"
 #include "services/trainer/trainer.h"
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "sft") == 0) {
     return tandem::trainer::sft::RunSftCommand(argc - 1, argv + 1);
+  }
+  if (argc > 1 && std::strcmp(argv[1], "rl-inprocess") == 0) {
+    return tandem::trainer::RunInProcessRlCommand(argc - 1, argv + 1);
   }
   if (argc > 1 && std::strcmp(argv[1], "export") == 0) {
     return tandem::trainer::RunExportCommand(argc - 1, argv + 1);

@@ -102,7 +102,20 @@ Trainer::Trainer(const TrainerConfig& config)
                            "token of each trained sample.")
                      .Register(*registry_)
                      .Add({}, prometheus::Histogram::BucketBoundaries{
-                                  0, 1, 2, 3, 4, 6, 8, 16})) {}
+                                  0, 1, 2, 3, 4, 6, 8, 16})),
+      heldout_accuracy_(
+          prometheus::BuildGauge()
+              .Name("tandem_trainer_heldout_accuracy")
+              .Help("Greedy exact-match accuracy on the built-in task's "
+                    "held-out problems at the last evaluation (eval.*).")
+              .Register(*registry_)
+              .Add({})),
+      heldout_version_(prometheus::BuildGauge()
+                           .Name("tandem_trainer_heldout_policy_version")
+                           .Help("Policy version of the last held-out "
+                                 "evaluation.")
+                           .Register(*registry_)
+                           .Add({})) {}
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const TrainerConfig& config) {
@@ -143,6 +156,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
       std::make_unique<weights::FlatWeightLayout>(std::move(layout));
   trainer->weight_server_ = std::make_unique<weights::WeightServerService>(
       &trainer->store_, weights::WeightServerOptions{});
+  if (config.eval.every_versions > 0) {
+    ASSIGN_OR_RETURN(trainer->evaluator_,
+                     HeldoutEvaluator::Create(config.eval));
+  }
   Trainer* self = trainer.get();
   trainer->weight_sync_metrics_ =
       std::make_unique<weights::WeightSyncMetrics>(*trainer->registry_);
@@ -337,15 +354,57 @@ absl::Status Trainer::TrainOnce() {
   status_.set_last_loss(stats.loss.loss);
   status_.set_last_reward_mean(stats.reward_mean);
   status_.set_last_step_seconds(stats.step_seconds);
+  if (!stats.staleness.empty()) {
+    int64_t sum = 0;
+    int64_t max = 0;
+    for (int64_t s : stats.staleness) {
+      sum += s;
+      max = std::max(max, s);
+    }
+    status_.set_last_mean_staleness(static_cast<double>(sum) /
+                                    static_cast<double>(stats.staleness.size()));
+    status_.set_last_max_staleness(static_cast<uint64_t>(max));
+  }
   return absl::OkStatus();
 }
 
+void Trainer::MaybeEvaluate(bool initial) {
+  if (evaluator_ == nullptr) return;
+  const uint64_t version = grpo_->policy_version();
+  if (!initial && !evaluator_->Due(version)) return;
+  if (static_cast<int64_t>(version) == last_evaluated_version_) return;
+  last_evaluated_version_ = static_cast<int64_t>(version);
+  absl::StatusOr<HeldoutResult> result =
+      evaluator_->Evaluate(grpo_->policy(), version);
+  if (!result.ok()) {
+    Log()->warn("held-out evaluation of version {} failed: {}", version,
+                result.status().ToString());
+    return;
+  }
+  heldout_accuracy_.Set(result->accuracy());
+  heldout_version_.Set(static_cast<double>(version));
+  Log()->info("held-out accuracy at version {}: {:.3f} ({}/{}, {:.2f}s)",
+              version, result->accuracy(), result->correct, result->total,
+              result->seconds);
+  absl::MutexLock lock(&mu_);
+  if (!status_.heldout_evaluated()) {
+    status_.set_initial_heldout_accuracy(result->accuracy());
+    status_.set_initial_heldout_policy_version(version);
+  }
+  status_.set_heldout_evaluated(true);
+  status_.set_heldout_accuracy(result->accuracy());
+  status_.set_heldout_policy_version(version);
+  status_.set_heldout_problems(static_cast<uint32_t>(result->total));
+}
+
 void Trainer::TrainingLoop() {
+  MaybeEvaluate(/*initial=*/true);
   while (!stopping_) {
     ReconcileVersionOnce();
     ServeCheckpointRequests();
     absl::Status status = TrainOnce();
     if (status.ok()) status = MaybeCheckpoint();
+    if (status.ok()) MaybeEvaluate(/*initial=*/false);
     if (!status.ok() && !stopping_) {
       Log()->warn("training step failed: {}", status.ToString());
       absl::SleepFor(absl::Seconds(1));

@@ -25,6 +25,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "services/trainer/checkpoint_manager.h"
+#include "services/trainer/heldout_eval.h"
 #include "services/trainer/rl/grpo_trainer.h"
 #include "services/trainer/trainer_config.h"
 #include "tandem/v1/trainer.grpc.pb.h"
@@ -67,6 +68,8 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
   absl::Status MaybeCheckpoint();
   void ServeCheckpointRequests();
   void RecordCheckpoint(const WrittenCheckpoint& written);
+  // Held-out evaluation of the current policy (when configured and due).
+  void MaybeEvaluate(bool initial);
 
   const TrainerConfig config_;
   std::shared_ptr<prometheus::Registry> registry_;
@@ -76,6 +79,10 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
   prometheus::Gauge& reward_mean_;
   prometheus::Histogram& step_seconds_;
   prometheus::Histogram& staleness_;
+  prometheus::Gauge& heldout_accuracy_;
+  prometheus::Gauge& heldout_version_;
+  std::unique_ptr<HeldoutEvaluator> evaluator_;
+  int64_t last_evaluated_version_ = -1;  // training thread only
 
   std::unique_ptr<GrpoTrainer> grpo_;
   std::unique_ptr<CheckpointManager> checkpoints_;

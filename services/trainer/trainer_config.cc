@@ -55,6 +55,7 @@ void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config) {
                  1 << 20, "Most groups per batch (0 = no bound).");
   schema->AddInt("training.pull_wait_ms", &config->pull_wait_ms, 0, 600000,
                  "How long one batch pull may wait for ready groups.");
+  RegisterHeldoutEvalFields(schema, &config->eval);
 
   // Weight sync by broadcast.
   schema->AddBool("weight_sync.broadcast", &config->weight_broadcast,

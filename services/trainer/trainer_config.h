@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "common/config/config_schema.h"
 #include "common/config/daemon_flags.h"
+#include "services/trainer/heldout_eval.h"
 
 namespace tandem::trainer {
 
@@ -35,6 +36,8 @@ struct TrainerConfig {
   int64_t batch_max_tokens = 4096;
   int64_t batch_max_groups = 16;
   int64_t pull_wait_ms = 1000;
+  // Held-out accuracy of the built-in task (eval.*).
+  HeldoutEvalConfig eval;
   // ---- Weight sync by broadcast (weight_sync.*) ----
   // Host the rendezvous store for broadcast groups (broadcast on); rollout
   // workers of each membership epoch receive new versions from it. Pull

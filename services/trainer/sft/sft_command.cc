@@ -1,10 +1,12 @@
 #include "services/trainer/sft/sft_command.h"
 
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_format.h"
 #include "services/trainer/sft/sft_trainer.h"
 
 namespace tandem::trainer::sft {
@@ -64,9 +66,13 @@ int RunSftCommand(int argc, char** argv) {
               o.output_dir.c_str());
   std::fflush(stdout);
   absl::StatusOr<SftResult> result = RunSft(o, [](const SftCurvePoint& p) {
-    std::printf("sft: step %5lld  loss %.4f  heldout_accuracy %.3f  %.1fs\n",
-                static_cast<long long>(p.step), p.loss, p.heldout_accuracy,
-                p.seconds);
+    // Step 0 is the initial model: no training loss yet.
+    const std::string loss = std::isnan(p.loss)
+                                 ? std::string("     -")
+                                 : absl::StrFormat("%.4f", p.loss);
+    std::printf("sft: step %5lld  loss %s  heldout_accuracy %.3f  %.1fs\n",
+                static_cast<long long>(p.step), loss.c_str(),
+                p.heldout_accuracy, p.seconds);
     std::fflush(stdout);
   });
   if (!result.ok()) {

@@ -43,7 +43,7 @@ struct SftOptions {
   // Task: operand digits and whether '-' problems are included (as the
   // coordinator's dataset.arith_digits / dataset.arith_subtraction).
   int digits = 3;
-  bool subtraction = true;
+  bool subtraction = false;
   // Seeds the random init and the training problem stream.
   uint64_t seed = 0;
   // Upper bound on optimizer steps.

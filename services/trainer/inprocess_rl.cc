@@ -1,0 +1,184 @@
+#include "services/trainer/inprocess_rl.h"
+
+#include <cstdio>
+#include <memory>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/base/status_macros.h"
+#include "common/model/decoder_model.h"
+#include "common/model/model_weights.h"
+#include "common/task/arith_task.h"
+#include "common/task/arith_tokenizer.h"
+#include "common/tokenizer/tokenizer.h"
+#include "services/rollout/engine/engine.h"
+#include "services/rollout/torch_engine_model.h"
+#include "services/trainer/sft/sft_eval.h"
+
+namespace tandem::trainer {
+namespace {
+
+// Whether a sampled completion is the problem's answer followed by eos.
+bool Correct(const std::vector<int32_t>& output,
+             const std::vector<int32_t>& eos,
+             const tokenizer::Tokenizer& tokenizer,
+             const task::ArithProblem& problem) {
+  sft::GreedyCompletion completion;
+  completion.tokens = output;
+  if (!completion.tokens.empty()) {
+    for (int32_t e : eos) {
+      if (completion.tokens.back() == e) {
+        completion.tokens.pop_back();
+        completion.stopped = true;
+        break;
+      }
+    }
+  }
+  completion.text = tokenizer.Decode(completion.tokens);
+  return sft::IsExactMatch(completion, problem);
+}
+
+}  // namespace
+
+absl::StatusOr<InProcessRlResult> RunInProcessRl(
+    const InProcessRlOptions& options,
+    const std::function<void(const InProcessRlPoint&)>& on_point) {
+  ASSIGN_OR_RETURN(rollout::LoadedModel loaded,
+                   rollout::LoadModel(options.model_path, 1,
+                                      static_cast<int32_t>(
+                                          options.torch_threads)));
+  task::ArithTaskOptions task_options;
+  task_options.digits = options.digits;
+  task_options.subtraction = options.subtraction;
+  task_options.seed = options.seed;
+  ASSIGN_OR_RETURN(task::ArithTask task, task::ArithTask::Create(task_options));
+  const std::vector<task::ArithProblem> heldout = task.Take(
+      task::Split::kHeldOut, static_cast<uint64_t>(options.eval_problems));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<GrpoTrainer> grpo,
+      GrpoTrainer::Create(*loaded.decoder->weights(), 0, options.grpo));
+  const tokenizer::Tokenizer& tokenizer = *loaded.tokenizer;
+
+  InProcessRlResult result;
+  const absl::Time start = absl::Now();
+  double reward_sum = 0;
+  int64_t reward_count = 0;
+  auto evaluate = [&](int64_t step) -> absl::Status {
+    ASSIGN_OR_RETURN(sft::EvalResult eval,
+                     sft::EvaluateExactMatch(grpo->policy(), tokenizer,
+                                             heldout, options.digits));
+    InProcessRlPoint point;
+    point.step = step;
+    point.heldout_accuracy = eval.accuracy();
+    point.reward_mean = reward_count > 0 ? reward_sum / reward_count : 0.0;
+    point.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    reward_sum = 0;
+    reward_count = 0;
+    result.curve.push_back(point);
+    if (on_point) on_point(point);
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(evaluate(0));
+  uint64_t problem_index = 0;
+  for (int64_t step = 1; step <= options.steps; ++step) {
+    const absl::Time generate_start = absl::Now();
+    ASSIGN_OR_RETURN(std::shared_ptr<model::ModelWeights> weights,
+                     grpo->SnapshotWeights());
+    auto decoder = std::make_shared<model::DecoderModel>(std::move(weights));
+    rollout::TorchEngineModel engine_model(decoder, loaded.max_tokens);
+    rollout::EngineOptions engine_options;
+    engine_options.eos_token_ids = loaded.eos_token_ids;
+    engine_options.limits.max_num_seqs = static_cast<int32_t>(
+        options.prompts_per_step * options.group_size);
+    rollout::Engine engine(engine_options, &engine_model, nullptr, 0);
+    std::vector<task::ArithProblem> problems;
+    std::vector<ScoredPromptGroup> groups;
+    for (int64_t p = 0; p < options.prompts_per_step; ++p) {
+      task::ArithProblem problem =
+          task.Sample(task::Split::kTrain, problem_index++);
+      // As the coordinator's built-in source: [<|bos|>] + "a+b=".
+      std::vector<int32_t> prompt = {task::kArithBosId};
+      for (int32_t id : tokenizer.Encode(problem.prompt)) prompt.push_back(id);
+      rollout::SamplingParams params;
+      params.temperature = static_cast<float>(options.temperature);
+      params.max_tokens = sft::MaxAnswerTokens(options.digits) + 1;
+      params.n = options.group_size;
+      params.seed = options.seed * 1000003 + problem_index * 131 + 1;
+      RETURN_IF_ERROR(engine.Add(std::to_string(p), prompt, params));
+      ScoredPromptGroup group;
+      group.prompt = prompt;
+      groups.push_back(std::move(group));
+      problems.push_back(std::move(problem));
+    }
+    while (!engine.idle()) RETURN_IF_ERROR(engine.Step().status());
+    for (auto& finished : engine.TakeFinished()) {
+      const size_t p = std::stoul(finished.request_id);
+      ScoredCompletion c;
+      c.reward = Correct(finished.output, loaded.eos_token_ids, tokenizer,
+                         problems[p])
+                     ? 1.0
+                     : 0.0;
+      c.tokens = std::move(finished.output);
+      c.behavior_logprobs = std::move(finished.logprobs);
+      c.min_policy_version = grpo->policy_version();
+      reward_sum += c.reward;
+      ++reward_count;
+      groups[p].completions.push_back(std::move(c));
+    }
+    const absl::Time train_start = absl::Now();
+    result.generate_seconds +=
+        absl::ToDoubleSeconds(train_start - generate_start);
+    RETURN_IF_ERROR(grpo->Step(groups).status());
+    result.train_seconds += absl::ToDoubleSeconds(absl::Now() - train_start);
+    if (options.eval_every > 0 && step % options.eval_every == 0) {
+      RETURN_IF_ERROR(evaluate(step));
+    }
+  }
+  return result;
+}
+
+int RunInProcessRlCommand(int argc, char** argv) {
+  InProcessRlOptions options;
+  CLI::App app{
+      "GRPO on the built-in arithmetic task with an in-process rollout (no "
+      "daemons): calibrates RL settings and shows the algorithm learns."};
+  app.add_option("--model", options.model_path,
+                 "Start policy: Hugging Face directory (e.g. the warm start)")
+      ->required();
+  app.add_option("--digits", options.digits, "Operand digits");
+  app.add_option("--subtraction", options.subtraction, "Include '-'");
+  app.add_option("--seed", options.seed, "Problem and sampling seed");
+  app.add_option("--steps", options.steps, "Optimizer steps");
+  app.add_option("--prompts", options.prompts_per_step, "Prompts per step");
+  app.add_option("--group-size", options.group_size, "Samples per prompt");
+  app.add_option("--temperature", options.temperature, "Sampling temperature");
+  app.add_option("--eval-every", options.eval_every, "Steps between evals");
+  app.add_option("--eval-problems", options.eval_problems,
+                 "Held-out problems per evaluation");
+  app.add_option("--lr", options.grpo.lr, "AdamW learning rate");
+  app.add_option("--beta2", options.grpo.beta2, "AdamW beta2");
+  app.add_option("--threads", options.torch_threads, "torch threads");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  absl::StatusOr<InProcessRlResult> result =
+      RunInProcessRl(options, [](const InProcessRlPoint& p) {
+        std::printf("step %ld: held-out %.3f, reward %.3f, %.1fs\n",
+                    static_cast<long>(p.step), p.heldout_accuracy,
+                    p.reward_mean, p.seconds);
+        std::fflush(stdout);
+      });
+  if (!result.ok()) {
+    std::fprintf(stderr, "rl-inprocess: %s\n",
+                 std::string(result.status().message()).c_str());
+    return 1;
+  }
+  std::printf("generate %.1fs, train %.1fs\n", result->generate_seconds,
+              result->train_seconds);
+  return 0;
+}
+
+}  // namespace tandem::trainer
