@@ -331,20 +331,30 @@ def declared_families(root):
     pattern = re.compile(r'"(tandem_[a-z0-9_]+)"\s*\)?\s*(?:\.Help\(|,)\s*'
                          r'((?:"(?:[^"\\]|\\.)*"\s*)+)')
     declared = {}
-    for top in ("common", "services"):
-        for directory, _, files in sorted(os.walk(os.path.join(root, top))):
-            for name in sorted(files):
-                if not name.endswith(".cc"):
-                    continue
-                path = os.path.join(directory, name)
-                with open(path) as f:
-                    text = f.read()
-                for match in pattern.finditer(text):
-                    help_text = "".join(re.findall(r'"((?:[^"\\]|\\.)*)"',
-                                                   match.group(2)))
-                    declared.setdefault(match.group(1), []).append(
-                        (os.path.relpath(path, root), help_text))
+    for path in source_files(root):
+        with open(os.path.join(root, path)) as f:
+            text = f.read()
+        for match in pattern.finditer(text):
+            help_text = "".join(re.findall(r'"((?:[^"\\]|\\.)*)"',
+                                           match.group(2)))
+            declared.setdefault(match.group(1), []).append((path, help_text))
     return declared
+
+
+def source_files(root):
+    """The .cc files under common/ and services/, relative to root: those git
+    tracks when root is a git work tree (so that files not yet added do not
+    leak into the reference), else every one on disk."""
+    tops = ("common", "services")
+    listed = subprocess.run(["git", "-C", root, "ls-files", "--", *tops],
+                            capture_output=True, text=True)
+    if listed.returncode == 0 and listed.stdout.strip():
+        paths = listed.stdout.splitlines()
+    else:
+        paths = [os.path.relpath(os.path.join(d, n), root)
+                 for top in tops for d, _, names in os.walk(
+                     os.path.join(root, top)) for n in names]
+    return sorted(p for p in paths if p.endswith(".cc"))
 
 
 METRICS_INTRO = """\
