@@ -51,9 +51,11 @@ int RunDaemon(int argc, char** argv, const std::string& name) {
   const int signal_number = WaitForTerminationSignal();
   log->info("received {}; shutting down within {} ms", strsignal(signal_number),
             config.server.drain_timeout_ms);
+  const absl::Time stop_start = absl::Now();
   daemon->GracefulStop(absl::Milliseconds(config.server.drain_timeout_ms));
   daemon.reset();
-  log->info("exited cleanly");
+  log->info("exited cleanly (stopped in {:.2f} s)",
+            absl::ToDoubleSeconds(absl::Now() - stop_start));
   return 0;
 }
 

@@ -43,9 +43,16 @@ void DaemonRuntime::MarkNotServing() { grpc_->SetServing(false); }
 void DaemonRuntime::Shutdown(absl::Duration deadline) {
   // The metrics HTTP server takes about a second to stop (its listener polls
   // on a timer), so it stops alongside gRPC rather than after it.
+  if (stopped_) return;
+  stopped_ = true;
+  const absl::Time start = absl::Now();
   std::thread stop_metrics([this] { metrics_.reset(); });
   if (grpc_) grpc_->Shutdown(deadline);
+  const absl::Duration grpc_took = absl::Now() - start;
   stop_metrics.join();
+  ComponentLogger(name_)->info("servers stopped in {:.2f} s (gRPC {:.2f} s)",
+                               absl::ToDoubleSeconds(absl::Now() - start),
+                               absl::ToDoubleSeconds(grpc_took));
 }
 
 namespace {

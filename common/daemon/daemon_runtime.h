@@ -50,6 +50,7 @@ class DaemonRuntime {
   config::ServerOptions options_;
   std::unique_ptr<metrics::MetricsServer> metrics_;
   std::unique_ptr<rpc::GrpcServer> grpc_;
+  bool stopped_ = false;
 };
 
 // Blocks SIGTERM, SIGINT and SIGHUP in the calling thread; call in main()

@@ -1,9 +1,16 @@
 #include "common/metrics/metrics_server.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
 #include <exception>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "prometheus/exposer.h"
 #include "prometheus/gauge.h"
 
@@ -11,6 +18,34 @@ namespace tandem::metrics {
 namespace {
 
 constexpr char kVersion[] = "0.1.0";
+
+// Opens and at once closes a TCP connection to host:port. A wildcard host
+// is reached through loopback.
+void Knock(const std::string& host_port) {
+  const size_t colon = host_port.rfind(':');
+  if (colon == std::string::npos) return;
+  std::string host = host_port.substr(0, colon);
+  const std::string port = host_port.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host.empty() || host == "0.0.0.0") host = "127.0.0.1";
+  if (host == "::") host = "::1";
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0) return;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd =
+        socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const bool connected = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    close(fd);
+    if (connected) break;
+  }
+  freeaddrinfo(found);
+}
 
 }  // namespace
 
@@ -59,6 +94,23 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Create(
   return server;
 }
 
-MetricsServer::~MetricsServer() = default;
+MetricsServer::~MetricsServer() {
+  if (exposer_ == nullptr) return;
+  // The exposer's HTTP server (civetweb) notices a stop only when its
+  // listener's poll() returns, which without traffic takes up to its 2 s
+  // poll timeout. Knocking on the port wakes it, so destruction takes
+  // milliseconds; knock until it is done, since a knock that lands before
+  // the stop flag is set is just served as a closed connection.
+  std::atomic<bool> stopped{false};
+  std::thread stop([this, &stopped] {
+    exposer_.reset();
+    stopped = true;
+  });
+  while (!stopped) {
+    Knock(bound_address_);
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  stop.join();
+}
 
 }  // namespace tandem::metrics

@@ -7,6 +7,12 @@
 // NOT_SERVING from start until SetServing(true); Shutdown() sets
 // NOT_SERVING before it stops accepting calls, so load balancers and probes
 // see the daemon leave before connections close.
+//
+// Shutdown contract: Shutdown(deadline) stops admitting calls, waits up to
+// `deadline` for the calls in flight, then closes every connection. It does
+// not wait for idle client connections to acknowledge the GOAWAY: an idle
+// gRPC client may read it only on its next poll, seconds later, and a
+// stopping daemon must not spend its drain deadline on that.
 
 #include <memory>
 #include <string>
@@ -36,12 +42,20 @@ class GrpcServer {
   // Flips the health status of the server and all its services.
   void SetServing(bool serving);
 
-  // Health to NOT_SERVING, then waits up to `deadline` for in-flight calls
-  // before cancelling them. Idempotent.
+  // Health to NOT_SERVING, stops admitting calls, waits up to `deadline`
+  // for in-flight calls (returns as soon as none is left), then cancels
+  // what remains and closes all connections. Idempotent.
   void Shutdown(absl::Duration deadline);
 
+  // Calls being handled now (received and not yet done). Thread-safe.
+  int calls_in_flight() const;
+
  private:
+  class CallCounter;
+  class CountingInterceptorFactory;
+
   GrpcServer() = default;
+  std::shared_ptr<CallCounter> calls_;
   std::unique_ptr<grpc::Server> server_;
   std::string bound_address_;
   bool shut_down_ = false;

@@ -544,6 +544,7 @@ void Coordinator::GracefulStop(absl::Duration deadline) {
 
 void Coordinator::Stop() {
   if (stopped_.exchange(true)) return;
+  const absl::Time start = absl::Now();
   if (!stop_maintenance_.HasBeenNotified()) stop_maintenance_.Notify();
   if (maintenance_thread_.joinable()) maintenance_thread_.join();
   if (scoring_) scoring_->Stop();
@@ -557,7 +558,8 @@ void Coordinator::Stop() {
       Log()->error("{}", s.ToString());
     }
   }
-  Log()->info("stopped");
+  Log()->info("stopped (background work and journal in {:.2f} s)",
+              absl::ToDoubleSeconds(absl::Now() - start));
 }
 
 }  // namespace tandem::coordinator

@@ -516,10 +516,22 @@ void RolloutWorker::Stop(absl::Duration deadline) {
     stop_ = true;
   }
   // A load in progress cannot be interrupted; the loader sees stop_ after it.
+  // Each phase's duration goes to the final log line, so that a slow stop
+  // names its cause.
+  absl::Time phase_start = absl::Now();
+  auto phase = [&phase_start] {
+    const absl::Time now = absl::Now();
+    const double seconds = absl::ToDoubleSeconds(now - phase_start);
+    phase_start = now;
+    return seconds;
+  };
+  const absl::Time stop_start = phase_start;
   if (loader_thread_.joinable()) loader_thread_.join();
   if (generation_thread_.joinable()) generation_thread_.join();
   AnswerDrainWaiters(/*all=*/true);
+  const double generation_s = phase();
   if (subscriber_) subscriber_->Stop();
+  const double weights_s = phase();
   if (prefetcher_) {
     prefetcher_->Stop();
     prefetcher_->ReturnQueued("shutdown");
@@ -531,9 +543,16 @@ void RolloutWorker::Stop(absl::Duration deadline) {
     }
     submitter_->Stop();
   }
+  const double deliver_s = phase();
   if (member_) {
     member_->Shutdown(std::max(give_up - absl::Now(), absl::ZeroDuration()));
   }
+  const double leave_s = phase();
+  Log()->info(
+      "stopped in {:.2f} s (generation {:.2f} s, weight sync {:.2f} s, leases "
+      "and samples {:.2f} s, cluster and servers {:.2f} s)",
+      absl::ToDoubleSeconds(absl::Now() - stop_start), generation_s, weights_s,
+      deliver_s, leave_s);
 }
 
 }  // namespace tandem::rollout
