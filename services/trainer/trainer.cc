@@ -115,7 +115,8 @@ Trainer::Trainer(const TrainerConfig& config)
                            .Help("Policy version of the last held-out "
                                  "evaluation.")
                            .Register(*registry_)
-                           .Add({})) {}
+                           .Add({})),
+      step_metrics_(*registry_) {}
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const TrainerConfig& config) {
@@ -339,6 +340,7 @@ absl::Status Trainer::TrainOnce() {
   loss_.Set(stats.loss.loss);
   reward_mean_.Set(stats.reward_mean);
   step_seconds_.Observe(stats.step_seconds);
+  step_metrics_.Record(stats);
   for (int64_t s : stats.staleness) staleness_.Observe(static_cast<double>(s));
   Log()->info(
       "version {}: {} groups, {} tokens, reward {:.3f}, loss {:.4f}, clip "
@@ -354,6 +356,7 @@ absl::Status Trainer::TrainOnce() {
   status_.set_last_loss(stats.loss.loss);
   status_.set_last_reward_mean(stats.reward_mean);
   status_.set_last_step_seconds(stats.step_seconds);
+  status_.set_tokens_per_second(TrainerStepMetrics::TokensPerSecond(stats));
   if (!stats.staleness.empty()) {
     int64_t sum = 0;
     int64_t max = 0;

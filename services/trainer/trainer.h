@@ -28,6 +28,7 @@
 #include "services/trainer/heldout_eval.h"
 #include "services/trainer/rl/grpo_trainer.h"
 #include "services/trainer/trainer_config.h"
+#include "services/trainer/trainer_metrics.h"
 #include "tandem/v1/trainer.grpc.pb.h"
 
 namespace tandem::trainer {
@@ -81,6 +82,7 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
   prometheus::Histogram& staleness_;
   prometheus::Gauge& heldout_accuracy_;
   prometheus::Gauge& heldout_version_;
+  TrainerStepMetrics step_metrics_;
   std::unique_ptr<HeldoutEvaluator> evaluator_;
   int64_t last_evaluated_version_ = -1;  // training thread only
 

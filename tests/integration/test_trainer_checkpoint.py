@@ -2,7 +2,8 @@
 new trainer process resumes from that checkpoint: policy versions keep
 increasing by one and the coordinator accepts every one of them. A trainer
 killed with SIGKILL resumes from its last periodic checkpoint and adopts the
-coordinator's numbering. SaveCheckpoint answers with a checkpoint whose
+coordinator's numbering. The trainer exports each step's statistics as
+tandem_trainer_* metrics. SaveCheckpoint answers with a checkpoint whose
 Hugging Face export loads (tandem-trainer export reads it with LoadHfModel).
 
 Real coordinator, verifier, rollout worker and trainer; the tests share one
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import tempfile
 import unittest
+import urllib.request
 
 import grpc
 
@@ -23,6 +25,7 @@ import harness
 
 CONFIG = os.path.join(os.path.dirname(__file__), "config")
 CHECKPOINT_EVERY = 3
+LR = 3e-4
 
 
 def decode_save_checkpoint_response(data):
@@ -75,7 +78,8 @@ class TrainerCheckpointTest(unittest.TestCase):
             "trainer", cls.tmp,
             ["--set", f"coordinator_address={cls.address}",
              "--set", f"checkpoint_dir={cls.checkpoint_dir}",
-             "--set", f"checkpoint_every={CHECKPOINT_EVERY}"], name=name)
+             "--set", f"checkpoint_every={CHECKPOINT_EVERY}",
+             "--set", f"training.lr={LR}"], name=name)
         trainer.wait_ready()
         cls.trainers.append(trainer)
         return trainer
@@ -114,6 +118,44 @@ class TrainerCheckpointTest(unittest.TestCase):
         published = self.published()
         self.assertEqual(published, list(range(1, len(published) + 1)),
                          published)
+
+    def scrape_trainer(self):
+        """{family: value} of the trainer's unlabelled samples."""
+        address = harness.read_json(self.trainer.ready_file)["metrics_address"]
+        with urllib.request.urlopen(f"http://{address}/metrics",
+                                    timeout=5) as r:
+            text = r.read().decode()
+        return {m.group(1): float(m.group(2)) for m in re.finditer(
+            r"^(tandem_\w+) (\S+)$", text, re.MULTILINE)}
+
+    def test_0_step_metrics_are_exported_with_sane_values(self):
+        self.wait_version(2)
+        m = harness.wait_for(
+            lambda: (lambda m: m if m.get("tandem_trainer_learning_rate")
+                     else None)(self.scrape_trainer()),
+            30, "tandem_trainer_learning_rate > 0 (a step was taken)")
+        # Constant schedule without warmup: every step uses training.lr.
+        self.assertAlmostEqual(m["tandem_trainer_learning_rate"], LR,
+                               delta=1e-12)
+        self.assertGreater(m["tandem_trainer_tokens_per_second"], 0)
+        self.assertGreaterEqual(m["tandem_trainer_reward_std"], 0)
+        self.assertGreaterEqual(m["tandem_trainer_clip_fraction"], 0)
+        self.assertLessEqual(m["tandem_trainer_clip_fraction"], 1)
+        # No reference model: the KL gauge stays 0.
+        self.assertEqual(m["tandem_trainer_kl"], 0)
+        self.assertGreater(m["tandem_trainer_entropy"], 0)
+        self.assertGreater(m["tandem_trainer_ratio_mean"], 0)
+        self.assertGreater(m["tandem_trainer_effective_sample_size"], 0)
+        self.assertLessEqual(m["tandem_trainer_effective_sample_size"],
+                             1 + 1e-6)
+        self.assertGreater(m["tandem_trainer_trained_tokens_total"], 0)
+        # The random initial model rarely solves a problem, so a batch's
+        # rewards are usually all 0: every advantage is 0 and so is the
+        # gradient (grad norm > 0 with spread rewards: the unit test
+        # trainer_rl_schedule_test).
+        self.assertGreaterEqual(m["tandem_trainer_grad_norm"], 0)
+        if m["tandem_trainer_reward_std"] == 0:
+            self.assertEqual(m["tandem_trainer_grad_norm"], 0)
 
     def test_1_sigterm_checkpoints_and_the_restart_continues_versions(self):
         self.wait_version(4)

@@ -1,0 +1,66 @@
+#include "services/trainer/trainer_metrics.h"
+
+namespace tandem::trainer {
+namespace {
+
+prometheus::Gauge& LastStepGauge(prometheus::Registry& registry,
+                                 const char* name, const char* help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add(
+      {});
+}
+
+}  // namespace
+
+TrainerStepMetrics::TrainerStepMetrics(prometheus::Registry& registry)
+    : tokens_per_second_(LastStepGauge(
+          registry, "tandem_trainer_tokens_per_second",
+          "Completion tokens trained per second of the last step.")),
+      reward_std_(LastStepGauge(
+          registry, "tandem_trainer_reward_std",
+          "Population standard deviation of the rewards of the last "
+          "trained batch.")),
+      clip_fraction_(LastStepGauge(
+          registry, "tandem_trainer_clip_fraction",
+          "Fraction of the last step's tokens whose PPO ratio was clipped "
+          "(gradient zeroed).")),
+      kl_(LastStepGauge(
+          registry, "tandem_trainer_kl",
+          "Mean k3 KL estimate to the reference model over the last step's "
+          "tokens; stays 0 while no reference model is configured.")),
+      entropy_(LastStepGauge(
+          registry, "tandem_trainer_entropy",
+          "Mean entropy (nats) of the policy's next-token distribution over "
+          "the last step's tokens.")),
+      ratio_mean_(LastStepGauge(
+          registry, "tandem_trainer_ratio_mean",
+          "Mean importance ratio exp(new - behavior log-prob) over the "
+          "last step's tokens.")),
+      effective_sample_size_(LastStepGauge(
+          registry, "tandem_trainer_effective_sample_size",
+          "Normalised effective sample size (sum w)^2 / sum w^2 / M of the "
+          "last step's importance weights; 1 when on-policy.")),
+      grad_norm_(LastStepGauge(
+          registry, "tandem_trainer_grad_norm",
+          "Total gradient norm of the last step, before clipping.")),
+      learning_rate_(
+          LastStepGauge(registry, "tandem_trainer_learning_rate",
+                        "Learning rate of the last optimizer step.")) {}
+
+double TrainerStepMetrics::TokensPerSecond(const GrpoStepStats& stats) {
+  if (!(stats.step_seconds > 0.0)) return 0.0;
+  return static_cast<double>(stats.trained_tokens) / stats.step_seconds;
+}
+
+void TrainerStepMetrics::Record(const GrpoStepStats& stats) {
+  tokens_per_second_.Set(TokensPerSecond(stats));
+  reward_std_.Set(stats.reward_std);
+  clip_fraction_.Set(stats.loss.clip_fraction);
+  kl_.Set(stats.loss.kl_mean);
+  entropy_.Set(stats.loss.entropy_mean);
+  ratio_mean_.Set(stats.loss.ratio_mean);
+  effective_sample_size_.Set(stats.loss.effective_sample_size);
+  grad_norm_.Set(stats.grad_norm);
+  learning_rate_.Set(stats.lr);
+}
+
+}  // namespace tandem::trainer

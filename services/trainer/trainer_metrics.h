@@ -1,0 +1,36 @@
+#pragma once
+
+// Metric families of one optimizer step of the trainer daemon (the
+// GrpoStepStats a GrpoTrainer returns). Gauges hold the last step's value.
+// Thread-safe as the prometheus-cpp metrics it holds.
+
+#include "prometheus/gauge.h"
+#include "prometheus/registry.h"
+#include "services/trainer/rl/grpo_trainer.h"
+
+namespace tandem::trainer {
+
+class TrainerStepMetrics {
+ public:
+  // Registers the families in `registry`, which must outlive this object.
+  explicit TrainerStepMetrics(prometheus::Registry& registry);
+
+  void Record(const GrpoStepStats& stats);
+
+  // Completion tokens trained per second of the step; 0 for a zero-length
+  // step.
+  static double TokensPerSecond(const GrpoStepStats& stats);
+
+ private:
+  prometheus::Gauge& tokens_per_second_;
+  prometheus::Gauge& reward_std_;
+  prometheus::Gauge& clip_fraction_;
+  prometheus::Gauge& kl_;
+  prometheus::Gauge& entropy_;
+  prometheus::Gauge& ratio_mean_;
+  prometheus::Gauge& effective_sample_size_;
+  prometheus::Gauge& grad_norm_;
+  prometheus::Gauge& learning_rate_;
+};
+
+}  // namespace tandem::trainer
