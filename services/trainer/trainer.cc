@@ -50,6 +50,11 @@ GrpoTrainerOptions ToOptions(const TrainerConfig& c) {
   GrpoTrainerOptions o;
   o.lr = c.lr;
   o.warmup_steps = c.warmup_steps;
+  o.schedule =
+      c.schedule == "cosine" ? LrSchedule::kCosine : LrSchedule::kConstant;
+  o.total_steps = c.total_steps;
+  o.min_lr_ratio = c.min_lr_ratio;
+  o.micro_batch_tokens = c.micro_batch_tokens;
   o.max_grad_norm = c.max_grad_norm;
   o.loss.clip_low = c.clip_low;
   o.loss.clip_high = c.clip_high;

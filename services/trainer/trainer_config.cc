@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "common/cluster/member_daemon.h"
 
 namespace tandem::trainer {
@@ -36,6 +37,23 @@ void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config) {
   schema->AddDouble("training.lr", &config->lr, 0, 1, "AdamW learning rate.");
   schema->AddInt("training.warmup_steps", &config->warmup_steps, 0, 1 << 30,
                  "Linear learning-rate warmup steps.");
+  schema->AddEnum("training.schedule", &config->schedule,
+                  {"constant", "cosine"},
+                  "Learning rate after the warmup: constant, or a cosine "
+                  "decay to lr * training.min_lr_ratio at "
+                  "training.total_steps (then constant there).");
+  schema->AddInt("training.total_steps", &config->total_steps, 0, INT64_MAX,
+                 "Cosine schedule: the optimizer step where the decay "
+                 "ends; must exceed training.warmup_steps.");
+  schema->AddDouble("training.min_lr_ratio", &config->min_lr_ratio, 0, 1,
+                    "Cosine schedule: the final learning rate as a fraction "
+                    "of training.lr.");
+  schema->AddInt("training.micro_batch_tokens", &config->micro_batch_tokens, 0,
+                 1 << 30,
+                 "Gradient accumulation: forward and backward the batch in "
+                 "micro-batches of at most this many packed (prompt + "
+                 "completion) tokens, one optimizer step per batch; 0 = "
+                 "the whole batch in one pass.");
   schema->AddDouble("training.max_grad_norm", &config->max_grad_norm, 0, 1e9,
                     "Gradient clipping norm.");
   schema->AddDouble("training.clip_low", &config->clip_low, 0, 1,
@@ -64,27 +82,40 @@ void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config) {
   schema->AddString("weight_sync.store_host", &config->weight_store_host,
                     "Host the broadcast rendezvous store (TCPStore) and Gloo "
                     "bind to and advertise.");
-  schema->AddInt("weight_sync.store_port", &config->weight_store_port, 0,
-                 65535, "Port of the rendezvous store; 0 = any free port.");
-  schema->AddInt("weight_sync.timeout_ms",
-                 &config->weight_broadcast_timeout_ms, 100, 3600000,
+  schema->AddInt("weight_sync.store_port", &config->weight_store_port, 0, 65535,
+                 "Port of the rendezvous store; 0 = any free port.");
+  schema->AddInt("weight_sync.timeout_ms", &config->weight_broadcast_timeout_ms,
+                 100, 3600000,
                  "Deadline of each broadcast rendezvous and collective (ms); "
                  "a dead receiver aborts the group after it.");
 }
 
 std::string TrainingConfigJson(const TrainerConfig& c) {
-  const nlohmann::json j = {
-      {"model_path", c.model_path},       {"model_seed", c.model_seed},
-      {"lr", c.lr},                       {"warmup_steps", c.warmup_steps},
-      {"max_grad_norm", c.max_grad_norm}, {"clip_low", c.clip_low},
-      {"clip_high", c.clip_high},         {"advantage", c.advantage},
-      {"aggregation", c.aggregation}};
+  const nlohmann::json j = {{"model_path", c.model_path},
+                            {"model_seed", c.model_seed},
+                            {"lr", c.lr},
+                            {"warmup_steps", c.warmup_steps},
+                            {"schedule", c.schedule},
+                            {"total_steps", c.total_steps},
+                            {"min_lr_ratio", c.min_lr_ratio},
+                            {"max_grad_norm", c.max_grad_norm},
+                            {"clip_low", c.clip_low},
+                            {"clip_high", c.clip_high},
+                            {"advantage", c.advantage},
+                            {"aggregation", c.aggregation}};
   return j.dump();
 }
 
 absl::Status Validate(const TrainerConfig& config) {
   if (config.checkpoint_dir.empty()) {
     return absl::InvalidArgumentError("checkpoint_dir must not be empty");
+  }
+  if (config.schedule == "cosine" &&
+      config.total_steps <= config.warmup_steps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("training.schedule: cosine needs training.total_steps > "
+                     "training.warmup_steps, got ",
+                     config.total_steps, " <= ", config.warmup_steps));
   }
   return absl::OkStatus();
 }

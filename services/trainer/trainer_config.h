@@ -28,7 +28,11 @@ struct TrainerConfig {
   bool train = true;
   double lr = 1e-4;
   int64_t warmup_steps = 0;
+  std::string schedule = "constant";  // constant | cosine (after warmup)
+  int64_t total_steps = 0;            // cosine: steps until lr * min_lr_ratio
+  double min_lr_ratio = 0.0;
   double max_grad_norm = 1.0;
+  int64_t micro_batch_tokens = 0;  // 0 = the whole batch in one pass
   double clip_low = 0.2;
   double clip_high = 0.2;
   std::string advantage = "grpo";     // grpo | dr_grpo

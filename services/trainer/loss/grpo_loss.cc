@@ -71,17 +71,31 @@ absl::Status ValidateBatch(const PackedPolicyBatch& b,
     return absl::InvalidArgumentError(absl::StrCat(
         "grpo loss: kl_beta = ", options.kl_beta, " needs reference_logprobs"));
   }
-  if (!b.rewards.defined() || b.rewards.dim() != 1) {
-    return absl::InvalidArgumentError(
-        "grpo loss: rewards must be a [N] tensor");
+  if (b.total_tokens < 0 || b.total_sequences < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "grpo loss: total_tokens and total_sequences must be >= 0, got ",
+        b.total_tokens, " and ", b.total_sequences));
   }
-  const int64_t num_sequences = b.rewards.size(0);
-  if (!b.group_ids.defined() || b.group_ids.dim() != 1 ||
-      b.group_ids.size(0) != num_sequences ||
-      !at::isIntegralType(b.group_ids.scalar_type(), false)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("grpo loss: group_ids must be an integral [",
-                     num_sequences, "] tensor"));
+  int64_t num_sequences = 0;
+  if (b.advantages.defined()) {
+    if (b.advantages.dim() != 1) {
+      return absl::InvalidArgumentError(
+          "grpo loss: advantages must be a [N] tensor");
+    }
+    num_sequences = b.advantages.size(0);
+  } else {
+    if (!b.rewards.defined() || b.rewards.dim() != 1) {
+      return absl::InvalidArgumentError(
+          "grpo loss: rewards must be a [N] tensor");
+    }
+    num_sequences = b.rewards.size(0);
+    if (!b.group_ids.defined() || b.group_ids.dim() != 1 ||
+        b.group_ids.size(0) != num_sequences ||
+        !at::isIntegralType(b.group_ids.scalar_type(), false)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("grpo loss: group_ids must be an integral [",
+                       num_sequences, "] tensor"));
+    }
   }
   if (num_tokens > 0) {
     const int64_t lo = b.sequence_ids.min().item<int64_t>();
@@ -178,12 +192,14 @@ absl::StatusOr<GrpoLossResult> ComputeGrpoLoss(const PackedPolicyBatch& batch,
   valid = ValidateBatch(batch, options);
   if (!valid.ok()) return valid;
   absl::StatusOr<at::Tensor> advantages =
-      GroupAdvantages(batch.rewards, batch.group_ids, options);
+      batch.advantages.defined()
+          ? absl::StatusOr<at::Tensor>(batch.advantages.detach().to(at::kFloat))
+          : GroupAdvantages(batch.rewards, batch.group_ids, options);
   if (!advantages.ok()) return advantages.status();
   try {
     GrpoLossResult result;
     result.advantages = *advantages;
-    const int64_t num_sequences = batch.rewards.size(0);
+    const int64_t num_sequences = advantages->size(0);
     const at::Tensor mask_bool = batch.mask.to(at::kBool);
     const at::Tensor mask = mask_bool.to(at::kFloat);
     const at::Tensor seq = batch.sequence_ids.to(at::kLong);
@@ -231,7 +247,10 @@ absl::StatusOr<GrpoLossResult> ComputeGrpoLoss(const PackedPolicyBatch& batch,
     const at::Tensor token_count = mask.sum();
     switch (options.aggregation) {
       case LossAggregation::kTokenMean:
-        result.loss = per_token.sum() / token_count.clamp_min(1.0);
+        result.loss =
+            batch.total_tokens > 0
+                ? per_token.sum() / static_cast<double>(batch.total_tokens)
+                : per_token.sum() / token_count.clamp_min(1.0);
         break;
       case LossAggregation::kSequenceMean: {
         const at::Tensor seq_sum =
@@ -240,13 +259,20 @@ absl::StatusOr<GrpoLossResult> ComputeGrpoLoss(const PackedPolicyBatch& batch,
         const at::Tensor seq_count =
             at::zeros({num_sequences}, mask.options()).index_add(0, seq, mask);
         const at::Tensor has_tokens = (seq_count > 0).to(at::kFloat);
-        result.loss = (seq_sum / seq_count.clamp_min(1.0)).sum() /
-                      has_tokens.sum().clamp_min(1.0);
+        const at::Tensor seq_mean_sum =
+            (seq_sum / seq_count.clamp_min(1.0)).sum();
+        result.loss =
+            batch.total_sequences > 0
+                ? seq_mean_sum / static_cast<double>(batch.total_sequences)
+                : seq_mean_sum / has_tokens.sum().clamp_min(1.0);
         break;
       }
       case LossAggregation::kSumOverSequences:
-        result.loss = per_token.sum() /
-                      static_cast<double>(std::max<int64_t>(num_sequences, 1));
+        result.loss =
+            per_token.sum() /
+            static_cast<double>(batch.total_sequences > 0
+                                    ? batch.total_sequences
+                                    : std::max<int64_t>(num_sequences, 1));
         break;
     }
 

@@ -87,6 +87,20 @@ struct PackedPolicyBatch {
   at::Tensor rewards;             // [N] float
   at::Tensor group_ids;           // [N] integral, any non-negative labels
   at::Tensor entropy;             // [T] float, or undefined (stats only)
+  // Precomputed advantages [N] float (treated as constants), or undefined:
+  // then they are computed from rewards and group_ids. When defined,
+  // rewards and group_ids may be undefined. A micro-batch needs them: its
+  // groups may be split across micro-batches, so the advantages come from
+  // the whole batch (GroupAdvantages).
+  at::Tensor advantages;
+  // Gradient accumulation: when this batch is one micro-batch of a larger
+  // batch, the larger batch's totals, used as the aggregation's
+  // denominators so that the micro-batches' losses (and gradients) sum to
+  // the whole batch's. 0 = this batch's own count.
+  int64_t total_tokens = 0;  // kTokenMean: masked tokens
+  // kSequenceMean: sequences with at least one masked token;
+  // kSumOverSequences: sequences.
+  int64_t total_sequences = 0;
 };
 
 // Plain numbers for logging; the service layer turns them into metrics.

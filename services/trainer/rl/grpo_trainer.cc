@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numbers>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -22,9 +23,64 @@ struct GrpoTrainer::Optimizer {
 
 GrpoTrainer::~GrpoTrainer() = default;
 
+namespace {
+
+absl::Status ValidateOptions(const GrpoTrainerOptions& o) {
+  if (o.warmup_steps < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("warmup_steps must be >= 0, got ", o.warmup_steps));
+  }
+  if (o.micro_batch_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "micro_batch_tokens must be >= 0, got ", o.micro_batch_tokens));
+  }
+  if (o.schedule == LrSchedule::kCosine) {
+    if (o.total_steps <= o.warmup_steps) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the cosine schedule needs total_steps > warmup_steps, got ",
+          o.total_steps, " <= ", o.warmup_steps));
+    }
+    if (!(o.min_lr_ratio >= 0.0 && o.min_lr_ratio <= 1.0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("min_lr_ratio must be in [0, 1], got ", o.min_lr_ratio));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// One completion to train on, with the group it belongs to.
+struct SequenceRef {
+  const std::vector<int32_t>* prompt;
+  const ScoredCompletion* completion;
+  int64_t packed_tokens;  // prompt + completion
+};
+
+// Consecutive sequences [begin, end) of at most `max_tokens` packed tokens
+// each (a longer sequence alone); the whole range when max_tokens is 0.
+std::vector<std::pair<size_t, size_t>> SplitMicroBatches(
+    const std::vector<SequenceRef>& sequences, int64_t max_tokens) {
+  std::vector<std::pair<size_t, size_t>> out;
+  size_t begin = 0;
+  int64_t tokens = 0;
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    const int64_t n = sequences[i].packed_tokens;
+    if (max_tokens > 0 && i > begin && tokens + n > max_tokens) {
+      out.emplace_back(begin, i);
+      begin = i;
+      tokens = 0;
+    }
+    tokens += n;
+  }
+  if (begin < sequences.size()) out.emplace_back(begin, sequences.size());
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<GrpoTrainer>> GrpoTrainer::Create(
     const model::ModelWeights& initial, uint64_t initial_version,
     GrpoTrainerOptions options) {
+  RETURN_IF_ERROR(ValidateOptions(options));
   std::unique_ptr<GrpoTrainer> trainer(new GrpoTrainer());
   trainer->options_ = options;
   trainer->version_ = initial_version;
@@ -57,12 +113,9 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
     const std::vector<ScoredPromptGroup>& groups) {
   const absl::Time start = absl::Now();
   GrpoStepStats stats;
-  // Pack every (prompt + completion) as one sequence; select the positions
-  // that predict completion tokens.
-  std::vector<int64_t> input_ids, position_ids, cu_seqlens = {0};
-  std::vector<int64_t> predict_rows, targets, sequence_ids, group_ids;
-  std::vector<float> behavior, rewards;
-  int64_t sequence = 0;
+  std::vector<SequenceRef> sequences;
+  std::vector<int64_t> group_ids;
+  std::vector<float> rewards;
   for (size_t g = 0; g < groups.size(); ++g) {
     const ScoredPromptGroup& group = groups[g];
     for (const ScoredCompletion& c : group.completions) {
@@ -72,30 +125,17 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
             "group ", g, ": completion has ", c.tokens.size(), " tokens but ",
             c.behavior_logprobs.size(), " behavior log-probs"));
       }
-      const int64_t base = static_cast<int64_t>(input_ids.size());
-      const int64_t prompt_len = static_cast<int64_t>(group.prompt.size());
-      int64_t pos = 0;
-      for (int32_t t : group.prompt) {
-        input_ids.push_back(t);
-        position_ids.push_back(pos++);
-      }
-      for (size_t i = 0; i < c.tokens.size(); ++i) {
-        input_ids.push_back(c.tokens[i]);
-        position_ids.push_back(pos++);
-        predict_rows.push_back(base + prompt_len - 1 + static_cast<int64_t>(i));
-        targets.push_back(c.tokens[i]);
-        sequence_ids.push_back(sequence);
-        behavior.push_back(c.behavior_logprobs[i]);
-      }
-      cu_seqlens.push_back(static_cast<int64_t>(input_ids.size()));
+      sequences.push_back(
+          {&group.prompt, &c,
+           static_cast<int64_t>(group.prompt.size() + c.tokens.size())});
       rewards.push_back(static_cast<float>(c.reward));
       group_ids.push_back(static_cast<int64_t>(g));
       stats.staleness.push_back(static_cast<int64_t>(version_.load()) -
                                 static_cast<int64_t>(c.min_policy_version));
-      ++sequence;
+      stats.trained_tokens += static_cast<int64_t>(c.tokens.size());
     }
   }
-  if (sequence == 0) {
+  if (sequences.empty()) {
     return absl::InvalidArgumentError("batch has no completion tokens");
   }
   double sum = 0, sum_sq = 0;
@@ -106,45 +146,111 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
   stats.reward_mean = sum / rewards.size();
   stats.reward_std = std::sqrt(std::max(
       0.0, sum_sq / rewards.size() - stats.reward_mean * stats.reward_mean));
-  stats.trained_tokens = static_cast<int64_t>(targets.size());
 
   const auto weights = policy_->weights();
-  ASSIGN_OR_RETURN(
-      at::Tensor hidden,
-      policy_->ForwardPackedHidden(torch::tensor(input_ids, torch::kLong),
-                                   torch::tensor(position_ids, torch::kLong),
-                                   torch::tensor(cu_seqlens, torch::kLong)));
   try {
-    const at::Tensor selected =
-        hidden.index_select(0, torch::tensor(predict_rows, torch::kLong));
-    auto logprobs = ComputeTokenLogProbs(selected, weights->lm_head(),
-                                         torch::tensor(targets, torch::kLong),
-                                         options_.logprobs);
-    if (!logprobs.ok()) return logprobs.status();
-    PackedPolicyBatch batch;
-    batch.new_logprobs = logprobs->logprobs;
-    batch.behavior_logprobs = torch::tensor(behavior, torch::kFloat);
-    batch.mask =
-        torch::ones({static_cast<int64_t>(targets.size())}, torch::kFloat);
-    batch.sequence_ids = torch::tensor(sequence_ids, torch::kLong);
-    batch.rewards = torch::tensor(rewards, torch::kFloat);
-    batch.group_ids = torch::tensor(group_ids, torch::kLong);
-    batch.entropy = logprobs->entropy;
-    ASSIGN_OR_RETURN(GrpoLossResult loss,
-                     ComputeGrpoLoss(batch, options_.loss));
-    stats.loss = loss.stats;
-
-    ++step_;
-    const double lr = LearningRate(step_);
+    const at::Tensor reward_tensor = torch::tensor(rewards, torch::kFloat);
+    const at::Tensor group_tensor = torch::tensor(group_ids, torch::kLong);
+    ASSIGN_OR_RETURN(
+        const at::Tensor advantages,
+        GroupAdvantages(reward_tensor, group_tensor, options_.loss));
+    const double lr = LearningRate(step_ + 1);
     for (auto& group : optimizer_->adamw->param_groups()) {
       static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     }
     stats.lr = lr;
     optimizer_->adamw->zero_grad();
-    loss.loss.backward();
+    // The whole batch, detached, for the statistics; gradients accumulate
+    // over the micro-batches.
+    std::vector<at::Tensor> new_logprobs, entropies;
+    std::vector<float> behavior;
+    std::vector<int64_t> sequence_ids;
+    const auto micro_batches =
+        SplitMicroBatches(sequences, options_.micro_batch_tokens);
+    stats.micro_batches = static_cast<int64_t>(micro_batches.size());
+    for (const auto& [begin, end] : micro_batches) {
+      // Pack every (prompt + completion) as one sequence; select the
+      // positions that predict completion tokens.
+      std::vector<int64_t> input_ids, position_ids, cu_seqlens = {0};
+      std::vector<int64_t> predict_rows, targets, local_ids;
+      std::vector<float> micro_behavior;
+      for (size_t i = begin; i < end; ++i) {
+        const std::vector<int32_t>& prompt = *sequences[i].prompt;
+        const ScoredCompletion& c = *sequences[i].completion;
+        const int64_t base = static_cast<int64_t>(input_ids.size());
+        const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+        int64_t pos = 0;
+        for (int32_t t : prompt) {
+          input_ids.push_back(t);
+          position_ids.push_back(pos++);
+        }
+        for (size_t k = 0; k < c.tokens.size(); ++k) {
+          input_ids.push_back(c.tokens[k]);
+          position_ids.push_back(pos++);
+          predict_rows.push_back(base + prompt_len - 1 +
+                                 static_cast<int64_t>(k));
+          targets.push_back(c.tokens[k]);
+          local_ids.push_back(static_cast<int64_t>(i - begin));
+          sequence_ids.push_back(static_cast<int64_t>(i));
+        }
+        micro_behavior.insert(micro_behavior.end(), c.behavior_logprobs.begin(),
+                              c.behavior_logprobs.end());
+        cu_seqlens.push_back(static_cast<int64_t>(input_ids.size()));
+      }
+      ASSIGN_OR_RETURN(at::Tensor hidden,
+                       policy_->ForwardPackedHidden(
+                           torch::tensor(input_ids, torch::kLong),
+                           torch::tensor(position_ids, torch::kLong),
+                           torch::tensor(cu_seqlens, torch::kLong)));
+      const at::Tensor selected =
+          hidden.index_select(0, torch::tensor(predict_rows, torch::kLong));
+      ASSIGN_OR_RETURN(
+          TokenLogProbs logprobs,
+          ComputeTokenLogProbs(selected, weights->lm_head(),
+                               torch::tensor(targets, torch::kLong),
+                               options_.logprobs));
+      PackedPolicyBatch micro;
+      micro.new_logprobs = logprobs.logprobs;
+      micro.behavior_logprobs = torch::tensor(micro_behavior, torch::kFloat);
+      micro.mask =
+          torch::ones({static_cast<int64_t>(targets.size())}, torch::kFloat);
+      micro.sequence_ids = torch::tensor(local_ids, torch::kLong);
+      micro.advantages = advantages.slice(0, static_cast<int64_t>(begin),
+                                          static_cast<int64_t>(end));
+      micro.total_tokens = stats.trained_tokens;
+      // Every packed sequence has completion tokens.
+      micro.total_sequences = static_cast<int64_t>(sequences.size());
+      ASSIGN_OR_RETURN(GrpoLossResult loss,
+                       ComputeGrpoLoss(micro, options_.loss));
+      loss.loss.backward();
+      new_logprobs.push_back(logprobs.logprobs.detach());
+      if (logprobs.entropy.defined()) {
+        entropies.push_back(logprobs.entropy.detach());
+      }
+      behavior.insert(behavior.end(), micro_behavior.begin(),
+                      micro_behavior.end());
+    }
+    {
+      // Statistics of the whole batch (its loss is the sum of the
+      // micro-batches' losses).
+      torch::NoGradGuard no_grad;
+      PackedPolicyBatch batch;
+      batch.new_logprobs = torch::cat(new_logprobs);
+      batch.behavior_logprobs = torch::tensor(behavior, torch::kFloat);
+      batch.mask = torch::ones({stats.trained_tokens}, torch::kFloat);
+      batch.sequence_ids = torch::tensor(sequence_ids, torch::kLong);
+      batch.advantages = advantages;
+      if (entropies.size() == new_logprobs.size()) {
+        batch.entropy = torch::cat(entropies);
+      }
+      ASSIGN_OR_RETURN(GrpoLossResult whole,
+                       ComputeGrpoLoss(batch, options_.loss));
+      stats.loss = whole.stats;
+    }
     stats.grad_norm = torch::nn::utils::clip_grad_norm_(optimizer_->parameters,
                                                         options_.max_grad_norm);
     optimizer_->adamw->step();
+    ++step_;
   } catch (const std::exception& e) {
     return model::internal::TorchErrorToStatus("GRPO step", e);
   }
@@ -154,9 +260,16 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
 }
 
 double GrpoTrainer::LearningRate(int64_t step) const {
-  if (options_.warmup_steps <= 0) return options_.lr;
-  return options_.lr *
-         std::min(1.0, static_cast<double>(step) / options_.warmup_steps);
+  const GrpoTrainerOptions& o = options_;
+  if (step < o.warmup_steps) {
+    return o.lr * static_cast<double>(step) / o.warmup_steps;
+  }
+  if (o.schedule == LrSchedule::kConstant) return o.lr;
+  const double progress =
+      std::min(1.0, static_cast<double>(step - o.warmup_steps) /
+                        static_cast<double>(o.total_steps - o.warmup_steps));
+  const double cosine = 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+  return o.lr * (o.min_lr_ratio + (1.0 - o.min_lr_ratio) * cosine);
 }
 
 namespace {
@@ -240,6 +353,15 @@ absl::Status GrpoTrainer::RestoreState(const GrpoTrainerState& state) {
   step_ = state.step;
   version_ = state.policy_version;
   return absl::OkStatus();
+}
+
+std::map<std::string, at::Tensor> GrpoTrainer::GradientsForTest() const {
+  std::map<std::string, at::Tensor> out;
+  for (size_t i = 0; i < optimizer_->parameters.size(); ++i) {
+    const at::Tensor& grad = optimizer_->parameters[i].grad();
+    out[optimizer_->names[i]] = grad.defined() ? grad.detach().clone() : grad;
+  }
+  return out;
 }
 
 absl::StatusOr<std::shared_ptr<model::ModelWeights>>

@@ -43,6 +43,15 @@ struct ScoredPromptGroup {
   std::vector<ScoredCompletion> completions;
 };
 
+// Learning rate after the warmup.
+enum class LrSchedule {
+  // lr.
+  kConstant,
+  // Half a cosine from lr down to lr * min_lr_ratio over the steps from
+  // warmup_steps to total_steps; lr * min_lr_ratio after total_steps.
+  kCosine,
+};
+
 struct GrpoTrainerOptions {
   GrpoLossOptions loss;
   TokenLogProbsOptions logprobs;
@@ -51,7 +60,18 @@ struct GrpoTrainerOptions {
   double beta1 = 0.9;
   double beta2 = 0.999;
   int64_t warmup_steps = 0;
+  LrSchedule schedule = LrSchedule::kConstant;
+  // kCosine only: total_steps > warmup_steps, min_lr_ratio in [0, 1].
+  int64_t total_steps = 0;
+  double min_lr_ratio = 0.0;
   double max_grad_norm = 1.0;
+  // Gradient accumulation: the batch's sequences are split, in order, into
+  // micro-batches of at most this many packed (prompt + completion) tokens
+  // (a longer sequence is a micro-batch of its own); each is forwarded and
+  // backpropagated on its own with the loss normalised by the whole batch's
+  // totals, then one optimizer step is taken. Peak activation memory then
+  // scales with the micro-batch. 0 = the whole batch in one pass.
+  int64_t micro_batch_tokens = 0;
 };
 
 struct GrpoStepStats {
@@ -66,6 +86,7 @@ struct GrpoStepStats {
   // min_policy_version.
   std::vector<int64_t> staleness;
   double step_seconds = 0.0;
+  int64_t micro_batches = 0;
 };
 
 // AdamW's per-parameter state.
@@ -88,6 +109,7 @@ struct GrpoTrainerState {
 class GrpoTrainer {
  public:
   // Takes the initial weights (any dtype; training runs on an fp32 copy).
+  // InvalidArgument names the option when `options` are inconsistent.
   static absl::StatusOr<std::unique_ptr<GrpoTrainer>> Create(
       const model::ModelWeights& initial, uint64_t initial_version,
       GrpoTrainerOptions options);
@@ -106,8 +128,8 @@ class GrpoTrainer {
   int64_t step() const { return step_; }
   const GrpoTrainerOptions& options() const { return options_; }
 
-  // Learning rate of optimizer step `step` (1-based): linear warmup over
-  // options.warmup_steps, then constant.
+  // Learning rate of optimizer step `step` (1-based): lr * step /
+  // warmup_steps during the warmup, then per options.schedule.
   double LearningRate(int64_t step) const;
 
   // A detached copy of the optimizer state, step and version (checkpoints).
@@ -117,6 +139,10 @@ class GrpoTrainer {
   // (InvalidArgument) name the parameter whose moments are missing, extra
   // or of the wrong shape; on error the trainer is unchanged.
   absl::Status RestoreState(const GrpoTrainerState& state);
+
+  // The accumulated (clipped) gradient of the last Step, by parameter name;
+  // undefined tensors before the first step.
+  std::map<std::string, at::Tensor> GradientsForTest() const;
 
   // Renumbers the policy: the next Step() produces `version` + 1. For a
   // trainer that resumes behind or ahead of the coordinator's numbering.
