@@ -194,13 +194,17 @@ class TrainerCheckpointTest(unittest.TestCase):
         self.assertLessEqual(len(steps), 2, steps)
 
     def test_2_sigkill_resumes_from_the_last_periodic_checkpoint(self):
-        # Let a periodic checkpoint happen and at least one version after it.
+        # Let a periodic checkpoint happen and at least one version after
+        # it. The trainer is frozen (SIGSTOP) while both are read, so no
+        # checkpoint can land between the check and the kill.
         def checkpointed_and_ahead():
+            self.trainer.process.send_signal(signal.SIGSTOP)
             state = self.latest_state()
             version = self.coordinator_version()
             if state and state["step"] % CHECKPOINT_EVERY == 0 and \
                     version > state["policy_version"]:
                 return state, version
+            self.trainer.process.send_signal(signal.SIGCONT)
             return None
         harness.wait_for(checkpointed_and_ahead, 180,
                          "a periodic checkpoint behind the coordinator",
