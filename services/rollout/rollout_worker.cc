@@ -8,6 +8,7 @@
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
 #include "common/tokenizer/tokenizer.h"
+#include "common/tokenizer/utf8.h"
 
 namespace tandem::rollout {
 namespace {
@@ -219,8 +220,9 @@ void RolloutWorker::Deliver(FinishedSample f) {
     out->set_num_tokens(span.num_tokens);
   }
   sample.set_finish_reason(ToProto(f.finish_reason));
-  sample.set_completion_text(
-      model_.tokenizer->Decode(f.output, /*skip_special=*/true));
+  // Proto strings must be valid UTF-8; a completion may end mid-character.
+  sample.set_completion_text(tokenizer::ToValidUtf8(
+      model_.tokenizer->Decode(f.output, /*skip_special=*/true)));
   auto* timings = sample.mutable_timings();
   timings->set_admitted_unix_ms(absl::ToUnixMillis(f.admitted));
   timings->set_first_token_unix_ms(absl::ToUnixMillis(f.first_token));

@@ -156,8 +156,19 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     trainer->policy_version_.Set(
         static_cast<double>(trainer->grpo_->policy_version()));
   }
+  // Rollout workers load model.path in its own dtype (e.g. bfloat16) and
+  // receive versions in that layout; the trainer keeps fp32 master weights
+  // (and a resumed checkpoint stores them), so it publishes converted.
+  trainer->publish_dtype_ = model.decoder->weights()->config().dtype;
+  if (resumed && !config.model_path.empty()) {
+    ASSIGN_OR_RETURN(model::ModelConfig original,
+                     model::ReadModelConfig(config.model_path));
+    trainer->publish_dtype_ = original.dtype;
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<model::ModelWeights> published,
+                   trainer->PublishedWeights());
   ASSIGN_OR_RETURN(weights::FlatWeightLayout layout,
-                   weights::LayoutForModel(*model.decoder->weights()));
+                   weights::LayoutForModel(*published));
   trainer->layout_ =
       std::make_unique<weights::FlatWeightLayout>(std::move(layout));
   trainer->weight_server_ = std::make_unique<weights::WeightServerService>(
@@ -217,8 +228,16 @@ absl::Status Trainer::Start() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::shared_ptr<model::ModelWeights>>
+Trainer::PublishedWeights() const {
+  ASSIGN_OR_RETURN(std::shared_ptr<model::ModelWeights> weights,
+                   grpo_->SnapshotWeights());
+  if (weights->config().dtype == publish_dtype_) return weights;
+  return weights->To(weights->device(), publish_dtype_);
+}
+
 absl::Status Trainer::Publish(uint64_t version) {
-  ASSIGN_OR_RETURN(auto weights, grpo_->SnapshotWeights());
+  ASSIGN_OR_RETURN(auto weights, PublishedWeights());
   ASSIGN_OR_RETURN(auto flat, weights::FlattenModel(*weights, *layout_));
   ASSIGN_OR_RETURN(tandem::v1::WeightManifest manifest,
                    layout_->BuildManifest(*flat, version));

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/cluster/member_daemon.h"
+#include "common/model/model_config.h"
 #include "common/weights/broadcast_sender.h"
 #include "common/weights/flat_weight_layout.h"
 #include "common/weights/weight_sync_metrics.h"
@@ -60,6 +61,9 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
   void TrainingLoop();
   absl::Status TrainOnce();
   absl::Status Publish(uint64_t version);
+  // The current policy converted to the dtype rollout workers hold.
+  absl::StatusOr<std::shared_ptr<model::ModelWeights>> PublishedWeights()
+      const;
   // Weight broadcast outcome (sender thread): metrics, and a failed
   // collective is reported to the coordinator so the next epoch forms.
   void OnBroadcast(const weights::BroadcastOutcome& outcome);
@@ -84,6 +88,7 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
   prometheus::Gauge& heldout_version_;
   TrainerStepMetrics step_metrics_;
   std::unique_ptr<HeldoutEvaluator> evaluator_;
+  model::WeightDType publish_dtype_ = model::WeightDType::kFloat32;
   int64_t last_evaluated_version_ = -1;  // training thread only
 
   std::unique_ptr<GrpoTrainer> grpo_;

@@ -26,6 +26,7 @@ set_tests_properties(tokenizer_reference_setup PROPERTIES
 tandem_add_test(tokenizer_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/tokenizer_test.cc
     ${CMAKE_CURRENT_SOURCE_DIR}/tokenizer_reference_test.cc
+    ${CMAKE_CURRENT_SOURCE_DIR}/tokenizer_utf8_test.cc
   LIBS tandem_tokenizer nlohmann_json::nlohmann_json)
 set_tests_properties(tokenizer_test PROPERTIES
   FIXTURES_REQUIRED tokenizer_reference
