@@ -27,17 +27,29 @@ std::string BroadcastSender::store_address() const {
 }
 
 void BroadcastSender::Start() {
-  thread_ = std::thread([this] { Run(); });
+  thread_ = std::thread([this] {
+    Run();
+    finished_.Notify();
+  });
 }
 
-void BroadcastSender::Stop() {
+void BroadcastSender::Stop() { Stop(absl::InfiniteDuration()); }
+
+bool BroadcastSender::Stop(absl::Duration wait) {
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
     jobs_.clear();
   }
-  if (thread_.joinable()) thread_.join();
+  if (thread_.joinable()) {
+    if (!finished_.WaitForNotificationWithTimeout(wait)) {
+      thread_.detach();
+      return false;
+    }
+    thread_.join();
+  }
   group_.reset();
+  return true;
 }
 
 void BroadcastSender::Enqueue(

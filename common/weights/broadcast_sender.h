@@ -34,6 +34,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/weights/gloo_broadcast_transport.h"
 #include "tandem/v1/common.pb.h"
@@ -74,6 +75,12 @@ class BroadcastSender {
 
   void Start();
   void Stop();
+  // Stops, waiting at most `wait` for a rendezvous or collective under way
+  // (Gloo cannot interrupt one). Returns false when the thread is still
+  // blocked: it is then detached, and the caller must keep this object
+  // alive until the process exits (e.g. release() its unique_ptr) -- the
+  // thread wakes only at its own timeout.
+  bool Stop(absl::Duration wait);
 
   // Queues `manifest` + `payload` (FULL: the flat buffer; DELTA: the
   // encoded delta) for `group`.
@@ -103,6 +110,7 @@ class BroadcastSender {
   std::string group_prefix_;
   bool group_failed_ = false;
 
+  absl::Notification finished_;  // Run() returned
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);

@@ -526,7 +526,13 @@ void Trainer::Stop() {
   stopping_ = true;
   if (stopped_.exchange(true)) return;
   if (training_thread_.joinable()) training_thread_.join();
-  if (broadcaster_) broadcaster_->Stop();
+  // A broadcast whose receivers are stopping too can block in a rendezvous
+  // for weight_sync.timeout_ms; don't hold the shutdown for it.
+  if (broadcaster_ && !broadcaster_->Stop(absl::Seconds(1))) {
+    Log()->warn("weight broadcast still waiting for its receivers at "
+                "shutdown; leaving it to the process exit");
+    broadcaster_.release();  // its thread still uses it
+  }
   if (grpo_ != nullptr && checkpoints_ != nullptr) {
     // The training thread has stopped: checkpoint what it trained, then
     // answer SaveCheckpoint calls that arrived meanwhile.
