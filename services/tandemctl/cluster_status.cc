@@ -44,24 +44,4 @@ std::string FormatClusterStatus(
   return out;
 }
 
-std::string FormatStatusLine(
-    const tandem::v1::GetClusterStatusResponse& status) {
-  int alive = 0;
-  int total = 0;
-  double tokens_per_second = 0;
-  for (const auto& m : status.members()) {
-    if (m.state() == tandem::v1::MEMBER_STATE_LEFT) continue;
-    ++total;
-    if (m.state() == tandem::v1::MEMBER_STATE_ALIVE) ++alive;
-    if (m.role() == tandem::v1::ROLE_ROLLOUT) {
-      tokens_per_second += m.load().tokens_per_second();
-    }
-  }
-  return absl::StrFormat(
-      "members %d/%d alive | version %d | %.1f tok/s | ready groups %d | "
-      "trained groups %d",
-      alive, total, status.policy_version(), tokens_per_second,
-      status.queues().ready_groups(), status.counters().groups_trained());
-}
-
 }  // namespace tandem::ctl

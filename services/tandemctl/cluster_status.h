@@ -13,8 +13,4 @@ namespace tandem::ctl {
 std::string FormatClusterStatus(
     const tandem::v1::GetClusterStatusResponse& status, int64_t now_unix_ms);
 
-// One-line summary: "members 5/5 alive · version 3 · 1234 tok/s · ...".
-std::string FormatStatusLine(
-    const tandem::v1::GetClusterStatusResponse& status);
-
 }  // namespace tandem::ctl
