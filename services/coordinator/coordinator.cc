@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <boost/asio/post.hpp>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -474,7 +475,12 @@ grpc::ServerUnaryReactor* Coordinator::GetClusterStatus(
     grpc::CallbackServerContext* context,
     const tandem::v1::GetClusterStatusRequest* request,
     tandem::v1::GetClusterStatusResponse* response) {
+  // The ledger, not the worker's report, knows which leases a member holds.
+  const std::map<std::string, uint32_t> leases = ledger_->LeasesByMember();
   for (auto& member : members_.Snapshot()) {
+    auto held = leases.find(member.member_id());
+    member.mutable_load()->set_leases_held(held == leases.end() ? 0
+                                                                : held->second);
     *response->add_members() = std::move(member);
   }
   const LedgerStats stats = ledger_->Stats();

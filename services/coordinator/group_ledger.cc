@@ -470,6 +470,15 @@ uint64_t GroupLedger::policy_version() const {
   return policy_version_;
 }
 
+std::map<std::string, uint32_t> GroupLedger::LeasesByMember() const {
+  absl::MutexLock lock(&mu_);
+  std::map<std::string, uint32_t> held;
+  for (const auto& [member_id, lease_ids] : member_leases_) {
+    held[member_id] = static_cast<uint32_t>(lease_ids.size());
+  }
+  return held;
+}
+
 LedgerStats GroupLedger::Stats() const {
   absl::MutexLock lock(&mu_);
   LedgerStats stats = counters_;

@@ -176,6 +176,8 @@ class GroupLedger {
   uint64_t journal_bytes() const;
 
   LedgerStats Stats() const;
+  // Live leases by member id; members holding none are absent.
+  std::map<std::string, uint32_t> LeasesByMember() const;
   std::string DescribeSource() const;
 
  private:
