@@ -11,6 +11,7 @@
 #include "common/weights/model_flattening.h"
 #include "services/rollout/torch_engine_model.h"
 #include "services/trainer/checkpoint.h"
+#include "services/trainer/reference_policy.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 
 namespace tandem::trainer {
@@ -58,6 +59,7 @@ GrpoTrainerOptions ToOptions(const TrainerConfig& c) {
   o.max_grad_norm = c.max_grad_norm;
   o.loss.clip_low = c.clip_low;
   o.loss.clip_high = c.clip_high;
+  o.loss.kl_beta = c.kl_beta;
   o.loss.advantage = c.advantage == "dr_grpo"
                          ? AdvantageNormalization::kGroupMean
                          : AdvantageNormalization::kGroupMeanStd;
@@ -146,6 +148,25 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   ASSIGN_OR_RETURN(
       trainer->grpo_,
       GrpoTrainer::Create(*model.decoder->weights(), 0, ToOptions(config)));
+  // The KL reference is the starting policy (or training.reference_model),
+  // also when the trained policy resumes from a checkpoint.
+  ASSIGN_OR_RETURN(
+      std::shared_ptr<model::ModelWeights> reference,
+      LoadReferencePolicy(config, model.decoder->weights()->config()));
+  if (reference == nullptr && !config.reference_model.empty()) {
+    Log()->warn("training.reference_model {} is not loaded: training.kl_beta "
+                "is 0",
+                config.reference_model);
+  }
+  if (reference != nullptr) {
+    RETURN_IF_ERROR(trainer->grpo_->SetReferencePolicy(*reference));
+    Log()->info("KL penalty {} to the frozen reference policy {}",
+                config.kl_beta,
+                config.reference_model.empty()
+                    ? (config.model_path.empty() ? "(built-in initial model)"
+                                                 : config.model_path)
+                    : config.reference_model);
+  }
   if (resumed) {
     RETURN_IF_ERROR(
         trainer->checkpoints_->Restore(*resumed, trainer->grpo_.get()));
@@ -368,10 +389,10 @@ absl::Status Trainer::TrainOnce() {
   for (int64_t s : stats.staleness) staleness_.Observe(static_cast<double>(s));
   Log()->info(
       "version {}: {} groups, {} tokens, reward {:.3f}, loss {:.4f}, clip "
-      "{:.3f}, grad norm {:.3f}, {:.2f}s",
+      "{:.3f}, kl {:.4g}, grad norm {:.3f}, {:.2f}s",
       stats.policy_version, groups.size(), stats.trained_tokens,
       stats.reward_mean, stats.loss.loss, stats.loss.clip_fraction,
-      stats.grad_norm, stats.step_seconds);
+      stats.loss.kl_mean, stats.grad_norm, stats.step_seconds);
   absl::MutexLock lock(&mu_);
   status_.set_step(status_.step() + 1);
   status_.set_policy_version(stats.policy_version);

@@ -1,5 +1,6 @@
 #include "services/trainer/trainer_config.h"
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -67,6 +68,15 @@ void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config) {
                   {"token", "sequence", "pipelinerl"},
                   "Loss aggregation: mean over tokens, over sequences, or "
                   "sum over tokens / number of sequences (PipelineRL).");
+  schema->AddDouble("training.kl_beta", &config->kl_beta, 0, 1e6,
+                    "Coefficient of the k3 KL penalty to a frozen reference "
+                    "policy (training.reference_model); 0 = no penalty and "
+                    "no reference model is loaded.");
+  schema->AddString("training.reference_model", &config->reference_model,
+                    "Reference policy of the KL penalty: a Hugging Face "
+                    "directory with the policy's vocabulary, held frozen in "
+                    "float32; empty = the starting policy model.path (also "
+                    "after a resume). Ignored while training.kl_beta is 0.");
   schema->AddInt("training.batch_max_tokens", &config->batch_max_tokens, 1,
                  1 << 30, "Token budget of one training batch.");
   schema->AddInt("training.batch_max_groups", &config->batch_max_groups, 0,
@@ -102,13 +112,19 @@ std::string TrainingConfigJson(const TrainerConfig& c) {
                             {"clip_low", c.clip_low},
                             {"clip_high", c.clip_high},
                             {"advantage", c.advantage},
-                            {"aggregation", c.aggregation}};
+                            {"aggregation", c.aggregation},
+                            {"kl_beta", c.kl_beta},
+                            {"reference_model", c.reference_model}};
   return j.dump();
 }
 
 absl::Status Validate(const TrainerConfig& config) {
   if (config.checkpoint_dir.empty()) {
     return absl::InvalidArgumentError("checkpoint_dir must not be empty");
+  }
+  if (!(config.kl_beta >= 0.0) || !std::isfinite(config.kl_beta)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "training.kl_beta must be a finite number >= 0, got ", config.kl_beta));
   }
   if (config.schedule == "cosine" &&
       config.total_steps <= config.warmup_steps) {

@@ -37,6 +37,11 @@ struct TrainerConfig {
   double clip_high = 0.2;
   std::string advantage = "grpo";     // grpo | dr_grpo
   std::string aggregation = "token";  // token | sequence | pipelinerl
+  // KL penalty to a frozen reference policy (k3); 0 = none, nothing loaded.
+  double kl_beta = 0.0;
+  // Hugging Face directory of the reference policy; empty = model.path (the
+  // built-in model from model.seed when that is empty too).
+  std::string reference_model;
   int64_t batch_max_tokens = 4096;
   int64_t batch_max_groups = 16;
   int64_t pull_wait_ms = 1000;

@@ -138,6 +138,11 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
   if (sequences.empty()) {
     return absl::InvalidArgumentError("batch has no completion tokens");
   }
+  if (options_.loss.kl_beta > 0.0 && reference_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("kl_beta = ", options_.loss.kl_beta,
+                     " needs a reference policy (SetReferencePolicy)"));
+  }
   double sum = 0, sum_sq = 0;
   for (float r : rewards) {
     sum += r;
@@ -162,7 +167,7 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
     optimizer_->adamw->zero_grad();
     // The whole batch, detached, for the statistics; gradients accumulate
     // over the micro-batches.
-    std::vector<at::Tensor> new_logprobs, entropies;
+    std::vector<at::Tensor> new_logprobs, entropies, reference_logprobs;
     std::vector<float> behavior;
     std::vector<int64_t> sequence_ids;
     const auto micro_batches =
@@ -197,21 +202,46 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
                               c.behavior_logprobs.end());
         cu_seqlens.push_back(static_cast<int64_t>(input_ids.size()));
       }
+      const at::Tensor input_tensor = torch::tensor(input_ids, torch::kLong);
+      const at::Tensor position_tensor =
+          torch::tensor(position_ids, torch::kLong);
+      const at::Tensor cu_seqlens_tensor =
+          torch::tensor(cu_seqlens, torch::kLong);
+      const at::Tensor predict_tensor =
+          torch::tensor(predict_rows, torch::kLong);
+      const at::Tensor target_tensor = torch::tensor(targets, torch::kLong);
       ASSIGN_OR_RETURN(at::Tensor hidden,
                        policy_->ForwardPackedHidden(
-                           torch::tensor(input_ids, torch::kLong),
-                           torch::tensor(position_ids, torch::kLong),
-                           torch::tensor(cu_seqlens, torch::kLong)));
-      const at::Tensor selected =
-          hidden.index_select(0, torch::tensor(predict_rows, torch::kLong));
-      ASSIGN_OR_RETURN(
-          TokenLogProbs logprobs,
-          ComputeTokenLogProbs(selected, weights->lm_head(),
-                               torch::tensor(targets, torch::kLong),
-                               options_.logprobs));
+                           input_tensor, position_tensor, cu_seqlens_tensor));
+      const at::Tensor selected = hidden.index_select(0, predict_tensor);
+      ASSIGN_OR_RETURN(TokenLogProbs logprobs,
+                       ComputeTokenLogProbs(selected, weights->lm_head(),
+                                            target_tensor, options_.logprobs));
+      at::Tensor micro_reference;
+      if (reference_ != nullptr) {
+        // The frozen reference: same tokens, same chunked log-probs, no
+        // graph.
+        torch::NoGradGuard no_grad;
+        const auto reference_weights = reference_->weights();
+        ASSIGN_OR_RETURN(
+            at::Tensor reference_hidden,
+            reference_->ForwardPackedHidden(input_tensor, position_tensor,
+                                            cu_seqlens_tensor));
+        TokenLogProbsOptions reference_options = options_.logprobs;
+        reference_options.compute_entropy = false;
+        ASSIGN_OR_RETURN(
+            TokenLogProbs reference,
+            ComputeTokenLogProbs(
+                reference_hidden.index_select(0, predict_tensor),
+                reference_weights->lm_head(), target_tensor,
+                reference_options));
+        micro_reference = reference.logprobs.detach();
+        reference_logprobs.push_back(micro_reference);
+      }
       PackedPolicyBatch micro;
       micro.new_logprobs = logprobs.logprobs;
       micro.behavior_logprobs = torch::tensor(micro_behavior, torch::kFloat);
+      micro.reference_logprobs = micro_reference;
       micro.mask =
           torch::ones({static_cast<int64_t>(targets.size())}, torch::kFloat);
       micro.sequence_ids = torch::tensor(local_ids, torch::kLong);
@@ -242,6 +272,9 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
       batch.advantages = advantages;
       if (entropies.size() == new_logprobs.size()) {
         batch.entropy = torch::cat(entropies);
+      }
+      if (!reference_logprobs.empty()) {
+        batch.reference_logprobs = torch::cat(reference_logprobs);
       }
       ASSIGN_OR_RETURN(GrpoLossResult whole,
                        ComputeGrpoLoss(batch, options_.loss));
@@ -362,6 +395,24 @@ std::map<std::string, at::Tensor> GrpoTrainer::GradientsForTest() const {
     out[optimizer_->names[i]] = grad.defined() ? grad.detach().clone() : grad;
   }
   return out;
+}
+
+absl::Status GrpoTrainer::SetReferencePolicy(
+    const model::ModelWeights& reference) {
+  const model::ModelConfig& policy = policy_->weights()->config();
+  if (reference.config().vocab_size != policy.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the reference policy's vocab_size is ", reference.config().vocab_size,
+        ", the policy's ", policy.vocab_size));
+  }
+  std::shared_ptr<model::ModelWeights> frozen;
+  {
+    torch::NoGradGuard no_grad;
+    ASSIGN_OR_RETURN(frozen, reference.To(policy_->weights()->device(),
+                                          model::WeightDType::kFloat32));
+  }
+  reference_ = std::make_shared<model::DecoderModel>(std::move(frozen));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<model::ModelWeights>>

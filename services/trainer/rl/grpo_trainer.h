@@ -119,6 +119,19 @@ class GrpoTrainer {
   absl::StatusOr<GrpoStepStats> Step(
       const std::vector<ScoredPromptGroup>& groups);
 
+  // Sets the frozen reference policy of the KL penalty (options.loss.kl_beta
+  // > 0; a Step with kl_beta > 0 and no reference fails with
+  // FailedPrecondition). The trainer keeps a float32 copy of `reference` on
+  // the policy's device, like the policy's master weights, so a reference
+  // equal to the initial weights gives a KL of exactly 0 before the first
+  // update; it never requires grad and is never updated. Each Step then
+  // computes the reference log-probs of the trained tokens (packed forward
+  // and chunked log-probs, under no-grad) and passes them to the loss, which
+  // also reports their mean k3 KL. InvalidArgument when the vocabularies
+  // differ; the architecture may otherwise differ from the policy's.
+  absl::Status SetReferencePolicy(const model::ModelWeights& reference);
+  bool has_reference_policy() const { return reference_ != nullptr; }
+
   // A detached copy of the current weights for publishing to rollout
   // workers (in the master dtype).
   absl::StatusOr<std::shared_ptr<model::ModelWeights>> SnapshotWeights() const;
@@ -154,6 +167,8 @@ class GrpoTrainer {
 
   GrpoTrainerOptions options_;
   std::shared_ptr<model::DecoderModel> policy_;
+  // Frozen (float32, no grad); null unless SetReferencePolicy was called.
+  std::shared_ptr<model::DecoderModel> reference_;
   std::unique_ptr<Optimizer> optimizer_;
   std::atomic<uint64_t> version_{0};
   int64_t step_ = 0;
