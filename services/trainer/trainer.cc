@@ -257,7 +257,8 @@ Trainer::PublishedWeights() const {
   return weights->To(weights->device(), publish_dtype_);
 }
 
-absl::Status Trainer::Publish(uint64_t version) {
+absl::StatusOr<weights::StoredPayload> Trainer::StoreVersion(
+    uint64_t version) {
   ASSIGN_OR_RETURN(auto weights, PublishedWeights());
   ASSIGN_OR_RETURN(auto flat, weights::FlattenModel(*weights, *layout_));
   ASSIGN_OR_RETURN(tandem::v1::WeightManifest manifest,
@@ -266,6 +267,20 @@ absl::Status Trainer::Publish(uint64_t version) {
   manifest.set_anchor_version(version);
   manifest.set_published_unix_ms(absl::ToUnixMillis(absl::Now()));
   RETURN_IF_ERROR(store_.Put(manifest, flat));
+  return weights::StoredPayload{std::move(manifest), std::move(flat)};
+}
+
+absl::StatusOr<GrpoStepStats> Trainer::TrainAndStoreForTest(
+    const std::vector<ScoredPromptGroup>& groups) {
+  ASSIGN_OR_RETURN(GrpoStepStats stats, grpo_->Step(groups));
+  RETURN_IF_ERROR(StoreVersion(stats.policy_version).status());
+  return stats;
+}
+
+absl::Status Trainer::Publish(uint64_t version) {
+  ASSIGN_OR_RETURN(weights::StoredPayload stored, StoreVersion(version));
+  const tandem::v1::WeightManifest& manifest = stored.manifest;
+  const auto& flat = stored.bytes;
   tandem::v1::PublishPolicyVersionRequest request;
   request.set_member_id(member_->session().member_id());
   *request.mutable_manifest() = manifest;

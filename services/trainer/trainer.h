@@ -56,11 +56,23 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
       const tandem::v1::SaveCheckpointRequest* request,
       tandem::v1::SaveCheckpointResponse* response) override;
 
+  // Test hooks, usable without Start() and without a coordinator: one
+  // training step on `groups` whose new version is stored for the weight
+  // server exactly as TrainOnce() publishes it (without announcing it or
+  // committing a batch), and the store and trainer it uses.
+  absl::StatusOr<GrpoStepStats> TrainAndStoreForTest(
+      const std::vector<ScoredPromptGroup>& groups);
+  const weights::WeightStore& WeightStoreForTest() const { return store_; }
+  const GrpoTrainer& GrpoTrainerForTest() const { return *grpo_; }
+
  private:
   explicit Trainer(const TrainerConfig& config);
   void TrainingLoop();
   absl::Status TrainOnce();
   absl::Status Publish(uint64_t version);
+  // Flattens the current policy as `version` into store_ (served to pulling
+  // workers); the first half of Publish.
+  absl::StatusOr<weights::StoredPayload> StoreVersion(uint64_t version);
   // The current policy converted to the dtype rollout workers hold.
   absl::StatusOr<std::shared_ptr<model::ModelWeights>> PublishedWeights()
       const;
