@@ -65,8 +65,9 @@ absl::StatusOr<v1::WeightManifest> GrpcPullReceiver::Plan(
     absl::StatusOr<v1::WeightManifest> latest = GetManifest(0, deadline);
     if (latest.ok() &&
         (!live.has_value() || latest->policy_version() > *live)) {
-      // Follow deltas from live while live is at or past the latest anchor.
-      if (live.has_value() && *live >= latest->anchor_version()) {
+      // Follow deltas from live while live is at or past the latest anchor,
+      // or just before it (the anchor may have a delta on live too).
+      if (live.has_value() && *live + 1 >= latest->anchor_version()) {
         if (latest->policy_version() == *live + 1 && !IsFull(*latest)) {
           return latest;
         }
@@ -74,8 +75,9 @@ absl::StatusOr<v1::WeightManifest> GrpcPullReceiver::Plan(
             GetManifest(*live + 1, deadline);
         if (next.ok() && (IsFull(*next) || next->base_version() == *live)) {
           // The server shows the FULL manifest when it holds one; prefer
-          // the (much smaller) delta when it is also retained.
-          if (IsFull(*next) && *live + 1 != next->anchor_version()) {
+          // the (much smaller) delta when it is also retained, also for an
+          // anchor (the publisher may store both).
+          if (IsFull(*next)) {
             v1::WeightManifest as_delta = *next;
             as_delta.set_kind(v1::WEIGHT_PAYLOAD_KIND_DELTA);
             as_delta.set_base_version(*live);

@@ -5,7 +5,9 @@
 //
 // ReceiveNext() asks for the latest manifest and stages, in order of
 // preference: the next delta on the live version (when live is at or past
-// the latest anchor), otherwise the newest full version the server holds.
+// the latest anchor, or the version just before it: the server may hold a
+// delta for an anchor too), otherwise the newest full version the server
+// holds.
 // A late joiner therefore fetches one full copy and then follows deltas.
 // Every chunk's CRC-32C is checked; a bad chunk or a broken stream resumes
 // from the first unverified byte (up to max_attempts times without

@@ -79,6 +79,11 @@ class WeightServerService::FetchReactor
       (*chunk_.mutable_data())[n / 2] ^= 0x10;
     }
     service_->bytes_ += n;
+    if (service_->options_.metrics != nullptr) {
+      service_->options_.metrics->RecordBytes(
+          SyncDirection::kSent, SyncTransport::kPull, full(),
+          static_cast<double>(n));
+    }
     ++sent_;
     offset_ += n;
     if (offset_ == bucket_size) {

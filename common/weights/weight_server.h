@@ -26,12 +26,16 @@
 #include <cstdint>
 
 #include "common/weights/weight_store.h"
+#include "common/weights/weight_sync_metrics.h"
 #include "tandem/v1/trainer.grpc.pb.h"
 
 namespace tandem::weights {
 
 struct WeightServerOptions {
   uint32_t max_chunk_bytes = 1u << 20;
+  // Optional: every chunk sent is counted as tandem_weight_sync_bytes_total
+  // {direction="sent", transport="pull", kind}. Must outlive the service.
+  WeightSyncMetrics* metrics = nullptr;
 };
 
 struct WeightServerStats {

@@ -9,6 +9,15 @@ const prometheus::Histogram::BucketBoundaries& SecondsBuckets() {
   return *buckets;
 }
 
+// Changed fraction of 16-bit words between consecutive versions.
+const prometheus::Histogram::BucketBoundaries& DensityBuckets() {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      0.001, 0.003, 0.01, 0.03, 0.1, 0.25, 0.5, 1};
+  return *buckets;
+}
+
+const char* KindName(bool full) { return full ? "full" : "delta"; }
+
 const char* DirectionName(SyncDirection d) {
   return d == SyncDirection::kSent ? "sent" : "received";
 }
@@ -69,19 +78,58 @@ WeightSyncMetrics::WeightSyncMetrics(prometheus::Registry& registry)
               .Help("Seconds from the trainer's publish of a version until "
                     "the engine swapped it in at a step boundary.")
               .Register(registry)
-              .Add({}, SecondsBuckets())) {}
+              .Add({}, SecondsBuckets())),
+      published_payloads_(
+          prometheus::BuildCounter()
+              .Name("tandem_weight_sync_published_payloads_total")
+              .Help("Weight payloads the trainer published: a full one per "
+                    "anchor version, a sparse bf16 delta on the version "
+                    "before for every other version (and for an anchor "
+                    "when the change qualifies).")
+              .Register(registry)),
+      published_bytes_(
+          prometheus::BuildCounter()
+              .Name("tandem_weight_sync_published_bytes_total")
+              .Help("Bytes of the published payloads, by kind; divided by "
+                    "the payloads, the bytes per version of each kind.")
+              .Register(registry)),
+      delta_density_(
+          prometheus::BuildHistogram()
+              .Name("tandem_weight_sync_delta_density")
+              .Help("Changed fraction of the 16-bit weight words between "
+                    "consecutive published versions (bf16 change "
+                    "detection).")
+              .Register(registry)) {}
 
 void WeightSyncMetrics::RecordVersion(SyncDirection direction,
                                       SyncTransport transport, bool full,
                                       double bytes, double seconds) {
   const std::string d = DirectionName(direction);
   const std::string t = SyncTransportName(transport);
-  bytes_.Add({{"direction", d}, {"transport", t},
-              {"kind", full ? "full" : "delta"}})
+  bytes_.Add({{"direction", d}, {"transport", t}, {"kind", KindName(full)}})
       .Increment(bytes);
   versions_.Add({{"direction", d}, {"transport", t}}).Increment();
   seconds_.Add({{"direction", d}, {"transport", t}}, SecondsBuckets())
       .Observe(seconds);
+}
+
+void WeightSyncMetrics::RecordBytes(SyncDirection direction,
+                                    SyncTransport transport, bool full,
+                                    double bytes) {
+  bytes_
+      .Add({{"direction", DirectionName(direction)},
+            {"transport", SyncTransportName(transport)},
+            {"kind", KindName(full)}})
+      .Increment(bytes);
+}
+
+void WeightSyncMetrics::RecordPublishedPayload(bool full, double bytes) {
+  published_payloads_.Add({{"kind", KindName(full)}}).Increment();
+  published_bytes_.Add({{"kind", KindName(full)}}).Increment(bytes);
+}
+
+void WeightSyncMetrics::RecordDeltaDensity(double density) {
+  delta_density_.Add({}, DensityBuckets()).Observe(density);
 }
 
 void WeightSyncMetrics::RecordRejected(SyncTransport transport) {

@@ -14,6 +14,9 @@
 //   tandem_weight_sync_group_receivers                         gauge
 //   tandem_weight_sync_publish_to_staged_seconds{transport}    histogram
 //   tandem_weight_sync_publish_to_live_seconds                 histogram
+//   tandem_weight_sync_published_payloads_total{kind}          counter
+//   tandem_weight_sync_published_bytes_total{kind}             counter
+//   tandem_weight_sync_delta_density                           histogram
 //
 // Thread-safe (prometheus-cpp metrics are).
 
@@ -39,6 +42,16 @@ class WeightSyncMetrics {
   // for a FULL payload) in `seconds`.
   void RecordVersion(SyncDirection direction, SyncTransport transport,
                      bool full, double bytes, double seconds);
+  // Payload bytes moved without completing a version (e.g. the chunks a
+  // weight server streams; a client may resume or abandon the stream).
+  void RecordBytes(SyncDirection direction, SyncTransport transport,
+                   bool full, double bytes);
+  // Publisher side: a FULL anchor or a DELTA payload of `bytes` published
+  // (an anchor may have both).
+  void RecordPublishedPayload(bool full, double bytes);
+  // Publisher side: the changed fraction of a version's 16-bit words
+  // against the version before.
+  void RecordDeltaDensity(double density);
   void RecordRejected(SyncTransport transport);
   void RecordAborted();
   // Seconds from the trainer's publish (manifest.published_unix_ms) until
@@ -59,6 +72,9 @@ class WeightSyncMetrics {
   prometheus::Gauge& receivers_;
   prometheus::Family<prometheus::Histogram>& publish_to_staged_;
   prometheus::Histogram& publish_to_live_;
+  prometheus::Family<prometheus::Counter>& published_payloads_;
+  prometheus::Family<prometheus::Counter>& published_bytes_;
+  prometheus::Family<prometheus::Histogram>& delta_density_;
 };
 
 }  // namespace tandem::weights

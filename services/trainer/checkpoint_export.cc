@@ -6,7 +6,10 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "common/model/decoder_model.h"
 #include "common/model/hf_checkpoint.h"
+#include "common/task/arith_tokenizer.h"
+#include "services/rollout/torch_engine_model.h"
 #include "services/trainer/checkpoint.h"
 
 namespace tandem::trainer {
@@ -20,6 +23,17 @@ absl::StatusOr<std::string> ExportCheckpoint(const ExportOptions& options) {
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         "--dtype must be float32 or bfloat16, got '", options.dtype, "'"));
+  }
+  if (options.builtin) {
+    ASSIGN_OR_RETURN(rollout::LoadedModel builtin,
+                     rollout::LoadModel("", options.seed, 0));
+    model::SaveOptions save;
+    save.dtype = dtype;
+    RETURN_IF_ERROR(model::SaveHfModel(*builtin.decoder->weights(),
+                                       options.output, save));
+    RETURN_IF_ERROR(
+        task::WriteArithTokenizer(options.output + "/tokenizer.json"));
+    return builtin.description;
   }
   std::string path = options.checkpoint;
   std::error_code ec;
@@ -44,9 +58,16 @@ int RunExportCommand(int argc, char** argv) {
   CLI::App app{
       "Writes the policy of a trainer checkpoint as a Hugging Face model "
       "directory (config.json, model.safetensors, tokenizer files)."};
-  app.add_option("--checkpoint", options.checkpoint,
-                 "A step-* checkpoint, or a checkpoint_dir (exports latest)")
-      ->required();
+  CLI::Option* checkpoint = app.add_option(
+      "--checkpoint", options.checkpoint,
+      "A step-* checkpoint, or a checkpoint_dir (exports latest)");
+  CLI::Option* builtin = app.add_flag(
+      "--builtin", options.builtin,
+      "Export the built-in tiny model (random weights from --seed, the "
+      "arithmetic tokenizer) instead of a checkpoint");
+  checkpoint->excludes(builtin);
+  app.add_option("--seed", options.seed, "Seed of the --builtin model")
+      ->capture_default_str();
   app.add_option("--output", options.output, "Output directory")->required();
   app.add_option("--dtype", options.dtype, "float32 or bfloat16")
       ->check(CLI::IsMember({"float32", "bfloat16"}))
@@ -56,6 +77,11 @@ int RunExportCommand(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
+  }
+  if (options.checkpoint.empty() && !options.builtin) {
+    std::cerr << "tandem-trainer export: one of --checkpoint and --builtin "
+                 "is required\n";
+    return 2;
   }
   absl::StatusOr<std::string> exported = ExportCheckpoint(options);
   if (!exported.ok()) {

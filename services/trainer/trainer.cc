@@ -192,15 +192,27 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
                    weights::LayoutForModel(*published));
   trainer->layout_ =
       std::make_unique<weights::FlatWeightLayout>(std::move(layout));
+  // Sparse deltas are bf16 only (delta_publisher.h): float32 is full.
+  const bool bf16 = trainer->publish_dtype_ == model::WeightDType::kBFloat16;
+  ASSIGN_OR_RETURN(trainer->delta_publisher_,
+                   weights::DeltaPublisher::Create(
+                       {bf16, static_cast<uint64_t>(config.weight_anchor_every),
+                        config.weight_delta_max_density}));
+  Log()->info("publishing {} (weight_sync.anchor_every {})",
+              bf16 ? "bfloat16: sparse deltas between full anchors"
+                   : "float32: every version in full",
+              config.weight_anchor_every);
+  trainer->weight_sync_metrics_ =
+      std::make_unique<weights::WeightSyncMetrics>(*trainer->registry_);
   trainer->weight_server_ = std::make_unique<weights::WeightServerService>(
-      &trainer->store_, weights::WeightServerOptions{});
+      &trainer->store_,
+      weights::WeightServerOptions{.metrics =
+                                       trainer->weight_sync_metrics_.get()});
   if (config.eval.every_versions > 0) {
     ASSIGN_OR_RETURN(trainer->evaluator_,
                      HeldoutEvaluator::Create(config.eval));
   }
   Trainer* self = trainer.get();
-  trainer->weight_sync_metrics_ =
-      std::make_unique<weights::WeightSyncMetrics>(*trainer->registry_);
   std::map<std::string, std::string> capabilities;
   if (config.weight_broadcast) {
     weights::BroadcastSenderOptions broadcast;
@@ -249,92 +261,6 @@ absl::Status Trainer::Start() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<model::ModelWeights>>
-Trainer::PublishedWeights() const {
-  ASSIGN_OR_RETURN(std::shared_ptr<model::ModelWeights> weights,
-                   grpo_->SnapshotWeights());
-  if (weights->config().dtype == publish_dtype_) return weights;
-  return weights->To(weights->device(), publish_dtype_);
-}
-
-absl::StatusOr<weights::StoredPayload> Trainer::StoreVersion(
-    uint64_t version) {
-  ASSIGN_OR_RETURN(auto weights, PublishedWeights());
-  ASSIGN_OR_RETURN(auto flat, weights::FlattenModel(*weights, *layout_));
-  ASSIGN_OR_RETURN(tandem::v1::WeightManifest manifest,
-                   layout_->BuildManifest(*flat, version));
-  manifest.set_kind(tandem::v1::WEIGHT_PAYLOAD_KIND_FULL);
-  manifest.set_anchor_version(version);
-  manifest.set_published_unix_ms(absl::ToUnixMillis(absl::Now()));
-  RETURN_IF_ERROR(store_.Put(manifest, flat));
-  return weights::StoredPayload{std::move(manifest), std::move(flat)};
-}
-
-absl::StatusOr<GrpoStepStats> Trainer::TrainAndStoreForTest(
-    const std::vector<ScoredPromptGroup>& groups) {
-  ASSIGN_OR_RETURN(GrpoStepStats stats, grpo_->Step(groups));
-  RETURN_IF_ERROR(StoreVersion(stats.policy_version).status());
-  return stats;
-}
-
-absl::Status Trainer::Publish(uint64_t version) {
-  ASSIGN_OR_RETURN(weights::StoredPayload stored, StoreVersion(version));
-  const tandem::v1::WeightManifest& manifest = stored.manifest;
-  const auto& flat = stored.bytes;
-  tandem::v1::PublishPolicyVersionRequest request;
-  request.set_member_id(member_->session().member_id());
-  *request.mutable_manifest() = manifest;
-  request.set_weight_server_address(member_->grpc_address());
-  tandem::v1::PublishPolicyVersionResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  RETURN_IF_ERROR(
-      rpc::ToAbslStatus(member_->session().stub()->PublishPolicyVersion(
-          &context, request, &response)));
-  if (broadcaster_) {
-    // Sent in the background to the group the coordinator assigned to this
-    // version; a group whose rank 0 is not this trainer is not ours.
-    tandem::v1::BroadcastGroup group = response.group();
-    if (group.member_ids_size() == 0 ||
-        group.member_ids(0) != request.member_id()) {
-      group.clear_member_ids();
-    }
-    broadcaster_->Enqueue(group, manifest, flat);
-  }
-  return absl::OkStatus();
-}
-
-void Trainer::OnBroadcast(const weights::BroadcastOutcome& outcome) {
-  weight_sync_metrics_->SetEpoch(outcome.group.epoch(),
-                                 outcome.group.member_ids_size() - 1);
-  if (outcome.status.ok()) {
-    weight_sync_metrics_->RecordVersion(
-        weights::SyncDirection::kSent, weights::SyncTransport::kBroadcast,
-        outcome.full, static_cast<double>(outcome.bytes), outcome.seconds);
-    return;
-  }
-  weight_sync_metrics_->RecordAborted();
-  Log()->warn(
-      "broadcast of version {} to epoch {} ({} receivers) failed after "
-      "{:.2f}s: {}; receivers catch up by pull",
-      outcome.version, outcome.group.epoch(),
-      outcome.group.member_ids_size() - 1, outcome.seconds,
-      outcome.status.ToString());
-  tandem::v1::SyncWeightGroupRequest report;
-  report.set_member_id(member_->session().member_id());
-  report.set_policy_version(outcome.version);
-  report.set_failed_epoch(outcome.group.epoch());
-  report.set_failure(outcome.status.ToString());
-  tandem::v1::SyncWeightGroupResponse ignored;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(3)));
-  grpc::Status s =
-      member_->session().stub()->SyncWeightGroup(&context, report, &ignored);
-  if (!s.ok()) {
-    Log()->warn("could not report the failed broadcast: {}", s.error_message());
-  }
-}
-
 absl::Status Trainer::TrainOnce() {
   const std::string member = member_->session().member_id();
   if (member.empty()) {
@@ -364,6 +290,9 @@ absl::Status Trainer::TrainOnce() {
     ScoredPromptGroup group;
     group.prompt.assign(g.prompt_token_ids().begin(),
                         g.prompt_token_ids().end());
+    // Log-probs at the temperature the samples were drawn with (0, greedy
+    // or unset by an older coordinator, counts as 1).
+    group.temperature = g.sampling().temperature();
     for (const auto& scored : g.samples()) {
       const auto& s = scored.sample();
       ScoredCompletion c;

@@ -3,7 +3,9 @@
 // The trainer daemon: pulls scored groups from the coordinator, takes GRPO
 // optimizer steps (GrpoTrainer), and publishes every new policy version:
 // the weights go into a WeightStore served by this daemon's WeightServer
-// (the pull path rollout workers follow), the manifest to the coordinator.
+// (the pull path rollout workers follow; bfloat16 versions also as sparse
+// deltas on the version before, weights::DeltaPublisher), the manifest to
+// the coordinator, and the full weights to the broadcast group.
 // Each trained batch is committed after its version is published, so a
 // group is trained at most once.
 
@@ -18,6 +20,7 @@
 #include "common/cluster/member_daemon.h"
 #include "common/model/model_config.h"
 #include "common/weights/broadcast_sender.h"
+#include "common/weights/delta_publisher.h"
 #include "common/weights/flat_weight_layout.h"
 #include "common/weights/weight_sync_metrics.h"
 #include "common/weights/weight_server.h"
@@ -71,7 +74,8 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
   absl::Status TrainOnce();
   absl::Status Publish(uint64_t version);
   // Flattens the current policy as `version` into store_ (served to pulling
-  // workers); the first half of Publish.
+  // workers: the full copy, and a delta on version-1 when DeltaPublisher
+  // chose one); the first half of Publish. Returns the full payload.
   absl::StatusOr<weights::StoredPayload> StoreVersion(uint64_t version);
   // The current policy converted to the dtype rollout workers hold.
   absl::StatusOr<std::shared_ptr<model::ModelWeights>> PublishedWeights()
@@ -116,6 +120,8 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
       ABSL_GUARDED_BY(checkpoint_mu_);
   bool accepting_checkpoint_requests_ ABSL_GUARDED_BY(checkpoint_mu_) = false;
   std::unique_ptr<weights::FlatWeightLayout> layout_;
+  // Full anchor or sparse delta per version (training thread only).
+  std::optional<weights::DeltaPublisher> delta_publisher_;
   weights::WeightStore store_{4};
   std::unique_ptr<weights::WeightServerService> weight_server_;
   // Broadcast of each version to the current epoch's group (null when

@@ -98,6 +98,17 @@ void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config) {
                  100, 3600000,
                  "Deadline of each broadcast rendezvous and collective (ms); "
                  "a dead receiver aborts the group after it.");
+  schema->AddInt("weight_sync.anchor_every", &config->weight_anchor_every, 1,
+                 1 << 30,
+                 "bfloat16 publishing: every version that is a multiple of "
+                 "this is a full anchor, the others are sparse deltas on the "
+                 "version before (pulled by workers that hold it); 1 = every "
+                 "version full. float32 versions are always full.");
+  schema->AddDouble("weight_sync.delta_max_density",
+                    &config->weight_delta_max_density, 0, 1,
+                    "Largest changed fraction of the bf16 weights (bit "
+                    "patterns against the version before) that is published "
+                    "as a delta; a denser version is a full anchor. In (0, 1].");
 }
 
 std::string TrainingConfigJson(const TrainerConfig& c) {
@@ -125,6 +136,12 @@ absl::Status Validate(const TrainerConfig& config) {
   if (!(config.kl_beta >= 0.0) || !std::isfinite(config.kl_beta)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "training.kl_beta must be a finite number >= 0, got ", config.kl_beta));
+  }
+  if (!(config.weight_delta_max_density > 0.0 &&
+        config.weight_delta_max_density <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight_sync.delta_max_density must be in (0, 1], got ",
+                     config.weight_delta_max_density));
   }
   if (config.schedule == "cosine" &&
       config.total_steps <= config.warmup_steps) {

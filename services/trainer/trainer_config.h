@@ -57,6 +57,13 @@ struct TrainerConfig {
   int64_t weight_store_port = 0;
   // Deadline of each broadcast rendezvous and collective (ms).
   int64_t weight_broadcast_timeout_ms = 10000;
+  // ---- Sparse delta sync (weight_sync.*), bfloat16 publishing only ----
+  // Every version v with v % anchor_every == 0 is a full anchor; the others
+  // are published as a delta on v-1 when dense enough to pay
+  // (common/weights/delta_publisher.h). 1 = every version full.
+  int64_t weight_anchor_every = 16;
+  // Largest changed fraction of bf16 weights published as a delta.
+  double weight_delta_max_density = 0.5;
 };
 
 void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config);

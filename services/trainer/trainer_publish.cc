@@ -1,0 +1,131 @@
+// The trainer's weight publishing: each new version goes into the
+// WeightStore (a full anchor or a sparse delta, DeltaPublisher), is
+// announced to the coordinator and broadcast to the current epoch's group.
+// Part of the Trainer class (trainer.h); runs on the training thread except
+// OnBroadcast (the broadcast sender's thread).
+
+#include "services/trainer/trainer.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
+#include "common/model/model_weights.h"
+#include "common/rpc/grpc_client.h"
+#include "common/weights/model_flattening.h"
+#include "tandem/v1/coordinator.grpc.pb.h"
+
+namespace tandem::trainer {
+namespace {
+
+auto Log() { return ComponentLogger("trainer"); }
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<model::ModelWeights>>
+Trainer::PublishedWeights() const {
+  ASSIGN_OR_RETURN(std::shared_ptr<model::ModelWeights> weights,
+                   grpo_->SnapshotWeights());
+  if (weights->config().dtype == publish_dtype_) return weights;
+  return weights->To(weights->device(), publish_dtype_);
+}
+
+absl::StatusOr<weights::StoredPayload> Trainer::StoreVersion(
+    uint64_t version) {
+  ASSIGN_OR_RETURN(auto weights, PublishedWeights());
+  ASSIGN_OR_RETURN(auto flat, weights::FlattenModel(*weights, *layout_));
+  ASSIGN_OR_RETURN(tandem::v1::WeightManifest manifest,
+                   layout_->BuildManifest(*flat, version));
+  manifest.set_published_unix_ms(absl::ToUnixMillis(absl::Now()));
+  ASSIGN_OR_RETURN(weights::PublishedVersion published,
+                   delta_publisher_->Publish(std::move(manifest), flat));
+  // The delta first: a worker that sees v's manifest finds the delta it
+  // prefers; the full copy serves late joiners and broadcast.
+  if (published.delta) {
+    RETURN_IF_ERROR(
+        store_.Put(published.delta->manifest, published.delta->bytes));
+  }
+  RETURN_IF_ERROR(store_.Put(published.full.manifest, published.full.bytes));
+  if (published.reason != weights::PublishReason::kDelta) {
+    weight_sync_metrics_->RecordPublishedPayload(
+        true, static_cast<double>(published.full.bytes->size()));
+  }
+  if (published.delta) {
+    weight_sync_metrics_->RecordPublishedPayload(
+        false, static_cast<double>(published.delta->bytes->size()));
+  }
+  if (published.density) {
+    weight_sync_metrics_->RecordDeltaDensity(*published.density);
+  }
+  return std::move(published.full);
+}
+
+absl::StatusOr<GrpoStepStats> Trainer::TrainAndStoreForTest(
+    const std::vector<ScoredPromptGroup>& groups) {
+  ASSIGN_OR_RETURN(GrpoStepStats stats, grpo_->Step(groups));
+  RETURN_IF_ERROR(StoreVersion(stats.policy_version).status());
+  return stats;
+}
+
+absl::Status Trainer::Publish(uint64_t version) {
+  ASSIGN_OR_RETURN(weights::StoredPayload stored, StoreVersion(version));
+  const tandem::v1::WeightManifest& manifest = stored.manifest;
+  const auto& flat = stored.bytes;
+  tandem::v1::PublishPolicyVersionRequest request;
+  request.set_member_id(member_->session().member_id());
+  *request.mutable_manifest() = manifest;
+  request.set_weight_server_address(member_->grpc_address());
+  tandem::v1::PublishPolicyVersionResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  RETURN_IF_ERROR(
+      rpc::ToAbslStatus(member_->session().stub()->PublishPolicyVersion(
+          &context, request, &response)));
+  if (broadcaster_) {
+    // Sent in the background to the group the coordinator assigned to this
+    // version; a group whose rank 0 is not this trainer is not ours.
+    // Always the FULL payload, also for a version published as a delta:
+    // the sender coalesces queued versions of an epoch and a worker joins
+    // an epoch holding whatever it pulled, so a receiver is not guaranteed
+    // to hold v-1. Deltas go to workers on the pull path.
+    tandem::v1::BroadcastGroup group = response.group();
+    if (group.member_ids_size() == 0 ||
+        group.member_ids(0) != request.member_id()) {
+      group.clear_member_ids();
+    }
+    broadcaster_->Enqueue(group, manifest, flat);
+  }
+  return absl::OkStatus();
+}
+
+void Trainer::OnBroadcast(const weights::BroadcastOutcome& outcome) {
+  weight_sync_metrics_->SetEpoch(outcome.group.epoch(),
+                                 outcome.group.member_ids_size() - 1);
+  if (outcome.status.ok()) {
+    weight_sync_metrics_->RecordVersion(
+        weights::SyncDirection::kSent, weights::SyncTransport::kBroadcast,
+        outcome.full, static_cast<double>(outcome.bytes), outcome.seconds);
+    return;
+  }
+  weight_sync_metrics_->RecordAborted();
+  Log()->warn(
+      "broadcast of version {} to epoch {} ({} receivers) failed after "
+      "{:.2f}s: {}; receivers catch up by pull",
+      outcome.version, outcome.group.epoch(),
+      outcome.group.member_ids_size() - 1, outcome.seconds,
+      outcome.status.ToString());
+  tandem::v1::SyncWeightGroupRequest report;
+  report.set_member_id(member_->session().member_id());
+  report.set_policy_version(outcome.version);
+  report.set_failed_epoch(outcome.group.epoch());
+  report.set_failure(outcome.status.ToString());
+  tandem::v1::SyncWeightGroupResponse ignored;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(3)));
+  grpc::Status s =
+      member_->session().stub()->SyncWeightGroup(&context, report, &ignored);
+  if (!s.ok()) {
+    Log()->warn("could not report the failed broadcast: {}", s.error_message());
+  }
+}
+
+}  // namespace tandem::trainer
