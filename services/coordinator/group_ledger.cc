@@ -367,6 +367,9 @@ tandem::v1::PullTrainingBatchResponse GroupLedger::Pull(
       absl::StrCat(options_.id_prefix, "-b", next_id_++);
   tandem::v1::PullTrainingBatchResponse response =
       training_.Pull(request, batch_id, now);
+  for (tandem::v1::ScoredGroup& group : *response.mutable_groups()) {
+    *group.mutable_sampling() = options_.sampling;
+  }
   if (journal_ &&
       (!response.batch_id().empty() || response.dropped_stale_groups() > 0)) {
     journal::Record record;

@@ -51,14 +51,11 @@ struct Options {
   std::string cache_dir;
 };
 
-// The warm start of the embedded default task (3-digit addition): flags of
-// `tandem-trainer sft`, chosen so the saved model lands in the 20-60%
-// held-out window (docs/sft.md).
+// The warm start of the embedded default task (3-digit addition) is
+// `tandem-trainer sft` with its defaults (sft::SftOptions), so that the
+// launcher, the tests and the cached directory's key agree.
 const std::vector<std::string>& WarmStartFlags() {
-  static const std::vector<std::string> flags = {
-      "--digits", "3", "--subtraction", "false", "--steps", "3000",
-      "--eval-every", "50", "--target-accuracy", "0.3", "--max-accuracy",
-      "0.6"};
+  static const std::vector<std::string> flags;
   return flags;
 }
 

@@ -64,6 +64,9 @@ absl::StatusOr<InProcessRlResult> RunInProcessRl(
   const absl::Time start = absl::Now();
   double reward_sum = 0;
   int64_t reward_count = 0;
+  // Step statistics summed since the previous evaluation.
+  InProcessRlPoint sums;
+  int64_t summed_steps = 0;
   auto evaluate = [&](int64_t step) -> absl::Status {
     ASSIGN_OR_RETURN(sft::EvalResult eval,
                      sft::EvaluateExactMatch(grpo->policy(), tokenizer,
@@ -73,8 +76,18 @@ absl::StatusOr<InProcessRlResult> RunInProcessRl(
     point.heldout_accuracy = eval.accuracy();
     point.reward_mean = reward_count > 0 ? reward_sum / reward_count : 0.0;
     point.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    if (summed_steps > 0) {
+      const double n = static_cast<double>(summed_steps);
+      point.entropy_mean = sums.entropy_mean / n;
+      point.clip_fraction = sums.clip_fraction / n;
+      point.ratio_mean = sums.ratio_mean / n;
+      point.grad_norm = sums.grad_norm / n;
+      point.signal_fraction = sums.signal_fraction / n;
+    }
     reward_sum = 0;
     reward_count = 0;
+    sums = InProcessRlPoint();
+    summed_steps = 0;
     result.curve.push_back(point);
     if (on_point) on_point(point);
     return absl::OkStatus();
@@ -108,6 +121,7 @@ absl::StatusOr<InProcessRlResult> RunInProcessRl(
       RETURN_IF_ERROR(engine.Add(std::to_string(p), prompt, params));
       ScoredPromptGroup group;
       group.prompt = prompt;
+      group.temperature = options.temperature;
       groups.push_back(std::move(group));
       problems.push_back(std::move(problem));
     }
@@ -129,7 +143,23 @@ absl::StatusOr<InProcessRlResult> RunInProcessRl(
     const absl::Time train_start = absl::Now();
     result.generate_seconds +=
         absl::ToDoubleSeconds(train_start - generate_start);
-    RETURN_IF_ERROR(grpo->Step(groups).status());
+    int64_t with_signal = 0;
+    for (const ScoredPromptGroup& group : groups) {
+      for (const ScoredCompletion& c : group.completions) {
+        if (c.reward != group.completions.front().reward) {
+          ++with_signal;
+          break;
+        }
+      }
+    }
+    ASSIGN_OR_RETURN(const GrpoStepStats stats, grpo->Step(groups));
+    sums.entropy_mean += stats.loss.entropy_mean;
+    sums.clip_fraction += stats.loss.clip_fraction;
+    sums.ratio_mean += stats.loss.ratio_mean;
+    sums.grad_norm += stats.grad_norm;
+    sums.signal_fraction +=
+        static_cast<double>(with_signal) / static_cast<double>(groups.size());
+    ++summed_steps;
     result.train_seconds += absl::ToDoubleSeconds(absl::Now() - train_start);
     if (options.eval_every > 0 && step % options.eval_every == 0) {
       RETURN_IF_ERROR(evaluate(step));
@@ -159,16 +189,40 @@ int RunInProcessRlCommand(int argc, char** argv) {
   app.add_option("--lr", options.grpo.lr, "AdamW learning rate");
   app.add_option("--beta2", options.grpo.beta2, "AdamW beta2");
   app.add_option("--threads", options.torch_threads, "torch threads");
+  app.add_option("--max-grad-norm", options.grpo.max_grad_norm,
+                 "Gradient clipping norm");
+  app.add_option("--clip-low", options.grpo.loss.clip_low, "PPO clip below 1");
+  app.add_option("--clip-high", options.grpo.loss.clip_high,
+                 "PPO clip above 1");
+  std::string advantage = "grpo";
+  app.add_option("--advantage", advantage,
+                 "grpo: (r - mean) / std; dr-grpo: r - mean")
+      ->check(CLI::IsMember({"grpo", "dr-grpo"}));
+  std::string aggregation = "token-mean";
+  app.add_option("--aggregation", aggregation,
+                 "Loss aggregation over tokens")
+      ->check(CLI::IsMember({"token-mean", "sequence-mean", "sum"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  options.grpo.loss.advantage = advantage == "grpo"
+                                    ? AdvantageNormalization::kGroupMeanStd
+                                    : AdvantageNormalization::kGroupMean;
+  options.grpo.loss.aggregation =
+      aggregation == "token-mean"      ? LossAggregation::kTokenMean
+      : aggregation == "sequence-mean" ? LossAggregation::kSequenceMean
+                                       : LossAggregation::kSumOverSequences;
   absl::StatusOr<InProcessRlResult> result =
       RunInProcessRl(options, [](const InProcessRlPoint& p) {
-        std::printf("step %ld: held-out %.3f, reward %.3f, %.1fs\n",
-                    static_cast<long>(p.step), p.heldout_accuracy,
-                    p.reward_mean, p.seconds);
+        std::printf(
+            "step %ld: held-out %.3f, reward %.3f, entropy %.3f, groups "
+            "with signal %.2f, clipped %.3f, ratio %.4f, grad norm %.3f, "
+            "%.1fs\n",
+            static_cast<long>(p.step), p.heldout_accuracy, p.reward_mean,
+            p.entropy_mean, p.signal_fraction, p.clip_fraction, p.ratio_mean,
+            p.grad_norm, p.seconds);
         std::fflush(stdout);
       });
   if (!result.ok()) {

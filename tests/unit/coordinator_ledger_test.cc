@@ -61,11 +61,14 @@ TEST_CASE(
     "Ledger: a leased prompt becomes a ready group once all samples "
     "are scored, and is trained once",
     "[coordinator][ledger]") {
-  auto ledger = NewLedger(Options(3));
+  GroupLedgerOptions options = Options(3);
+  options.sampling.set_temperature(0.7f);
+  auto ledger = NewLedger(options);
   auto leases = ledger->Lease("w", 1, 0, kT0);
   REQUIRE(leases.leases_size() == 1);
   const tandem::v1::PromptLease& lease = leases.leases(0);
   CHECK(lease.group_size() == 3);
+  CHECK(lease.sampling().temperature() == 0.7f);
   CHECK(lease.prompt_id() == "p0");
   CHECK(lease.deadline_unix_ms() ==
         absl::ToUnixMillis(kT0 + absl::Seconds(10)));
@@ -101,6 +104,8 @@ TEST_CASE(
   CHECK(group.samples(0).score().reward() == 1.0);
   CHECK(group.samples(0).score().reward() == 1.0);  // first score kept
   CHECK(group.samples(1).score().reward() == 0.0);
+  // The trainer learns the temperature to take its log-probs at.
+  CHECK(group.sampling().temperature() == 0.7f);
   CHECK(ledger->Stats().training_groups == 1);
   auto commit = ledger->Commit(batch.batch_id(), 1);
   REQUIRE(commit.ok());

@@ -28,7 +28,8 @@ std::vector<std::vector<int32_t>> Prompts() {
 // Generates `n` samples per prompt with the engine on `weights`.
 std::vector<ScoredPromptGroup> Generate(
     std::shared_ptr<model::ModelWeights> weights, int n, uint64_t seed,
-    int rewarded_parity = 0) {
+    int rewarded_parity = 0,
+    const std::vector<float>& temperatures = {1.0f, 1.0f, 1.0f, 1.0f}) {
   auto decoder = std::make_shared<model::DecoderModel>(std::move(weights));
   rollout::TorchEngineModel engine_model(decoder, 256);
   rollout::Engine engine({}, &engine_model, nullptr, 0);
@@ -38,6 +39,7 @@ std::vector<ScoredPromptGroup> Generate(
     params.n = n;
     params.max_tokens = 4;
     params.seed = seed + 100 * p;
+    params.temperature = temperatures[p];
     REQUIRE(engine.Add(std::to_string(p), prompts[p], params).ok());
   }
   while (!engine.idle()) REQUIRE(engine.Step().ok());
@@ -104,6 +106,44 @@ TEST_CASE("GRPO steps raise the probability of rewarded behaviour") {
   const auto [before_odd, after_odd] = Train(/*parity=*/1);
   INFO("rewarding odd: before " << before_odd << " after " << after_odd);
   CHECK(after_odd < before_odd - 0.1);
+}
+
+TEST_CASE("log-probs are taken at each group's sampling temperature") {
+  auto initial = model::RandomInit(model::testing::TinyQwen2Config(), 13);
+  REQUIRE(initial.ok());
+  const std::vector<float> temperatures = {0.5f, 1.7f, 1.0f, 0.0f};
+  auto ratio_after_one_step = [&](bool tell_temperature) {
+    auto trainer = GrpoTrainer::Create(**initial, 0, GrpoTrainerOptions());
+    REQUIRE(trainer.ok());
+    auto snapshot = (*trainer)->SnapshotWeights();
+    REQUIRE(snapshot.ok());
+    auto groups = Generate(*snapshot, 4, 7, 0, temperatures);
+    for (size_t p = 0; p < groups.size(); ++p) {
+      if (tell_temperature) groups[p].temperature = temperatures[p];
+    }
+    auto stats = (*trainer)->Step(groups);
+    REQUIRE(stats.ok());
+    return stats->loss;
+  };
+  // On-policy: the trainer's log-probs equal the sampler's when it uses the
+  // groups' temperatures (greedy counts as 1)...
+  const GrpoLossStats told = ratio_after_one_step(true);
+  CHECK(told.ratio_mean == Approx(1.0).margin(1e-4));
+  CHECK(told.clip_fraction == 0.0);
+  // ...and not when it assumes temperature 1 for every group.
+  const GrpoLossStats assumed = ratio_after_one_step(false);
+  CHECK(std::abs(assumed.ratio_mean - 1.0) > 0.01);
+
+  auto trainer = GrpoTrainer::Create(**initial, 0, GrpoTrainerOptions());
+  REQUIRE(trainer.ok());
+  auto snapshot = (*trainer)->SnapshotWeights();
+  REQUIRE(snapshot.ok());
+  auto groups = Generate(*snapshot, 2, 9);
+  groups[2].temperature = -1.0;
+  auto bad = (*trainer)->Step(groups);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message().find("group 2: sampling temperature") !=
+        std::string::npos);
 }
 
 TEST_CASE("groups with equal rewards leave the weights unchanged") {

@@ -1,7 +1,7 @@
 // Issue 6: on the built-in task with an in-process rollout (no daemons), a
 // few hundred GRPO steps raise held-out accuracy above the supervised warm
 // start -- the algorithm learns before the distributed system is involved.
-// The warm start is the demo's (3-digit addition, saved at >= 30% held-out
+// The warm start is the demo's (3-digit addition, saved at >= 45% held-out
 // accuracy); both stages are seeded and single-threaded, so the run is
 // deterministic on a given build. Measured numbers: docs/demo.md.
 
@@ -31,20 +31,9 @@ TEST_CASE("GRPO with an in-process rollout raises held-out accuracy above "
   REQUIRE(mkdtemp(pattern.data()) != nullptr);
   const fs::path dir = pattern;
 
+  // The demo's warm start: tandem-trainer sft's defaults.
   sft::SftOptions sft;
   sft.output_dir = (dir / "warm-start").string();
-  sft.digits = 3;
-  sft.subtraction = false;
-  sft.seed = 0;
-  sft.max_steps = 2500;
-  sft.batch_size = 64;
-  sft.lr = 3e-3;
-  sft.warmup_steps = 50;
-  sft.eval_every = 50;
-  sft.eval_problems = 256;
-  sft.target_accuracy = 0.3;
-  sft.max_accuracy = 0.6;
-  sft.threads = 1;
   auto warm = sft::RunSft(sft);
   REQUIRE(warm.ok());
   std::printf("warm start: step %ld, held-out %.3f\n",
@@ -58,7 +47,7 @@ TEST_CASE("GRPO with an in-process rollout raises held-out accuracy above "
   rl.prompts_per_step = 16;
   rl.group_size = 8;
   rl.eval_every = 50;
-  rl.eval_problems = 256;
+  rl.eval_problems = 512;
   rl.grpo.lr = 3e-4;
   auto result = RunInProcessRl(rl, [](const InProcessRlPoint& p) {
     std::printf("rl step %ld: held-out %.3f, reward %.3f, %.1fs\n",
@@ -73,14 +62,14 @@ TEST_CASE("GRPO with an in-process rollout raises held-out accuracy above "
   for (size_t i = 1; i < result->curve.size(); ++i) {
     best = std::max(best, result->curve[i].heldout_accuracy);
   }
-  // Measured (docs/demo.md): 30.5% -> 33.2, 31.6, 36.3, 33.6% at steps
-  // 50..200. Evaluations move by a few points (256 problems), so: the last
-  // two evaluations are above the start on average, and the best is at
-  // least 2 points (5 of 256 problems) above it.
+  // Measured (docs/demo.md): 50.6% -> 56.2, 56.6, 58.4, 57.4% at steps
+  // 50..200. Evaluations move by a few points (512 problems, and the policy
+  // itself moves), so: the last two evaluations average at least 2 points
+  // above the start and the best is at least 4 points above it.
   const size_t n = result->curve.size();
   CHECK((result->curve[n - 1].heldout_accuracy +
-         result->curve[n - 2].heldout_accuracy) / 2 > start);
-  CHECK(best >= start + 0.02);
+         result->curve[n - 2].heldout_accuracy) / 2 >= start + 0.02);
+  CHECK(best >= start + 0.04);
   fs::remove_all(dir);
 }
 

@@ -53,7 +53,21 @@ struct SequenceRef {
   const std::vector<int32_t>* prompt;
   const ScoredCompletion* completion;
   int64_t packed_tokens;  // prompt + completion
+  double inv_temperature;  // of the group's sampling
 };
+
+// logits / T = (hidden / T) @ lm_head^T: scales each selected hidden row by
+// its token's inverse sampling temperature (no-op when all are 1).
+at::Tensor AtSamplingTemperature(const at::Tensor& selected,
+                                 const std::vector<float>& inv_temperatures) {
+  if (std::all_of(inv_temperatures.begin(), inv_temperatures.end(),
+                  [](float v) { return v == 1.0f; })) {
+    return selected;
+  }
+  return selected * torch::tensor(inv_temperatures, torch::kFloat)
+                        .to(selected.dtype())
+                        .unsqueeze(1);
+}
 
 // Consecutive sequences [begin, end) of at most `max_tokens` packed tokens
 // each (a longer sequence alone); the whole range when max_tokens is 0.
@@ -118,6 +132,11 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
   std::vector<float> rewards;
   for (size_t g = 0; g < groups.size(); ++g) {
     const ScoredPromptGroup& group = groups[g];
+    if (!(std::isfinite(group.temperature) && group.temperature >= 0.0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("group ", g, ": sampling temperature must be finite "
+                       "and >= 0, got ", group.temperature));
+    }
     for (const ScoredCompletion& c : group.completions) {
       if (c.tokens.empty()) continue;
       if (c.behavior_logprobs.size() != c.tokens.size()) {
@@ -127,7 +146,8 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
       }
       sequences.push_back(
           {&group.prompt, &c,
-           static_cast<int64_t>(group.prompt.size() + c.tokens.size())});
+           static_cast<int64_t>(group.prompt.size() + c.tokens.size()),
+           group.temperature > 0.0 ? 1.0 / group.temperature : 1.0});
       rewards.push_back(static_cast<float>(c.reward));
       group_ids.push_back(static_cast<int64_t>(g));
       stats.staleness.push_back(static_cast<int64_t>(version_.load()) -
@@ -178,7 +198,7 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
       // positions that predict completion tokens.
       std::vector<int64_t> input_ids, position_ids, cu_seqlens = {0};
       std::vector<int64_t> predict_rows, targets, local_ids;
-      std::vector<float> micro_behavior;
+      std::vector<float> micro_behavior, inv_temperatures;
       for (size_t i = begin; i < end; ++i) {
         const std::vector<int32_t>& prompt = *sequences[i].prompt;
         const ScoredCompletion& c = *sequences[i].completion;
@@ -195,6 +215,8 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
           predict_rows.push_back(base + prompt_len - 1 +
                                  static_cast<int64_t>(k));
           targets.push_back(c.tokens[k]);
+          inv_temperatures.push_back(
+              static_cast<float>(sequences[i].inv_temperature));
           local_ids.push_back(static_cast<int64_t>(i - begin));
           sequence_ids.push_back(static_cast<int64_t>(i));
         }
@@ -213,7 +235,8 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
       ASSIGN_OR_RETURN(at::Tensor hidden,
                        policy_->ForwardPackedHidden(
                            input_tensor, position_tensor, cu_seqlens_tensor));
-      const at::Tensor selected = hidden.index_select(0, predict_tensor);
+      const at::Tensor selected = AtSamplingTemperature(
+          hidden.index_select(0, predict_tensor), inv_temperatures);
       ASSIGN_OR_RETURN(TokenLogProbs logprobs,
                        ComputeTokenLogProbs(selected, weights->lm_head(),
                                             target_tensor, options_.logprobs));
@@ -232,7 +255,9 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
         ASSIGN_OR_RETURN(
             TokenLogProbs reference,
             ComputeTokenLogProbs(
-                reference_hidden.index_select(0, predict_tensor),
+                AtSamplingTemperature(
+                    reference_hidden.index_select(0, predict_tensor),
+                    inv_temperatures),
                 reference_weights->lm_head(), target_tensor,
                 reference_options));
         micro_reference = reference.logprobs.detach();

@@ -41,6 +41,12 @@ struct ScoredCompletion {
 struct ScoredPromptGroup {
   std::vector<int32_t> prompt;
   std::vector<ScoredCompletion> completions;
+  // Softmax temperature the completions were sampled with: the trainer's
+  // log-probs of this group are taken at the same temperature, so that they
+  // are comparable with the behavior log-probs (the rollout sampler's are
+  // log softmax(logits / temperature)). Greedy sampling (0) reports
+  // temperature-1 log-probs, so 0 counts as 1. Finite and >= 0.
+  double temperature = 1.0;
 };
 
 // Learning rate after the warmup.
