@@ -29,9 +29,8 @@ const char* PublishReasonName(PublishReason reason) {
 absl::StatusOr<DeltaPublisher> DeltaPublisher::Create(
     const DeltaPublishOptions& options) {
   if (!(options.max_density > 0.0 && options.max_density <= 1.0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("delta max_density must be in (0, 1], got ",
-                     options.max_density));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "delta max_density must be in (0, 1], got ", options.max_density));
   }
   absl::StatusOr<kernels::AnchorPolicy> policy =
       kernels::AnchorPolicy::Create(options.anchor_every);
@@ -52,9 +51,9 @@ absl::StatusOr<PublishedVersion> DeltaPublisher::Publish(
     std::shared_ptr<const std::vector<uint8_t>> flat) {
   const uint64_t v = manifest.policy_version();
   if (flat == nullptr || flat->size() != manifest.total_bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "weights v", v, ": payload is ", flat ? flat->size() : 0,
-        " bytes, manifest says ", manifest.total_bytes()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("weights v", v, ": payload is ", flat ? flat->size() : 0,
+                     " bytes, manifest says ", manifest.total_bytes()));
   }
   PublishedVersion out;
   const bool have_base = last_version_.has_value() && *last_version_ + 1 == v &&

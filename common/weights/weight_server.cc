@@ -80,9 +80,9 @@ class WeightServerService::FetchReactor
     }
     service_->bytes_ += n;
     if (service_->options_.metrics != nullptr) {
-      service_->options_.metrics->RecordBytes(
-          SyncDirection::kSent, SyncTransport::kPull, full(),
-          static_cast<double>(n));
+      service_->options_.metrics->RecordBytes(SyncDirection::kSent,
+                                              SyncTransport::kPull, full(),
+                                              static_cast<double>(n));
     }
     ++sent_;
     offset_ += n;

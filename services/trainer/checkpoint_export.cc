@@ -29,8 +29,8 @@ absl::StatusOr<std::string> ExportCheckpoint(const ExportOptions& options) {
                      rollout::LoadModel("", options.seed, 0));
     model::SaveOptions save;
     save.dtype = dtype;
-    RETURN_IF_ERROR(model::SaveHfModel(*builtin.decoder->weights(),
-                                       options.output, save));
+    RETURN_IF_ERROR(
+        model::SaveHfModel(*builtin.decoder->weights(), options.output, save));
     RETURN_IF_ERROR(
         task::WriteArithTokenizer(options.output + "/tokenizer.json"));
     return builtin.description;

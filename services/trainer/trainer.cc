@@ -205,9 +205,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   trainer->weight_sync_metrics_ =
       std::make_unique<weights::WeightSyncMetrics>(*trainer->registry_);
   trainer->weight_server_ = std::make_unique<weights::WeightServerService>(
-      &trainer->store_,
-      weights::WeightServerOptions{.metrics =
-                                       trainer->weight_sync_metrics_.get()});
+      &trainer->store_, weights::WeightServerOptions{
+                            .metrics = trainer->weight_sync_metrics_.get()});
   if (config.eval.every_versions > 0) {
     ASSIGN_OR_RETURN(trainer->evaluator_,
                      HeldoutEvaluator::Create(config.eval));

@@ -104,11 +104,11 @@ void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config) {
                  "this is a full anchor, the others are sparse deltas on the "
                  "version before (pulled by workers that hold it); 1 = every "
                  "version full. float32 versions are always full.");
-  schema->AddDouble("weight_sync.delta_max_density",
-                    &config->weight_delta_max_density, 0, 1,
-                    "Largest changed fraction of the bf16 weights (bit "
-                    "patterns against the version before) that is published "
-                    "as a delta; a denser version is a full anchor. In (0, 1].");
+  schema->AddDouble(
+      "weight_sync.delta_max_density", &config->weight_delta_max_density, 0, 1,
+      "Largest changed fraction of the bf16 weights (bit "
+      "patterns against the version before) that is published "
+      "as a delta; a denser version is a full anchor. In (0, 1].");
 }
 
 std::string TrainingConfigJson(const TrainerConfig& c) {

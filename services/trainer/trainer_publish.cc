@@ -4,14 +4,13 @@
 // Part of the Trainer class (trainer.h); runs on the training thread except
 // OnBroadcast (the broadcast sender's thread).
 
-#include "services/trainer/trainer.h"
-
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
 #include "common/model/model_weights.h"
 #include "common/rpc/grpc_client.h"
 #include "common/weights/model_flattening.h"
+#include "services/trainer/trainer.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 
 namespace tandem::trainer {
@@ -21,16 +20,15 @@ auto Log() { return ComponentLogger("trainer"); }
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<model::ModelWeights>>
-Trainer::PublishedWeights() const {
+absl::StatusOr<std::shared_ptr<model::ModelWeights>> Trainer::PublishedWeights()
+    const {
   ASSIGN_OR_RETURN(std::shared_ptr<model::ModelWeights> weights,
                    grpo_->SnapshotWeights());
   if (weights->config().dtype == publish_dtype_) return weights;
   return weights->To(weights->device(), publish_dtype_);
 }
 
-absl::StatusOr<weights::StoredPayload> Trainer::StoreVersion(
-    uint64_t version) {
+absl::StatusOr<weights::StoredPayload> Trainer::StoreVersion(uint64_t version) {
   ASSIGN_OR_RETURN(auto weights, PublishedWeights());
   ASSIGN_OR_RETURN(auto flat, weights::FlattenModel(*weights, *layout_));
   ASSIGN_OR_RETURN(tandem::v1::WeightManifest manifest,

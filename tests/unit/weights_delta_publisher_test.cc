@@ -181,9 +181,9 @@ TEST_CASE("replaying a published anchor and its deltas is bit-exact",
     published.push_back(Publish(*publisher, versions, v));
     const PublishedVersion& p = published.back();
     if (p.delta) {
-      REQUIRE(kernels::ApplyBf16Delta(*p.delta->bytes,
-                                      kernels::AsMutableWords(
-                                          absl::MakeSpan(follower)))
+      REQUIRE(kernels::ApplyBf16Delta(
+                  *p.delta->bytes,
+                  kernels::AsMutableWords(absl::MakeSpan(follower)))
                   .ok());
       ++deltas;
     } else {
@@ -202,10 +202,10 @@ TEST_CASE("replaying a published anchor and its deltas is bit-exact",
     const PublishedVersion& p = published[v - 1];
     REQUIRE(p.delta.has_value());
     CHECK(p.full.manifest.anchor_version() == anchor);
-    REQUIRE(kernels::ApplyBf16Delta(
-                *p.delta->bytes,
-                kernels::AsMutableWords(absl::MakeSpan(joiner)))
-                .ok());
+    REQUIRE(
+        kernels::ApplyBf16Delta(*p.delta->bytes,
+                                kernels::AsMutableWords(absl::MakeSpan(joiner)))
+            .ok());
   }
   CHECK(joiner == *published.back().full.bytes);
 }
