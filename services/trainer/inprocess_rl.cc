@@ -44,10 +44,10 @@ bool Correct(const std::vector<int32_t>& output,
 absl::StatusOr<InProcessRlResult> RunInProcessRl(
     const InProcessRlOptions& options,
     const std::function<void(const InProcessRlPoint&)>& on_point) {
-  ASSIGN_OR_RETURN(rollout::LoadedModel loaded,
-                   rollout::LoadModel(options.model_path, 1,
-                                      static_cast<int32_t>(
-                                          options.torch_threads)));
+  ASSIGN_OR_RETURN(
+      rollout::LoadedModel loaded,
+      rollout::LoadModel(options.model_path, 1,
+                         static_cast<int32_t>(options.torch_threads)));
   task::ArithTaskOptions task_options;
   task_options.digits = options.digits;
   task_options.subtraction = options.subtraction;
@@ -69,8 +69,8 @@ absl::StatusOr<InProcessRlResult> RunInProcessRl(
   int64_t summed_steps = 0;
   auto evaluate = [&](int64_t step) -> absl::Status {
     ASSIGN_OR_RETURN(sft::EvalResult eval,
-                     sft::EvaluateExactMatch(grpo->policy(), tokenizer,
-                                             heldout, options.digits));
+                     sft::EvaluateExactMatch(grpo->policy(), tokenizer, heldout,
+                                             options.digits));
     InProcessRlPoint point;
     point.step = step;
     point.heldout_accuracy = eval.accuracy();
@@ -102,8 +102,8 @@ absl::StatusOr<InProcessRlResult> RunInProcessRl(
     rollout::TorchEngineModel engine_model(decoder, loaded.max_tokens);
     rollout::EngineOptions engine_options;
     engine_options.eos_token_ids = loaded.eos_token_ids;
-    engine_options.limits.max_num_seqs = static_cast<int32_t>(
-        options.prompts_per_step * options.group_size);
+    engine_options.limits.max_num_seqs =
+        static_cast<int32_t>(options.prompts_per_step * options.group_size);
     rollout::Engine engine(engine_options, &engine_model, nullptr, 0);
     std::vector<task::ArithProblem> problems;
     std::vector<ScoredPromptGroup> groups;
@@ -129,10 +129,10 @@ absl::StatusOr<InProcessRlResult> RunInProcessRl(
     for (auto& finished : engine.TakeFinished()) {
       const size_t p = std::stoul(finished.request_id);
       ScoredCompletion c;
-      c.reward = Correct(finished.output, loaded.eos_token_ids, tokenizer,
-                         problems[p])
-                     ? 1.0
-                     : 0.0;
+      c.reward =
+          Correct(finished.output, loaded.eos_token_ids, tokenizer, problems[p])
+              ? 1.0
+              : 0.0;
       c.tokens = std::move(finished.output);
       c.behavior_logprobs = std::move(finished.logprobs);
       c.min_policy_version = grpo->policy_version();
@@ -191,6 +191,8 @@ int RunInProcessRlCommand(int argc, char** argv) {
   app.add_option("--threads", options.torch_threads, "torch threads");
   app.add_option("--max-grad-norm", options.grpo.max_grad_norm,
                  "Gradient clipping norm");
+  app.add_option("--skip-zero-advantage", options.grpo.skip_zero_advantage,
+                 "Do not forward completions whose advantage is 0");
   app.add_option("--clip-low", options.grpo.loss.clip_low, "PPO clip below 1");
   app.add_option("--clip-high", options.grpo.loss.clip_high,
                  "PPO clip above 1");
@@ -199,8 +201,7 @@ int RunInProcessRlCommand(int argc, char** argv) {
                  "grpo: (r - mean) / std; dr-grpo: r - mean")
       ->check(CLI::IsMember({"grpo", "dr-grpo"}));
   std::string aggregation = "token-mean";
-  app.add_option("--aggregation", aggregation,
-                 "Loss aggregation over tokens")
+  app.add_option("--aggregation", aggregation, "Loss aggregation over tokens")
       ->check(CLI::IsMember({"token-mean", "sequence-mean", "sum"}));
   try {
     app.parse(argc, argv);

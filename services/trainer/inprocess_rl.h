@@ -41,10 +41,10 @@ struct InProcessRlPoint {
   double reward_mean = 0.0;  // over the steps since the previous point
   double seconds = 0.0;      // since the start
   // Means over the steps since the previous point (0 at step 0).
-  double entropy_mean = 0.0;     // per-token entropy of the trained tokens
-  double clip_fraction = 0.0;    // tokens whose gradient was clipped
-  double ratio_mean = 0.0;       // new / behavior probability
-  double grad_norm = 0.0;        // before clipping
+  double entropy_mean = 0.0;   // per-token entropy of the trained tokens
+  double clip_fraction = 0.0;  // tokens whose gradient was clipped
+  double ratio_mean = 0.0;     // new / behavior probability
+  double grad_norm = 0.0;      // before clipping
   // Fraction of groups whose samples did not all get the same reward (the
   // only groups with a non-zero advantage).
   double signal_fraction = 0.0;

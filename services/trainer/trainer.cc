@@ -331,10 +331,12 @@ absl::Status Trainer::TrainOnce() {
   step_metrics_.Record(stats);
   for (int64_t s : stats.staleness) staleness_.Observe(static_cast<double>(s));
   Log()->info(
-      "version {}: {} groups, {} tokens, reward {:.3f}, loss {:.4f}, clip "
-      "{:.3f}, kl {:.4g}, grad norm {:.3f}, {:.2f}s",
+      "version {}: {} groups, {} tokens ({} completions with zero advantage "
+      "not forwarded), reward {:.3f}, loss {:.4f}, clip {:.3f}, kl {:.4g}, "
+      "grad norm {:.3f}, {:.2f}s",
       stats.policy_version, groups.size(), stats.trained_tokens,
-      stats.reward_mean, stats.loss.loss, stats.loss.clip_fraction,
+      stats.skipped_sequences, stats.reward_mean, stats.loss.loss,
+      stats.loss.clip_fraction,
       stats.loss.kl_mean, stats.grad_norm, stats.step_seconds);
   absl::MutexLock lock(&mu_);
   status_.set_step(status_.step() + 1);

@@ -21,8 +21,9 @@ TrainerStepMetrics::TrainerStepMetrics(prometheus::Registry& registry)
           "trained batch.")),
       clip_fraction_(LastStepGauge(
           registry, "tandem_trainer_clip_fraction",
-          "Fraction of the last step's tokens whose PPO ratio was clipped "
-          "(gradient zeroed).")),
+          "Fraction of the last step's forwarded tokens whose PPO ratio was "
+          "clipped (gradient zeroed). Forwarded: completions with a non-zero "
+          "advantage, or all when none has one.")),
       kl_(LastStepGauge(
           registry, "tandem_trainer_kl",
           "Mean k3 KL estimate to the reference model over the last step's "
@@ -30,11 +31,11 @@ TrainerStepMetrics::TrainerStepMetrics(prometheus::Registry& registry)
       entropy_(LastStepGauge(
           registry, "tandem_trainer_entropy",
           "Mean entropy (nats) of the policy's next-token distribution over "
-          "the last step's tokens.")),
+          "the last step's forwarded tokens (see clip_fraction).")),
       ratio_mean_(LastStepGauge(
           registry, "tandem_trainer_ratio_mean",
           "Mean importance ratio exp(new - behavior log-prob) over the "
-          "last step's tokens.")),
+          "last step's forwarded tokens (see clip_fraction).")),
       effective_sample_size_(LastStepGauge(
           registry, "tandem_trainer_effective_sample_size",
           "Normalised effective sample size (sum w)^2 / sum w^2 / M of the "

@@ -146,6 +146,49 @@ TEST_CASE("log-probs are taken at each group's sampling temperature") {
         std::string::npos);
 }
 
+TEST_CASE(
+    "sequences with zero advantage are skipped without changing the "
+    "gradient") {
+  auto initial = model::RandomInit(model::testing::TinyQwen2Config(), 14);
+  REQUIRE(initial.ok());
+  auto make = [&](bool skip) {
+    GrpoTrainerOptions options;
+    options.skip_zero_advantage = skip;
+    auto trainer = GrpoTrainer::Create(**initial, 0, options);
+    REQUIRE(trainer.ok());
+    return std::move(*trainer);
+  };
+  auto skipping = make(true);
+  auto forwarding = make(false);
+  auto snapshot = skipping->SnapshotWeights();
+  REQUIRE(snapshot.ok());
+  auto groups = Generate(*snapshot, 4, 5);
+  // Groups 0 and 2 have equal rewards (advantage 0), 1 and 3 mixed ones.
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (size_t i = 0; i < groups[g].completions.size(); ++i) {
+      groups[g].completions[i].reward =
+          g % 2 == 0 ? 1.0 : static_cast<double>(i % 2);
+    }
+  }
+  auto skipped = skipping->Step(groups);
+  auto forwarded = forwarding->Step(groups);
+  REQUIRE(skipped.ok());
+  REQUIRE(forwarded.ok());
+  CHECK(skipped->skipped_sequences == 8);
+  CHECK(forwarded->skipped_sequences == 0);
+  CHECK(skipped->trained_tokens == forwarded->trained_tokens);
+  CHECK(skipped->loss.loss == Approx(forwarded->loss.loss).margin(1e-7));
+  CHECK(skipped->grad_norm == Approx(forwarded->grad_norm).epsilon(1e-5));
+  CHECK(skipped->grad_norm > 0.0);
+  const auto a = skipping->GradientsForTest();
+  const auto b = forwarding->GradientsForTest();
+  for (const auto& [name, grad] : b) {
+    INFO(name);
+    REQUIRE(a.at(name).defined());
+    CHECK(torch::allclose(a.at(name), grad, 1e-5, 1e-7));
+  }
+}
+
 TEST_CASE("groups with equal rewards leave the weights unchanged") {
   auto initial = model::RandomInit(model::testing::TinyQwen2Config(), 12);
   REQUIRE(initial.ok());

@@ -52,7 +52,7 @@ absl::Status ValidateOptions(const GrpoTrainerOptions& o) {
 struct SequenceRef {
   const std::vector<int32_t>* prompt;
   const ScoredCompletion* completion;
-  int64_t packed_tokens;  // prompt + completion
+  int64_t packed_tokens;   // prompt + completion
   double inv_temperature;  // of the group's sampling
 };
 
@@ -134,8 +134,10 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
     const ScoredPromptGroup& group = groups[g];
     if (!(std::isfinite(group.temperature) && group.temperature >= 0.0)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("group ", g, ": sampling temperature must be finite "
-                       "and >= 0, got ", group.temperature));
+          absl::StrCat("group ", g,
+                       ": sampling temperature must be finite "
+                       "and >= 0, got ",
+                       group.temperature));
     }
     for (const ScoredCompletion& c : group.completions) {
       if (c.tokens.empty()) continue;
@@ -184,6 +186,31 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
       static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     }
     stats.lr = lr;
+    // The sequences to forward (see skip_zero_advantage) and their
+    // advantages.
+    std::vector<SequenceRef> active;
+    std::vector<int64_t> active_index;
+    {
+      const at::Tensor a = advantages.to(torch::kFloat).contiguous();
+      const float* adv = a.data_ptr<float>();
+      // A reference policy's log-probs (KL term or statistic) need every
+      // token. A batch without any signal is forwarded whole: its gradient
+      // is zero either way, and its statistics (entropy, ratio) stay
+      // defined.
+      const bool any_signal = std::any_of(adv, adv + sequences.size(),
+                                          [](float v) { return v != 0.0f; });
+      const bool skip = options_.skip_zero_advantage && any_signal &&
+                        options_.loss.kl_beta <= 0.0 && reference_ == nullptr;
+      for (size_t i = 0; i < sequences.size(); ++i) {
+        if (skip && adv[i] == 0.0f) continue;
+        active.push_back(sequences[i]);
+        active_index.push_back(static_cast<int64_t>(i));
+      }
+    }
+    stats.skipped_sequences =
+        static_cast<int64_t>(sequences.size() - active.size());
+    const at::Tensor active_advantages =
+        advantages.index_select(0, torch::tensor(active_index, torch::kLong));
     optimizer_->adamw->zero_grad();
     // The whole batch, detached, for the statistics; gradients accumulate
     // over the micro-batches.
@@ -191,7 +218,7 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
     std::vector<float> behavior;
     std::vector<int64_t> sequence_ids;
     const auto micro_batches =
-        SplitMicroBatches(sequences, options_.micro_batch_tokens);
+        SplitMicroBatches(active, options_.micro_batch_tokens);
     stats.micro_batches = static_cast<int64_t>(micro_batches.size());
     for (const auto& [begin, end] : micro_batches) {
       // Pack every (prompt + completion) as one sequence; select the
@@ -200,8 +227,8 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
       std::vector<int64_t> predict_rows, targets, local_ids;
       std::vector<float> micro_behavior, inv_temperatures;
       for (size_t i = begin; i < end; ++i) {
-        const std::vector<int32_t>& prompt = *sequences[i].prompt;
-        const ScoredCompletion& c = *sequences[i].completion;
+        const std::vector<int32_t>& prompt = *active[i].prompt;
+        const ScoredCompletion& c = *active[i].completion;
         const int64_t base = static_cast<int64_t>(input_ids.size());
         const int64_t prompt_len = static_cast<int64_t>(prompt.size());
         int64_t pos = 0;
@@ -216,7 +243,7 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
                                  static_cast<int64_t>(k));
           targets.push_back(c.tokens[k]);
           inv_temperatures.push_back(
-              static_cast<float>(sequences[i].inv_temperature));
+              static_cast<float>(active[i].inv_temperature));
           local_ids.push_back(static_cast<int64_t>(i - begin));
           sequence_ids.push_back(static_cast<int64_t>(i));
         }
@@ -246,10 +273,9 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
         // graph.
         torch::NoGradGuard no_grad;
         const auto reference_weights = reference_->weights();
-        ASSIGN_OR_RETURN(
-            at::Tensor reference_hidden,
-            reference_->ForwardPackedHidden(input_tensor, position_tensor,
-                                            cu_seqlens_tensor));
+        ASSIGN_OR_RETURN(at::Tensor reference_hidden,
+                         reference_->ForwardPackedHidden(
+                             input_tensor, position_tensor, cu_seqlens_tensor));
         TokenLogProbsOptions reference_options = options_.logprobs;
         reference_options.compute_entropy = false;
         ASSIGN_OR_RETURN(
@@ -270,10 +296,11 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
       micro.mask =
           torch::ones({static_cast<int64_t>(targets.size())}, torch::kFloat);
       micro.sequence_ids = torch::tensor(local_ids, torch::kLong);
-      micro.advantages = advantages.slice(0, static_cast<int64_t>(begin),
-                                          static_cast<int64_t>(end));
+      micro.advantages = active_advantages.slice(0, static_cast<int64_t>(begin),
+                                                 static_cast<int64_t>(end));
+      // Denominators of the whole batch, skipped sequences included (every
+      // sequence has completion tokens).
       micro.total_tokens = stats.trained_tokens;
-      // Every packed sequence has completion tokens.
       micro.total_sequences = static_cast<int64_t>(sequences.size());
       ASSIGN_OR_RETURN(GrpoLossResult loss,
                        ComputeGrpoLoss(micro, options_.loss));
@@ -286,15 +313,18 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
                       micro_behavior.end());
     }
     {
-      // Statistics of the whole batch (its loss is the sum of the
-      // micro-batches' losses).
+      // Statistics of the forwarded sequences, with the whole batch's
+      // denominators (the loss is the sum of the micro-batches' losses).
       torch::NoGradGuard no_grad;
       PackedPolicyBatch batch;
       batch.new_logprobs = torch::cat(new_logprobs);
       batch.behavior_logprobs = torch::tensor(behavior, torch::kFloat);
-      batch.mask = torch::ones({stats.trained_tokens}, torch::kFloat);
+      batch.mask =
+          torch::ones({static_cast<int64_t>(behavior.size())}, torch::kFloat);
       batch.sequence_ids = torch::tensor(sequence_ids, torch::kLong);
-      batch.advantages = advantages;
+      batch.advantages = active_advantages;
+      batch.total_tokens = stats.trained_tokens;
+      batch.total_sequences = static_cast<int64_t>(sequences.size());
       if (entropies.size() == new_logprobs.size()) {
         batch.entropy = torch::cat(entropies);
       }

@@ -78,6 +78,15 @@ struct GrpoTrainerOptions {
   // totals, then one optimizer step is taken. Peak activation memory then
   // scales with the micro-batch. 0 = the whole batch in one pass.
   int64_t micro_batch_tokens = 0;
+  // Sequences whose advantage is exactly 0 (every sample of their group got
+  // the same reward) add nothing to the policy loss or its gradient, since
+  // every objective scales a token's term by its advantage; they are then
+  // not forwarded at all (unless a reference policy is set, whose KL term
+  // and statistic need every token, or no sequence has a non-zero advantage:
+  // then all are forwarded, so the statistics stay defined). The
+  // loss's denominators still count them, so the gradient is the same as
+  // with them. false = forward every sequence (for tests).
+  bool skip_zero_advantage = true;
 };
 
 struct GrpoStepStats {
@@ -93,6 +102,11 @@ struct GrpoStepStats {
   std::vector<int64_t> staleness;
   double step_seconds = 0.0;
   int64_t micro_batches = 0;
+  // Completions not forwarded because their advantage was 0
+  // (skip_zero_advantage); `loss`'s token statistics (ratio, clip
+  // fraction, entropy) are over the forwarded ones (all of them when no
+  // completion had a non-zero advantage).
+  int64_t skipped_sequences = 0;
 };
 
 // AdamW's per-parameter state.
