@@ -4,6 +4,7 @@ real Prometheus server."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -68,6 +69,26 @@ def health_check(address, service="", timeout=2.0):
         return SERVING_STATUS[0]
     assert response[0] == 0x08, response
     return SERVING_STATUS.get(response[1], f"?{response[1]}")
+
+
+def scrape_metrics(address):
+    """Text of http://<address>/metrics (a daemon's Prometheus endpoint)."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def metric_sum(text, name, **labels):
+    """Sum of the samples of `name` in exposition `text` whose labels include
+    `labels`."""
+    total = 0.0
+    for line in text.splitlines():
+        match = re.match(r"^(\w+)(\{[^}]*\})? (\S+)$", line)
+        if not match or match.group(1) != name:
+            continue
+        have = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            total += float(match.group(3))
+    return total
 
 
 def free_port():

@@ -8,17 +8,16 @@ over real gRPC (stubs from test_coordinator_work)."""
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import unittest
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+from harness import metric_sum, scrape_metrics  # noqa: E402
 import test_coordinator_work as work  # noqa: E402  (generates the stubs)
 from test_coordinator_work import common, pb  # noqa: E402
 
@@ -47,22 +46,6 @@ def samples_for(lease, worker_id):
         worker_id=worker_id) for i in range(lease.group_size)]
 
 
-def scrape(address):
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as r:
-        return r.read().decode()
-
-
-def counter(text, name, **labels):
-    """Sum of the samples of `name` whose labels include `labels`."""
-    total = 0.0
-    for line in text.splitlines():
-        match = re.match(r"^(\w+)(\{[^}]*\})? (\S+)$", line)
-        if not match or match.group(1) != name:
-            continue
-        have = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
-        if all(have.get(k) == v for k, v in labels.items()):
-            total += float(match.group(3))
-    return total
 
 
 class VerifierRoutingTest(unittest.TestCase):
@@ -188,16 +171,17 @@ scoring:
                 for scored in group.samples:
                     self.assertEqual(scored.score.reward, 1.0,
                                      scored.score.reason)
-            exact = scrape(self.wait_ready("verifier-exact")[
+            exact = scrape_metrics(self.wait_ready("verifier-exact")[
                 "metrics_address"])
-            math = scrape(self.wait_ready("verifier-math")["metrics_address"])
+            math = scrape_metrics(
+                self.wait_ready("verifier-math")["metrics_address"])
             name = "tandem_verifier_requests_total"
-            self.assertEqual(counter(exact, name, verifier="exact"),
+            self.assertEqual(metric_sum(exact, name, verifier="exact"),
                              4 * GROUP_SIZE)
-            self.assertEqual(counter(exact, name, verifier="math"), 0)
-            self.assertEqual(counter(math, name, verifier="math"),
+            self.assertEqual(metric_sum(exact, name, verifier="math"), 0)
+            self.assertEqual(metric_sum(math, name, verifier="math"),
                              4 * GROUP_SIZE)
-            self.assertEqual(counter(math, name, verifier="exact"), 0)
+            self.assertEqual(metric_sum(math, name, verifier="exact"), 0)
 
             # No replica serves math any more: math samples wait, exact
             # ones are still scored.
@@ -216,11 +200,12 @@ scoring:
                        if answer(l.prompt_id) == "7"))
             metrics = self.wait_ready("coordinator")["metrics_address"]
             harness.wait_for(
-                lambda: counter(scrape(metrics),
+                lambda: metric_sum(scrape_metrics(metrics),
                                 "tandem_coordinator_scoring_unroutable_samples")
                 == 2 * GROUP_SIZE, 10, "math samples counted as unroutable")
-            self.assertGreater(counter(
-                scrape(metrics), "tandem_coordinator_scoring_unroutable_total"),
+            self.assertGreater(metric_sum(
+                scrape_metrics(metrics),
+                "tandem_coordinator_scoring_unroutable_total"),
                 0)
             self.assertIn("no live verifier replica serves verifier 'math'",
                           self.log("coordinator"))
@@ -235,7 +220,7 @@ scoring:
                 sorted(l.prompt_id for l in rest
                        if answer(l.prompt_id) == "42"))
             harness.wait_for(
-                lambda: counter(scrape(metrics),
+                lambda: metric_sum(scrape_metrics(metrics),
                                 "tandem_coordinator_scoring_unroutable_samples")
                 == 0, 10, "no unroutable samples")
         finally:

@@ -8,15 +8,14 @@ The tests share one cluster and run in the order of their names."""
 
 import datetime
 import os
-import re
 import shutil
 import signal
 import tempfile
 import time
 import unittest
-import urllib.request
 
 import harness
+from harness import metric_sum, scrape_metrics
 
 BROADCAST_TIMEOUT_S = 3.0  # weight_sync.timeout_ms below
 
@@ -54,22 +53,6 @@ def cluster(address):
 def worker(address):
     return harness.tandemctl_json("worker", "status", "--address", address)
 
-
-def metric_sum(metrics_address, name, **labels):
-    """Sum of the samples of `name` whose labels include `labels`."""
-    with urllib.request.urlopen(f"http://{metrics_address}/metrics",
-                                timeout=5) as r:
-        text = r.read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith("#") or not line.startswith(name):
-            continue
-        head, value = line.rsplit(" ", 1)
-        if head != name and not head.startswith(name + "{"):
-            continue
-        if all(f'{k}="{v}"' in head for k, v in labels.items()):
-            total += float(value)
-    return total
 
 
 def log_time(line):
@@ -175,26 +158,27 @@ class WeightBroadcastTest(unittest.TestCase):
                 self.assertEqual(as_int(w, "broadcastEpoch"),
                                  as_int(status["broadcastGroup"], "epoch"))
         trainer_metrics = self.ready["trainer"]["metrics_address"]
-        sent = metric_sum(trainer_metrics,
-                          "tandem_weight_sync_transfer_seconds_count",
-                          direction="sent", transport="broadcast")
-        seconds = metric_sum(trainer_metrics,
-                             "tandem_weight_sync_transfer_seconds_sum",
-                             direction="sent", transport="broadcast")
-        sent_bytes = metric_sum(trainer_metrics,
-                                "tandem_weight_sync_bytes_total",
-                                direction="sent", transport="broadcast")
+        text = scrape_metrics(trainer_metrics)
+        sent = metric_sum(
+            text, "tandem_weight_sync_transfer_seconds_count",
+            direction="sent", transport="broadcast")
+        seconds = metric_sum(
+            text, "tandem_weight_sync_transfer_seconds_sum",
+            direction="sent", transport="broadcast")
+        sent_bytes = metric_sum(
+            text, "tandem_weight_sync_bytes_total",
+            direction="sent", transport="broadcast")
         print(f"trainer broadcast {int(sent)} versions, "
               f"{sent_bytes / max(sent, 1) / 2**20:.2f} MiB each, "
               f"mean {1000 * seconds / max(sent, 1):.1f} ms per version "
               f"(to {len(seen)} receivers)")
         self.assertGreater(metric_sum(
-            trainer_metrics, "tandem_weight_sync_bytes_total",
+            text, "tandem_weight_sync_bytes_total",
             direction="sent", transport="broadcast", kind="full"), 0)
         for name, info in self.workers().items():
             with self.subTest(worker=name):
-                self.assertGreater(metric_sum(
-                    info["metrics_address"], "tandem_weight_sync_bytes_total",
+                self.assertGreater(metric_sum(scrape_metrics(
+                    info["metrics_address"]), "tandem_weight_sync_bytes_total",
                     direction="received", transport="broadcast"), 0)
 
     def test_2_killed_worker_does_not_stop_the_others_and_rejoins(self):
@@ -270,8 +254,8 @@ class WeightBroadcastTest(unittest.TestCase):
         except AssertionError:
             self.dump()
             raise
-        self.assertGreater(metric_sum(
-            new["metrics_address"], "tandem_weight_sync_bytes_total",
+        self.assertGreater(metric_sum(scrape_metrics(
+            new["metrics_address"]), "tandem_weight_sync_bytes_total",
             direction="received", transport="pull"), 0)
         self.assertGreater(as_int(w, "receivedPolicyVersion"), 0)
         # The survivor counted the aborted collective, or left without one

@@ -16,9 +16,9 @@ import shutil
 import subprocess
 import tempfile
 import unittest
-import urllib.request
 
 import harness
+from harness import metric_sum, scrape_metrics
 
 # Trained versions to wait for, the learning rate, and
 # weight_sync.anchor_every.
@@ -60,23 +60,6 @@ weight_sync:
             f.write(text)
 
 
-def metrics(address):
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as r:
-        return r.read().decode()
-
-
-def metric_sum(text, name, **labels):
-    """Sum of the samples of `name` whose labels include `labels`."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith("#") or not line.startswith(name):
-            continue
-        head, value = line.rsplit(" ", 1)
-        if head != name and not head.startswith(name + "{"):
-            continue
-        if all(f'{k}="{v}"' in head for k, v in labels.items()):
-            total += float(value)
-    return total
 
 
 def as_int(message, field):
@@ -173,8 +156,8 @@ class WeightDeltasTest(unittest.TestCase):
         self.assertEqual(w["weightsDigest"], status["weightsDigest"])
         self.assertEqual(w["weightSyncTransport"], "pull")
 
-        trainer = metrics(self.ready["trainer"]["metrics_address"])
-        received = metrics(worker["metrics_address"])
+        trainer = scrape_metrics(self.ready["trainer"]["metrics_address"])
+        received = scrape_metrics(worker["metrics_address"])
         published = {kind: metric_sum(
             trainer, "tandem_weight_sync_published_payloads_total", kind=kind)
             for kind in ("full", "delta")}

@@ -23,12 +23,12 @@ import tempfile
 import threading
 import time
 import unittest
-import urllib.request
 
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+from harness import metric_sum, scrape_metrics  # noqa: E402
 import test_coordinator_work as work  # noqa: E402  (generates the stubs)
 from test_coordinator_work import common, pb  # noqa: E402
 
@@ -44,22 +44,6 @@ PROMPTS = [{"id": f"p{i:03d}",
            for i in range(NUM_PROMPTS)]
 
 
-def scrape(address):
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as r:
-        return r.read().decode()
-
-
-def metric(text, name, **labels):
-    """Sum of the samples of `name` whose labels include `labels`."""
-    total = 0.0
-    for line in text.splitlines():
-        match = re.match(r"^(\w+)(\{[^}]*\})? (\S+)$", line)
-        if not match or match.group(1) != name:
-            continue
-        have = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
-        if all(have.get(k) == v for k, v in labels.items()):
-            total += float(match.group(3))
-    return total
 
 
 class Trainer:
@@ -273,8 +257,9 @@ training:
         # leases went back to the queue (not by lease expiry) and were
         # dispatched once more.
         def caught_up():
-            text = scrape(self.ready["metrics_address"])
-            trained = metric(text, "tandem_coordinator_groups_trained_total")
+            text = scrape_metrics(self.ready["metrics_address"])
+            trained = metric_sum(text,
+                                 "tandem_coordinator_groups_trained_total")
             return text if trained == NUM_PROMPTS else None
         text = harness.wait_for(caught_up, 5,
                                 "the coordinator's metrics to catch up")
@@ -288,8 +273,8 @@ training:
         }
         for (name, role), value in expected.items():
             labels = {"role": role} if role else {}
-            self.assertEqual(metric(text, name, **labels), value, name)
-        self.assertEqual(metric(text, "tandem_coordinator_queue_depth",
+            self.assertEqual(metric_sum(text, name, **labels), value, name)
+        self.assertEqual(metric_sum(text, "tandem_coordinator_queue_depth",
                                 queue="leased"), 0)
 
 if __name__ == "__main__":
