@@ -17,9 +17,8 @@
 #include "common/model/model_weights.h"
 #include "common/task/arith_tokenizer.h"
 #include "common/weights/model_flattening.h"
-#include "services/rollout/engine/engine.h"
-#include "services/rollout/torch_engine_model.h"
 #include "services/trainer/trainer.h"
+#include "tests/unit/grpo_test_util.h"
 #include "tests/unit/model_test_util.h"
 
 // Last: glog (through LibTorch) defines a CHECK macro of its own.
@@ -53,30 +52,13 @@ std::string WriteBf16Model(const model::testing::TempDir& dir) {
 // that loaded `path` produces them; reward 1 for an even first token.
 std::vector<ScoredPromptGroup> Generate(const model::DecoderModel& rollout,
                                         uint64_t seed) {
-  const std::vector<std::vector<int32_t>> prompts = {
-      {task::kArithBosId, 1, 2, 10, 3, 4, 12},
-      {task::kArithBosId, 7, 10, 5, 12}};
-  auto decoder = std::make_shared<model::DecoderModel>(rollout.weights());
-  rollout::TorchEngineModel engine_model(decoder, 64);
-  rollout::Engine engine({}, &engine_model, nullptr, 0);
-  for (size_t p = 0; p < prompts.size(); ++p) {
-    rollout::SamplingParams params;
-    params.n = 8;
-    params.max_tokens = 4;
-    params.seed = seed + 100 * p;
-    REQUIRE(engine.Add(std::to_string(p), prompts[p], params).ok());
-  }
-  while (!engine.idle()) REQUIRE(engine.Step().ok());
-  std::vector<ScoredPromptGroup> groups(prompts.size());
-  for (size_t p = 0; p < prompts.size(); ++p) groups[p].prompt = prompts[p];
-  for (auto& f : engine.TakeFinished()) {
-    ScoredCompletion c;
-    c.tokens = f.output;
-    c.behavior_logprobs = f.logprobs;
-    c.reward = f.output[0] % 2 == 0 ? 1.0 : 0.0;
-    groups[std::stoi(f.request_id)].completions.push_back(std::move(c));
-  }
-  return groups;
+  auto groups =
+      testing::SampleScoredGroups(rollout.weights(),
+                                  {{task::kArithBosId, 1, 2, 10, 3, 4, 12},
+                                   {task::kArithBosId, 7, 10, 5, 12}},
+                                  {.n = 8, .seed = seed, .max_context = 64});
+  REQUIRE(groups.ok());
+  return *std::move(groups);
 }
 
 TEST_CASE("a bfloat16 checkpoint trains and publishes bfloat16 versions") {
@@ -121,8 +103,8 @@ TEST_CASE("a bfloat16 checkpoint trains and publishes bfloat16 versions") {
       INFO(tensor.name());
       CHECK(tensor.dtype() == tandem::v1::DTYPE_BF16);
     }
-    auto received = weights::UnflattenModel(
-        (*rollout_weights)->config(), *worker_layout, *stored->bytes);
+    auto received = weights::UnflattenModel((*rollout_weights)->config(),
+                                            *worker_layout, *stored->bytes);
     REQUIRE(received.ok());
     CHECK((*received)->dtype() == at::kBFloat16);
     // The worker goes on generating with it.
@@ -138,7 +120,7 @@ TEST_CASE("a bfloat16 checkpoint trains and publishes bfloat16 versions") {
     if (!torch::equal(before, after)) ++changed;
   }
   INFO(changed << " of " << (*rollout_weights)->tensors().size()
-                << " tensors changed");
+               << " tensors changed");
   CHECK(changed > 0);
 }
 

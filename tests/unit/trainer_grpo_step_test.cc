@@ -10,9 +10,8 @@
 
 #include "common/model/decoder_model.h"
 #include "common/model/model_weights.h"
-#include "services/rollout/engine/engine.h"
-#include "services/rollout/torch_engine_model.h"
 #include "services/trainer/rl/grpo_trainer.h"
+#include "tests/unit/grpo_test_util.h"
 #include "tests/unit/model_test_util.h"
 
 // Last: glog (through LibTorch) defines a CHECK macro of its own.
@@ -28,31 +27,14 @@ std::vector<std::vector<int32_t>> Prompts() {
 // Generates `n` samples per prompt with the engine on `weights`.
 std::vector<ScoredPromptGroup> Generate(
     std::shared_ptr<model::ModelWeights> weights, int n, uint64_t seed,
-    int rewarded_parity = 0,
-    const std::vector<float>& temperatures = {1.0f, 1.0f, 1.0f, 1.0f}) {
-  auto decoder = std::make_shared<model::DecoderModel>(std::move(weights));
-  rollout::TorchEngineModel engine_model(decoder, 256);
-  rollout::Engine engine({}, &engine_model, nullptr, 0);
-  const auto prompts = Prompts();
-  for (size_t p = 0; p < prompts.size(); ++p) {
-    rollout::SamplingParams params;
-    params.n = n;
-    params.max_tokens = 4;
-    params.seed = seed + 100 * p;
-    params.temperature = temperatures[p];
-    REQUIRE(engine.Add(std::to_string(p), prompts[p], params).ok());
-  }
-  while (!engine.idle()) REQUIRE(engine.Step().ok());
-  std::vector<ScoredPromptGroup> groups(prompts.size());
-  for (size_t p = 0; p < prompts.size(); ++p) groups[p].prompt = prompts[p];
-  for (auto& f : engine.TakeFinished()) {
-    ScoredCompletion c;
-    c.tokens = f.output;
-    c.behavior_logprobs = f.logprobs;
-    c.reward = f.output[0] % 2 == rewarded_parity ? 1.0 : 0.0;
-    groups[std::stoi(f.request_id)].completions.push_back(std::move(c));
-  }
-  return groups;
+    int rewarded_parity = 0, const std::vector<float>& temperatures = {}) {
+  auto groups = testing::SampleScoredGroups(std::move(weights), Prompts(),
+                                            {.n = n,
+                                             .seed = seed,
+                                             .rewarded_parity = rewarded_parity,
+                                             .temperatures = temperatures});
+  REQUIRE(groups.ok());
+  return *std::move(groups);
 }
 
 // Mean over prompts of the probability that the first completion token is
