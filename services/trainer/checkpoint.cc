@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/base/logging.h"
 #include "common/base/status_macros.h"
 #include "common/model/decoder_model.h"
 #include "common/model/hf_checkpoint.h"
@@ -43,6 +44,9 @@ constexpr char kFormat[] = "tandem-trainer-checkpoint";
 constexpr int kFormatVersion = 1;
 constexpr char kStepPrefix[] = "step-";
 constexpr char kTmpPrefix[] = "tmp-";
+constexpr char kPinnedPrefix[] = "pinned-";
+
+auto Log() { return ComponentLogger("trainer"); }
 
 absl::Status FsError(const std::error_code& ec, const std::string& path,
                      absl::string_view what) {
@@ -181,8 +185,13 @@ absl::StatusOr<std::vector<std::string>> ListFiles(const std::string& root) {
   return files;
 }
 
-// Removes every step-* directory of `dir` but the newest `keep` (by step
-// number), never `just_written`, and stale tmp-* directories.
+bool IsPinned(const fs::path& checkpoint) {
+  std::error_code ec;
+  return fs::exists(checkpoint / kCheckpointPinFile, ec);
+}
+
+// Removes every unpinned step-* directory of `dir` but the newest `keep`
+// (by step number), never `just_written`, and stale tmp-* directories.
 void Prune(const std::string& dir, int64_t keep, const fs::path& just_written) {
   std::vector<std::pair<int64_t, fs::path>> steps;
   std::error_code ec;
@@ -191,7 +200,7 @@ void Prune(const std::string& dir, int64_t keep, const fs::path& just_written) {
     if (absl::StartsWith(name, kTmpPrefix)) {
       fs::remove_all(entry.path(), ec);
     } else if (int64_t step = StepOfName(name);
-               step >= 0 && entry.is_directory()) {
+               step >= 0 && entry.is_directory() && !IsPinned(entry.path())) {
       steps.emplace_back(step, entry.path());
     }
   }
@@ -300,6 +309,17 @@ absl::StatusOr<WrittenCheckpoint> WriteCheckpoint(
 
   // A step-<step> already there (a trainer that restarted without resuming,
   // or a second save at one step) is replaced: moved aside, then removed.
+  // A pinned one is kept under another name instead.
+  if (fs::exists(final_path, ec) && IsPinned(final_path)) {
+    const fs::path kept = dir / absl::StrCat(kPinnedPrefix, name, "-",
+                                             absl::ToUnixMillis(absl::Now()));
+    fs::rename(final_path, kept, ec);
+    if (ec) return FsError(ec, final_path.string(), "move pinned checkpoint");
+    Log()->warn(
+        "{} was pinned and is replaced by a new checkpoint of the same "
+        "step: the pinned one is kept as {}",
+        final_path.string(), kept.string());
+  }
   const fs::path replaced =
       dir / absl::StrCat(kTmpPrefix, trainer.step(), "-replaced");
   if (fs::exists(final_path, ec)) {
@@ -315,6 +335,20 @@ absl::StatusOr<WrittenCheckpoint> WriteCheckpoint(
   Prune(dir.string(), options.keep, final_path);
   written.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   return written;
+}
+
+absl::Status PinCheckpoint(const std::string& path, absl::string_view reason) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec) ||
+      !fs::exists(fs::path(path) / kCheckpointStateFile, ec)) {
+    return absl::NotFoundError(
+        absl::StrCat(path, ": not a checkpoint directory, cannot pin it"));
+  }
+  const std::string text = absl::StrCat(reason, "\n");
+  return safetensors::WriteFileAtomically(
+      (fs::path(path) / kCheckpointPinFile).string(),
+      {absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()),
+                                 text.size())});
 }
 
 absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& dir) {

@@ -6,7 +6,9 @@
 //
 //   <checkpoint_dir>/
 //     latest -> step-120         symlink, replaced atomically (rename)
-//     step-100/                  older checkpoints, up to `keep` in all
+//     step-40/PINNED             a pinned checkpoint (the SaveCheckpoint RPC):
+//                                never pruned, not counted in `keep`
+//     step-100/                  older checkpoints, up to `keep` unpinned
 //     step-120/
 //       hf/config.json           the policy as a Hugging Face directory:
 //       hf/model.safetensors     fp32 master weights (LoadHfModel reads it)
@@ -31,6 +33,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "services/trainer/rl/grpo_trainer.h"
 
 namespace tandem::trainer {
@@ -39,6 +42,8 @@ inline constexpr char kLatestCheckpointLink[] = "latest";
 inline constexpr char kCheckpointHfDir[] = "hf";
 inline constexpr char kCheckpointOptimizerFile[] = "optimizer.safetensors";
 inline constexpr char kCheckpointStateFile[] = "trainer_state.json";
+// Present in a step-* directory that rotation must never remove; holds why.
+inline constexpr char kCheckpointPinFile[] = "PINNED";
 
 struct CheckpointWriteOptions {
   // Parent directory; created if missing.
@@ -67,8 +72,9 @@ struct WrittenCheckpoint {
 
 // Writes a checkpoint of `trainer` (master weights, optimizer state, step,
 // version, RNG state) as described above, then removes all but the newest
-// `keep` step-* directories (never the one just written). An existing
-// <dir>/step-<step> is replaced.
+// `keep` unpinned step-* directories (never the one just written). An
+// existing <dir>/step-<step> is replaced; a pinned one is kept as
+// pinned-step-<step>-<unix ms> (a warning says so).
 // Not thread-safe with respect to `trainer`: call from its training thread
 // or after it stopped.
 absl::StatusOr<WrittenCheckpoint> WriteCheckpoint(
@@ -89,6 +95,11 @@ struct LoadedCheckpoint {
 // `latest` does not exist (nothing to resume); FailedPrecondition naming the
 // link when it points to a directory that does not exist.
 absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& dir);
+
+// Marks the checkpoint directory `path` as pinned (the PINNED file holds
+// `reason`): later writes never prune it. An operator removes it by hand.
+// NotFound when `path` is not a checkpoint directory.
+absl::Status PinCheckpoint(const std::string& path, absl::string_view reason);
 
 // Reads and verifies the checkpoint at `path` (a step-* directory): every
 // file listed in trainer_state.json must exist with its recorded size and

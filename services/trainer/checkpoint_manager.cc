@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "common/base/logging.h"
+#include "common/base/status_macros.h"
 
 namespace tandem::trainer {
 namespace {
@@ -125,10 +126,14 @@ void CheckpointManager::ReconcileVersion(uint64_t coordinator_version,
 }
 
 absl::StatusOr<WrittenCheckpoint> CheckpointManager::Save(
-    const GrpoTrainer& trainer) {
+    const GrpoTrainer& trainer, absl::string_view pin_reason) {
   if (last_written_ && last_written_->step == trainer.step() &&
       last_written_->policy_version == trainer.policy_version()) {
-    return *last_written_;  // nothing changed since
+    // Nothing changed since.
+    if (!pin_reason.empty()) {
+      RETURN_IF_ERROR(PinCheckpoint(last_written_->path, pin_reason));
+    }
+    return *last_written_;
   }
   CheckpointWriteOptions options;
   options.dir = policy_.dir;
@@ -138,6 +143,11 @@ absl::StatusOr<WrittenCheckpoint> CheckpointManager::Save(
   options.training_config_json = policy_.training_config_json;
   absl::StatusOr<WrittenCheckpoint> written = WriteCheckpoint(trainer, options);
   if (!written.ok()) return written.status();
+  if (!pin_reason.empty()) {
+    // Pinned at once, so no later write's rotation removes it; a failure is
+    // reported to the caller that asked for it.
+    RETURN_IF_ERROR(PinCheckpoint(written->path, pin_reason));
+  }
   last_step_ = written->step;
   last_written_ = *written;
   step_.Set(static_cast<double>(written->step));

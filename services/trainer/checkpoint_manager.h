@@ -82,8 +82,10 @@ class CheckpointManager {
   absl::StatusOr<std::optional<WrittenCheckpoint>> MaybeSave(
       const GrpoTrainer& trainer);
   // Writes a checkpoint now; returns the last one written instead when the
-  // trainer has not changed since.
-  absl::StatusOr<WrittenCheckpoint> Save(const GrpoTrainer& trainer);
+  // trainer has not changed since. `pin_reason` non-empty pins the returned
+  // checkpoint (rotation never removes it; the operator asked for it).
+  absl::StatusOr<WrittenCheckpoint> Save(const GrpoTrainer& trainer,
+                                         absl::string_view pin_reason = "");
   // On stop: writes when on_stop and the trainer stepped since the last
   // checkpoint (or resume).
   absl::StatusOr<std::optional<WrittenCheckpoint>> SaveOnStop(

@@ -470,7 +470,8 @@ void Trainer::ServeCheckpointRequests() {
     requests.swap(checkpoint_requests_);
   }
   if (requests.empty()) return;
-  absl::StatusOr<WrittenCheckpoint> written = checkpoints_->Save(*grpo_);
+  absl::StatusOr<WrittenCheckpoint> written =
+      checkpoints_->Save(*grpo_, "requested by the SaveCheckpoint RPC");
   if (written.ok()) RecordCheckpoint(*written);
   for (CheckpointRequest& r : requests) {
     if (written.ok()) {

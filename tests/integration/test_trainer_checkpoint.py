@@ -236,6 +236,9 @@ class TrainerCheckpointTest(unittest.TestCase):
             os.path.join(path, "hf", "model.safetensors")), path)
         self.assertEqual(path, os.path.join(self.checkpoint_dir,
                                             f"step-{step}"))
+        # Asked for by an operator: pinned, so rotation never removes it.
+        with open(os.path.join(path, "PINNED")) as f:
+            self.assertIn("SaveCheckpoint", f.read())
         output = os.path.join(self.tmp, "export")
         exported = subprocess.run(
             [harness.binary("tandem-trainer"), "export", "--checkpoint",

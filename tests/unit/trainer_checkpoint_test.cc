@@ -198,6 +198,57 @@ TEST_CASE("the checkpoint directory keeps the newest checkpoints") {
   CHECK(fs::equivalent(*latest, dir.path() / "step-3"));
 }
 
+// Names of the entries of `dir`, sorted.
+std::vector<std::string> Entries(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    names.push_back(e.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+TEST_CASE("a pinned checkpoint survives rotation and is not counted in keep") {
+  TempDir dir;
+  auto trainer = NewTrainer();
+  TakeSteps(trainer.get(), 0, 1);
+  const std::string pinned = WriteAt(*trainer, dir.str());
+  REQUIRE(PinCheckpoint(pinned, "asked for by an operator").ok());
+  for (int step = 1; step < 5; ++step) {
+    TakeSteps(trainer.get(), step, step + 1);
+    WriteAt(*trainer, dir.str());  // keep 2
+  }
+  CHECK(Entries(dir.path()) ==
+        std::vector<std::string>{"latest", "step-1", "step-4", "step-5"});
+  auto loaded = ReadCheckpoint(pinned);
+  REQUIRE(loaded.ok());
+  CHECK(loaded->state.step == 1);
+  auto latest = FindLatestCheckpoint(dir.str());
+  REQUIRE(latest.ok());
+  CHECK(fs::equivalent(*latest, dir.path() / "step-5"));
+
+  // A new run writing the same step keeps the pinned one under another name.
+  auto new_run = NewTrainer();
+  TakeSteps(new_run.get(), 0, 1);
+  const std::string replacement = WriteAt(*new_run, dir.str());
+  CHECK(replacement == pinned);
+  CHECK_FALSE(fs::exists(fs::path(replacement) / kCheckpointPinFile));
+  int kept = 0;
+  for (const std::string& name : Entries(dir.path())) {
+    if (name.rfind("pinned-step-1-", 0) != 0) continue;
+    ++kept;
+    auto old = ReadCheckpoint((dir.path() / name).string());
+    REQUIRE(old.ok());
+    CHECK(old->state.step == 1);
+    CHECK(fs::exists(dir.path() / name / kCheckpointPinFile));
+  }
+  CHECK(kept == 1);
+
+  auto missing = PinCheckpoint((dir.path() / "step-77").string(), "x");
+  CHECK(absl::IsNotFound(missing));
+  CHECK(missing.message().find("step-77") != std::string::npos);
+}
+
 TEST_CASE("a trainer that starts over never prunes its own new checkpoint") {
   // An older run left step-2 and step-3; a new run (not resuming) writes
   // step-1 with keep 2, then step-2 over the old one.
@@ -332,6 +383,31 @@ TEST_CASE("damaged or missing checkpoint files give errors naming them") {
     CHECK_THAT(std::string(resume.status().message()),
                Catch::Contains("optimizer.safetensors"));
   }
+}
+
+TEST_CASE("a checkpoint saved on request is pinned, also when unchanged") {
+  TempDir dir;
+  prometheus::Registry registry;
+  CheckpointPolicy policy;
+  policy.dir = dir.str();
+  policy.keep = 1;
+  CheckpointManager manager(policy, &registry);
+  auto trainer = NewTrainer();
+  TakeSteps(trainer.get(), 0, 1);
+  auto periodic = manager.Save(*trainer);  // not pinned
+  REQUIRE(periodic.ok());
+  CHECK_FALSE(fs::exists(fs::path(periodic->path) / kCheckpointPinFile));
+  // Unchanged since: the same checkpoint is returned, and now pinned.
+  auto requested = manager.Save(*trainer, "requested");
+  REQUIRE(requested.ok());
+  CHECK(requested->path == periodic->path);
+  CHECK(fs::exists(fs::path(requested->path) / kCheckpointPinFile));
+  TakeSteps(trainer.get(), 1, 3);
+  REQUIRE(manager.Save(*trainer).ok());
+  TakeSteps(trainer.get(), 3, 4);
+  REQUIRE(manager.Save(*trainer).ok());
+  CHECK(Entries(dir.path()) ==
+        std::vector<std::string>{"latest", "step-1", "step-4"});
 }
 
 TEST_CASE("a resumed trainer adopts the coordinator's version numbering") {
