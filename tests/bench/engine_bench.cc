@@ -11,6 +11,14 @@
 //   engine_bench [--requests N] [--batch B] [--update-every K]
 //                [--max-tokens M] [--threads T] [--repeat R]
 //                [--attention 0|1|2]  (auto, per-sequence, padded)
+//                [--flat-step-ms F]
+//
+// --flat-step-ms F emulates the cost model of a memory-bound accelerator,
+// where a decode step costs about the same whatever the batch size: every
+// engine step still runs the real model, then waits until F ms have passed
+// since it began (F should exceed the slowest real step, so every step
+// costs F). This isolates what the scheduler and the update policy gain;
+// it is not a measurement of this machine's model throughput.
 
 #include <torch/torch.h>
 
@@ -21,8 +29,10 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/time/clock.h"
 #include "common/model/decoder_model.h"
 #include "common/model/model_weights.h"
@@ -41,12 +51,43 @@ struct Flags {
   int repeat = 2;
   // 0 auto, 1 per-sequence, 2 padded attention.
   int attention = 0;
+  int flat_step_ms = 0;  // 0: real step times
+};
+
+// The real model, each Forward() padded to a fixed duration (see above).
+class FlatStepModel : public EngineModel {
+ public:
+  FlatStepModel(EngineModel* inner, absl::Duration step)
+      : inner_(inner), step_(step) {}
+  int32_t vocab_size() const override { return inner_->vocab_size(); }
+  absl::StatusOr<std::vector<float>> Forward(
+      const std::vector<ForwardChunk>& chunks) override {
+    const absl::Time start = absl::Now();
+    absl::StatusOr<std::vector<float>> out = inner_->Forward(chunks);
+    const absl::Duration took = absl::Now() - start;
+    if (took > step_) ++overruns_;
+    absl::SleepFor(step_ - took);
+    return out;
+  }
+  bool ForkCache(uint64_t src, uint64_t dst, int32_t num_tokens) override {
+    return inner_->ForkCache(src, dst, num_tokens);
+  }
+  void ReleaseCache(uint64_t seq_id) override { inner_->ReleaseCache(seq_id); }
+  // Steps whose real forward took longer than the fixed duration.
+  int overruns() const { return overruns_; }
+
+ private:
+  EngineModel* const inner_;
+  const absl::Duration step_;
+  int overruns_ = 0;
 };
 
 struct Result {
   double tokens_per_second = 0;
   uint64_t tokens = 0;
   int updates = 0;
+  int steps = 0;
+  int overruns = 0;  // --flat-step-ms steps that took longer
   std::vector<double> pauses;
 };
 
@@ -73,7 +114,11 @@ Result RunOnce(
       static_cast<model::AttentionMode>(flags.attention);
   auto decoder =
       std::make_shared<model::DecoderModel>(versions[0], decoder_options);
-  TorchEngineModel engine_model(decoder, loaded.max_tokens);
+  TorchEngineModel torch_model(decoder, loaded.max_tokens);
+  FlatStepModel flat_model(&torch_model,
+                           absl::Milliseconds(flags.flat_step_ms));
+  EngineModel* engine_model = &torch_model;
+  if (flags.flat_step_ms > 0) engine_model = &flat_model;
   StagedWeightSource source(decoder, StagedWeightSource::Mode::kStaged);
   EngineOptions options;
   options.limits.max_num_seqs = flags.batch;
@@ -84,7 +129,7 @@ Result RunOnce(
   options.update_policy = drain ? EngineOptions::UpdatePolicy::kDrain
                                 : EngineOptions::UpdatePolicy::kInflight;
   // No end-of-sequence: every sample runs to its drawn length.
-  Engine engine(options, &engine_model, updates ? &source : nullptr, 0);
+  Engine engine(options, engine_model, updates ? &source : nullptr, 0);
   for (size_t i = 0; i < lengths.size(); ++i) {
     SamplingParams p;
     p.temperature = 1.0f;
@@ -120,6 +165,8 @@ Result RunOnce(
   }
   result.tokens_per_second =
       result.tokens / absl::ToDoubleSeconds(absl::Now() - start);
+  result.steps = steps;
+  result.overruns = flat_model.overruns();
   return result;
 }
 
@@ -131,27 +178,35 @@ double Percentile(std::vector<double> v, double q) {
 
 int Main(int argc, char** argv) {
   Flags flags;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  const std::pair<const char*, int*> known[] = {
+      {"--requests", &flags.requests},
+      {"--batch", &flags.batch},
+      {"--update-every", &flags.update_every},
+      {"--max-tokens", &flags.max_tokens},
+      {"--threads", &flags.threads},
+      {"--repeat", &flags.repeat},
+      {"--attention", &flags.attention},
+      {"--flat-step-ms", &flags.flat_step_ms}};
+  for (int i = 1; i < argc; i += 2) {
     const std::string f = argv[i];
-    const int v = std::atoi(argv[i + 1]);
-    if (f == "--requests")
-      flags.requests = v;
-    else if (f == "--batch")
-      flags.batch = v;
-    else if (f == "--update-every")
-      flags.update_every = v;
-    else if (f == "--max-tokens")
-      flags.max_tokens = v;
-    else if (f == "--threads")
-      flags.threads = v;
-    else if (f == "--repeat")
-      flags.repeat = v;
-    else if (f == "--attention")
-      flags.attention = v;
-    else {
+    int* target = nullptr;
+    for (const auto& [name, field] : known) {
+      if (f == name) target = field;
+    }
+    if (target == nullptr) {
       std::fprintf(stderr, "unknown flag %s\n", f.c_str());
       return 2;
     }
+    int v = 0;
+    if (i + 1 >= argc || !absl::SimpleAtoi(argv[i + 1], &v) || v < 0 ||
+        (v == 0 && f != "--attention" && f != "--flat-step-ms")) {
+      std::fprintf(stderr, "%s needs a %s integer, got '%s'\n", f.c_str(),
+                   f == "--attention" || f == "--flat-step-ms" ? "non-negative"
+                                                               : "positive",
+                   i + 1 < argc ? argv[i + 1] : "");
+      return 2;
+    }
+    *target = v;
   }
   auto loaded = LoadModel("", 1, flags.threads);
   if (!loaded.ok()) {
@@ -177,6 +232,12 @@ int Main(int argc, char** argv) {
       loaded->description.c_str(), flags.requests, flags.batch,
       flags.update_every, sum / lengths.size(), longest,
       sum / lengths.size() / longest, flags.threads);
+  if (flags.flat_step_ms > 0) {
+    std::printf(
+        "EMULATION: every engine step padded to %d ms (flat step cost, as on "
+        "a memory-bound accelerator); not this machine's throughput\n",
+        flags.flat_step_ms);
+  }
   struct Mode {
     const char* name;
     bool static_batching, drain, updates;
@@ -196,14 +257,18 @@ int Main(int argc, char** argv) {
       if (res.tokens_per_second > best[m].tokens_per_second) best[m] = res;
     }
   }
-  std::printf("%-28s %12s %10s %9s %14s %14s\n", "mode", "tokens/s", "tokens",
-              "updates", "pause p50 (s)", "pause p99 (s)");
+  std::printf("%-28s %12s %10s %7s %9s %14s %14s\n", "mode", "tokens/s",
+              "tokens", "steps", "updates", "pause p50 (s)", "pause p99 (s)");
   for (int m = 0; m < 4; ++m) {
-    std::printf("%-28s %12.1f %10llu %9d %14.2e %14.2e\n", modes[m].name,
+    std::printf("%-28s %12.1f %10llu %7d %9d %14.2e %14.2e\n", modes[m].name,
                 best[m].tokens_per_second,
-                static_cast<unsigned long long>(best[m].tokens),
+                static_cast<unsigned long long>(best[m].tokens), best[m].steps,
                 best[m].updates, Percentile(best[m].pauses, 0.5),
                 Percentile(best[m].pauses, 0.99));
+    if (best[m].overruns > 0) {
+      std::printf("  warning: %d steps took longer than --flat-step-ms\n",
+                  best[m].overruns);
+    }
   }
   std::printf("ratios: (c)/(a) = %.2f   (c)/(b) = %.2f   (c)/(d) = %.2f\n",
               best[2].tokens_per_second / best[0].tokens_per_second,
