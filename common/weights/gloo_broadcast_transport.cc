@@ -9,23 +9,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/weights/broadcast_protocol.h"
 
 namespace tandem::weights {
 namespace {
 
 std::chrono::milliseconds ToMillis(absl::Duration d) {
   return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
-}
-
-uint64_t RoundUp4(uint64_t n) { return (n + 3) & ~uint64_t{3}; }
-
-// A 4-byte aligned scratch buffer whose size is a multiple of 4.
-std::vector<float> Scratch(uint64_t bytes) {
-  return std::vector<float>(RoundUp4(bytes) / 4);
-}
-
-absl::Span<uint8_t> AsBytes(std::vector<float>& v) {
-  return {reinterpret_cast<uint8_t*>(v.data()), v.size() * 4};
 }
 
 }  // namespace
@@ -159,106 +149,16 @@ absl::Status GlooBroadcastGroup::Broadcast(absl::Span<uint8_t> bytes) {
 absl::Status GlooWeightSender::Publish(const v1::WeightManifest& manifest,
                                        absl::Span<const uint8_t> payload,
                                        absl::Time /*deadline*/) {
-  const std::string serialized = manifest.SerializeAsString();
-  uint64_t header[2] = {serialized.size(), payload.size()};
-  if (absl::Status s = group_->Broadcast(
-          {reinterpret_cast<uint8_t*>(header), sizeof(header)});
-      !s.ok()) {
-    return s;
-  }
-  std::vector<float> scratch = Scratch(serialized.size());
-  std::memcpy(scratch.data(), serialized.data(), serialized.size());
-  if (absl::Status s = group_->Broadcast(AsBytes(scratch)); !s.ok()) return s;
-  // Root buffers are only read by Gloo; the const_cast never writes.
-  auto* data = const_cast<uint8_t*>(payload.data());
-  if (manifest.kind() == v1::WEIGHT_PAYLOAD_KIND_FULL) {
-    for (const v1::BucketSpec& b : manifest.buckets()) {
-      if (absl::Status s = group_->Broadcast(
-              {data + b.byte_offset(), static_cast<size_t>(b.byte_size())});
-          !s.ok()) {
-        return s;
-      }
-    }
-    return absl::OkStatus();
-  }
-  const uint64_t piece = std::max<uint64_t>(manifest.bucket_bytes(), 4);
-  for (uint64_t off = 0; off < payload.size(); off += piece) {
-    const uint64_t n = std::min(piece, payload.size() - off);
-    std::vector<float> buf = Scratch(n);
-    std::memcpy(buf.data(), data + off, n);
-    if (absl::Status s = group_->Broadcast(AsBytes(buf)); !s.ok()) return s;
-  }
-  return absl::OkStatus();
+  return PublishOverBroadcast(
+      [this](absl::Span<uint8_t> b) { return group_->Broadcast(b); }, manifest,
+      payload);
 }
 
 absl::StatusOr<uint64_t> GlooWeightReceiver::ReceiveNext(
     StagingWeights* staging, absl::Time /*deadline*/) {
-  uint64_t header[2] = {0, 0};
-  if (absl::Status s = group_->Broadcast(
-          {reinterpret_cast<uint8_t*>(header), sizeof(header)});
-      !s.ok()) {
-    return s;
-  }
-  std::vector<float> manifest_bytes = Scratch(header[0]);
-  if (absl::Status s = group_->Broadcast(AsBytes(manifest_bytes)); !s.ok()) {
-    return s;
-  }
-  v1::WeightManifest manifest;
-  if (!manifest.ParseFromArray(manifest_bytes.data(),
-                               static_cast<int>(header[0]))) {
-    group_->Abort();  // cannot know how many broadcasts follow
-    return absl::DataLossError("gloo: received an unparsable manifest");
-  }
-  last_round_version_ = manifest.policy_version();
-  // From here on every broadcast of the version is joined, whatever
-  // happens locally; `local` records the first local failure.
-  absl::Status local = staging->Begin(manifest);
-  const bool staging_ok = local.ok();
-  if (manifest.kind() == v1::WEIGHT_PAYLOAD_KIND_FULL) {
-    std::vector<float> scratch;
-    for (int i = 0; i < manifest.buckets_size(); ++i) {
-      const v1::BucketSpec& b = manifest.buckets(i);
-      absl::Span<uint8_t> dst;
-      if (staging_ok && local.ok()) {
-        absl::StatusOr<absl::Span<uint8_t>> bucket =
-            staging->MutableBucket(static_cast<uint32_t>(i));
-        if (bucket.ok()) {
-          dst = *bucket;
-        } else {
-          local = bucket.status();
-        }
-      }
-      if (dst.empty() && b.byte_size() > 0) {
-        scratch = Scratch(b.byte_size());
-        dst = AsBytes(scratch).subspan(0, b.byte_size());
-      }
-      if (absl::Status s = group_->Broadcast(dst); !s.ok()) {
-        staging->Abort();
-        return s;
-      }
-      if (staging_ok && local.ok()) {
-        local = staging->FinishBucket(static_cast<uint32_t>(i));
-      }
-    }
-  } else {
-    std::vector<uint8_t> delta(header[1]);
-    const uint64_t piece = std::max<uint64_t>(manifest.bucket_bytes(), 4);
-    for (uint64_t off = 0; off < delta.size(); off += piece) {
-      const uint64_t n = std::min(piece, delta.size() - off);
-      std::vector<float> buf = Scratch(n);
-      if (absl::Status s = group_->Broadcast(AsBytes(buf)); !s.ok()) {
-        staging->Abort();
-        return s;
-      }
-      std::memcpy(delta.data() + off, buf.data(), n);
-    }
-    if (local.ok()) local = staging->ApplyDelta(delta);
-  }
-  if (!local.ok()) {
-    if (staging_ok) staging->Abort();
-    return local;
-  }
-  return manifest.policy_version();
+  return ReceiveOverBroadcast(
+      [this](absl::Span<uint8_t> b) { return group_->Broadcast(b); },
+      [this] { group_->Abort(); }, staging, &last_round_version_);
 }
 
 }  // namespace tandem::weights

@@ -5,16 +5,9 @@
 // (tandem.v1.BroadcastGroup): rank 0 is the trainer, which also hosts the
 // TCPStore; ranks 1..n-1 are rollout workers.
 //
-// Wire protocol per version, all as Gloo broadcasts from rank 0 of byte
-// buffers viewed as float32 (Gloo in LibTorch 1.13 rejects bf16/int16):
-//   1. a 16-byte header: u64 manifest size, u64 payload size;
-//   2. the serialized WeightManifest, zero-padded to a multiple of 4;
-//   3. FULL: every bucket, broadcast straight into the receiver's staging
-//      bucket (no extra copy); DELTA: the encoded delta in pieces of at most
-//      bucket_bytes, padded to a multiple of 4.
-// Receivers always take part in every broadcast of a version, even after a
-// local failure (stale version, bad checksum), so one bad member never
-// desynchronises or hangs the others; the failure is reported afterwards.
+// Wire protocol per version: common/weights/broadcast_protocol.h, as Gloo
+// broadcasts from rank 0 of byte buffers viewed as float32 (Gloo in LibTorch
+// 1.13 rejects bf16/int16).
 //
 // Deadlines: every collective, and the rendezvous, carries `timeout`. A
 // collective that fails or times out marks the group broken: later calls
