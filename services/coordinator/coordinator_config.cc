@@ -106,6 +106,10 @@ void RegisterFields(config::ConfigSchema* schema, CoordinatorConfig* config) {
                  3600000,
                  "A rollout worker joins the next broadcast epoch only if it "
                  "reported within this time (ms).");
+  schema->AddEnum("weight_sync.backend", &w.backend, {"gloo", "nccl"},
+                  "Transport of the broadcast groups. Only gloo runs today: "
+                  "nccl is refused at start (the NCCL transport is not yet "
+                  "selected by the trainer and rollout workers).");
 }
 
 absl::Status Validate(const CoordinatorConfig& config) {
@@ -122,6 +126,16 @@ absl::Status Validate(const CoordinatorConfig& config) {
   if (config.dataset.kind == "jsonl" && config.dataset.path.empty()) {
     return absl::InvalidArgumentError(
         "dataset.path must name a JSONL file when dataset.kind is jsonl");
+  }
+  if (config.weight_sync.backend == "nccl") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weight_sync.backend: nccl is not supported yet: the trainer and "
+        "rollout workers only run Gloo broadcast groups (",
+        TANDEM_ENABLE_NCCL ? "this build has the NCCL transport, but no daemon "
+                             "selects it"
+                           : "this build has no NCCL transport either: "
+                             "TANDEM_ENABLE_NCCL is off",
+        "); use weight_sync.backend: gloo"));
   }
   return absl::OkStatus();
 }

@@ -94,6 +94,11 @@ struct WeightSyncOptions {
   // A rollout worker joins the next epoch only if its last SyncWeightGroup
   // report is at most this old.
   int64_t report_timeout_ms = 2000;
+  // Transport of the broadcast groups (BroadcastGroup.backend). Only "gloo"
+  // runs: the NCCL transport (common/weights/nccl_broadcast_transport.h)
+  // exists in NCCL builds but the trainer and rollout workers do not select
+  // it yet, so Validate() refuses "nccl" rather than fall back silently.
+  std::string backend = "gloo";
 };
 
 struct CoordinatorConfig {

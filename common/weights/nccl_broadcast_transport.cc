@@ -1,0 +1,441 @@
+#include "common/weights/nccl_broadcast_transport.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/weights/broadcast_protocol.h"
+
+namespace tandem::weights {
+namespace {
+
+constexpr char kUniqueIdKey[] = "nccl_unique_id";
+
+std::string CudaError(cudaError_t e) {
+  return absl::StrCat(cudaGetErrorName(e), ": ", cudaGetErrorString(e));
+}
+
+// Polls with a short spin, then sleeps of growing length (at most 1 ms), so
+// small broadcasts (the header) stay fast and long waits cost no CPU.
+class Backoff {
+ public:
+  void Wait() {
+    if (++polls_ < 64) {
+      std::this_thread::yield();
+      return;
+    }
+    std::this_thread::sleep_for(sleep_);
+    sleep_ = std::min(sleep_ * 2, std::chrono::microseconds(1000));
+  }
+
+ private:
+  int polls_ = 0;
+  std::chrono::microseconds sleep_{20};
+};
+
+// Runs `f` with `device` current on this thread, restoring the previous one.
+template <typename F>
+void OnDevice(int device, F f) {
+  int previous = -1;
+  const bool restore = cudaGetDevice(&previous) == cudaSuccess;
+  cudaSetDevice(device);
+  f();
+  if (restore && previous != device) cudaSetDevice(previous);
+}
+
+}  // namespace
+
+absl::StatusOr<int> NcclVisibleDevices() {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count <= 0) {
+    // Clear the sticky-free error so later CUDA calls are not confused.
+    cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "NCCL weight transport: no CUDA device visible (cudaGetDeviceCount: ",
+        e == cudaSuccess ? std::string("0 devices") : CudaError(e), ")"));
+  }
+  return count;
+}
+
+struct NcclBroadcastGroup::Impl {
+  NcclGroupConfig config;
+  int device = 0;
+  std::string where;  // "nccl group <prefix> rank r/n (device d)"
+  cudaStream_t stream = nullptr;
+  uint8_t* device_buffer = nullptr;
+  uint8_t* pinned = nullptr;  // nullptr: pageable copies
+  std::atomic<bool> broken{false};
+  std::atomic<bool> abort_requested{false};
+
+  absl::Mutex mu;
+  ncclComm_t comm ABSL_GUARDED_BY(mu) = nullptr;
+  bool comm_aborted ABSL_GUARDED_BY(mu) = false;
+  // A Broadcast() is polling the communicator: it, not Abort(), aborts it.
+  bool in_collective ABSL_GUARDED_BY(mu) = false;
+  std::string broken_reason ABSL_GUARDED_BY(mu);
+
+  ~Impl() {
+    absl::MutexLock lock(&mu);
+    if (comm != nullptr && !comm_aborted) {
+      OnDevice(device, [&] { CloseCommLocked(); });
+    }
+    OnDevice(device, [&] {
+      if (stream != nullptr) cudaStreamDestroy(stream);
+      if (device_buffer != nullptr) cudaFree(device_buffer);
+      if (pinned != nullptr) cudaFreeHost(pinned);
+    });
+  }
+
+  // A healthy communicator is finalized (bounded by the timeout), a broken
+  // one aborted.
+  void CloseCommLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    bool clean = false;
+    if (!broken.load()) {
+      const ncclResult_t r = ncclCommFinalize(comm);
+      clean = r == ncclSuccess || r == ncclInProgress;
+    }
+    if (clean) {
+      const absl::Time deadline = absl::Now() + config.timeout;
+      Backoff backoff;
+      ncclResult_t state = ncclInProgress;
+      while (ncclCommGetAsyncError(comm, &state) == ncclSuccess &&
+             state == ncclInProgress && absl::Now() < deadline) {
+        backoff.Wait();
+      }
+      clean = state == ncclSuccess;
+    }
+    if (clean) {
+      ncclCommDestroy(comm);
+    } else {
+      ncclCommAbort(comm);
+    }
+    comm_aborted = true;
+  }
+
+  void AbortCommLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (comm == nullptr || comm_aborted) return;
+    OnDevice(device, [&] { ncclCommAbort(comm); });
+    comm_aborted = true;
+  }
+
+  void MarkBrokenLocked(const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (broken_reason.empty()) broken_reason = reason;
+    broken = true;
+  }
+
+  // Records a failure of the calling (collective) thread: the group is
+  // broken and the communicator aborted, so the peers' collectives fail
+  // too instead of waiting for their deadline.
+  absl::Status Fail(absl::Status status) {
+    absl::MutexLock lock(&mu);
+    MarkBrokenLocked(std::string(status.message()));
+    AbortCommLocked();
+    return status;
+  }
+
+  absl::Status NcclFailure(const std::string& what, ncclResult_t r) {
+    std::string last;
+    {
+      absl::MutexLock lock(&mu);
+      if (comm != nullptr && !comm_aborted) last = ncclGetLastError(comm);
+    }
+    return Fail(absl::UnavailableError(
+        absl::StrCat(where, ": ", what, " failed: ", ncclGetErrorString(r),
+                     last.empty() ? "" : " (", last, last.empty() ? "" : ")")));
+  }
+
+  // The watchdog. Waits until the communicator has no operation being
+  // enqueued (non-blocking mode) and, if `stream_too`, the stream is idle;
+  // fails on an NCCL error, Abort() or the deadline.
+  absl::Status Wait(const std::string& what, absl::Time deadline,
+                    bool stream_too) {
+    Backoff backoff;
+    while (true) {
+      ncclResult_t state = ncclSuccess;
+      ncclComm_t c;
+      {
+        absl::MutexLock lock(&mu);
+        c = comm_aborted ? nullptr : comm;
+      }
+      if (c == nullptr) {
+        return Fail(absl::CancelledError(
+            absl::StrCat(where, ": ", what, " aborted (Abort() called)")));
+      }
+      if (ncclResult_t r = ncclCommGetAsyncError(c, &state); r != ncclSuccess) {
+        return NcclFailure(what + " (ncclCommGetAsyncError)", r);
+      }
+      if (state != ncclSuccess && state != ncclInProgress) {
+        return NcclFailure(what, state);
+      }
+      if (state == ncclSuccess) {
+        if (!stream_too) return absl::OkStatus();
+        const cudaError_t q = cudaStreamQuery(stream);
+        if (q == cudaSuccess) return absl::OkStatus();
+        if (q != cudaErrorNotReady) {
+          return Fail(absl::UnavailableError(
+              absl::StrCat(where, ": ", what, ": CUDA error ", CudaError(q))));
+        }
+      }
+      if (abort_requested.load()) {
+        return Fail(absl::CancelledError(
+            absl::StrCat(where, ": ", what, " aborted (Abort() called)")));
+      }
+      if (absl::Now() >= deadline) {
+        return Fail(absl::DeadlineExceededError(
+            absl::StrCat(where, ": ", what, " did not finish within ",
+                         absl::FormatDuration(config.timeout),
+                         " (a peer died or stopped taking part?)")));
+      }
+      backoff.Wait();
+    }
+  }
+};
+
+NcclBroadcastGroup::NcclBroadcastGroup(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)) {}
+
+NcclBroadcastGroup::~NcclBroadcastGroup() = default;
+
+absl::StatusOr<std::unique_ptr<NcclBroadcastGroup>> NcclBroadcastGroup::Create(
+    const NcclGroupConfig& config) {
+  if (config.world_size < 1 || config.rank < 0 ||
+      config.rank >= config.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nccl group: rank ", config.rank, " outside world_size ",
+                     config.world_size));
+  }
+  if (config.bucket_bytes == 0) {
+    return absl::InvalidArgumentError("nccl group: bucket_bytes must be > 0");
+  }
+  absl::StatusOr<int> devices = NcclVisibleDevices();
+  if (!devices.ok()) return devices.status();
+  int device = config.device;
+  if (device < 0) {
+    if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("nccl group: cudaGetDevice: ", CudaError(e)));
+    }
+  }
+  if (device >= *devices) {
+    return absl::InvalidArgumentError(absl::StrCat("nccl group: device ",
+                                                   device, " not visible (",
+                                                   *devices, " CUDA devices)"));
+  }
+  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "nccl group: cudaSetDevice(", device, "): ", CudaError(e)));
+  }
+
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  impl->device = device;
+  impl->where =
+      absl::StrCat("nccl group ", config.key_prefix, " rank ", config.rank, "/",
+                   config.world_size, " (device ", device, ", store ",
+                   config.store_host, ":", config.store_port, ")");
+  const absl::Time deadline = absl::Now() + config.timeout;
+
+  // The unique id through the trainer's TCPStore.
+  ncclUniqueId id;
+  try {
+    c10d::TCPStoreOptions store_options;
+    store_options.port = config.store_port;
+    store_options.isServer = false;
+    store_options.waitWorkers = false;
+    store_options.timeout =
+        std::chrono::milliseconds(absl::ToInt64Milliseconds(config.timeout));
+    auto store =
+        c10::make_intrusive<c10d::TCPStore>(config.store_host, store_options);
+    c10d::PrefixStore prefixed(config.key_prefix, store);
+    if (config.rank == 0) {
+      if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
+        return absl::UnavailableError(absl::StrCat(
+            impl->where, ": ncclGetUniqueId failed: ", ncclGetErrorString(r)));
+      }
+      const auto* p = reinterpret_cast<const uint8_t*>(&id);
+      prefixed.set(kUniqueIdKey, std::vector<uint8_t>(p, p + sizeof(id)));
+    } else {
+      const std::vector<uint8_t> bytes = prefixed.get(kUniqueIdKey);
+      if (bytes.size() != sizeof(id)) {
+        return absl::DataLossError(
+            absl::StrCat(impl->where, ": the store's ", kUniqueIdKey, " has ",
+                         bytes.size(), " bytes, want ", sizeof(id)));
+      }
+      std::memcpy(&id, bytes.data(), sizeof(id));
+    }
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat(impl->where, ": rendezvous failed: ", e.what()));
+  }
+
+  ncclConfig_t nccl_config = NCCL_CONFIG_INITIALIZER;
+  nccl_config.blocking = 0;
+  {
+    ncclComm_t comm = nullptr;
+    const ncclResult_t r = ncclCommInitRankConfig(&comm, config.world_size, id,
+                                                  config.rank, &nccl_config);
+    absl::MutexLock lock(&impl->mu);
+    impl->comm = comm;
+    if (r != ncclSuccess && r != ncclInProgress) {
+      impl->MarkBrokenLocked("ncclCommInitRankConfig failed");
+      impl->AbortCommLocked();
+      return absl::UnavailableError(absl::StrCat(
+          impl->where,
+          ": ncclCommInitRankConfig failed: ", ncclGetErrorString(r)));
+    }
+  }
+  if (absl::Status s = impl->Wait("communicator init", deadline, false);
+      !s.ok()) {
+    return s;
+  }
+
+  if (cudaError_t e =
+          cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking);
+      e != cudaSuccess) {
+    return impl->Fail(absl::UnavailableError(
+        absl::StrCat(impl->where, ": cudaStreamCreate: ", CudaError(e))));
+  }
+  if (cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&impl->device_buffer),
+                                 config.bucket_bytes);
+      e != cudaSuccess) {
+    return impl->Fail(absl::ResourceExhaustedError(
+        absl::StrCat(impl->where, ": cudaMalloc of ", config.bucket_bytes,
+                     " staging bytes: ", CudaError(e))));
+  }
+  if (cudaMallocHost(reinterpret_cast<void**>(&impl->pinned),
+                     config.bucket_bytes) != cudaSuccess) {
+    impl->pinned = nullptr;  // pageable copies
+    cudaGetLastError();
+  }
+  return std::unique_ptr<NcclBroadcastGroup>(
+      new NcclBroadcastGroup(std::move(impl)));
+}
+
+int NcclBroadcastGroup::rank() const { return impl_->config.rank; }
+int NcclBroadcastGroup::world_size() const { return impl_->config.world_size; }
+int NcclBroadcastGroup::device() const { return impl_->device; }
+bool NcclBroadcastGroup::broken() const { return impl_->broken.load(); }
+bool NcclBroadcastGroup::pinned() const { return impl_->pinned != nullptr; }
+
+void NcclBroadcastGroup::Abort() {
+  impl_->abort_requested = true;
+  absl::MutexLock lock(&impl_->mu);
+  impl_->MarkBrokenLocked("Abort() called");
+  if (!impl_->in_collective) impl_->AbortCommLocked();
+}
+
+absl::Status NcclBroadcastGroup::Broadcast(absl::Span<uint8_t> bytes) {
+  Impl& g = *impl_;
+  {
+    absl::MutexLock lock(&g.mu);
+    if (g.abort_requested.load()) {
+      return absl::CancelledError(
+          absl::StrCat(g.where, " was aborted (Abort() called)"));
+    }
+    if (g.broken.load()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(g.where, " is broken (", g.broken_reason,
+                       "); the next epoch must be formed"));
+    }
+    if (bytes.empty()) return absl::OkStatus();
+    g.in_collective = true;
+  }
+  absl::Status status = absl::OkStatus();
+  if (cudaError_t e = cudaSetDevice(g.device); e != cudaSuccess) {
+    status = g.Fail(absl::UnavailableError(absl::StrCat(
+        g.where, ": cudaSetDevice(", g.device, "): ", CudaError(e))));
+  }
+  const bool root = g.config.rank == 0;
+  for (uint64_t off = 0; status.ok() && off < bytes.size();
+       off += g.config.bucket_bytes) {
+    const uint64_t n =
+        std::min<uint64_t>(g.config.bucket_bytes, bytes.size() - off);
+    uint8_t* host = bytes.data() + off;
+    const std::string what = absl::StrCat("broadcast of bytes [", off, ", ",
+                                          off + n, ") of ", bytes.size());
+    const absl::Time deadline = absl::Now() + g.config.timeout;
+    auto cuda = [&](cudaError_t e, const char* call) {
+      if (e == cudaSuccess) return true;
+      status = g.Fail(absl::UnavailableError(
+          absl::StrCat(g.where, ": ", what, ": ", call, ": ", CudaError(e))));
+      return false;
+    };
+    if (root) {
+      const uint8_t* src = host;
+      if (g.pinned != nullptr) {
+        std::memcpy(g.pinned, host, n);
+        src = g.pinned;
+      }
+      if (!cuda(cudaMemcpyAsync(g.device_buffer, src, n, cudaMemcpyHostToDevice,
+                                g.stream),
+                "cudaMemcpyAsync H2D")) {
+        break;
+      }
+    }
+    ncclComm_t comm;
+    {
+      absl::MutexLock lock(&g.mu);
+      comm = g.comm_aborted ? nullptr : g.comm;
+    }
+    if (comm == nullptr) {
+      status = g.Fail(absl::CancelledError(
+          absl::StrCat(g.where, ": ", what, " aborted (Abort() called)")));
+      break;
+    }
+    const ncclResult_t r = ncclBroadcast(g.device_buffer, g.device_buffer, n,
+                                         ncclUint8, 0, comm, g.stream);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      status = g.NcclFailure("ncclBroadcast (" + what + ")", r);
+      break;
+    }
+    // The collective must finish before a pageable copy is issued (it would
+    // block this thread on a hung kernel) and before the next piece reuses
+    // the buffers.
+    status = g.Wait(what, deadline, /*stream_too=*/true);
+    if (!status.ok() || root) continue;
+    uint8_t* dst = g.pinned != nullptr ? g.pinned : host;
+    if (!cuda(cudaMemcpyAsync(dst, g.device_buffer, n, cudaMemcpyDeviceToHost,
+                              g.stream),
+              "cudaMemcpyAsync D2H")) {
+      break;
+    }
+    status = g.Wait(what + " (copy back)", deadline, /*stream_too=*/true);
+    if (status.ok() && g.pinned != nullptr) std::memcpy(host, g.pinned, n);
+  }
+  absl::MutexLock lock(&g.mu);
+  g.in_collective = false;
+  // An Abort() that arrived after the last poll: finish its job.
+  if (g.abort_requested.load()) g.AbortCommLocked();
+  return status;
+}
+
+absl::Status NcclWeightSender::Publish(const v1::WeightManifest& manifest,
+                                       absl::Span<const uint8_t> payload,
+                                       absl::Time /*deadline*/) {
+  return PublishOverBroadcast(
+      [this](absl::Span<uint8_t> b) { return group_->Broadcast(b); }, manifest,
+      payload);
+}
+
+absl::StatusOr<uint64_t> NcclWeightReceiver::ReceiveNext(
+    StagingWeights* staging, absl::Time /*deadline*/) {
+  return ReceiveOverBroadcast(
+      [this](absl::Span<uint8_t> b) { return group_->Broadcast(b); },
+      [this] { group_->Abort(); }, staging, &last_round_version_);
+}
+
+}  // namespace tandem::weights

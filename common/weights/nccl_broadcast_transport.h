@@ -1,0 +1,134 @@
+#pragma once
+
+// Weight broadcast over NCCL (GPU), using the NCCL API directly (Debian's
+// LibTorch has no CUDA, so no c10d ProcessGroupNCCL). Built only when
+// TANDEM_ENABLE_NCCL is on; the counterpart of gloo_broadcast_transport.h
+// with the same shape: one NcclBroadcastGroup is one membership epoch
+// (tandem.v1.BroadcastGroup with backend "nccl"), rank 0 is the trainer,
+// ranks 1..n-1 are rollout workers, and the per-version wire protocol is
+// the same (common/weights/broadcast_protocol.h).
+//
+// Rendezvous: every rank connects as a client to the trainer's c10d
+// TCPStore (GlooRendezvousStore) at store_host:store_port; rank 0 publishes
+// the ncclUniqueId under "<key_prefix>/nccl_unique_id", the others read it.
+//
+// Data path: the bytes of a broadcast travel host -> pinned host staging ->
+// device staging -> ncclBroadcast on the group's own stream -> device ->
+// pinned -> host, in pieces of at most `bucket_bytes`, so device and pinned
+// memory stay bounded whatever the model size.
+//
+// Deadlines and abort: the communicator is non-blocking (ncclConfig_t
+// blocking = 0). The calling thread polls ncclCommGetAsyncError and the
+// stream against the deadline (`timeout` per piece and for the
+// rendezvous); on an NCCL error, a passed deadline, or Abort() from another
+// thread, it calls ncclCommAbort (which also stops the device kernels
+// waiting for a dead peer), marks the group broken and returns. Later calls
+// fail fast with FailedPrecondition; the coordinator forms the next epoch.
+//
+// Without a CUDA device Create() returns FailedPrecondition; nothing
+// crashes.
+//
+// Thread-safety: a group is used by one thread at a time (its sender or its
+// receiver). Abort() may be called from any thread.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/weights/weight_transport.h"
+
+namespace tandem::weights {
+
+struct NcclGroupConfig {
+  // The trainer's TCPStore (GlooRendezvousStore) address.
+  std::string store_host = "127.0.0.1";
+  uint16_t store_port = 0;
+  // Key prefix unique to the epoch (BroadcastGroup.key_prefix).
+  std::string key_prefix = "tandem/weights/epoch0";
+  int rank = 0;
+  int world_size = 1;
+  // CUDA device of this rank; -1 = the calling thread's current device.
+  int device = -1;
+  // Device and pinned host staging size: broadcasts larger than this go in
+  // pieces.
+  uint64_t bucket_bytes = uint64_t{64} << 20;
+  // Deadline of the rendezvous and of every piece of a broadcast.
+  absl::Duration timeout = absl::Seconds(30);
+};
+
+// The number of visible CUDA devices, or FailedPrecondition "NCCL weight
+// transport: no CUDA device visible (cudaGetDeviceCount: ...)".
+absl::StatusOr<int> NcclVisibleDevices();
+
+class NcclBroadcastGroup {
+ public:
+  // Joins the group; blocks until all world_size ranks have joined or
+  // `timeout` passes (Unavailable / DeadlineExceeded then).
+  // FailedPrecondition without a CUDA device, InvalidArgument for a bad
+  // rank, device or bucket size.
+  static absl::StatusOr<std::unique_ptr<NcclBroadcastGroup>> Create(
+      const NcclGroupConfig& config);
+  ~NcclBroadcastGroup();
+
+  int rank() const;
+  int world_size() const;
+  int device() const;
+  bool broken() const;
+  // Whether the copies go through pinned host memory (false when it could
+  // not be allocated: pageable copies, slower).
+  bool pinned() const;
+
+  // Broadcasts `bytes` (host memory) from rank 0 into every rank's `bytes`,
+  // in place. Errors mark the group broken: DeadlineExceeded, Unavailable
+  // (NCCL or CUDA error), Cancelled (Abort() was called, before or during
+  // the call), FailedPrecondition (broken by an earlier failure).
+  absl::Status Broadcast(absl::Span<uint8_t> bytes);
+
+  // Marks the group broken and aborts the communicator: a Broadcast() under
+  // way in another thread returns Cancelled at its next poll (within
+  // milliseconds); later ones fail fast.
+  void Abort();
+
+ private:
+  struct Impl;
+  explicit NcclBroadcastGroup(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Rank 0's WeightSender. `group` must outlive it.
+class NcclWeightSender : public WeightSender {
+ public:
+  explicit NcclWeightSender(NcclBroadcastGroup* group) : group_(group) {}
+  // `deadline` is not used: each collective carries the group's timeout.
+  absl::Status Publish(const v1::WeightManifest& manifest,
+                       absl::Span<const uint8_t> payload,
+                       absl::Time deadline) override;
+
+ private:
+  NcclBroadcastGroup* group_;
+};
+
+// A worker rank's WeightReceiver. `group` must outlive it.
+class NcclWeightReceiver : public WeightReceiver {
+ public:
+  explicit NcclWeightReceiver(NcclBroadcastGroup* group) : group_(group) {}
+  absl::StatusOr<uint64_t> ReceiveNext(StagingWeights* staging,
+                                       absl::Time deadline) override;
+  // Aborts the group: a pending ReceiveNext() returns Cancelled.
+  void Cancel() override { group_->Abort(); }
+
+  // The policy version of the last round this receiver took part in (its
+  // manifest arrived), whether or not the version could be staged. 0 before
+  // the first round.
+  uint64_t last_round_version() const { return last_round_version_; }
+
+ private:
+  NcclBroadcastGroup* group_;
+  uint64_t last_round_version_ = 0;
+};
+
+}  // namespace tandem::weights
