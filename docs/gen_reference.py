@@ -15,20 +15,21 @@ that neither scrape showed), and stops the daemons with SIGTERM. The output has 
 families are sorted, so two runs give the same files
 (tests/deploy/check_references.py relies on that).
 
-Python 3 standard library only.
+Python 3 standard library, plus tests/integration/harness.py (daemon helpers).
 """
 
 import argparse
-import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "tests", "integration"))
+import harness  # noqa: E402
 
 DAEMONS = ("coordinator", "trainer", "rollout", "verifier")
 REGENERATE = "/usr/bin/python3 docs/gen_reference.py --bin build/bin"
@@ -180,14 +181,6 @@ def config_reference(bin_dir):
 # Metrics reference
 
 
-def read_json(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
 class Daemon:
     def __init__(self, bin_dir, daemon, tmp, extra=()):
         self.name = daemon
@@ -212,7 +205,7 @@ class Daemon:
             if self.process.poll() is not None:
                 fail(f"tandem-{self.name} exited {self.process.returncode} "
                      f"before it was ready:\n{self.output()}")
-            info = read_json(self.ready_file)
+            info = harness.read_json(self.ready_file)
             if info and info.get("metrics_address"):
                 return info
             time.sleep(0.05)
@@ -220,20 +213,9 @@ class Daemon:
              f"{self.output()}")
 
     def stop(self, timeout=30):
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        code = harness.stop_process(self.process, timeout=timeout)
         self.log.close()
-        return self.process.returncode
-
-
-def scrape(address):
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as r:
-        return r.read().decode()
+        return code
 
 
 def parse_exposition(text):
@@ -292,16 +274,18 @@ def scrape_all(bin_dir):
         at_start = {}
         for name in ("coordinator", "trainer", "verifier"):
             metrics[name] = daemons[name].wait_ready()["metrics_address"]
-            at_start[name] = parse_exposition(scrape(metrics[name]))
+            at_start[name] = parse_exposition(
+                harness.scrape_metrics(metrics[name]))
         daemons["rollout"] = Daemon(bin_dir, "rollout", tmp, member_args)
         metrics["rollout"] = daemons["rollout"].wait_ready()["metrics_address"]
-        at_start["rollout"] = parse_exposition(scrape(metrics["rollout"]))
+        at_start["rollout"] = parse_exposition(
+            harness.scrape_metrics(metrics["rollout"]))
 
         deadline = time.monotonic() + 240
         while True:
-            trainer = metric_value(scrape(metrics["trainer"]),
+            trainer = metric_value(harness.scrape_metrics(metrics["trainer"]),
                                    "tandem_policy_version") or 0
-            rollout = metric_value(scrape(metrics["rollout"]),
+            rollout = metric_value(harness.scrape_metrics(metrics["rollout"]),
                                    "tandem_policy_version") or 0
             if trainer >= 3 and rollout >= 2:
                 break
@@ -314,7 +298,7 @@ def scrape_all(bin_dir):
                          f"{daemon.process.returncode}:\n{daemon.output()}")
             time.sleep(0.5)
         time.sleep(2)
-        after_run = {name: parse_exposition(scrape(address))
+        after_run = {name: parse_exposition(harness.scrape_metrics(address))
                      for name, address in metrics.items()}
         return at_start, after_run
     finally:

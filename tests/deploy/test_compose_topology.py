@@ -129,15 +129,9 @@ class Daemon:
             return f.read()
 
     def stop(self, sig=signal.SIGTERM, timeout=30):
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        code = harness.stop_process(self.process, sig, timeout)
         self.log.close()
-        return self.process.returncode
+        return code
 
 
 class Prometheus:

@@ -91,6 +91,19 @@ def metric_sum(text, name, **labels):
     return total
 
 
+def stop_process(process, sig=signal.SIGTERM, timeout=30):
+    """Sends `sig` to a running process, waits `timeout` seconds, then kills
+    it; returns its exit code."""
+    if process.poll() is None:
+        process.send_signal(sig)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -125,15 +138,9 @@ class Daemon:
             return f.read()
 
     def stop(self, sig=signal.SIGTERM, timeout=20):
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        code = stop_process(self.process, sig, timeout)
         self.log.close()
-        return self.process.returncode
+        return code
 
 
 def tandemctl_json(*args, timeout=15):

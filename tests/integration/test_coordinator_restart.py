@@ -48,13 +48,7 @@ journal:
 
     def tearDown(self):
         for process in (self.verifier, self.coordinator):
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            harness.stop_process(process, timeout=20)
         for log in self.logs:
             log.close()
         shutil.rmtree(self.tmp, ignore_errors=True)

@@ -93,67 +93,61 @@ TEST_CASE("GrpcServer::Shutdown does not wait for an idle client connection") {
   close(silent);
 }
 
-TEST_CASE("GrpcServer::Shutdown waits for a call in flight, then returns") {
+// A Drain call parked in a ParkingService, then the server shut down with
+// `shutdown_deadline` while the service releases the call after
+// `release_after` (a reactor must still Finish after cancellation, as a
+// daemon's own stop would make it).
+struct ParkedShutdown {
+  grpc::Status drain_status;
+  absl::Duration took;
+  int calls_in_flight_after = -1;
+};
+
+ParkedShutdown ShutdownWithParkedCall(absl::Duration release_after,
+                                      absl::Duration shutdown_deadline) {
   ParkingService service;
   auto server = rpc::GrpcServer::Start("127.0.0.1:0", {&service});
   REQUIRE(server.ok());
   auto stub = tandem::v1::RolloutWorker::NewStub(
       rpc::MakeChannel((*server)->bound_address()));
-  grpc::Status drain_status;
+  ParkedShutdown result;
   std::thread caller([&] {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
     tandem::v1::RolloutStatus status;
-    drain_status = stub->Drain(&context, {}, &status);
+    result.drain_status = stub->Drain(&context, {}, &status);
   });
   while ((*server)->calls_in_flight() == 0) {
     absl::SleepFor(absl::Milliseconds(5));
   }
   std::thread releaser([&] {
-    absl::SleepFor(absl::Milliseconds(500));
+    absl::SleepFor(release_after);
     service.Release();
   });
   const absl::Time start = absl::Now();
-  (*server)->Shutdown(absl::Seconds(10));
-  const absl::Duration took = absl::Now() - start;
+  (*server)->Shutdown(shutdown_deadline);
+  result.took = absl::Now() - start;
   releaser.join();
   caller.join();
-  CHECK(drain_status.ok());
-  CHECK(took >= absl::Milliseconds(450));
-  CHECK(took < absl::Seconds(3));
-  CHECK((*server)->calls_in_flight() == 0);
+  result.calls_in_flight_after = (*server)->calls_in_flight();
+  return result;
+}
+
+TEST_CASE("GrpcServer::Shutdown waits for a call in flight, then returns") {
+  const ParkedShutdown r =
+      ShutdownWithParkedCall(absl::Milliseconds(500), absl::Seconds(10));
+  CHECK(r.drain_status.ok());
+  CHECK(r.took >= absl::Milliseconds(450));
+  CHECK(r.took < absl::Seconds(3));
+  CHECK(r.calls_in_flight_after == 0);
 }
 
 TEST_CASE(
     "GrpcServer::Shutdown cancels a call still in flight at its deadline") {
-  ParkingService service;
-  auto server = rpc::GrpcServer::Start("127.0.0.1:0", {&service});
-  REQUIRE(server.ok());
-  auto stub = tandem::v1::RolloutWorker::NewStub(
-      rpc::MakeChannel((*server)->bound_address()));
-  grpc::Status drain_status;
-  std::thread caller([&] {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
-    tandem::v1::RolloutStatus status;
-    drain_status = stub->Drain(&context, {}, &status);
-  });
-  while ((*server)->calls_in_flight() == 0) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  // A reactor must still Finish after cancellation; answer it once the
-  // deadline has passed, as a daemon's own stop would.
-  std::thread releaser([&] {
-    absl::SleepFor(absl::Milliseconds(600));
-    service.Release();
-  });
-  const absl::Time start = absl::Now();
-  (*server)->Shutdown(absl::Milliseconds(200));
-  const absl::Duration took = absl::Now() - start;
-  releaser.join();
-  caller.join();
-  CHECK_FALSE(drain_status.ok());
-  CHECK(took < absl::Seconds(3));
+  const ParkedShutdown r =
+      ShutdownWithParkedCall(absl::Milliseconds(600), absl::Milliseconds(200));
+  CHECK_FALSE(r.drain_status.ok());
+  CHECK(r.took < absl::Seconds(3));
 }
 
 }  // namespace
