@@ -1,5 +1,7 @@
 #include "common/weights/broadcast_sender.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace tandem::weights {
@@ -52,12 +54,25 @@ bool BroadcastSender::Stop(absl::Duration wait) {
   return true;
 }
 
+void BroadcastSender::Enqueue(const v1::BroadcastGroup& group,
+                              StoredPayload full,
+                              std::optional<StoredPayload> delta) {
+  absl::MutexLock lock(&mu_);
+  if (stop_) return;
+  jobs_.push_back(Job{group, std::move(full), std::move(delta), false});
+}
+
 void BroadcastSender::Enqueue(
     const v1::BroadcastGroup& group, const v1::WeightManifest& manifest,
     std::shared_ptr<const std::vector<uint8_t>> payload) {
+  Enqueue(group, StoredPayload{manifest, std::move(payload)});
+}
+
+void BroadcastSender::Resend(const v1::BroadcastGroup& group,
+                             StoredPayload full) {
   absl::MutexLock lock(&mu_);
   if (stop_) return;
-  jobs_.push_back(Job{group, manifest, std::move(payload)});
+  jobs_.push_front(Job{group, std::move(full), std::nullopt, true});
 }
 
 void BroadcastSender::Run() {
@@ -73,61 +88,95 @@ void BroadcastSender::Run() {
       if (stop_) return;
       job = std::move(jobs_.front());
       jobs_.pop_front();
-      // A newer version of the same epoch is waiting: send that one.
-      if (!jobs_.empty() &&
-          jobs_.front().group.key_prefix() == job.group.key_prefix()) {
-        continue;
-      }
+      // The same or a newer version of the same epoch is waiting: send
+      // that one.
+      const bool superseded =
+          std::any_of(jobs_.begin(), jobs_.end(), [&](const Job& later) {
+            return later.group.key_prefix() == job.group.key_prefix() &&
+                   later.version() >= job.version();
+          });
+      if (superseded) continue;
     }
     Send(job);
   }
 }
 
+bool BroadcastSender::JoinEpoch(const Job& job, BroadcastOutcome* outcome) {
+  const uint64_t v = job.version();
+  // Every receiver of the new epoch holds v-1 when v is its first version
+  // and the epoch before ended cleanly: its members got v-1 (or it had
+  // none), and the coordinator adds a member only when it holds v-1.
+  const bool base_carries = !job.resend && !group_failed_ &&
+                            v == job.group.first_policy_version() &&
+                            (no_receivers_ || (holds_ && *holds_ + 1 == v));
+  group_.reset();
+  if (!group_prefix_.empty()) {
+    left_prefixes_.push_back(group_prefix_);
+    while (left_prefixes_.size() > 64) left_prefixes_.pop_front();
+  }
+  group_prefix_ = job.group.key_prefix();
+  group_failed_ = false;
+  sent_ = 0;
+  holds_.reset();
+  if (base_carries && v > 0) holds_ = v - 1;
+  no_receivers_ = job.group.member_ids_size() < 2;
+  if (no_receivers_) return true;
+  GlooGroupConfig config;
+  config.store_host = options_.store_host;
+  config.store_port = store_->port();
+  config.key_prefix = job.group.key_prefix();
+  config.rank = 0;
+  config.world_size = job.group.member_ids_size();
+  config.bind_host = options_.bind_host;
+  config.timeout = options_.timeout;
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<GlooBroadcastGroup>> group =
+      GlooBroadcastGroup::Create(config, store_.get());
+  if (!group.ok()) {
+    group_failed_ = true;
+    holds_.reset();
+    outcome->status = group.status();
+    outcome->seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    listener_(*outcome);
+    return false;
+  }
+  group_ = *std::move(group);
+  return true;
+}
+
 void BroadcastSender::Send(const Job& job) {
-  if (job.group.member_ids_size() < 2) {
-    group_.reset();  // nobody to send to; leave the old epoch's group
-    group_prefix_ = job.group.key_prefix();
-    group_failed_ = false;
-    return;
+  const std::string& prefix = job.group.key_prefix();
+  if (std::find(left_prefixes_.begin(), left_prefixes_.end(), prefix) !=
+      left_prefixes_.end()) {
+    return;  // an epoch already left (e.g. the one a re-send replaced)
   }
   BroadcastOutcome outcome;
   outcome.group = job.group;
-  outcome.version = job.manifest.policy_version();
-  outcome.full = job.manifest.kind() != v1::WEIGHT_PAYLOAD_KIND_DELTA;
-  outcome.bytes = job.payload->size();
+  outcome.version = job.version();
+  outcome.resend = job.resend;
   const absl::Time start = absl::Now();
-  if (job.group.key_prefix() != group_prefix_) {
-    group_.reset();
-    group_prefix_ = job.group.key_prefix();
-    group_failed_ = false;
-    GlooGroupConfig config;
-    config.store_host = options_.store_host;
-    config.store_port = store_->port();
-    config.key_prefix = job.group.key_prefix();
-    config.rank = 0;
-    config.world_size = job.group.member_ids_size();
-    config.bind_host = options_.bind_host;
-    config.timeout = options_.timeout;
-    absl::StatusOr<std::unique_ptr<GlooBroadcastGroup>> group =
-        GlooBroadcastGroup::Create(config, store_.get());
-    if (!group.ok()) {
-      group_failed_ = true;
-      outcome.status = group.status();
-      outcome.seconds = absl::ToDoubleSeconds(absl::Now() - start);
-      listener_(outcome);
-      return;
-    }
-    group_ = *std::move(group);
+  if (prefix != group_prefix_ && !JoinEpoch(job, &outcome)) return;
+  if (no_receivers_ || group_failed_ || group_ == nullptr) {
+    return;  // nobody to send to, or the epoch already failed
   }
-  if (group_failed_ || group_ == nullptr) return;  // epoch already failed
+  if (job.version() <= sent_) return;  // sent already (e.g. re-sent)
+  const bool delta = !job.resend && job.delta.has_value() && holds_ &&
+                     job.delta->manifest.base_version() == *holds_;
+  const StoredPayload& payload = delta ? *job.delta : job.full;
+  outcome.full = !delta;
+  outcome.bytes = payload.bytes->size();
   GlooWeightSender sender(group_.get());
-  outcome.status = sender.Publish(job.manifest, *job.payload,
+  outcome.status = sender.Publish(payload.manifest, *payload.bytes,
                                   absl::Now() + options_.timeout);
   outcome.seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  if (!outcome.status.ok()) {
+  if (outcome.status.ok()) {
+    sent_ = job.version();
+    holds_ = job.version();
+  } else {
     group_->Abort();
     group_.reset();  // closes the pairs, so survivors fail fast
     group_failed_ = true;
+    holds_.reset();
   }
   listener_(outcome);
 }

@@ -9,15 +9,29 @@
 // Per job: a group with no receivers is skipped (and the previous group
 // left). When the job's epoch (key prefix) differs from the current one,
 // the old group is destroyed and the new one formed (rendezvous with the
-// deadline). A failed rendezvous or collective aborts and destroys the
+// deadline); an epoch once left is never formed again (its queued jobs are
+// dropped). A failed rendezvous or collective aborts and destroys the
 // group, so survivors blocked in it fail fast; the rest of that epoch's
 // jobs are dropped, and the outcome is reported to the listener, which
-// tells the coordinator (the next epoch forms without stale members and the
-// missed version is caught up by pull).
+// tells the coordinator. The coordinator then forms the next epoch without
+// the dead member and the listener hands the version back with Resend(),
+// which is sent first (always FULL).
 //
-// Queued jobs of one epoch are coalesced: only the newest version of an
-// epoch is sent when several wait, but the last version of every epoch is
-// always sent, because receivers of that epoch wait for it.
+// Queued jobs of one epoch are coalesced: a job is skipped when a job of
+// the same epoch with the same or a newer version waits behind it, and a
+// version not newer than the last one sent to the epoch is not sent again;
+// the last version of every epoch is always sent, because receivers of
+// that epoch wait for it.
+//
+// FULL or DELTA: a job may carry a delta on v-1 besides the full copy. The
+// delta is sent only when every receiver of the epoch is known to hold
+// v-1: v-1 is the last version this epoch delivered, or v is the epoch's
+// first_policy_version and the epoch before ended cleanly having delivered
+// v-1 or with no receivers (the coordinator admits a new member only when
+// it holds v-1, and keeps members of the epoch before). After a coalesced
+// version, a failure, a re-send or on a sender's first epoch with members
+// kept from elsewhere, the version goes FULL. A receiver that still lacks
+// the base takes part in the collective and rejects the delta.
 //
 // Thread-safety: Enqueue() from any thread; Start/Stop from the owner.
 // Stop() may wait up to `timeout` for a collective under way.
@@ -26,6 +40,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,6 +52,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/weights/gloo_broadcast_transport.h"
+#include "common/weights/weight_store.h"
 #include "tandem/v1/common.pb.h"
 
 namespace tandem::weights {
@@ -56,6 +72,7 @@ struct BroadcastOutcome {
   v1::BroadcastGroup group;
   uint64_t version = 0;
   bool full = true;
+  bool resend = false;  // a Resend() job
   uint64_t bytes = 0;
   double seconds = 0;
   absl::Status status;  // not OK: the group was aborted
@@ -82,17 +99,26 @@ class BroadcastSender {
   // thread wakes only at its own timeout.
   bool Stop(absl::Duration wait);
 
-  // Queues `manifest` + `payload` (FULL: the flat buffer; DELTA: the
-  // encoded delta) for `group`.
+  // Queues version `full` (a FULL payload) for `group`, with its DELTA on
+  // v-1 when one exists (sent instead when every receiver holds v-1).
+  void Enqueue(const v1::BroadcastGroup& group, StoredPayload full,
+               std::optional<StoredPayload> delta = std::nullopt);
+  // The same for a FULL `manifest` + `payload`.
   void Enqueue(const v1::BroadcastGroup& group,
                const v1::WeightManifest& manifest,
                std::shared_ptr<const std::vector<uint8_t>> payload);
 
+  // Queues `full` for `group` ahead of everything else: the re-send of a
+  // version a failed epoch did not deliver, in the epoch formed after it.
+  void Resend(const v1::BroadcastGroup& group, StoredPayload full);
+
  private:
   struct Job {
     v1::BroadcastGroup group;
-    v1::WeightManifest manifest;
-    std::shared_ptr<const std::vector<uint8_t>> payload;
+    StoredPayload full;
+    std::optional<StoredPayload> delta;
+    bool resend = false;
+    uint64_t version() const { return full.manifest.policy_version(); }
   };
 
   BroadcastSender(const BroadcastSenderOptions& options, Listener listener);
@@ -105,10 +131,19 @@ class BroadcastSender {
   std::unique_ptr<GlooRendezvousStore> store_;
   std::thread thread_;
 
+  // Switches to the job's epoch (forming its group); false when the
+  // rendezvous failed (reported).
+  bool JoinEpoch(const Job& job, BroadcastOutcome* outcome);
+
   // Sender thread only.
   std::unique_ptr<GlooBroadcastGroup> group_;
   std::string group_prefix_;
   bool group_failed_ = false;
+  bool no_receivers_ = true;  // the current epoch has none (or none yet)
+  uint64_t sent_ = 0;         // newest version sent to the current epoch
+  // The version every receiver of the current epoch holds, when known.
+  std::optional<uint64_t> holds_;
+  std::deque<std::string> left_prefixes_;  // epochs never formed again
 
   absl::Notification finished_;  // Run() returned
   absl::Mutex mu_;

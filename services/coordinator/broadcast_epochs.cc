@@ -1,6 +1,7 @@
 #include "services/coordinator/broadcast_epochs.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -22,6 +23,7 @@ void BroadcastEpochs::SetTrainer(const std::string& member_id,
 void BroadcastEpochs::Report(const tandem::v1::SyncWeightGroupRequest& report,
                              absl::Time now) {
   absl::MutexLock lock(&mu_);
+  const bool from_trainer = report.member_id() == trainer_id_;
   if (report.failed_epoch() != 0) {
     ++stats_.failures_reported;
     if (report.failed_epoch() == current_.epoch() && !current_failed_) {
@@ -30,8 +32,12 @@ void BroadcastEpochs::Report(const tandem::v1::SyncWeightGroupRequest& report,
       failed_members_.assign(current_.member_ids().begin(),
                              current_.member_ids().end());
     }
+    if (from_trainer && report.failed_epoch() == current_.epoch()) {
+      resend_pending_ = true;
+      latest_version_ = std::max(latest_version_, report.policy_version());
+    }
   }
-  if (report.member_id() == trainer_id_) return;
+  if (from_trainer) return;
   Worker& w = workers_[report.member_id()];
   w.last = report;
   w.reported = now;
@@ -47,20 +53,48 @@ void BroadcastEpochs::RemoveMember(const std::string& member_id) {
   workers_.erase(member_id);
 }
 
+bool BroadcastEpochs::WasInFailedEpoch(const std::string& id) const {
+  return std::find(failed_members_.begin(), failed_members_.end(), id) !=
+         failed_members_.end();
+}
+
+bool BroadcastEpochs::IsSurvivor(const Worker& w, absl::Time now) const {
+  return WasInFailedEpoch(w.last.member_id()) && w.reported > failed_at_ &&
+         w.last.joined_epoch() == 0 && w.last.broadcast() &&
+         now - w.reported <= options_.report_timeout;
+}
+
 bool BroadcastEpochs::IsCandidate(const Worker& w, uint64_t version,
                                   absl::Time now) const {
   if (!w.last.broadcast() || w.last.joined_epoch() != 0) return false;
   if (now - w.reported > options_.report_timeout) return false;
   if (w.last.policy_version() + 1 < version) return false;  // not caught up
-  const bool was_in_failed =
-      std::find(failed_members_.begin(), failed_members_.end(),
-                w.last.member_id()) != failed_members_.end();
-  return !was_in_failed || w.reported > failed_at_;
+  return !WasInFailedEpoch(w.last.member_id()) || w.reported > failed_at_;
+}
+
+void BroadcastEpochs::FormEpoch(const std::vector<std::string>& members,
+                                uint64_t first_policy_version) {
+  const uint64_t epoch = next_epoch_++;
+  current_.Clear();
+  current_.set_epoch(epoch);
+  current_.set_store_address(store_address_);
+  current_.set_key_prefix(
+      absl::StrCat(options_.key_prefix_base, "/epoch", epoch));
+  current_.set_backend(options_.backend);
+  current_.set_first_policy_version(first_policy_version);
+  for (const std::string& id : members) current_.add_member_ids(id);
+  current_failed_ = false;
+  trainer_changed_ = false;
+  resend_pending_ = false;
+  ++stats_.epochs_formed;
+  stats_.epoch = current_.epoch();
+  stats_.receivers = static_cast<uint32_t>(current_.member_ids_size() - 1);
 }
 
 tandem::v1::BroadcastGroup BroadcastEpochs::OnPublish(uint64_t version,
                                                       absl::Time now) {
   absl::MutexLock lock(&mu_);
+  latest_version_ = std::max(latest_version_, version);
   if (!options_.enabled || trainer_id_.empty() || store_address_.empty()) {
     if (current_.epoch() != 0) current_.Clear();
     stats_.epoch = 0;
@@ -83,10 +117,14 @@ tandem::v1::BroadcastGroup BroadcastEpochs::OnPublish(uint64_t version,
   }
   std::vector<std::string> members = {trainer_id_};
   members.insert(members.end(), keep.begin(), keep.end());
+  // After the trainer's own broadcast failed, its next version goes out in
+  // full, so the failed epoch's survivors need not hold v-1.
+  const bool take_survivors = current_failed_ && resend_pending_;
   if (confirmed) {
     for (const auto& [id, w] : workers_) {
       if (std::find(keep.begin(), keep.end(), id) == keep.end() &&
-          IsCandidate(w, version, now)) {
+          (IsCandidate(w, version, now) ||
+           (take_survivors && IsSurvivor(w, now)))) {
         members.push_back(id);
       }
     }
@@ -96,22 +134,50 @@ tandem::v1::BroadcastGroup BroadcastEpochs::OnPublish(uint64_t version,
       current_.store_address() == store_address_ &&
       std::equal(members.begin(), members.end(), current_.member_ids().begin(),
                  current_.member_ids().end());
-  if (!same) {
-    const uint64_t epoch = next_epoch_++;
-    current_.Clear();
-    current_.set_epoch(epoch);
-    current_.set_store_address(store_address_);
-    current_.set_key_prefix(
-        absl::StrCat(options_.key_prefix_base, "/epoch", epoch));
-    current_.set_backend(options_.backend);
-    current_.set_first_policy_version(version);
-    for (const std::string& id : members) current_.add_member_ids(id);
-    current_failed_ = false;
-    trainer_changed_ = false;
-    ++stats_.epochs_formed;
-  }
+  if (!same) FormEpoch(members, version);
   stats_.epoch = current_.epoch();
   stats_.receivers = static_cast<uint32_t>(current_.member_ids_size() - 1);
+  return current_;
+}
+
+std::optional<tandem::v1::BroadcastGroup> BroadcastEpochs::Regroup(
+    absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  if (!resend_pending_ || !current_failed_ || !options_.enabled ||
+      trainer_changed_ || trainer_id_.empty() || store_address_.empty()) {
+    return std::nullopt;
+  }
+  // Survivors: members of the failed epoch that are still registered and
+  // said, after the failure, that they left the group.
+  std::vector<std::string> survivors;
+  bool all_reported = true;
+  for (const std::string& id : failed_members_) {
+    auto it = workers_.find(id);
+    if (it == workers_.end()) continue;  // expired or deregistered
+    const Worker& w = it->second;
+    if (w.reported > failed_at_ && w.last.joined_epoch() == 0) {
+      if (IsSurvivor(w, now)) survivors.push_back(id);
+    } else {
+      all_reported = false;
+    }
+  }
+  const bool waited = now - failed_at_ >= options_.regroup_wait;
+  if (!all_reported && !waited) return std::nullopt;
+  const uint64_t version = latest_version_;
+  std::vector<std::string> members = {trainer_id_};
+  for (const auto& [id, w] : workers_) {
+    if (std::find(survivors.begin(), survivors.end(), id) != survivors.end() ||
+        (!WasInFailedEpoch(id) && IsCandidate(w, version, now))) {
+      members.push_back(id);
+    }
+  }
+  if (members.size() < 2) {
+    // Nobody to re-send to; the next publish forms the next epoch.
+    resend_pending_ = false;
+    return std::nullopt;
+  }
+  FormEpoch(members, version);
+  ++stats_.resend_epochs;
   return current_;
 }
 
@@ -146,7 +212,13 @@ WeightSyncGauges::WeightSyncGauges(prometheus::Registry& registry)
                     .Name("tandem_weight_sync_failures_reported_total")
                     .Help("Failed collectives reported by members.")
                     .Register(registry)
-                    .Add({})) {}
+                    .Add({})),
+      resends_(prometheus::BuildCounter()
+                   .Name("tandem_weight_sync_resend_epochs_total")
+                   .Help("Broadcast epochs formed right after a failed one "
+                         "to re-send the version it did not deliver.")
+                   .Register(registry)
+                   .Add({})) {}
 
 void WeightSyncGauges::Update(const BroadcastEpochStats& stats) {
   epoch_.Set(static_cast<double>(stats.epoch));
@@ -155,6 +227,8 @@ void WeightSyncGauges::Update(const BroadcastEpochStats& stats) {
       static_cast<double>(stats.epochs_formed - last_.epochs_formed));
   failures_.Increment(
       static_cast<double>(stats.failures_reported - last_.failures_reported));
+  resends_.Increment(
+      static_cast<double>(stats.resend_epochs - last_.resend_epochs));
   last_ = stats;
 }
 

@@ -121,6 +121,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   epochs.enabled = config.weight_sync.broadcast;
   epochs.report_timeout =
       absl::Milliseconds(config.weight_sync.report_timeout_ms);
+  epochs.regroup_wait = absl::Milliseconds(config.weight_sync.regroup_wait_ms);
   // Unique per incarnation, so key prefixes never repeat across restarts.
   epochs.key_prefix_base = absl::StrCat(
       "tandem/weights/c", absl::Hex(absl::ToUnixMillis(self->started_)));
@@ -184,8 +185,20 @@ void Coordinator::MaintenanceLoop() {
     }
     UpdateMemberGauges();
     UpdateWorkMetrics();
+    Regroup(now);
     weight_sync_gauges_->Update(epochs_->Stats());
   }
+}
+
+void Coordinator::Regroup(absl::Time now) {
+  const uint64_t failed = epochs_->Current().epoch();
+  std::optional<tandem::v1::BroadcastGroup> group = epochs_->Regroup(now);
+  if (!group) return;
+  Log()->info(
+      "weight broadcast epoch {} re-sends version {} after epoch {} failed: "
+      "{} receivers ({})",
+      group->epoch(), group->first_policy_version(), failed,
+      group->member_ids_size() - 1, absl::StrJoin(group->member_ids(), ", "));
 }
 
 void Coordinator::UpdateMemberGauges() {
@@ -530,6 +543,7 @@ grpc::ServerUnaryReactor* Coordinator::SyncWeightGroup(
                 request->failure());
   }
   epochs_->Report(*request, absl::Now());
+  Regroup(absl::Now());
   tandem::v1::WeightManifest manifest;
   std::string weight_server_address;
   ledger_->LatestVersion(&manifest, &weight_server_address);

@@ -116,6 +116,9 @@ class Coordinator : public tandem::v1::Coordinator::CallbackService {
 
   explicit Coordinator(const CoordinatorConfig& config);
   void MaintenanceLoop();
+  // Forms the re-send epoch after a failed broadcast when due
+  // (BroadcastEpochs::Regroup) and logs it.
+  void Regroup(absl::Time now);
   void UpdateMemberGauges();
   void UpdateWorkMetrics();
   // Tries every parked pull; finishes those served, past their deadline, or

@@ -110,6 +110,11 @@ void RegisterFields(config::ConfigSchema* schema, CoordinatorConfig* config) {
                   "Transport of the broadcast groups. Only gloo runs today: "
                   "nccl is refused at start (the NCCL transport is not yet "
                   "selected by the trainer and rollout workers).");
+  schema->AddInt("weight_sync.regroup_wait_ms", &w.regroup_wait_ms, 0, 3600000,
+                 "After a failed broadcast the next epoch is formed at once "
+                 "to re-send the version, when every other member of the "
+                 "failed epoch reported leaving it, or after this long "
+                 "without the silent ones (ms).");
 }
 
 absl::Status Validate(const CoordinatorConfig& config) {

@@ -99,6 +99,10 @@ struct WeightSyncOptions {
   // exists in NCCL builds but the trainer and rollout workers do not select
   // it yet, so Validate() refuses "nccl" rather than fall back silently.
   std::string backend = "gloo";
+  // After the trainer reports a failed broadcast, the next epoch is formed
+  // (to re-send the version) once the failed epoch's other members
+  // reported leaving it, or after this long without the silent ones.
+  int64_t regroup_wait_ms = 500;
 };
 
 struct CoordinatorConfig {

@@ -121,6 +121,14 @@ void WeightSubscriber::Run() {
         BroadcastStep(view, rank);
         continue;
       }
+      // Just left a failed epoch: the coordinator is forming the next one
+      // and the trainer re-sends the version there; don't pull it twice.
+      if (!abandoned_prefix_.empty() &&
+          view.group.key_prefix() == abandoned_prefix_ &&
+          absl::Now() < abandoned_at_ + options_.resend_wait) {
+        absl::SleepFor(options_.poll_interval);
+        continue;
+      }
     }
     LeaveGroup();
     std::string address = view.weight_server_address;
@@ -211,6 +219,7 @@ void WeightSubscriber::BroadcastStep(const ClusterView& view, int rank) {
     group_ = *std::move(group);
     gloo_ = std::make_unique<weights::GlooWeightReceiver>(group_.get());
     stream_version_ = g.first_policy_version() - 1;
+    received_in_epoch_ = false;
     {
       absl::MutexLock lock(&mu_);
       active_group_ = group_.get();
@@ -236,17 +245,29 @@ void WeightSubscriber::BroadcastStep(const ClusterView& view, int rank) {
   stream_version_ = std::max(stream_version_, gloo_->last_round_version());
   if (version.ok()) {
     Deliver(*version, weights::SyncTransport::kBroadcast, start, bytes_before);
+    if (!received_in_epoch_) {
+      received_in_epoch_ = true;
+      const std::optional<v1::WeightManifest> m = staging_->live_manifest();
+      Log()->info(
+          "received version {} by broadcast, the first of epoch {} "
+          "({}, {:.3f}s)",
+          *version, g.epoch(),
+          m && m->kind() == v1::WEIGHT_PAYLOAD_KIND_DELTA ? "delta" : "full",
+          absl::ToDoubleSeconds(absl::Now() - start));
+    }
     return;
   }
   if (group_->broken()) {
     AbandonGroup(version.status().ToString());
     return;
   }
-  if (version.status().code() == absl::StatusCode::kFailedPrecondition) {
+  if (version.status().code() == absl::StatusCode::kFailedPrecondition &&
+      gloo_->last_round_version() <= received_version()) {
     return;  // a version this worker already holds (pulled before joining)
   }
-  // The version failed verification: reject it and pull the latest
-  // instead; the group stays intact for the next version.
+  // The version failed verification, or is a delta on a version this
+  // worker does not hold: reject it and pull the latest instead; the group
+  // stays intact for the next version.
   if (options_.metrics != nullptr) {
     options_.metrics->RecordRejected(weights::SyncTransport::kBroadcast);
   }
@@ -277,6 +298,7 @@ void WeightSubscriber::AbandonGroup(const std::string& why) {
     epoch = status_.epoch;
   }
   abandoned_prefix_ = joined_prefix_;
+  abandoned_at_ = absl::Now();
   failed_epoch_ = epoch;
   failure_ = why;
   if (options_.metrics != nullptr) options_.metrics->RecordAborted();

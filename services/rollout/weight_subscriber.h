@@ -15,13 +15,18 @@
 //              current broadcast group it pulls, so it catches up and the
 //              coordinator adds it at the next membership epoch. Once listed
 //              in an epoch it joins that epoch's Gloo group and receives
-//              every version the trainer broadcasts, in order. A failed or
-//              timed-out collective leaves the group (reported to the
-//              coordinator, which forms the next epoch) and falls back to
-//              pull; a version that fails verification is rejected and the
-//              latest version pulled instead, without leaving the group.
-//              A new epoch (a different key prefix) is joined when it lists
-//              this worker; an epoch the worker left is never rejoined.
+//              every version the trainer broadcasts, in order (FULL, or a
+//              DELTA on the version before). A failed or timed-out
+//              collective leaves the group (reported to the coordinator,
+//              which forms the next epoch without the dead member, and the
+//              trainer re-sends the version there): for up to resend_wait
+//              the worker waits for that epoch instead of pulling, then
+//              falls back to pull. A version that fails verification, or a
+//              delta on a version this worker does not hold, is rejected
+//              (counted) after the collective and the latest version
+//              pulled instead, without leaving the group. A new epoch (a
+//              different key prefix) is joined when it lists this worker;
+//              an epoch the worker left is never rejoined.
 //
 // Thread-safety: all public methods are thread-safe; Stop() joins (it may
 // wait up to `timeout` for a rendezvous or collective under way).
@@ -61,6 +66,11 @@ struct WeightSyncOptions {
   absl::Duration timeout = absl::Seconds(10);
   // How often the coordinator is polled (broadcast mode).
   absl::Duration poll_interval = absl::Milliseconds(50);
+  // After leaving a failed epoch, how long to wait for the coordinator's
+  // next epoch (the re-send) before pulling; longer than the coordinator's
+  // weight_sync.regroup_wait_ms. A newer epoch that does not list this
+  // worker ends the wait at once.
+  absl::Duration resend_wait = absl::Seconds(2);
   // Optional metrics (must outlive the subscriber).
   weights::WeightSyncMetrics* metrics = nullptr;
 };
@@ -139,7 +149,9 @@ class WeightSubscriber {
   std::unique_ptr<weights::GlooWeightReceiver> gloo_;
   std::string joined_prefix_;
   std::string abandoned_prefix_;
+  absl::Time abandoned_at_ = absl::InfinitePast();
   uint64_t stream_version_ = 0;  // last version of the group's stream seen
+  bool received_in_epoch_ = false;  // a version was delivered in this epoch
   uint64_t failed_epoch_ = 0;    // to report once
   std::string failure_;
 

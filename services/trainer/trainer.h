@@ -75,14 +75,19 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
   absl::Status Publish(uint64_t version);
   // Flattens the current policy as `version` into store_ (served to pulling
   // workers: the full copy, and a delta on version-1 when DeltaPublisher
-  // chose one); the first half of Publish. Returns the full payload.
-  absl::StatusOr<weights::StoredPayload> StoreVersion(uint64_t version);
+  // chose one); the first half of Publish. Returns the payloads.
+  absl::StatusOr<weights::PublishedVersion> StoreVersion(uint64_t version);
   // The current policy converted to the dtype rollout workers hold.
   absl::StatusOr<std::shared_ptr<model::ModelWeights>> PublishedWeights()
       const;
   // Weight broadcast outcome (sender thread): metrics, and a failed
-  // collective is reported to the coordinator so the next epoch forms.
+  // collective is reported to the coordinator, which forms the next epoch
+  // without the dead member; the version is then re-sent in it.
   void OnBroadcast(const weights::BroadcastOutcome& outcome);
+  // After reporting the failure of `failed` (sender thread): polls the
+  // coordinator until it formed the next epoch (or weight_sync.timeout_ms
+  // passed) and hands the epoch's first version to the broadcaster again.
+  void ResendAfterFailure(const tandem::v1::BroadcastGroup& failed);
   // Checkpoints (training thread): adopt the coordinator's version numbering
   // at the first registration; periodic checkpoints; SaveCheckpoint calls.
   void ReconcileVersionOnce();

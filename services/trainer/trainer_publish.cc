@@ -28,7 +28,8 @@ absl::StatusOr<std::shared_ptr<model::ModelWeights>> Trainer::PublishedWeights()
   return weights->To(weights->device(), publish_dtype_);
 }
 
-absl::StatusOr<weights::StoredPayload> Trainer::StoreVersion(uint64_t version) {
+absl::StatusOr<weights::PublishedVersion> Trainer::StoreVersion(
+    uint64_t version) {
   ASSIGN_OR_RETURN(auto weights, PublishedWeights());
   ASSIGN_OR_RETURN(auto flat, weights::FlattenModel(*weights, *layout_));
   ASSIGN_OR_RETURN(tandem::v1::WeightManifest manifest,
@@ -54,7 +55,7 @@ absl::StatusOr<weights::StoredPayload> Trainer::StoreVersion(uint64_t version) {
   if (published.density) {
     weight_sync_metrics_->RecordDeltaDensity(*published.density);
   }
-  return std::move(published.full);
+  return published;
 }
 
 absl::StatusOr<GrpoStepStats> Trainer::TrainAndStoreForTest(
@@ -65,9 +66,8 @@ absl::StatusOr<GrpoStepStats> Trainer::TrainAndStoreForTest(
 }
 
 absl::Status Trainer::Publish(uint64_t version) {
-  ASSIGN_OR_RETURN(weights::StoredPayload stored, StoreVersion(version));
-  const tandem::v1::WeightManifest& manifest = stored.manifest;
-  const auto& flat = stored.bytes;
+  ASSIGN_OR_RETURN(weights::PublishedVersion published, StoreVersion(version));
+  const tandem::v1::WeightManifest& manifest = published.full.manifest;
   tandem::v1::PublishPolicyVersionRequest request;
   request.set_member_id(member_->session().member_id());
   *request.mutable_manifest() = manifest;
@@ -81,16 +81,13 @@ absl::Status Trainer::Publish(uint64_t version) {
   if (broadcaster_) {
     // Sent in the background to the group the coordinator assigned to this
     // version; a group whose rank 0 is not this trainer is not ours.
-    // Always the FULL payload, also for a version published as a delta:
-    // the sender coalesces queued versions of an epoch and a worker joins
-    // an epoch holding whatever it pulled, so a receiver is not guaranteed
-    // to hold v-1. Deltas go to workers on the pull path.
+    // Always the FULL payload, also for a version published as a delta.
     tandem::v1::BroadcastGroup group = response.group();
     if (group.member_ids_size() == 0 ||
         group.member_ids(0) != request.member_id()) {
       group.clear_member_ids();
     }
-    broadcaster_->Enqueue(group, manifest, flat);
+    broadcaster_->Enqueue(group, std::move(published.full));
   }
   return absl::OkStatus();
 }
@@ -102,12 +99,17 @@ void Trainer::OnBroadcast(const weights::BroadcastOutcome& outcome) {
     weight_sync_metrics_->RecordVersion(
         weights::SyncDirection::kSent, weights::SyncTransport::kBroadcast,
         outcome.full, static_cast<double>(outcome.bytes), outcome.seconds);
+    if (outcome.resend) {
+      Log()->info("re-sent version {} in broadcast epoch {} ({} receivers)",
+                  outcome.version, outcome.group.epoch(),
+                  outcome.group.member_ids_size() - 1);
+    }
     return;
   }
   weight_sync_metrics_->RecordAborted();
   Log()->warn(
       "broadcast of version {} to epoch {} ({} receivers) failed after "
-      "{:.2f}s: {}; receivers catch up by pull",
+      "{:.2f}s: {}; re-sending it in the next epoch",
       outcome.version, outcome.group.epoch(),
       outcome.group.member_ids_size() - 1, outcome.seconds,
       outcome.status.ToString());
@@ -122,7 +124,55 @@ void Trainer::OnBroadcast(const weights::BroadcastOutcome& outcome) {
   grpc::Status s =
       member_->session().stub()->SyncWeightGroup(&context, report, &ignored);
   if (!s.ok()) {
-    Log()->warn("could not report the failed broadcast: {}", s.error_message());
+    Log()->warn(
+        "could not report the failed broadcast: {}; receivers catch "
+        "up by pull",
+        s.error_message());
+    return;
+  }
+  ResendAfterFailure(outcome.group);
+}
+
+void Trainer::ResendAfterFailure(const tandem::v1::BroadcastGroup& failed) {
+  // The coordinator forms the next epoch once the failed epoch's survivors
+  // reported leaving it (they poll every 50 ms), or after its regroup wait;
+  // a publish meanwhile forms it too (then the queued version is the one
+  // to send and this re-send is dropped as a duplicate).
+  const std::string me = member_->session().member_id();
+  const absl::Time deadline =
+      absl::Now() + absl::Milliseconds(config_.weight_broadcast_timeout_ms);
+  while (!stopping_ && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+    tandem::v1::SyncWeightGroupRequest poll;
+    poll.set_member_id(me);
+    tandem::v1::SyncWeightGroupResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    if (!member_->session()
+             .stub()
+             ->SyncWeightGroup(&context, poll, &response)
+             .ok()) {
+      continue;
+    }
+    const tandem::v1::BroadcastGroup& group = response.group();
+    if (group.key_prefix() == failed.key_prefix()) continue;
+    if (group.member_ids_size() < 2 || group.member_ids(0) != me) return;
+    absl::StatusOr<weights::StoredPayload> full = store_.Get(
+        group.first_policy_version(), tandem::v1::WEIGHT_PAYLOAD_KIND_FULL);
+    if (!full.ok()) {
+      Log()->warn("cannot re-send version {} in epoch {}: {}",
+                  group.first_policy_version(), group.epoch(),
+                  full.status().ToString());
+      return;
+    }
+    broadcaster_->Resend(group, *std::move(full));
+    return;
+  }
+  if (!stopping_) {
+    Log()->warn(
+        "no broadcast epoch after {} within {} ms; receivers catch up "
+        "by pull",
+        failed.epoch(), config_.weight_broadcast_timeout_ms);
   }
 }
 

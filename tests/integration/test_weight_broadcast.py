@@ -1,7 +1,8 @@
 """Weight sync by broadcast across real daemons (tandem-local on loopback):
 the trainer broadcasts every version to the rollout workers of the current
-membership epoch over Gloo; the coordinator forms epochs; a killed worker
-does not stop the others, and its restarted successor catches up by pull
+membership epoch over Gloo; the coordinator forms epochs; when a worker is
+killed, the broadcast that fails on it is re-sent to the survivor in the
+next epoch, and the killed worker's restarted successor catches up by pull
 and joins a later epoch.
 
 The tests share one cluster and run in the order of their names."""
@@ -17,16 +18,21 @@ import unittest
 import harness
 from harness import metric_sum, scrape_metrics
 
+import re
+
 BROADCAST_TIMEOUT_S = 3.0  # weight_sync.timeout_ms below
 
 
 def write_configs(directory, checkpoints):
     files = {
+        # A killed worker stays a member until a broadcast fails on it
+        # (not expired first): heartbeat_timeout_ms is long.
         "coordinator.yaml": """heartbeat_interval_ms: 200
-heartbeat_timeout_ms: 1500
+heartbeat_timeout_ms: 15000
 weight_sync:
   broadcast: true
   report_timeout_ms: 2000
+  regroup_wait_ms: 200
 """,
         "rollout.yaml": """engine:
   max_num_seqs: 8
@@ -34,10 +40,16 @@ weight_sync:
   mode: broadcast
   timeout_ms: 3000
 """,
+        # A held-out evaluation after every version spaces the versions
+        # out, so that a re-send after a failed broadcast is not overtaken
+        # by the next version.
         "trainer.yaml": f"""checkpoint_dir: {checkpoints}
 weight_sync:
   broadcast: true
   timeout_ms: 3000
+eval:
+  every_versions: 1
+  problems: 64
 """,
         "verifier.yaml": "worker_threads: 1\n",
     }
@@ -130,7 +142,10 @@ class WeightBroadcastTest(unittest.TestCase):
                     for name, info in self.workers().items()}
             again = cluster(self.coordinator)
             last.update(status=status, workers=seen)
-            if as_int(again, "policyVersion") != version:
+            queues = again.get("queues", {})
+            if (as_int(again, "policyVersion") != version or
+                    any(as_int(queues, q) for q in (
+                        "scoringSamples", "readyGroups", "trainingGroups"))):
                 return None
             if all(as_int(w, "receivedPolicyVersion") == version
                    for w in seen.values()):
@@ -181,62 +196,159 @@ class WeightBroadcastTest(unittest.TestCase):
                     info["metrics_address"]), "tandem_weight_sync_bytes_total",
                     direction="received", transport="broadcast"), 0)
 
+    def settle(self, names):
+        """Waits until the coordinator's latest version is stable across two
+        snapshots and every named worker holds it; returns (cluster status,
+        {name: worker status})."""
+        last = {}
+
+        def settled():
+            status = cluster(self.coordinator)
+            version = as_int(status, "policyVersion")
+            seen = {name: worker(self.launcher.ready(name)["grpc_address"])
+                    for name in names}
+            time.sleep(0.5)
+            again = cluster(self.coordinator)
+            last.update(status=status, workers=seen)
+            queues = again.get("queues", {})
+            if (as_int(again, "policyVersion") != version or
+                    any(as_int(queues, q) for q in (
+                        "scoringSamples", "readyGroups", "trainingGroups"))):
+                return None
+            if all(as_int(w, "receivedPolicyVersion") == version
+                   for w in seen.values()):
+                return status, seen
+            return None
+        try:
+            return harness.wait_for(settled, 120, f"{names} on the latest "
+                                    "version", interval=0.2)
+        except AssertionError:
+            print(last)
+            self.dump()
+            raise
+
+    def pause(self, info):
+        harness.tandemctl_json("worker", "pause", "--address",
+                               info["grpc_address"])
+
+    def resume(self, info):
+        harness.tandemctl_json("worker", "resume", "--address",
+                               info["grpc_address"])
+
     def test_2_killed_worker_does_not_stop_the_others_and_rejoins(self):
+        # The version whose broadcast fails on the killed worker is re-sent
+        # to the survivor in epoch e+1 (by broadcast, well before the next
+        # publish), the survivor's weights equal the trainer's, and the
+        # killed worker's successor catches up by pull and rejoins.
         victim = self.launcher.ready("rollout-0")
         survivor = self.launcher.ready("rollout-1")
         survivor_id = worker(survivor["grpc_address"])["memberId"]
         victim_id = worker(victim["grpc_address"])["memberId"]
-        before = cluster(self.coordinator)
+        # Quiet cluster: both paused, nothing being broadcast.
+        self.pause(victim)
+        self.pause(survivor)
+        before, _ = self.settle(["rollout-0", "rollout-1"])
+        version_before = as_int(before, "policyVersion")
         epoch_before = as_int(before["broadcastGroup"], "epoch")
+        self.assertEqual(len(before["broadcastGroup"]["memberIds"]), 3)
+        def pulled_bytes():
+            return metric_sum(scrape_metrics(survivor["metrics_address"]),
+                              "tandem_weight_sync_bytes_total",
+                              direction="received", transport="pull")
+        pulled_before = pulled_bytes()
         os.kill(victim["pid"], signal.SIGKILL)
-        killed = time.monotonic()
-        killed_wall = time.time()
+        # The survivor's samples make the trainer publish; pause it again
+        # as soon as one group is complete, so that the trainer publishes
+        # the version that fails and (normally) no other for a while.
+        completed = as_int(before.get("counters", {}), "groupsCompleted")
+        self.resume(survivor)
+        try:
+            harness.wait_for(
+                lambda: as_int(cluster(self.coordinator).get("counters", {}),
+                               "groupsCompleted") > completed,
+                60, "a group from the survivor", interval=0.05)
+        finally:
+            self.pause(survivor)
 
-        # The survivor is in a later epoch without the victim (the
-        # restarted worker may already be back in it) and receives new
-        # versions by broadcast there.
-        def survivor_in_next_epoch():
-            status = cluster(self.coordinator)
-            group = status.get("broadcastGroup", {})
-            members = group.get("memberIds", [])
-            if (as_int(group, "epoch") <= epoch_before or
-                    survivor_id not in members or victim_id in members):
-                return None
-            w = worker(survivor["grpc_address"])
-            if (as_int(w, "broadcastEpoch") == as_int(group, "epoch") and
-                    w.get("weightSyncTransport") == "broadcast" and
-                    as_int(w, "receivedPolicyVersion") >=
-                    as_int(group, "firstPolicyVersion")):
-                return time.monotonic() - killed, w
+        failed_re = re.compile(r"broadcast of version (\d+) to epoch (\d+) "
+                               r"\(2 receivers\) failed")
+
+        def failure():
+            for line in self.launcher.log("trainer").splitlines():
+                m = failed_re.search(line)
+                if m and int(m.group(1)) > version_before:
+                    return log_time(line), int(m.group(1)), int(m.group(2))
             return None
         try:
-            elapsed, _ = harness.wait_for(
-                survivor_in_next_epoch, 90,
-                "survivor receiving by broadcast in a later epoch",
+            failed_at, failed_version, failed_epoch = harness.wait_for(
+                failure, 60, "the trainer's broadcast to fail on the killed "
+                "worker", interval=0.2)
+        except AssertionError:
+            self.dump()
+            raise
+        self.assertEqual(failed_epoch, epoch_before)
+        resend_epoch = epoch_before + 1
+        # The restarted worker may already be caught up and in it too.
+        resent_re = re.compile(
+            rf"weight broadcast epoch {resend_epoch} re-sends version "
+            rf"{failed_version} after epoch {epoch_before} failed: "
+            rf"\d+ receivers \((.*)\)")
+        received_re = re.compile(
+            rf"received version {failed_version} by broadcast, the first of "
+            rf"epoch {resend_epoch} \(full")
+
+        def received():
+            for line in self.launcher.log("rollout-1").splitlines():
+                if received_re.search(line):
+                    return log_time(line)
+            return None
+        try:
+            received_at = harness.wait_for(
+                received, 30, f"the survivor to receive version "
+                f"{failed_version} by broadcast in epoch {resend_epoch}",
                 interval=0.2)
         except AssertionError:
             self.dump()
             raise
-        print(f"survivor seen back on broadcast {elapsed:.2f}s after the "
-              "kill (upper bound: includes tandemctl calls)")
-        # Exactly, from the survivor's own log: its first join of an epoch
-        # after the kill.
-        joins = [log_time(l) for l in
-                 self.launcher.log("rollout-1").splitlines()
-                 if "joined broadcast epoch" in l]
-        rejoin = [t - killed_wall for t in joins if t > killed_wall]
-        self.assertTrue(rejoin)
-        print(f"survivor joined the next epoch {rejoin[0]:.2f}s after the "
-              "kill")
-        self.assertLess(rejoin[0], 30.0)
-
-        # The restarted worker (new pid, new member id) catches up by pull
-        # and then joins a later epoch with the survivor.
+        # It waited for the re-send instead of pulling the version.
+        self.assertEqual(pulled_bytes(), pulled_before)
+        resent = [m.group(1).split(", ") for m in map(
+            resent_re.search, self.launcher.log("coordinator").splitlines())
+            if m]
+        self.assertTrue(resent, f"the coordinator did not re-send version "
+                        f"{failed_version} in epoch {resend_epoch}")
+        self.assertIn(survivor_id, resent[0])
+        self.assertNotIn(victim_id, resent[0])
+        self.assertIn(f"re-sent version {failed_version} in broadcast epoch "
+                      f"{resend_epoch}", self.launcher.log("trainer"))
+        print(f"survivor received version {failed_version} by broadcast in "
+              f"epoch {resend_epoch} {received_at - failed_at:.2f}s after "
+              f"the failed broadcast in epoch {epoch_before}")
+        self.assertLess(received_at - failed_at, BROADCAST_TIMEOUT_S)
+        # The killed worker's successor (new pid, new member id) is started
+        # by the launcher; pause it too, so that versions settle: the
+        # survivor then holds the latest version, by broadcast, with the
+        # trainer's digest, in an epoch without the killed worker.
         def restarted():
             info = self.launcher.ready("rollout-0")
             return info if info and info["pid"] != victim["pid"] else None
         new = harness.wait_for(restarted, 30, "launcher to restart rollout-0")
+        self.pause(new)
+        status, seen = self.settle(["rollout-1"])
+        group = status["broadcastGroup"]
+        self.assertNotIn(victim_id, group["memberIds"])
+        w = seen["rollout-1"]
+        self.assertEqual(w["weightsDigest"], status["weightsDigest"])
+        self.assertEqual(w["weightSyncTransport"], "broadcast")
+        self.assertEqual(as_int(w, "broadcastEpoch"), as_int(group, "epoch"))
+        self.assertGreaterEqual(as_int(group, "epoch"), resend_epoch)
+        self.assertGreaterEqual(as_int(w, "receivedPolicyVersion"),
+                                failed_version)
+        self.resume(survivor)
+        self.resume(new)
 
+        # The restarted worker catches up by pull and then joins a later
+        # epoch with the survivor.
         def rejoined():
             w = worker(new["grpc_address"])
             status = cluster(self.coordinator)

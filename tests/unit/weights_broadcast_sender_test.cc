@@ -10,6 +10,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "common/weights/broadcast_sender.h"
+#include "common/weights/delta_publisher.h"
 #include "weights_test_util.h"
 
 namespace tandem::weights {
@@ -273,6 +274,66 @@ TEST_CASE(
   CHECK(second.ok());
   CHECK(received == *good.payload);
   CHECK_FALSE((*group)->broken());
+}
+
+uint16_t PortOf(const std::string& store) {
+  return static_cast<uint16_t>(std::stoi(store.substr(store.rfind(':') + 1)));
+}
+
+TEST_CASE(
+    "after a failed epoch the re-sent version goes first to the next epoch; "
+    "jobs of the failed epoch and a version already sent are dropped",
+    "[weights][gloo]") {
+  const FlatWeightLayout layout = Layout();
+  Outcomes outcomes;
+  BroadcastSenderOptions options;
+  options.timeout = absl::Seconds(1);
+  auto sender = BroadcastSender::Create(
+      options, [&](const BroadcastOutcome& o) { outcomes.Add(o); });
+  REQUIRE(sender.ok());
+  (*sender)->Start();
+  const std::string store = (*sender)->store_address();
+  std::mt19937_64 rng(8);
+  std::vector<Version> versions;
+  for (uint64_t v = 0; v <= 3; ++v) {
+    versions.push_back(MakeVersion(layout, v, rng));
+  }
+  // Epoch 1's rank 1 is dead: version 1 fails there.
+  (*sender)->Enqueue(Group(1, store, 1), versions[1].manifest,
+                     versions[1].payload);
+  REQUIRE(outcomes.Wait(1).size() == 1);
+  // Epoch 2 (the survivor) gets versions 1 (re-sent) and 2 and 3.
+  const v1::BroadcastGroup e2 = Group(2, store, 1);
+  Receiver survivor;
+  std::thread t([&] {
+    Receive(layout, PortOf(store), e2, 1, 3, absl::Seconds(20), &survivor);
+  });
+  (*sender)->Resend(e2, {versions[1].manifest, versions[1].payload});
+  std::vector<BroadcastOutcome> done = outcomes.Wait(2);
+  REQUIRE(done.size() == 2);
+  CHECK(done[1].status.ok());
+  CHECK(done[1].resend);
+  CHECK(done[1].version == 1);
+  CHECK(done[1].group.epoch() == 2);
+  // The publish of version 1 to epoch 2 arriving late, and a job of the
+  // failed epoch: neither is sent (the latter would wait out a rendezvous).
+  (*sender)->Enqueue(e2, versions[1].manifest, versions[1].payload);
+  (*sender)->Enqueue(Group(1, store, 1), versions[2].manifest,
+                     versions[2].payload);
+  absl::SleepFor(absl::Milliseconds(1500));
+  CHECK(outcomes.Wait(2).size() == 2);
+  (*sender)->Enqueue(e2, versions[2].manifest, versions[2].payload);
+  REQUIRE(outcomes.Wait(3).size() == 3);
+  (*sender)->Enqueue(e2, versions[3].manifest, versions[3].payload);
+  t.join();
+  REQUIRE(survivor.status.ok());
+  CHECK(survivor.versions == std::vector<uint64_t>{1, 2, 3});
+  CHECK(survivor.last == *versions[3].payload);
+  done = outcomes.Wait(4);
+  REQUIRE(done.size() == 4);
+  CHECK(done[3].version == 3);
+  CHECK_FALSE(done[3].resend);
+  (*sender)->Stop();
 }
 
 }  // namespace
