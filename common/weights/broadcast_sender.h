@@ -29,9 +29,9 @@
 // first_policy_version and the epoch before ended cleanly having delivered
 // v-1 or with no receivers (the coordinator admits a new member only when
 // it holds v-1, and keeps members of the epoch before). After a coalesced
-// version, a failure, a re-send or on a sender's first epoch with members
-// kept from elsewhere, the version goes FULL. A receiver that still lacks
-// the base takes part in the collective and rejects the delta.
+// or skipped version, a failure or a re-send, the version goes FULL. A
+// receiver that still lacks the base takes part in the collective and
+// rejects the delta.
 //
 // Thread-safety: Enqueue() from any thread; Start/Stop from the owner.
 // Stop() may wait up to `timeout` for a collective under way.

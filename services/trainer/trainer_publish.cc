@@ -80,14 +80,16 @@ absl::Status Trainer::Publish(uint64_t version) {
           &context, request, &response)));
   if (broadcaster_) {
     // Sent in the background to the group the coordinator assigned to this
-    // version; a group whose rank 0 is not this trainer is not ours.
-    // Always the FULL payload, also for a version published as a delta.
+    // version; a group whose rank 0 is not this trainer is not ours. The
+    // delta on v-1, when there is one, is sent instead of the full copy
+    // when every receiver of the epoch holds v-1 (broadcast_sender.h).
     tandem::v1::BroadcastGroup group = response.group();
     if (group.member_ids_size() == 0 ||
         group.member_ids(0) != request.member_id()) {
       group.clear_member_ids();
     }
-    broadcaster_->Enqueue(group, std::move(published.full));
+    broadcaster_->Enqueue(group, std::move(published.full),
+                          std::move(published.delta));
   }
   return absl::OkStatus();
 }

@@ -5,6 +5,8 @@ anchor every weight_sync.anchor_every versions; the rollout worker pulls the
 deltas from the trainer's weight server, replays them, and after N versions
 holds the trainer's weights bit for bit, having received far fewer bytes
 than N full copies. Also: an out-of-range delta setting is refused at start.
+A second cluster (weight_sync.mode broadcast) receives the same deltas by
+Gloo broadcast and also ends bit for bit on the trainer's weights.
 
 The tests share one cluster and run in the order of their names. As a
 benchmark (docs/benchmarks.md), TANDEM_DELTAS_VERSIONS, TANDEM_DELTAS_LR
@@ -27,19 +29,19 @@ LR = os.environ.get("TANDEM_DELTAS_LR", "1.0e-5")
 ANCHOR_EVERY = int(os.environ.get("TANDEM_DELTAS_ANCHOR_EVERY", "4"))
 
 
-def write_configs(directory, model, reference, checkpoints):
+def write_configs(directory, model, reference, checkpoints, broadcast=False):
     files = {
-        "coordinator.yaml": """heartbeat_interval_ms: 200
+        "coordinator.yaml": f"""heartbeat_interval_ms: 200
 heartbeat_timeout_ms: 1500
 weight_sync:
-  broadcast: false
+  broadcast: {"true" if broadcast else "false"}
 """,
         "rollout.yaml": f"""model:
   path: {model}
 engine:
   max_num_seqs: 8
 weight_sync:
-  mode: pull
+  mode: {"broadcast" if broadcast else "pull"}
 """,
         "trainer.yaml": f"""checkpoint_dir: {checkpoints}
 checkpoint_every: 0
@@ -50,7 +52,7 @@ training:
   kl_beta: 0.1
   reference_model: {reference}
 weight_sync:
-  broadcast: false
+  broadcast: {"true" if broadcast else "false"}
   anchor_every: {ANCHOR_EVERY}
 """,
         "verifier.yaml": "worker_threads: 1\n",
@@ -67,6 +69,7 @@ def as_int(message, field):
 
 
 class WeightDeltasTest(unittest.TestCase):
+    BROADCAST = False
 
     @classmethod
     def setUpClass(cls):
@@ -86,7 +89,7 @@ class WeightDeltasTest(unittest.TestCase):
         cls.config_dir = os.path.join(cls.tmp, "config")
         os.makedirs(cls.config_dir)
         write_configs(cls.config_dir, cls.model, reference,
-                      os.path.join(cls.tmp, "checkpoints"))
+                      os.path.join(cls.tmp, "checkpoints"), cls.BROADCAST)
         cls.launcher = harness.Launcher(rollout_workers=1,
                                         config_dir=cls.config_dir)
         cls.ready = cls.launcher.wait_all_ready()
@@ -113,7 +116,9 @@ class WeightDeltasTest(unittest.TestCase):
         self.assertIn("bfloat16: sparse deltas between full anchors",
                       self.launcher.log("trainer"))
 
-    def test_1_worker_replays_deltas_to_the_trainers_weights(self):
+    def wait_settled(self):
+        """Waits for VERSIONS versions, pauses the worker until it holds the
+        latest one; returns (cluster status, worker status)."""
         worker = self.ready["rollout-0"]
 
         def trained():
@@ -154,6 +159,13 @@ class WeightDeltasTest(unittest.TestCase):
                                    worker["grpc_address"])
         self.assertTrue(status.get("weightsDigest"))
         self.assertEqual(w["weightsDigest"], status["weightsDigest"])
+        return status, w
+
+    def test_1_worker_replays_deltas_to_the_trainers_weights(self):
+        if self.BROADCAST:
+            self.skipTest("pull cluster only")
+        worker = self.ready["rollout-0"]
+        status, w = self.wait_settled()
         self.assertEqual(w["weightSyncTransport"], "pull")
 
         trainer = scrape_metrics(self.ready["trainer"]["metrics_address"])
@@ -200,6 +212,8 @@ class WeightDeltasTest(unittest.TestCase):
         self.assertGreaterEqual(published["full"], 1 + VERSIONS // ANCHOR_EVERY)
 
     def test_2_out_of_range_delta_density_is_refused(self):
+        if self.BROADCAST:
+            self.skipTest("pull cluster only")
         bad = os.path.join(self.tmp, "bad-trainer.yaml")
         with open(bad, "w") as f:
             f.write("weight_sync:\n  delta_max_density: 0\n")
@@ -212,6 +226,37 @@ class WeightDeltasTest(unittest.TestCase):
         self.assertIn("weight_sync.delta_max_density must be in (0, 1], "
                       "got 0", out.stdout + out.stderr)
 
+
+class WeightDeltasBroadcastTest(WeightDeltasTest):
+    """The same bf16 cluster with weight_sync.mode broadcast: versions after
+    the first reach the worker as deltas by Gloo broadcast (the sender
+    knows the worker holds v-1), and it ends on the trainer's weights."""
+    BROADCAST = True
+
+    def test_3_broadcast_deltas_reproduce_the_trainers_weights(self):
+        worker = self.ready["rollout-0"]
+        status, w = self.wait_settled()
+        self.assertEqual(w["weightSyncTransport"], "broadcast")
+        trainer = scrape_metrics(self.ready["trainer"]["metrics_address"])
+        received = scrape_metrics(worker["metrics_address"])
+        sent = {kind: metric_sum(trainer, "tandem_weight_sync_bytes_total",
+                                 direction="sent", transport="broadcast",
+                                 kind=kind) for kind in ("full", "delta")}
+        got = {kind: metric_sum(received, "tandem_weight_sync_bytes_total",
+                                direction="received", transport="broadcast",
+                                kind=kind) for kind in ("full", "delta")}
+        rejected = metric_sum(received,
+                              "tandem_weight_sync_rejected_versions_total")
+        print(f"broadcast: the trainer sent {sent['full']:.0f} bytes as full "
+              f"versions and {sent['delta']:.0f} as deltas; the worker "
+              f"received {got['full']:.0f} + {got['delta']:.0f}; "
+              f"{int(rejected)} rejected")
+        self.assertGreater(sent["delta"], 0)
+        self.assertGreater(got["delta"], 0)
+        # A delta the worker already held (pulled before joining) is taken
+        # part in but not counted as received.
+        self.assertLessEqual(got["delta"], sent["delta"])
+        self.assertEqual(rejected, 0)
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -3,12 +3,14 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <random>
 #include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/weights/broadcast_sender.h"
 #include "common/weights/delta_publisher.h"
 #include "weights_test_util.h"
@@ -242,12 +244,12 @@ TEST_CASE(
     REQUIRE(group.ok());
     auto staging = *StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
     GlooWeightReceiver r(group->get());
-    first = r.ReceiveNext(staging.get(), absl::Now() + absl::Seconds(20))
-                .status();
+    first =
+        r.ReceiveNext(staging.get(), absl::Now() + absl::Seconds(20)).status();
     ready_after_bad = staging->ready();
     round_after_bad = r.last_round_version();
-    second = r.ReceiveNext(staging.get(), absl::Now() + absl::Seconds(20))
-                 .status();
+    second =
+        r.ReceiveNext(staging.get(), absl::Now() + absl::Seconds(20)).status();
     if (second.ok()) {
       REQUIRE(staging->Commit().ok());
       auto live = staging->live().bytes;
@@ -263,8 +265,8 @@ TEST_CASE(
   auto group = GlooBroadcastGroup::Create(c, server->get());
   REQUIRE(group.ok());
   GlooWeightSender sender(group->get());
-  REQUIRE(sender.Publish(bad.manifest, *bad.payload, absl::InfiniteFuture())
-              .ok());
+  REQUIRE(
+      sender.Publish(bad.manifest, *bad.payload, absl::InfiniteFuture()).ok());
   REQUIRE(sender.Publish(good.manifest, *good.payload, absl::InfiniteFuture())
               .ok());
   receiver.join();
@@ -334,6 +336,160 @@ TEST_CASE(
   CHECK(done[3].version == 3);
   CHECK_FALSE(done[3].resend);
   (*sender)->Stop();
+}
+
+// A receiver rank that follows epochs `groups` in turn, taking `rounds[i]`
+// versions in groups[i]; it does not commit version `drop` (as if it had
+// rejected it locally), so it lacks the base of the delta after it.
+struct DeltaReceiver {
+  std::vector<absl::StatusCode> codes;            // per round
+  std::map<uint64_t, std::vector<uint8_t>> live;  // after each commit
+  std::vector<bool> delta;                        // per committed version
+  absl::Status group_status;
+};
+
+void ReceiveEpochs(const FlatWeightLayout& layout, uint16_t port,
+                   const std::vector<v1::BroadcastGroup>& groups,
+                   const std::vector<int>& rounds, int rank, uint64_t drop,
+                   DeltaReceiver* out) {
+  auto staging = *StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+  for (size_t i = 0; i < groups.size(); ++i) {
+    GlooGroupConfig c;
+    c.store_port = port;
+    c.key_prefix = groups[i].key_prefix();
+    c.rank = rank;
+    c.world_size = groups[i].member_ids_size();
+    c.timeout = absl::Seconds(20);
+    auto group = GlooBroadcastGroup::Create(c);
+    if (!group.ok()) {
+      out->group_status = group.status();
+      return;
+    }
+    GlooWeightReceiver receiver(group->get());
+    for (int r = 0; r < rounds[i]; ++r) {
+      absl::StatusOr<uint64_t> v =
+          receiver.ReceiveNext(staging.get(), absl::Now() + c.timeout);
+      out->codes.push_back(v.status().code());
+      if ((*group)->broken()) {
+        out->group_status = v.status();
+        return;
+      }
+      if (!v.ok() || *v == drop) continue;
+      REQUIRE(staging->Commit().ok());
+      auto bytes = staging->live().bytes;
+      out->live[*v].assign(bytes.begin(), bytes.end());
+      out->delta.push_back(staging->live_manifest()->kind() ==
+                           v1::WEIGHT_PAYLOAD_KIND_DELTA);
+    }
+  }
+}
+
+TEST_CASE(
+    "bf16 versions broadcast as a full copy then deltas reproduce the "
+    "trainer's bytes bit for bit; a coalesced gap, and a receiver without "
+    "the base, fall back safely",
+    "[weights][gloo]") {
+  const FlatWeightLayout layout = Layout();
+  Outcomes outcomes;
+  absl::Notification release;
+  absl::Notification hold_after_4;
+  BroadcastSenderOptions options;
+  options.timeout = absl::Seconds(20);
+  auto sender =
+      BroadcastSender::Create(options, [&](const BroadcastOutcome& o) {
+        outcomes.Add(o);
+        // Hold the sender thread after version 4, so versions 5 and 6 queue
+        // up and coalesce.
+        if (o.version == 4) {
+          hold_after_4.Notify();
+          release.WaitForNotification();
+        }
+      });
+  REQUIRE(sender.ok());
+  (*sender)->Start();
+  const std::string store = (*sender)->store_address();
+  auto publisher = DeltaPublisher::Create(
+      {.enabled = true, .anchor_every = 1000, .max_density = 0.5});
+  REQUIRE(publisher.ok());
+  std::mt19937_64 rng(9);
+  WeightBuffer current(layout.total_bytes());
+  testing::FillRandom(layout, &current, rng);
+  std::map<uint64_t, PublishedVersion> published;
+  auto publish = [&](uint64_t v) {
+    if (v > 1) testing::Perturb(layout, &current, rng, 0.02);
+    auto manifest = layout.BuildManifest(current.span(), v);
+    REQUIRE(manifest.ok());
+    auto p = publisher->Publish(
+        *manifest, std::make_shared<const std::vector<uint8_t>>(
+                       current.data(), current.data() + current.size()));
+    REQUIRE(p.ok());
+    published[v] = *p;
+    return *p;
+  };
+  v1::BroadcastGroup e1 = Group(1, store, 2);
+  e1.set_first_policy_version(1);
+  v1::BroadcastGroup e2 = Group(2, store, 2);
+  e2.set_first_policy_version(8);
+  // Rounds: 1, 2, 3, 4, 6 (5 coalesced away), 7 in epoch 1; 8 in epoch 2.
+  DeltaReceiver a, b;
+  std::thread ta([&] {
+    ReceiveEpochs(layout, PortOf(store), {e1, e2}, {6, 1}, 1, 0, &a);
+  });
+  std::thread tb([&] {
+    ReceiveEpochs(layout, PortOf(store), {e1, e2}, {6, 1}, 2, 3, &b);
+  });
+  auto send = [&](const v1::BroadcastGroup& g, uint64_t v) {
+    PublishedVersion p = publish(v);
+    (*sender)->Enqueue(g, p.full, p.delta);
+  };
+  for (uint64_t v = 1; v <= 4; ++v) {
+    send(e1, v);
+    if (v < 4) REQUIRE(outcomes.Wait(v).size() == v);
+  }
+  hold_after_4.WaitForNotification();
+  send(e1, 5);
+  send(e1, 6);
+  release.Notify();
+  REQUIRE(outcomes.Wait(5).size() == 5);
+  send(e1, 7);
+  REQUIRE(outcomes.Wait(6).size() == 6);
+  send(e2, 8);
+  std::vector<BroadcastOutcome> done = outcomes.Wait(7);
+  ta.join();
+  tb.join();
+  (*sender)->Stop();
+  REQUIRE(done.size() == 7);
+  std::vector<uint64_t> versions;
+  std::vector<bool> full;
+  for (const BroadcastOutcome& o : done) {
+    CHECK(o.status.ok());
+    versions.push_back(o.version);
+    full.push_back(o.full);
+    if (!o.full) CHECK(o.bytes < layout.total_bytes() / 4);
+  }
+  CHECK(versions == std::vector<uint64_t>{1, 2, 3, 4, 6, 7, 8});
+  // 1: nothing to delta on; 6: the receivers hold 4, not 5; 8: the first
+  // version of epoch 2, whose members got 7 in epoch 1.
+  CHECK(full ==
+        std::vector<bool>{true, false, false, false, true, false, false});
+  REQUIRE(a.group_status.ok());
+  REQUIRE(b.group_status.ok());
+  for (uint64_t v : {1, 2, 3, 4, 6, 7, 8}) {
+    INFO("version " << v);
+    REQUIRE(a.live.count(v) == 1);
+    CHECK(a.live[v] == *published[v].full.bytes);
+  }
+  CHECK(a.delta ==
+        std::vector<bool>{false, true, true, true, false, true, true});
+  // b skipped 3, so the delta of 4 (on 3) was rejected after the
+  // collective; the full 6 brought it back, then deltas again.
+  CHECK(b.codes[3] == absl::StatusCode::kFailedPrecondition);
+  CHECK(b.live.count(4) == 0);
+  for (uint64_t v : {6, 7, 8}) {
+    INFO("version " << v);
+    REQUIRE(b.live.count(v) == 1);
+    CHECK(b.live[v] == *published[v].full.bytes);
+  }
 }
 
 }  // namespace
