@@ -1,11 +1,23 @@
 #include "common/weights/grpc_pull_receiver.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <string>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/weights/weight_server.h"
 #include "kernels/crc32c.h"
 
 namespace tandem::weights {
@@ -19,6 +31,62 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
 
 bool IsFull(const v1::WeightManifest& m) {
   return m.kind() == v1::WEIGHT_PAYLOAD_KIND_FULL;
+}
+
+// The IPv4 host of a gRPC peer string ("ipv4:127.0.0.1:50051"), or "".
+std::string PeerHost(const std::string& peer) {
+  constexpr absl::string_view kPrefix = "ipv4:";
+  if (peer.rfind(kPrefix.data(), 0) != 0) return "";
+  const size_t colon = peer.rfind(':');
+  if (colon <= kPrefix.size()) return "";
+  return peer.substr(kPrefix.size(), colon - kPrefix.size());
+}
+
+// Milliseconds to wait in one poll: until `deadline`, at most 200 ms so
+// cancellation is noticed.
+int PollMillis(absl::Time deadline) {
+  const absl::Duration left = deadline - absl::Now();
+  return static_cast<int>(
+      std::clamp<int64_t>(absl::ToInt64Milliseconds(left) + 1, 0, 200));
+}
+
+// Connects to host:port before `deadline` (at most 5 s); -1 with errno set
+// when it cannot.
+int ConnectWithin(const std::string& host, uint16_t port, absl::Time deadline) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+    errno = EINVAL;
+    return -1;
+  }
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return -1;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    if (errno != EINPROGRESS) {
+      const int e = errno;
+      close(fd);
+      errno = e;
+      return -1;
+    }
+    const absl::Time until = std::min(deadline, absl::Now() + absl::Seconds(5));
+    const int ms = static_cast<int>(
+        std::max<int64_t>(absl::ToInt64Milliseconds(until - absl::Now()), 0));
+    pollfd p{fd, POLLOUT, 0};
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (poll(&p, 1, ms) != 1 ||
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+      close(fd);
+      errno = err != 0 ? err : ETIMEDOUT;
+      return -1;
+    }
+  }
+  const int flags = fcntl(fd, F_GETFL);
+  fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return fd;
 }
 
 }  // namespace
@@ -36,6 +104,7 @@ void GrpcPullReceiver::Cancel() {
   absl::MutexLock lock(&mu_);
   cancelled_ = true;
   if (active_ != nullptr) active_->TryCancel();
+  if (active_fd_ >= 0) shutdown(active_fd_, SHUT_RDWR);
 }
 
 PullStats GrpcPullReceiver::stats() const {
@@ -54,6 +123,21 @@ absl::StatusOr<v1::WeightManifest> GrpcPullReceiver::GetManifest(
   if (!s.ok()) {
     return FromGrpc(s, absl::StrCat("GetManifest(v", version, ")"));
   }
+  // The raw data path, when the server announces one: its port on the host
+  // this call reached.
+  uint32_t port = 0;
+  const auto& metadata = context.GetServerInitialMetadata();
+  const auto it = metadata.find(kDataPortMetadata);
+  if (it == metadata.end() ||
+      !absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()),
+                        &port) ||
+      port > 65535) {
+    port = 0;
+  }
+  const std::string host = PeerHost(context.peer());
+  absl::MutexLock lock(&mu_);
+  data_host_ = host;
+  data_port_ = host.empty() ? 0 : static_cast<uint16_t>(port);
   return manifest;
 }
 
@@ -143,6 +227,10 @@ absl::Status GrpcPullReceiver::ReadStream(StagingWeights* staging,
   request.set_chunk_bytes(options_.chunk_bytes);
   std::unique_ptr<grpc::ClientReader<v1::WeightChunk>> reader =
       stub_->FetchWeights(&context, request);
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.grpc_streams;
+  }
   const bool full = IsFull(manifest);
   const uint32_t num_buckets =
       full ? static_cast<uint32_t>(manifest.buckets_size()) : 1;
@@ -212,6 +300,197 @@ absl::Status GrpcPullReceiver::ReadStream(StagingWeights* staging,
   return absl::OkStatus();
 }
 
+absl::Status GrpcPullReceiver::RawRead(int fd, void* dst, size_t n,
+                                       absl::Time deadline) {
+  auto* p = static_cast<uint8_t*>(dst);
+  while (n > 0) {
+    if (cancelled()) return absl::CancelledError("pull receiver cancelled");
+    const int ms = PollMillis(deadline);
+    if (ms == 0) {
+      return absl::DeadlineExceededError(
+          "raw weight stream: deadline passed while reading");
+    }
+    pollfd pfd{fd, POLLIN, 0};
+    const int ready = poll(&pfd, 1, ms);
+    if (ready < 0 && errno != EINTR) {
+      return absl::UnavailableError(
+          absl::StrCat("raw weight stream: poll: ", std::strerror(errno)));
+    }
+    if (ready <= 0) continue;
+    const ssize_t got = recv(fd, p, n, 0);
+    if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (got <= 0) {
+      if (cancelled()) return absl::CancelledError("pull receiver cancelled");
+      return absl::UnavailableError(absl::StrCat(
+          "raw weight stream: ",
+          got == 0 ? "connection closed early" : std::strerror(errno)));
+    }
+    p += got;
+    n -= static_cast<size_t>(got);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GrpcPullReceiver::ReadRawStream(StagingWeights* staging,
+                                             const v1::WeightManifest& manifest,
+                                             absl::Time deadline,
+                                             uint32_t* bucket, uint64_t* offset,
+                                             std::vector<uint8_t>* delta,
+                                             bool* connected) {
+  *connected = false;
+  std::string host;
+  uint16_t port = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    host = data_host_;
+    port = data_port_;
+  }
+  if (port == 0) return absl::OkStatus();
+  const int fd = ConnectWithin(host, port, deadline);
+  if (fd < 0) {
+    // Not reachable from here (e.g. bound to the trainer's loopback):
+    // FetchWeights carries this and later streams of the version.
+    absl::MutexLock lock(&mu_);
+    data_port_ = 0;
+    return absl::OkStatus();
+  }
+  *connected = true;
+  {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_) {
+      close(fd);
+      return absl::CancelledError("pull receiver cancelled");
+    }
+    active_fd_ = fd;
+    ++stats_.raw_streams;
+  }
+  absl::Status result = [&]() -> absl::Status {
+    v1::FetchWeightsRequest request;
+    request.set_policy_version(manifest.policy_version());
+    request.set_kind(manifest.kind());
+    request.set_base_version(manifest.base_version());
+    request.set_start_bucket(*bucket);
+    request.set_start_offset(*offset);
+    request.set_chunk_bytes(options_.raw_chunk_bytes);
+    const std::string serialized = request.SerializeAsString();
+    std::string out(8, '\0');
+    const uint32_t head[2] = {kRawMagic,
+                              static_cast<uint32_t>(serialized.size())};
+    std::memcpy(out.data(), head, sizeof(head));
+    out += serialized;
+    if (send(fd, out.data(), out.size(), MSG_NOSIGNAL) !=
+        static_cast<ssize_t>(out.size())) {
+      return absl::UnavailableError(
+          absl::StrCat("raw weight stream: sending the request to ", host, ":",
+                       port, " failed: ", std::strerror(errno)));
+    }
+    uint32_t status[3] = {0, 0, 0};
+    if (absl::Status s = RawRead(fd, status, sizeof(status), deadline);
+        !s.ok()) {
+      return s;
+    }
+    if (status[0] != kRawMagic || status[2] > (1u << 16)) {
+      return absl::UnavailableError(
+          absl::StrCat("raw weight stream from ", host, ":", port,
+                       ": not a weight data server (bad magic)"));
+    }
+    if (status[1] != 0) {
+      std::string message(status[2], '\0');
+      if (absl::Status s =
+              RawRead(fd, message.data(), message.size(), deadline);
+          !s.ok()) {
+        return s;
+      }
+      return absl::Status(static_cast<absl::StatusCode>(status[1]),
+                          absl::StrCat("FetchWeights (raw): ", message));
+    }
+    const bool full = IsFull(manifest);
+    const uint32_t num_buckets =
+        full ? static_cast<uint32_t>(manifest.buckets_size()) : 1;
+    absl::Span<uint8_t> dst;  // the current bucket in staging (FULL)
+    while (*bucket < num_buckets) {
+      RawChunkHeader h{};
+      if (absl::Status s = RawRead(fd, &h, sizeof(h), deadline); !s.ok()) {
+        return s;
+      }
+      if (h.flags & kRawEnd) {
+        return absl::UnavailableError("raw weight stream ended early");
+      }
+      const uint64_t bucket_size =
+          full ? manifest.buckets(static_cast<int>(*bucket)).byte_size()
+               : manifest.total_bytes();
+      // An encoded delta is far smaller than the full buffer; the bound
+      // only keeps a confused server from making us allocate without limit.
+      const uint64_t delta_limit = 2 * manifest.total_bytes() + (1u << 20);
+      if (h.bucket != *bucket || h.offset != *offset ||
+          (full && h.size > bucket_size - *offset) ||
+          (!full && *offset + h.size > delta_limit)) {
+        // Aborted (not DataLoss): the stream is retried from the resume
+        // point.
+        return absl::AbortedError(absl::StrCat(
+            "weights v", manifest.policy_version(), ": raw chunk at (bucket ",
+            h.bucket, ", offset ", h.offset, ", ", h.size,
+            " bytes), expected (", *bucket, ", ", *offset, ")"));
+      }
+      uint8_t* into = nullptr;
+      if (full) {
+        if (dst.empty()) {
+          absl::StatusOr<absl::Span<uint8_t>> b =
+              staging->MutableBucket(*bucket);
+          if (!b.ok()) return b.status();
+          dst = *b;
+        }
+        into = dst.data() + *offset;
+      } else {
+        delta->resize(*offset + h.size);
+        into = delta->data() + *offset;
+      }
+      if (absl::Status s = RawRead(fd, into, h.size, deadline); !s.ok()) {
+        if (!full) delta->resize(*offset);
+        return s;
+      }
+      // A whole bucket is verified once, by FinishBucket below, against
+      // the manifest.
+      const bool whole_bucket = full && *offset == 0 && h.size == bucket_size;
+      if (!whole_bucket && kernels::Crc32c(into, h.size) != h.crc32c) {
+        if (!full) delta->resize(*offset);
+        absl::MutexLock lock(&mu_);
+        ++stats_.chunk_crc_errors;
+        return absl::AbortedError(absl::StrCat(
+            "weights v", manifest.policy_version(), " bucket ", *bucket,
+            " offset ", *offset, ": chunk crc32c mismatch"));
+      }
+      *offset += h.size;
+      {
+        absl::MutexLock lock(&mu_);
+        stats_.bytes += h.size;
+      }
+      if (h.flags & kRawBucketComplete) {
+        if (full) {
+          if (*offset != bucket_size) {
+            return absl::AbortedError(absl::StrCat(
+                "weights v", manifest.policy_version(), " bucket ", *bucket,
+                " complete at ", *offset, " of ", bucket_size, " bytes"));
+          }
+          // A bad bucket means the server's copy is bad: DataLoss, not
+          // retried.
+          if (absl::Status s = staging->FinishBucket(*bucket); !s.ok()) {
+            return s;
+          }
+          dst = {};
+        }
+        ++*bucket;
+        *offset = 0;
+      }
+    }
+    return absl::OkStatus();
+  }();
+  absl::MutexLock lock(&mu_);
+  active_fd_ = -1;
+  close(fd);
+  return result;
+}
+
 absl::Status GrpcPullReceiver::Fetch(StagingWeights* staging,
                                      const v1::WeightManifest& manifest,
                                      absl::Time deadline) {
@@ -223,8 +502,15 @@ absl::Status GrpcPullReceiver::Fetch(StagingWeights* staging,
   for (;;) {
     const uint32_t bucket_before = bucket;
     const uint64_t offset_before = offset;
-    absl::Status s =
-        ReadStream(staging, manifest, deadline, &bucket, &offset, &delta);
+    bool connected = false;
+    absl::Status s;
+    if (options_.raw_data) {
+      s = ReadRawStream(staging, manifest, deadline, &bucket, &offset, &delta,
+                        &connected);
+    }
+    if (!connected) {
+      s = ReadStream(staging, manifest, deadline, &bucket, &offset, &delta);
+    }
     if (s.ok()) break;
     // Transport trouble and bad chunks are retried; a bucket that failed
     // verification (DataLoss) already rejected the version.

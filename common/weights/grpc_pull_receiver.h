@@ -14,11 +14,20 @@
 // progress), and every bucket is verified against the manifest before the
 // version can be committed.
 //
+// Raw data path: when the weight server announces a data port (GetManifest
+// initial metadata, weight_server.h) and options.raw_data is set, streams
+// are read over plain TCP from that port on the host gRPC reached, straight
+// into the staging buckets, with the same chunk CRCs, resume points,
+// retries, deadline and cancellation; a server without the data path, or
+// a data port that cannot be reached, is read over FetchWeights.
+//
 // Thread-safety: ReceiveNext() from one thread; Cancel() and stats() from
 // any thread.
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -35,6 +44,14 @@ struct PullOptions {
   int max_attempts = 5;
   // How often to ask for a newer version while waiting.
   absl::Duration poll_interval = absl::Milliseconds(100);
+  // Use the server's raw data path when it announces one.
+  bool raw_data = true;
+  // Chunk size on the raw data path; 0 (default) asks for whole buckets,
+  // each checked once against its manifest CRC (a mismatch rejects the
+  // version, as a bad bucket does; a broken connection resumes from the
+  // bucket's start). Smaller chunks carry their own CRC, are refetched
+  // when it does not match, and resume at the chunk.
+  uint32_t raw_chunk_bytes = 0;
 };
 
 struct PullStats {
@@ -42,6 +59,8 @@ struct PullStats {
   uint64_t bytes = 0;
   uint64_t resumes = 0;           // streams restarted mid-payload
   uint64_t chunk_crc_errors = 0;  // chunks discarded for a bad CRC
+  uint64_t raw_streams = 0;       // streams read over the raw data path
+  uint64_t grpc_streams = 0;      // streams read over FetchWeights
 };
 
 class GrpcPullReceiver : public WeightReceiver {
@@ -72,6 +91,15 @@ class GrpcPullReceiver : public WeightReceiver {
                           const v1::WeightManifest& manifest,
                           absl::Time deadline, uint32_t* bucket,
                           uint64_t* offset, std::vector<uint8_t>* delta);
+  // The same over the raw data path. Sets *connected when a connection to
+  // the data port was made (false: use FetchWeights instead).
+  absl::Status ReadRawStream(StagingWeights* staging,
+                             const v1::WeightManifest& manifest,
+                             absl::Time deadline, uint32_t* bucket,
+                             uint64_t* offset, std::vector<uint8_t>* delta,
+                             bool* connected);
+  // Reads exactly n bytes from the active raw socket before `deadline`.
+  absl::Status RawRead(int fd, void* dst, size_t n, absl::Time deadline);
   bool cancelled() const;
 
   std::unique_ptr<v1::WeightServer::Stub> stub_;
@@ -79,6 +107,10 @@ class GrpcPullReceiver : public WeightReceiver {
   mutable absl::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ClientContext* active_ ABSL_GUARDED_BY(mu_) = nullptr;
+  int active_fd_ ABSL_GUARDED_BY(mu_) = -1;
+  // Announced by the last GetManifest answer (port 0: none).
+  std::string data_host_ ABSL_GUARDED_BY(mu_);
+  uint16_t data_port_ ABSL_GUARDED_BY(mu_) = 0;
   PullStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -1,10 +1,27 @@
 #include "common/weights/weight_server.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <set>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/crc32c.h"
 
 namespace tandem::weights {
@@ -18,16 +35,90 @@ grpc::Status ToGrpc(const absl::Status& s) {
 
 }  // namespace
 
+struct WeightServerService::Stream {
+  StoredPayload payload;
+  uint32_t bucket = 0;
+  uint64_t offset = 0;
+  uint32_t chunk_bytes = 0;
+  int sent = 0;
+  bool raw = false;  // the raw data path (see OpenStream)
+
+  bool full() const {
+    return payload.manifest.kind() == v1::WEIGHT_PAYLOAD_KIND_FULL;
+  }
+  bool done() const {
+    return bucket >=
+           (full() ? static_cast<uint32_t>(payload.manifest.buckets_size())
+                   : 1u);
+  }
+};
+
+struct WeightServerService::NextChunk {
+  uint32_t bucket = 0;
+  uint64_t offset = 0;
+  const uint8_t* data = nullptr;
+  uint64_t size = 0;
+  uint32_t crc32c = 0;
+  bool bucket_complete = false;
+  // Fault injection: send data[size / 2] ^ 0x10 instead of data[size / 2].
+  bool corrupt = false;
+};
+
+absl::Status WeightServerService::InjectedFailure(const Stream& stream) const {
+  const int fail_after = fail_after_.load();
+  if (!stream.done() && fail_after >= 0 && stream.sent >= fail_after) {
+    return absl::UnavailableError("injected stream failure");
+  }
+  return absl::OkStatus();
+}
+
+bool WeightServerService::Advance(Stream& stream, NextChunk* chunk) {
+  const v1::WeightManifest& m = stream.payload.manifest;
+  const bool full = stream.full();
+  const uint32_t num_buckets =
+      full ? static_cast<uint32_t>(m.buckets_size()) : 1;
+  if (stream.bucket >= num_buckets) return false;
+  const uint64_t bucket_offset =
+      full ? m.buckets(static_cast<int>(stream.bucket)).byte_offset() : 0;
+  const uint64_t bucket_size =
+      full ? m.buckets(static_cast<int>(stream.bucket)).byte_size()
+           : stream.payload.bytes->size();
+  const uint64_t n =
+      std::min<uint64_t>(stream.chunk_bytes, bucket_size - stream.offset);
+  chunk->bucket = stream.bucket;
+  chunk->offset = stream.offset;
+  chunk->data = stream.payload.bytes->data() + bucket_offset + stream.offset;
+  chunk->size = n;
+  // On the raw path a chunk that is a whole bucket of a FULL payload
+  // carries the manifest's bucket CRC (the receiver verifies the bucket
+  // against it, once); other chunks are checksummed here. (A gRPC client
+  // checks every chunk's CRC and retries a mismatch: it must describe the
+  // bytes sent, so that a bad stored copy is reported as a bad bucket.)
+  chunk->crc32c = stream.raw && full && stream.offset == 0 && n == bucket_size
+                      ? m.buckets(static_cast<int>(stream.bucket)).crc32c()
+                      : kernels::Crc32c(chunk->data, n);
+  chunk->bucket_complete = stream.offset + n == bucket_size;
+  const uint64_t index = chunks_.fetch_add(1);
+  chunk->corrupt = static_cast<int64_t>(index) == corrupt_at_.load() && n > 0;
+  bytes_ += n;
+  if (options_.metrics != nullptr) {
+    options_.metrics->RecordBytes(SyncDirection::kSent, SyncTransport::kPull,
+                                  full, static_cast<double>(n));
+  }
+  ++stream.sent;
+  stream.offset += n;
+  if (stream.offset == bucket_size) {
+    ++stream.bucket;
+    stream.offset = 0;
+  }
+  return true;
+}
+
 class WeightServerService::FetchReactor
     : public grpc::ServerWriteReactor<v1::WeightChunk> {
  public:
-  FetchReactor(WeightServerService* service, StoredPayload payload,
-               uint32_t bucket, uint64_t offset, uint32_t chunk_bytes)
-      : service_(service),
-        payload_(std::move(payload)),
-        bucket_(bucket),
-        offset_(offset),
-        chunk_bytes_(chunk_bytes) {
+  FetchReactor(WeightServerService* service, Stream stream)
+      : service_(service), stream_(std::move(stream)) {
     NextWrite();
   }
 
@@ -42,74 +133,256 @@ class WeightServerService::FetchReactor
   void OnDone() override { delete this; }
 
  private:
-  bool full() const {
-    return payload_.manifest.kind() == v1::WEIGHT_PAYLOAD_KIND_FULL;
-  }
-
   void NextWrite() {
-    const auto& m = payload_.manifest;
-    const uint32_t num_buckets =
-        full() ? static_cast<uint32_t>(m.buckets_size()) : 1;
-    if (bucket_ >= num_buckets) {
+    if (absl::Status s = service_->InjectedFailure(stream_); !s.ok()) {
+      Finish(ToGrpc(s));
+      return;
+    }
+    NextChunk next;
+    if (!service_->Advance(stream_, &next)) {
       Finish(grpc::Status::OK);
       return;
     }
-    const int fail_after = service_->fail_after_.load();
-    if (fail_after >= 0 && sent_ >= fail_after) {
-      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          "injected stream failure"));
-      return;
-    }
-    const uint64_t bucket_offset =
-        full() ? m.buckets(static_cast<int>(bucket_)).byte_offset() : 0;
-    const uint64_t bucket_size =
-        full() ? m.buckets(static_cast<int>(bucket_)).byte_size()
-               : payload_.bytes->size();
-    const uint64_t n = std::min<uint64_t>(chunk_bytes_, bucket_size - offset_);
-    const uint8_t* data = payload_.bytes->data() + bucket_offset + offset_;
     chunk_.Clear();
-    chunk_.set_policy_version(m.policy_version());
-    chunk_.set_bucket(bucket_);
-    chunk_.set_offset(offset_);
-    chunk_.set_data(data, n);
-    chunk_.set_crc32c(kernels::Crc32c(data, n));
-    chunk_.set_bucket_complete(offset_ + n == bucket_size);
-    const uint64_t index = service_->chunks_.fetch_add(1);
-    if (static_cast<int64_t>(index) == service_->corrupt_at_.load() && n > 0) {
-      (*chunk_.mutable_data())[n / 2] ^= 0x10;
-    }
-    service_->bytes_ += n;
-    if (service_->options_.metrics != nullptr) {
-      service_->options_.metrics->RecordBytes(SyncDirection::kSent,
-                                              SyncTransport::kPull, full(),
-                                              static_cast<double>(n));
-    }
-    ++sent_;
-    offset_ += n;
-    if (offset_ == bucket_size) {
-      ++bucket_;
-      offset_ = 0;
-    }
+    chunk_.set_policy_version(stream_.payload.manifest.policy_version());
+    chunk_.set_bucket(next.bucket);
+    chunk_.set_offset(next.offset);
+    chunk_.set_data(next.data, next.size);
+    chunk_.set_crc32c(next.crc32c);
+    chunk_.set_bucket_complete(next.bucket_complete);
+    if (next.corrupt) (*chunk_.mutable_data())[next.size / 2] ^= 0x10;
     StartWrite(&chunk_);
   }
 
   WeightServerService* service_;
-  StoredPayload payload_;
-  uint32_t bucket_;
-  uint64_t offset_;
-  const uint32_t chunk_bytes_;
-  int sent_ = 0;
+  Stream stream_;
   v1::WeightChunk chunk_;
+};
+
+// The raw data path: a listener thread and one thread per connection.
+class WeightServerService::RawDataServer {
+ public:
+  static std::unique_ptr<RawDataServer> Start(WeightServerService* service,
+                                              const std::string& host,
+                                              uint16_t port) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    socklen_t len = sizeof(addr);
+    const int one = 1;
+    if (fd < 0 || inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1 ||
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+        bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+        listen(fd, 16) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      std::fprintf(stderr,
+                   "weight server: raw data path on %s:%u disabled (%s); "
+                   "pulls use FetchWeights\n",
+                   host.c_str(), static_cast<unsigned>(port),
+                   errno != 0 ? std::strerror(errno) : "not an IPv4 address");
+      if (fd >= 0) close(fd);
+      return nullptr;
+    }
+    auto server = std::unique_ptr<RawDataServer>(
+        new RawDataServer(service, fd, ntohs(addr.sin_port)));
+    server->acceptor_ = std::thread([s = server.get()] { s->AcceptLoop(); });
+    return server;
+  }
+
+  ~RawDataServer() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+      for (int fd : open_) shutdown(fd, SHUT_RDWR);
+    }
+    acceptor_.join();
+    std::vector<Connection> threads;
+    {
+      absl::MutexLock lock(&mu_);
+      threads.swap(threads_);
+    }
+    for (Connection& c : threads) c.thread.join();
+    close(listener_);
+  }
+
+  uint16_t port() const { return port_; }
+
+ private:
+  RawDataServer(WeightServerService* service, int listener, uint16_t port)
+      : service_(service), listener_(listener), port_(port) {}
+
+  bool stopping() {
+    absl::MutexLock lock(&mu_);
+    return stopping_;
+  }
+
+  void AcceptLoop() {
+    while (!stopping()) {
+      pollfd p{listener_, POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0) continue;
+      int fd = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) continue;
+      absl::MutexLock lock(&mu_);
+      if (stopping_) {
+        close(fd);
+        break;
+      }
+      // Join connections that ended, so a long-lived trainer does not
+      // accumulate finished threads.
+      for (auto it = threads_.begin(); it != threads_.end();) {
+        if (it->done->load()) {
+          it->thread.join();
+          it = threads_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      open_.insert(fd);
+      auto done = std::make_shared<std::atomic<bool>>(false);
+      threads_.push_back({std::thread([this, fd, done] {
+                            Serve(fd);
+                            absl::MutexLock lock(&mu_);
+                            open_.erase(fd);
+                            close(fd);
+                            *done = true;
+                          }),
+                          done});
+    }
+  }
+
+  static bool ReadFull(int fd, void* dst, size_t n) {
+    auto* p = static_cast<uint8_t*>(dst);
+    while (n > 0) {
+      ssize_t got = recv(fd, p, n, 0);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) return false;
+      p += got;
+      n -= static_cast<size_t>(got);
+    }
+    return true;
+  }
+
+  // Sends every byte of `iov` (modified); false when the peer went away.
+  static bool SendAll(int fd, iovec* iov, int count) {
+    while (count > 0) {
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = static_cast<size_t>(count);
+      ssize_t sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
+      if (sent < 0 && errno == EINTR) continue;
+      if (sent <= 0) return false;
+      auto left = static_cast<size_t>(sent);
+      while (count > 0 && left >= iov->iov_len) {
+        left -= iov->iov_len;
+        ++iov;
+        --count;
+      }
+      if (count > 0) {
+        iov->iov_base = static_cast<uint8_t*>(iov->iov_base) + left;
+        iov->iov_len -= left;
+      }
+    }
+    return true;
+  }
+
+  static bool SendStatus(int fd, const absl::Status& status) {
+    const std::string message(status.message());
+    uint32_t head[3] = {kRawMagic, static_cast<uint32_t>(status.code()),
+                        static_cast<uint32_t>(message.size())};
+    iovec iov[2] = {{head, sizeof(head)},
+                    {const_cast<char*>(message.data()), message.size()}};
+    return SendAll(fd, iov, message.empty() ? 1 : 2);
+  }
+
+  void Serve(int fd) {
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    uint32_t head[2] = {0, 0};
+    if (!ReadFull(fd, head, sizeof(head))) return;
+    if (head[0] != kRawMagic || head[1] > (1u << 16)) {
+      SendStatus(fd, absl::InvalidArgumentError(
+                         "raw weight data request: bad magic or length"));
+      return;
+    }
+    std::string bytes(head[1], '\0');
+    if (!ReadFull(fd, bytes.data(), bytes.size())) return;
+    v1::FetchWeightsRequest request;
+    if (!request.ParseFromString(bytes)) {
+      SendStatus(
+          fd, absl::InvalidArgumentError("raw weight data request: unparsable "
+                                         "FetchWeightsRequest"));
+      return;
+    }
+    absl::StatusOr<Stream> stream = service_->OpenStream(request, /*raw=*/true);
+    if (!stream.ok()) {
+      SendStatus(fd, stream.status());
+      return;
+    }
+    if (!SendStatus(fd, absl::OkStatus())) return;
+    std::vector<uint8_t> corrupted;
+    for (;;) {
+      if (stopping()) return;
+      // An injected failure drops the connection, as a dead peer would.
+      if (!service_->InjectedFailure(*stream).ok()) return;
+      NextChunk next;
+      RawChunkHeader h{};
+      iovec iov[2];
+      int count = 1;
+      if (service_->Advance(*stream, &next)) {
+        h = {next.bucket, next.bucket_complete ? kRawBucketComplete : 0,
+             next.offset, static_cast<uint32_t>(next.size), next.crc32c};
+        const uint8_t* data = next.data;
+        if (next.corrupt) {
+          corrupted.assign(next.data, next.data + next.size);
+          corrupted[next.size / 2] ^= 0x10;
+          data = corrupted.data();
+        }
+        iov[1] = {const_cast<uint8_t*>(data), next.size};
+        count = 2;
+      } else {
+        h.flags = kRawEnd;
+      }
+      iov[0] = {&h, sizeof(h)};
+      if (!SendAll(fd, iov, count) || count == 1) return;
+    }
+  }
+
+  WeightServerService* const service_;
+  const int listener_;
+  const uint16_t port_;
+  std::thread acceptor_;
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<int> open_ ABSL_GUARDED_BY(mu_);
+  struct Connection {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<Connection> threads_ ABSL_GUARDED_BY(mu_);
 };
 
 WeightServerService::WeightServerService(const WeightStore* store,
                                          WeightServerOptions options)
-    : store_(store), options_(options) {}
+    : store_(store), options_(std::move(options)) {
+  if (!options_.data_host.empty()) {
+    raw_ = RawDataServer::Start(this, options_.data_host, options_.data_port);
+  }
+}
+
+WeightServerService::~WeightServerService() = default;
+
+uint16_t WeightServerService::data_port() const {
+  return raw_ == nullptr ? 0 : raw_->port();
+}
 
 grpc::ServerUnaryReactor* WeightServerService::GetManifest(
     grpc::CallbackServerContext* context, const v1::GetManifestRequest* request,
     v1::WeightManifest* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (raw_ != nullptr) {
+    context->AddInitialMetadata(kDataPortMetadata, absl::StrCat(raw_->port()));
+  }
   absl::StatusOr<v1::WeightManifest> m =
       store_->Manifest(request->policy_version());
   if (m.ok()) *response = *std::move(m);
@@ -118,51 +391,65 @@ grpc::ServerUnaryReactor* WeightServerService::GetManifest(
 }
 
 grpc::ServerWriteReactor<v1::WeightChunk>* WeightServerService::FetchWeights(
-    grpc::CallbackServerContext* context,
+    grpc::CallbackServerContext* /*context*/,
     const v1::FetchWeightsRequest* request) {
-  ++streams_;
-  auto fail = [](grpc::Status status) {
+  absl::StatusOr<Stream> stream = OpenStream(*request, /*raw=*/false);
+  if (!stream.ok()) {
     class Failed : public grpc::ServerWriteReactor<v1::WeightChunk> {
      public:
       explicit Failed(grpc::Status s) { Finish(std::move(s)); }
       void OnDone() override { delete this; }
     };
-    return new Failed(std::move(status));
-  };
+    return new Failed(ToGrpc(stream.status()));
+  }
+  return new FetchReactor(this, *std::move(stream));
+}
+
+absl::StatusOr<WeightServerService::Stream> WeightServerService::OpenStream(
+    const v1::FetchWeightsRequest& request, bool raw) {
+  ++streams_;
   const v1::WeightPayloadKind kind =
-      request->kind() == v1::WEIGHT_PAYLOAD_KIND_UNSPECIFIED
+      request.kind() == v1::WEIGHT_PAYLOAD_KIND_UNSPECIFIED
           ? v1::WEIGHT_PAYLOAD_KIND_FULL
-          : request->kind();
+          : request.kind();
   absl::StatusOr<StoredPayload> payload =
-      store_->Get(request->policy_version(), kind);
-  if (!payload.ok()) return fail(ToGrpc(payload.status()));
+      store_->Get(request.policy_version(), kind);
+  if (!payload.ok()) return payload.status();
   const v1::WeightManifest& m = payload->manifest;
   if (kind == v1::WEIGHT_PAYLOAD_KIND_DELTA &&
-      request->base_version() != m.base_version()) {
-    return fail(grpc::Status(
-        grpc::StatusCode::NOT_FOUND,
-        absl::StrCat("weights v", m.policy_version(), " delta is on v",
-                     m.base_version(), ", not v", request->base_version())));
+      request.base_version() != m.base_version()) {
+    return absl::NotFoundError(absl::StrCat("weights v", m.policy_version(),
+                                            " delta is on v", m.base_version(),
+                                            ", not v", request.base_version()));
   }
   const uint64_t limit =
       kind == v1::WEIGHT_PAYLOAD_KIND_FULL
-          ? (request->start_bucket() < static_cast<uint32_t>(m.buckets_size())
-                 ? m.buckets(static_cast<int>(request->start_bucket()))
+          ? (request.start_bucket() < static_cast<uint32_t>(m.buckets_size())
+                 ? m.buckets(static_cast<int>(request.start_bucket()))
                        .byte_size()
                  : 0)
-          : (request->start_bucket() == 0 ? payload->bytes->size() : 0);
-  if (request->start_offset() >= limit) {
-    return fail(grpc::Status(
-        grpc::StatusCode::INVALID_ARGUMENT,
-        absl::StrCat("resume point (bucket ", request->start_bucket(),
-                     ", offset ", request->start_offset(),
-                     ") is outside weights v", m.policy_version())));
+          : (request.start_bucket() == 0 ? payload->bytes->size() : 0);
+  if (request.start_offset() >= limit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resume point (bucket ", request.start_bucket(), ", offset ",
+        request.start_offset(), ") is outside weights v", m.policy_version()));
   }
-  uint32_t chunk = request->chunk_bytes() == 0 ? options_.max_chunk_bytes
-                                               : request->chunk_bytes();
+  uint32_t chunk = request.chunk_bytes() == 0 ? options_.max_chunk_bytes
+                                              : request.chunk_bytes();
   chunk = std::clamp<uint32_t>(chunk, 1, options_.max_chunk_bytes);
-  return new FetchReactor(this, *std::move(payload), request->start_bucket(),
-                          request->start_offset(), chunk);
+  if (raw) {
+    // No message size limit here: 0 asks for whole buckets.
+    chunk = request.chunk_bytes() == 0
+                ? kMaxRawChunkBytes
+                : std::min(request.chunk_bytes(), kMaxRawChunkBytes);
+  }
+  Stream stream;
+  stream.payload = *std::move(payload);
+  stream.bucket = request.start_bucket();
+  stream.offset = request.start_offset();
+  stream.chunk_bytes = chunk;
+  stream.raw = raw;
+  return stream;
 }
 
 WeightServerStats WeightServerService::stats() const {

@@ -18,12 +18,38 @@
 // Status codes: NOT_FOUND for a version/kind no longer retained,
 // INVALID_ARGUMENT for a resume point outside the payload.
 //
+// Raw data path. gRPC's per-message costs (HTTP/2 framing, copies into and
+// out of protobuf messages) cap a stream at a fraction of what a plain
+// socket moves (docs/benchmarks.md), so the service also serves the same
+// streams over plain TCP: it listens on data_host:data_port and announces
+// the port in GetManifest's initial metadata (kDataPortMetadata); a
+// GrpcPullReceiver that sees it connects to that port on the host it
+// reached gRPC on, and falls back to FetchWeights when it cannot. One
+// connection carries one stream:
+//   request:  u32 kRawMagic, u32 n, n bytes of a serialized
+//             FetchWeightsRequest (same fields and resume semantics);
+//   response: u32 kRawMagic, u32 absl status code, u32 m, m bytes of error
+//             message; then, when OK, chunks, each a RawChunkHeader
+//             followed by `size` data bytes, and finally a header with
+//             kRawEnd set and size 0.
+// Chunks are the gRPC stream's (same addressing, CRC-32C per chunk,
+// bucket_complete) but carry no copies: the server writes header and
+// payload bytes with one sendmsg, the receiver reads straight into its
+// staging bucket. The chunk size is not capped by max_chunk_bytes, and
+// chunk_bytes 0 asks for whole buckets: a chunk that is a whole bucket of
+// a FULL payload carries the manifest's bucket CRC (not recomputed here),
+// which the receiver checks once, as the bucket's verification. All
+// integers little-endian. Fault injection and stats cover both paths.
+//
 // Thread-safety: all methods may be called concurrently. Chunks are built
 // (one memcpy and CRC of <= 1 MiB) on the reactor's callback thread; the
-// reactor never waits on anything else.
+// reactor never waits on anything else. Each raw connection is served by
+// its own thread; the destructor closes them all and joins.
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
+#include <string>
 
 #include "common/weights/weight_store.h"
 #include "common/weights/weight_sync_metrics.h"
@@ -36,7 +62,29 @@ struct WeightServerOptions {
   // Optional: every chunk sent is counted as tandem_weight_sync_bytes_total
   // {direction="sent", transport="pull", kind}. Must outlive the service.
   WeightSyncMetrics* metrics = nullptr;
+  // Raw data path: address to listen on (port 0 picks a free port); an
+  // empty host disables it (pulls then use FetchWeights only). A listener
+  // that cannot be opened is logged to stderr and disables it too.
+  std::string data_host = "127.0.0.1";
+  uint16_t data_port = 0;
 };
+
+// Raw data path wire constants (see above).
+inline constexpr char kDataPortMetadata[] = "tandem-weight-data-port";
+inline constexpr uint32_t kRawMagic = 0x31445754;  // "TWD1"
+inline constexpr uint32_t kRawBucketComplete = 1;  // RawChunkHeader.flags
+inline constexpr uint32_t kRawEnd = 2;
+// Largest raw chunk; FetchWeightsRequest.chunk_bytes 0 on the raw path asks
+// for whole buckets (up to this size).
+inline constexpr uint32_t kMaxRawChunkBytes = 1u << 30;
+struct RawChunkHeader {
+  uint32_t bucket;
+  uint32_t flags;
+  uint64_t offset;
+  uint32_t size;
+  uint32_t crc32c;
+};
+static_assert(sizeof(RawChunkHeader) == 24);
 
 struct WeightServerStats {
   uint64_t streams = 0;
@@ -48,6 +96,10 @@ class WeightServerService final : public v1::WeightServer::CallbackService {
  public:
   // `store` must outlive the service.
   WeightServerService(const WeightStore* store, WeightServerOptions options);
+  ~WeightServerService() override;
+
+  // The raw data path's port, 0 when disabled.
+  uint16_t data_port() const;
 
   grpc::ServerUnaryReactor* GetManifest(grpc::CallbackServerContext* context,
                                         const v1::GetManifestRequest* request,
@@ -70,9 +122,25 @@ class WeightServerService final : public v1::WeightServer::CallbackService {
 
  private:
   class FetchReactor;
+  class RawDataServer;
+  struct Stream;
+
+  // Validates a fetch request against the store: the payload and where the
+  // stream starts, or the error status to answer with.
+  // `raw`: for the raw data path (chunk size not capped by
+  // max_chunk_bytes; 0 means whole buckets).
+  absl::StatusOr<Stream> OpenStream(const v1::FetchWeightsRequest& request,
+                                    bool raw);
+  // The next chunk of `stream` (advancing it), with fault injection, stats
+  // and metrics applied; nullopt when the stream is complete. `data` is the
+  // chunk's bytes inside the payload; `crc` its CRC-32C (as sent).
+  struct NextChunk;
+  absl::Status InjectedFailure(const Stream& stream) const;
+  bool Advance(Stream& stream, NextChunk* chunk);
 
   const WeightStore* store_;
   const WeightServerOptions options_;
+  std::unique_ptr<RawDataServer> raw_;
   std::atomic<uint64_t> streams_{0};
   std::atomic<uint64_t> chunks_{0};
   std::atomic<uint64_t> bytes_{0};

@@ -63,9 +63,9 @@ TEST_CASE(
   for (auto& b : data) b = static_cast<uint8_t>(rng());
   constexpr size_t kBlock = 3 * 8192;
   for (size_t offset : {0, 1, 3, 8}) {
-    for (size_t len : {kBlock - 1, kBlock, kBlock + 1, kBlock + 8,
-                       2 * kBlock - 7, 2 * kBlock, 5 * kBlock + 4093,
-                       size_t{200000}}) {
+    for (size_t len :
+         {kBlock - 1, kBlock, kBlock + 1, kBlock + 8, 2 * kBlock - 7,
+          2 * kBlock, 5 * kBlock + 4093, size_t{200000}}) {
       const uint8_t* p = data.data() + offset;
       INFO("offset " << offset << " length " << len);
       REQUIRE(Crc32c(p, len) == Crc32cExtendPortable(0, p, len));

@@ -1,7 +1,13 @@
 // Loopback tests of the catch-up (pull) path: WeightServerService over a
 // WeightStore, GrpcPullReceiver into StagingWeights, on a port-0 server.
+// The transfer tests run twice: over the raw data path (the default) and
+// over the FetchWeights gRPC stream.
 
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -103,6 +109,19 @@ bool SameBytes(absl::Span<const uint8_t> a, const WeightBuffer& b) {
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(20); }
 
+// Every stream went over the path the receiver was asked to use.
+void CheckPath(const GrpcPullReceiver& receiver, bool raw) {
+  INFO("raw data path: " << raw);
+  const PullStats stats = receiver.stats();
+  if (raw) {
+    CHECK(stats.raw_streams > 0);
+    CHECK(stats.grpc_streams == 0);
+  } else {
+    CHECK(stats.raw_streams == 0);
+    CHECK(stats.grpc_streams > 0);
+  }
+}
+
 // Receives and commits until live reaches `target`.
 void CatchUp(GrpcPullReceiver& receiver, StagingWeights& staging,
              uint64_t target) {
@@ -125,7 +144,11 @@ TEST_CASE(
   for (uint64_t v = 0; v <= 6; ++v) trainer.Step(v);
   auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
   REQUIRE(staging.ok());
-  GrpcPullReceiver receiver(loop.channel(), {.chunk_bytes = 1000});
+  const bool raw = GENERATE(true, false);
+  INFO("raw data path: " << raw);
+  GrpcPullReceiver receiver(
+      loop.channel(),
+      {.chunk_bytes = 1000, .raw_data = raw, .raw_chunk_bytes = 1000});
   CatchUp(receiver, **staging, 6);
   CHECK(SameBytes((*staging)->live().bytes, trainer.current()));
   CHECK((*staging)->stats().full_versions == 1);
@@ -138,6 +161,7 @@ TEST_CASE(
   CHECK((*staging)->stats().delta_versions == 4);
   CHECK((*staging)->stats().full_versions == 2);
   CHECK(receiver.stats().resumes == 0);
+  CheckPath(receiver, raw);
 }
 
 TEST_CASE("Pull path resumes broken streams from the last verified byte",
@@ -149,12 +173,17 @@ TEST_CASE("Pull path resumes broken streams from the last verified byte",
   loop.service().FailStreamsAfterChunksForTest(3);
   auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
   REQUIRE(staging.ok());
-  GrpcPullReceiver receiver(loop.channel(),
-                            {.chunk_bytes = 1000, .max_attempts = 3});
+  const bool raw = GENERATE(true, false);
+  INFO("raw data path: " << raw);
+  GrpcPullReceiver receiver(loop.channel(), {.chunk_bytes = 1000,
+                                             .max_attempts = 3,
+                                             .raw_data = raw,
+                                             .raw_chunk_bytes = 1000});
   CatchUp(receiver, **staging, 0);
   CHECK(SameBytes((*staging)->live().bytes, trainer.current()));
   CHECK(receiver.stats().resumes > 5);
   CHECK(receiver.stats().bytes == layout.total_bytes());
+  CheckPath(receiver, raw);
 }
 
 TEST_CASE("Pull path discards a corrupted chunk and refetches it",
@@ -166,11 +195,16 @@ TEST_CASE("Pull path discards a corrupted chunk and refetches it",
   loop.service().CorruptChunkForTest(4);
   auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
   REQUIRE(staging.ok());
-  GrpcPullReceiver receiver(loop.channel(), {.chunk_bytes = 1000});
+  const bool raw = GENERATE(true, false);
+  INFO("raw data path: " << raw);
+  GrpcPullReceiver receiver(
+      loop.channel(),
+      {.chunk_bytes = 1000, .raw_data = raw, .raw_chunk_bytes = 1000});
   CatchUp(receiver, **staging, 0);
   CHECK(SameBytes((*staging)->live().bytes, trainer.current()));
   CHECK(receiver.stats().chunk_crc_errors == 1);
   CHECK(receiver.stats().resumes == 1);
+  CheckPath(receiver, raw);
 }
 
 TEST_CASE("Pull path rejects a version whose bucket fails verification",
@@ -187,9 +221,12 @@ TEST_CASE("Pull path rejects a version whose bucket fails verification",
   REQUIRE(loop.store().Put(*manifest, std::make_shared<const Bytes>(bad)).ok());
   auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
   REQUIRE(staging.ok());
-  GrpcPullReceiver receiver(loop.channel(), {});
+  const bool raw = GENERATE(true, false);
+  INFO("raw data path: " << raw);
+  GrpcPullReceiver receiver(loop.channel(), {.raw_data = raw});
   auto got = receiver.ReceiveNext(staging->get(), Soon());
   REQUIRE_FALSE(got.ok());
+  CheckPath(receiver, raw);
   CHECK(absl::IsDataLoss(got.status()));
   CHECK(std::string(got.status().message()).find("bucket 1") !=
         std::string::npos);
@@ -218,6 +255,114 @@ TEST_CASE(
   CHECK(
       absl::IsCancelled(receiver.ReceiveNext(staging->get(), Soon()).status()));
   canceller.join();
+}
+
+TEST_CASE(
+    "Raw data path in whole buckets: resumes at the bucket, a corrupted "
+    "bucket rejects the version",
+    "[weights][pull]") {
+  const FlatWeightLayout layout = SmallLayout();
+  REQUIRE(layout.buckets().size() > 3);
+  Loopback loop;
+  Publisher trainer(layout, &loop.store());
+  trainer.Step(0);
+  auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  // Default options: one chunk per bucket.
+  GrpcPullReceiver receiver(loop.channel(), {.max_attempts = 3});
+  SECTION("broken streams") {
+    loop.service().FailStreamsAfterChunksForTest(2);
+    CatchUp(receiver, **staging, 0);
+    CHECK(SameBytes((*staging)->live().bytes, trainer.current()));
+    CHECK(receiver.stats().resumes >= layout.buckets().size() / 2 - 1);
+    CHECK(loop.service().stats().chunks == layout.buckets().size());
+  }
+  SECTION("a corrupted bucket") {
+    loop.service().CorruptChunkForTest(2);
+    auto got = receiver.ReceiveNext(staging->get(), Soon());
+    REQUIRE_FALSE(got.ok());
+    CHECK(absl::IsDataLoss(got.status()));
+    CHECK(std::string(got.status().message()).find("bucket 2") !=
+          std::string::npos);
+    CHECK_FALSE((*staging)->ready());
+    // The next attempt (nothing corrupted any more) is committed.
+    CatchUp(receiver, **staging, 0);
+    CHECK(SameBytes((*staging)->live().bytes, trainer.current()));
+  }
+  CheckPath(receiver, /*raw=*/true);
+}
+
+TEST_CASE(
+    "Pull receiver reads FetchWeights from a server without a raw data "
+    "path",
+    "[weights][pull]") {
+  const FlatWeightLayout layout = SmallLayout();
+  WeightServerOptions options;
+  options.data_host = "";  // disabled: nothing announced
+  Loopback loop(options);
+  CHECK(loop.service().data_port() == 0);
+  Publisher trainer(layout, &loop.store());
+  trainer.Step(0);
+  auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  GrpcPullReceiver receiver(loop.channel(), {.chunk_bytes = 1000});
+  CatchUp(receiver, **staging, 0);
+  CHECK(SameBytes((*staging)->live().bytes, trainer.current()));
+  CheckPath(receiver, /*raw=*/false);
+}
+
+TEST_CASE("Raw data path answers bad requests with an error status",
+          "[weights][pull]") {
+  const FlatWeightLayout layout = SmallLayout();
+  Loopback loop;
+  REQUIRE(loop.service().data_port() != 0);
+  Publisher trainer(layout, &loop.store());
+  trainer.Step(0);
+  auto exchange = [&](const std::string& request) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(loop.service().data_port());
+    REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+    REQUIRE(send(fd, request.data(), request.size(), 0) ==
+            static_cast<ssize_t>(request.size()));
+    std::string answer;
+    char buf[4096];
+    for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;) {
+      answer.append(buf, static_cast<size_t>(n));
+    }
+    close(fd);
+    return answer;
+  };
+  auto framed = [](uint32_t magic, const std::string& body) {
+    std::string out(8, '\0');
+    const uint32_t head[2] = {magic, static_cast<uint32_t>(body.size())};
+    std::memcpy(out.data(), head, sizeof(head));
+    return out + body;
+  };
+  auto code_of = [](const std::string& answer) {
+    REQUIRE(answer.size() >= 12);
+    uint32_t head[3];
+    std::memcpy(head, answer.data(), sizeof(head));
+    CHECK(head[0] == kRawMagic);
+    return static_cast<absl::StatusCode>(head[1]);
+  };
+  // Not our protocol.
+  std::string answer = exchange(framed(0xDEADBEEF, ""));
+  CHECK(code_of(answer) == absl::StatusCode::kInvalidArgument);
+  CHECK(answer.find("bad magic") != std::string::npos);
+  // A version the server does not hold.
+  v1::FetchWeightsRequest request;
+  request.set_policy_version(42);
+  answer = exchange(framed(kRawMagic, request.SerializeAsString()));
+  CHECK(code_of(answer) == absl::StatusCode::kNotFound);
+  // A resume point outside the payload.
+  request.set_policy_version(0);
+  request.set_start_offset(1u << 30);
+  answer = exchange(framed(kRawMagic, request.SerializeAsString()));
+  CHECK(code_of(answer) == absl::StatusCode::kInvalidArgument);
+  CHECK(answer.find("outside weights v0") != std::string::npos);
 }
 
 TEST_CASE("WeightStore keeps the anchor and evicts old versions",
