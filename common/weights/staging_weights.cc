@@ -29,39 +29,67 @@ WeightBuffer& StagingWeights::StagingBuffer() {
 absl::Status StagingWeights::Reject(absl::Status why) {
   state_ = State::kIdle;
   ++stats_.rejected_versions;
+  if (gate_ != nullptr) gate_->EndWrite(std::nullopt);
   return why;
+}
+
+void StagingWeights::SetInplaceGate(InplaceWriteGate* gate) {
+  absl::MutexLock lock(&mu_);
+  gate_ = mode_ == StagingMode::kInplace ? gate : nullptr;
+}
+
+absl::Span<uint8_t> StagingWeights::inplace_buffer() {
+  if (mode_ != StagingMode::kInplace) return {};
+  return buffers_[0].span();
+}
+
+bool StagingWeights::live_lost() const {
+  absl::MutexLock lock(&mu_);
+  return live_lost_;
 }
 
 absl::Status StagingWeights::Begin(const v1::WeightManifest& manifest) {
   if (absl::Status s = layout_.CheckSameLayout(manifest); !s.ok()) return s;
-  absl::MutexLock lock(&mu_);
   const uint64_t v = manifest.policy_version();
-  if (live_version_.has_value() && v <= *live_version_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "weights v", v, " is not newer than the live v", *live_version_));
-  }
-  if (manifest.kind() == v1::WEIGHT_PAYLOAD_KIND_DELTA) {
-    if (!live_version_.has_value() ||
-        *live_version_ != manifest.base_version()) {
+  InplaceWriteGate* gate = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (live_version_.has_value() && v <= *live_version_) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "weights v", v, " is a delta on v", manifest.base_version(),
-          " but the live version is ",
-          live_version_.has_value() ? absl::StrCat("v", *live_version_)
-                                    : std::string("none"),
-          "; fetch a full version"));
+          "weights v", v, " is not newer than the live v", *live_version_));
     }
-  } else if (manifest.kind() != v1::WEIGHT_PAYLOAD_KIND_FULL) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("weights v", v, ": payload kind unspecified"));
+    if (manifest.kind() == v1::WEIGHT_PAYLOAD_KIND_DELTA) {
+      if (!live_version_.has_value() ||
+          *live_version_ != manifest.base_version()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "weights v", v, " is a delta on v", manifest.base_version(),
+            " but the live version is ",
+            live_version_.has_value() ? absl::StrCat("v", *live_version_)
+                                      : std::string("none"),
+            "; fetch a full version"));
+      }
+    } else if (manifest.kind() != v1::WEIGHT_PAYLOAD_KIND_FULL) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("weights v", v, ": payload kind unspecified"));
+    }
+    gate = gate_;
   }
+  // Unlocked: the gate may wait for the readers (the engine's step under
+  // way). Only this (the receiving) thread calls Begin().
+  if (gate != nullptr) {
+    if (absl::Status s = gate->BeginWrite(v); !s.ok()) return s;
+  }
+  absl::MutexLock lock(&mu_);
   staged_ = manifest;
   bucket_done_.assign(layout_.num_buckets(), false);
   buckets_left_ = layout_.num_buckets();
   state_ = State::kReceiving;
   if (mode_ == StagingMode::kInplace) {
-    // Readers are paused by contract; live is being overwritten.
+    // Readers are paused (by the gate, or by the caller's contract); live
+    // is being overwritten.
     live_version_.reset();
     live_manifest_.reset();
+    live_lost_ = true;
   }
   return absl::OkStatus();
 }
@@ -164,6 +192,7 @@ absl::Status StagingWeights::ApplyDelta(absl::Span<const uint8_t> delta) {
 
 void StagingWeights::Abort() {
   absl::MutexLock lock(&mu_);
+  if (state_ != State::kIdle && gate_ != nullptr) gate_->EndWrite(std::nullopt);
   state_ = State::kIdle;
 }
 
@@ -189,8 +218,10 @@ absl::StatusOr<uint64_t> StagingWeights::Commit() {
   if (mode_ == StagingMode::kDoubleBuffer) live_index_ = 1 - live_index_;
   live_version_ = staged_.policy_version();
   live_manifest_ = staged_;
+  live_lost_ = false;
   state_ = State::kIdle;
   ++stats_.commits;
+  if (gate_ != nullptr) gate_->EndWrite(live_version_);
   if (staged_.kind() == v1::WEIGHT_PAYLOAD_KIND_DELTA) {
     ++stats_.delta_versions;
   } else {

@@ -11,11 +11,14 @@
 // Modes:
 //   kDoubleBuffer  two buffers (live + staging); receive never disturbs live.
 //   kInplace       one buffer, for when memory cannot hold two copies: the
-//                  transport writes straight into live. The caller must
-//                  pause every reader of live() from Begin() until Commit()
-//                  or a failure. Live is invalid (live_version() empty)
-//                  from Begin() until Commit(); after a rejected version it
-//                  stays invalid until a FULL version is committed.
+//                  transport writes straight into live. Every reader of the
+//                  buffer must be paused from Begin() until Commit(): an
+//                  InplaceWriteGate (SetInplaceGate) does that, Begin()
+//                  passes through it before the first byte is written.
+//                  Live is invalid (live_version() empty, live_lost() true)
+//                  from Begin() until Commit(); after a rejected or broken
+//                  version it stays invalid until a later version (in
+//                  practice a FULL one) is committed.
 //
 // Protocol (receiver side): Begin(manifest), then for a FULL manifest every
 // bucket is written (MutableBucket() for zero-copy receipt, or
@@ -50,6 +53,23 @@ namespace tandem::weights {
 
 enum class StagingMode { kDoubleBuffer, kInplace };
 
+// Pauses the readers of a kInplace buffer while a transport writes into it.
+// StagingWeights calls BeginWrite() from Begin(), after the manifest passed
+// its checks and before any byte is written: it blocks until no reader
+// uses the buffer and keeps readers out; an error fails Begin() with
+// nothing written. EndWrite() follows when the version is committed
+// (`live` = its version: readers may resume) or dropped (rejected,
+// aborted: `live` empty; the buffer holds no valid weights and readers
+// must stay out until a later EndWrite with a version). Called on the
+// receiving thread; EndWrite may be called with StagingWeights' internal
+// mutex held, so a gate must never call back into the StagingWeights.
+class InplaceWriteGate {
+ public:
+  virtual ~InplaceWriteGate() = default;
+  virtual absl::Status BeginWrite(uint64_t version) = 0;
+  virtual void EndWrite(std::optional<uint64_t> live) = 0;
+};
+
 struct LiveWeights {
   absl::Span<const uint8_t> bytes;
   std::optional<uint64_t> version;  // empty: no valid weights yet
@@ -73,6 +93,23 @@ class StagingWeights {
 
   const FlatWeightLayout& layout() const { return layout_; }
   StagingMode mode() const { return mode_; }
+
+  // kInplace only: the gate that pauses the buffer's readers (see
+  // InplaceWriteGate). REQUIRES: set before the first Begin(); `gate`
+  // outlives this object or is reset to nullptr first.
+  void SetInplaceGate(InplaceWriteGate* gate);
+
+  // kInplace only: the one buffer (its address never changes), for
+  // building tensors that view the live weights and for filling it with
+  // the initial weights before the first Begin(). Empty in kDoubleBuffer
+  // mode. Writing to it after Begin() bypasses verification: don't.
+  absl::Span<uint8_t> inplace_buffer();
+
+  // kInplace: true from Begin() until the next Commit(): the buffer was
+  // (partly) overwritten and holds no verified version, so readers must
+  // not use it until a version is received again. Always false in
+  // kDoubleBuffer mode.
+  bool live_lost() const;
 
   // ---- Receiver side ----
 
@@ -149,6 +186,8 @@ class StagingWeights {
   std::vector<bool> bucket_done_ ABSL_GUARDED_BY(mu_);
   uint32_t buckets_left_ ABSL_GUARDED_BY(mu_) = 0;
   StagingStats stats_ ABSL_GUARDED_BY(mu_);
+  InplaceWriteGate* gate_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool live_lost_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace tandem::weights

@@ -1,5 +1,6 @@
 #include "services/rollout/rollout_config.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/cluster/member_daemon.h"
 
 namespace tandem::rollout {
@@ -36,8 +37,10 @@ void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config) {
                   "cache or recompute it.");
   schema->AddEnum("engine.update_mode", &config->update_mode,
                   {"staged", "inplace"},
-                  "staged receives into a second buffer and swaps pointers; "
-                  "inplace copies into the live weights during the pause.");
+                  "staged receives into a second buffer and swaps pointers "
+                  "at a step boundary; inplace holds one copy: the engine "
+                  "parks at a step boundary while a version is received "
+                  "into the live weights (needs update_policy inflight).");
   schema->AddInt("prefetch_prompts", &config->prefetch_prompts, 1, 1 << 20,
                  "Leased prompts kept queued ahead of the engine.");
 
@@ -49,12 +52,21 @@ void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config) {
                   "from the trainer's weight server.");
   schema->AddString("weight_sync.bind_host", &config->weight_sync_bind_host,
                     "Address Gloo binds for broadcast pairs on this host.");
-  schema->AddInt("weight_sync.timeout_ms", &config->weight_sync_timeout_ms,
-                 100, 3600000,
+  schema->AddInt("weight_sync.timeout_ms", &config->weight_sync_timeout_ms, 100,
+                 3600000,
                  "Deadline of a broadcast rendezvous and of every collective "
                  "(ms); a dead peer aborts the group after it.");
 }
 
-absl::Status Validate(const RolloutConfig& config) { return absl::OkStatus(); }
+absl::Status Validate(const RolloutConfig& config) {
+  if (config.update_mode == "inplace" && config.update_policy != "inflight") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "engine.update_mode inplace needs engine.update_policy inflight, got ",
+        config.update_policy,
+        ": the receiver writes into the live weights, so the engine cannot "
+        "keep decoding while it drains"));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace tandem::rollout

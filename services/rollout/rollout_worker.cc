@@ -59,9 +59,8 @@ absl::StatusOr<std::unique_ptr<RolloutWorker>> RolloutWorker::Create(
   std::unique_ptr<RolloutWorker> w(new RolloutWorker(config));
   if (!config.model_path.empty() &&
       !std::filesystem::exists(config.model_path + "/config.json")) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model_path: no config.json in '", config.model_path,
-                     "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model_path: no config.json in '", config.model_path, "'"));
   }
   RolloutWorker* self = w.get();
   ASSIGN_OR_RETURN(
@@ -101,28 +100,41 @@ absl::Status RolloutWorker::LoadModelAndEngine() {
   Log()->info("model: {}", w->model_.description);
   w->engine_model_ = std::make_unique<TorchEngineModel>(w->model_.decoder,
                                                         w->model_.max_tokens);
-  w->weight_source_ = std::make_unique<StagedWeightSource>(
-      w->model_.decoder, config.update_mode == "inplace"
-                             ? StagedWeightSource::Mode::kInplace
-                             : StagedWeightSource::Mode::kStaged);
-  w->engine_ = std::make_unique<Engine>(
-      ToEngineOptions(config, w->model_.eos_token_ids), w->engine_model_.get(),
-      w->weight_source_.get(), 0);
+  WeightUpdateSource* source = nullptr;
+  if (config.update_mode == "inplace") {
+    // One copy of the weights: the model's tensors become views of the
+    // buffer the transports receive into.
+    ASSIGN_OR_RETURN(w->inplace_source_,
+                     InplaceWeightSource::Create(w->model_.decoder, 0));
+    source = w->inplace_source_.get();
+    Log()->info(
+        "update_mode inplace: one copy of the weights ({} bytes, "
+        "flat buffer); the engine parks while a version is received",
+        w->inplace_source_->staging()->layout().total_bytes());
+  } else {
+    w->weight_source_ = std::make_unique<StagedWeightSource>(w->model_.decoder);
+    source = w->weight_source_.get();
+  }
+  w->engine_ =
+      std::make_unique<Engine>(ToEngineOptions(config, w->model_.eos_token_ids),
+                               w->engine_model_.get(), source, 0);
   cluster::MemberSession* session = &w->member_->session();
   auto member_id = [session] { return session->member_id(); };
   WeightSyncOptions sync;
-  sync.mode = config.weight_sync == "pull" ? WeightSyncOptions::Mode::kPull
-                                           : WeightSyncOptions::Mode::kBroadcast;
+  sync.mode = config.weight_sync == "pull"
+                  ? WeightSyncOptions::Mode::kPull
+                  : WeightSyncOptions::Mode::kBroadcast;
   sync.coordinator = session->stub();
   sync.member_id = member_id;
   sync.bind_host = config.weight_sync_bind_host;
   sync.timeout = absl::Milliseconds(config.weight_sync_timeout_ms);
   sync.metrics = w->weight_sync_metrics_.get();
-  ASSIGN_OR_RETURN(w->subscriber_,
-                   WeightSubscriber::Create(
-                       w->model_.decoder, w->weight_source_.get(),
-                       [self] { return self->TrainerAddress(); }, 0,
-                       std::move(sync)));
+  if (w->inplace_source_) sync.inplace_staging = w->inplace_source_->staging();
+  ASSIGN_OR_RETURN(
+      w->subscriber_,
+      WeightSubscriber::Create(
+          w->model_.decoder, w->weight_source_.get(),
+          [self] { return self->TrainerAddress(); }, 0, std::move(sync)));
   return absl::OkStatus();
 }
 
@@ -240,27 +252,27 @@ void RolloutWorker::PublishStatus() {
       submitter_->pending() == 0 && prefetcher_->depth() == 0;
   bool return_prefetched = false;
   {
-  absl::MutexLock lock(&mu_);
-  snapshot_ = snap;
-  const absl::Time now = absl::Now();
-  const absl::Duration window = now - rate_since_;
-  if (window >= absl::Seconds(1)) {
-    tokens_per_second_ =
-        static_cast<double>(snap.generated_tokens - rate_tokens_) /
-        absl::ToDoubleSeconds(window);
-    rate_tokens_ = snap.generated_tokens;
-    rate_since_ = now;
-  }
-  if (state_ == tandem::v1::ROLLOUT_STATE_DRAINING && engine_->idle()) {
-    if (nothing_undelivered) {
-      state_ = tandem::v1::ROLLOUT_STATE_DRAINED;
-      metrics_.paused.Set(1);
-      Log()->info("drained: no sequence in flight, every sample delivered");
-    } else {
-      // Leases that arrived after leasing stopped go back too.
-      return_prefetched = true;
+    absl::MutexLock lock(&mu_);
+    snapshot_ = snap;
+    const absl::Time now = absl::Now();
+    const absl::Duration window = now - rate_since_;
+    if (window >= absl::Seconds(1)) {
+      tokens_per_second_ =
+          static_cast<double>(snap.generated_tokens - rate_tokens_) /
+          absl::ToDoubleSeconds(window);
+      rate_tokens_ = snap.generated_tokens;
+      rate_since_ = now;
     }
-  }
+    if (state_ == tandem::v1::ROLLOUT_STATE_DRAINING && engine_->idle()) {
+      if (nothing_undelivered) {
+        state_ = tandem::v1::ROLLOUT_STATE_DRAINED;
+        metrics_.paused.Set(1);
+        Log()->info("drained: no sequence in flight, every sample delivered");
+      } else {
+        // Leases that arrived after leasing stopped go back too.
+        return_prefetched = true;
+      }
+    }
   }
   if (return_prefetched && prefetcher_->depth() > 0) {
     prefetcher_->ReturnQueued("drain");
@@ -316,6 +328,7 @@ void RolloutWorker::GenerationLoop() {
       continue;
     }
     if (!step.ok()) {
+      if (stopping_) break;  // e.g. parked for an in-place update
       Log()->error("engine step failed: {}; returning in-flight leases",
                    step.status().ToString());
       prefetcher_->Return(engine_->AbortAll(), "engine error");
@@ -483,8 +496,8 @@ grpc::ServerUnaryReactor* RolloutWorker::Drain(
   if (context->deadline() <
       std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
     const absl::Time deadline = absl::FromChrono(context->deadline());
-    answer_by = deadline - std::min(absl::Milliseconds(200),
-                                    (deadline - now) / 10);
+    answer_by =
+        deadline - std::min(absl::Milliseconds(200), (deadline - now) / 10);
   }
   bool answer_now = false;
   {
@@ -529,6 +542,8 @@ void RolloutWorker::Stop(absl::Duration deadline) {
   };
   const absl::Time stop_start = phase_start;
   if (loader_thread_.joinable()) loader_thread_.join();
+  // An engine parked for an in-place update must not wait for the weights.
+  if (inplace_source_) inplace_source_->Shutdown();
   if (generation_thread_.joinable()) generation_thread_.join();
   AnswerDrainWaiters(/*all=*/true);
   const double generation_s = phase();
@@ -550,6 +565,15 @@ void RolloutWorker::Stop(absl::Duration deadline) {
     member_->Shutdown(std::max(give_up - absl::Now(), absl::ZeroDuration()));
   }
   const double leave_s = phase();
+  if (inplace_source_) {
+    const InplaceWeightSource::Stats s = inplace_source_->stats();
+    Log()->info(
+        "in-place updates: {} writes ({} invalidated), engine park wait mean "
+        "{:.2f} ms, max {:.2f} ms",
+        s.writes, s.invalidations,
+        s.writes == 0 ? 0.0 : 1000 * s.total_park_wait_seconds / s.writes,
+        1000 * s.max_park_wait_seconds);
+  }
   Log()->info(
       "stopped in {:.2f} s (generation {:.2f} s, weight sync {:.2f} s, leases "
       "and samples {:.2f} s, cluster and servers {:.2f} s)",

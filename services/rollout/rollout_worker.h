@@ -53,10 +53,6 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
   // host:port of the gRPC server (bound at Create).
   const std::string& grpc_address() const { return member_->grpc_address(); }
 
-  // The in-process weight source, for tests and the in-process trainer.
-  // REQUIRES: the model is loaded (health SERVING).
-  StagedWeightSource& weight_source() { return *weight_source_; }
-
   // Replaces LoadModel (e.g. with one that blocks, to observe LOADING).
   // REQUIRES: called before Start().
   void SetModelLoaderForTest(
@@ -123,7 +119,9 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
   RolloutMetrics metrics_;
   LoadedModel model_;
   std::unique_ptr<TorchEngineModel> engine_model_;
+  // Exactly one of the two, by engine.update_mode (staged | inplace).
   std::unique_ptr<StagedWeightSource> weight_source_;
+  std::unique_ptr<InplaceWeightSource> inplace_source_;
   std::unique_ptr<Engine> engine_;            // generation thread only
   std::map<std::string, LeaseState> leases_;  // generation thread only
   std::unique_ptr<cluster::MemberDaemon> member_;

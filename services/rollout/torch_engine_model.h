@@ -2,9 +2,11 @@
 
 // The engine's view of the shared LibTorch decoder (common/model/): an
 // EngineModel that keeps one ContiguousKvCache per sequence and runs each
-// engine step as one DecoderModel::ForwardWithCache call, and a
-// WeightUpdateSource that commits staged weights into that decoder.
-// LibTorch stays behind these two classes: this header includes none of it.
+// engine step as one DecoderModel::ForwardWithCache call, and the two
+// WeightUpdateSources that bring new weights into that decoder (staged:
+// swap a second copy in; inplace: one copy, written while the engine is
+// parked). LibTorch stays behind these classes: this header includes none
+// of it.
 
 #include <cstdint>
 #include <map>
@@ -13,6 +15,9 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/weights/flat_weight_layout.h"
+#include "common/weights/staging_weights.h"
 #include "services/rollout/engine/engine_model.h"
 
 namespace tandem::tokenizer {
@@ -65,28 +70,111 @@ class TorchEngineModel : public EngineModel {
 };
 
 // Weights staged by a transport (any thread) and committed by the engine
-// thread at a step boundary. In staged mode Commit swaps pointers (the
-// pause does not depend on model size); in inplace mode the staged values
-// are copied into the live tensors during the pause (one copy of the
-// weights in memory once the staged buffer is dropped).
+// thread at a step boundary: Commit swaps pointers, so the pause does not
+// depend on model size. Memory: the live weights, the transport's staging
+// buffer (two flat copies when it double-buffers) and the staged
+// ModelWeights. For one copy, see InplaceWeightSource.
 class StagedWeightSource : public WeightUpdateSource {
  public:
-  enum class Mode { kStaged, kInplace };
-  StagedWeightSource(std::shared_ptr<model::DecoderModel> model, Mode mode);
+  explicit StagedWeightSource(std::shared_ptr<model::DecoderModel> model);
   ~StagedWeightSource() override;
 
   // Thread-safe. Replaces any older staged version.
   void Stage(uint64_t version, std::shared_ptr<model::ModelWeights> weights);
 
   uint64_t ReadyVersion(uint64_t live) override;
-  absl::Status Commit(uint64_t version) override;
+  absl::StatusOr<uint64_t> Commit(uint64_t version) override;
 
  private:
   std::shared_ptr<model::DecoderModel> model_;
-  const Mode mode_;
   absl::Mutex mu_;
   uint64_t staged_version_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<model::ModelWeights> staged_ ABSL_GUARDED_BY(mu_);
+};
+
+// The `inplace` update mode: the worker holds ONE copy of the weights. The
+// model's live tensors are views (same dtype, shape and byte offset as the
+// flat layout, 64-byte aligned) into the single buffer of a kInplace
+// StagingWeights, and transports receive straight into that buffer. This
+// source is the buffer's InplaceWriteGate:
+//
+//   receiver: Begin(v) -> BeginWrite(v): asks the engine to park and waits
+//             until it is outside a step (at most the forward pass under
+//             way); writes and verifies every bucket; Commit() ->
+//             EndWrite(v): the engine resumes and its tokens carry v.
+//   engine:   ReadyVersion() is non-zero while a writer holds the buffer or
+//             the buffer is invalid; Commit() then blocks (the pause) until
+//             a verified version is in place, and returns it.
+//
+// A version that fails verification (or a transfer that breaks after the
+// first byte) leaves the buffer invalid: the engine stays parked and never
+// generates with it, until the receiver commits a verified version (the
+// subscriber pulls a full copy of the latest at once). With one copy there
+// is nothing to fall back to.
+//
+// Thread-safety: the engine thread calls the WeightUpdateSource methods,
+// one receiving thread the gate methods (through StagingWeights); other
+// methods from any thread.
+class InplaceWeightSource : public WeightUpdateSource,
+                            public weights::InplaceWriteGate {
+ public:
+  // Copies `model`'s live weights into a new flat buffer (the layout of
+  // weights::LayoutForModel with `layout`) and makes the model's weights
+  // views of it; the original tensors are released (unless someone else
+  // holds them). `live_version` is the version of those weights.
+  static absl::StatusOr<std::unique_ptr<InplaceWeightSource>> Create(
+      std::shared_ptr<model::DecoderModel> model, uint64_t live_version,
+      const weights::LayoutOptions& layout = {});
+  ~InplaceWeightSource() override;
+
+  // The buffer the receiver writes into. The model's tensors share its
+  // ownership, so it lives as long as any of them.
+  const std::shared_ptr<weights::StagingWeights>& staging() const {
+    return staging_;
+  }
+
+  // Ends every wait for good: a parked engine's Commit() returns Cancelled,
+  // and BeginWrite() no longer waits for the engine (it fails if the engine
+  // is inside a step). For shutdown; idempotent.
+  void Shutdown();
+
+  struct Stats {
+    uint64_t writes = 0;               // versions whose writing began
+    uint64_t invalidations = 0;        // writes that ended without a version
+    double max_park_wait_seconds = 0;  // longest wait for the engine
+    double total_park_wait_seconds = 0;
+  };
+  Stats stats() const;
+
+  // WeightUpdateSource (engine thread).
+  uint64_t ReadyVersion(uint64_t live) override;
+  absl::StatusOr<uint64_t> Commit(uint64_t version) override;
+  void StepDone() override;
+
+  // weights::InplaceWriteGate (receiving thread).
+  absl::Status BeginWrite(uint64_t version) override;
+  void EndWrite(std::optional<uint64_t> live) override;
+
+ private:
+  InplaceWeightSource(std::shared_ptr<model::DecoderModel> model,
+                      std::shared_ptr<weights::StagingWeights> staging,
+                      uint64_t live_version);
+
+  const std::shared_ptr<model::DecoderModel> model_;
+  const std::shared_ptr<weights::StagingWeights> staging_;
+
+  mutable absl::Mutex mu_;
+  // The engine may be reading the weights (from a ReadyVersion() that
+  // returned 0, or a Commit() that returned, until StepDone()).
+  bool engine_in_step_ ABSL_GUARDED_BY(mu_) = false;
+  // A receiver holds the buffer (BeginWrite .. EndWrite).
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  // The buffer holds verified weights of live_version_.
+  bool valid_ ABSL_GUARDED_BY(mu_) = true;
+  uint64_t live_version_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t writing_version_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  Stats stats_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::rollout

@@ -51,6 +51,10 @@ absl::StatusOr<std::unique_ptr<WeightSubscriber>> WeightSubscriber::Create(
   s->options_ = std::move(options);
   s->received_version_ = live_version;
   s->status_.received_version = live_version;
+  if (s->options_.inplace_staging != nullptr) {
+    s->staging_ = s->options_.inplace_staging;
+    return s;
+  }
   ASSIGN_OR_RETURN(weights::FlatWeightLayout layout,
                    weights::LayoutForModel(*s->model_->weights()));
   ASSIGN_OR_RETURN(s->staging_,
@@ -114,6 +118,10 @@ WeightSyncStatus WeightSubscriber::sync_status() const {
 void WeightSubscriber::Run() {
   const bool broadcast = options_.mode == WeightSyncOptions::Mode::kBroadcast;
   while (!stopping()) {
+    if (staging_->live_lost()) {
+      RecoverLostWeights();
+      continue;
+    }
     ClusterView view;
     if (broadcast && Poll(&view)) {
       const int rank = RankIn(view.group);
@@ -341,24 +349,41 @@ void WeightSubscriber::PullOnce(const std::string& address,
   }
 }
 
+void WeightSubscriber::RecoverLostWeights() {
+  std::string address = address_();
+  if (address.empty()) address = pull_address_;
+  if (address.empty()) {
+    absl::SleepFor(absl::Milliseconds(200));
+    return;
+  }
+  Log()->warn(
+      "live weights lost (in-place version not verified); the "
+      "engine stays parked while the latest full version is pulled "
+      "from {}",
+      address);
+  PullOnce(address, absl::Now() + absl::Seconds(2));
+}
+
 void WeightSubscriber::Deliver(uint64_t version,
                                weights::SyncTransport transport,
                                absl::Time started, uint64_t bytes_before) {
   absl::Status status = staging_->Commit().status();
-  absl::StatusOr<std::shared_ptr<model::ModelWeights>> weights;
-  if (status.ok()) {
-    weights = weights::UnflattenModel(model_->weights()->config(),
-                                      staging_->layout(),
-                                      staging_->live().bytes);
+  absl::StatusOr<std::shared_ptr<model::ModelWeights>> weights = nullptr;
+  // Inplace: the commit released the engine; nothing to stage.
+  if (status.ok() && staging_->mode() != weights::StagingMode::kInplace) {
+    weights =
+        weights::UnflattenModel(model_->weights()->config(), staging_->layout(),
+                                staging_->live().bytes);
     status = weights.status();
   }
   if (!status.ok()) {
-    if (options_.metrics != nullptr) options_.metrics->RecordRejected(transport);
+    if (options_.metrics != nullptr)
+      options_.metrics->RecordRejected(transport);
     Log()->warn("policy version {} rejected: {}", version, status.ToString());
     return;
   }
   const absl::Time staged = absl::Now();
-  source_->Stage(version, *std::move(weights));
+  if (*weights != nullptr) source_->Stage(version, *std::move(weights));
   const std::string digest = weights::WeightsDigest(
       staging_->layout().BucketCrcs(staging_->live().bytes));
   const std::optional<v1::WeightManifest> manifest = staging_->live_manifest();
@@ -377,8 +402,7 @@ void WeightSubscriber::Deliver(uint64_t version,
                        absl::FromUnixMillis(manifest->published_unix_ms()))
             : started;
     options_.metrics->RecordVersion(weights::SyncDirection::kReceived,
-                                    transport, full,
-                                    static_cast<double>(bytes),
+                                    transport, full, static_cast<double>(bytes),
                                     absl::ToDoubleSeconds(staged - began));
     if (manifest->published_unix_ms() > 0) {
       options_.metrics->RecordPublishToStaged(
@@ -391,7 +415,8 @@ void WeightSubscriber::Deliver(uint64_t version,
   absl::MutexLock lock(&mu_);
   if (manifest.has_value() && manifest->published_unix_ms() > 0) {
     published_ms_[version] = manifest->published_unix_ms();
-    while (published_ms_.size() > 16) published_ms_.erase(published_ms_.begin());
+    while (published_ms_.size() > 16)
+      published_ms_.erase(published_ms_.begin());
   }
   received_version_ = version;
   ++versions_received_;

@@ -73,6 +73,12 @@ struct WeightSyncOptions {
   absl::Duration resend_wait = absl::Seconds(2);
   // Optional metrics (must outlive the subscriber).
   weights::WeightSyncMetrics* metrics = nullptr;
+  // engine.update_mode inplace: receive straight into this kInplace
+  // staging (InplaceWeightSource::staging(), whose gate parks the engine)
+  // instead of a double buffer; nothing is staged in `source` then (which
+  // may be null). A version lost half-written is replaced by pulling a
+  // full copy at once (RecoverLostWeights).
+  std::shared_ptr<weights::StagingWeights> inplace_staging;
 };
 
 // What the subscriber holds, for status output.
@@ -131,6 +137,10 @@ class WeightSubscriber {
   // Pull path: waits until `deadline` for a version newer than the staged
   // one from the trainer at `address`; stages it.
   void PullOnce(const std::string& address, absl::Time deadline);
+  // Inplace mode: the live buffer was overwritten by a version that did
+  // not verify (or broke off); the engine stays parked until this pulls a
+  // full copy of the latest version.
+  void RecoverLostWeights();
   // Commits the received version in staging and hands it to the engine.
   void Deliver(uint64_t version, weights::SyncTransport transport,
                absl::Time started, uint64_t bytes_before);
@@ -139,7 +149,7 @@ class WeightSubscriber {
   StagedWeightSource* source_ = nullptr;
   std::function<std::string()> address_;
   WeightSyncOptions options_;
-  std::unique_ptr<weights::StagingWeights> staging_;
+  std::shared_ptr<weights::StagingWeights> staging_;
   std::thread thread_;
 
   // Receiver thread only.

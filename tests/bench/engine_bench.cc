@@ -119,7 +119,7 @@ Result RunOnce(
                            absl::Milliseconds(flags.flat_step_ms));
   EngineModel* engine_model = &torch_model;
   if (flags.flat_step_ms > 0) engine_model = &flat_model;
-  StagedWeightSource source(decoder, StagedWeightSource::Mode::kStaged);
+  StagedWeightSource source(decoder);
   EngineOptions options;
   options.limits.max_num_seqs = flags.batch;
   options.limits.max_batched_tokens = 4096;

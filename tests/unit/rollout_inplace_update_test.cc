@@ -1,18 +1,22 @@
-// The rollout worker's `update_mode: inplace` (StagedWeightSource::Mode::
-// kInplace): at the step boundary the staged version's values are copied
-// into the live tensors (same storage, no pointer swap); afterwards the live
-// weights equal the new version bit for bit, the engine's version is bumped
-// and generation continues under the new weights (with kv_policy recompute
-// every later log-prob equals the new weights' full forward).
+// The rollout worker's `update_mode: inplace` (InplaceWeightSource): the
+// model's live tensors are views of the one flat buffer that transports
+// receive into (no second copy), a version received into it while the
+// engine is parked becomes live bit for bit with a version bump, a version
+// that fails verification is never generated with (the engine stays parked
+// until a verified version is committed), and a writer waits at most for
+// the step under way, with no step running while it writes.
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/model/decoder_model.h"
 #include "common/model/model_weights.h"
+#include "common/weights/model_flattening.h"
 #include "services/rollout/engine/engine.h"
 #include "services/rollout/torch_engine_model.h"
 #include "tests/unit/model_test_util.h"
@@ -55,26 +59,86 @@ std::vector<float> FullForwardLogProbs(
   return out;
 }
 
-TEST_CASE("inplace update: live weights become the new version bit for bit, "
-          "the version bumps and generation follows the new weights") {
-  const model::WeightDType dtype = GENERATE(model::WeightDType::kFloat32,
-                                            model::WeightDType::kBFloat16);
-  INFO("dtype " << model::WeightDTypeName(dtype));
-  auto decoder = std::make_shared<model::DecoderModel>(Weights(1, dtype));
-  const model::ModelWeights* live = decoder->weights().get();
-  std::map<std::string, const void*> storage;
-  for (const auto& [name, tensor] : live->tensors()) {
-    storage[name] = tensor.data_ptr();
+// Receives `weights` as version `version` into `staging` the way a
+// transport does: Begin (which parks the engine), every bucket written and
+// verified, Commit (which releases it). `corrupt_bucket` >= 0 flips one
+// byte of that bucket on the wire. Returns the first error.
+absl::Status Receive(weights::StagingWeights* staging,
+                     const model::ModelWeights& weights, uint64_t version,
+                     int corrupt_bucket = -1) {
+  const weights::FlatWeightLayout& layout = staging->layout();
+  auto flat = weights::FlattenModel(weights, layout);
+  REQUIRE(flat.ok());
+  auto manifest = layout.BuildManifest(absl::MakeConstSpan(**flat), version);
+  REQUIRE(manifest.ok());
+  if (absl::Status s = staging->Begin(*manifest); !s.ok()) return s;
+  for (const weights::BucketRange& b : layout.buckets()) {
+    std::vector<uint8_t> bytes((*flat)->begin() + b.offset,
+                               (*flat)->begin() + b.offset + b.size);
+    if (static_cast<int>(b.index) == corrupt_bucket) bytes[b.size / 2] ^= 0x40;
+    if (absl::Status s = staging->WriteBucketChunk(b.index, 0, bytes);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = staging->FinishBucket(b.index); !s.ok()) return s;
   }
-  TorchEngineModel engine_model(decoder, 256);
-  StagedWeightSource source(decoder, StagedWeightSource::Mode::kInplace);
+  return staging->Commit().status();
+}
+
+EngineOptions Options() {
   EngineOptions options;
   options.limits.max_num_seqs = 4;
   options.limits.max_batched_tokens = 64;
   options.num_kv_blocks = 256;
   options.block_size = 16;
+  return options;
+}
+
+// Every tensor of the live weights is a view of `staging`'s one buffer at
+// its layout offset.
+void CheckViewsOfBuffer(const model::ModelWeights& live,
+                        weights::StagingWeights* staging) {
+  const absl::Span<uint8_t> buffer = staging->inplace_buffer();
+  REQUIRE(!buffer.empty());
+  uint64_t viewed = 0;
+  for (const auto& [name, tensor] : live.tensors()) {
+    INFO(name);
+    const weights::TensorPlacement* p = staging->layout().Find(name);
+    REQUIRE(p != nullptr);
+    CHECK(tensor.data_ptr() == buffer.data() + p->offset);
+    CHECK(tensor.is_contiguous());
+    CHECK(static_cast<uint64_t>(tensor.storage().nbytes()) ==
+          p->info.byte_size);
+    viewed += p->info.byte_size;
+  }
+  // Nothing else: the weight bytes held are the buffer's.
+  CHECK(viewed <= buffer.size());
+  CHECK(static_cast<uint64_t>(live.num_bytes()) == viewed);
+}
+
+TEST_CASE(
+    "inplace update: live tensors view the one flat buffer; a version "
+    "received into it becomes live bit for bit, the version bumps and "
+    "generation follows the new weights") {
+  const model::WeightDType dtype =
+      GENERATE(model::WeightDType::kFloat32, model::WeightDType::kBFloat16);
+  INFO("dtype " << model::WeightDTypeName(dtype));
+  auto decoder = std::make_shared<model::DecoderModel>(Weights(1, dtype));
+  auto source = InplaceWeightSource::Create(decoder, 0);
+  REQUIRE(source.ok());
+  weights::StagingWeights* staging = (*source)->staging().get();
+  const model::ModelWeights* live = decoder->weights().get();
+  CheckViewsOfBuffer(*live, staging);
+  const auto initial = Weights(1, dtype);
+  for (const auto& [name, tensor] : initial->tensors()) {
+    INFO(name);
+    CHECK(torch::equal(live->tensors().at(name), tensor));
+  }
+
+  TorchEngineModel engine_model(decoder, 256);
+  EngineOptions options = Options();
   options.kv_policy = EngineOptions::KvPolicy::kRecompute;
-  Engine engine(options, &engine_model, &source, 0);
+  Engine engine(options, &engine_model, source->get(), 0);
   SamplingParams params;
   params.seed = 5;
   params.max_tokens = 10;
@@ -83,9 +147,10 @@ TEST_CASE("inplace update: live weights become the new version bit for bit, "
   for (int i = 0; i < 4; ++i) REQUIRE(engine.Step().ok());
   CHECK(engine.policy_version() == 0);
 
+  // The engine is between steps: the receiver writes at once.
   const auto next = Weights(2, dtype);
-  source.Stage(1, next);
-  CHECK(source.ReadyVersion(0) == 1);
+  REQUIRE(Receive(staging, *next, 1).ok());
+  CHECK((*source)->ReadyVersion(0) == 1);
   bool committed = false;
   std::map<std::string, FinishedSample> done;
   for (int i = 0; i < 1000 && !engine.idle(); ++i) {
@@ -99,14 +164,15 @@ TEST_CASE("inplace update: live weights become the new version bit for bit, "
   }
   REQUIRE(committed);
   CHECK(engine.policy_version() == 1);
-  CHECK(engine.Snapshot().policy_version == 1);
-  CHECK(source.ReadyVersion(1) == 0);
+  CHECK((*source)->ReadyVersion(1) == 0);
+  (*source)->StepDone();  // the probe above counts as a step boundary
 
-  // Same ModelWeights object and storage, values of the new version.
+  // Same ModelWeights object, still views of the buffer, values of the new
+  // version.
   REQUIRE(decoder->weights().get() == live);
+  CheckViewsOfBuffer(*live, staging);
   for (const auto& [name, tensor] : live->tensors()) {
     INFO(name);
-    CHECK(tensor.data_ptr() == storage.at(name));
     CHECK(tensor.dtype() == next->tensors().at(name).dtype());
     CHECK(torch::equal(tensor, next->tensors().at(name)));
   }
@@ -154,6 +220,215 @@ TEST_CASE("inplace update: live weights become the new version bit for bit, "
     INFO("token " << t);
     CHECK(b.logprobs[t] == Approx(b_lp[t]).margin(margin));
   }
+}
+
+TEST_CASE(
+    "inplace update: a version with a corrupted bucket is never "
+    "generated with; the engine stays parked until a verified version "
+    "is committed, then continues with it") {
+  const model::WeightDType dtype = model::WeightDType::kFloat32;
+  auto decoder = std::make_shared<model::DecoderModel>(Weights(1, dtype));
+  // Small buckets, so that the corrupted one is one of several.
+  auto source =
+      InplaceWeightSource::Create(decoder, 0, {.bucket_bytes = 64 << 10});
+  REQUIRE(source.ok());
+  weights::StagingWeights* staging = (*source)->staging().get();
+  REQUIRE(staging->layout().num_buckets() >= 3);
+  TorchEngineModel engine_model(decoder, 256);
+  Engine engine(Options(), &engine_model, source->get(), 0);
+  SamplingParams params;
+  params.seed = 11;
+  params.max_tokens = 12;
+  const std::vector<int32_t> prompt = {4, 8, 15, 16, 23, 42};
+  REQUIRE(engine.Add("a", prompt, params).ok());
+  for (int i = 0; i < 3; ++i) REQUIRE(engine.Step().ok());
+
+  const absl::Status bad =
+      Receive(staging, *Weights(2, dtype), 1, /*corrupt_bucket=*/1);
+  INFO(bad.ToString());
+  REQUIRE(bad.code() == absl::StatusCode::kDataLoss);
+  CHECK(staging->live_lost());
+  CHECK(!staging->live_version().has_value());
+  CHECK(staging->stats().rejected_versions == 1);
+  CHECK((*source)->stats().invalidations == 1);
+  CHECK((*source)->ReadyVersion(0) != 0);
+
+  // The next step parks at its boundary and stays parked: no token, no
+  // forward pass with the half-written weights.
+  std::atomic<bool> returned{false};
+  absl::StatusOr<StepStats> parked_step;
+  std::thread engine_thread([&] {
+    parked_step = engine.Step();
+    returned = true;
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  CHECK(!returned);
+
+  // A verified full version (the latest, v2) is received: the engine
+  // resumes with it; v1 is never live.
+  const auto good = Weights(3, dtype);
+  REQUIRE(Receive(staging, *good, 2).ok());
+  engine_thread.join();
+  REQUIRE(parked_step.ok());
+  CHECK(parked_step->committed_update);
+  CHECK(parked_step->committed_version == 2);
+  CHECK(parked_step->pause_seconds >= 0.25);
+  CHECK(engine.policy_version() == 2);
+  CHECK(!staging->live_lost());
+
+  std::map<std::string, FinishedSample> done;
+  for (auto& f : engine.TakeFinished()) done[f.request_id] = f;
+  for (int i = 0; i < 1000 && !engine.idle(); ++i) {
+    REQUIRE(engine.Step().ok());
+    for (auto& f : engine.TakeFinished()) done[f.request_id] = f;
+  }
+  const FinishedSample& s = done.at("a");
+  REQUIRE(s.spans.size() == 2);
+  CHECK(s.spans[0].policy_version == 0);
+  CHECK(s.spans[0].num_tokens == 3);
+  CHECK(s.spans[1].policy_version == 2);
+  // The live weights are v2's bytes, and a request started now follows
+  // v2's forward exactly.
+  for (const auto& [name, tensor] : decoder->weights()->tensors()) {
+    INFO(name);
+    CHECK(torch::equal(tensor, good->tensors().at(name)));
+  }
+  REQUIRE(engine.Add("b", prompt, params).ok());
+  for (int i = 0; i < 1000 && !engine.idle(); ++i) {
+    REQUIRE(engine.Step().ok());
+    for (auto& f : engine.TakeFinished()) done[f.request_id] = f;
+  }
+  const FinishedSample& b = done.at("b");
+  REQUIRE(b.spans.size() == 1);
+  CHECK(b.spans[0].policy_version == 2);
+  const auto b_lp = FullForwardLogProbs(good, prompt, b.output);
+  for (size_t t = 0; t < b.output.size(); ++t) {
+    INFO("token " << t);
+    CHECK(b.logprobs[t] == Approx(b_lp[t]).margin(1e-4));
+  }
+}
+
+// Counts forward passes begun and ended around the real model.
+class CountingModel : public EngineModel {
+ public:
+  explicit CountingModel(EngineModel* inner) : inner_(inner) {}
+  int32_t vocab_size() const override { return inner_->vocab_size(); }
+  absl::StatusOr<std::vector<float>> Forward(
+      const std::vector<ForwardChunk>& chunks) override {
+    ++begun;
+    auto out = inner_->Forward(chunks);
+    ++ended;
+    return out;
+  }
+  bool ForkCache(uint64_t src, uint64_t dst, int32_t n) override {
+    return inner_->ForkCache(src, dst, n);
+  }
+  void ReleaseCache(uint64_t id) override { inner_->ReleaseCache(id); }
+
+  std::atomic<int64_t> begun{0}, ended{0};
+
+ private:
+  EngineModel* const inner_;
+};
+
+TEST_CASE(
+    "inplace update: the writer waits at most for the forward pass "
+    "under way, and no forward pass runs while it writes") {
+  const model::WeightDType dtype = model::WeightDType::kFloat32;
+  auto decoder = std::make_shared<model::DecoderModel>(Weights(1, dtype));
+  auto source = InplaceWeightSource::Create(decoder, 0);
+  REQUIRE(source.ok());
+  weights::StagingWeights* staging = (*source)->staging().get();
+  TorchEngineModel torch_model(decoder, 256);
+  CountingModel counting(&torch_model);
+  Engine engine(Options(), &counting, source->get(), 0);
+  std::atomic<bool> stop{false};
+  std::atomic<bool> failed{false};
+  std::atomic<uint64_t> last_version{0};
+  // Catch2 assertions are not thread-safe: the engine thread sets `failed`.
+  std::thread engine_thread([&] {
+    int request = 0;
+    while (!stop && !failed) {
+      if (engine.idle()) {
+        SamplingParams params;
+        params.seed = 1 + request;
+        params.max_tokens = 40;
+        params.n = 4;
+        if (!engine
+                 .Add(std::to_string(request++), {5, 6, 7, 8, 9, 10, 11},
+                      params)
+                 .ok()) {
+          failed = true;
+        }
+      }
+      if (!engine.Step().ok()) failed = true;
+      last_version = engine.policy_version();
+      engine.TakeFinished();
+    }
+  });
+  for (uint64_t v = 1; v <= 5; ++v) {
+    INFO("version " << v);
+    while (!failed && counting.ended < static_cast<int64_t>(10 * v)) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    REQUIRE(!failed);
+    const auto next = Weights(10 + v, dtype);
+    const auto flat = weights::FlattenModel(*next, staging->layout());
+    REQUIRE(flat.ok());
+    auto manifest =
+        staging->layout().BuildManifest(absl::MakeConstSpan(**flat), v);
+    REQUIRE(manifest.ok());
+    const int64_t begun_before = counting.begun;
+    REQUIRE(staging->Begin(*manifest).ok());  // parks the engine
+    // At most the step that had already passed its boundary ran a forward.
+    const int64_t begun_parked = counting.begun;
+    CHECK(begun_parked <= begun_before + 1);
+    CHECK(counting.ended == begun_parked);
+    for (const weights::BucketRange& b : staging->layout().buckets()) {
+      REQUIRE(staging
+                  ->WriteBucketChunk(
+                      b.index, 0,
+                      absl::MakeConstSpan(**flat).subspan(b.offset, b.size))
+                  .ok());
+      absl::SleepFor(absl::Milliseconds(20));  // a slow transfer
+      REQUIRE(staging->FinishBucket(b.index).ok());
+    }
+    CHECK(counting.begun == begun_parked);  // nothing ran while writing
+    REQUIRE(staging->Commit().ok());
+    while (!failed && last_version < v) absl::SleepFor(absl::Milliseconds(1));
+    REQUIRE(!failed);
+  }
+  stop = true;
+  engine_thread.join();
+  const InplaceWeightSource::Stats stats = (*source)->stats();
+  CHECK(stats.writes == 5);
+  CHECK(stats.invalidations == 0);
+  INFO("park wait max " << stats.max_park_wait_seconds << " s");
+  CHECK(engine.policy_version() == 5);
+}
+
+TEST_CASE(
+    "inplace update: shutdown releases an engine parked on lost "
+    "weights with an error instead of generating") {
+  auto decoder = std::make_shared<model::DecoderModel>(
+      Weights(1, model::WeightDType::kFloat32));
+  auto source = InplaceWeightSource::Create(decoder, 0);
+  REQUIRE(source.ok());
+  weights::StagingWeights* staging = (*source)->staging().get();
+  TorchEngineModel engine_model(decoder, 256);
+  Engine engine(Options(), &engine_model, source->get(), 0);
+  SamplingParams params;
+  params.max_tokens = 4;
+  REQUIRE(engine.Add("a", {1, 2, 3}, params).ok());
+  REQUIRE(Receive(staging, *Weights(2, model::WeightDType::kFloat32), 1, 0)
+              .code() == absl::StatusCode::kDataLoss);
+  absl::StatusOr<StepStats> step;
+  std::thread engine_thread([&] { step = engine.Step(); });
+  absl::SleepFor(absl::Milliseconds(100));
+  (*source)->Shutdown();
+  engine_thread.join();
+  CHECK(step.status().code() == absl::StatusCode::kCancelled);
+  CHECK(engine.Snapshot().generated_tokens == 0);
 }
 
 }  // namespace

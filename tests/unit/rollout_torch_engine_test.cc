@@ -82,7 +82,7 @@ TEST_CASE(
     "torch engine: inflight swap with recompute matches the new weights") {
   auto decoder = std::make_shared<model::DecoderModel>(Weights(1));
   TorchEngineModel m(decoder, 256);
-  StagedWeightSource source(decoder, StagedWeightSource::Mode::kStaged);
+  StagedWeightSource source(decoder);
   EngineOptions options = Options(4);
   options.kv_policy = EngineOptions::KvPolicy::kRecompute;
   Engine e(options, &m, &source, 0);

@@ -43,7 +43,7 @@ TEST_CASE(
   auto initial = model::RandomInit(config, 1);
   REQUIRE(initial.ok());
   auto decoder = std::make_shared<model::DecoderModel>(*initial);
-  StagedWeightSource source(decoder, StagedWeightSource::Mode::kStaged);
+  StagedWeightSource source(decoder);
   TorchEngineModel engine_model(decoder, 256);
   Engine engine({}, &engine_model, &source, 0);
 

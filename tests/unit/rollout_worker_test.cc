@@ -114,6 +114,24 @@ struct Cluster {
 };
 
 TEST_CASE(
+    "Rollout worker: update_mode inplace with update_policy drain is refused "
+    "at Create, naming both keys",
+    "[rollout][worker]") {
+  RolloutConfig rc;
+  rc.server.metrics_address = "";
+  rc.update_mode = "inplace";
+  rc.update_policy = "drain";
+  auto created = RolloutWorker::Create(rc);
+  REQUIRE(!created.ok());
+  CHECK(created.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(created.status().message())
+            .find("engine.update_mode inplace needs engine.update_policy "
+                  "inflight, got drain") != std::string::npos);
+  rc.update_policy = "inflight";
+  CHECK(RolloutWorker::Create(rc).ok());
+}
+
+TEST_CASE(
     "Rollout worker: health is NOT_SERVING and state LOADING while the "
     "model loads, SERVING and RUNNING once it is loaded",
     "[rollout][worker]") {

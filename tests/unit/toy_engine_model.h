@@ -94,10 +94,10 @@ class ToyModel : public EngineModel, public WeightUpdateSource {
   uint64_t ReadyVersion(uint64_t live) override {
     return staged_ > live ? staged_ : 0;
   }
-  absl::Status Commit(uint64_t version) override {
+  absl::StatusOr<uint64_t> Commit(uint64_t version) override {
     seed_ = version;
     ++commits_;
-    return absl::OkStatus();
+    return version;
   }
   void Stage(uint64_t version) { staged_ = version; }
 

@@ -91,8 +91,8 @@ absl::Status Engine::MaybeCommitUpdate(StepStats* stats) {
     return absl::OkStatus();
   }
   const absl::Time start = absl::Now();
-  RETURN_IF_ERROR(weights_->Commit(ready));
-  version_ = ready;
+  ASSIGN_OR_RETURN(const uint64_t live, weights_->Commit(ready));
+  version_ = live;
   if (options_.kv_policy == EngineOptions::KvPolicy::kRecompute) {
     for (Sequence* seq : scheduler_.RecomputeAll()) {
       model_->ReleaseCache(seq->id);
@@ -100,7 +100,7 @@ absl::Status Engine::MaybeCommitUpdate(StepStats* stats) {
   }
   draining_for_update_ = false;
   stats->committed_update = true;
-  stats->committed_version = ready;
+  stats->committed_version = live;
   stats->pause_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   return absl::OkStatus();
 }
@@ -121,6 +121,7 @@ absl::StatusOr<StepStats> Engine::Step() {
   }
   stats.preempted = static_cast<int32_t>(plan.preempted.size());
   if (plan.chunks.empty()) {
+    if (weights_ != nullptr) weights_->StepDone();
     stats.step_seconds = absl::ToDoubleSeconds(absl::Now() - step_start);
     return stats;
   }
@@ -129,7 +130,10 @@ absl::StatusOr<StepStats> Engine::Step() {
   for (const ScheduledChunk& c : plan.chunks) {
     chunks.push_back({c.seq, c.start, c.end, c.samples()});
   }
-  ASSIGN_OR_RETURN(std::vector<float> logits, model_->Forward(chunks));
+  absl::StatusOr<std::vector<float>> forward = model_->Forward(chunks);
+  // Sampling reads only the logits: the weights are free from here on.
+  if (weights_ != nullptr) weights_->StepDone();
+  ASSIGN_OR_RETURN(std::vector<float> logits, std::move(forward));
   const int32_t vocab = model_->vocab_size();
   const absl::Time now = absl::Now();
   size_t row = 0;

@@ -39,16 +39,27 @@ class EngineModel {
 
 // Where new weights come from. The transport fills a staging buffer in the
 // background; the engine asks at each step boundary whether a version is
-// ready and, if so, commits it while generation is paused.
+// ready and, if so, commits it while generation is paused. A source that
+// writes into the live weights themselves (the inplace mode) parks the
+// engine instead: ReadyVersion() turns non-zero when a writer wants the
+// weights, and Commit() blocks until the new version is in place.
 class WeightUpdateSource {
  public:
   virtual ~WeightUpdateSource() = default;
-  // A fully received, verified version newer than `live`, or 0. Must not
-  // block.
+  // A fully received, verified version newer than `live` (or, in inplace
+  // mode, one being written), or 0. Must not block. When it returns 0 the
+  // engine reads the live weights until its next StepDone().
   virtual uint64_t ReadyVersion(uint64_t live) = 0;
-  // Makes `version` live in the model (a pointer swap in staged mode, a
-  // copy in inplace mode). Called on the engine thread between steps.
-  virtual absl::Status Commit(uint64_t version) = 0;
+  // Makes `version` live in the model (a pointer swap in staged mode; in
+  // inplace mode it waits until the writer is done) and returns the version
+  // now live: `version`, or a newer one that replaced it (inplace mode,
+  // after a rejected version was replaced by a full copy of the latest).
+  // Called on the engine thread between steps. REQUIRES: the engine reads
+  // no weights after a non-zero ReadyVersion() before Commit() returned.
+  virtual absl::StatusOr<uint64_t> Commit(uint64_t version) = 0;
+  // The engine will not read the live weights again before its next
+  // ReadyVersion() call (it ran this step's forward pass, or had none).
+  virtual void StepDone() {}
 };
 
 }  // namespace tandem::rollout
