@@ -361,7 +361,9 @@ void WeightSubscriber::RecoverLostWeights() {
       "engine stays parked while the latest full version is pulled "
       "from {}",
       address);
-  PullOnce(address, absl::Now() + absl::Seconds(2));
+  // A whole transfer's worth of time: a pull cut by its deadline would
+  // leave the buffer half-written again.
+  PullOnce(address, absl::Now() + std::max(absl::Seconds(2), options_.timeout));
 }
 
 void WeightSubscriber::Deliver(uint64_t version,
