@@ -363,7 +363,8 @@ void WeightSubscriber::RecoverLostWeights() {
       address);
   // A whole transfer's worth of time: a pull cut by its deadline would
   // leave the buffer half-written again.
-  PullOnce(address, absl::Now() + std::max(absl::Seconds(2), options_.timeout));
+  PullOnce(address,
+           absl::Now() + std::max(absl::Seconds(2), options_.timeout));
 }
 
 void WeightSubscriber::Deliver(uint64_t version,
@@ -379,8 +380,7 @@ void WeightSubscriber::Deliver(uint64_t version,
     status = weights.status();
   }
   if (!status.ok()) {
-    if (options_.metrics != nullptr)
-      options_.metrics->RecordRejected(transport);
+    if (options_.metrics != nullptr) options_.metrics->RecordRejected(transport);
     Log()->warn("policy version {} rejected: {}", version, status.ToString());
     return;
   }
@@ -404,7 +404,8 @@ void WeightSubscriber::Deliver(uint64_t version,
                        absl::FromUnixMillis(manifest->published_unix_ms()))
             : started;
     options_.metrics->RecordVersion(weights::SyncDirection::kReceived,
-                                    transport, full, static_cast<double>(bytes),
+                                    transport, full,
+                                    static_cast<double>(bytes),
                                     absl::ToDoubleSeconds(staged - began));
     if (manifest->published_unix_ms() > 0) {
       options_.metrics->RecordPublishToStaged(
@@ -417,8 +418,7 @@ void WeightSubscriber::Deliver(uint64_t version,
   absl::MutexLock lock(&mu_);
   if (manifest.has_value() && manifest->published_unix_ms() > 0) {
     published_ms_[version] = manifest->published_unix_ms();
-    while (published_ms_.size() > 16)
-      published_ms_.erase(published_ms_.begin());
+    while (published_ms_.size() > 16) published_ms_.erase(published_ms_.begin());
   }
   received_version_ = version;
   ++versions_received_;
