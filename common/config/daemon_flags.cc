@@ -15,6 +15,19 @@ extern char** environ;
 
 namespace tandem::config {
 
+std::string HostOfAddress(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos ||
+      (address.find(':') != colon && address.front() != '[')) {
+    return address;  // no port, or a bare IPv6 address
+  }
+  std::string host = address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
 void AddServerOptions(ConfigSchema* schema, ServerOptions* options) {
   schema->AddString(
       "grpc_address", &options->grpc_address,

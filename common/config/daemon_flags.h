@@ -38,6 +38,10 @@ struct ServerOptions {
 // ready_file, log.level, log.format, drain_timeout_ms).
 void AddServerOptions(ConfigSchema* schema, ServerOptions* options);
 
+// The host part of a host:port address ("0.0.0.0:50051" -> "0.0.0.0",
+// "[::]:0" -> "::"); the whole string when it has no port.
+std::string HostOfAddress(const std::string& address);
+
 // What main() should do after parsing.
 struct CommandLineResult {
   bool run = false;  // false: exit with exit_code (help, --print-config, error)

@@ -205,8 +205,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   trainer->weight_sync_metrics_ =
       std::make_unique<weights::WeightSyncMetrics>(*trainer->registry_);
   trainer->weight_server_ = std::make_unique<weights::WeightServerService>(
-      &trainer->store_, weights::WeightServerOptions{
-                            .metrics = trainer->weight_sync_metrics_.get()});
+      &trainer->store_,
+      weights::WeightServerOptions{
+          .metrics = trainer->weight_sync_metrics_.get(),
+          // Where the gRPC server listens, so a worker that reached gRPC
+          // (another host, a container) reaches the data port too.
+          .data_host = config::HostOfAddress(config.server.grpc_address),
+          .data_port = static_cast<uint16_t>(config.weight_data_port)});
   if (config.eval.every_versions > 0) {
     ASSIGN_OR_RETURN(trainer->evaluator_,
                      HeldoutEvaluator::Create(config.eval));

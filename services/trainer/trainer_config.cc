@@ -94,6 +94,11 @@ void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config) {
                     "bind to and advertise.");
   schema->AddInt("weight_sync.store_port", &config->weight_store_port, 0, 65535,
                  "Port of the rendezvous store; 0 = any free port.");
+  schema->AddInt("weight_sync.data_port", &config->weight_data_port, 0, 65535,
+                 "Port of the raw TCP data path that serves catch-up pulls "
+                 "(bound on grpc_address's host, announced to pulling "
+                 "workers, who fall back to the gRPC stream when they cannot "
+                 "reach it); 0 = any free port.");
   schema->AddInt("weight_sync.timeout_ms", &config->weight_broadcast_timeout_ms,
                  100, 3600000,
                  "Deadline of each broadcast rendezvous and collective (ms); "

@@ -55,6 +55,7 @@ struct TrainerConfig {
   // Address the rendezvous store listens on and advertises; port 0 = any.
   std::string weight_store_host = "127.0.0.1";
   int64_t weight_store_port = 0;
+  int64_t weight_data_port = 0;
   // Deadline of each broadcast rendezvous and collective (ms).
   int64_t weight_broadcast_timeout_ms = 10000;
   // ---- Sparse delta sync (weight_sync.*), bfloat16 publishing only ----

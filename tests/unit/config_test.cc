@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/config/config_schema.h"
+#include "common/config/daemon_flags.h"
 
 namespace tandem::config {
 namespace {
@@ -182,6 +183,15 @@ TEST_CASE("environment variable names derive from key paths") {
         "TANDEM_COORDINATOR_ADDRESS");
   CHECK(ConfigSchema::EnvName("engine.max_num_seqs") ==
         "TANDEM_ENGINE_MAX_NUM_SEQS");
+}
+
+TEST_CASE("HostOfAddress takes the host of a listen address") {
+  CHECK(HostOfAddress("0.0.0.0:50051") == "0.0.0.0");
+  CHECK(HostOfAddress("trainer:0") == "trainer");
+  CHECK(HostOfAddress("[::]:0") == "::");
+  CHECK(HostOfAddress("[::1]:8080") == "::1");
+  CHECK(HostOfAddress("localhost") == "localhost");
+  CHECK(HostOfAddress("::1") == "::1");
 }
 
 }  // namespace
