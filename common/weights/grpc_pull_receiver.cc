@@ -195,6 +195,10 @@ absl::StatusOr<uint64_t> GrpcPullReceiver::ReceiveNext(StagingWeights* staging,
   }
   absl::StatusOr<v1::WeightManifest> manifest = Plan(staging, deadline);
   if (!manifest.ok()) return manifest.status();
+  // `deadline` bounds the wait for a newer version; a transfer that has
+  // begun gets at least transfer_timeout, so short waiting slices never cut
+  // a large payload short (it would start over at the next call).
+  deadline = std::max(deadline, absl::Now() + options_.transfer_timeout);
   absl::Status fetched = Fetch(staging, *manifest, deadline);
   if (!fetched.ok() && !IsFull(*manifest) && absl::IsNotFound(fetched)) {
     // The delta was not retained after all: fall back to the full copy.

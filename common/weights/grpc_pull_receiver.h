@@ -3,7 +3,8 @@
 // GrpcPullReceiver: the worker's end of the catch-up (pull) path, a
 // WeightReceiver over the tandem.v1.WeightServer service (weight_server.h).
 //
-// ReceiveNext() asks for the latest manifest and stages, in order of
+// ReceiveNext() waits (until its deadline) for a manifest newer than the
+// live version, then stages, in order of
 // preference: the next delta on the live version (when live is at or past
 // the latest anchor, or the version just before it: the server may hold a
 // delta for an anchor too), otherwise the newest full version the server
@@ -44,6 +45,10 @@ struct PullOptions {
   int max_attempts = 5;
   // How often to ask for a newer version while waiting.
   absl::Duration poll_interval = absl::Milliseconds(100);
+  // ReceiveNext's deadline bounds the wait for a newer version; once the
+  // transfer of one has begun it may run until at least this long after it
+  // began (Cancel() still stops it at once).
+  absl::Duration transfer_timeout = absl::Seconds(60);
   // Use the server's raw data path when it announces one.
   bool raw_data = true;
   // Chunk size on the raw data path; 0 (default) asks for whole buckets,

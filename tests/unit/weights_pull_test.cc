@@ -235,6 +235,45 @@ TEST_CASE("Pull path rejects a version whose bucket fails verification",
   CHECK_FALSE((*staging)->live_version().has_value());
 }
 
+TEST_CASE("A transfer that has begun is not cut by a short waiting deadline",
+          "[weights][pull]") {
+  // 64 MiB in 1 KiB gRPC messages takes far longer than the 50 ms the
+  // caller waits for a version: the receiver must finish it rather than
+  // return DeadlineExceeded and start over at its next call.
+  auto layout =
+      FlatWeightLayout::Create({{"model.embed_tokens.weight",
+                                 v1::DTYPE_BF16,
+                                 {8192, 4096},
+                                 8192 * 4096 * 2}},
+                               {.bucket_bytes = 4 << 20, .alignment = 64});
+  REQUIRE(layout.ok());
+  Loopback loop;
+  std::mt19937_64 rng(5);
+  WeightBuffer weights(layout->total_bytes());
+  testing::FillRandom(*layout, &weights, rng);
+  auto manifest = layout->BuildManifest(weights.span(), 1);
+  REQUIRE(manifest.ok());
+  REQUIRE(
+      loop.store()
+          .Put(*manifest, std::make_shared<const Bytes>(
+                              weights.data(), weights.data() + weights.size()))
+          .ok());
+  auto staging = StagingWeights::Create(*layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  GrpcPullReceiver receiver(loop.channel(),
+                            {.chunk_bytes = 1024, .raw_data = false});
+  const absl::Time start = absl::Now();
+  auto got =
+      receiver.ReceiveNext(staging->get(), start + absl::Milliseconds(50));
+  const absl::Duration took = absl::Now() - start;
+  REQUIRE(got.ok());
+  CHECK(*got == 1);
+  INFO("transfer took " << absl::FormatDuration(took));
+  CHECK(took > absl::Milliseconds(50));  // else the test proves nothing
+  REQUIRE((*staging)->Commit().ok());
+  CHECK(SameBytes((*staging)->live().bytes, weights));
+}
+
 TEST_CASE(
     "Pull receiver waits for a newer version until its deadline or "
     "Cancel",
