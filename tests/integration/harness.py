@@ -151,6 +151,59 @@ def tandemctl_json(*args, timeout=15):
     return json.loads(out.stdout)
 
 
+def cluster_status(coordinator):
+    """`tandemctl status` of the coordinator at `coordinator`, as JSON."""
+    return tandemctl_json("status", "--coordinator", coordinator)
+
+
+def worker_status(address):
+    """`tandemctl worker status` of the rollout worker at `address`."""
+    return tandemctl_json("worker", "status", "--address", address)
+
+
+def as_int(message, field):
+    """An integer field of tandemctl's JSON (proto3 JSON omits zeros and
+    writes 64-bit integers as strings)."""
+    return int(message.get(field, 0))
+
+
+def wait_settled(coordinator, workers, timeout, quiet_queues=False,
+                 gap=0.0, interval=0.5):
+    """Waits until the coordinator's policy version is the same in two
+    snapshots `gap` seconds apart (and, with quiet_queues, nothing is being
+    scored, ready or trained) and every worker holds it. `workers` maps
+    names to addresses, or is a callable returning that map (addresses of
+    restarted workers change). Returns (cluster status, {name: worker
+    status}); the timeout's AssertionError shows the last snapshot."""
+    last = {}
+
+    def settled():
+        status = cluster_status(coordinator)
+        version = as_int(status, "policyVersion")
+        addresses = workers() if callable(workers) else workers
+        seen = {name: worker_status(address)
+                for name, address in addresses.items()}
+        if gap:
+            time.sleep(gap)
+        again = cluster_status(coordinator)
+        last.update(status=status, workers=seen)
+        if as_int(again, "policyVersion") != version:
+            return None
+        queues = again.get("queues", {})
+        if quiet_queues and any(as_int(queues, q) for q in (
+                "scoringSamples", "readyGroups", "trainingGroups")):
+            return None
+        if all(as_int(w, "receivedPolicyVersion") == version
+               for w in seen.values()):
+            return status, seen
+        return None
+    try:
+        return wait_for(settled, timeout, "every worker on the latest policy "
+                        "version", interval=interval)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; last snapshot: {last}") from None
+
+
 class Launcher:
     """tandem-local running a whole cluster in a temporary run directory."""
 

@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -64,16 +63,9 @@ weight_sync:
             f.write(text)
 
 
-def cluster(address):
-    return harness.tandemctl_json("status", "--coordinator", address)
-
-
-def worker(address):
-    return harness.tandemctl_json("worker", "status", "--address", address)
-
-
-def as_int(message, field):
-    return int(message.get(field, 0))
+cluster = harness.cluster_status
+worker = harness.worker_status
+as_int = harness.as_int
 
 
 def pull_one_group(address):
@@ -190,27 +182,12 @@ class InplaceWeightsTest(unittest.TestCase):
         for info in self.workers().values():
             harness.tandemctl_json("worker", "pause", "--address",
                                    info["grpc_address"])
-        last = {}
-
-        def settled():
-            status = cluster(self.coordinator)
-            version = as_int(status, "policyVersion")
-            seen = {name: worker(info["grpc_address"])
-                    for name, info in self.workers().items()}
-            again = cluster(self.coordinator)
-            last.update(status=status, workers=seen)
-            if as_int(again, "policyVersion") != version:
-                return None
-            if all(as_int(w, "receivedPolicyVersion") == version
-                   for w in seen.values()):
-                return status, seen
-            return None
         try:
-            status, seen = harness.wait_for(settled, 180,
-                                            "both workers on the latest",
-                                            interval=0.5)
+            status, seen = harness.wait_settled(
+                self.coordinator,
+                {name: info["grpc_address"]
+                 for name, info in self.workers().items()}, 180)
         except AssertionError:
-            print(last)
             self.dump()
             raise
         finally:

@@ -12,7 +12,6 @@ import os
 import shutil
 import signal
 import tempfile
-import time
 import unittest
 
 import harness
@@ -58,22 +57,14 @@ eval:
             f.write(text)
 
 
-def cluster(address):
-    return harness.tandemctl_json("status", "--coordinator", address)
-
-
-def worker(address):
-    return harness.tandemctl_json("worker", "status", "--address", address)
-
+cluster = harness.cluster_status
+worker = harness.worker_status
+as_int = harness.as_int
 
 
 def log_time(line):
     return datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S.%f").replace(
         tzinfo=datetime.timezone.utc).timestamp()
-
-
-def as_int(message, field):
-    return int(message.get(field, 0))
 
 
 class WeightBroadcastTest(unittest.TestCase):
@@ -133,30 +124,13 @@ class WeightBroadcastTest(unittest.TestCase):
         for info in self.workers().values():
             harness.tandemctl_json("worker", "pause", "--address",
                                    info["grpc_address"])
-        last = {}
-
-        def settled():
-            status = cluster(self.coordinator)
-            version = as_int(status, "policyVersion")
-            seen = {name: worker(info["grpc_address"])
-                    for name, info in self.workers().items()}
-            again = cluster(self.coordinator)
-            last.update(status=status, workers=seen)
-            queues = again.get("queues", {})
-            if (as_int(again, "policyVersion") != version or
-                    any(as_int(queues, q) for q in (
-                        "scoringSamples", "readyGroups", "trainingGroups"))):
-                return None
-            if all(as_int(w, "receivedPolicyVersion") == version
-                   for w in seen.values()):
-                return status, seen
-            return None
         try:
-            status, seen = harness.wait_for(
-                settled, 180, "versions to settle with both workers on the "
-                "latest", interval=0.5)
+            status, seen = harness.wait_settled(
+                self.coordinator,
+                {name: info["grpc_address"]
+                 for name, info in self.workers().items()},
+                180, quiet_queues=True)
         except AssertionError:
-            print(last)
             self.dump()
             raise
         finally:
@@ -200,30 +174,13 @@ class WeightBroadcastTest(unittest.TestCase):
         """Waits until the coordinator's latest version is stable across two
         snapshots and every named worker holds it; returns (cluster status,
         {name: worker status})."""
-        last = {}
-
-        def settled():
-            status = cluster(self.coordinator)
-            version = as_int(status, "policyVersion")
-            seen = {name: worker(self.launcher.ready(name)["grpc_address"])
-                    for name in names}
-            time.sleep(0.5)
-            again = cluster(self.coordinator)
-            last.update(status=status, workers=seen)
-            queues = again.get("queues", {})
-            if (as_int(again, "policyVersion") != version or
-                    any(as_int(queues, q) for q in (
-                        "scoringSamples", "readyGroups", "trainingGroups"))):
-                return None
-            if all(as_int(w, "receivedPolicyVersion") == version
-                   for w in seen.values()):
-                return status, seen
-            return None
         try:
-            return harness.wait_for(settled, 120, f"{names} on the latest "
-                                    "version", interval=0.2)
+            return harness.wait_settled(
+                self.coordinator,
+                lambda: {name: self.launcher.ready(name)["grpc_address"]
+                         for name in names},
+                120, quiet_queues=True, gap=0.5, interval=0.2)
         except AssertionError:
-            print(last)
             self.dump()
             raise
 

@@ -64,8 +64,7 @@ weight_sync:
 
 
 
-def as_int(message, field):
-    return int(message.get(field, 0))
+as_int = harness.as_int
 
 
 class WeightDeltasTest(unittest.TestCase):
@@ -138,22 +137,10 @@ class WeightDeltasTest(unittest.TestCase):
         harness.tandemctl_json("worker", "pause", "--address",
                                worker["grpc_address"])
 
-        def settled():
-            status = harness.tandemctl_json("status", "--coordinator",
-                                            self.coordinator)
-            w = harness.tandemctl_json("worker", "status", "--address",
-                                       worker["grpc_address"])
-            again = harness.tandemctl_json("status", "--coordinator",
-                                           self.coordinator)
-            version = as_int(status, "policyVersion")
-            if (as_int(again, "policyVersion") == version and
-                    as_int(w, "receivedPolicyVersion") == version):
-                return status, w
-            return None
         try:
-            status, w = harness.wait_for(settled, 120,
-                                         "the worker on the latest version",
-                                         interval=0.5)
+            status, seen = harness.wait_settled(
+                self.coordinator, {"rollout-0": worker["grpc_address"]}, 120)
+            w = seen["rollout-0"]
         finally:
             harness.tandemctl_json("worker", "resume", "--address",
                                    worker["grpc_address"])
