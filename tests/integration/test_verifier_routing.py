@@ -183,6 +183,17 @@ scoring:
                              4 * GROUP_SIZE)
             self.assertEqual(metric_sum(math, name, verifier="exact"), 0)
 
+            # Train on them, as a trainer would: groups pulled and not
+            # committed count as in flight, and the lease throttle allows
+            # max_lag x (max_groups of the trainer's last pull) of those. When
+            # scoring is slow the last pull asks for 1 or 2 groups, and the
+            # 8 uncommitted ones would block the leases below.
+            for batch_id in {b for b, _ in got}:
+                self.client.call("CommitTrainingBatch",
+                                 pb.CommitTrainingBatchRequest(
+                                     member_id=trainer.member_id,
+                                     batch_id=batch_id, policy_version=1))
+
             # No replica serves math any more: math samples wait, exact
             # ones are still scored.
             self.assertEqual(self.stop("verifier-math"), 0)
