@@ -23,6 +23,21 @@
 namespace tandem::weights {
 namespace {
 
+// The request for `manifest`'s payload from (bucket, offset) on: the same
+// on both paths, so resume semantics cannot drift apart.
+v1::FetchWeightsRequest ResumeRequest(const v1::WeightManifest& manifest,
+                                      uint32_t bucket, uint64_t offset,
+                                      uint32_t chunk_bytes) {
+  v1::FetchWeightsRequest request;
+  request.set_policy_version(manifest.policy_version());
+  request.set_kind(manifest.kind());
+  request.set_base_version(manifest.base_version());
+  request.set_start_bucket(bucket);
+  request.set_start_offset(offset);
+  request.set_chunk_bytes(chunk_bytes);
+  return request;
+}
+
 absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
   if (s.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
@@ -222,13 +237,8 @@ absl::Status GrpcPullReceiver::ReadStream(StagingWeights* staging,
     if (cancelled_) return absl::CancelledError("pull receiver cancelled");
     active_ = &context;
   }
-  v1::FetchWeightsRequest request;
-  request.set_policy_version(manifest.policy_version());
-  request.set_kind(manifest.kind());
-  request.set_base_version(manifest.base_version());
-  request.set_start_bucket(*bucket);
-  request.set_start_offset(*offset);
-  request.set_chunk_bytes(options_.chunk_bytes);
+  const v1::FetchWeightsRequest request =
+      ResumeRequest(manifest, *bucket, *offset, options_.chunk_bytes);
   std::unique_ptr<grpc::ClientReader<v1::WeightChunk>> reader =
       stub_->FetchWeights(&context, request);
   {
@@ -369,13 +379,8 @@ absl::Status GrpcPullReceiver::ReadRawStream(StagingWeights* staging,
     ++stats_.raw_streams;
   }
   absl::Status result = [&]() -> absl::Status {
-    v1::FetchWeightsRequest request;
-    request.set_policy_version(manifest.policy_version());
-    request.set_kind(manifest.kind());
-    request.set_base_version(manifest.base_version());
-    request.set_start_bucket(*bucket);
-    request.set_start_offset(*offset);
-    request.set_chunk_bytes(options_.raw_chunk_bytes);
+    const v1::FetchWeightsRequest request =
+        ResumeRequest(manifest, *bucket, *offset, options_.raw_chunk_bytes);
     const std::string serialized = request.SerializeAsString();
     std::string out(8, '\0');
     const uint32_t head[2] = {kRawMagic,

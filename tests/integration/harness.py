@@ -151,6 +151,13 @@ def tandemctl_json(*args, timeout=15):
     return json.loads(out.stdout)
 
 
+def write_files(directory, files):
+    """Writes {name: text} into `directory` (config files of a test)."""
+    for name, text in files.items():
+        with open(os.path.join(directory, name), "w") as f:
+            f.write(text)
+
+
 def cluster_status(coordinator):
     """`tandemctl status` of the coordinator at `coordinator`, as JSON."""
     return tandemctl_json("status", "--coordinator", coordinator)

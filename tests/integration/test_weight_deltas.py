@@ -57,9 +57,7 @@ weight_sync:
 """,
         "verifier.yaml": "worker_threads: 1\n",
     }
-    for name, text in files.items():
-        with open(os.path.join(directory, name), "w") as f:
-            f.write(text)
+    harness.write_files(directory, files)
 
 
 
