@@ -28,6 +28,12 @@ std::string HostOfAddress(const std::string& address) {
   return host;
 }
 
+std::string ReachableHostOf(const std::string& address) {
+  std::string host = HostOfAddress(address);
+  if (host.empty() || host == "0.0.0.0" || host == "::") return "127.0.0.1";
+  return host;
+}
+
 void AddServerOptions(ConfigSchema* schema, ServerOptions* options) {
   schema->AddString(
       "grpc_address", &options->grpc_address,

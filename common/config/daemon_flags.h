@@ -42,6 +42,13 @@ void AddServerOptions(ConfigSchema* schema, ServerOptions* options);
 // "[::]:0" -> "::"); the whole string when it has no port.
 std::string HostOfAddress(const std::string& address);
 
+// A host peers can dial to reach this daemon: HostOfAddress(address), or
+// 127.0.0.1 when that is a wildcard ("0.0.0.0", "::") or empty, since a
+// wildcard cannot be advertised. For the weight-sync sockets that follow
+// grpc_address, so that a daemon in a container or pod (grpc_address = its
+// own IP) is reachable by the others without extra settings.
+std::string ReachableHostOf(const std::string& address);
+
 // What main() should do after parsing.
 struct CommandLineResult {
   bool run = false;  // false: exit with exit_code (help, --print-config, error)

@@ -51,7 +51,9 @@ void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config) {
                   "up (falls back to pull on failures); pull always pulls "
                   "from the trainer's weight server.");
   schema->AddString("weight_sync.bind_host", &config->weight_sync_bind_host,
-                    "Address Gloo binds for broadcast pairs on this host.");
+                    "Address Gloo binds for broadcast pairs on this host; "
+                    "empty = the host of grpc_address (127.0.0.1 when that "
+                    "is a wildcard such as 0.0.0.0).");
   schema->AddInt("weight_sync.timeout_ms", &config->weight_sync_timeout_ms, 100,
                  3600000,
                  "Deadline of a broadcast rendezvous and of every collective "

@@ -31,8 +31,9 @@ struct RolloutConfig {
   // broadcast: join the coordinator's broadcast group once caught up, with
   // automatic fallback to pull; pull: always pull from the trainer.
   std::string weight_sync = "broadcast";
-  // Address Gloo binds for its pairs on this host.
-  std::string weight_sync_bind_host = "127.0.0.1";
+  // Address Gloo binds for its pairs on this host; empty = the host of
+  // server.grpc_address (127.0.0.1 if that is a wildcard).
+  std::string weight_sync_bind_host;
   // Deadline of a broadcast rendezvous and of every collective (ms).
   int64_t weight_sync_timeout_ms = 10000;
 };

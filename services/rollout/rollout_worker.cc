@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
+#include "common/config/daemon_flags.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/tokenizer/utf8.h"
 
@@ -126,7 +127,9 @@ absl::Status RolloutWorker::LoadModelAndEngine() {
                   : WeightSyncOptions::Mode::kBroadcast;
   sync.coordinator = session->stub();
   sync.member_id = member_id;
-  sync.bind_host = config.weight_sync_bind_host;
+  sync.bind_host = config.weight_sync_bind_host.empty()
+                       ? config::ReachableHostOf(config.server.grpc_address)
+                       : config.weight_sync_bind_host;
   sync.timeout = absl::Milliseconds(config.weight_sync_timeout_ms);
   sync.metrics = w->weight_sync_metrics_.get();
   if (w->inplace_source_) sync.inplace_staging = w->inplace_source_->staging();

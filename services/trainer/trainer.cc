@@ -220,9 +220,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   std::map<std::string, std::string> capabilities;
   if (config.weight_broadcast) {
     weights::BroadcastSenderOptions broadcast;
-    broadcast.store_host = config.weight_store_host;
+    broadcast.store_host =
+        config.weight_store_host.empty()
+            ? config::ReachableHostOf(config.server.grpc_address)
+            : config.weight_store_host;
     broadcast.store_port = static_cast<uint16_t>(config.weight_store_port);
-    broadcast.bind_host = config.weight_store_host;
+    broadcast.bind_host = broadcast.store_host;
     broadcast.timeout =
         absl::Milliseconds(config.weight_broadcast_timeout_ms);
     ASSIGN_OR_RETURN(trainer->broadcaster_,

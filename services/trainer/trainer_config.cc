@@ -91,7 +91,8 @@ void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config) {
                   "current membership epoch (Gloo); off = workers only pull.");
   schema->AddString("weight_sync.store_host", &config->weight_store_host,
                     "Host the broadcast rendezvous store (TCPStore) and Gloo "
-                    "bind to and advertise.");
+                    "bind to and advertise; empty = the host of grpc_address "
+                    "(127.0.0.1 when that is a wildcard such as 0.0.0.0).");
   schema->AddInt("weight_sync.store_port", &config->weight_store_port, 0, 65535,
                  "Port of the rendezvous store; 0 = any free port.");
   schema->AddInt("weight_sync.data_port", &config->weight_data_port, 0, 65535,

@@ -52,8 +52,10 @@ struct TrainerConfig {
   // workers of each membership epoch receive new versions from it. Pull
   // (the WeightServer) stays available for catch-up either way.
   bool weight_broadcast = true;
-  // Address the rendezvous store listens on and advertises; port 0 = any.
-  std::string weight_store_host = "127.0.0.1";
+  // Address the rendezvous store and Gloo listen on and advertise; empty =
+  // the host of server.grpc_address (127.0.0.1 if that is a wildcard).
+  // Port 0 = any.
+  std::string weight_store_host;
   int64_t weight_store_port = 0;
   int64_t weight_data_port = 0;
   // Deadline of each broadcast rendezvous and collective (ms).

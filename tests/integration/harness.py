@@ -111,16 +111,17 @@ def free_port():
 
 
 class Daemon:
-    """One daemon binary on ephemeral loopback ports, logging to a file."""
+    """One daemon binary on ephemeral loopback ports (of `host`, any
+    127.x.y.z address), logging to a file."""
 
-    def __init__(self, daemon, tmp, extra=(), name=None):
+    def __init__(self, daemon, tmp, extra=(), name=None, host="127.0.0.1"):
         name = name or daemon
         self.ready_file = os.path.join(tmp, f"{name}.ready.json")
         self.log_path = os.path.join(tmp, f"{name}.log")
         self.log = open(self.log_path, "w")
         self.process = subprocess.Popen(
-            [binary(f"tandem-{daemon}"), "--grpc-address", "127.0.0.1:0",
-             "--metrics-address", "127.0.0.1:0", "--ready-file",
+            [binary(f"tandem-{daemon}"), "--grpc-address", f"{host}:0",
+             "--metrics-address", f"{host}:0", "--ready-file",
              self.ready_file, *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
 

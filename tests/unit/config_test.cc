@@ -194,5 +194,14 @@ TEST_CASE("HostOfAddress takes the host of a listen address") {
   CHECK(HostOfAddress("::1") == "::1");
 }
 
+TEST_CASE("ReachableHostOf replaces a wildcard host by loopback") {
+  CHECK(ReachableHostOf("10.1.2.3:50054") == "10.1.2.3");
+  CHECK(ReachableHostOf("trainer:0") == "trainer");
+  CHECK(ReachableHostOf("[::1]:0") == "::1");
+  CHECK(ReachableHostOf("0.0.0.0:50054") == "127.0.0.1");
+  CHECK(ReachableHostOf("[::]:0") == "127.0.0.1");
+  CHECK(ReachableHostOf(":50054") == "127.0.0.1");
+}
+
 }  // namespace
 }  // namespace tandem::config
