@@ -28,6 +28,11 @@ std::string BroadcastSender::store_address() const {
   return absl::StrCat(options_.store_host, ":", store_->port());
 }
 
+absl::Status BroadcastSender::unavailable() const {
+  absl::MutexLock lock(&mu_);
+  return unavailable_;
+}
+
 void BroadcastSender::Start() {
   thread_ = std::thread([this] {
     Run();
@@ -121,7 +126,8 @@ bool BroadcastSender::JoinEpoch(const Job& job, BroadcastOutcome* outcome) {
   if (base_carries && v > 0) holds_ = v - 1;
   no_receivers_ = job.group.member_ids_size() < 2;
   if (no_receivers_) return true;
-  GlooGroupConfig config;
+  BroadcastGroupConfig config;
+  config.backend = job.group.backend();
   config.store_host = options_.store_host;
   config.store_port = store_->port();
   config.key_prefix = job.group.key_prefix();
@@ -130,12 +136,23 @@ bool BroadcastSender::JoinEpoch(const Job& job, BroadcastOutcome* outcome) {
   config.bind_host = options_.bind_host;
   config.timeout = options_.timeout;
   const absl::Time start = absl::Now();
-  absl::StatusOr<std::unique_ptr<GlooBroadcastGroup>> group =
-      GlooBroadcastGroup::Create(config, store_.get());
+  absl::StatusOr<std::unique_ptr<BroadcastGroup>> group =
+      CreateBroadcastGroup(config, store_.get());
   if (!group.ok()) {
     group_failed_ = true;
     holds_.reset();
-    outcome->status = group.status();
+    if (group.status().code() == absl::StatusCode::kFailedPrecondition) {
+      // This trainer cannot run the backend: no later epoch would do
+      // better. Broadcast is off; workers pull.
+      outcome->status = absl::FailedPreconditionError(absl::StrCat(
+          group.status().message(),
+          "; weight broadcast is off for this trainer (rollout workers "
+          "receive every version by pull)"));
+      absl::MutexLock lock(&mu_);
+      unavailable_ = outcome->status;
+    } else {
+      outcome->status = group.status();
+    }
     outcome->seconds = absl::ToDoubleSeconds(absl::Now() - start);
     listener_(*outcome);
     return false;
@@ -149,6 +166,10 @@ void BroadcastSender::Send(const Job& job) {
   if (std::find(left_prefixes_.begin(), left_prefixes_.end(), prefix) !=
       left_prefixes_.end()) {
     return;  // an epoch already left (e.g. the one a re-send replaced)
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!unavailable_.ok()) return;  // broadcast is off (reported once)
   }
   BroadcastOutcome outcome;
   outcome.group = job.group;
@@ -165,7 +186,7 @@ void BroadcastSender::Send(const Job& job) {
   const StoredPayload& payload = delta ? *job.delta : job.full;
   outcome.full = !delta;
   outcome.bytes = payload.bytes->size();
-  GlooWeightSender sender(group_.get());
+  BroadcastWeightSender sender(group_.get());
   outcome.status = sender.Publish(payload.manifest, *payload.bytes,
                                   absl::Now() + options_.timeout);
   outcome.seconds = absl::ToDoubleSeconds(absl::Now() - start);

@@ -3,8 +3,9 @@
 // BroadcastSender: the trainer's side of weight broadcast. It hosts the
 // rendezvous store (a c10d TCPStore) for every membership epoch and, on its
 // own thread, broadcasts each queued version to the group the coordinator
-// assigned to it (GlooBroadcastGroup as rank 0), so training never waits
-// for a transfer.
+// assigned to it (rank 0 of a group of the group's backend, gloo or nccl:
+// CreateBroadcastGroup in broadcast_group.h), so training never waits for
+// a transfer.
 //
 // Per job: a group with no receivers is skipped (and the previous group
 // left). When the job's epoch (key prefix) differs from the current one,
@@ -16,6 +17,13 @@
 // tells the coordinator. The coordinator then forms the next epoch without
 // the dead member and the listener hands the version back with Resend(),
 // which is sent first (always FULL).
+//
+// A backend this trainer cannot run (FailedPrecondition from
+// CreateBroadcastGroup: NCCL not built, no CUDA device) turns broadcast off
+// for the life of the sender: that rendezvous failure is reported once
+// like any other (the coordinator marks the epoch failed), and every later
+// job is dropped without a rendezvous or a report, so rollout workers
+// receive every version by pull. unavailable() returns the reason.
 //
 // Queued jobs of one epoch are coalesced: a job is skipped when a job of
 // the same epoch with the same or a newer version waits behind it, and a
@@ -51,6 +59,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/weights/broadcast_group.h"
 #include "common/weights/gloo_broadcast_transport.h"
 #include "common/weights/weight_store.h"
 #include "tandem/v1/common.pb.h"
@@ -89,6 +98,10 @@ class BroadcastSender {
 
   // host:port of the rendezvous store, to advertise to the coordinator.
   std::string store_address() const;
+
+  // OK, or why broadcast is off for good (a backend this trainer cannot
+  // run; see the top of this file).
+  absl::Status unavailable() const;
 
   void Start();
   void Stop();
@@ -136,7 +149,7 @@ class BroadcastSender {
   bool JoinEpoch(const Job& job, BroadcastOutcome* outcome);
 
   // Sender thread only.
-  std::unique_ptr<GlooBroadcastGroup> group_;
+  std::unique_ptr<BroadcastGroup> group_;
   std::string group_prefix_;
   bool group_failed_ = false;
   bool no_receivers_ = true;  // the current epoch has none (or none yet)
@@ -146,8 +159,9 @@ class BroadcastSender {
   std::deque<std::string> left_prefixes_;  // epochs never formed again
 
   absl::Notification finished_;  // Run() returned
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status unavailable_ ABSL_GUARDED_BY(mu_);
   std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/weights/broadcast_protocol.h"
 
 namespace tandem::weights {
 namespace {
@@ -144,21 +143,6 @@ absl::Status GlooBroadcastGroup::Broadcast(absl::Span<uint8_t> bytes) {
         "gloo broadcast of ", bytes.size(), " bytes failed: ", e.what()));
   }
   return absl::OkStatus();
-}
-
-absl::Status GlooWeightSender::Publish(const v1::WeightManifest& manifest,
-                                       absl::Span<const uint8_t> payload,
-                                       absl::Time /*deadline*/) {
-  return PublishOverBroadcast(
-      [this](absl::Span<uint8_t> b) { return group_->Broadcast(b); }, manifest,
-      payload);
-}
-
-absl::StatusOr<uint64_t> GlooWeightReceiver::ReceiveNext(
-    StagingWeights* staging, absl::Time /*deadline*/) {
-  return ReceiveOverBroadcast(
-      [this](absl::Span<uint8_t> b) { return group_->Broadcast(b); },
-      [this] { group_->Abort(); }, staging, &last_round_version_);
 }
 
 }  // namespace tandem::weights

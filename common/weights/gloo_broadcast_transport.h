@@ -3,7 +3,8 @@
 // Weight broadcast over LibTorch's c10d ProcessGroupGloo (CPU), rendezvous
 // through a c10d TCPStore. One GlooBroadcastGroup is one membership epoch
 // (tandem.v1.BroadcastGroup): rank 0 is the trainer, which also hosts the
-// TCPStore; ranks 1..n-1 are rollout workers.
+// TCPStore; ranks 1..n-1 are rollout workers. Daemons create it through
+// CreateBroadcastGroup() (broadcast_group.h) for backend "gloo".
 //
 // Wire protocol per version: common/weights/broadcast_protocol.h, as Gloo
 // broadcasts from rank 0 of byte buffers viewed as float32 (Gloo in LibTorch
@@ -27,7 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "common/weights/weight_transport.h"
+#include "common/weights/broadcast_group.h"
 
 namespace tandem::weights {
 
@@ -62,7 +63,7 @@ class GlooRendezvousStore {
   std::unique_ptr<Impl> impl_;
 };
 
-class GlooBroadcastGroup {
+class GlooBroadcastGroup : public BroadcastGroup {
  public:
   // Joins the group; blocks until all world_size ranks have joined or
   // `timeout` passes (Unavailable then). Rank 0 passes the store it hosts
@@ -72,19 +73,19 @@ class GlooBroadcastGroup {
   static absl::StatusOr<std::unique_ptr<GlooBroadcastGroup>> Create(
       const GlooGroupConfig& config,
       const GlooRendezvousStore* server = nullptr);
-  ~GlooBroadcastGroup();
+  ~GlooBroadcastGroup() override;
 
-  int rank() const;
-  int world_size() const;
-  bool broken() const;
+  int rank() const override;
+  int world_size() const override;
+  bool broken() const override;
 
   // Broadcasts `bytes` from rank 0 into every rank's `bytes`, in place.
   // REQUIRES: size a multiple of 4, data 4-byte aligned. Errors mark the
   // group broken.
-  absl::Status Broadcast(absl::Span<uint8_t> bytes);
+  absl::Status Broadcast(absl::Span<uint8_t> bytes) override;
 
   // Marks the group broken; later collectives fail fast.
-  void Abort();
+  void Abort() override;
 
  private:
   struct Impl;
@@ -92,36 +93,8 @@ class GlooBroadcastGroup {
   std::unique_ptr<Impl> impl_;
 };
 
-// Rank 0's WeightSender. `group` must outlive it.
-class GlooWeightSender : public WeightSender {
- public:
-  explicit GlooWeightSender(GlooBroadcastGroup* group) : group_(group) {}
-  // `deadline` is not used: each collective carries the group's timeout.
-  absl::Status Publish(const v1::WeightManifest& manifest,
-                       absl::Span<const uint8_t> payload,
-                       absl::Time deadline) override;
-
- private:
-  GlooBroadcastGroup* group_;
-};
-
-// A worker rank's WeightReceiver. `group` must outlive it.
-class GlooWeightReceiver : public WeightReceiver {
- public:
-  explicit GlooWeightReceiver(GlooBroadcastGroup* group) : group_(group) {}
-  absl::StatusOr<uint64_t> ReceiveNext(StagingWeights* staging,
-                                       absl::Time deadline) override;
-  // Aborts the group (the pending collective still ends at its timeout).
-  void Cancel() override { group_->Abort(); }
-
-  // The policy version of the last round this receiver took part in (its
-  // manifest arrived), whether or not the version could be staged: the
-  // sender's stream position. 0 before the first round.
-  uint64_t last_round_version() const { return last_round_version_; }
-
- private:
-  GlooBroadcastGroup* group_;
-  uint64_t last_round_version_ = 0;
-};
+// Rank 0's sender and a worker rank's receiver (broadcast_group.h).
+using GlooWeightSender = BroadcastWeightSender;
+using GlooWeightReceiver = BroadcastWeightReceiver;
 
 }  // namespace tandem::weights

@@ -1,6 +1,7 @@
 #include "common/weights/nccl_broadcast_transport.h"
 
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <nccl.h>
 
 #include <algorithm>
@@ -16,15 +17,121 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "common/weights/broadcast_protocol.h"
 
 namespace tandem::weights {
 namespace {
 
 constexpr char kUniqueIdKey[] = "nccl_unique_id";
 
+#define TANDEM_CUDART_FUNCTIONS(X) \
+  X(cudaFree)                      \
+  X(cudaFreeHost)                  \
+  X(cudaGetDevice)                 \
+  X(cudaGetDeviceCount)            \
+  X(cudaGetErrorName)              \
+  X(cudaGetErrorString)            \
+  X(cudaGetLastError)              \
+  X(cudaMemcpyAsync)               \
+  X(cudaSetDevice)                 \
+  X(cudaStreamCreateWithFlags)     \
+  X(cudaStreamDestroy)             \
+  X(cudaStreamQuery)
+#define TANDEM_NCCL_FUNCTIONS(X) \
+  X(ncclBroadcast)               \
+  X(ncclCommAbort)               \
+  X(ncclCommDestroy)             \
+  X(ncclCommFinalize)            \
+  X(ncclCommGetAsyncError)       \
+  X(ncclCommInitRankConfig)      \
+  X(ncclGetErrorString)          \
+  X(ncclGetLastError)            \
+  X(ncclGetUniqueId)
+
+// The CUDA runtime and NCCL, loaded with dlopen on first use rather than
+// linked: their static TLS (16 KiB) would otherwise be carved out of every
+// thread's stack, and the metrics endpoint's civetweb workers (100 KiB
+// stacks, fixed at civetweb's build) overflowed in the trainer and rollout
+// worker. Loaded this way their TLS is allocated on demand, and a binary
+// built with NCCL also starts where NCCL is not installed (the NCCL
+// backend then fails with FailedPrecondition).
+struct CudaNcclApi {
+#define TANDEM_DECLARE_FUNCTION(f) decltype(&::f) f = nullptr;
+  TANDEM_CUDART_FUNCTIONS(TANDEM_DECLARE_FUNCTION)
+  TANDEM_NCCL_FUNCTIONS(TANDEM_DECLARE_FUNCTION)
+#undef TANDEM_DECLARE_FUNCTION
+  // Overloaded in C++ (cuda_runtime.h templates): the C entry points.
+  cudaError_t (*cudaMalloc)(void**, size_t) = nullptr;
+  cudaError_t (*cudaMallocHost)(void**, size_t) = nullptr;
+};
+
+// Opens `soname` (the loader's search path, LD_LIBRARY_PATH included), else
+// `build_dir`/`soname` (where the build found it).
+void* OpenLibrary(const std::string& soname, const char* build_dir,
+                  std::string* error) {
+  if (void* h = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL)) return h;
+  std::string first = dlerror();
+  const std::string path = absl::StrCat(build_dir, "/", soname);
+  if (void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) return h;
+  *error =
+      absl::StrCat("cannot load ", soname, " (", first, "; ", dlerror(), ")");
+  return nullptr;
+}
+
+absl::StatusOr<const CudaNcclApi*> LoadApi() {
+  auto api = std::make_unique<CudaNcclApi>();
+  std::string error;
+  void* cudart =
+      OpenLibrary(absl::StrCat("libcudart.so.", CUDART_VERSION / 1000),
+                  TANDEM_CUDART_DIR, &error);
+  void* nccl = cudart == nullptr
+                   ? nullptr
+                   : OpenLibrary(absl::StrCat("libnccl.so.", NCCL_MAJOR),
+                                 TANDEM_NCCL_DIR, &error);
+  if (nccl == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("NCCL weight transport: ", error));
+  }
+#define TANDEM_RESOLVE(handle, f)                                              \
+  api->f = reinterpret_cast<decltype(&::f)>(dlsym(handle, #f));                \
+  if (api->f == nullptr) {                                                     \
+    return absl::FailedPreconditionError(                                      \
+        absl::StrCat("NCCL weight transport: no symbol " #f ": ", dlerror())); \
+  }
+#define TANDEM_RESOLVE_CUDART(f) TANDEM_RESOLVE(cudart, f)
+#define TANDEM_RESOLVE_NCCL(f) TANDEM_RESOLVE(nccl, f)
+  TANDEM_CUDART_FUNCTIONS(TANDEM_RESOLVE_CUDART)
+  TANDEM_NCCL_FUNCTIONS(TANDEM_RESOLVE_NCCL)
+  for (auto [name, slot] :
+       {std::pair{"cudaMalloc", &api->cudaMalloc},
+        std::pair{"cudaMallocHost", &api->cudaMallocHost}}) {
+    *slot =
+        reinterpret_cast<cudaError_t (*)(void**, size_t)>(dlsym(cudart, name));
+    if (*slot == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "NCCL weight transport: no symbol ", name, ": ", dlerror()));
+    }
+  }
+#undef TANDEM_RESOLVE_NCCL
+#undef TANDEM_RESOLVE_CUDART
+#undef TANDEM_RESOLVE
+  // The libraries stay loaded for the life of the process.
+  return api.release();
+}
+
+// Loads once; later calls return the same result.
+const absl::StatusOr<const CudaNcclApi*>& LoadedApi() {
+  static const absl::StatusOr<const CudaNcclApi*>* const api =
+      new absl::StatusOr<const CudaNcclApi*>(LoadApi());
+  return *api;
+}
+
+// REQUIRES: LoadedApi() is OK (checked by NcclVisibleDevices(), which
+// every path calls first).
+const CudaNcclApi& Api() { return **LoadedApi(); }
+
 std::string CudaError(cudaError_t e) {
-  return absl::StrCat(cudaGetErrorName(e), ": ", cudaGetErrorString(e));
+  return absl::StrCat(Api().cudaGetErrorName(e), ": ",
+                      Api().cudaGetErrorString(e));
 }
 
 // Polls with a short spin, then sleeps of growing length (at most 1 ms), so
@@ -49,20 +156,21 @@ class Backoff {
 template <typename F>
 void OnDevice(int device, F f) {
   int previous = -1;
-  const bool restore = cudaGetDevice(&previous) == cudaSuccess;
-  cudaSetDevice(device);
+  const bool restore = Api().cudaGetDevice(&previous) == cudaSuccess;
+  Api().cudaSetDevice(device);
   f();
-  if (restore && previous != device) cudaSetDevice(previous);
+  if (restore && previous != device) Api().cudaSetDevice(previous);
 }
 
 }  // namespace
 
 absl::StatusOr<int> NcclVisibleDevices() {
+  if (!LoadedApi().ok()) return LoadedApi().status();
   int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
+  const cudaError_t e = Api().cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count <= 0) {
     // Clear the sticky-free error so later CUDA calls are not confused.
-    cudaGetLastError();
+    Api().cudaGetLastError();
     return absl::FailedPreconditionError(absl::StrCat(
         "NCCL weight transport: no CUDA device visible (cudaGetDeviceCount: ",
         e == cudaSuccess ? std::string("0 devices") : CudaError(e), ")"));
@@ -93,9 +201,9 @@ struct NcclBroadcastGroup::Impl {
       OnDevice(device, [&] { CloseCommLocked(); });
     }
     OnDevice(device, [&] {
-      if (stream != nullptr) cudaStreamDestroy(stream);
-      if (device_buffer != nullptr) cudaFree(device_buffer);
-      if (pinned != nullptr) cudaFreeHost(pinned);
+      if (stream != nullptr) Api().cudaStreamDestroy(stream);
+      if (device_buffer != nullptr) Api().cudaFree(device_buffer);
+      if (pinned != nullptr) Api().cudaFreeHost(pinned);
     });
   }
 
@@ -104,30 +212,30 @@ struct NcclBroadcastGroup::Impl {
   void CloseCommLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     bool clean = false;
     if (!broken.load()) {
-      const ncclResult_t r = ncclCommFinalize(comm);
+      const ncclResult_t r = Api().ncclCommFinalize(comm);
       clean = r == ncclSuccess || r == ncclInProgress;
     }
     if (clean) {
       const absl::Time deadline = absl::Now() + config.timeout;
       Backoff backoff;
       ncclResult_t state = ncclInProgress;
-      while (ncclCommGetAsyncError(comm, &state) == ncclSuccess &&
+      while (Api().ncclCommGetAsyncError(comm, &state) == ncclSuccess &&
              state == ncclInProgress && absl::Now() < deadline) {
         backoff.Wait();
       }
       clean = state == ncclSuccess;
     }
     if (clean) {
-      ncclCommDestroy(comm);
+      Api().ncclCommDestroy(comm);
     } else {
-      ncclCommAbort(comm);
+      Api().ncclCommAbort(comm);
     }
     comm_aborted = true;
   }
 
   void AbortCommLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (comm == nullptr || comm_aborted) return;
-    OnDevice(device, [&] { ncclCommAbort(comm); });
+    OnDevice(device, [&] { Api().ncclCommAbort(comm); });
     comm_aborted = true;
   }
 
@@ -151,11 +259,11 @@ struct NcclBroadcastGroup::Impl {
     std::string last;
     {
       absl::MutexLock lock(&mu);
-      if (comm != nullptr && !comm_aborted) last = ncclGetLastError(comm);
+      if (comm != nullptr && !comm_aborted) last = Api().ncclGetLastError(comm);
     }
-    return Fail(absl::UnavailableError(
-        absl::StrCat(where, ": ", what, " failed: ", ncclGetErrorString(r),
-                     last.empty() ? "" : " (", last, last.empty() ? "" : ")")));
+    return Fail(absl::UnavailableError(absl::StrCat(
+        where, ": ", what, " failed: ", Api().ncclGetErrorString(r),
+        last.empty() ? "" : " (", last, last.empty() ? "" : ")")));
   }
 
   // The watchdog. Waits until the communicator has no operation being
@@ -175,7 +283,8 @@ struct NcclBroadcastGroup::Impl {
         return Fail(absl::CancelledError(
             absl::StrCat(where, ": ", what, " aborted (Abort() called)")));
       }
-      if (ncclResult_t r = ncclCommGetAsyncError(c, &state); r != ncclSuccess) {
+      if (ncclResult_t r = Api().ncclCommGetAsyncError(c, &state);
+          r != ncclSuccess) {
         return NcclFailure(what + " (ncclCommGetAsyncError)", r);
       }
       if (state != ncclSuccess && state != ncclInProgress) {
@@ -183,7 +292,7 @@ struct NcclBroadcastGroup::Impl {
       }
       if (state == ncclSuccess) {
         if (!stream_too) return absl::OkStatus();
-        const cudaError_t q = cudaStreamQuery(stream);
+        const cudaError_t q = Api().cudaStreamQuery(stream);
         if (q == cudaSuccess) return absl::OkStatus();
         if (q != cudaErrorNotReady) {
           return Fail(absl::UnavailableError(
@@ -225,7 +334,7 @@ absl::StatusOr<std::unique_ptr<NcclBroadcastGroup>> NcclBroadcastGroup::Create(
   if (!devices.ok()) return devices.status();
   int device = config.device;
   if (device < 0) {
-    if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) {
+    if (cudaError_t e = Api().cudaGetDevice(&device); e != cudaSuccess) {
       return absl::FailedPreconditionError(
           absl::StrCat("nccl group: cudaGetDevice: ", CudaError(e)));
     }
@@ -235,9 +344,9 @@ absl::StatusOr<std::unique_ptr<NcclBroadcastGroup>> NcclBroadcastGroup::Create(
                                                    device, " not visible (",
                                                    *devices, " CUDA devices)"));
   }
-  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+  if (cudaError_t e = Api().cudaSetDevice(device); e != cudaSuccess) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "nccl group: cudaSetDevice(", device, "): ", CudaError(e)));
+        "nccl group: Api().cudaSetDevice(", device, "): ", CudaError(e)));
   }
 
   auto impl = std::make_unique<Impl>();
@@ -262,9 +371,10 @@ absl::StatusOr<std::unique_ptr<NcclBroadcastGroup>> NcclBroadcastGroup::Create(
         c10::make_intrusive<c10d::TCPStore>(config.store_host, store_options);
     c10d::PrefixStore prefixed(config.key_prefix, store);
     if (config.rank == 0) {
-      if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
+      if (ncclResult_t r = Api().ncclGetUniqueId(&id); r != ncclSuccess) {
         return absl::UnavailableError(absl::StrCat(
-            impl->where, ": ncclGetUniqueId failed: ", ncclGetErrorString(r)));
+            impl->where,
+            ": ncclGetUniqueId failed: ", Api().ncclGetErrorString(r)));
       }
       const auto* p = reinterpret_cast<const uint8_t*>(&id);
       prefixed.set(kUniqueIdKey, std::vector<uint8_t>(p, p + sizeof(id)));
@@ -286,8 +396,8 @@ absl::StatusOr<std::unique_ptr<NcclBroadcastGroup>> NcclBroadcastGroup::Create(
   nccl_config.blocking = 0;
   {
     ncclComm_t comm = nullptr;
-    const ncclResult_t r = ncclCommInitRankConfig(&comm, config.world_size, id,
-                                                  config.rank, &nccl_config);
+    const ncclResult_t r = Api().ncclCommInitRankConfig(
+        &comm, config.world_size, id, config.rank, &nccl_config);
     absl::MutexLock lock(&impl->mu);
     impl->comm = comm;
     if (r != ncclSuccess && r != ncclInProgress) {
@@ -295,7 +405,7 @@ absl::StatusOr<std::unique_ptr<NcclBroadcastGroup>> NcclBroadcastGroup::Create(
       impl->AbortCommLocked();
       return absl::UnavailableError(absl::StrCat(
           impl->where,
-          ": ncclCommInitRankConfig failed: ", ncclGetErrorString(r)));
+          ": ncclCommInitRankConfig failed: ", Api().ncclGetErrorString(r)));
     }
   }
   if (absl::Status s = impl->Wait("communicator init", deadline, false);
@@ -304,22 +414,22 @@ absl::StatusOr<std::unique_ptr<NcclBroadcastGroup>> NcclBroadcastGroup::Create(
   }
 
   if (cudaError_t e =
-          cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking);
+          Api().cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking);
       e != cudaSuccess) {
     return impl->Fail(absl::UnavailableError(
         absl::StrCat(impl->where, ": cudaStreamCreate: ", CudaError(e))));
   }
-  if (cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&impl->device_buffer),
-                                 config.bucket_bytes);
+  if (cudaError_t e = Api().cudaMalloc(
+          reinterpret_cast<void**>(&impl->device_buffer), config.bucket_bytes);
       e != cudaSuccess) {
     return impl->Fail(absl::ResourceExhaustedError(
         absl::StrCat(impl->where, ": cudaMalloc of ", config.bucket_bytes,
                      " staging bytes: ", CudaError(e))));
   }
-  if (cudaMallocHost(reinterpret_cast<void**>(&impl->pinned),
-                     config.bucket_bytes) != cudaSuccess) {
+  if (Api().cudaMallocHost(reinterpret_cast<void**>(&impl->pinned),
+                           config.bucket_bytes) != cudaSuccess) {
     impl->pinned = nullptr;  // pageable copies
-    cudaGetLastError();
+    Api().cudaGetLastError();
   }
   return std::unique_ptr<NcclBroadcastGroup>(
       new NcclBroadcastGroup(std::move(impl)));
@@ -355,9 +465,9 @@ absl::Status NcclBroadcastGroup::Broadcast(absl::Span<uint8_t> bytes) {
     g.in_collective = true;
   }
   absl::Status status = absl::OkStatus();
-  if (cudaError_t e = cudaSetDevice(g.device); e != cudaSuccess) {
+  if (cudaError_t e = Api().cudaSetDevice(g.device); e != cudaSuccess) {
     status = g.Fail(absl::UnavailableError(absl::StrCat(
-        g.where, ": cudaSetDevice(", g.device, "): ", CudaError(e))));
+        g.where, ": Api().cudaSetDevice(", g.device, "): ", CudaError(e))));
   }
   const bool root = g.config.rank == 0;
   for (uint64_t off = 0; status.ok() && off < bytes.size();
@@ -380,8 +490,8 @@ absl::Status NcclBroadcastGroup::Broadcast(absl::Span<uint8_t> bytes) {
         std::memcpy(g.pinned, host, n);
         src = g.pinned;
       }
-      if (!cuda(cudaMemcpyAsync(g.device_buffer, src, n, cudaMemcpyHostToDevice,
-                                g.stream),
+      if (!cuda(Api().cudaMemcpyAsync(g.device_buffer, src, n,
+                                      cudaMemcpyHostToDevice, g.stream),
                 "cudaMemcpyAsync H2D")) {
         break;
       }
@@ -396,8 +506,8 @@ absl::Status NcclBroadcastGroup::Broadcast(absl::Span<uint8_t> bytes) {
           absl::StrCat(g.where, ": ", what, " aborted (Abort() called)")));
       break;
     }
-    const ncclResult_t r = ncclBroadcast(g.device_buffer, g.device_buffer, n,
-                                         ncclUint8, 0, comm, g.stream);
+    const ncclResult_t r = Api().ncclBroadcast(g.device_buffer, g.device_buffer,
+                                               n, ncclUint8, 0, comm, g.stream);
     if (r != ncclSuccess && r != ncclInProgress) {
       status = g.NcclFailure("ncclBroadcast (" + what + ")", r);
       break;
@@ -408,8 +518,8 @@ absl::Status NcclBroadcastGroup::Broadcast(absl::Span<uint8_t> bytes) {
     status = g.Wait(what, deadline, /*stream_too=*/true);
     if (!status.ok() || root) continue;
     uint8_t* dst = g.pinned != nullptr ? g.pinned : host;
-    if (!cuda(cudaMemcpyAsync(dst, g.device_buffer, n, cudaMemcpyDeviceToHost,
-                              g.stream),
+    if (!cuda(Api().cudaMemcpyAsync(dst, g.device_buffer, n,
+                                    cudaMemcpyDeviceToHost, g.stream),
               "cudaMemcpyAsync D2H")) {
       break;
     }
@@ -421,21 +531,6 @@ absl::Status NcclBroadcastGroup::Broadcast(absl::Span<uint8_t> bytes) {
   // An Abort() that arrived after the last poll: finish its job.
   if (g.abort_requested.load()) g.AbortCommLocked();
   return status;
-}
-
-absl::Status NcclWeightSender::Publish(const v1::WeightManifest& manifest,
-                                       absl::Span<const uint8_t> payload,
-                                       absl::Time /*deadline*/) {
-  return PublishOverBroadcast(
-      [this](absl::Span<uint8_t> b) { return group_->Broadcast(b); }, manifest,
-      payload);
-}
-
-absl::StatusOr<uint64_t> NcclWeightReceiver::ReceiveNext(
-    StagingWeights* staging, absl::Time /*deadline*/) {
-  return ReceiveOverBroadcast(
-      [this](absl::Span<uint8_t> b) { return group_->Broadcast(b); },
-      [this] { group_->Abort(); }, staging, &last_round_version_);
 }
 
 }  // namespace tandem::weights

@@ -6,7 +6,8 @@
 // with the same shape: one NcclBroadcastGroup is one membership epoch
 // (tandem.v1.BroadcastGroup with backend "nccl"), rank 0 is the trainer,
 // ranks 1..n-1 are rollout workers, and the per-version wire protocol is
-// the same (common/weights/broadcast_protocol.h).
+// the same (common/weights/broadcast_protocol.h). Daemons create it through
+// CreateBroadcastGroup() (broadcast_group.h) for backend "nccl".
 //
 // Rendezvous: every rank connects as a client to the trainer's c10d
 // TCPStore (GlooRendezvousStore) at store_host:store_port; rank 0 publishes
@@ -25,8 +26,9 @@
 // waiting for a dead peer), marks the group broken and returns. Later calls
 // fail fast with FailedPrecondition; the coordinator forms the next epoch.
 //
-// Without a CUDA device Create() returns FailedPrecondition; nothing
-// crashes.
+// Without a CUDA device, or without the CUDA runtime and NCCL libraries
+// (loaded with dlopen on first use, not linked), Create() returns
+// FailedPrecondition; nothing crashes.
 //
 // Thread-safety: a group is used by one thread at a time (its sender or its
 // receiver). Abort() may be called from any thread.
@@ -39,7 +41,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "common/weights/weight_transport.h"
+#include "common/weights/broadcast_group.h"
 
 namespace tandem::weights {
 
@@ -64,7 +66,7 @@ struct NcclGroupConfig {
 // transport: no CUDA device visible (cudaGetDeviceCount: ...)".
 absl::StatusOr<int> NcclVisibleDevices();
 
-class NcclBroadcastGroup {
+class NcclBroadcastGroup : public BroadcastGroup {
  public:
   // Joins the group; blocks until all world_size ranks have joined or
   // `timeout` passes (Unavailable / DeadlineExceeded then).
@@ -72,12 +74,12 @@ class NcclBroadcastGroup {
   // rank, device or bucket size.
   static absl::StatusOr<std::unique_ptr<NcclBroadcastGroup>> Create(
       const NcclGroupConfig& config);
-  ~NcclBroadcastGroup();
+  ~NcclBroadcastGroup() override;
 
-  int rank() const;
-  int world_size() const;
+  int rank() const override;
+  int world_size() const override;
   int device() const;
-  bool broken() const;
+  bool broken() const override;
   // Whether the copies go through pinned host memory (false when it could
   // not be allocated: pageable copies, slower).
   bool pinned() const;
@@ -86,12 +88,12 @@ class NcclBroadcastGroup {
   // in place. Errors mark the group broken: DeadlineExceeded, Unavailable
   // (NCCL or CUDA error), Cancelled (Abort() was called, before or during
   // the call), FailedPrecondition (broken by an earlier failure).
-  absl::Status Broadcast(absl::Span<uint8_t> bytes);
+  absl::Status Broadcast(absl::Span<uint8_t> bytes) override;
 
   // Marks the group broken and aborts the communicator: a Broadcast() under
   // way in another thread returns Cancelled at its next poll (within
   // milliseconds); later ones fail fast.
-  void Abort();
+  void Abort() override;
 
  private:
   struct Impl;
@@ -99,36 +101,8 @@ class NcclBroadcastGroup {
   std::unique_ptr<Impl> impl_;
 };
 
-// Rank 0's WeightSender. `group` must outlive it.
-class NcclWeightSender : public WeightSender {
- public:
-  explicit NcclWeightSender(NcclBroadcastGroup* group) : group_(group) {}
-  // `deadline` is not used: each collective carries the group's timeout.
-  absl::Status Publish(const v1::WeightManifest& manifest,
-                       absl::Span<const uint8_t> payload,
-                       absl::Time deadline) override;
-
- private:
-  NcclBroadcastGroup* group_;
-};
-
-// A worker rank's WeightReceiver. `group` must outlive it.
-class NcclWeightReceiver : public WeightReceiver {
- public:
-  explicit NcclWeightReceiver(NcclBroadcastGroup* group) : group_(group) {}
-  absl::StatusOr<uint64_t> ReceiveNext(StagingWeights* staging,
-                                       absl::Time deadline) override;
-  // Aborts the group: a pending ReceiveNext() returns Cancelled.
-  void Cancel() override { group_->Abort(); }
-
-  // The policy version of the last round this receiver took part in (its
-  // manifest arrived), whether or not the version could be staged. 0 before
-  // the first round.
-  uint64_t last_round_version() const { return last_round_version_; }
-
- private:
-  NcclBroadcastGroup* group_;
-  uint64_t last_round_version_ = 0;
-};
+// Rank 0's sender and a worker rank's receiver (broadcast_group.h).
+using NcclWeightSender = BroadcastWeightSender;
+using NcclWeightReceiver = BroadcastWeightReceiver;
 
 }  // namespace tandem::weights

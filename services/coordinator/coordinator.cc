@@ -119,6 +119,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   }
   BroadcastEpochsOptions epochs;
   epochs.enabled = config.weight_sync.broadcast;
+  epochs.backend = config.weight_sync.backend;
   epochs.report_timeout =
       absl::Milliseconds(config.weight_sync.report_timeout_ms);
   epochs.regroup_wait = absl::Milliseconds(config.weight_sync.regroup_wait_ms);

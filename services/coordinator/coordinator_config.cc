@@ -107,9 +107,11 @@ void RegisterFields(config::ConfigSchema* schema, CoordinatorConfig* config) {
                  "A rollout worker joins the next broadcast epoch only if it "
                  "reported within this time (ms).");
   schema->AddEnum("weight_sync.backend", &w.backend, {"gloo", "nccl"},
-                  "Transport of the broadcast groups. Only gloo runs today: "
-                  "nccl is refused at start (the NCCL transport is not yet "
-                  "selected by the trainer and rollout workers).");
+                  "Transport of the broadcast groups: gloo (CPU) or nccl "
+                  "(GPU; only in builds with TANDEM_ENABLE_NCCL, refused at "
+                  "start otherwise). A trainer or rollout worker that cannot "
+                  "run it (no CUDA device) logs an error and receives or "
+                  "serves every version by pull instead.");
   schema->AddInt("weight_sync.regroup_wait_ms", &w.regroup_wait_ms, 0, 3600000,
                  "After a failed broadcast the next epoch is formed at once "
                  "to re-send the version, when every other member of the "
@@ -132,15 +134,11 @@ absl::Status Validate(const CoordinatorConfig& config) {
     return absl::InvalidArgumentError(
         "dataset.path must name a JSONL file when dataset.kind is jsonl");
   }
-  if (config.weight_sync.backend == "nccl") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "weight_sync.backend: nccl is not supported yet: the trainer and "
-        "rollout workers only run Gloo broadcast groups (",
-        TANDEM_ENABLE_NCCL ? "this build has the NCCL transport, but no daemon "
-                             "selects it"
-                           : "this build has no NCCL transport either: "
-                             "TANDEM_ENABLE_NCCL is off",
-        "); use weight_sync.backend: gloo"));
+  if (config.weight_sync.backend == "nccl" && !TANDEM_ENABLE_NCCL) {
+    return absl::InvalidArgumentError(
+        "weight_sync.backend: nccl: this build has no NCCL transport "
+        "(TANDEM_ENABLE_NCCL is off); use weight_sync.backend: gloo or a "
+        "build with CUDA and NCCL");
   }
   return absl::OkStatus();
 }

@@ -94,10 +94,10 @@ struct WeightSyncOptions {
   // A rollout worker joins the next epoch only if its last SyncWeightGroup
   // report is at most this old.
   int64_t report_timeout_ms = 2000;
-  // Transport of the broadcast groups (BroadcastGroup.backend). Only "gloo"
-  // runs: the NCCL transport (common/weights/nccl_broadcast_transport.h)
-  // exists in NCCL builds but the trainer and rollout workers do not select
-  // it yet, so Validate() refuses "nccl" rather than fall back silently.
+  // Transport of the broadcast groups (BroadcastGroup.backend): "gloo", or
+  // "nccl" in builds with TANDEM_ENABLE_NCCL (Validate() refuses it
+  // otherwise). Members create the group with
+  // weights::CreateBroadcastGroup.
   std::string backend = "gloo";
   // After the trainer reports a failed broadcast, the next epoch is formed
   // (to re-send the version) once the failed epoch's other members

@@ -8,8 +8,8 @@
 #include "common/model/decoder_model.h"
 #include "common/model/model_weights.h"
 #include "common/rpc/grpc_client.h"
+#include "common/weights/broadcast_group.h"
 #include "common/weights/flat_weight_layout.h"
-#include "common/weights/gloo_broadcast_transport.h"
 #include "common/weights/grpc_pull_receiver.h"
 #include "common/weights/model_flattening.h"
 
@@ -161,7 +161,7 @@ bool WeightSubscriber::Poll(ClusterView* view) {
   tandem::v1::SyncWeightGroupRequest request;
   request.set_member_id(member_id);
   request.set_policy_version(received_version());
-  request.set_broadcast(true);
+  request.set_broadcast(broadcast_off_.ok());
   if (group_ != nullptr) {
     absl::MutexLock lock(&mu_);
     request.set_joined_epoch(status_.epoch);
@@ -185,7 +185,8 @@ bool WeightSubscriber::Poll(ClusterView* view) {
 }
 
 int WeightSubscriber::RankIn(const tandem::v1::BroadcastGroup& group) const {
-  if (group.epoch() == 0 || group.key_prefix() == abandoned_prefix_) {
+  if (group.epoch() == 0 || group.key_prefix() == abandoned_prefix_ ||
+      !broadcast_off_.ok()) {
     return -1;
   }
   const std::string me = options_.member_id();
@@ -199,7 +200,8 @@ void WeightSubscriber::BroadcastStep(const ClusterView& view, int rank) {
   const tandem::v1::BroadcastGroup& g = view.group;
   if (joined_prefix_ != g.key_prefix()) {
     LeaveGroup();
-    weights::GlooGroupConfig config;
+    weights::BroadcastGroupConfig config;
+    config.backend = g.backend();
     if (!SplitHostPort(g.store_address(), &config.store_host,
                        &config.store_port)) {
       abandoned_prefix_ = g.key_prefix();
@@ -218,14 +220,26 @@ void WeightSubscriber::BroadcastStep(const ClusterView& view, int rank) {
       status_.epoch = g.epoch();
     }
     const absl::Time start = absl::Now();
-    absl::StatusOr<std::unique_ptr<weights::GlooBroadcastGroup>> group =
-        weights::GlooBroadcastGroup::Create(config);
+    absl::StatusOr<std::unique_ptr<weights::BroadcastGroup>> group =
+        weights::CreateBroadcastGroup(config);
     if (!group.ok()) {
+      if (group.status().code() == absl::StatusCode::kFailedPrecondition) {
+        // This worker cannot run the backend; no later epoch would do
+        // better. Stop asking to join (Poll reports broadcast = false).
+        broadcast_off_ = group.status();
+        Log()->error(
+            "broadcast epoch {}: {}; weight broadcast is off for this "
+            "worker, every version is pulled",
+            g.epoch(), std::string(group.status().message()));
+      }
       AbandonGroup(group.status().ToString());
+      // No re-send epoch will list this worker: pull at once.
+      if (!broadcast_off_.ok()) abandoned_at_ = absl::InfinitePast();
       return;
     }
     group_ = *std::move(group);
-    gloo_ = std::make_unique<weights::GlooWeightReceiver>(group_.get());
+    group_receiver_ =
+        std::make_unique<weights::BroadcastWeightReceiver>(group_.get());
     stream_version_ = g.first_policy_version() - 1;
     received_in_epoch_ = false;
     {
@@ -236,8 +250,8 @@ void WeightSubscriber::BroadcastStep(const ClusterView& view, int rank) {
     if (options_.metrics != nullptr) {
       options_.metrics->SetEpoch(g.epoch(), g.member_ids_size() - 1);
     }
-    Log()->info("joined broadcast epoch {} as rank {}/{} in {:.3f}s",
-                g.epoch(), rank, g.member_ids_size(),
+    Log()->info("joined broadcast epoch {} as rank {}/{} in {:.3f}s", g.epoch(),
+                rank, g.member_ids_size(),
                 absl::ToDoubleSeconds(absl::Now() - start));
   }
   if (view.policy_version <= stream_version_) {
@@ -249,8 +263,9 @@ void WeightSubscriber::BroadcastStep(const ClusterView& view, int rank) {
   const absl::Time start = absl::Now();
   const uint64_t bytes_before = staging_->stats().bytes_received;
   absl::StatusOr<uint64_t> version =
-      gloo_->ReceiveNext(staging_.get(), start + options_.timeout);
-  stream_version_ = std::max(stream_version_, gloo_->last_round_version());
+      group_receiver_->ReceiveNext(staging_.get(), start + options_.timeout);
+  stream_version_ =
+      std::max(stream_version_, group_receiver_->last_round_version());
   if (version.ok()) {
     Deliver(*version, weights::SyncTransport::kBroadcast, start, bytes_before);
     if (!received_in_epoch_) {
@@ -270,7 +285,7 @@ void WeightSubscriber::BroadcastStep(const ClusterView& view, int rank) {
     return;
   }
   if (version.status().code() == absl::StatusCode::kFailedPrecondition &&
-      gloo_->last_round_version() <= received_version()) {
+      group_receiver_->last_round_version() <= received_version()) {
     return;  // a version this worker already holds (pulled before joining)
   }
   // The version failed verification, or is a delta on a version this
@@ -280,7 +295,8 @@ void WeightSubscriber::BroadcastStep(const ClusterView& view, int rank) {
     options_.metrics->RecordRejected(weights::SyncTransport::kBroadcast);
   }
   Log()->warn("broadcast version {} rejected: {}; pulling it instead",
-              gloo_->last_round_version(), version.status().ToString());
+              group_receiver_->last_round_version(),
+              version.status().ToString());
   if (!view.weight_server_address.empty()) {
     PullOnce(view.weight_server_address, absl::Now() + absl::Seconds(2));
   }
@@ -293,7 +309,7 @@ void WeightSubscriber::LeaveGroup() {
     active_group_ = nullptr;
     status_.epoch = 0;
   }
-  gloo_.reset();
+  group_receiver_.reset();
   group_.reset();
   joined_prefix_.clear();
   if (options_.metrics != nullptr) options_.metrics->SetEpoch(0, 0);
@@ -330,7 +346,8 @@ void WeightSubscriber::PullOnce(const std::string& address,
   }
   const absl::Time start = absl::Now();
   const uint64_t bytes_before = staging_->stats().bytes_received;
-  absl::StatusOr<uint64_t> version = pull_->ReceiveNext(staging_.get(), deadline);
+  absl::StatusOr<uint64_t> version =
+      pull_->ReceiveNext(staging_.get(), deadline);
   if (version.ok()) {
     Deliver(*version, weights::SyncTransport::kPull, start, bytes_before);
     return;
@@ -363,8 +380,7 @@ void WeightSubscriber::RecoverLostWeights() {
       address);
   // A whole transfer's worth of time: a pull cut by its deadline would
   // leave the buffer half-written again.
-  PullOnce(address,
-           absl::Now() + std::max(absl::Seconds(2), options_.timeout));
+  PullOnce(address, absl::Now() + std::max(absl::Seconds(2), options_.timeout));
 }
 
 void WeightSubscriber::Deliver(uint64_t version,
@@ -380,7 +396,8 @@ void WeightSubscriber::Deliver(uint64_t version,
     status = weights.status();
   }
   if (!status.ok()) {
-    if (options_.metrics != nullptr) options_.metrics->RecordRejected(transport);
+    if (options_.metrics != nullptr)
+      options_.metrics->RecordRejected(transport);
     Log()->warn("policy version {} rejected: {}", version, status.ToString());
     return;
   }
@@ -404,8 +421,7 @@ void WeightSubscriber::Deliver(uint64_t version,
                        absl::FromUnixMillis(manifest->published_unix_ms()))
             : started;
     options_.metrics->RecordVersion(weights::SyncDirection::kReceived,
-                                    transport, full,
-                                    static_cast<double>(bytes),
+                                    transport, full, static_cast<double>(bytes),
                                     absl::ToDoubleSeconds(staged - began));
     if (manifest->published_unix_ms() > 0) {
       options_.metrics->RecordPublishToStaged(
@@ -418,7 +434,8 @@ void WeightSubscriber::Deliver(uint64_t version,
   absl::MutexLock lock(&mu_);
   if (manifest.has_value() && manifest->published_unix_ms() > 0) {
     published_ms_[version] = manifest->published_unix_ms();
-    while (published_ms_.size() > 16) published_ms_.erase(published_ms_.begin());
+    while (published_ms_.size() > 16)
+      published_ms_.erase(published_ms_.begin());
   }
   received_version_ = version;
   ++versions_received_;

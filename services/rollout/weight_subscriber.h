@@ -14,7 +14,8 @@
 //              poll_interval) with what it holds; while it is not in the
 //              current broadcast group it pulls, so it catches up and the
 //              coordinator adds it at the next membership epoch. Once listed
-//              in an epoch it joins that epoch's Gloo group and receives
+//              in an epoch it joins that epoch's group (of the epoch's
+//              backend, gloo or nccl: CreateBroadcastGroup) and receives
 //              every version the trainer broadcasts, in order (FULL, or a
 //              DELTA on the version before). A failed or timed-out
 //              collective leaves the group (reported to the coordinator,
@@ -26,7 +27,11 @@
 //              (counted) after the collective and the latest version
 //              pulled instead, without leaving the group. A new epoch (a
 //              different key prefix) is joined when it lists this worker;
-//              an epoch the worker left is never rejoined.
+//              an epoch the worker left is never rejoined. A backend this
+//              worker cannot run (FailedPrecondition: NCCL not built, no
+//              CUDA device) is logged once as an error and turns broadcast
+//              off for the life of the subscriber: it reports the epoch
+//              failed, then broadcast = false, and pulls every version.
 //
 // Thread-safety: all public methods are thread-safe; Stop() joins (it may
 // wait up to `timeout` for a rendezvous or collective under way).
@@ -47,8 +52,8 @@
 
 namespace tandem::weights {
 class GrpcPullReceiver;
-class GlooBroadcastGroup;
-class GlooWeightReceiver;
+class BroadcastGroup;
+class BroadcastWeightReceiver;
 }  // namespace tandem::weights
 
 namespace tandem::rollout {
@@ -96,8 +101,8 @@ class WeightSubscriber {
   // layout every version must have).
   static absl::StatusOr<std::unique_ptr<WeightSubscriber>> Create(
       std::shared_ptr<model::DecoderModel> model, StagedWeightSource* source,
-      std::function<std::string()> weight_server_address,
-      uint64_t live_version, WeightSyncOptions options = {});
+      std::function<std::string()> weight_server_address, uint64_t live_version,
+      WeightSyncOptions options = {});
   ~WeightSubscriber();
 
   void Start();
@@ -155,20 +160,22 @@ class WeightSubscriber {
   // Receiver thread only.
   std::string pull_address_;
   std::unique_ptr<weights::GrpcPullReceiver> pull_;
-  std::unique_ptr<weights::GlooBroadcastGroup> group_;
-  std::unique_ptr<weights::GlooWeightReceiver> gloo_;
+  std::unique_ptr<weights::BroadcastGroup> group_;
+  std::unique_ptr<weights::BroadcastWeightReceiver> group_receiver_;
+  // Not OK: this worker cannot run the coordinator's backend; it pulls.
+  absl::Status broadcast_off_;
   std::string joined_prefix_;
   std::string abandoned_prefix_;
   absl::Time abandoned_at_ = absl::InfinitePast();
-  uint64_t stream_version_ = 0;  // last version of the group's stream seen
+  uint64_t stream_version_ = 0;     // last version of the group's stream seen
   bool received_in_epoch_ = false;  // a version was delivered in this epoch
-  uint64_t failed_epoch_ = 0;    // to report once
+  uint64_t failed_epoch_ = 0;       // to report once
   std::string failure_;
 
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   weights::GrpcPullReceiver* receiver_ ABSL_GUARDED_BY(mu_) = nullptr;
-  weights::GlooBroadcastGroup* active_group_ ABSL_GUARDED_BY(mu_) = nullptr;
+  weights::BroadcastGroup* active_group_ ABSL_GUARDED_BY(mu_) = nullptr;
   uint64_t received_version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t versions_received_ ABSL_GUARDED_BY(mu_) = 0;
   WeightSyncStatus status_ ABSL_GUARDED_BY(mu_);

@@ -1,6 +1,6 @@
-// The coordinator's weight_sync.backend key: gloo runs, nccl is refused at
-// start with an error naming the key and the value, anything else is
-// refused by the schema.
+// The coordinator's weight_sync.backend key: gloo runs; nccl runs in builds
+// with TANDEM_ENABLE_NCCL and is refused at start otherwise with an error
+// naming the key and the value; anything else is refused by the schema.
 
 #include "services/coordinator/coordinator_config.h"
 
@@ -33,25 +33,30 @@ TEST_CASE("weight_sync.backend defaults to gloo and accepts it",
   CHECK(config.weight_sync.backend == "gloo");
 }
 
-TEST_CASE("weight_sync.backend nccl is refused at start, naming key and value",
-          "[coordinator][config]") {
+TEST_CASE(
+    "weight_sync.backend nccl is accepted in NCCL builds and refused at start "
+    "otherwise, naming key and value",
+    "[coordinator][config]") {
   CoordinatorConfig config;
   const absl::Status s = Load("weight_sync:\n  backend: nccl\n", &config);
+  // Refused or accepted whatever weight_sync.broadcast says, so a config
+  // that would fail once broadcast is turned on fails now.
+  CoordinatorConfig off;
+  const absl::Status s_off =
+      Load("weight_sync:\n  broadcast: false\n  backend: nccl\n", &off);
+#if TANDEM_ENABLE_NCCL
+  REQUIRE(s.ok());
+  CHECK(config.weight_sync.backend == "nccl");
+  CHECK(s_off.ok());
+#else
   REQUIRE(absl::IsInvalidArgument(s));
   const std::string message(s.message());
-  CHECK_THAT(message,
-             Catch::StartsWith("weight_sync.backend: nccl is not supported"));
-  CHECK_THAT(message, Catch::Contains("use weight_sync.backend: gloo"));
-#if TANDEM_ENABLE_NCCL
-  CHECK_THAT(message, Catch::Contains("this build has the NCCL transport"));
-#else
+  CHECK_THAT(message, Catch::StartsWith("weight_sync.backend: nccl: this "
+                                        "build has no NCCL transport"));
   CHECK_THAT(message, Catch::Contains("TANDEM_ENABLE_NCCL is off"));
+  CHECK_THAT(message, Catch::Contains("use weight_sync.backend: gloo"));
+  CHECK(absl::IsInvalidArgument(s_off));
 #endif
-  // Refused even with broadcast off, so a config that would fail once
-  // broadcast is turned on fails now.
-  CoordinatorConfig off;
-  CHECK(absl::IsInvalidArgument(
-      Load("weight_sync:\n  broadcast: false\n  backend: nccl\n", &off)));
 }
 
 TEST_CASE("weight_sync.backend rejects unknown transports in the schema",

@@ -4,3 +4,9 @@ if(TARGET tandem_weights_gloo)
     LIBS tandem_weights_gloo
     TIMEOUT 120)
 endif()
+if(TARGET tandem_weights_gloo)
+  tandem_add_test(weights_broadcast_group_test
+    SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_broadcast_group_test.cc
+    LIBS tandem_weights_gloo
+    TIMEOUT 120)
+endif()

@@ -20,13 +20,6 @@ namespace {
 
 using Payload = std::shared_ptr<const std::vector<uint8_t>>;
 
-FlatWeightLayout Layout() {
-  auto layout = FlatWeightLayout::Create(
-      testing::SmallModelTensors(), {.bucket_bytes = 4096, .alignment = 64});
-  REQUIRE(layout.ok());
-  return *std::move(layout);
-}
-
 v1::BroadcastGroup Group(uint64_t epoch, const std::string& store,
                          int receivers) {
   v1::BroadcastGroup g;
@@ -120,7 +113,7 @@ TEST_CASE(
     "BroadcastSender delivers each version to the group of its epoch and "
     "forms a new group when the epoch changes",
     "[weights][gloo]") {
-  const FlatWeightLayout layout = Layout();
+  const FlatWeightLayout layout = testing::SmallLayout();
   Outcomes outcomes;
   BroadcastSenderOptions options;
   options.timeout = absl::Seconds(20);
@@ -178,7 +171,7 @@ TEST_CASE(
     "a receiver that never joins fails the epoch within the deadline; the "
     "sender reports it and drops the epoch's other versions",
     "[weights][gloo]") {
-  const FlatWeightLayout layout = Layout();
+  const FlatWeightLayout layout = testing::SmallLayout();
   Outcomes outcomes;
   BroadcastSenderOptions options;
   options.timeout = absl::Seconds(1);
@@ -217,7 +210,7 @@ TEST_CASE(
     "a broadcast version whose bytes fail the checksum is rejected and not "
     "committable; the group stays usable for the next version",
     "[weights][gloo]") {
-  const FlatWeightLayout layout = Layout();
+  const FlatWeightLayout layout = testing::SmallLayout();
   auto server = GlooRendezvousStore::Create("127.0.0.1", 0, absl::Seconds(20));
   REQUIRE(server.ok());
   const uint16_t port = (*server)->port();
@@ -286,7 +279,7 @@ TEST_CASE(
     "after a failed epoch the re-sent version goes first to the next epoch; "
     "jobs of the failed epoch and a version already sent are dropped",
     "[weights][gloo]") {
-  const FlatWeightLayout layout = Layout();
+  const FlatWeightLayout layout = testing::SmallLayout();
   Outcomes outcomes;
   BroadcastSenderOptions options;
   options.timeout = absl::Seconds(1);
@@ -389,7 +382,7 @@ TEST_CASE(
     "trainer's bytes bit for bit; a coalesced gap, and a receiver without "
     "the base, fall back safely",
     "[weights][gloo]") {
-  const FlatWeightLayout layout = Layout();
+  const FlatWeightLayout layout = testing::SmallLayout();
   Outcomes outcomes;
   absl::Notification release;
   absl::Notification hold_after_4;

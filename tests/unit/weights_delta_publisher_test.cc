@@ -22,13 +22,6 @@ namespace {
 
 using Bytes = std::vector<uint8_t>;
 
-FlatWeightLayout SmallLayout() {
-  auto layout = FlatWeightLayout::Create(
-      testing::SmallModelTensors(), {.bucket_bytes = 4096, .alignment = 64});
-  REQUIRE(layout.ok());
-  return *std::move(layout);
-}
-
 // A trainer's successive versions of one flat buffer.
 class Versions {
  public:
@@ -78,7 +71,7 @@ TEST_CASE(
     "bf16 versions are deltas between scheduled anchors, full when the "
     "change is dense, the delta large or the base missing",
     "[weights][delta]") {
-  const FlatWeightLayout layout = SmallLayout();
+  const FlatWeightLayout layout = testing::SmallLayout();
   Versions versions(layout);
   DeltaPublishOptions options;
   options.anchor_every = 4;
@@ -147,7 +140,7 @@ TEST_CASE(
 
 TEST_CASE("deltas off (float32 publishing, anchor_every 1): every version full",
           "[weights][delta]") {
-  const FlatWeightLayout layout = SmallLayout();
+  const FlatWeightLayout layout = testing::SmallLayout();
   Versions versions(layout);
   auto off = DeltaPublisher::Create({false, 16, 0.25});
   auto every = DeltaPublisher::Create({true, 1, 0.25});
@@ -166,7 +159,7 @@ TEST_CASE("deltas off (float32 publishing, anchor_every 1): every version full",
 
 TEST_CASE("replaying a published anchor and its deltas is bit-exact",
           "[weights][delta]") {
-  const FlatWeightLayout layout = SmallLayout();
+  const FlatWeightLayout layout = testing::SmallLayout();
   Versions versions(layout);
   auto publisher = DeltaPublisher::Create({true, 5, 0.25});
   REQUIRE(publisher.ok());

@@ -18,13 +18,6 @@ namespace {
 
 using Bytes = std::vector<uint8_t>;
 
-FlatWeightLayout Layout() {
-  auto layout = FlatWeightLayout::Create(
-      testing::SmallModelTensors(), {.bucket_bytes = 4096, .alignment = 64});
-  REQUIRE(layout.ok());
-  return *std::move(layout);
-}
-
 GlooGroupConfig Config(uint16_t port, int rank, int world, std::string prefix,
                        absl::Duration timeout = absl::Seconds(20)) {
   GlooGroupConfig c;
@@ -40,7 +33,7 @@ TEST_CASE(
     "Gloo broadcast delivers full and delta versions bit for bit to "
     "every receiver",
     "[weights][gloo]") {
-  const FlatWeightLayout layout = Layout();
+  const FlatWeightLayout layout = testing::SmallLayout();
   auto server = GlooRendezvousStore::Create("127.0.0.1", 0, absl::Seconds(20));
   REQUIRE(server.ok());
   const uint16_t port = (*server)->port();

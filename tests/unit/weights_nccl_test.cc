@@ -19,13 +19,6 @@ namespace {
 
 using Bytes = std::vector<uint8_t>;
 
-FlatWeightLayout Layout() {
-  auto layout = FlatWeightLayout::Create(
-      testing::SmallModelTensors(), {.bucket_bytes = 4096, .alignment = 64});
-  REQUIRE(layout.ok());
-  return *std::move(layout);
-}
-
 NcclGroupConfig Config(uint16_t port, int rank, int world, std::string prefix,
                        absl::Duration timeout = absl::Seconds(20)) {
   NcclGroupConfig c;
@@ -103,7 +96,7 @@ TEST_CASE(
     "one",
     "[weights][nccl][gpu]") {
   if (!TwoDevices()) return;
-  const FlatWeightLayout layout = Layout();
+  const FlatWeightLayout layout = testing::SmallLayout();
   auto server = GlooRendezvousStore::Create("127.0.0.1", 0, absl::Seconds(20));
   REQUIRE(server.ok());
   const uint16_t port = (*server)->port();
@@ -210,7 +203,7 @@ TEST_CASE("NCCL Abort() from another thread unblocks a waiting rank",
     sender_thread.join();
     FAIL(group.status().ToString());
   }
-  const FlatWeightLayout layout = Layout();
+  const FlatWeightLayout layout = testing::SmallLayout();
   auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
   NcclWeightReceiver receiver(group->get());
   std::thread canceller([&] {

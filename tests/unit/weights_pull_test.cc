@@ -27,13 +27,6 @@ namespace {
 
 using Bytes = std::vector<uint8_t>;
 
-FlatWeightLayout SmallLayout() {
-  auto layout = FlatWeightLayout::Create(
-      testing::SmallModelTensors(), {.bucket_bytes = 4096, .alignment = 64});
-  REQUIRE(layout.ok());
-  return *std::move(layout);
-}
-
 // Publishes like the trainer: a FULL copy of anchors and of the latest
 // version, a DELTA for every other version.
 class Publisher {
@@ -138,7 +131,7 @@ TEST_CASE(
     "Pull path: a late joiner fetches one full copy, then follows "
     "deltas, bit for bit",
     "[weights][pull]") {
-  const FlatWeightLayout layout = SmallLayout();
+  const FlatWeightLayout layout = testing::SmallLayout();
   Loopback loop;
   Publisher trainer(layout, &loop.store());
   for (uint64_t v = 0; v <= 6; ++v) trainer.Step(v);
@@ -166,7 +159,7 @@ TEST_CASE(
 
 TEST_CASE("Pull path resumes broken streams from the last verified byte",
           "[weights][pull]") {
-  const FlatWeightLayout layout = SmallLayout();
+  const FlatWeightLayout layout = testing::SmallLayout();
   Loopback loop;
   Publisher trainer(layout, &loop.store());
   trainer.Step(0);
@@ -188,7 +181,7 @@ TEST_CASE("Pull path resumes broken streams from the last verified byte",
 
 TEST_CASE("Pull path discards a corrupted chunk and refetches it",
           "[weights][pull]") {
-  const FlatWeightLayout layout = SmallLayout();
+  const FlatWeightLayout layout = testing::SmallLayout();
   Loopback loop;
   Publisher trainer(layout, &loop.store());
   trainer.Step(0);
@@ -209,7 +202,7 @@ TEST_CASE("Pull path discards a corrupted chunk and refetches it",
 
 TEST_CASE("Pull path rejects a version whose bucket fails verification",
           "[weights][pull]") {
-  const FlatWeightLayout layout = SmallLayout();
+  const FlatWeightLayout layout = testing::SmallLayout();
   Loopback loop;
   std::mt19937_64 rng(3);
   WeightBuffer good(layout.total_bytes());
@@ -278,7 +271,7 @@ TEST_CASE(
     "Pull receiver waits for a newer version until its deadline or "
     "Cancel",
     "[weights][pull]") {
-  const FlatWeightLayout layout = SmallLayout();
+  const FlatWeightLayout layout = testing::SmallLayout();
   Loopback loop;
   auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
   REQUIRE(staging.ok());
@@ -300,7 +293,7 @@ TEST_CASE(
     "Raw data path in whole buckets: resumes at the bucket, a corrupted "
     "bucket rejects the version",
     "[weights][pull]") {
-  const FlatWeightLayout layout = SmallLayout();
+  const FlatWeightLayout layout = testing::SmallLayout();
   REQUIRE(layout.buckets().size() > 3);
   Loopback loop;
   Publisher trainer(layout, &loop.store());
@@ -335,7 +328,7 @@ TEST_CASE(
     "Pull receiver reads FetchWeights from a server without a raw data "
     "path",
     "[weights][pull]") {
-  const FlatWeightLayout layout = SmallLayout();
+  const FlatWeightLayout layout = testing::SmallLayout();
   WeightServerOptions options;
   options.data_host = "";  // disabled: nothing announced
   Loopback loop(options);
@@ -352,7 +345,7 @@ TEST_CASE(
 
 TEST_CASE("Raw data path answers bad requests with an error status",
           "[weights][pull]") {
-  const FlatWeightLayout layout = SmallLayout();
+  const FlatWeightLayout layout = testing::SmallLayout();
   Loopback loop;
   REQUIRE(loop.service().data_port() != 0);
   Publisher trainer(layout, &loop.store());
@@ -406,7 +399,7 @@ TEST_CASE("Raw data path answers bad requests with an error status",
 
 TEST_CASE("WeightStore keeps the anchor and evicts old versions",
           "[weights][pull]") {
-  const FlatWeightLayout layout = SmallLayout();
+  const FlatWeightLayout layout = testing::SmallLayout();
   WeightStore store(/*retain_versions=*/3);
   Publisher trainer(layout, &store);
   for (uint64_t v = 0; v <= 7; ++v) trainer.Step(v);

@@ -28,6 +28,14 @@ inline std::vector<TensorInfo> SmallModelTensors() {
   };
 }
 
+// SmallModelTensors() in 4 KiB buckets aligned to 64 bytes (several
+// buckets). Throws, failing the test, if the layout cannot be built.
+inline FlatWeightLayout SmallLayout() {
+  return FlatWeightLayout::Create(SmallModelTensors(),
+                                  {.bucket_bytes = 4096, .alignment = 64})
+      .value();
+}
+
 // Fills every tensor (not the padding) with random bytes.
 inline void FillRandom(const FlatWeightLayout& layout, WeightBuffer* buf,
                        std::mt19937_64& rng) {

@@ -1,0 +1,22 @@
+#include "common/weights/broadcast_group.h"
+
+#include "common/weights/broadcast_protocol.h"
+
+namespace tandem::weights {
+
+absl::Status BroadcastWeightSender::Publish(const v1::WeightManifest& manifest,
+                                            absl::Span<const uint8_t> payload,
+                                            absl::Time /*deadline*/) {
+  return PublishOverBroadcast(
+      [this](absl::Span<uint8_t> b) { return group_->Broadcast(b); }, manifest,
+      payload);
+}
+
+absl::StatusOr<uint64_t> BroadcastWeightReceiver::ReceiveNext(
+    StagingWeights* staging, absl::Time /*deadline*/) {
+  return ReceiveOverBroadcast(
+      [this](absl::Span<uint8_t> b) { return group_->Broadcast(b); },
+      [this] { group_->Abort(); }, staging, &last_round_version_);
+}
+
+}  // namespace tandem::weights

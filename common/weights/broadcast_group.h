@@ -1,0 +1,119 @@
+#pragma once
+
+// BroadcastGroup: what the trainer's BroadcastSender and a rollout worker's
+// WeightSubscriber need from one membership epoch's collective group,
+// whatever its backend (tandem.v1.BroadcastGroup.backend):
+//   "gloo"  GlooBroadcastGroup (gloo_broadcast_transport.h), CPU, always
+//           built with LibTorch;
+//   "nccl"  NcclBroadcastGroup (nccl_broadcast_transport.h), GPU, built
+//           only with TANDEM_ENABLE_NCCL.
+// CreateBroadcastGroup() picks the implementation from the backend the
+// coordinator handed out, so every member of an epoch runs the same one.
+//
+// FailedPrecondition from CreateBroadcastGroup() means this member cannot
+// run the backend at all (not compiled in, no CUDA device): a later epoch
+// would fail the same way, so callers stop taking part in broadcast and
+// receive by pull instead (broadcast_sender.h, weight_subscriber.h). The
+// message starts with "weight_sync.backend '<name>': " and names the cause.
+//
+// The per-version wire protocol on top of a group is the same for every
+// backend (broadcast_protocol.h): BroadcastWeightSender on rank 0,
+// BroadcastWeightReceiver on the other ranks.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/weights/weight_transport.h"
+
+namespace tandem::weights {
+
+class GlooRendezvousStore;
+
+class BroadcastGroup {
+ public:
+  virtual ~BroadcastGroup() = default;
+
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // A collective failed, timed out or Abort() was called: later collectives
+  // fail fast; the coordinator forms the next epoch.
+  virtual bool broken() const = 0;
+
+  // Broadcasts `bytes` from rank 0 into every rank's `bytes`, in place.
+  // REQUIRES: size a multiple of 4, data 4-byte aligned. Errors mark the
+  // group broken.
+  virtual absl::Status Broadcast(absl::Span<uint8_t> bytes) = 0;
+
+  // Marks the group broken; may be called from any thread.
+  virtual void Abort() = 0;
+};
+
+// Rank 0's WeightSender. `group` must outlive it.
+class BroadcastWeightSender : public WeightSender {
+ public:
+  explicit BroadcastWeightSender(BroadcastGroup* group) : group_(group) {}
+  // `deadline` is not used: each collective carries the group's timeout.
+  absl::Status Publish(const v1::WeightManifest& manifest,
+                       absl::Span<const uint8_t> payload,
+                       absl::Time deadline) override;
+
+ private:
+  BroadcastGroup* group_;
+};
+
+// A worker rank's WeightReceiver. `group` must outlive it.
+class BroadcastWeightReceiver : public WeightReceiver {
+ public:
+  explicit BroadcastWeightReceiver(BroadcastGroup* group) : group_(group) {}
+  absl::StatusOr<uint64_t> ReceiveNext(StagingWeights* staging,
+                                       absl::Time deadline) override;
+  // Aborts the group.
+  void Cancel() override { group_->Abort(); }
+
+  // The policy version of the last round this receiver took part in (its
+  // manifest arrived), whether or not the version could be staged: the
+  // sender's stream position. 0 before the first round.
+  uint64_t last_round_version() const { return last_round_version_; }
+
+ private:
+  BroadcastGroup* group_;
+  uint64_t last_round_version_ = 0;
+};
+
+// One member's view of an epoch's group.
+struct BroadcastGroupConfig {
+  // BroadcastGroup.backend: "gloo" (also for ""), or "nccl".
+  std::string backend = "gloo";
+  // The trainer's rendezvous store (BroadcastGroup.store_address).
+  std::string store_host = "127.0.0.1";
+  uint16_t store_port = 0;
+  // BroadcastGroup.key_prefix.
+  std::string key_prefix = "tandem/weights/epoch0";
+  int rank = 0;
+  int world_size = 1;
+  // Gloo: address it binds for its pairs on this host.
+  std::string bind_host = "127.0.0.1";
+  // Deadline of the rendezvous and of every collective.
+  absl::Duration timeout = absl::Seconds(30);
+};
+
+// Whether this build has the transport of `backend` ("" counts as gloo).
+bool BroadcastBackendBuilt(absl::string_view backend);
+
+// Joins the group with the backend's implementation; blocks for the
+// rendezvous (at most config.timeout). Gloo's rank 0 uses `server` (the
+// store it hosts; see GlooBroadcastGroup::Create); NCCL ranks connect to
+// store_host:store_port as clients and ignore it. FailedPrecondition when
+// this member cannot run the backend (see the top of this file);
+// otherwise the backend's own errors.
+absl::StatusOr<std::unique_ptr<BroadcastGroup>> CreateBroadcastGroup(
+    const BroadcastGroupConfig& config,
+    const GlooRendezvousStore* server = nullptr);
+
+}  // namespace tandem::weights
