@@ -248,14 +248,22 @@ int Main(int argc, char** argv) {
                         {"(d) continuous, no updates", false, false, false}};
   // Interleave modes across repeats so machine noise hits all alike; keep
   // each mode's best run.
+  // Also the ratios within each round (four runs back to back), whose
+  // median is less sensitive to the load drifting between rounds.
   Result best[4];
+  std::vector<double> round_ratios[3];  // (c)/(a), (c)/(b), (c)/(d)
   for (int r = 0; r < flags.repeat; ++r) {
+    double tps[4];
     for (int m = 0; m < 4; ++m) {
       Result res =
           RunOnce(*loaded, versions, flags, lengths, modes[m].static_batching,
                   modes[m].drain, modes[m].updates);
+      tps[m] = res.tokens_per_second;
       if (res.tokens_per_second > best[m].tokens_per_second) best[m] = res;
     }
+    round_ratios[0].push_back(tps[2] / tps[0]);
+    round_ratios[1].push_back(tps[2] / tps[1]);
+    round_ratios[2].push_back(tps[2] / tps[3]);
   }
   std::printf("%-28s %12s %10s %7s %9s %14s %14s\n", "mode", "tokens/s",
               "tokens", "steps", "updates", "pause p50 (s)", "pause p99 (s)");
@@ -274,6 +282,16 @@ int Main(int argc, char** argv) {
               best[2].tokens_per_second / best[0].tokens_per_second,
               best[2].tokens_per_second / best[1].tokens_per_second,
               best[2].tokens_per_second / best[3].tokens_per_second);
+  const char* names[] = {"(c)/(a)", "(c)/(b)", "(c)/(d)"};
+  std::printf("per-round ratios over %d rounds (median [min, max]):",
+              flags.repeat);
+  for (int k = 0; k < 3; ++k) {
+    const std::vector<double>& v = round_ratios[k];
+    std::printf("  %s %.2f [%.2f, %.2f]", names[k], Percentile(v, 0.5),
+                *std::min_element(v.begin(), v.end()),
+                *std::max_element(v.begin(), v.end()));
+  }
+  std::printf("\n");
   return 0;
 }
 
