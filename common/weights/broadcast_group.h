@@ -116,4 +116,12 @@ absl::StatusOr<std::unique_ptr<BroadcastGroup>> CreateBroadcastGroup(
     const BroadcastGroupConfig& config,
     const GlooRendezvousStore* server = nullptr);
 
+// Rank 0 cannot run the epoch's backend (`reason`: CreateBroadcastGroup's
+// FailedPrecondition): tells the other ranks where the backend allows it,
+// so they fail at once with FailedPrecondition instead of waiting for the
+// rendezvous deadline (NCCL: NcclRefuseGroup). Gloo, or a build without
+// NCCL: nothing to do (OK).
+absl::Status RefuseBroadcastGroup(const BroadcastGroupConfig& config,
+                                  absl::string_view reason);
+
 }  // namespace tandem::weights

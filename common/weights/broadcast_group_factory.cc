@@ -70,4 +70,23 @@ absl::StatusOr<std::unique_ptr<BroadcastGroup>> CreateBroadcastGroup(
       TANDEM_ENABLE_NCCL ? " and nccl)" : ")"));
 }
 
+absl::Status RefuseBroadcastGroup(const BroadcastGroupConfig& config,
+                                  absl::string_view reason) {
+#if TANDEM_ENABLE_NCCL
+  if (BackendName(config.backend) == "nccl") {
+    NcclGroupConfig nccl;
+    nccl.store_host = config.store_host;
+    nccl.store_port = config.store_port;
+    nccl.key_prefix = config.key_prefix;
+    nccl.rank = config.rank;
+    nccl.world_size = config.world_size;
+    nccl.timeout = config.timeout;
+    return NcclRefuseGroup(nccl, reason);
+  }
+#endif
+  (void)config;
+  (void)reason;
+  return absl::OkStatus();
+}
+
 }  // namespace tandem::weights

@@ -106,6 +106,20 @@ void BroadcastSender::Run() {
   }
 }
 
+BroadcastGroupConfig BroadcastSender::GroupConfig(
+    const v1::BroadcastGroup& group) const {
+  BroadcastGroupConfig config;
+  config.backend = group.backend();
+  config.store_host = options_.store_host;
+  config.store_port = store_->port();
+  config.key_prefix = group.key_prefix();
+  config.rank = 0;
+  config.world_size = group.member_ids_size();
+  config.bind_host = options_.bind_host;
+  config.timeout = options_.timeout;
+  return config;
+}
+
 bool BroadcastSender::JoinEpoch(const Job& job, BroadcastOutcome* outcome) {
   const uint64_t v = job.version();
   // Every receiver of the new epoch holds v-1 when v is its first version
@@ -126,15 +140,7 @@ bool BroadcastSender::JoinEpoch(const Job& job, BroadcastOutcome* outcome) {
   if (base_carries && v > 0) holds_ = v - 1;
   no_receivers_ = job.group.member_ids_size() < 2;
   if (no_receivers_) return true;
-  BroadcastGroupConfig config;
-  config.backend = job.group.backend();
-  config.store_host = options_.store_host;
-  config.store_port = store_->port();
-  config.key_prefix = job.group.key_prefix();
-  config.rank = 0;
-  config.world_size = job.group.member_ids_size();
-  config.bind_host = options_.bind_host;
-  config.timeout = options_.timeout;
+  const BroadcastGroupConfig config = GroupConfig(job.group);
   const absl::Time start = absl::Now();
   absl::StatusOr<std::unique_ptr<BroadcastGroup>> group =
       CreateBroadcastGroup(config, store_.get());
@@ -148,8 +154,12 @@ bool BroadcastSender::JoinEpoch(const Job& job, BroadcastOutcome* outcome) {
           group.status().message(),
           "; weight broadcast is off for this trainer (rollout workers "
           "receive every version by pull)"));
-      absl::MutexLock lock(&mu_);
-      unavailable_ = outcome->status;
+      {
+        absl::MutexLock lock(&mu_);
+        unavailable_ = outcome->status;
+      }
+      // The receivers wait for rank 0 in the rendezvous: tell them.
+      RefuseBroadcastGroup(config, outcome->status.message()).IgnoreError();
     } else {
       outcome->status = group.status();
     }
@@ -167,9 +177,22 @@ void BroadcastSender::Send(const Job& job) {
       left_prefixes_.end()) {
     return;  // an epoch already left (e.g. the one a re-send replaced)
   }
+  absl::Status unavailable;
   {
     absl::MutexLock lock(&mu_);
-    if (!unavailable_.ok()) return;  // broadcast is off (reported once)
+    unavailable = unavailable_;
+  }
+  if (!unavailable.ok()) {
+    // Broadcast is off (reported once). Receivers listed in a new epoch
+    // are told at once rather than at their rendezvous deadline.
+    if (prefix != group_prefix_) {
+      group_prefix_ = prefix;
+      if (job.group.member_ids_size() >= 2) {
+        RefuseBroadcastGroup(GroupConfig(job.group), unavailable.message())
+            .IgnoreError();
+      }
+    }
+    return;
   }
   BroadcastOutcome outcome;
   outcome.group = job.group;

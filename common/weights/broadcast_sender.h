@@ -23,7 +23,10 @@
 // for the life of the sender: that rendezvous failure is reported once
 // like any other (the coordinator marks the epoch failed), and every later
 // job is dropped without a rendezvous or a report, so rollout workers
-// receive every version by pull. unavailable() returns the reason.
+// receive every version by pull. The receivers of that epoch and of every
+// later one are told through the store (RefuseBroadcastGroup), so NCCL
+// workers that could run it fail at once rather than at the rendezvous
+// deadline. unavailable() returns the reason.
 //
 // Queued jobs of one epoch are coalesced: a job is skipped when a job of
 // the same epoch with the same or a newer version waits behind it, and a
@@ -144,6 +147,8 @@ class BroadcastSender {
   std::unique_ptr<GlooRendezvousStore> store_;
   std::thread thread_;
 
+  // This trainer's (rank 0's) view of `group`.
+  BroadcastGroupConfig GroupConfig(const v1::BroadcastGroup& group) const;
   // Switches to the job's epoch (forming its group); false when the
   // rendezvous failed (reported).
   bool JoinEpoch(const Job& job, BroadcastOutcome* outcome);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 
@@ -22,6 +23,8 @@ namespace tandem::weights {
 namespace {
 
 constexpr char kUniqueIdKey[] = "nccl_unique_id";
+// Stored under kUniqueIdKey, followed by the reason, by NcclRefuseGroup.
+constexpr absl::string_view kRefusal = "tandem-refused:";
 
 #define TANDEM_CUDART_FUNCTIONS(X) \
   X(cudaFree)                      \
@@ -176,6 +179,44 @@ absl::StatusOr<int> NcclVisibleDevices() {
         e == cudaSuccess ? std::string("0 devices") : CudaError(e), ")"));
   }
   return count;
+}
+
+absl::Status NcclCheckStoredUniqueId(absl::Span<const uint8_t> stored) {
+  const absl::string_view text(reinterpret_cast<const char*>(stored.data()),
+                               stored.size());
+  if (absl::StartsWith(text, kRefusal)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank 0 cannot run NCCL: ", text.substr(kRefusal.size())));
+  }
+  if (stored.size() != sizeof(ncclUniqueId)) {
+    return absl::DataLossError(
+        absl::StrCat("the store's ", kUniqueIdKey, " has ", stored.size(),
+                     " bytes, want ", sizeof(ncclUniqueId)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NcclRefuseGroup(const NcclGroupConfig& config,
+                             absl::string_view reason) {
+  try {
+    c10d::TCPStoreOptions store_options;
+    store_options.port = config.store_port;
+    store_options.isServer = false;
+    store_options.waitWorkers = false;
+    store_options.timeout =
+        std::chrono::milliseconds(absl::ToInt64Milliseconds(config.timeout));
+    auto store =
+        c10::make_intrusive<c10d::TCPStore>(config.store_host, store_options);
+    c10d::PrefixStore prefixed(config.key_prefix, store);
+    const std::string value = absl::StrCat(kRefusal, reason);
+    prefixed.set(kUniqueIdKey,
+                 std::vector<uint8_t>(value.begin(), value.end()));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("nccl group ", config.key_prefix,
+                     ": cannot store the refusal: ", e.what()));
+  }
+  return absl::OkStatus();
 }
 
 struct NcclBroadcastGroup::Impl {
@@ -380,10 +421,9 @@ absl::StatusOr<std::unique_ptr<NcclBroadcastGroup>> NcclBroadcastGroup::Create(
       prefixed.set(kUniqueIdKey, std::vector<uint8_t>(p, p + sizeof(id)));
     } else {
       const std::vector<uint8_t> bytes = prefixed.get(kUniqueIdKey);
-      if (bytes.size() != sizeof(id)) {
-        return absl::DataLossError(
-            absl::StrCat(impl->where, ": the store's ", kUniqueIdKey, " has ",
-                         bytes.size(), " bytes, want ", sizeof(id)));
+      if (absl::Status s = NcclCheckStoredUniqueId(bytes); !s.ok()) {
+        return absl::Status(s.code(),
+                            absl::StrCat(impl->where, ": ", s.message()));
       }
       std::memcpy(&id, bytes.data(), sizeof(id));
     }

@@ -39,6 +39,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/weights/broadcast_group.h"
@@ -65,6 +66,21 @@ struct NcclGroupConfig {
 // The number of visible CUDA devices, or FailedPrecondition "NCCL weight
 // transport: no CUDA device visible (cudaGetDeviceCount: ...)".
 absl::StatusOr<int> NcclVisibleDevices();
+
+// Rank 0 that cannot take part in the epoch (no CUDA device, no NCCL)
+// stores `reason` under the key where the other ranks wait for its
+// ncclUniqueId, so their Create() fails at once with FailedPrecondition
+// "... rank 0 cannot run NCCL: <reason>" instead of at the rendezvous
+// deadline. Needs neither CUDA nor NCCL; Unavailable if the store cannot
+// be reached.
+absl::Status NcclRefuseGroup(const NcclGroupConfig& config,
+                             absl::string_view reason);
+
+// Checks what a rank > 0 read from the store in place of the
+// ncclUniqueId: OK for an id, FailedPrecondition "rank 0 cannot run NCCL:
+// <reason>" for NcclRefuseGroup's refusal, DataLoss otherwise. Exposed for
+// tests.
+absl::Status NcclCheckStoredUniqueId(absl::Span<const uint8_t> stored);
 
 class NcclBroadcastGroup : public BroadcastGroup {
  public:

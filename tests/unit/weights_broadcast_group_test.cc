@@ -3,13 +3,15 @@
 // the interface bit for bit, and a backend this member cannot run fails
 // at once with FailedPrecondition naming weight_sync.backend. Also the
 // BroadcastSender's reaction to such a backend: one report, then broadcast
-// off. Ranks are threads of this process on loopback.
+// off, and every NCCL epoch's receivers told through the store. Ranks are
+// threads of this process on loopback.
 
-#include <catch2/catch.hpp>
 #include <memory>
 #include <random>
 #include <string>
 #include <thread>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -20,6 +22,9 @@
 #include "common/weights/nccl_broadcast_transport.h"
 #endif
 #include "weights_test_util.h"
+
+// Catch last: it clashes with LibTorch's macros otherwise.
+#include <catch2/catch.hpp>
 
 namespace tandem::weights {
 namespace {
@@ -275,6 +280,32 @@ TEST_CASE(
   (*sender)->Stop();
   CHECK(outcomes.Get().size() == 1);
   CHECK(absl::Now() - start < absl::Seconds(10));
+
+#if TANDEM_ENABLE_NCCL
+  // The receivers of both NCCL epochs, waiting for rank 0's ncclUniqueId,
+  // find the refusal instead (and would fail at once with its reason).
+  c10d::TCPStoreOptions options_client;
+  options_client.port =
+      static_cast<uint16_t>(std::stoi(store.substr(store.rfind(':') + 1)));
+  options_client.isServer = false;
+  options_client.timeout = std::chrono::milliseconds(5000);
+  auto client =
+      c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options_client);
+  for (int epoch : {1, 2}) {
+    INFO("epoch " << epoch);
+    c10d::PrefixStore prefixed("sender/epoch" + std::to_string(epoch), client);
+    const std::vector<uint8_t> stored = prefixed.get("nccl_unique_id");
+    const absl::Status s = NcclCheckStoredUniqueId(stored);
+    CHECK(absl::IsFailedPrecondition(s));
+    CHECK_THAT(std::string(s.message()),
+               Catch::StartsWith("rank 0 cannot run NCCL: weight_sync.backend "
+                                 "'nccl': NCCL weight transport: no CUDA "
+                                 "device visible"));
+  }
+  // Gloo epochs get nothing.
+  c10d::PrefixStore gloo_epoch("sender/epoch3", client);
+  CHECK_FALSE(gloo_epoch.check({"nccl_unique_id"}));
+#endif
 }
 
 }  // namespace

@@ -51,6 +51,29 @@ bool TwoDevices() {
   return true;
 }
 
+TEST_CASE(
+    "NCCL receivers tell a rank 0 refusal from a unique id and from garbage",
+    "[weights][nccl]") {
+  const std::string refusal = "tandem-refused:no CUDA device visible";
+  absl::Status s = NcclCheckStoredUniqueId(
+      {reinterpret_cast<const uint8_t*>(refusal.data()), refusal.size()});
+  CHECK(absl::IsFailedPrecondition(s));
+  CHECK(s.message() == "rank 0 cannot run NCCL: no CUDA device visible");
+  const Bytes id(128, 7);  // sizeof(ncclUniqueId)
+  CHECK(NcclCheckStoredUniqueId(id).ok());
+  const Bytes garbage(5, 7);
+  s = NcclCheckStoredUniqueId(garbage);
+  CHECK(absl::IsDataLoss(s));
+  CHECK_THAT(std::string(s.message()),
+             Catch::Contains("has 5 bytes, want 128"));
+  // Nobody serves the store: the refusal cannot be stored, and says so.
+  NcclGroupConfig c = Config(1, 0, 2, "refuse/epoch1", absl::Seconds(1));
+  s = NcclRefuseGroup(c, "because");
+  CHECK(absl::IsUnavailable(s));
+  CHECK_THAT(std::string(s.message()),
+             Catch::Contains("cannot store the refusal"));
+}
+
 TEST_CASE("NCCL group creation fails cleanly without a CUDA device",
           "[weights][nccl]") {
   // Bad arguments are reported before any CUDA call.
