@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
+#include "common/cluster/cluster_watcher.h"
 #include "common/rpc/grpc_client.h"
 #include "common/weights/flat_weight_layout.h"
 
@@ -130,6 +131,18 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   self->weight_sync_gauges_ =
       std::make_unique<WeightSyncGauges>(*self->registry_);
   self->sync_pool_ = std::make_unique<boost::asio::thread_pool>(1);
+  self->watchers_ =
+      std::make_unique<ClusterWatchers>(&self->metrics_.cluster_watchers());
+  {
+    // Snapshot for the first watchers: what the journal recovered.
+    tandem::v1::ClusterEvent event;
+    tandem::v1::PolicyVersionEvent* version = event.mutable_policy_version();
+    self->ledger_->LatestVersion(version->mutable_manifest(),
+                                 version->mutable_weight_server_address());
+    if (version->manifest().policy_version() > 0) {
+      self->watchers_->Publish(event);
+    }
+  }
   ASSIGN_OR_RETURN(self->runtime_,
                    daemon::DaemonRuntime::Create("coordinator", config.server,
                                                  self->registry_, {self}));
@@ -195,11 +208,19 @@ void Coordinator::Regroup(absl::Time now) {
   const uint64_t failed = epochs_->Current().epoch();
   std::optional<tandem::v1::BroadcastGroup> group = epochs_->Regroup(now);
   if (!group) return;
+  AnnounceEpoch(*group);
   Log()->info(
       "weight broadcast epoch {} re-sends version {} after epoch {} failed: "
       "{} receivers ({})",
       group->epoch(), group->first_policy_version(), failed,
       group->member_ids_size() - 1, absl::StrJoin(group->member_ids(), ", "));
+}
+
+void Coordinator::AnnounceEpoch(const tandem::v1::BroadcastGroup& group) {
+  if (group.epoch() == 0) return;
+  tandem::v1::ClusterEvent event;
+  *event.mutable_membership_epoch()->mutable_group() = group;
+  watchers_->Publish(event);
 }
 
 void Coordinator::UpdateMemberGauges() {
@@ -475,6 +496,13 @@ grpc::ServerUnaryReactor* Coordinator::PublishPolicyVersion(
             group.epoch(), version, std::max(0, group.member_ids_size() - 1),
             absl::StrJoin(group.member_ids(), ", "));
       }
+      // The epoch first: it says who receives the version announced next.
+      if (group.epoch() != before) AnnounceEpoch(group);
+      tandem::v1::ClusterEvent event;
+      *event.mutable_policy_version()->mutable_manifest() = request->manifest();
+      event.mutable_policy_version()->set_weight_server_address(
+          request->weight_server_address());
+      watchers_->Publish(event);
       response->set_membership_epoch(group.epoch());
       *response->mutable_group() = std::move(group);
       Log()->info("policy version {} published by {}", version,
@@ -527,10 +555,27 @@ grpc::ServerUnaryReactor* Coordinator::GetClusterStatus(
   return Finish(context, grpc::Status::OK);
 }
 
+grpc::ServerWriteReactor<tandem::v1::ClusterEvent>* Coordinator::WatchCluster(
+    grpc::CallbackServerContext* context,
+    const tandem::v1::WatchClusterRequest* request) {
+  if (draining_) return ClusterWatchers::Reject(Draining());
+  if (!request->member_id().empty() && !members_.IsLive(request->member_id())) {
+    return ClusterWatchers::Reject(grpc::Status(
+        grpc::StatusCode::NOT_FOUND,
+        absl::StrCat("WatchCluster: member_id '", request->member_id(),
+                     "' is not registered or was declared dead; register "
+                     "again, or watch with an empty member_id as an "
+                     "observer")));
+  }
+  context->AddInitialMetadata(cluster::kWatchOpenMetadata, "1");
+  return watchers_->Open();
+}
+
 grpc::ServerUnaryReactor* Coordinator::SyncWeightGroup(
     grpc::CallbackServerContext* context,
     const tandem::v1::SyncWeightGroupRequest* request,
     tandem::v1::SyncWeightGroupResponse* response) {
+  metrics_.CountWeightGroupSync();
   if (!members_.IsLive(request->member_id())) {
     return Finish(context,
                   grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -559,6 +604,7 @@ void Coordinator::GracefulStop(absl::Duration deadline) {
   runtime_->MarkNotServing();
   Log()->info("draining (deadline {})", absl::FormatDuration(deadline));
   ServeParkedPulls(/*finish_all=*/true);
+  watchers_->Shutdown("coordinator is shutting down");
   runtime_->Shutdown(deadline);
   Stop();
 }
@@ -571,6 +617,7 @@ void Coordinator::Stop() {
   if (scoring_) scoring_->Stop();
   if (runtime_) {
     ServeParkedPulls(/*finish_all=*/true);
+    watchers_->Shutdown("coordinator stopped");
     runtime_->Shutdown(absl::ZeroDuration());
   }
   if (sync_pool_) sync_pool_->join();

@@ -3,8 +3,9 @@
 // The coordinator daemon: cluster membership (registration, heartbeats,
 // expiry of silent members), the prompt stream and its leases, sample
 // intake and scoring by verifier members, training batches under the
-// staleness bound, and policy versions. WatchCluster is not served yet
-// (UNIMPLEMENTED).
+// staleness bound, and policy versions. WatchCluster streams push every
+// new policy version and broadcast epoch to members and observers
+// (ClusterWatchers), so they need not poll.
 //
 // Threads: gRPC reactors only touch in-memory state under short locks and
 // never wait; PullTrainingBatch calls that must wait for ready groups are
@@ -27,6 +28,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/daemon/daemon_runtime.h"
 #include "services/coordinator/broadcast_epochs.h"
+#include "services/coordinator/cluster_watchers.h"
 #include "services/coordinator/coordinator_config.h"
 #include "services/coordinator/coordinator_metrics.h"
 #include "services/coordinator/group_ledger.h"
@@ -98,7 +100,13 @@ class Coordinator : public tandem::v1::Coordinator::CallbackService {
       grpc::CallbackServerContext* context,
       const tandem::v1::GetClusterStatusRequest* request,
       tandem::v1::GetClusterStatusResponse* response) override;
-  // Weight broadcast membership (polling; WatchCluster is not served).
+  // Snapshot, then events (cluster_watchers.h). An unknown non-empty
+  // member_id gets NOT_FOUND; an empty one watches as an observer.
+  grpc::ServerWriteReactor<tandem::v1::ClusterEvent>* WatchCluster(
+      grpc::CallbackServerContext* context,
+      const tandem::v1::WatchClusterRequest* request) override;
+  // Weight broadcast membership: members report here and poll it when a
+  // WatchCluster event (or their fallback interval) says to.
   grpc::ServerUnaryReactor* SyncWeightGroup(
       grpc::CallbackServerContext* context,
       const tandem::v1::SyncWeightGroupRequest* request,
@@ -119,6 +127,8 @@ class Coordinator : public tandem::v1::Coordinator::CallbackService {
   // Forms the re-send epoch after a failed broadcast when due
   // (BroadcastEpochs::Regroup) and logs it.
   void Regroup(absl::Time now);
+  // Pushes `group` to the watchers when it is a formed epoch.
+  void AnnounceEpoch(const tandem::v1::BroadcastGroup& group);
   void UpdateMemberGauges();
   void UpdateWorkMetrics();
   // Tries every parked pull; finishes those served, past their deadline, or
@@ -140,6 +150,8 @@ class Coordinator : public tandem::v1::Coordinator::CallbackService {
   std::unique_ptr<GroupLedger> ledger_;
   GrpcVerifierClient verifier_client_;
   std::unique_ptr<ScoringDispatcher> scoring_;
+  // Declared before runtime_: its streams end before it goes.
+  std::unique_ptr<ClusterWatchers> watchers_;
   std::unique_ptr<daemon::DaemonRuntime> runtime_;
   const absl::Time started_;
 

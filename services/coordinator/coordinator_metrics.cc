@@ -125,7 +125,17 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
                .Help("Policy versions a rollout worker lagged behind the "
                      "latest version when it leased prompts.")
                .Register(registry)
-               .Add({}, StalenessBuckets())) {
+               .Add({}, StalenessBuckets())),
+      cluster_watchers_(&prometheus::BuildGauge()
+                             .Name("tandem_coordinator_cluster_watchers")
+                             .Help("Open WatchCluster streams (members and "
+                                   "observers such as tandemctl watch).")
+                             .Register(registry)
+                             .Add({})),
+      weight_group_syncs_(NewCounter(
+          registry, "tandem_coordinator_weight_group_syncs_total",
+          "SyncWeightGroup calls answered (broadcast members' reports and "
+          "polls, the trainer's failure reports).")) {
   for (auto role : {tandem::v1::ROLE_ROLLOUT, tandem::v1::ROLE_VERIFIER,
                     tandem::v1::ROLE_TRAINER}) {
     for (auto state :

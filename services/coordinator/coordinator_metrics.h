@@ -28,6 +28,11 @@ class CoordinatorMetrics {
   void CountRegistration(tandem::v1::Role role);
   prometheus::Gauge& policy_version() { return *policy_version_; }
 
+  // Open WatchCluster streams.
+  prometheus::Gauge& cluster_watchers() { return *cluster_watchers_; }
+  // One SyncWeightGroup call answered.
+  void CountWeightGroupSync() { weight_group_syncs_->Increment(); }
+
   // Brings queue gauges and work counters up to date with the ledger's and
   // the dispatcher's figures (counters advance by the difference since the
   // previous call). Thread-safe.
@@ -69,6 +74,8 @@ class CoordinatorMetrics {
   prometheus::Counter* journal_sync_seconds_;
   prometheus::Histogram* trained_staleness_;
   prometheus::Histogram* dispatch_staleness_;
+  prometheus::Gauge* cluster_watchers_;
+  prometheus::Counter* weight_group_syncs_;
 
   absl::Mutex mu_;
   // Ledger and dispatcher totals at the previous Update.

@@ -58,6 +58,16 @@ void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config) {
                  3600000,
                  "Deadline of a broadcast rendezvous and of every collective "
                  "(ms); a dead peer aborts the group after it.");
+  schema->AddBool("weight_sync.watch", &config->weight_sync_watch,
+                  "Broadcast mode: keep a WatchCluster stream to the "
+                  "coordinator and ask it about the group as soon as it "
+                  "announces a version or epoch; false polls every 50 ms.");
+  schema->AddInt("weight_sync.poll_interval_ms",
+                 &config->weight_sync_poll_interval_ms, 10, 600000,
+                 "Broadcast mode: how often the coordinator is asked about "
+                 "the group while the WatchCluster stream is open (ms); "
+                 "without a stream (watch false, or a coordinator that does "
+                 "not serve it) it is asked every 50 ms.");
 }
 
 absl::Status Validate(const RolloutConfig& config) {

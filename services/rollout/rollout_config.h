@@ -36,6 +36,12 @@ struct RolloutConfig {
   std::string weight_sync_bind_host;
   // Deadline of a broadcast rendezvous and of every collective (ms).
   int64_t weight_sync_timeout_ms = 10000;
+  // Broadcast mode: keep a WatchCluster stream open and ask the coordinator
+  // about the group when it announces a version or epoch.
+  bool weight_sync_watch = true;
+  // Broadcast mode: how often the coordinator is asked anyway while the
+  // stream is open (ms); without a stream it is asked every 50 ms.
+  int64_t weight_sync_poll_interval_ms = 1000;
 };
 
 void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config);

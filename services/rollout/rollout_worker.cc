@@ -132,6 +132,15 @@ absl::Status RolloutWorker::LoadModelAndEngine() {
                        : config.weight_sync_bind_host;
   sync.timeout = absl::Milliseconds(config.weight_sync_timeout_ms);
   sync.metrics = w->weight_sync_metrics_.get();
+  sync.watch_poll_interval =
+      absl::Milliseconds(config.weight_sync_poll_interval_ms);
+  if (sync.mode == WeightSyncOptions::Mode::kBroadcast &&
+      config.weight_sync_watch) {
+    w->watcher_ = std::make_unique<cluster::ClusterWatcher>(
+        session->stub(),
+        cluster::ClusterWatcherOptions{.member_id = member_id});
+    sync.watcher = w->watcher_.get();
+  }
   if (w->inplace_source_) sync.inplace_staging = w->inplace_source_->staging();
   ASSIGN_OR_RETURN(
       w->subscriber_,
@@ -173,6 +182,7 @@ void RolloutWorker::LoadAndStart() {
   }
   prefetcher_->Start();
   submitter_->Start();
+  if (watcher_) watcher_->Start();
   subscriber_->Start();
   generation_thread_ = std::thread([this] { GenerationLoop(); });
 }
@@ -551,6 +561,7 @@ void RolloutWorker::Stop(absl::Duration deadline) {
   AnswerDrainWaiters(/*all=*/true);
   const double generation_s = phase();
   if (subscriber_) subscriber_->Stop();
+  if (watcher_) watcher_->Stop();
   const double weights_s = phase();
   if (prefetcher_) {
     prefetcher_->Stop();

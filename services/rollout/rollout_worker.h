@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/cluster/cluster_watcher.h"
 #include "common/cluster/member_daemon.h"
 #include "services/rollout/engine/engine.h"
 #include "services/rollout/prompt_prefetcher.h"
@@ -128,6 +129,9 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
   std::unique_ptr<PromptPrefetcher> prefetcher_;
   std::unique_ptr<SampleSubmitter> submitter_;
   std::unique_ptr<weights::WeightSyncMetrics> weight_sync_metrics_;
+  // Broadcast mode with weight_sync.watch: wakes the subscriber on
+  // cluster events. Declared first: outlives the subscriber.
+  std::unique_ptr<cluster::ClusterWatcher> watcher_;
   std::unique_ptr<WeightSubscriber> subscriber_;
   std::function<absl::StatusOr<LoadedModel>()> model_loader_;
   std::thread loader_thread_;

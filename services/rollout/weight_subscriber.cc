@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
+#include "common/cluster/cluster_watcher.h"
 #include "common/model/decoder_model.h"
 #include "common/model/model_weights.h"
 #include "common/rpc/grpc_client.h"
@@ -76,7 +77,18 @@ void WeightSubscriber::Stop() {
     if (receiver_ != nullptr) receiver_->Cancel();
     if (active_group_ != nullptr) active_group_->Abort();
   }
+  if (options_.watcher != nullptr) options_.watcher->Wake();
   if (thread_.joinable()) thread_.join();
+}
+
+void WeightSubscriber::WaitForCluster() {
+  if (options_.watcher == nullptr) {
+    absl::SleepFor(options_.poll_interval);
+    return;
+  }
+  options_.watcher->WaitForChange(options_.watcher->watching()
+                                      ? options_.watch_poll_interval
+                                      : options_.poll_interval);
 }
 
 bool WeightSubscriber::stopping() const {
@@ -134,7 +146,7 @@ void WeightSubscriber::Run() {
       if (!abandoned_prefix_.empty() &&
           view.group.key_prefix() == abandoned_prefix_ &&
           absl::Now() < abandoned_at_ + options_.resend_wait) {
-        absl::SleepFor(options_.poll_interval);
+        WaitForCluster();
         continue;
       }
     }
@@ -255,7 +267,7 @@ void WeightSubscriber::BroadcastStep(const ClusterView& view, int rank) {
                 absl::ToDoubleSeconds(absl::Now() - start));
   }
   if (view.policy_version <= stream_version_) {
-    absl::SleepFor(options_.poll_interval);
+    WaitForCluster();
     return;
   }
   // The trainer broadcasts every version published in this epoch (or a

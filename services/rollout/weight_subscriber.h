@@ -10,8 +10,11 @@
 // Transports:
 //   pull       every version is pulled from the trainer's WeightServer (the
 //              catch-up path: chunked, CRC-checked, resumable).
-//   broadcast  the thread polls the coordinator (SyncWeightGroup, every
-//              poll_interval) with what it holds; while it is not in the
+//   broadcast  the thread polls the coordinator (SyncWeightGroup) with what
+//              it holds: when the ClusterWatcher reports an event (a new
+//              version or epoch), else every watch_poll_interval (every
+//              poll_interval while no WatchCluster stream is open, e.g. a
+//              coordinator that does not serve it); while it is not in the
 //              current broadcast group it pulls, so it catches up and the
 //              coordinator adds it at the next membership epoch. Once listed
 //              in an epoch it joins that epoch's group (of the epoch's
@@ -56,6 +59,10 @@ class BroadcastGroup;
 class BroadcastWeightReceiver;
 }  // namespace tandem::weights
 
+namespace tandem::cluster {
+class ClusterWatcher;
+}  // namespace tandem::cluster
+
 namespace tandem::rollout {
 
 struct WeightSyncOptions {
@@ -69,7 +76,13 @@ struct WeightSyncOptions {
   std::string bind_host = "127.0.0.1";
   // Deadline of a rendezvous and of every collective.
   absl::Duration timeout = absl::Seconds(10);
-  // How often the coordinator is polled (broadcast mode).
+  // Broadcast mode: wakes the subscriber when the coordinator announces a
+  // version or epoch (optional; must outlive the subscriber).
+  cluster::ClusterWatcher* watcher = nullptr;
+  // How often the coordinator is polled in broadcast mode while `watcher`
+  // has a stream open (a safety net: events wake the subscriber first) ...
+  absl::Duration watch_poll_interval = absl::Seconds(1);
+  // ... and while it has none (no watcher, or the stream is down).
   absl::Duration poll_interval = absl::Milliseconds(50);
   // After leaving a failed epoch, how long to wait for the coordinator's
   // next epoch (the re-send) before pulling; longer than the coordinator's
@@ -127,6 +140,9 @@ class WeightSubscriber {
   WeightSubscriber() = default;
   void Run();
   bool stopping() const;
+  // Waits for the next reason to poll the coordinator: a cluster event, or
+  // the poll interval that applies (see WeightSyncOptions).
+  void WaitForCluster();
   // Reports to the coordinator and reads the current group. False when the
   // coordinator could not be asked (the caller pulls meanwhile).
   bool Poll(ClusterView* view);

@@ -1,6 +1,7 @@
 // tandemctl: command-line client for a running Tandem cluster.
 //
 //   tandemctl status [--coordinator HOST:PORT] [--json]
+//   tandemctl watch [--coordinator HOST:PORT] [--member-id ID]
 //   tandemctl health --address HOST:PORT [--service NAME]
 //   tandemctl worker (status|pause|resume|drain) --address HOST:PORT [--json]
 //   tandemctl tokenize --model DIR            < text lines
@@ -68,6 +69,32 @@ int RunStatus(const std::string& coordinator, bool json, double timeout_s) {
   std::cout << (json ? ToJson(response)
                      : tandem::ctl::FormatClusterStatus(
                            response, absl::ToUnixMillis(absl::Now())));
+  return 0;
+}
+
+// Prints every ClusterEvent as one JSON line (snapshot first) until the
+// stream ends: exit 0 when the coordinator ends it (after ShutdownEvent on
+// a graceful stop), 1 on an error. Interrupt to stop watching.
+int RunWatch(const std::string& coordinator, const std::string& member_id) {
+  auto stub =
+      tandem::v1::Coordinator::NewStub(tandem::rpc::MakeChannel(coordinator));
+  grpc::ClientContext context;
+  tandem::v1::WatchClusterRequest request;
+  request.set_member_id(member_id);
+  auto reader = stub->WatchCluster(&context, request);
+  tandem::v1::ClusterEvent event;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  while (reader->Read(&event)) {
+    std::string line;
+    (void)google::protobuf::util::MessageToJsonString(event, &line, options);
+    std::cout << line << std::endl;  // flushed: a pipe sees each event
+  }
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) {
+    return Fail("WatchCluster failed", coordinator,
+                tandem::rpc::ToAbslStatus(status));
+  }
   return 0;
 }
 
@@ -156,6 +183,16 @@ int main(int argc, char** argv) {
   status->add_flag("--json", json, "Print the raw status as JSON");
   status->add_option("--timeout", timeout_s, "Seconds to wait for an answer");
 
+  std::string member_id;
+  CLI::App* watch = app.add_subcommand(
+      "watch",
+      "Cluster events (policy versions, broadcast epochs, shutdown) as JSON "
+      "lines until interrupted");
+  watch->add_option("--coordinator", coordinator,
+                    "Coordinator host:port (env TANDEM_COORDINATOR_ADDRESS)");
+  watch->add_option("--member-id", member_id,
+                    "Watch as this member (default: an observer)");
+
   CLI::App* health = app.add_subcommand(
       "health", "grpc.health.v1 check of any daemon; exit 0 iff SERVING");
   health->add_option("--address", address, "Daemon gRPC host:port")->required();
@@ -217,6 +254,7 @@ int main(int argc, char** argv) {
         tandem::ctl::Generate(model_dir, generate_options, std::cout));
   }
   if (status->parsed()) return RunStatus(coordinator, json, timeout_s);
+  if (watch->parsed()) return RunWatch(coordinator, member_id);
   if (health->parsed()) return RunHealth(address, service, timeout_s);
   if (worker->parsed()) return RunWorker(action, address, json, timeout_s);
   return 2;

@@ -250,6 +250,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
                          }
                        },
                        std::move(capabilities)));
+  if (trainer->broadcaster_) {
+    cluster::MemberSession* session = &trainer->member_->session();
+    trainer->watcher_ = std::make_unique<cluster::ClusterWatcher>(
+        session->stub(), cluster::ClusterWatcherOptions{.member_id = [session] {
+          return session->member_id();
+        }});
+  }
   return trainer;
 }
 
@@ -258,6 +265,7 @@ Trainer::~Trainer() { Stop(); }
 absl::Status Trainer::Start() {
   if (broadcaster_) broadcaster_->Start();
   RETURN_IF_ERROR(member_->Start());
+  if (watcher_) watcher_->Start();
   if (config_.train) {
     {
       absl::MutexLock lock(&checkpoint_mu_);
@@ -502,6 +510,8 @@ void Trainer::Stop() {
   if (stopped_.exchange(true)) return;
   if (training_thread_.joinable()) training_thread_.join();
   // A broadcast whose receivers are stopping too can block in a rendezvous
+  // Ends a re-send's wait for the next epoch at once.
+  if (watcher_) watcher_->Stop();
   // for weight_sync.timeout_ms; don't hold the shutdown for it.
   if (broadcaster_ && !broadcaster_->Stop(absl::Seconds(1))) {
     Log()->warn("weight broadcast still waiting for its receivers at "

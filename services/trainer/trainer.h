@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/cluster/cluster_watcher.h"
 #include "common/cluster/member_daemon.h"
 #include "common/model/model_config.h"
 #include "common/weights/broadcast_sender.h"
@@ -133,6 +134,9 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
   // weight_sync.broadcast is off).
   std::unique_ptr<weights::WeightSyncMetrics> weight_sync_metrics_;
   std::unique_ptr<weights::BroadcastSender> broadcaster_;
+  // With broadcast: wakes ResendAfterFailure when the coordinator
+  // announces the re-send epoch (uses member_'s stub).
+  std::unique_ptr<cluster::ClusterWatcher> watcher_;
   std::unique_ptr<cluster::MemberDaemon> member_;
   std::thread training_thread_;
   std::atomic<bool> stopping_{false};

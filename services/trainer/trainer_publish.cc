@@ -137,14 +137,23 @@ void Trainer::OnBroadcast(const weights::BroadcastOutcome& outcome) {
 
 void Trainer::ResendAfterFailure(const tandem::v1::BroadcastGroup& failed) {
   // The coordinator forms the next epoch once the failed epoch's survivors
-  // reported leaving it (they poll every 50 ms), or after its regroup wait;
-  // a publish meanwhile forms it too (then the queued version is the one
-  // to send and this re-send is dropped as a duplicate).
+  // reported leaving it, or after its regroup wait; a publish meanwhile
+  // forms it too (then the queued version is the one to send and this
+  // re-send is dropped as a duplicate). The coordinator announces the
+  // epoch on the watch stream; without one, ask every 50 ms.
   const std::string me = member_->session().member_id();
   const absl::Time deadline =
       absl::Now() + absl::Milliseconds(config_.weight_broadcast_timeout_ms);
-  while (!stopping_ && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(50));
+  auto wait = [this] {
+    if (watcher_ == nullptr) {
+      absl::SleepFor(absl::Milliseconds(50));
+    } else {
+      watcher_->WaitForChange(watcher_->watching() ? absl::Seconds(1)
+                                                   : absl::Milliseconds(50));
+    }
+  };
+  for (bool first = true; !stopping_ && absl::Now() < deadline; first = false) {
+    if (!first) wait();
     tandem::v1::SyncWeightGroupRequest poll;
     poll.set_member_id(me);
     tandem::v1::SyncWeightGroupResponse response;

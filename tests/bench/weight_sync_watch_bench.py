@@ -1,0 +1,151 @@
+#!/usr/bin/python3
+"""WatchCluster against polling, side by side (docs/benchmarks.md, "Weight
+sync: watch instead of polling").
+
+Runs the real daemons twice, one after the other, with the same config but
+for the rollout workers' weight_sync.watch: `watch` (the default: a
+WatchCluster stream wakes the worker, which otherwise asks the coordinator
+about its group every weight_sync.poll_interval_ms = 1000 ms) and `poll`
+(watch false: SyncWeightGroup every 50 ms, as before WatchCluster was
+served). Each run: tandem-local with N broadcast workers; once every worker
+is in one epoch, `--versions` more versions while training, from which it
+reports each worker's mean publish-to-staged and publish-to-live seconds
+(tandem_weight_sync_publish_to_{staged,live}_seconds, deltas of _sum and
+_count); then the workers are paused, the cluster settles, and the
+coordinator's tandem_coordinator_weight_group_syncs_total over `--idle`
+seconds gives SyncWeightGroup calls per second per idle worker.
+
+    /usr/bin/python3 tests/bench/weight_sync_watch_bench.py --bin build/bin
+"""
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "integration"))
+import harness  # noqa: E402
+from harness import metric_sum, scrape_metrics  # noqa: E402
+
+
+def configs(watch, checkpoints):
+    return {
+        "coordinator.yaml": "heartbeat_interval_ms: 200\n",
+        "rollout.yaml": f"""engine:
+  max_num_seqs: 8
+weight_sync:
+  mode: broadcast
+  watch: {"true" if watch else "false"}
+""",
+        "trainer.yaml": f"checkpoint_dir: {checkpoints}\ncheckpoint_every: 0\n"
+                        "checkpoint_on_stop: false\n",
+        "verifier.yaml": "worker_threads: 1\n",
+    }
+
+
+def worker_sums(workers):
+    out = {}
+    for name, info in workers.items():
+        text = scrape_metrics(info["metrics_address"])
+        out[name] = {
+            key: (metric_sum(text, f"tandem_weight_sync_{key}_seconds_sum"),
+                  metric_sum(text, f"tandem_weight_sync_{key}_seconds_count"))
+            for key in ("publish_to_staged", "publish_to_live")}
+    return out
+
+
+def run(mode, args):
+    config_dir = tempfile.mkdtemp(prefix=f"tandem-watch-bench-{mode}-")
+    harness.write_files(config_dir, configs(
+        mode == "watch", os.path.join(config_dir, "checkpoints")))
+    launcher = harness.Launcher(rollout_workers=args.workers,
+                                config_dir=config_dir)
+    try:
+        ready = launcher.wait_all_ready(timeout=120)
+        coordinator = ready["coordinator"]["grpc_address"]
+        coordinator_metrics = ready["coordinator"]["metrics_address"]
+        names = [f"rollout-{i}" for i in range(args.workers)]
+        workers = {n: ready[n] for n in names}
+
+        def all_in_group():
+            status = harness.cluster_status(coordinator)
+            members = status.get("broadcastGroup", {}).get("memberIds", [])
+            return len(members) == args.workers + 1 and status
+        harness.wait_for(all_in_group, 300, "every worker in one epoch",
+                         interval=0.2)
+        start_version = harness.as_int(harness.cluster_status(coordinator),
+                                       "policyVersion")
+        before = worker_sums(workers)
+        t0 = time.monotonic()
+        harness.wait_for(
+            lambda: harness.as_int(harness.cluster_status(coordinator),
+                                   "policyVersion") >=
+            start_version + args.versions,
+            60 * args.versions, f"{args.versions} versions", interval=0.5)
+        train_seconds = time.monotonic() - t0
+        after = worker_sums(workers)
+        latency = {}
+        for key in ("publish_to_staged", "publish_to_live"):
+            total = sum(after[n][key][0] - before[n][key][0] for n in names)
+            count = sum(after[n][key][1] - before[n][key][1] for n in names)
+            latency[key] = (total / count if count else float("nan"), count)
+
+        for info in workers.values():
+            harness.tandemctl_json("worker", "pause", "--address",
+                                   info["grpc_address"])
+        harness.wait_settled(coordinator,
+                             {n: i["grpc_address"] for n, i in workers.items()},
+                             300, quiet_queues=True, gap=0.5)
+        syncs = "tandem_coordinator_weight_group_syncs_total"
+        a = metric_sum(scrape_metrics(coordinator_metrics), syncs)
+        time.sleep(args.idle)
+        b = metric_sum(scrape_metrics(coordinator_metrics), syncs)
+        idle_rate = (b - a) / args.idle / args.workers
+        load = os.getloadavg()[0]
+        return {"latency": latency, "idle_rate": idle_rate,
+                "train_seconds": train_seconds, "load": load}
+    finally:
+        code = launcher.stop()
+        if code != 0:
+            print(f"{mode}: launcher exited {code}", file=sys.stderr)
+        launcher.cleanup()
+        shutil.rmtree(config_dir, ignore_errors=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bin", default=harness.BIN_DIR)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--versions", type=int, default=10)
+    parser.add_argument("--idle", type=float, default=10.0)
+    args = parser.parse_args()
+    harness.BIN_DIR = os.path.abspath(args.bin)
+    results = {}
+    for mode in ("watch", "poll"):
+        results[mode] = run(mode, args)
+        r = results[mode]
+        print(f"{mode}: idle SyncWeightGroup {r['idle_rate']:.2f}/s per "
+              f"worker; publish-to-staged "
+              f"{1000 * r['latency']['publish_to_staged'][0]:.1f} ms, "
+              f"publish-to-live {1000 * r['latency']['publish_to_live'][0]:.1f}"
+              f" ms ({r['latency']['publish_to_live'][1]:.0f} versions made "
+              f"live over {r['train_seconds']:.0f} s); load {r['load']:.1f}",
+              flush=True)
+    w, p = results["watch"], results["poll"]
+    print("\n| | watch | poll 50 ms | watch / poll |")
+    print("| --- | --- | --- | --- |")
+    print(f"| idle SyncWeightGroup calls per worker per second | "
+          f"{w['idle_rate']:.2f} | {p['idle_rate']:.2f} | "
+          f"{w['idle_rate'] / p['idle_rate']:.3f} |")
+    for key, label in (("publish_to_staged", "publish-to-staged, mean"),
+                       ("publish_to_live", "publish-to-live, mean")):
+        wm, pm = w["latency"][key][0], p["latency"][key][0]
+        print(f"| {label} | {1000 * wm:.1f} ms | {1000 * pm:.1f} ms | "
+              f"{wm / pm:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
