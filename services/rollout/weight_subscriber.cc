@@ -81,12 +81,12 @@ void WeightSubscriber::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void WeightSubscriber::WaitForCluster() {
+void WeightSubscriber::WaitForCluster(bool recovering) {
   if (options_.watcher == nullptr) {
     absl::SleepFor(options_.poll_interval);
     return;
   }
-  options_.watcher->WaitForChange(options_.watcher->watching()
+  options_.watcher->WaitForChange(options_.watcher->watching() && !recovering
                                       ? options_.watch_poll_interval
                                       : options_.poll_interval);
 }
@@ -146,7 +146,10 @@ void WeightSubscriber::Run() {
       if (!abandoned_prefix_.empty() &&
           view.group.key_prefix() == abandoned_prefix_ &&
           absl::Now() < abandoned_at_ + options_.resend_wait) {
-        WaitForCluster();
+        // The coordinator counts this worker in the re-send epoch only with
+        // a report made after the trainer's failure report, which may come
+        // after ours: keep reporting at the short interval meanwhile.
+        WaitForCluster(/*recovering=*/true);
         continue;
       }
     }

@@ -82,7 +82,8 @@ struct WeightSyncOptions {
   // How often the coordinator is polled in broadcast mode while `watcher`
   // has a stream open (a safety net: events wake the subscriber first) ...
   absl::Duration watch_poll_interval = absl::Seconds(1);
-  // ... and while it has none (no watcher, or the stream is down).
+  // ... and while it has none (no watcher, or the stream is down), or it
+  // waits for the re-send epoch after leaving a failed one.
   absl::Duration poll_interval = absl::Milliseconds(50);
   // After leaving a failed epoch, how long to wait for the coordinator's
   // next epoch (the re-send) before pulling; longer than the coordinator's
@@ -141,8 +142,9 @@ class WeightSubscriber {
   void Run();
   bool stopping() const;
   // Waits for the next reason to poll the coordinator: a cluster event, or
-  // the poll interval that applies (see WeightSyncOptions).
-  void WaitForCluster();
+  // the poll interval that applies (see WeightSyncOptions); `recovering`
+  // (just left a failed epoch) always uses the short poll_interval.
+  void WaitForCluster(bool recovering = false);
   // Reports to the coordinator and reads the current group. False when the
   // coordinator could not be asked (the caller pulls meanwhile).
   bool Poll(ClusterView* view);
