@@ -3,8 +3,8 @@
 // that does not read gets the newest version (coalesced) rather than every
 // one, an unknown member gets NOT_FOUND, a graceful stop sends
 // ShutdownEvent and ends the stream with OK. ClusterWatcher (the client)
-// wakes on an event, and falls back (watching() false) against a server
-// that does not serve WatchCluster.
+// wakes on an event, notices a stopped coordinator, and reports no stream
+// (watching() false) against a server that does not serve WatchCluster.
 
 #include <grpcpp/grpcpp.h>
 
@@ -191,7 +191,7 @@ TEST_CASE("watch_cluster_sends_shutdown_and_ends_ok_on_graceful_stop") {
   stop.join();
 }
 
-TEST_CASE("cluster_watcher_wakes_on_a_publish_and_reconnects") {
+TEST_CASE("cluster_watcher_wakes_on_a_publish_and_notices_a_stopped_stream") {
   Cluster cluster;
   cluster::ClusterWatcher watcher(cluster.stub.get(), {});
   watcher.Start();
@@ -214,6 +214,15 @@ TEST_CASE("cluster_watcher_wakes_on_a_publish_and_reconnects") {
   CHECK(absl::Now() - start < absl::Seconds(5));
   publisher.join();
   CHECK(watcher.events_received() >= 1);
+
+  // The coordinator stops: the stream ends (ShutdownEvent), a waiter is
+  // woken and watching() turns false, so consumers go back to short polls.
+  cluster.coordinator->GracefulStop(absl::Seconds(5));
+  const absl::Time gone_by = absl::Now() + absl::Seconds(10);
+  while (watcher.watching() && absl::Now() < gone_by) {
+    watcher.WaitForChange(absl::Milliseconds(50));
+  }
+  CHECK_FALSE(watcher.watching());
   watcher.Stop();
 }
 
