@@ -109,12 +109,16 @@ void Trainer::OnBroadcast(const weights::BroadcastOutcome& outcome) {
     return;
   }
   weight_sync_metrics_->RecordAborted();
+  // A backend this trainer cannot run turned broadcast off for good: report
+  // the epoch failed, but there is nothing to re-send.
+  const bool off = !broadcaster_->unavailable().ok();
   Log()->warn(
       "broadcast of version {} to epoch {} ({} receivers) failed after "
-      "{:.2f}s: {}; re-sending it in the next epoch",
+      "{:.2f}s: {}{}",
       outcome.version, outcome.group.epoch(),
       outcome.group.member_ids_size() - 1, outcome.seconds,
-      outcome.status.ToString());
+      outcome.status.ToString(),
+      off ? "" : "; re-sending it in the next epoch");
   tandem::v1::SyncWeightGroupRequest report;
   report.set_member_id(member_->session().member_id());
   report.set_policy_version(outcome.version);
@@ -132,7 +136,7 @@ void Trainer::OnBroadcast(const weights::BroadcastOutcome& outcome) {
         s.error_message());
     return;
   }
-  ResendAfterFailure(outcome.group);
+  if (!off) ResendAfterFailure(outcome.group);
 }
 
 void Trainer::ResendAfterFailure(const tandem::v1::BroadcastGroup& failed) {

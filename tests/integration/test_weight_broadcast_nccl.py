@@ -169,6 +169,8 @@ class WeightBroadcastNcclWithoutDeviceTest(unittest.TestCase):
             trainer_log[-4000:])
         self.assertIn("weight_sync.backend 'nccl': NCCL weight transport: "
                       "no CUDA device visible", trainer_log)
+        # Nothing to re-send when broadcast is off: no re-send wait.
+        self.assertNotIn("re-sending it in the next epoch", trainer_log)
         for name in WORKERS:
             with self.subTest(worker=name):
                 log = self.launcher.log(name)
