@@ -165,6 +165,18 @@ void OnDevice(int device, F f) {
   if (restore && previous != device) Api().cudaSetDevice(previous);
 }
 
+// A client of the trainer's TCPStore (throws like c10d::TCPStore).
+c10::intrusive_ptr<c10d::TCPStore> ConnectToStore(
+    const NcclGroupConfig& config) {
+  c10d::TCPStoreOptions store_options;
+  store_options.port = config.store_port;
+  store_options.isServer = false;
+  store_options.waitWorkers = false;
+  store_options.timeout =
+      std::chrono::milliseconds(absl::ToInt64Milliseconds(config.timeout));
+  return c10::make_intrusive<c10d::TCPStore>(config.store_host, store_options);
+}
+
 }  // namespace
 
 absl::StatusOr<int> NcclVisibleDevices() {
@@ -199,14 +211,7 @@ absl::Status NcclCheckStoredUniqueId(absl::Span<const uint8_t> stored) {
 absl::Status NcclRefuseGroup(const NcclGroupConfig& config,
                              absl::string_view reason) {
   try {
-    c10d::TCPStoreOptions store_options;
-    store_options.port = config.store_port;
-    store_options.isServer = false;
-    store_options.waitWorkers = false;
-    store_options.timeout =
-        std::chrono::milliseconds(absl::ToInt64Milliseconds(config.timeout));
-    auto store =
-        c10::make_intrusive<c10d::TCPStore>(config.store_host, store_options);
+    c10::intrusive_ptr<c10d::TCPStore> store = ConnectToStore(config);
     c10d::PrefixStore prefixed(config.key_prefix, store);
     const std::string value = absl::StrCat(kRefusal, reason);
     prefixed.set(kUniqueIdKey,
@@ -402,14 +407,7 @@ absl::StatusOr<std::unique_ptr<NcclBroadcastGroup>> NcclBroadcastGroup::Create(
   // The unique id through the trainer's TCPStore.
   ncclUniqueId id;
   try {
-    c10d::TCPStoreOptions store_options;
-    store_options.port = config.store_port;
-    store_options.isServer = false;
-    store_options.waitWorkers = false;
-    store_options.timeout =
-        std::chrono::milliseconds(absl::ToInt64Milliseconds(config.timeout));
-    auto store =
-        c10::make_intrusive<c10d::TCPStore>(config.store_host, store_options);
+    c10::intrusive_ptr<c10d::TCPStore> store = ConnectToStore(config);
     c10d::PrefixStore prefixed(config.key_prefix, store);
     if (config.rank == 0) {
       if (ncclResult_t r = Api().ncclGetUniqueId(&id); r != ncclSuccess) {

@@ -264,6 +264,25 @@ class Launcher:
     def cleanup(self):
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
+    def shutdown(self, *dirs):
+        """Stops the cluster with Ctrl-C, removes its run directory and
+        `dirs`, and raises AssertionError (with the launcher's output and
+        the coordinator's log tail) unless it exited 0."""
+        code = self.stop()
+        output = self.launcher_output()
+        if code != 0:
+            try:
+                output += ("\n==== coordinator log (tail)\n" +
+                           self.log("coordinator")[-3000:])
+            except OSError:
+                pass
+        self.cleanup()
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+        if code != 0:
+            raise AssertionError(
+                f"launcher exited {code} on Ctrl-C:\n{output}")
+
 
 class Prometheus:
     """A real Prometheus server on loopback scraping the given targets."""

@@ -36,12 +36,7 @@ class ClusterTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        code = cls.launcher.stop()
-        output = cls.launcher.launcher_output()
-        cls.launcher.cleanup()
-        if code != 0:
-            raise AssertionError(
-                f"launcher exited {code} on Ctrl-C:\n{output}")
+        cls.launcher.shutdown()
 
     def test_1_every_daemon_is_serving_to_an_independent_client(self):
         for name, info in self.ready.items():

@@ -12,7 +12,6 @@ The tests share one cluster and run in the order of their names."""
 import json
 import os
 import queue
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -108,12 +107,7 @@ class ClusterWatchTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        code = cls.launcher.stop()
-        output = cls.launcher.launcher_output()
-        cls.launcher.cleanup()
-        shutil.rmtree(cls.config_dir, ignore_errors=True)
-        if code != 0:
-            raise AssertionError(f"launcher exited {code} on Ctrl-C:\n{output}")
+        cls.launcher.shutdown(cls.config_dir)
 
     def watchers(self):
         return metric_sum(scrape_metrics(self.coordinator_metrics),

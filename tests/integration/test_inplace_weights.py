@@ -10,7 +10,6 @@ per-token policy versions that never go down.
 The tests share one cluster and run in the order of their names."""
 
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -101,15 +100,7 @@ class InplaceWeightsTest(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls.puller.stop()
-        code = cls.launcher.stop()
-        output = cls.launcher.launcher_output()
-        cls.launcher.cleanup()
-        shutil.rmtree(cls.config_dir, ignore_errors=True)
-        shutil.rmtree(cls.tmp, ignore_errors=True)
-        shutil.rmtree(STUB_DIR, ignore_errors=True)
-        if code != 0:
-            raise AssertionError(
-                f"launcher exited {code} on Ctrl-C:\n{output}")
+        cls.launcher.shutdown(cls.config_dir, cls.tmp, STUB_DIR)
 
     def workers(self):
         return {"rollout-0": self.launcher.ready("rollout-0"),

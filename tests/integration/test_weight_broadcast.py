@@ -9,7 +9,6 @@ The tests share one cluster and run in the order of their names."""
 
 import datetime
 import os
-import shutil
 import signal
 import tempfile
 import unittest
@@ -79,16 +78,7 @@ class WeightBroadcastTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        code = cls.launcher.stop()
-        output = cls.launcher.launcher_output()
-        if code != 0:
-            output += "\n==== coordinator log (tail)\n" + \
-                cls.launcher.log("coordinator")[-3000:]
-        cls.launcher.cleanup()
-        shutil.rmtree(cls.config_dir, ignore_errors=True)
-        if code != 0:
-            raise AssertionError(
-                f"launcher exited {code} on Ctrl-C:\n{output}")
+        cls.launcher.shutdown(cls.config_dir)
 
     def dump(self):
         for name in ("coordinator", "trainer", "rollout-0", "rollout-1"):

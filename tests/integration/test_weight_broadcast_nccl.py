@@ -13,7 +13,6 @@ weights_nccl_test covers it) or in builds without NCCL (the coordinator
 refuses the backend at start; coordinator_config_test covers that)."""
 
 import os
-import shutil
 import tempfile
 import unittest
 
@@ -84,13 +83,7 @@ class WeightBroadcastNcclWithoutDeviceTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        code = cls.launcher.stop()
-        output = cls.launcher.launcher_output()
-        cls.launcher.cleanup()
-        shutil.rmtree(cls.config_dir, ignore_errors=True)
-        if code != 0:
-            raise AssertionError(
-                f"launcher exited {code} on Ctrl-C:\n{output}")
+        cls.launcher.shutdown(cls.config_dir)
 
     def dump(self):
         for name in ("coordinator", "trainer") + WORKERS:

@@ -14,7 +14,6 @@ and TANDEM_DELTAS_ANCHOR_EVERY override the run's length, learning rate and
 anchor cadence; the test prints the bytes per version it measured."""
 
 import os
-import shutil
 import subprocess
 import tempfile
 import unittest
@@ -94,13 +93,7 @@ class WeightDeltasTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        code = cls.launcher.stop()
-        output = cls.launcher.launcher_output()
-        cls.launcher.cleanup()
-        shutil.rmtree(cls.tmp, ignore_errors=True)
-        if code != 0:
-            raise AssertionError(
-                f"launcher exited {code} on Ctrl-C:\n{output}")
+        cls.launcher.shutdown(cls.tmp)
 
     def dump(self):
         for name in ("coordinator", "trainer", "rollout-0"):
