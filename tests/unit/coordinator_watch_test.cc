@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/cluster/cluster_watcher.h"
 #include "services/coordinator/coordinator.h"
@@ -31,8 +32,9 @@ struct Cluster {
   std::string trainer_id;
   uint64_t version = 0;
 
-  Cluster() {
+  explicit Cluster(const std::string& grpc_address = "127.0.0.1:0") {
     CoordinatorConfig config;
+    config.server.grpc_address = grpc_address;
     config.server.metrics_address = "";
     config.training.groups_per_version = 100000;
     auto created = Coordinator::Create(config);
@@ -223,6 +225,60 @@ TEST_CASE("cluster_watcher_wakes_on_a_publish_and_notices_a_stopped_stream") {
     watcher.WaitForChange(absl::Milliseconds(50));
   }
   CHECK_FALSE(watcher.watching());
+  watcher.Stop();
+}
+
+TEST_CASE("cluster_watcher_reconnects_to_a_restarted_coordinator") {
+  auto first = std::make_unique<Cluster>();
+  const std::string address = first->coordinator->grpc_address();
+  tandem::v1::RegisterRequest worker;
+  worker.set_role(tandem::v1::ROLE_ROLLOUT);
+  worker.set_grpc_address("127.0.0.1:3");
+  absl::Mutex mu;
+  std::string member = first->Register(worker);
+  // The watcher's channel dials the address, whichever coordinator serves
+  // it; a restarted worker registers again and gets a new member id.
+  auto stub = tandem::v1::Coordinator::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  cluster::ClusterWatcherOptions options;
+  options.member_id = [&] {
+    absl::MutexLock lock(&mu);
+    return member;
+  };
+  options.max_backoff = absl::Milliseconds(200);
+  cluster::ClusterWatcher watcher(stub.get(), options);
+  watcher.Start();
+  auto wait_watching = [&](bool want) {
+    const absl::Time by = absl::Now() + absl::Seconds(10);
+    while (watcher.watching() != want && absl::Now() < by) {
+      watcher.WaitForChange(absl::Milliseconds(50));
+    }
+    return watcher.watching() == want;
+  };
+  REQUIRE(wait_watching(true));
+
+  first->coordinator->GracefulStop(absl::Seconds(5));
+  first.reset();
+  REQUIRE(wait_watching(false));
+
+  // A new coordinator on the same address does not know the old member id:
+  // the watcher keeps retrying (NOT_FOUND) without a stream ...
+  Cluster second(address);
+  absl::SleepFor(absl::Milliseconds(600));
+  CHECK_FALSE(watcher.watching());
+  CHECK(watcher.last_status().code() == absl::StatusCode::kNotFound);
+  // ... until the worker has registered again.
+  {
+    std::string id = second.Register(worker);
+    absl::MutexLock lock(&mu);
+    member = id;
+  }
+  REQUIRE(wait_watching(true));
+  const uint64_t before = watcher.events_received();
+  watcher.WaitForChange(absl::ZeroDuration());  // clear the "opened" change
+  second.Publish();
+  CHECK(watcher.WaitForChange(absl::Seconds(20)));
+  CHECK(watcher.events_received() > before);
   watcher.Stop();
 }
 
