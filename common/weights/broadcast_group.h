@@ -86,7 +86,8 @@ class BroadcastWeightReceiver : public WeightReceiver {
   uint64_t last_round_version_ = 0;
 };
 
-// One member's view of an epoch's group.
+// One member's view of an epoch's group. The Gloo group takes it as it is
+// (GlooGroupConfig); the NCCL one adds device settings (NcclGroupConfig).
 struct BroadcastGroupConfig {
   // BroadcastGroup.backend: "gloo" (also for ""), or "nccl".
   std::string backend = "gloo";

@@ -27,28 +27,15 @@ absl::StatusOr<std::unique_ptr<BroadcastGroup>> CreateBroadcastGroup(
     const BroadcastGroupConfig& config, const GlooRendezvousStore* server) {
   const std::string name = BackendName(config.backend);
   if (name == "gloo") {
-    GlooGroupConfig gloo;
-    gloo.store_host = config.store_host;
-    gloo.store_port = config.store_port;
-    gloo.key_prefix = config.key_prefix;
-    gloo.rank = config.rank;
-    gloo.world_size = config.world_size;
-    gloo.bind_host = config.bind_host;
-    gloo.timeout = config.timeout;
     absl::StatusOr<std::unique_ptr<GlooBroadcastGroup>> group =
-        GlooBroadcastGroup::Create(gloo, server);
+        GlooBroadcastGroup::Create(config, server);
     if (!group.ok()) return group.status();
     return std::unique_ptr<BroadcastGroup>(*std::move(group));
   }
   if (name == "nccl") {
 #if TANDEM_ENABLE_NCCL
     NcclGroupConfig nccl;
-    nccl.store_host = config.store_host;
-    nccl.store_port = config.store_port;
-    nccl.key_prefix = config.key_prefix;
-    nccl.rank = config.rank;
-    nccl.world_size = config.world_size;
-    nccl.timeout = config.timeout;
+    static_cast<BroadcastGroupConfig&>(nccl) = config;
     absl::StatusOr<std::unique_ptr<NcclBroadcastGroup>> group =
         NcclBroadcastGroup::Create(nccl);
     if (!group.ok()) {
@@ -75,12 +62,7 @@ absl::Status RefuseBroadcastGroup(const BroadcastGroupConfig& config,
 #if TANDEM_ENABLE_NCCL
   if (BackendName(config.backend) == "nccl") {
     NcclGroupConfig nccl;
-    nccl.store_host = config.store_host;
-    nccl.store_port = config.store_port;
-    nccl.key_prefix = config.key_prefix;
-    nccl.rank = config.rank;
-    nccl.world_size = config.world_size;
-    nccl.timeout = config.timeout;
+    static_cast<BroadcastGroupConfig&>(nccl) = config;
     return NcclRefuseGroup(nccl, reason);
   }
 #endif

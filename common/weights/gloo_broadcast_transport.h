@@ -32,19 +32,8 @@
 
 namespace tandem::weights {
 
-struct GlooGroupConfig {
-  // TCPStore address (see GlooRendezvousStore).
-  std::string store_host = "127.0.0.1";
-  uint16_t store_port = 0;
-  // Key prefix unique to the epoch (BroadcastGroup.key_prefix).
-  std::string key_prefix = "tandem/weights/epoch0";
-  int rank = 0;
-  int world_size = 1;
-  // Address Gloo binds for its pairs on this host.
-  std::string bind_host = "127.0.0.1";
-  // Deadline of the rendezvous and of every collective.
-  absl::Duration timeout = absl::Seconds(30);
-};
+// `backend` is not read (this is the Gloo group).
+using GlooGroupConfig = BroadcastGroupConfig;
 
 // The TCPStore server the trainer hosts for all epochs (each epoch uses its
 // own key prefix). Thread-safe.

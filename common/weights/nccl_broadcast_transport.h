@@ -46,21 +46,15 @@
 
 namespace tandem::weights {
 
-struct NcclGroupConfig {
-  // The trainer's TCPStore (GlooRendezvousStore) address.
-  std::string store_host = "127.0.0.1";
-  uint16_t store_port = 0;
-  // Key prefix unique to the epoch (BroadcastGroup.key_prefix).
-  std::string key_prefix = "tandem/weights/epoch0";
-  int rank = 0;
-  int world_size = 1;
+// The store address, key prefix, rank, world size and timeout (per piece
+// of a broadcast here) are BroadcastGroupConfig's; backend and bind_host
+// are not read.
+struct NcclGroupConfig : BroadcastGroupConfig {
   // CUDA device of this rank; -1 = the calling thread's current device.
   int device = -1;
   // Device and pinned host staging size: broadcasts larger than this go in
   // pieces.
   uint64_t bucket_bytes = uint64_t{64} << 20;
-  // Deadline of the rendezvous and of every piece of a broadcast.
-  absl::Duration timeout = absl::Seconds(30);
 };
 
 // The number of visible CUDA devices, or FailedPrecondition "NCCL weight

@@ -40,17 +40,7 @@ bool DeviceVisible() {
 #endif
 }
 
-BroadcastGroupConfig Config(const std::string& backend, uint16_t port, int rank,
-                            int world, const std::string& prefix) {
-  BroadcastGroupConfig c;
-  c.backend = backend;
-  c.store_port = port;
-  c.key_prefix = prefix;
-  c.rank = rank;
-  c.world_size = world;
-  c.timeout = absl::Seconds(20);
-  return c;
-}
+using testing::GroupConfig;
 
 TEST_CASE(
     "CreateBroadcastGroup runs gloo (also for an empty backend) and "
@@ -77,7 +67,8 @@ TEST_CASE(
   for (int rank = 0; rank < kWorld; ++rank) {
     threads.emplace_back([&, rank] {
       absl::StatusOr<std::unique_ptr<BroadcastGroup>> group =
-          CreateBroadcastGroup(Config(backend, port, rank, kWorld, "g/epoch1"),
+          CreateBroadcastGroup(GroupConfig(port, rank, kWorld, "g/epoch1",
+                                           absl::Seconds(20), backend),
                                rank == 0 ? server->get() : nullptr);
       if (!group.ok()) {
         results[rank] = group.status();
@@ -161,7 +152,8 @@ TEST_CASE(
   // would wait the whole timeout; this one must not get that far.
   for (int rank : {0, 1}) {
     INFO("rank " << rank);
-    BroadcastGroupConfig c = Config("nccl", 1, rank, 2, "g/epoch2");
+    BroadcastGroupConfig c =
+        GroupConfig(1, rank, 2, "g/epoch2", absl::Seconds(20), "nccl");
     c.timeout = absl::Seconds(30);
     const absl::Time start = absl::Now();
     auto group = CreateBroadcastGroup(c);
@@ -182,7 +174,8 @@ TEST_CASE(
     "CreateBroadcastGroup refuses a backend unknown to this build with "
     "FailedPrecondition naming it",
     "[weights]") {
-  auto group = CreateBroadcastGroup(Config("mpi", 1, 1, 2, "g/epoch3"));
+  auto group = CreateBroadcastGroup(
+      GroupConfig(1, 1, 2, "g/epoch3", absl::Seconds(20), "mpi"));
   REQUIRE_FALSE(group.ok());
   CHECK(absl::IsFailedPrecondition(group.status()));
   CHECK_THAT(std::string(group.status().message()),

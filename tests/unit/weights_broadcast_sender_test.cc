@@ -61,12 +61,8 @@ struct Receiver {
 void Receive(const FlatWeightLayout& layout, uint16_t port,
              const v1::BroadcastGroup& g, int rank, int count,
              absl::Duration timeout, Receiver* out) {
-  GlooGroupConfig c;
-  c.store_port = port;
-  c.key_prefix = g.key_prefix();
-  c.rank = rank;
-  c.world_size = g.member_ids_size();
-  c.timeout = timeout;
+  const GlooGroupConfig c = testing::GroupConfig(
+      port, rank, g.member_ids_size(), g.key_prefix(), timeout);
   auto group = GlooBroadcastGroup::Create(c);
   if (!group.ok()) {
     out->status = group.status();
@@ -109,21 +105,33 @@ class Outcomes {
   std::vector<BroadcastOutcome> outcomes_ ABSL_GUARDED_BY(mu_);
 };
 
+// A started BroadcastSender (rendezvous and collective deadline `timeout`)
+// that hands its outcomes to `outcomes`.
+std::unique_ptr<BroadcastSender> StartSender(absl::Duration timeout,
+                                             Outcomes* outcomes) {
+  BroadcastSenderOptions options;
+  options.timeout = timeout;
+  auto sender = BroadcastSender::Create(
+      options, [outcomes](const BroadcastOutcome& o) { outcomes->Add(o); });
+  REQUIRE(sender.ok());
+  (*sender)->Start();
+  return *std::move(sender);
+}
+
+uint16_t PortOf(const std::string& store) {
+  return static_cast<uint16_t>(std::stoi(store.substr(store.rfind(':') + 1)));
+}
+
 TEST_CASE(
     "BroadcastSender delivers each version to the group of its epoch and "
     "forms a new group when the epoch changes",
     "[weights][gloo]") {
   const FlatWeightLayout layout = testing::SmallLayout();
   Outcomes outcomes;
-  BroadcastSenderOptions options;
-  options.timeout = absl::Seconds(20);
-  auto sender = BroadcastSender::Create(
-      options, [&](const BroadcastOutcome& o) { outcomes.Add(o); });
-  REQUIRE(sender.ok());
-  (*sender)->Start();
-  const std::string store = (*sender)->store_address();
-  const uint16_t port =
-      static_cast<uint16_t>(std::stoi(store.substr(store.rfind(':') + 1)));
+  const std::unique_ptr<BroadcastSender> sender =
+      StartSender(absl::Seconds(20), &outcomes);
+  const std::string store = sender->store_address();
+  const uint16_t port = PortOf(store);
   std::mt19937_64 rng(5);
   std::vector<Version> versions;
   for (uint64_t v = 0; v <= 3; ++v) {
@@ -135,9 +143,9 @@ TEST_CASE(
   Receiver r1;
   std::thread t1(
       [&] { Receive(layout, port, e1, 1, 2, absl::Seconds(20), &r1); });
-  (*sender)->Enqueue(e1, versions[1].manifest, versions[1].payload);
+  sender->Enqueue(e1, versions[1].manifest, versions[1].payload);
   outcomes.Wait(1);
-  (*sender)->Enqueue(e1, versions[2].manifest, versions[2].payload);
+  sender->Enqueue(e1, versions[2].manifest, versions[2].payload);
   t1.join();
   REQUIRE(r1.status.ok());
   CHECK(r1.versions == std::vector<uint64_t>{1, 2});
@@ -150,7 +158,7 @@ TEST_CASE(
       [&] { Receive(layout, port, e2, 1, 1, absl::Seconds(20), &a); });
   std::thread tb(
       [&] { Receive(layout, port, e2, 2, 1, absl::Seconds(20), &b); });
-  (*sender)->Enqueue(e2, versions[3].manifest, versions[3].payload);
+  sender->Enqueue(e2, versions[3].manifest, versions[3].payload);
   ta.join();
   tb.join();
   REQUIRE(a.status.ok());
@@ -164,7 +172,7 @@ TEST_CASE(
     CHECK(o.bytes == layout.total_bytes());
   }
   CHECK(done[2].group.epoch() == 2);
-  (*sender)->Stop();
+  sender->Stop();
 }
 
 TEST_CASE(
@@ -173,15 +181,10 @@ TEST_CASE(
     "[weights][gloo]") {
   const FlatWeightLayout layout = testing::SmallLayout();
   Outcomes outcomes;
-  BroadcastSenderOptions options;
-  options.timeout = absl::Seconds(1);
-  auto sender = BroadcastSender::Create(
-      options, [&](const BroadcastOutcome& o) { outcomes.Add(o); });
-  REQUIRE(sender.ok());
-  (*sender)->Start();
-  const std::string store = (*sender)->store_address();
-  const uint16_t port =
-      static_cast<uint16_t>(std::stoi(store.substr(store.rfind(':') + 1)));
+  const std::unique_ptr<BroadcastSender> sender =
+      StartSender(absl::Seconds(1), &outcomes);
+  const std::string store = sender->store_address();
+  const uint16_t port = PortOf(store);
   std::mt19937_64 rng(6);
   Version first = MakeVersion(layout, 1, rng);
   Version second = MakeVersion(layout, 2, rng);
@@ -192,7 +195,7 @@ TEST_CASE(
   const absl::Time start = absl::Now();
   std::thread t(
       [&] { Receive(layout, port, e1, 1, 1, absl::Seconds(1), &alive); });
-  (*sender)->Enqueue(e1, first.manifest, first.payload);
+  sender->Enqueue(e1, first.manifest, first.payload);
   std::vector<BroadcastOutcome> done = outcomes.Wait(1);
   t.join();
   REQUIRE(done.size() == 1);
@@ -200,10 +203,10 @@ TEST_CASE(
   CHECK_FALSE(alive.status.ok());
   CHECK(absl::Now() - start < absl::Seconds(15));
   // Later versions of the failed epoch are not attempted.
-  (*sender)->Enqueue(e1, second.manifest, second.payload);
+  sender->Enqueue(e1, second.manifest, second.payload);
   absl::SleepFor(absl::Milliseconds(300));
   CHECK(outcomes.Wait(1).size() == 1);
-  (*sender)->Stop();
+  sender->Stop();
 }
 
 TEST_CASE(
@@ -227,12 +230,8 @@ TEST_CASE(
   uint64_t round_after_bad = 0;
   std::vector<uint8_t> received;
   std::thread receiver([&] {
-    GlooGroupConfig c;
-    c.store_port = port;
-    c.key_prefix = "corrupt";
-    c.rank = 1;
-    c.world_size = 2;
-    c.timeout = absl::Seconds(20);
+    const GlooGroupConfig c =
+        testing::GroupConfig(port, 1, 2, "corrupt", absl::Seconds(20));
     auto group = GlooBroadcastGroup::Create(c);
     REQUIRE(group.ok());
     auto staging = *StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
@@ -249,12 +248,8 @@ TEST_CASE(
       received.assign(live.begin(), live.end());
     }
   });
-  GlooGroupConfig c;
-  c.store_port = port;
-  c.key_prefix = "corrupt";
-  c.rank = 0;
-  c.world_size = 2;
-  c.timeout = absl::Seconds(20);
+  const GlooGroupConfig c =
+      testing::GroupConfig(port, 0, 2, "corrupt", absl::Seconds(20));
   auto group = GlooBroadcastGroup::Create(c, server->get());
   REQUIRE(group.ok());
   GlooWeightSender sender(group->get());
@@ -271,31 +266,23 @@ TEST_CASE(
   CHECK_FALSE((*group)->broken());
 }
 
-uint16_t PortOf(const std::string& store) {
-  return static_cast<uint16_t>(std::stoi(store.substr(store.rfind(':') + 1)));
-}
-
 TEST_CASE(
     "after a failed epoch the re-sent version goes first to the next epoch; "
     "jobs of the failed epoch and a version already sent are dropped",
     "[weights][gloo]") {
   const FlatWeightLayout layout = testing::SmallLayout();
   Outcomes outcomes;
-  BroadcastSenderOptions options;
-  options.timeout = absl::Seconds(1);
-  auto sender = BroadcastSender::Create(
-      options, [&](const BroadcastOutcome& o) { outcomes.Add(o); });
-  REQUIRE(sender.ok());
-  (*sender)->Start();
-  const std::string store = (*sender)->store_address();
+  const std::unique_ptr<BroadcastSender> sender =
+      StartSender(absl::Seconds(1), &outcomes);
+  const std::string store = sender->store_address();
   std::mt19937_64 rng(8);
   std::vector<Version> versions;
   for (uint64_t v = 0; v <= 3; ++v) {
     versions.push_back(MakeVersion(layout, v, rng));
   }
   // Epoch 1's rank 1 is dead: version 1 fails there.
-  (*sender)->Enqueue(Group(1, store, 1), versions[1].manifest,
-                     versions[1].payload);
+  sender->Enqueue(Group(1, store, 1), versions[1].manifest,
+                  versions[1].payload);
   REQUIRE(outcomes.Wait(1).size() == 1);
   // Epoch 2 (the survivor) gets versions 1 (re-sent) and 2 and 3.
   const v1::BroadcastGroup e2 = Group(2, store, 1);
@@ -303,7 +290,7 @@ TEST_CASE(
   std::thread t([&] {
     Receive(layout, PortOf(store), e2, 1, 3, absl::Seconds(20), &survivor);
   });
-  (*sender)->Resend(e2, {versions[1].manifest, versions[1].payload});
+  sender->Resend(e2, {versions[1].manifest, versions[1].payload});
   std::vector<BroadcastOutcome> done = outcomes.Wait(2);
   REQUIRE(done.size() == 2);
   CHECK(done[1].status.ok());
@@ -312,14 +299,14 @@ TEST_CASE(
   CHECK(done[1].group.epoch() == 2);
   // The publish of version 1 to epoch 2 arriving late, and a job of the
   // failed epoch: neither is sent (the latter would wait out a rendezvous).
-  (*sender)->Enqueue(e2, versions[1].manifest, versions[1].payload);
-  (*sender)->Enqueue(Group(1, store, 1), versions[2].manifest,
-                     versions[2].payload);
+  sender->Enqueue(e2, versions[1].manifest, versions[1].payload);
+  sender->Enqueue(Group(1, store, 1), versions[2].manifest,
+                  versions[2].payload);
   absl::SleepFor(absl::Milliseconds(1500));
   CHECK(outcomes.Wait(2).size() == 2);
-  (*sender)->Enqueue(e2, versions[2].manifest, versions[2].payload);
+  sender->Enqueue(e2, versions[2].manifest, versions[2].payload);
   REQUIRE(outcomes.Wait(3).size() == 3);
-  (*sender)->Enqueue(e2, versions[3].manifest, versions[3].payload);
+  sender->Enqueue(e2, versions[3].manifest, versions[3].payload);
   t.join();
   REQUIRE(survivor.status.ok());
   CHECK(survivor.versions == std::vector<uint64_t>{1, 2, 3});
@@ -328,7 +315,7 @@ TEST_CASE(
   REQUIRE(done.size() == 4);
   CHECK(done[3].version == 3);
   CHECK_FALSE(done[3].resend);
-  (*sender)->Stop();
+  sender->Stop();
 }
 
 // A receiver rank that follows epochs `groups` in turn, taking `rounds[i]`
@@ -347,12 +334,9 @@ void ReceiveEpochs(const FlatWeightLayout& layout, uint16_t port,
                    DeltaReceiver* out) {
   auto staging = *StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
   for (size_t i = 0; i < groups.size(); ++i) {
-    GlooGroupConfig c;
-    c.store_port = port;
-    c.key_prefix = groups[i].key_prefix();
-    c.rank = rank;
-    c.world_size = groups[i].member_ids_size();
-    c.timeout = absl::Seconds(20);
+    const GlooGroupConfig c =
+        testing::GroupConfig(port, rank, groups[i].member_ids_size(),
+                             groups[i].key_prefix(), absl::Seconds(20));
     auto group = GlooBroadcastGroup::Create(c);
     if (!group.ok()) {
       out->group_status = group.status();

@@ -18,16 +18,7 @@ namespace {
 
 using Bytes = std::vector<uint8_t>;
 
-GlooGroupConfig Config(uint16_t port, int rank, int world, std::string prefix,
-                       absl::Duration timeout = absl::Seconds(20)) {
-  GlooGroupConfig c;
-  c.store_port = port;
-  c.rank = rank;
-  c.world_size = world;
-  c.key_prefix = std::move(prefix);
-  c.timeout = timeout;
-  return c;
-}
+using testing::GroupConfig;
 
 TEST_CASE(
     "Gloo broadcast delivers full and delta versions bit for bit to "
@@ -59,7 +50,7 @@ TEST_CASE(
   for (int rank = 0; rank < kWorld; ++rank) {
     threads.emplace_back([&, rank] {
       auto group =
-          GlooBroadcastGroup::Create(Config(port, rank, kWorld, "epoch1"),
+          GlooBroadcastGroup::Create(GroupConfig(port, rank, kWorld, "epoch1"),
                                      rank == 0 ? server->get() : nullptr);
       if (!group.ok()) {
         results[rank] = group.status();
@@ -124,12 +115,14 @@ TEST_CASE("Gloo collectives end at their deadline when a peer never shows",
   const absl::Time start = absl::Now();
   bool other_joined = true;
   std::thread other([&] {
-    other_joined = GlooBroadcastGroup::Create(
-                       Config(port, 2, 3, "dead-rendezvous", absl::Seconds(2)))
-                       .ok();
+    other_joined =
+        GlooBroadcastGroup::Create(
+            GroupConfig(port, 2, 3, "dead-rendezvous", absl::Seconds(2)))
+            .ok();
   });
   auto group = GlooBroadcastGroup::Create(
-      Config(port, 0, 3, "dead-rendezvous", absl::Seconds(2)), server->get());
+      GroupConfig(port, 0, 3, "dead-rendezvous", absl::Seconds(2)),
+      server->get());
   other.join();
   CHECK_FALSE(group.ok());
   CHECK_FALSE(other_joined);
@@ -141,7 +134,7 @@ TEST_CASE("Gloo collectives end at their deadline when a peer never shows",
   absl::Status receiver_joined;
   std::thread receiver_thread([&] {
     auto g = GlooBroadcastGroup::Create(
-        Config(port, 1, 2, "dead-peer", absl::Seconds(2)));
+        GroupConfig(port, 1, 2, "dead-peer", absl::Seconds(2)));
     receiver_joined = g.status();
     // Joined, then never takes part in a collective.
     while (!receiver_done.load()) {
@@ -149,7 +142,7 @@ TEST_CASE("Gloo collectives end at their deadline when a peer never shows",
     }
   });
   auto g0 = GlooBroadcastGroup::Create(
-      Config(port, 0, 2, "dead-peer", absl::Seconds(2)), server->get());
+      GroupConfig(port, 0, 2, "dead-peer", absl::Seconds(2)), server->get());
   if (!g0.ok()) {
     receiver_done = true;
     receiver_thread.join();

@@ -3,9 +3,14 @@
 // Helpers shared by the weights unit tests: a small model layout and
 // random bf16 contents.
 
+#include <cstdint>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/time/time.h"
+#include "common/weights/broadcast_group.h"
 #include "common/weights/flat_weight_layout.h"
 #include "common/weights/weight_buffer.h"
 
@@ -34,6 +39,21 @@ inline FlatWeightLayout SmallLayout() {
   return FlatWeightLayout::Create(SmallModelTensors(),
                                   {.bucket_bytes = 4096, .alignment = 64})
       .value();
+}
+
+// A broadcast group member's config: the store on 127.0.0.1:`port`, the
+// epoch's key `prefix`.
+inline BroadcastGroupConfig GroupConfig(
+    uint16_t port, int rank, int world, std::string prefix,
+    absl::Duration timeout = absl::Seconds(20), std::string backend = "gloo") {
+  BroadcastGroupConfig c;
+  c.backend = std::move(backend);
+  c.store_port = port;
+  c.key_prefix = std::move(prefix);
+  c.rank = rank;
+  c.world_size = world;
+  c.timeout = timeout;
+  return c;
 }
 
 // Fills every tensor (not the padding) with random bytes.
