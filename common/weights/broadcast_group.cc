@@ -15,7 +15,7 @@ absl::Status BroadcastWeightSender::Publish(const v1::WeightManifest& manifest,
 absl::StatusOr<uint64_t> BroadcastWeightReceiver::ReceiveNext(
     StagingWeights* staging, absl::Time /*deadline*/) {
   return ReceiveOverBroadcast(
-      [this](absl::Span<uint8_t> b) { return group_->Broadcast(b); },
+      [this](absl::Span<uint8_t> b) { return group_->StartBroadcast(b); },
       [this] { group_->Abort(); }, staging, &last_round_version_);
 }
 

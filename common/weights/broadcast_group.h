@@ -21,6 +21,7 @@
 // BroadcastWeightReceiver on the other ranks.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -49,6 +50,18 @@ class BroadcastGroup {
   // REQUIRES: size a multiple of 4, data 4-byte aligned. Errors mark the
   // group broken.
   virtual absl::Status Broadcast(absl::Span<uint8_t> bytes) = 0;
+
+  // Starts Broadcast(bytes) and returns its completion: calling it blocks
+  // until the bytes are in place and returns Broadcast's status (call it
+  // exactly once, before `bytes` is touched or the next broadcast starts).
+  // A receiver verifies one bucket while the next arrives this way. This
+  // default broadcasts before returning; Gloo returns at once and moves the
+  // bytes on its own thread.
+  virtual std::function<absl::Status()> StartBroadcast(
+      absl::Span<uint8_t> bytes) {
+    absl::Status status = Broadcast(bytes);
+    return [status] { return status; };
+  }
 
   // Marks the group broken; may be called from any thread.
   virtual void Abort() = 0;

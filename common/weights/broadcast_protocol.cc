@@ -58,8 +58,9 @@ absl::Status PublishOverBroadcast(BroadcastBytesFn broadcast,
 }
 
 absl::StatusOr<uint64_t> ReceiveOverBroadcast(
-    BroadcastBytesFn broadcast, absl::FunctionRef<void()> abort_group,
+    StartBroadcastFn start, absl::FunctionRef<void()> abort_group,
     StagingWeights* staging, uint64_t* round_version) {
+  auto broadcast = [&](absl::Span<uint8_t> bytes) { return start(bytes)(); };
   uint64_t header[2] = {0, 0};
   if (absl::Status s =
           broadcast({reinterpret_cast<uint8_t*>(header), sizeof(header)});
@@ -82,9 +83,11 @@ absl::StatusOr<uint64_t> ReceiveOverBroadcast(
   absl::Status local = staging->Begin(manifest);
   const bool staging_ok = local.ok();
   if (manifest.kind() == v1::WEIGHT_PAYLOAD_KIND_FULL) {
+    // Where bucket i goes: its staging bucket, or scratch once staging
+    // failed (the broadcast is joined all the same). Chosen only after
+    // bucket i-1 arrived, so one scratch buffer serves every bucket.
     std::vector<float> scratch;
-    for (int i = 0; i < manifest.buckets_size(); ++i) {
-      const v1::BucketSpec& b = manifest.buckets(i);
+    auto target = [&](int i) {
       absl::Span<uint8_t> dst;
       if (staging_ok && local.ok()) {
         absl::StatusOr<absl::Span<uint8_t>> bucket =
@@ -95,14 +98,23 @@ absl::StatusOr<uint64_t> ReceiveOverBroadcast(
           local = bucket.status();
         }
       }
-      if (dst.empty() && b.byte_size() > 0) {
-        scratch = Scratch(b.byte_size());
-        dst = AsBytes(scratch).subspan(0, b.byte_size());
+      const uint64_t size = manifest.buckets(i).byte_size();
+      if (dst.empty() && size > 0) {
+        scratch = Scratch(size);
+        dst = AsBytes(scratch).subspan(0, size);
       }
-      if (absl::Status s = broadcast(dst); !s.ok()) {
+      return dst;
+    };
+    const int n = manifest.buckets_size();
+    std::function<absl::Status()> arrived;
+    if (n > 0) arrived = start(target(0));
+    for (int i = 0; i < n; ++i) {
+      if (absl::Status s = arrived(); !s.ok()) {
         staging->Abort();
         return s;
       }
+      // Bucket i+1 arrives while bucket i is checksummed.
+      if (i + 1 < n) arrived = start(target(i + 1));
       if (staging_ok && local.ok()) {
         local = staging->FinishBucket(static_cast<uint32_t>(i));
       }

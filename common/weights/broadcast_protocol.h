@@ -9,7 +9,8 @@
 //   1. a 16-byte header: u64 manifest size, u64 payload size;
 //   2. the serialized WeightManifest, zero-padded to a multiple of 4;
 //   3. FULL: every bucket, broadcast straight into the receiver's staging
-//      bucket (no extra copy); DELTA: the encoded delta in pieces of at most
+//      bucket (no extra copy); a receiver checksums bucket i while bucket
+//      i+1 arrives, when the transport can overlap them; DELTA: the encoded delta in pieces of at most
 //      bucket_bytes, padded to a multiple of 4.
 // Every buffer handed to the broadcast function is 4-byte aligned and a
 // multiple of 4 bytes long (bucket sizes of a FlatWeightLayout are).
@@ -18,6 +19,7 @@
 // desynchronises or hangs the others; the failure is reported afterwards.
 
 #include <cstdint>
+#include <functional>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
@@ -30,6 +32,10 @@ namespace tandem::weights {
 
 // Broadcasts `bytes` from rank 0 into every rank's `bytes`, in place.
 using BroadcastBytesFn = absl::FunctionRef<absl::Status(absl::Span<uint8_t>)>;
+// Starts such a broadcast; the returned completion waits for it and returns
+// its status (BroadcastGroup::StartBroadcast).
+using StartBroadcastFn = absl::FunctionRef<std::function<absl::Status()>(
+    absl::Span<uint8_t>)>;
 
 // Rank 0: sends one version. The payload is only read.
 absl::Status PublishOverBroadcast(BroadcastBytesFn broadcast,
@@ -41,7 +47,7 @@ absl::Status PublishOverBroadcast(BroadcastBytesFn broadcast,
 // followed any more (unparsable manifest). `*round_version` is set to the
 // version of the round as soon as its manifest arrived.
 absl::StatusOr<uint64_t> ReceiveOverBroadcast(
-    BroadcastBytesFn broadcast, absl::FunctionRef<void()> abort_group,
+    StartBroadcastFn start, absl::FunctionRef<void()> abort_group,
     StagingWeights* staging, uint64_t* round_version);
 
 }  // namespace tandem::weights

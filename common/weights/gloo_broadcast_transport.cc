@@ -109,17 +109,29 @@ bool GlooBroadcastGroup::broken() const { return impl_->broken.load(); }
 void GlooBroadcastGroup::Abort() { impl_->broken = true; }
 
 absl::Status GlooBroadcastGroup::Broadcast(absl::Span<uint8_t> bytes) {
+  return StartBroadcast(bytes)();
+}
+
+std::function<absl::Status()> GlooBroadcastGroup::StartBroadcast(
+    absl::Span<uint8_t> bytes) {
+  auto done = [](absl::Status s) { return [s] { return s; }; };
   if (impl_->broken.load()) {
-    return absl::FailedPreconditionError(
+    return done(absl::FailedPreconditionError(
         absl::StrCat("gloo group ", impl_->config.key_prefix,
-                     " is broken; the next epoch must be formed"));
+                     " is broken; the next epoch must be formed")));
   }
   if (bytes.size() % 4 != 0 ||
       reinterpret_cast<uintptr_t>(bytes.data()) % 4 != 0) {
-    return absl::InvalidArgumentError(
-        "gloo broadcast needs a 4-byte aligned multiple of 4 bytes");
+    return done(absl::InvalidArgumentError(
+        "gloo broadcast needs a 4-byte aligned multiple of 4 bytes"));
   }
-  if (bytes.empty()) return absl::OkStatus();
+  if (bytes.empty()) return done(absl::OkStatus());
+  auto failed = [impl = impl_.get(), size = bytes.size()](const char* what) {
+    impl->broken = true;
+    return absl::UnavailableError(
+        absl::StrCat("gloo broadcast of ", size, " bytes failed: ", what));
+  };
+  c10::intrusive_ptr<c10d::Work> work;
   try {
     // Gloo in LibTorch 1.13 rejects bf16/int16: send the bytes as float32.
     at::Tensor view =
@@ -129,20 +141,24 @@ absl::Status GlooBroadcastGroup::Broadcast(absl::Span<uint8_t> bytes) {
     c10d::BroadcastOptions options;
     options.rootRank = 0;
     options.timeout = ToMillis(impl_->config.timeout);
-    c10::intrusive_ptr<c10d::Work> work =
-        impl_->group->broadcast(tensors, options);
-    if (!work->wait(ToMillis(impl_->config.timeout))) {
-      impl_->broken = true;
-      return absl::DeadlineExceededError(absl::StrCat(
-          "gloo broadcast of ", bytes.size(), " bytes did not finish within ",
-          absl::FormatDuration(impl_->config.timeout)));
-    }
+    // Queued to the group's worker thread; returns before the bytes move.
+    work = impl_->group->broadcast(tensors, options);
   } catch (const std::exception& e) {
-    impl_->broken = true;
-    return absl::UnavailableError(absl::StrCat(
-        "gloo broadcast of ", bytes.size(), " bytes failed: ", e.what()));
+    return done(failed(e.what()));
   }
-  return absl::OkStatus();
+  return [impl = impl_.get(), work, size = bytes.size(), failed] {
+    try {
+      if (!work->wait(ToMillis(impl->config.timeout))) {
+        impl->broken = true;
+        return absl::DeadlineExceededError(absl::StrCat(
+            "gloo broadcast of ", size, " bytes did not finish within ",
+            absl::FormatDuration(impl->config.timeout)));
+      }
+    } catch (const std::exception& e) {
+      return failed(e.what());
+    }
+    return absl::OkStatus();
+  };
 }
 
 }  // namespace tandem::weights

@@ -72,6 +72,9 @@ class GlooBroadcastGroup : public BroadcastGroup {
   // REQUIRES: size a multiple of 4, data 4-byte aligned. Errors mark the
   // group broken.
   absl::Status Broadcast(absl::Span<uint8_t> bytes) override;
+  // Queues the broadcast on the group's worker thread and returns at once.
+  std::function<absl::Status()> StartBroadcast(
+      absl::Span<uint8_t> bytes) override;
 
   // Marks the group broken; later collectives fail fast.
   void Abort() override;

@@ -1,29 +1,36 @@
 // Weight transport throughput against a plain TCP socket copy of the same
 // bytes between two processes, all in one run (issue 5 benchmarks).
 //
-//   weights_transport_bench [--runs=N] [--receivers=1,2,3] [MiB...]
-//       (defaults: 1 run, receivers 1,2,3, sizes 64 256 1024)
+//   weights_transport_bench [--rounds=N] [--serial] [--receivers=1,2,3]
+//                           [MiB...]
+//       (defaults: 7 rounds, receivers 1,2,3, sizes 64 256 1024)
 //
 // This process is the sender in every row; every receiver is a separate
 // process (this binary re-executed in a child mode), so sender and
 // receivers never share an address space or a scheduler thread pool.
 //
-// Rows, each timed in the sender from "go" until every receiver reported
-// that the bytes are in its buffer (for the weight transports: staged,
-// every bucket CRC-32C verified, committed):
+// Transfers, each timed in the sender from "go" until every receiver
+// reported that the bytes are in its buffer (for the weight transports:
+// staged, every bucket CRC-32C verified, committed):
 //   socket  raw write()/read() of the buffer over loopback TCP into a
 //           pre-faulted buffer, 1 receiver: the baseline.
 //   pull    catch-up pull (GrpcPullReceiver from a WeightServerService)
 //           into a double-buffered StagingWeights, 1 receiver: over the
 //           FetchWeights gRPC stream, and over the raw data path.
 //   gloo k  c10d ProcessGroupGloo broadcast (GlooWeightSender /
-//           GlooWeightReceiver) into StagingWeights, k receivers.
-// Ratios are (socket seconds) / (row seconds): the throughput of the row as
-// a fraction of the socket copy measured in the same run. Buckets are
-// 64 MiB. Every receiver first receives two untimed versions (connections,
-// both staging buffers touched), then three timed ones; each row reports
-// the fastest of the three (the machines are shared: the minimum is the
-// least disturbed), the same rule for every row.
+//           GlooWeightReceiver) into StagingWeights, k receivers; a
+//           receiver checksums bucket i while bucket i+1 arrives.
+//   gloo 1, serial checksums (--serial): the same with 1 receiver that
+//           checksums each bucket before asking for the next, as receivers
+//           did before the overlap.
+// Each transfer under test runs paired with its own socket copy: after two
+// untimed versions of each, N rounds alternate the two (socket first in
+// even rounds, last in odd ones), and each round gives the ratio (socket
+// seconds) / (transfer seconds) of two transfers made moments apart. A
+// cell reports the median of those ratios with their range, and the
+// transfer's median throughput. On shared, noisy cores the per-round
+// pairing cancels load changes that a "fastest of N" per column does not.
+// Buckets are 64 MiB.
 //
 // Memory: the sender holds the payload (S bytes); each receiver holds two
 // staging buffers (2 S). At 1 GiB with 3 receivers that is 7 GiB.
@@ -63,7 +70,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr uint64_t kBucketBytes = 64ull << 20;
 constexpr int kWarmupVersions = 2;
-constexpr int kTimedVersions = 3;  // the row reports the fastest
 
 double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -116,25 +122,30 @@ int ConnectLoopback(uint16_t port) {
   return fd;
 }
 
-// Reads `bytes` from the sender into a pre-faulted buffer, once per round.
-void ChildSocket(uint16_t port, uint64_t bytes, int rounds) {
+// Reads `bytes` from the sender into a pre-faulted buffer, once per round,
+// until the sender closes the connection.
+void ChildSocket(uint16_t port, uint64_t bytes) {
   std::vector<uint8_t> dst(bytes, 0);
   int fd = ConnectLoopback(port);
-  for (int r = 0; r < rounds; ++r) {
+  for (;;) {
     size_t got = 0;
     while (got < dst.size()) {
       ssize_t n = read(fd, dst.data() + got, dst.size() - got);
+      if (n == 0 && got == 0) {  // the sender is done
+        close(fd);
+        Say(absl::StrCat("crc ", kernels::Crc32c(dst.data(), dst.size())));
+        return;
+      }
       if (n <= 0) Die("socket read failed");
       got += static_cast<size_t>(n);
     }
     const char done = 'D';
     if (write(fd, &done, 1) != 1) Die("socket ack failed");
   }
-  close(fd);
-  Say(absl::StrCat("crc ", kernels::Crc32c(dst.data(), dst.size())));
 }
 
-void ChildPull(uint16_t port, uint64_t bytes, int rounds, bool raw) {
+// Pulls a version on every "go" line, until stdin closes.
+void ChildPull(uint16_t port, uint64_t bytes, bool raw) {
   auto staging =
       StagingWeights::Create(MakeLayout(bytes), StagingMode::kDoubleBuffer);
   if (!staging.ok()) Die(staging.status().ToString());
@@ -143,8 +154,8 @@ void ChildPull(uint16_t port, uint64_t bytes, int rounds, bool raw) {
                           grpc::InsecureChannelCredentials()),
       {.raw_data = raw});
   Say("ready");
-  for (int r = 0; r < rounds; ++r) {
-    WaitFor("go");
+  for (std::string line = ReadLine(stdin); line == "go";
+       line = ReadLine(stdin)) {
     auto got =
         receiver.ReceiveNext(staging->get(), absl::Now() + absl::Seconds(600));
     if (!got.ok()) Die(got.status().ToString());
@@ -157,7 +168,27 @@ void ChildPull(uint16_t port, uint64_t bytes, int rounds, bool raw) {
   }
 }
 
-void ChildGloo(uint16_t port, uint64_t bytes, int rank, int world, int rounds) {
+// A group that checksums each bucket only after it arrived and before the
+// next one is requested: the receiver as it was before buckets overlapped
+// (StartBroadcast's default), kept as the in-run baseline of that overlap.
+class SerialGroup : public BroadcastGroup {
+ public:
+  explicit SerialGroup(BroadcastGroup* inner) : inner_(inner) {}
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  bool broken() const override { return inner_->broken(); }
+  absl::Status Broadcast(absl::Span<uint8_t> bytes) override {
+    return inner_->Broadcast(bytes);
+  }
+  void Abort() override { inner_->Abort(); }
+
+ private:
+  BroadcastGroup* inner_;
+};
+
+// Receives broadcast versions until a round of version 0.
+void ChildGloo(uint16_t port, uint64_t bytes, int rank, int world,
+               bool serial) {
   auto staging =
       StagingWeights::Create(MakeLayout(bytes), StagingMode::kDoubleBuffer);
   if (!staging.ok()) Die(staging.status().ToString());
@@ -169,9 +200,12 @@ void ChildGloo(uint16_t port, uint64_t bytes, int rank, int world, int rounds) {
   c.timeout = absl::Seconds(300);
   auto group = GlooBroadcastGroup::Create(c);
   if (!group.ok()) Die(group.status().ToString());
-  GlooWeightReceiver receiver(group->get());
-  for (int r = 0; r < rounds; ++r) {
+  SerialGroup serial_group(group->get());
+  GlooWeightReceiver receiver(serial ? &serial_group
+                                     : static_cast<BroadcastGroup*>(group->get()));
+  for (;;) {
     auto got = receiver.ReceiveNext(staging->get(), absl::InfiniteFuture());
+    if (receiver.last_round_version() == 0) return;  // the stop round
     if (!got.ok()) Die(got.status().ToString());
     if (!(*staging)->Commit().ok()) Die("commit");
     Say(absl::StrCat("done ", *got));
@@ -236,46 +270,64 @@ void Reap(Child& c) {
   }
 }
 
-double SocketSeconds(const std::vector<uint8_t>& src) {
-  int listener = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  if (bind(listener, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-      listen(listener, 1) != 0 ||
-      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    Die("socket setup failed");
+// One transfer under test, set up once per row: Round() moves a new version
+// of the payload to every receiver and returns the seconds it took.
+class Column {
+ public:
+  virtual ~Column() = default;
+  virtual double Round() = 0;
+};
+
+// The baseline: write()/read() of the bytes over loopback TCP.
+class SocketColumn : public Column {
+ public:
+  explicit SocketColumn(const std::vector<uint8_t>& src) : src_(src) {
+    listener_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (bind(listener_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+        listen(listener_, 1) != 0 ||
+        getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len) !=
+            0) {
+      Die("socket setup failed");
+    }
+    child_ = Spawn({"--child=socket",
+                    absl::StrCat("--port=", ntohs(addr.sin_port)),
+                    absl::StrCat("--bytes=", src.size())});
+    fd_ = accept(listener_, nullptr, nullptr);
+    if (fd_ < 0) Die("socket accept failed");
   }
-  const int rounds = kWarmupVersions + kTimedVersions;
-  Child child =
-      Spawn({"--child=socket", absl::StrCat("--port=", ntohs(addr.sin_port)),
-             absl::StrCat("--bytes=", src.size()),
-             absl::StrCat("--rounds=", rounds)});
-  int fd = accept(listener, nullptr, nullptr);
-  double seconds = 1e30;
-  for (int r = 0; r < rounds; ++r) {
+  ~SocketColumn() override {
+    close(fd_);
+    close(listener_);
+    const std::string crc = Expect(child_, "crc ");
+    if (crc != absl::StrCat(kernels::Crc32c(src_.data(), src_.size()))) {
+      Die("socket copy mismatch");
+    }
+    Reap(child_);
+  }
+  double Round() override {
     const auto start = Clock::now();
     size_t sent = 0;
-    while (sent < src.size()) {
-      ssize_t n = write(fd, src.data() + sent,
-                        std::min<size_t>(1 << 20, src.size() - sent));
+    while (sent < src_.size()) {
+      ssize_t n = write(fd_, src_.data() + sent,
+                        std::min<size_t>(1 << 20, src_.size() - sent));
       if (n <= 0) Die("socket write failed");
       sent += static_cast<size_t>(n);
     }
     char ack = 0;
-    if (read(fd, &ack, 1) != 1 || ack != 'D') Die("socket ack missing");
-    if (r >= kWarmupVersions) seconds = std::min(seconds, Since(start));
+    if (read(fd_, &ack, 1) != 1 || ack != 'D') Die("socket ack missing");
+    return Since(start);
   }
-  close(fd);
-  close(listener);
-  const std::string crc = Expect(child, "crc ");
-  if (crc != absl::StrCat(kernels::Crc32c(src.data(), src.size()))) {
-    Die("socket copy mismatch");
-  }
-  Reap(child);
-  return seconds;
-}
+
+ private:
+  const std::vector<uint8_t>& src_;
+  int listener_ = -1;
+  int fd_ = -1;
+  Child child_;
+};
 
 v1::WeightManifest WithVersion(const v1::WeightManifest& m, uint64_t v) {
   v1::WeightManifest out = m;
@@ -283,105 +335,188 @@ v1::WeightManifest WithVersion(const v1::WeightManifest& m, uint64_t v) {
   return out;
 }
 
-double PullSeconds(const v1::WeightManifest& manifest,
-                   std::shared_ptr<const std::vector<uint8_t>> payload,
-                   bool raw) {
-  WeightStore store(2);
-  WeightServerService service(&store, {});
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                           &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  const int rounds = kWarmupVersions + kTimedVersions;
-  Child child = Spawn({"--child=pull", absl::StrCat("--port=", port),
-                       absl::StrCat("--bytes=", payload->size()),
-                       absl::StrCat("--rounds=", rounds),
-                       absl::StrCat("--raw=", raw ? 1 : 0)});
-  Expect(child, "ready");
-  double seconds = 1e30;
-  for (int r = 0; r < rounds; ++r) {
-    const uint64_t version = r + 1;
-    if (!store.Put(WithVersion(manifest, version), payload).ok()) {
+// Catch-up pull from a WeightServerService, 1 receiver.
+class PullColumn : public Column {
+ public:
+  PullColumn(const v1::WeightManifest& manifest,
+             std::shared_ptr<const std::vector<uint8_t>> payload, bool raw)
+      : manifest_(manifest), payload_(std::move(payload)), store_(2),
+        service_(&store_, {}) {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    child_ = Spawn({"--child=pull", absl::StrCat("--port=", port),
+                    absl::StrCat("--bytes=", payload_->size()),
+                    absl::StrCat("--raw=", raw ? 1 : 0)});
+    Expect(child_, "ready");
+  }
+  ~PullColumn() override {
+    Reap(child_);
+    server_->Shutdown();
+  }
+  double Round() override {
+    const uint64_t version = ++version_;
+    if (!store_.Put(WithVersion(manifest_, version), payload_).ok()) {
       Die("store put");
     }
     const auto start = Clock::now();
-    Tell(child, "go");
-    const std::string got = Expect(child, "done ");
-    if (r >= kWarmupVersions) seconds = std::min(seconds, Since(start));
+    Tell(child_, "go");
+    const std::string got = Expect(child_, "done ");
+    const double seconds = Since(start);
     if (got != absl::StrCat(version)) Die("pull: wrong version " + got);
+    return seconds;
   }
-  Reap(child);
-  server->Shutdown();
-  return seconds;
-}
 
-double GlooSeconds(const v1::WeightManifest& manifest,
-                   const std::vector<uint8_t>& payload, int receivers) {
-  auto store = GlooRendezvousStore::Create("127.0.0.1", 0, absl::Seconds(60));
-  if (!store.ok()) Die(store.status().ToString());
-  const int rounds = kWarmupVersions + kTimedVersions;
-  std::vector<Child> children;
-  for (int rank = 1; rank <= receivers; ++rank) {
-    children.push_back(Spawn(
-        {"--child=gloo", absl::StrCat("--port=", (*store)->port()),
-         absl::StrCat("--bytes=", payload.size()),
-         absl::StrCat("--rank=", rank), absl::StrCat("--world=", receivers + 1),
-         absl::StrCat("--rounds=", rounds)}));
+ private:
+  const v1::WeightManifest manifest_;
+  const std::shared_ptr<const std::vector<uint8_t>> payload_;
+  WeightStore store_;
+  WeightServerService service_;
+  std::unique_ptr<grpc::Server> server_;
+  Child child_;
+  uint64_t version_ = 0;
+};
+
+// Gloo broadcast from this process (rank 0) to `receivers` children.
+class GlooColumn : public Column {
+ public:
+  GlooColumn(const v1::WeightManifest& manifest,
+             const std::vector<uint8_t>& payload, int receivers,
+             bool serial = false)
+      : manifest_(manifest), payload_(payload) {
+    auto store =
+        GlooRendezvousStore::Create("127.0.0.1", 0, absl::Seconds(60));
+    if (!store.ok()) Die(store.status().ToString());
+    store_ = *std::move(store);
+    for (int rank = 1; rank <= receivers; ++rank) {
+      children_.push_back(Spawn(
+          {"--child=gloo", absl::StrCat("--port=", store_->port()),
+           absl::StrCat("--bytes=", payload.size()),
+           absl::StrCat("--rank=", rank),
+           absl::StrCat("--world=", receivers + 1),
+           absl::StrCat("--serial=", serial ? 1 : 0)}));
+    }
+    GlooGroupConfig c;
+    c.store_port = store_->port();
+    c.rank = 0;
+    c.world_size = receivers + 1;
+    c.key_prefix = "bench";
+    c.timeout = absl::Seconds(300);
+    auto group = GlooBroadcastGroup::Create(c, store_.get());
+    if (!group.ok()) Die(group.status().ToString());
+    group_ = *std::move(group);
+    sender_ = std::make_unique<GlooWeightSender>(group_.get());
   }
-  GlooGroupConfig c;
-  c.store_port = (*store)->port();
-  c.rank = 0;
-  c.world_size = receivers + 1;
-  c.key_prefix = "bench";
-  c.timeout = absl::Seconds(300);
-  auto group = GlooBroadcastGroup::Create(c, store->get());
-  if (!group.ok()) Die(group.status().ToString());
-  GlooWeightSender sender(group->get());
-  double seconds = 1e30;
-  for (int r = 0; r < rounds; ++r) {
-    const uint64_t version = r + 1;
+  ~GlooColumn() override {
+    // Version 0 tells the receivers to stop.
+    if (!sender_->Publish(WithVersion(manifest_, 0), payload_,
+                          absl::InfiniteFuture())
+             .ok()) {
+      Die("gloo: stop round failed");
+    }
+    for (Child& child : children_) Reap(child);
+  }
+  double Round() override {
+    const uint64_t version = ++version_;
     const auto start = Clock::now();
-    if (absl::Status s = sender.Publish(WithVersion(manifest, version), payload,
-                                        absl::InfiniteFuture());
+    if (absl::Status s = sender_->Publish(WithVersion(manifest_, version),
+                                          payload_, absl::InfiniteFuture());
         !s.ok()) {
       Die(s.ToString());
     }
-    for (Child& child : children) {
+    for (Child& child : children_) {
       if (Expect(child, "done ") != absl::StrCat(version)) {
         Die("gloo: wrong version");
       }
     }
-    if (r >= kWarmupVersions) seconds = std::min(seconds, Since(start));
+    return Since(start);
   }
-  for (Child& child : children) Reap(child);
-  return seconds;
+
+ private:
+  const v1::WeightManifest manifest_;
+  const std::vector<uint8_t>& payload_;
+  std::unique_ptr<GlooRendezvousStore> store_;
+  std::vector<Child> children_;
+  std::unique_ptr<GlooBroadcastGroup> group_;
+  std::unique_ptr<GlooWeightSender> sender_;
+  uint64_t version_ = 0;
+};
+
+struct Paired {
+  std::vector<double> column_seconds;
+  std::vector<double> ratios;  // socket seconds / column seconds, per round
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-void Run(uint64_t mib, const std::vector<int>& receivers, int run) {
+// Runs `column` and a socket copy of the same bytes in alternating order,
+// round after round: each round's ratio compares two transfers made moments
+// apart, so a load change on the shared cores hits both.
+Paired RunPaired(const std::vector<uint8_t>& payload, Column& column,
+                 int rounds) {
+  SocketColumn socket(payload);
+  for (int r = 0; r < kWarmupVersions; ++r) {
+    socket.Round();
+    column.Round();
+  }
+  Paired out;
+  for (int r = 0; r < rounds; ++r) {
+    double socket_s = 0, column_s = 0;
+    if (r % 2 == 0) {
+      socket_s = socket.Round();
+      column_s = column.Round();
+    } else {
+      column_s = column.Round();
+      socket_s = socket.Round();
+    }
+    out.column_seconds.push_back(column_s);
+    out.ratios.push_back(socket_s / column_s);
+  }
+  return out;
+}
+
+void Run(uint64_t mib, const std::vector<int>& receivers, int rounds,
+         bool serial) {
   const uint64_t bytes = mib << 20;
   FlatWeightLayout layout = MakeLayout(bytes);
   auto payload = std::make_shared<std::vector<uint8_t>>(bytes);
-  std::mt19937_64 rng(run + 1);
+  std::mt19937_64 rng(mib);
   for (size_t i = 0; i + 8 <= bytes; i += 8) {
     const uint64_t r = rng();
     std::memcpy(payload->data() + i, &r, 8);
   }
   auto manifest = layout.BuildManifest(*payload, 1);
   if (!manifest.ok()) Die(manifest.status().ToString());
-  const double socket_s = SocketSeconds(*payload);
-  const double grpc_s = PullSeconds(*manifest, payload, /*raw=*/false);
-  const double raw_s = PullSeconds(*manifest, payload, /*raw=*/true);
-  auto gbps = [&](double s) { return bytes / s / 1e9; };
-  std::string row =
-      absl::StrFormat("| %d MiB | %d | %.2f | %.2f (%.2f) | %.2f (%.2f) |", mib,
-                      run, gbps(socket_s), gbps(grpc_s), socket_s / grpc_s,
-                      gbps(raw_s), socket_s / raw_s);
+  std::string row = absl::StrFormat("| %d MiB |", mib);
+  auto cell = [&](Column& column) {
+    const Paired p = RunPaired(*payload, column, rounds);
+    const auto [lo, hi] = std::minmax_element(p.ratios.begin(), p.ratios.end());
+    absl::StrAppendFormat(&row, " %.2f (%.2f–%.2f) %.2f GB/s |",
+                          Median(p.ratios), *lo, *hi,
+                          bytes / Median(p.column_seconds) / 1e9);
+  };
+  {
+    PullColumn grpc(*manifest, payload, /*raw=*/false);
+    cell(grpc);
+  }
+  {
+    PullColumn raw(*manifest, payload, /*raw=*/true);
+    cell(raw);
+  }
   for (int k : receivers) {
-    const double gloo_s = GlooSeconds(*manifest, *payload, k);
-    absl::StrAppendFormat(&row, " %.2f (%.2f) |", gbps(gloo_s),
-                          socket_s / gloo_s);
+    GlooColumn gloo(*manifest, *payload, k);
+    cell(gloo);
+    if (k == 1 && serial) {
+      GlooColumn gloo_serial(*manifest, *payload, 1, /*serial=*/true);
+      cell(gloo_serial);
+    }
   }
   absl::PrintF("%s\n", row);
   std::fflush(stdout);
@@ -390,7 +525,7 @@ void Run(uint64_t mib, const std::vector<int>& receivers, int run) {
 int ChildMain(int argc, char** argv) {
   std::string mode;
   uint64_t bytes = 0, port = 0;
-  int rank = 0, world = 0, rounds = 0, raw = 1;
+  int rank = 0, world = 0, raw = 1, serial = 0;
   for (int i = 1; i < argc; ++i) {
     std::pair<std::string, std::string> kv =
         absl::StrSplit(argv[i], absl::MaxSplits('=', 1));
@@ -403,12 +538,12 @@ int ChildMain(int argc, char** argv) {
       ok = absl::SimpleAtoi(kv.second, &port);
     } else if (kv.first == "--rank") {
       ok = absl::SimpleAtoi(kv.second, &rank);
+    } else if (kv.first == "--serial") {
+      ok = absl::SimpleAtoi(kv.second, &serial);
     } else if (kv.first == "--world") {
       ok = absl::SimpleAtoi(kv.second, &world);
     } else if (kv.first == "--raw") {
       ok = absl::SimpleAtoi(kv.second, &raw);
-    } else if (kv.first == "--rounds") {
-      ok = absl::SimpleAtoi(kv.second, &rounds);
     } else {
       ok = false;
     }
@@ -416,11 +551,11 @@ int ChildMain(int argc, char** argv) {
   }
   const auto p = static_cast<uint16_t>(port);
   if (mode == "socket") {
-    ChildSocket(p, bytes, rounds);
+    ChildSocket(p, bytes);
   } else if (mode == "pull") {
-    ChildPull(p, bytes, rounds, raw != 0);
+    ChildPull(p, bytes, raw != 0);
   } else if (mode == "gloo") {
-    ChildGloo(p, bytes, rank, world, rounds);
+    ChildGloo(p, bytes, rank, world, serial != 0);
   } else {
     Die(absl::StrCat("unknown child mode '", mode, "'"));
   }
@@ -438,14 +573,17 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   std::vector<uint64_t> sizes;
   std::vector<int> receivers = {1, 2, 3};
-  int runs = 1;
+  int rounds = 7;
+  bool serial = false;
   for (int i = 1; i < argc; ++i) {
     const absl::string_view arg = argv[i];
     uint64_t mib = 0;
-    if (arg.substr(0, 7) == "--runs=") {
-      if (!absl::SimpleAtoi(arg.substr(7), &runs) || runs < 1) {
-        Die(absl::StrCat("--runs: bad value '", arg.substr(7), "'"));
+    if (arg.substr(0, 9) == "--rounds=") {
+      if (!absl::SimpleAtoi(arg.substr(9), &rounds) || rounds < 1) {
+        Die(absl::StrCat("--rounds: bad value '", arg.substr(9), "'"));
       }
+    } else if (arg == "--serial") {
+      serial = true;
     } else if (arg.substr(0, 12) == "--receivers=") {
       receivers.clear();
       for (absl::string_view k : absl::StrSplit(arg.substr(12), ',')) {
@@ -459,23 +597,26 @@ int main(int argc, char** argv) {
       sizes.push_back(mib);
     } else {
       Die(absl::StrCat("bad argument '", arg,
-                       "': expected --runs=N, --receivers=1,2,3 or a size in "
+                       "': expected --rounds=N, --serial, --receivers=1,2,3 or a size in "
                        "MiB (1..1024)"));
     }
   }
   if (sizes.empty()) sizes = {64, 256, 1024};
-  std::string header =
-      "| size | run | socket GB/s | pull gRPC GB/s (ratio) | pull raw GB/s "
-      "(ratio) |";
-  std::string rule = "| --- | --- | --- | --- | --- |";
+  std::string header = "| size | pull gRPC | pull raw |";
+  std::string rule = "| --- | --- | --- |";
   for (int k : receivers) {
-    absl::StrAppend(&header, " gloo ", k, " receiver", k > 1 ? "s" : "",
-                    " GB/s (ratio) |");
+    absl::StrAppend(&header, " gloo, ", k, " receiver", k > 1 ? "s" : "",
+                    " |");
     absl::StrAppend(&rule, " --- |");
+    if (k == 1 && serial) {
+      absl::StrAppend(&header, " gloo, 1 receiver, serial checksums |");
+      absl::StrAppend(&rule, " --- |");
+    }
   }
-  absl::PrintF("%s\n%s\n", header, rule);
-  for (int run = 1; run <= runs; ++run) {
-    for (uint64_t mib : sizes) Run(mib, receivers, run);
-  }
+  absl::PrintF(
+      "Each cell: median of %d per-round ratios (socket-copy seconds / row "
+      "seconds), (min-max), and the row's median GB/s.\n%s\n%s\n",
+      rounds, header, rule);
+  for (uint64_t mib : sizes) Run(mib, receivers, rounds, serial);
   return 0;
 }
