@@ -65,6 +65,16 @@ absl::Status ClusterWatcher::last_status() const {
 
 void ClusterWatcher::MarkChanged() { changed_ = true; }
 
+void ClusterWatcher::SetChangeListener(ChangeListener listener) {
+  absl::MutexLock lock(&listener_mu_);
+  listener_ = std::move(listener);
+}
+
+void ClusterWatcher::NotifyListener(const tandem::v1::ClusterEvent* event) {
+  absl::MutexLock lock(&listener_mu_);
+  if (listener_) listener_(event);
+}
+
 void ClusterWatcher::Run() {
   absl::Duration backoff = options_.initial_backoff;
   grpc::StatusCode last_code = grpc::StatusCode::OK;
@@ -126,9 +136,12 @@ grpc::Status ClusterWatcher::WatchOnce(const std::string& member_id) {
   // refused call ends here with its status.
   reader->WaitForInitialMetadata();
   if (context.GetServerInitialMetadata().count(kWatchOpenMetadata) > 0) {
-    absl::MutexLock lock(&mu_);
-    watching_ = true;
-    MarkChanged();
+    {
+      absl::MutexLock lock(&mu_);
+      watching_ = true;
+      MarkChanged();
+    }
+    NotifyListener(nullptr);
   }
   tandem::v1::ClusterEvent event;
   while (reader->Read(&event)) {
@@ -142,12 +155,18 @@ grpc::Status ClusterWatcher::WatchOnce(const std::string& member_id) {
       absl::MutexLock lock(&mu_);
       watching_ = false;
     }
+    NotifyListener(&event);
   }
   grpc::Status status = reader->Finish();
-  absl::MutexLock lock(&mu_);
-  context_ = nullptr;
-  if (watching_) MarkChanged();
-  watching_ = false;
+  bool was_watching = false;
+  {
+    absl::MutexLock lock(&mu_);
+    context_ = nullptr;
+    was_watching = watching_;
+    if (watching_) MarkChanged();
+    watching_ = false;
+  }
+  if (was_watching) NotifyListener(nullptr);
   return status;
 }
 

@@ -10,6 +10,9 @@
 // watching() to pick their poll interval: while no stream is open they
 // must poll as often as they did without a watcher.
 //
+// A consumer that waits on something else (e.g. a weight pull) can have
+// the change pushed to it instead: SetChangeListener.
+//
 // Thread-safety: all methods are thread-safe. WaitForChange has one
 // consumer in mind: an event wakes the next (or current) WaitForChange
 // once. Stop() cancels the stream and joins the thread.
@@ -62,6 +65,15 @@ class ClusterWatcher {
   // Wakes WaitForChange as a change would (e.g. the consumer is stopping).
   void Wake();
 
+  // Called on the watcher thread, without the watcher's lock, whenever the
+  // stream wakes WaitForChange: with each event received, and with null
+  // when a stream opens or ends (watching() already tells which). One
+  // listener at a time; null removes it. Returns once no call of the
+  // previous listener is under way, so its owner may go away then; the
+  // listener must not call SetChangeListener.
+  using ChangeListener = std::function<void(const tandem::v1::ClusterEvent*)>;
+  void SetChangeListener(ChangeListener listener);
+
   // A stream is open (the coordinator accepted it).
   bool watching() const;
   // Events received over all streams.
@@ -74,6 +86,9 @@ class ClusterWatcher {
   // One stream, from connect to its end; returns its final status.
   grpc::Status WatchOnce(const std::string& member_id);
   void MarkChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Calls the change listener, if any (without mu_).
+  void NotifyListener(const tandem::v1::ClusterEvent* event)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   tandem::v1::Coordinator::Stub* const stub_;
   const ClusterWatcherOptions options_;
@@ -87,6 +102,10 @@ class ClusterWatcher {
   absl::Status last_status_ ABSL_GUARDED_BY(mu_);
   // The open call, so Stop() can cancel it.
   grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
+
+  // Held while the listener runs (never together with mu_).
+  absl::Mutex listener_mu_;
+  ChangeListener listener_ ABSL_GUARDED_BY(listener_mu_);
 };
 
 }  // namespace tandem::cluster

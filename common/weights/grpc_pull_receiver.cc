@@ -15,6 +15,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/weights/weight_server.h"
@@ -122,6 +123,11 @@ void GrpcPullReceiver::Cancel() {
   if (active_fd_ >= 0) shutdown(active_fd_, SHUT_RDWR);
 }
 
+void GrpcPullReceiver::Interrupt() {
+  absl::MutexLock lock(&mu_);
+  if (!transferring_) interrupted_ = true;
+}
+
 PullStats GrpcPullReceiver::stats() const {
   absl::MutexLock lock(&mu_);
   return stats_;
@@ -198,7 +204,15 @@ absl::StatusOr<v1::WeightManifest> GrpcPullReceiver::Plan(
           "deadline");
     }
     absl::MutexLock lock(&mu_);
-    mu_.AwaitWithTimeout(absl::Condition(&cancelled_), options_.poll_interval);
+    auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return cancelled_ || interrupted_;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&woken), options_.poll_interval);
+    if (interrupted_ && !cancelled_) {
+      interrupted_ = false;
+      return absl::CancelledError(
+          "wait for a newer weights version interrupted");
+    }
   }
 }
 
@@ -210,6 +224,16 @@ absl::StatusOr<uint64_t> GrpcPullReceiver::ReceiveNext(StagingWeights* staging,
   }
   absl::StatusOr<v1::WeightManifest> manifest = Plan(staging, deadline);
   if (!manifest.ok()) return manifest.status();
+  // The wait is over: an interrupt from now on must not cut the transfer.
+  {
+    absl::MutexLock lock(&mu_);
+    transferring_ = true;
+    interrupted_ = false;
+  }
+  absl::Cleanup transferred = [this] {
+    absl::MutexLock lock(&mu_);
+    transferring_ = false;
+  };
   // `deadline` bounds the wait for a newer version; a transfer that has
   // begun gets at least transfer_timeout, so short waiting slices never cut
   // a large payload short (it would start over at the next call).

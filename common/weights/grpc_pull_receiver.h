@@ -22,8 +22,13 @@
 // retries, deadline and cancellation; a server without the data path, or
 // a data port that cannot be reached, is read over FetchWeights.
 //
-// Thread-safety: ReceiveNext() from one thread; Cancel() and stats() from
-// any thread.
+// Interrupt() ends a ReceiveNext that is waiting for a newer version
+// (nothing newer on the server yet) with Cancelled, as if its deadline had
+// come; it never touches a transfer under way. A consumer whose reason to
+// wait changed (e.g. a new broadcast epoch was announced) wakes it so.
+//
+// Thread-safety: ReceiveNext() from one thread; Cancel(), Interrupt() and
+// stats() from any thread.
 
 #include <cstdint>
 #include <memory>
@@ -76,6 +81,13 @@ class GrpcPullReceiver : public WeightReceiver {
   absl::StatusOr<uint64_t> ReceiveNext(StagingWeights* staging,
                                        absl::Time deadline) override;
   void Cancel() override;
+  // Ends the current ReceiveNext's wait for a newer version: it returns
+  // CancelledError("... interrupted") at once, and later calls work as
+  // before. A no-op while a version is being transferred (the call returns
+  // that version). Made while no ReceiveNext waits, it ends the next one's
+  // wait instead (if that finds nothing newer right away), so a wake just
+  // before the call is not lost.
+  void Interrupt();
 
   // Fetches exactly the payload `manifest` describes into `staging`.
   absl::Status Fetch(StagingWeights* staging,
@@ -111,6 +123,10 @@ class GrpcPullReceiver : public WeightReceiver {
   const PullOptions options_;
   mutable absl::Mutex mu_;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  // Interrupt() made outside a transfer, not yet taken by a wait.
+  bool interrupted_ ABSL_GUARDED_BY(mu_) = false;
+  // ReceiveNext is fetching a version (Interrupt() is a no-op).
+  bool transferring_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ClientContext* active_ ABSL_GUARDED_BY(mu_) = nullptr;
   int active_fd_ ABSL_GUARDED_BY(mu_) = -1;
   // Announced by the last GetManifest answer (port 0: none).

@@ -67,10 +67,29 @@ absl::StatusOr<std::unique_ptr<WeightSubscriber>> WeightSubscriber::Create(
 WeightSubscriber::~WeightSubscriber() { Stop(); }
 
 void WeightSubscriber::Start() {
+  if (options_.watcher != nullptr &&
+      options_.mode == WeightSyncOptions::Mode::kBroadcast) {
+    options_.watcher->SetChangeListener(
+        [this](const tandem::v1::ClusterEvent* event) {
+          // A new epoch may list this worker, and a stream that opened or
+          // ended changes how long a pull may wait (Run): end the wait.
+          // A new version needs no wake: the pull waits for exactly that.
+          if (event == nullptr || !event->has_policy_version()) {
+            InterruptPullWait();
+          }
+        });
+  }
   thread_ = std::thread([this] { Run(); });
 }
 
+void WeightSubscriber::InterruptPullWait() {
+  absl::MutexLock lock(&mu_);
+  if (receiver_ != nullptr) receiver_->Interrupt();
+}
+
 void WeightSubscriber::Stop() {
+  // Returns once no listener call is under way: none reaches `this` after.
+  if (options_.watcher != nullptr) options_.watcher->SetChangeListener(nullptr);
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
@@ -89,6 +108,19 @@ void WeightSubscriber::WaitForCluster(bool recovering) {
   options_.watcher->WaitForChange(options_.watcher->watching() && !recovering
                                       ? options_.watch_poll_interval
                                       : options_.poll_interval);
+}
+
+absl::Duration WeightSubscriber::PullWait(bool broadcast) const {
+  if (!broadcast) return absl::Seconds(1);
+  // Outside the group the next poll of the coordinator is due after this
+  // wait. While the watcher streams, an epoch event (or the stream ending)
+  // ends the wait early (InterruptPullWait), so it waits as long as the
+  // watch poll interval; without a stream it pulls in short slices, so that
+  // a new epoch listing this worker is noticed quickly.
+  if (options_.watcher != nullptr && options_.watcher->watching()) {
+    return options_.watch_poll_interval;
+  }
+  return absl::Milliseconds(200);
 }
 
 bool WeightSubscriber::stopping() const {
@@ -160,10 +192,7 @@ void WeightSubscriber::Run() {
       absl::SleepFor(absl::Milliseconds(200));
       continue;
     }
-    // In broadcast mode pull in short slices, so that a new epoch listing
-    // this worker is noticed quickly.
-    PullOnce(address, absl::Now() + (broadcast ? absl::Milliseconds(200)
-                                               : absl::Seconds(1)));
+    PullOnce(address, absl::Now() + PullWait(broadcast));
   }
   LeaveGroup();
   absl::MutexLock lock(&mu_);

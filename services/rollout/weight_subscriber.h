@@ -16,7 +16,10 @@
 //              poll_interval while no WatchCluster stream is open, e.g. a
 //              coordinator that does not serve it); while it is not in the
 //              current broadcast group it pulls, so it catches up and the
-//              coordinator adds it at the next membership epoch. Once listed
+//              coordinator adds it at the next membership epoch (with a
+//              stream open, each pull waits up to watch_poll_interval for a
+//              newer version, cut short by an epoch event, then polls;
+//              without one it polls every 200 ms). Once listed
 //              in an epoch it joins that epoch's group (of the epoch's
 //              backend, gloo or nccl: CreateBroadcastGroup) and receives
 //              every version the trainer broadcasts, in order (FULL, or a
@@ -80,10 +83,15 @@ struct WeightSyncOptions {
   // version or epoch (optional; must outlive the subscriber).
   cluster::ClusterWatcher* watcher = nullptr;
   // How often the coordinator is polled in broadcast mode while `watcher`
-  // has a stream open (a safety net: events wake the subscriber first) ...
+  // has a stream open (a safety net: events wake the subscriber first),
+  // also by a worker outside the group, whose pull waits this long for a
+  // newer version unless an epoch event ends the wait (keep it below the
+  // coordinator's weight_sync.report_timeout_ms: such a worker joins an
+  // epoch only if it reported within that time) ...
   absl::Duration watch_poll_interval = absl::Seconds(1);
   // ... and while it has none (no watcher, or the stream is down), or it
-  // waits for the re-send epoch after leaving a failed one.
+  // waits for the re-send epoch after leaving a failed one; a worker
+  // outside the group then pulls in 200 ms slices, polling after each.
   absl::Duration poll_interval = absl::Milliseconds(50);
   // After leaving a failed epoch, how long to wait for the coordinator's
   // next epoch (the re-send) before pulling; longer than the coordinator's
@@ -157,6 +165,12 @@ class WeightSubscriber {
   // Leaves the group after a failed rendezvous or collective and queues
   // the failure report.
   void AbandonGroup(const std::string& why);
+  // How long a pull outside the broadcast group waits for a newer version
+  // before the coordinator is asked again (see WeightSyncOptions).
+  absl::Duration PullWait(bool broadcast) const;
+  // Ends a pull's wait for a newer version (never a transfer); called by
+  // the watcher on an epoch event and when its stream opens or ends.
+  void InterruptPullWait();
   // Pull path: waits until `deadline` for a version newer than the staged
   // one from the trainer at `address`; stages it.
   void PullOnce(const std::string& address, absl::Time deadline);

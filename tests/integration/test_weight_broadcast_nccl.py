@@ -6,7 +6,9 @@ trainer and each rollout worker fail to form the NCCL group at once
 weight_sync.backend 'nccl' and the cause, and stop taking part in
 broadcast: no epoch loop, nothing hangs, and every version still reaches
 every worker by pull, bit for bit (the worker's digest equals the digest
-of the trainer's published manifest).
+of the trainer's published manifest). Outside every group for good, an
+idle worker asks the coordinator about its group about once a second (the
+watch poll interval), not after every 200 ms pull slice.
 
 Skipped where a CUDA device is visible (the NCCL path then runs for real;
 weights_nccl_test covers it) or in builds without NCCL (the coordinator
@@ -14,6 +16,7 @@ refuses the backend at start; coordinator_config_test covers that)."""
 
 import os
 import tempfile
+import time
 import unittest
 
 import harness
@@ -90,6 +93,23 @@ class WeightBroadcastNcclWithoutDeviceTest(unittest.TestCase):
             print(f"==== {name} log (tail)")
             print(self.launcher.log(name)[-4000:])
 
+    def idle_syncs_per_worker(self, window):
+        """SyncWeightGroup calls per second per worker over `window` s."""
+        def syncs():
+            return metric_sum(scrape_metrics(
+                self.ready["coordinator"]["metrics_address"]),
+                "tandem_coordinator_weight_group_syncs_total")
+        before = syncs()
+        time.sleep(window)
+        return (syncs() - before) / window / len(WORKERS)
+
+    def publish_to_staged(self, worker):
+        """(sum, count) of the worker's publish-to-staged seconds by pull."""
+        text = scrape_metrics(self.launcher.ready(worker)["metrics_address"])
+        name = "tandem_weight_sync_publish_to_staged_seconds"
+        return (metric_sum(text, name + "_sum", transport="pull"),
+                metric_sum(text, name + "_count", transport="pull"))
+
     def test_every_worker_gets_every_version_by_pull(self):
         # Several versions, so that several epochs could have been formed,
         # and every worker listed in one (each caught-up worker is a
@@ -117,6 +137,8 @@ class WeightBroadcastNcclWithoutDeviceTest(unittest.TestCase):
                 self.ready["coordinator"]["metrics_address"]),
                 "tandem_weight_sync_epochs_formed_total")
         formed_then = formed()
+        staged_before = {name: self.publish_to_staged(name)
+                         for name in WORKERS}
         for _ in range(2):
             target = version() + 3
             harness.wait_for(lambda: version() >= target, 120,
@@ -136,6 +158,16 @@ class WeightBroadcastNcclWithoutDeviceTest(unittest.TestCase):
                 self.coordinator,
                 {name: info["grpc_address"] for name, info in workers.items()},
                 120, quiet_queues=True)
+            # Idle, outside every group for good: with the watch stream
+            # open each worker's pull waits weight_sync.poll_interval_ms
+            # (1 s) for a newer version before it asks the coordinator
+            # again, not 200 ms (5 SyncWeightGroup calls a second). The
+            # trainer (broadcast off) makes none.
+            per_worker = self.idle_syncs_per_worker(5.0)
+            print(f"idle SyncWeightGroup calls: {per_worker:.2f}/s per "
+                  "worker outside every group")
+            self.assertGreater(per_worker, 0.3)
+            self.assertLess(per_worker, 2.0)
         except AssertionError:
             self.dump()
             raise
@@ -193,6 +225,14 @@ class WeightBroadcastNcclWithoutDeviceTest(unittest.TestCase):
                     direction="received", transport="pull"), 0)
                 self.assertLessEqual(metric_sum(
                     text, "tandem_weight_sync_aborted_collectives_total"), 1)
+                # The long wait does not delay versions: the pull asks the
+                # weight server for a newer one every 100 ms meanwhile.
+                total, count = (b - a for a, b in zip(
+                    staged_before[name], self.publish_to_staged(name)))
+                print(f"{name}: publish-to-staged {1000 * total / count:.0f}"
+                      f" ms mean over the last {count:.0f} versions pulled")
+                self.assertGreaterEqual(count, 6)
+                self.assertLess(total / count, 1.0)
         coordinator = scrape_metrics(
             self.ready["coordinator"]["metrics_address"])
         resends = metric_sum(coordinator,

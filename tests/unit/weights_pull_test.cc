@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <random>
@@ -287,6 +288,122 @@ TEST_CASE(
   CHECK(
       absl::IsCancelled(receiver.ReceiveNext(staging->get(), Soon()).status()));
   canceller.join();
+}
+
+TEST_CASE(
+    "Interrupt ends a wait for a newer version, once, and the receiver "
+    "goes on",
+    "[weights][pull]") {
+  const FlatWeightLayout layout = testing::SmallLayout();
+  Loopback loop;
+  Publisher trainer(layout, &loop.store());
+  trainer.Step(0);
+  auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  GrpcPullReceiver receiver(loop.channel(), {});
+  CatchUp(receiver, **staging, 0);
+
+  // Waiting (nothing newer than 0): an interrupt ends the wait at once,
+  // with Cancelled, long before the 20 s deadline.
+  std::thread interrupter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    receiver.Interrupt();
+  });
+  absl::Time start = absl::Now();
+  auto got = receiver.ReceiveNext(staging->get(), Soon());
+  const absl::Duration waited = absl::Now() - start;
+  interrupter.join();
+  INFO(got.status().ToString() << " after " << absl::FormatDuration(waited));
+  REQUIRE(absl::IsCancelled(got.status()));
+  CHECK(std::string(got.status().message()).find("interrupted") !=
+        std::string::npos);
+  CHECK(waited >= absl::Milliseconds(250));
+  CHECK(waited < absl::Seconds(2));
+
+  // It was taken by that wait: the next one runs to its deadline.
+  got = receiver.ReceiveNext(staging->get(),
+                             absl::Now() + absl::Milliseconds(300));
+  CHECK(absl::IsDeadlineExceeded(got.status()));
+
+  // An interrupt made between two calls ends the next wait (a wake just
+  // before the call is not lost) ...
+  receiver.Interrupt();
+  start = absl::Now();
+  got = receiver.ReceiveNext(staging->get(), Soon());
+  CHECK(absl::IsCancelled(got.status()));
+  CHECK(absl::Now() - start < absl::Seconds(2));
+  // ... but not a call that finds a newer version: it receives it.
+  trainer.Step(1);
+  receiver.Interrupt();
+  got = receiver.ReceiveNext(staging->get(), Soon());
+  REQUIRE(got.ok());
+  CHECK(*got == 1);
+  REQUIRE((*staging)->Commit().ok());
+  CHECK(SameBytes((*staging)->live().bytes, trainer.current()));
+  // Not Cancel(): the receiver still waits for and receives later ones.
+  std::thread publisher([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    trainer.Step(2);
+  });
+  got = receiver.ReceiveNext(staging->get(), Soon());
+  publisher.join();
+  REQUIRE(got.ok());
+  CHECK(*got == 2);
+  REQUIRE((*staging)->Commit().ok());
+  CHECK(SameBytes((*staging)->live().bytes, trainer.current()));
+}
+
+TEST_CASE("Interrupt during a transfer does not abort it", "[weights][pull]") {
+  // 16 MiB in 1 KiB messages over FetchWeights: a transfer slow enough to
+  // be interrupted many times while bytes arrive.
+  auto layout =
+      FlatWeightLayout::Create({{"model.embed_tokens.weight",
+                                 v1::DTYPE_BF16,
+                                 {4096, 2048},
+                                 4096 * 2048 * 2}},
+                               {.bucket_bytes = 1 << 20, .alignment = 64});
+  REQUIRE(layout.ok());
+  Loopback loop;
+  std::mt19937_64 rng(11);
+  WeightBuffer weights(layout->total_bytes());
+  testing::FillRandom(*layout, &weights, rng);
+  auto manifest = layout->BuildManifest(weights.span(), 1);
+  REQUIRE(manifest.ok());
+  REQUIRE(
+      loop.store()
+          .Put(*manifest, std::make_shared<const Bytes>(
+                              weights.data(), weights.data() + weights.size()))
+          .ok());
+  auto staging = StagingWeights::Create(*layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  GrpcPullReceiver receiver(loop.channel(),
+                            {.chunk_bytes = 1024, .raw_data = false});
+  std::atomic<bool> done{false};
+  absl::StatusOr<uint64_t> got = absl::UnknownError("not run");
+  std::thread pulling([&] {
+    got = receiver.ReceiveNext(staging->get(), Soon());
+    done = true;
+  });
+  // Interrupt only while the transfer is under way (some bytes arrived,
+  // not all).
+  int interrupts = 0;
+  while (!done) {
+    const uint64_t bytes = receiver.stats().bytes;
+    if (bytes > 0 && bytes < layout->total_bytes()) {
+      receiver.Interrupt();
+      ++interrupts;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  pulling.join();
+  INFO(interrupts << " interrupts during the transfer");
+  CHECK(interrupts > 5);  // else the test proves nothing
+  INFO(got.status().ToString());
+  REQUIRE(got.ok());
+  CHECK(*got == 1);
+  CHECK(receiver.stats().resumes == 0);
+  REQUIRE((*staging)->Commit().ok());
+  CHECK(SameBytes((*staging)->live().bytes, weights));
 }
 
 TEST_CASE(
