@@ -9,7 +9,7 @@ absl::Status BroadcastWeightSender::Publish(const v1::WeightManifest& manifest,
                                             absl::Time /*deadline*/) {
   return PublishOverBroadcast(
       [this](absl::Span<uint8_t> b) { return group_->Broadcast(b); }, manifest,
-      payload);
+      payload, group_->piece_bytes());
 }
 
 absl::StatusOr<uint64_t> BroadcastWeightReceiver::ReceiveNext(

@@ -65,6 +65,10 @@ class BroadcastGroup {
 
   // Marks the group broken; may be called from any thread.
   virtual void Abort() = 0;
+
+  // Rank 0 sends FULL buckets in pieces of at most this many bytes
+  // (broadcast_protocol.h); 0: whole buckets.
+  virtual uint64_t piece_bytes() const { return 0; }
 };
 
 // Rank 0's WeightSender. `group` must outlive it.
@@ -115,6 +119,12 @@ struct BroadcastGroupConfig {
   std::string bind_host = "127.0.0.1";
   // Deadline of the rendezvous and of every collective.
   absl::Duration timeout = absl::Seconds(30);
+  // Gloo rank 0: FULL buckets go in pieces of at most this many bytes, so
+  // that a receiver checksums each piece while it is still in cache (and
+  // while the next arrives); 0 sends whole buckets. Receivers follow the
+  // sender. Measured in docs/benchmarks.md (weights_transport_bench). NCCL
+  // sends whole buckets.
+  uint64_t piece_bytes = uint64_t{4} << 20;
 };
 
 // Whether this build has the transport of `backend` ("" counts as gloo).

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 namespace tandem::weights {
 namespace {
 
@@ -23,9 +25,11 @@ absl::Span<uint8_t> AsBytes(std::vector<float>& v) {
 
 absl::Status PublishOverBroadcast(BroadcastBytesFn broadcast,
                                   const v1::WeightManifest& manifest,
-                                  absl::Span<const uint8_t> payload) {
+                                  absl::Span<const uint8_t> payload,
+                                  uint64_t piece_bytes) {
   const std::string serialized = manifest.SerializeAsString();
-  uint64_t header[2] = {serialized.size(), payload.size()};
+  piece_bytes &= ~uint64_t{3};
+  uint64_t header[3] = {serialized.size(), payload.size(), piece_bytes};
   if (absl::Status s =
           broadcast({reinterpret_cast<uint8_t*>(header), sizeof(header)});
       !s.ok()) {
@@ -39,10 +43,13 @@ absl::Status PublishOverBroadcast(BroadcastBytesFn broadcast,
   auto* data = const_cast<uint8_t*>(payload.data());
   if (manifest.kind() == v1::WEIGHT_PAYLOAD_KIND_FULL) {
     for (const v1::BucketSpec& b : manifest.buckets()) {
-      if (absl::Status s = broadcast(
-              {data + b.byte_offset(), static_cast<size_t>(b.byte_size())});
-          !s.ok()) {
-        return s;
+      const uint64_t piece = piece_bytes == 0 ? b.byte_size() : piece_bytes;
+      for (uint64_t off = 0; off < b.byte_size(); off += piece) {
+        const uint64_t n = std::min(piece, b.byte_size() - off);
+        if (absl::Status s = broadcast({data + b.byte_offset() + off, n});
+            !s.ok()) {
+          return s;
+        }
       }
     }
     return absl::OkStatus();
@@ -61,11 +68,18 @@ absl::StatusOr<uint64_t> ReceiveOverBroadcast(
     StartBroadcastFn start, absl::FunctionRef<void()> abort_group,
     StagingWeights* staging, uint64_t* round_version) {
   auto broadcast = [&](absl::Span<uint8_t> bytes) { return start(bytes)(); };
-  uint64_t header[2] = {0, 0};
+  uint64_t header[3] = {0, 0, 0};
   if (absl::Status s =
           broadcast({reinterpret_cast<uint8_t*>(header), sizeof(header)});
       !s.ok()) {
     return s;
+  }
+  const uint64_t piece_bytes = header[2];
+  if (piece_bytes % 4 != 0 || header[0] > (uint64_t{1} << 30)) {
+    abort_group();  // cannot know how the rest is cut
+    return absl::DataLossError(
+        absl::StrCat("broadcast: bad header (manifest ", header[0],
+                     " bytes, piece ", piece_bytes, " bytes)"));
   }
   std::vector<float> manifest_bytes = Scratch(header[0]);
   if (absl::Status s = broadcast(AsBytes(manifest_bytes)); !s.ok()) {
@@ -83,40 +97,60 @@ absl::StatusOr<uint64_t> ReceiveOverBroadcast(
   absl::Status local = staging->Begin(manifest);
   const bool staging_ok = local.ok();
   if (manifest.kind() == v1::WEIGHT_PAYLOAD_KIND_FULL) {
-    // Where bucket i goes: its staging bucket, or scratch once staging
-    // failed (the broadcast is joined all the same). Chosen only after
-    // bucket i-1 arrived, so one scratch buffer serves every bucket.
+    // The pieces of every bucket in order: (bucket, offset, size).
+    struct Piece {
+      uint32_t bucket;
+      uint64_t offset, size;
+    };
+    std::vector<Piece> pieces;
+    for (int i = 0; i < manifest.buckets_size(); ++i) {
+      const uint64_t size = manifest.buckets(i).byte_size();
+      const uint64_t step = piece_bytes == 0 ? size : piece_bytes;
+      // An empty bucket is one empty piece: no collective, but sealed.
+      uint64_t off = 0;
+      do {
+        pieces.push_back(
+            {static_cast<uint32_t>(i), off, std::min(step, size - off)});
+        off += step;
+      } while (off < size);
+    }
+    // Where a piece goes: its place in the staging bucket, or scratch once
+    // staging failed (the broadcast is joined all the same). Chosen only
+    // after the previous piece arrived, so one scratch buffer serves all.
     std::vector<float> scratch;
-    auto target = [&](int i) {
+    auto target = [&](const Piece& p) {
       absl::Span<uint8_t> dst;
       if (staging_ok && local.ok()) {
         absl::StatusOr<absl::Span<uint8_t>> bucket =
-            staging->MutableBucket(static_cast<uint32_t>(i));
+            staging->MutableBucket(p.bucket);
         if (bucket.ok()) {
-          dst = *bucket;
+          dst = bucket->subspan(p.offset, p.size);
         } else {
           local = bucket.status();
         }
       }
-      const uint64_t size = manifest.buckets(i).byte_size();
-      if (dst.empty() && size > 0) {
-        scratch = Scratch(size);
-        dst = AsBytes(scratch).subspan(0, size);
+      if (dst.empty() && p.size > 0) {
+        scratch = Scratch(p.size);
+        dst = AsBytes(scratch).subspan(0, p.size);
       }
       return dst;
     };
-    const int n = manifest.buckets_size();
     std::function<absl::Status()> arrived;
-    if (n > 0) arrived = start(target(0));
-    for (int i = 0; i < n; ++i) {
+    if (!pieces.empty()) arrived = start(target(pieces[0]));
+    for (size_t j = 0; j < pieces.size(); ++j) {
       if (absl::Status s = arrived(); !s.ok()) {
         staging->Abort();
         return s;
       }
-      // Bucket i+1 arrives while bucket i is checksummed.
-      if (i + 1 < n) arrived = start(target(i + 1));
+      // The next piece arrives while this one is checksummed.
+      if (j + 1 < pieces.size()) arrived = start(target(pieces[j + 1]));
+      const Piece& p = pieces[j];
       if (staging_ok && local.ok()) {
-        local = staging->FinishBucket(static_cast<uint32_t>(i));
+        local = staging->ChecksumBucketPiece(p.bucket, p.offset, p.size);
+      }
+      const bool last = j + 1 == pieces.size() || pieces[j + 1].bucket != p.bucket;
+      if (last && staging_ok && local.ok()) {
+        local = staging->FinishBucket(p.bucket);
       }
     }
   } else {

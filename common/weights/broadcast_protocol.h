@@ -6,11 +6,13 @@
 // receives a version over it.
 //
 // Per version, all broadcasts from rank 0:
-//   1. a 16-byte header: u64 manifest size, u64 payload size;
+//   1. a 24-byte header: u64 manifest size, u64 payload size, u64 piece
+//      size (0: whole buckets);
 //   2. the serialized WeightManifest, zero-padded to a multiple of 4;
-//   3. FULL: every bucket, broadcast straight into the receiver's staging
-//      bucket (no extra copy); a receiver checksums bucket i while bucket
-//      i+1 arrives, when the transport can overlap them; DELTA: the encoded delta in pieces of at most
+//   3. FULL: every bucket in pieces of at most the piece size, broadcast
+//      straight into the receiver's staging bucket (no extra copy). A
+//      receiver checksums each piece while it is still in cache, and while
+//      the next one arrives when the transport can overlap them; DELTA: the encoded delta in pieces of at most
 //      bucket_bytes, padded to a multiple of 4.
 // Every buffer handed to the broadcast function is 4-byte aligned and a
 // multiple of 4 bytes long (bucket sizes of a FlatWeightLayout are).
@@ -37,14 +39,17 @@ using BroadcastBytesFn = absl::FunctionRef<absl::Status(absl::Span<uint8_t>)>;
 using StartBroadcastFn = absl::FunctionRef<std::function<absl::Status()>(
     absl::Span<uint8_t>)>;
 
-// Rank 0: sends one version. The payload is only read.
+// Rank 0: sends one version, FULL buckets in pieces of at most
+// `piece_bytes` (rounded down to a multiple of 4; 0: whole buckets). The
+// payload is only read.
 absl::Status PublishOverBroadcast(BroadcastBytesFn broadcast,
                                   const v1::WeightManifest& manifest,
-                                  absl::Span<const uint8_t> payload);
+                                  absl::Span<const uint8_t> payload,
+                                  uint64_t piece_bytes = 0);
 
 // A receiving rank: joins every broadcast of the next version and stages it
 // into `staging`. `abort_group` is called when the stream cannot be
-// followed any more (unparsable manifest). `*round_version` is set to the
+// followed any more (unparsable manifest or header). `*round_version` is set to the
 // version of the round as soon as its manifest arrived.
 absl::StatusOr<uint64_t> ReceiveOverBroadcast(
     StartBroadcastFn start, absl::FunctionRef<void()> abort_group,

@@ -303,7 +303,8 @@ absl::Status FlatWeightLayout::CheckSameLayout(
 }
 
 absl::Status VerifyBucket(const v1::WeightManifest& manifest, uint32_t bucket,
-                          absl::Span<const uint8_t> data) {
+                          absl::Span<const uint8_t> data, uint64_t prefix_bytes,
+                          uint32_t prefix_crc) {
   if (bucket >= static_cast<uint32_t>(manifest.buckets_size())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "weights v", manifest.policy_version(), ": bucket ", bucket,
@@ -315,7 +316,14 @@ absl::Status VerifyBucket(const v1::WeightManifest& manifest, uint32_t bucket,
         absl::StrCat("weights v", manifest.policy_version(), " bucket ", bucket,
                      ": ", data.size(), " bytes, expected ", spec.byte_size()));
   }
-  const uint32_t actual = kernels::Crc32c(data.data(), data.size());
+  if (prefix_bytes > data.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weights v", manifest.policy_version(), " bucket ", bucket,
+                     ": ", prefix_bytes, " bytes checksummed of ", data.size()));
+  }
+  const uint32_t actual =
+      kernels::Crc32cExtend(prefix_crc, data.data() + prefix_bytes,
+                            data.size() - prefix_bytes);
   if (actual != spec.crc32c()) {
     return absl::DataLossError(absl::StrFormat(
         "weights v%d bucket %d (bytes [%d, %d)): crc32c mismatch: expected "

@@ -126,8 +126,11 @@ class FlatWeightLayout {
 // Checks bucket `bucket` of `manifest` against `data` (that bucket's bytes).
 // DataLoss "weights v7 bucket 3: crc32c mismatch: expected 0x..., got 0x..."
 // (or a size mismatch); InvalidArgument for a bucket index out of range.
+// `prefix_crc` is the CRC-32C the caller already computed over the first
+// `prefix_bytes` of `data` (as they arrived); only the rest is read here.
 absl::Status VerifyBucket(const v1::WeightManifest& manifest, uint32_t bucket,
-                          absl::Span<const uint8_t> data);
+                          absl::Span<const uint8_t> data,
+                          uint64_t prefix_bytes = 0, uint32_t prefix_crc = 0);
 
 // Checks every bucket of `flat` against `manifest`; reports the first bad
 // bucket as VerifyBucket does.

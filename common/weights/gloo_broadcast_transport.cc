@@ -107,6 +107,9 @@ int GlooBroadcastGroup::rank() const { return impl_->config.rank; }
 int GlooBroadcastGroup::world_size() const { return impl_->config.world_size; }
 bool GlooBroadcastGroup::broken() const { return impl_->broken.load(); }
 void GlooBroadcastGroup::Abort() { impl_->broken = true; }
+uint64_t GlooBroadcastGroup::piece_bytes() const {
+  return impl_->config.piece_bytes;
+}
 
 absl::Status GlooBroadcastGroup::Broadcast(absl::Span<uint8_t> bytes) {
   return StartBroadcast(bytes)();

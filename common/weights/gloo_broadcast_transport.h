@@ -79,6 +79,8 @@ class GlooBroadcastGroup : public BroadcastGroup {
   // Marks the group broken; later collectives fail fast.
   void Abort() override;
 
+  uint64_t piece_bytes() const override;
+
  private:
   struct Impl;
   explicit GlooBroadcastGroup(std::unique_ptr<Impl> impl);

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/crc32c.h"
 #include "kernels/bf16_change.h"
 #include "kernels/bf16_delta.h"
 
@@ -82,6 +83,8 @@ absl::Status StagingWeights::Begin(const v1::WeightManifest& manifest) {
   absl::MutexLock lock(&mu_);
   staged_ = manifest;
   bucket_done_.assign(layout_.num_buckets(), false);
+  bucket_checked_.assign(layout_.num_buckets(), 0);
+  bucket_crc_.assign(layout_.num_buckets(), 0);
   buckets_left_ = layout_.num_buckets();
   state_ = State::kReceiving;
   if (mode_ == StagingMode::kInplace) {
@@ -136,20 +139,51 @@ absl::Status StagingWeights::WriteBucketChunk(uint32_t bucket, uint64_t offset,
   return absl::OkStatus();
 }
 
+absl::Status StagingWeights::ChecksumBucketPiece(uint32_t bucket,
+                                                 uint64_t offset,
+                                                 uint64_t size) {
+  const uint8_t* data = nullptr;
+  uint32_t crc = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckReceivingFull(bucket); !s.ok()) return s;
+    const uint64_t bucket_size = layout_.buckets()[bucket].size;
+    if (offset != bucket_checked_[bucket] || size > bucket_size - offset) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bucket ", bucket, ": piece [", offset, ", ", offset + size,
+          ") does not continue the ", bucket_checked_[bucket],
+          " bytes checksummed of ", bucket_size));
+    }
+    data = StagingBuffer().data() + layout_.buckets()[bucket].offset + offset;
+    crc = bucket_crc_[bucket];
+  }
+  // Unlocked, like FinishBucket: only this (the receiving) thread writes
+  // these entries between Begin() calls.
+  crc = kernels::Crc32cExtend(crc, data, size);
+  absl::MutexLock lock(&mu_);
+  bucket_crc_[bucket] = crc;
+  bucket_checked_[bucket] = offset + size;
+  return absl::OkStatus();
+}
+
 absl::Status StagingWeights::FinishBucket(uint32_t bucket) {
   const uint8_t* data = nullptr;
   v1::WeightManifest const* manifest = nullptr;
+  uint64_t checked = 0;
+  uint32_t crc = 0;
   {
     absl::MutexLock lock(&mu_);
     if (absl::Status s = CheckReceivingFull(bucket); !s.ok()) return s;
     if (bucket_done_[bucket]) return absl::OkStatus();
     data = StagingBuffer().data() + layout_.buckets()[bucket].offset;
     manifest = &staged_;
+    checked = bucket_checked_[bucket];
+    crc = bucket_crc_[bucket];
   }
   // Checksumming runs unlocked: staged_ only changes in Begin(), which the
   // receiver (this thread) calls.
-  absl::Status verified =
-      VerifyBucket(*manifest, bucket, {data, layout_.buckets()[bucket].size});
+  absl::Status verified = VerifyBucket(
+      *manifest, bucket, {data, layout_.buckets()[bucket].size}, checked, crc);
   absl::MutexLock lock(&mu_);
   if (!verified.ok()) return Reject(std::move(verified));
   bucket_done_[bucket] = true;

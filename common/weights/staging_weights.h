@@ -127,6 +127,13 @@ class StagingWeights {
   absl::Status WriteBucketChunk(uint32_t bucket, uint64_t offset,
                                 absl::Span<const uint8_t> data);
 
+  // Checksums bytes [offset, offset + size) of `bucket` (already written)
+  // while they are still in cache, so that FinishBucket() only reads what
+  // no piece covered. Pieces of a bucket must come in order without gaps:
+  // InvalidArgument otherwise. Only FinishBucket() decides.
+  absl::Status ChecksumBucketPiece(uint32_t bucket, uint64_t offset,
+                                   uint64_t size);
+
   // Verifies `bucket`. On a CRC mismatch returns DataLoss naming the bucket
   // and both checksums and rejects the version (Begin() again to retry).
   absl::Status FinishBucket(uint32_t bucket);
@@ -184,6 +191,9 @@ class StagingWeights {
   State state_ ABSL_GUARDED_BY(mu_) = State::kIdle;
   v1::WeightManifest staged_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> bucket_done_ ABSL_GUARDED_BY(mu_);
+  // Per bucket: bytes ChecksumBucketPiece() covered and their CRC-32C.
+  std::vector<uint64_t> bucket_checked_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> bucket_crc_ ABSL_GUARDED_BY(mu_);
   uint32_t buckets_left_ ABSL_GUARDED_BY(mu_) = 0;
   StagingStats stats_ ABSL_GUARDED_BY(mu_);
   InplaceWriteGate* gate_ ABSL_GUARDED_BY(mu_) = nullptr;

@@ -18,11 +18,12 @@
 //           into a double-buffered StagingWeights, 1 receiver: over the
 //           FetchWeights gRPC stream, and over the raw data path.
 //   gloo k  c10d ProcessGroupGloo broadcast (GlooWeightSender /
-//           GlooWeightReceiver) into StagingWeights, k receivers; a
-//           receiver checksums bucket i while bucket i+1 arrives.
-//   gloo 1, serial checksums (--serial): the same with 1 receiver that
-//           checksums each bucket before asking for the next, as receivers
-//           did before the overlap.
+//           GlooWeightReceiver) into StagingWeights, k receivers; buckets
+//           go in 4 MiB pieces (BroadcastGroupConfig.piece_bytes) and a
+//           receiver checksums each piece while the next one arrives.
+//   gloo 1, serial checksums (--serial): the same with 1 receiver, whole
+//           64 MiB buckets, each checksummed before the next is asked for:
+//           the transport as it was before pieces and the overlap.
 // Each transfer under test runs paired with its own socket copy: after two
 // untimed versions of each, N rounds alternate the two (socket first in
 // even rounds, last in odd ones), and each round gives the ratio (socket
@@ -169,8 +170,8 @@ void ChildPull(uint16_t port, uint64_t bytes, bool raw) {
 }
 
 // A group that checksums each bucket only after it arrived and before the
-// next one is requested: the receiver as it was before buckets overlapped
-// (StartBroadcast's default), kept as the in-run baseline of that overlap.
+// next one is requested: the receiver as it was before pieces overlapped
+// (StartBroadcast's default), kept as the in-run baseline of the overlap.
 class SerialGroup : public BroadcastGroup {
  public:
   explicit SerialGroup(BroadcastGroup* inner) : inner_(inner) {}
@@ -405,6 +406,7 @@ class GlooColumn : public Column {
     c.world_size = receivers + 1;
     c.key_prefix = "bench";
     c.timeout = absl::Seconds(300);
+    if (serial) c.piece_bytes = 0;  // whole buckets
     auto group = GlooBroadcastGroup::Create(c, store_.get());
     if (!group.ok()) Die(group.status().ToString());
     group_ = *std::move(group);

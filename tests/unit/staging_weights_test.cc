@@ -132,6 +132,79 @@ TEST_CASE("Staged version becomes live only at Commit, by pointer swap",
   CHECK(s.Begin(delta).code() == absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_CASE(
+    "Pieces checksummed as they arrive seal a bucket like a whole-bucket "
+    "check: a flipped byte inside a piece or after the last piece is "
+    "caught, pieces out of order are refused",
+    "[weights][staging]") {
+  const FlatWeightLayout layout = SmallLayout();
+  REQUIRE(layout.buckets().size() >= 2);
+  std::mt19937_64 rng(3);
+  WeightBuffer v(layout.total_bytes());
+  testing::FillRandom(layout, &v, rng);
+  auto manifest = layout.BuildManifest(v.span(), 1);
+  REQUIRE(manifest.ok());
+  const BucketRange& b0 = layout.buckets()[0];
+  REQUIRE(b0.size % 1000 != 0);  // the last piece is short
+
+  // flip: -1 none; otherwise the bucket-0 byte flipped before checksumming.
+  // covered: bytes of bucket 0 checksummed in 1000-byte pieces.
+  auto stage = [&](StagingWeights& s, int64_t flip, uint64_t covered) {
+    REQUIRE(s.Begin(*manifest).ok());
+    for (const BucketRange& b : layout.buckets()) {
+      auto dst = s.MutableBucket(b.index);
+      REQUIRE(dst.ok());
+      std::memcpy(dst->data(), v.data() + b.offset, b.size);
+    }
+    if (flip >= 0) (*s.MutableBucket(0))[flip] ^= 0x10;
+    for (uint64_t off = 0; off < covered; off += 1000) {
+      REQUIRE(s.ChecksumBucketPiece(0, off, std::min<uint64_t>(
+                                                1000, covered - off))
+                  .ok());
+    }
+    absl::Status st;
+    for (const BucketRange& b : layout.buckets()) {
+      st.Update(s.FinishBucket(b.index));
+    }
+    return st;
+  };
+  auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  StagingWeights& s = **staging;
+
+  SECTION("every piece clean: committed bit for bit") {
+    REQUIRE(stage(s, -1, b0.size).ok());
+    REQUIRE(s.Commit().ok());
+    CHECK(SameBytes(s.live().bytes, v));
+  }
+  SECTION("clean with part of the bucket left to FinishBucket") {
+    REQUIRE(stage(s, -1, 2000).ok());
+    REQUIRE(s.Commit().ok());
+    CHECK(SameBytes(s.live().bytes, v));
+  }
+  SECTION("a flipped byte inside a checksummed piece") {
+    const absl::Status st = stage(s, 1500, b0.size);
+    CHECK(st.code() == absl::StatusCode::kDataLoss);
+    CHECK(std::string(st.message()).find("bucket 0") != std::string::npos);
+    CHECK_FALSE(s.Commit().ok());
+  }
+  SECTION("a flipped byte after the last checksummed piece") {
+    const absl::Status st = stage(s, 2500, 2000);
+    CHECK(st.code() == absl::StatusCode::kDataLoss);
+    CHECK_FALSE(s.Commit().ok());
+  }
+  SECTION("pieces out of order or past the bucket") {
+    REQUIRE(s.Begin(*manifest).ok());
+    CHECK(s.ChecksumBucketPiece(0, 1000, 1000).code() ==
+          absl::StatusCode::kInvalidArgument);
+    REQUIRE(s.ChecksumBucketPiece(0, 0, 1000).ok());
+    CHECK(s.ChecksumBucketPiece(0, 0, 1000).code() ==
+          absl::StatusCode::kInvalidArgument);
+    CHECK(s.ChecksumBucketPiece(0, 1000, b0.size).code() ==
+          absl::StatusCode::kInvalidArgument);
+  }
+}
+
 TEST_CASE("A corrupted bucket is detected and the version is not committed",
           "[weights][staging]") {
   const FlatWeightLayout layout = SmallLayout();

@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/weights/gloo_broadcast_transport.h"
 #include "kernels/anchor_policy.h"
 #include "kernels/bf16_change.h"
@@ -22,8 +23,13 @@ using testing::GroupConfig;
 
 TEST_CASE(
     "Gloo broadcast delivers full and delta versions bit for bit to "
-    "every receiver",
+    "every receiver, in whole buckets or in pieces, and a corrupted piece "
+    "rejects its version",
     "[weights][gloo]") {
+  // Buckets are 4096 bytes: 1000-byte pieces leave a short last piece.
+  const uint64_t piece_bytes = GENERATE(uint64_t{0}, uint64_t{1000},
+                                        uint64_t{4} << 20);
+  INFO("piece_bytes " << piece_bytes);
   const FlatWeightLayout layout = testing::SmallLayout();
   auto server = GlooRendezvousStore::Create("127.0.0.1", 0, absl::Seconds(20));
   REQUIRE(server.ok());
@@ -49,9 +55,11 @@ TEST_CASE(
   std::vector<std::thread> threads;
   for (int rank = 0; rank < kWorld; ++rank) {
     threads.emplace_back([&, rank] {
-      auto group =
-          GlooBroadcastGroup::Create(GroupConfig(port, rank, kWorld, "epoch1"),
-                                     rank == 0 ? server->get() : nullptr);
+      BroadcastGroupConfig config = GroupConfig(
+          port, rank, kWorld, absl::StrCat("epoch1-", piece_bytes));
+      config.piece_bytes = piece_bytes;
+      auto group = GlooBroadcastGroup::Create(
+          config, rank == 0 ? server->get() : nullptr);
       if (!group.ok()) {
         results[rank] = group.status();
         return;
@@ -77,6 +85,13 @@ TEST_CASE(
             return;
           }
         }
+        // A FULL version whose payload lost a bit after its manifest was
+        // built: in the second 1000-byte piece of bucket 1.
+        auto m = layout.BuildManifest(versions.back().span(), kVersions);
+        std::vector<uint8_t> bad(versions.back().data(),
+                                 versions.back().data() + layout.total_bytes());
+        bad[layout.buckets()[1].offset + 1500] ^= 0x08;
+        results[rank] = sender.Publish(*m, bad, absl::InfiniteFuture());
         return;
       }
       auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
@@ -91,6 +106,13 @@ TEST_CASE(
           results[rank] = absl::InternalError("wrong version or commit");
           return;
         }
+      }
+      auto bad = receiver.ReceiveNext(staging->get(), absl::InfiniteFuture());
+      if (bad.status().code() != absl::StatusCode::kDataLoss ||
+          (*staging)->Commit().ok()) {
+        results[rank] = absl::InternalError(absl::StrCat(
+            "corrupted version not rejected: ", bad.status().ToString()));
+        return;
       }
       auto live = (*staging)->live();
       final_bytes[rank].assign(live.bytes.begin(), live.bytes.end());
