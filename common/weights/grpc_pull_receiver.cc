@@ -24,6 +24,11 @@
 namespace tandem::weights {
 namespace {
 
+// A whole raw bucket is read and checksummed in pieces of this size: small
+// enough to be still in cache when checksummed (see
+// BroadcastGroupConfig::piece_bytes).
+constexpr uint64_t kRawPieceBytes = uint64_t{4} << 20;
+
 // The request for `manifest`'s payload from (bucket, offset) on: the same
 // on both paths, so resume semantics cannot drift apart.
 v1::FetchWeightsRequest ResumeRequest(const v1::WeightManifest& manifest,
@@ -478,13 +483,26 @@ absl::Status GrpcPullReceiver::ReadRawStream(StagingWeights* staging,
         delta->resize(*offset + h.size);
         into = delta->data() + *offset;
       }
-      if (absl::Status s = RawRead(fd, into, h.size, deadline); !s.ok()) {
-        if (!full) delta->resize(*offset);
-        return s;
-      }
       // A whole bucket is verified once, by FinishBucket below, against
-      // the manifest.
+      // the manifest; it is read in pieces, each checksummed while still in
+      // cache, so FinishBucket has nothing left to read.
       const bool whole_bucket = full && *offset == 0 && h.size == bucket_size;
+      const uint64_t piece = whole_bucket ? kRawPieceBytes : h.size;
+      uint64_t k = 0;
+      do {
+        const uint64_t n = std::min(piece, h.size - k);
+        if (absl::Status s = RawRead(fd, into + k, n, deadline); !s.ok()) {
+          if (!full) delta->resize(*offset);
+          return s;
+        }
+        if (whole_bucket) {
+          if (absl::Status s = staging->ChecksumBucketPiece(*bucket, k, n);
+              !s.ok()) {
+            return s;
+          }
+        }
+        k += n;
+      } while (k < h.size);
       if (!whole_bucket && kernels::Crc32c(into, h.size) != h.crc32c) {
         if (!full) delta->resize(*offset);
         absl::MutexLock lock(&mu_);

@@ -148,7 +148,12 @@ absl::Status StagingWeights::ChecksumBucketPiece(uint32_t bucket,
     absl::MutexLock lock(&mu_);
     if (absl::Status s = CheckReceivingFull(bucket); !s.ok()) return s;
     const uint64_t bucket_size = layout_.buckets()[bucket].size;
-    if (offset != bucket_checked_[bucket] || size > bucket_size - offset) {
+    if (offset == 0) {
+      bucket_checked_[bucket] = 0;
+      bucket_crc_[bucket] = 0;
+    }
+    if (offset != bucket_checked_[bucket] || offset > bucket_size ||
+        size > bucket_size - offset) {
       return absl::InvalidArgumentError(absl::StrCat(
           "bucket ", bucket, ": piece [", offset, ", ", offset + size,
           ") does not continue the ", bucket_checked_[bucket],

@@ -129,8 +129,9 @@ class StagingWeights {
 
   // Checksums bytes [offset, offset + size) of `bucket` (already written)
   // while they are still in cache, so that FinishBucket() only reads what
-  // no piece covered. Pieces of a bucket must come in order without gaps:
-  // InvalidArgument otherwise. Only FinishBucket() decides.
+  // no piece covered. Pieces of a bucket must come in order without gaps
+  // (InvalidArgument otherwise); a piece at offset 0 starts the bucket over
+  // (a resumed stream re-reads it). Only FinishBucket() decides.
   absl::Status ChecksumBucketPiece(uint32_t bucket, uint64_t offset,
                                    uint64_t size);
 
