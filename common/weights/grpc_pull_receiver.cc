@@ -18,6 +18,8 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "common/weights/shared_weight_segment.h"
 #include "common/weights/weight_server.h"
 #include "kernels/crc32c.h"
 
@@ -254,11 +256,11 @@ absl::StatusOr<uint64_t> GrpcPullReceiver::ReceiveNext(StagingWeights* staging,
   return manifest->policy_version();
 }
 
-absl::Status GrpcPullReceiver::ReadStream(StagingWeights* staging,
-                                          const v1::WeightManifest& manifest,
-                                          absl::Time deadline, uint32_t* bucket,
-                                          uint64_t* offset,
-                                          std::vector<uint8_t>* delta) {
+absl::Status GrpcPullReceiver::ReadStream(
+    StagingWeights* staging, const v1::WeightManifest& manifest,
+    absl::Time deadline, uint32_t* bucket, uint64_t* offset,
+    std::vector<uint8_t>* delta,
+    std::optional<v1::SharedWeightSegment>* segment) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
   {
@@ -266,8 +268,9 @@ absl::Status GrpcPullReceiver::ReadStream(StagingWeights* staging,
     if (cancelled_) return absl::CancelledError("pull receiver cancelled");
     active_ = &context;
   }
-  const v1::FetchWeightsRequest request =
+  v1::FetchWeightsRequest request =
       ResumeRequest(manifest, *bucket, *offset, options_.chunk_bytes);
+  request.set_shared_memory(segment != nullptr);
   std::unique_ptr<grpc::ClientReader<v1::WeightChunk>> reader =
       stub_->FetchWeights(&context, request);
   {
@@ -280,6 +283,17 @@ absl::Status GrpcPullReceiver::ReadStream(StagingWeights* staging,
   absl::Status result;
   v1::WeightChunk chunk;
   while (*bucket < num_buckets && reader->Read(&chunk)) {
+    if (chunk.has_shared_memory()) {
+      if (segment == nullptr ||
+          chunk.policy_version() != manifest.policy_version()) {
+        result = absl::AbortedError(
+            absl::StrCat("weights v", manifest.policy_version(),
+                         ": unexpected shared-memory segment offer"));
+      } else {
+        *segment = chunk.shared_memory();
+      }
+      break;
+    }
     const std::string& data = chunk.data();
     if (chunk.policy_version() != manifest.policy_version() ||
         chunk.bucket() != *bucket || chunk.offset() != *offset) {
@@ -337,6 +351,7 @@ absl::Status GrpcPullReceiver::ReadStream(StagingWeights* staging,
   }
   if (!result.ok()) return result;
   if (!finished.ok()) return FromGrpc(finished, "FetchWeights");
+  if (segment != nullptr && segment->has_value()) return absl::OkStatus();
   if (*bucket < num_buckets) {
     return absl::UnavailableError("FetchWeights stream ended early");
   }
@@ -374,12 +389,11 @@ absl::Status GrpcPullReceiver::RawRead(int fd, void* dst, size_t n,
   return absl::OkStatus();
 }
 
-absl::Status GrpcPullReceiver::ReadRawStream(StagingWeights* staging,
-                                             const v1::WeightManifest& manifest,
-                                             absl::Time deadline,
-                                             uint32_t* bucket, uint64_t* offset,
-                                             std::vector<uint8_t>* delta,
-                                             bool* connected) {
+absl::Status GrpcPullReceiver::ReadRawStream(
+    StagingWeights* staging, const v1::WeightManifest& manifest,
+    absl::Time deadline, uint32_t* bucket, uint64_t* offset,
+    std::vector<uint8_t>* delta,
+    std::optional<v1::SharedWeightSegment>* segment, bool* connected) {
   *connected = false;
   std::string host;
   uint16_t port = 0;
@@ -408,8 +422,9 @@ absl::Status GrpcPullReceiver::ReadRawStream(StagingWeights* staging,
     ++stats_.raw_streams;
   }
   absl::Status result = [&]() -> absl::Status {
-    const v1::FetchWeightsRequest request =
+    v1::FetchWeightsRequest request =
         ResumeRequest(manifest, *bucket, *offset, options_.raw_chunk_bytes);
+    request.set_shared_memory(segment != nullptr);
     const std::string serialized = request.SerializeAsString();
     std::string out(8, '\0');
     const uint32_t head[2] = {kRawMagic,
@@ -453,6 +468,27 @@ absl::Status GrpcPullReceiver::ReadRawStream(StagingWeights* staging,
       }
       if (h.flags & kRawEnd) {
         return absl::UnavailableError("raw weight stream ended early");
+      }
+      if (h.flags & kRawSharedSegment) {
+        std::string m(std::min<uint32_t>(h.size, 1u << 16), '\0');
+        if (segment == nullptr || h.size != m.size()) {
+          return absl::AbortedError(
+              absl::StrCat("weights v", manifest.policy_version(),
+                           ": unexpected shared-memory segment offer"));
+        }
+        if (absl::Status s = RawRead(fd, m.data(), m.size(), deadline);
+            !s.ok()) {
+          return s;
+        }
+        v1::SharedWeightSegment offer;
+        if (kernels::Crc32c(m.data(), m.size()) != h.crc32c ||
+            !offer.ParseFromString(m)) {
+          return absl::AbortedError(
+              absl::StrCat("weights v", manifest.policy_version(),
+                           ": garbled shared-memory segment offer"));
+        }
+        *segment = std::move(offer);
+        return absl::OkStatus();
       }
       const uint64_t bucket_size =
           full ? manifest.buckets(static_cast<int>(*bucket)).byte_size()
@@ -542,6 +578,52 @@ absl::Status GrpcPullReceiver::ReadRawStream(StagingWeights* staging,
   return result;
 }
 
+absl::Status GrpcPullReceiver::CopySharedSegment(
+    StagingWeights* staging, const v1::WeightManifest& manifest,
+    const v1::SharedWeightSegment& segment, absl::Time deadline,
+    uint32_t* bucket, uint64_t* offset, bool* opened) {
+  *opened = false;
+  absl::StatusOr<std::unique_ptr<MappedWeightSegment>> mapped =
+      MappedWeightSegment::Open(segment.name(), segment.size(), segment.token(),
+                                manifest.policy_version(),
+                                manifest.total_bytes());
+  if (!mapped.ok()) return mapped.status();
+  *opened = true;
+  const absl::Span<const uint8_t> payload = (*mapped)->payload();
+  const auto num_buckets = static_cast<uint32_t>(manifest.buckets_size());
+  while (*bucket < num_buckets) {
+    if (cancelled()) return absl::CancelledError("pull receiver cancelled");
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          "shared-memory weight copy: deadline passed");
+    }
+    const v1::BucketSpec& b = manifest.buckets(static_cast<int>(*bucket));
+    if (b.byte_offset() + b.byte_size() > payload.size() ||
+        *offset > b.byte_size()) {
+      return absl::DataLossError(
+          absl::StrCat("weights v", manifest.policy_version(), " bucket ",
+                       *bucket, " lies outside the shared-memory segment"));
+    }
+    const absl::Span<const uint8_t> rest =
+        payload.subspan(b.byte_offset() + *offset, b.byte_size() - *offset);
+    if (absl::Status s = staging->WriteBucketChunk(*bucket, *offset, rest);
+        !s.ok()) {
+      return s;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      stats_.bytes += rest.size();
+      stats_.shm_bytes += rest.size();
+    }
+    // A bad bucket means the segment (the server's copy) is bad: DataLoss
+    // rejects the version, as on the socket paths.
+    if (absl::Status s = staging->FinishBucket(*bucket); !s.ok()) return s;
+    ++*bucket;
+    *offset = 0;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status GrpcPullReceiver::Fetch(StagingWeights* staging,
                                      const v1::WeightManifest& manifest,
                                      absl::Time deadline) {
@@ -555,12 +637,41 @@ absl::Status GrpcPullReceiver::Fetch(StagingWeights* staging,
     const uint64_t offset_before = offset;
     bool connected = false;
     absl::Status s;
+    std::optional<v1::SharedWeightSegment> segment;
+    bool ask_shm = options_.shared_memory && IsFull(manifest);
+    if (ask_shm) {
+      absl::MutexLock lock(&mu_);
+      ask_shm = !shm_off_;
+    }
+    std::optional<v1::SharedWeightSegment>* want = ask_shm ? &segment : nullptr;
     if (options_.raw_data) {
       s = ReadRawStream(staging, manifest, deadline, &bucket, &offset, &delta,
-                        &connected);
+                        want, &connected);
     }
     if (!connected) {
-      s = ReadStream(staging, manifest, deadline, &bucket, &offset, &delta);
+      s = ReadStream(staging, manifest, deadline, &bucket, &offset, &delta,
+                     want);
+    }
+    if (s.ok() && segment.has_value()) {
+      bool opened = false;
+      s = CopySharedSegment(staging, manifest, *segment, deadline, &bucket,
+                            &offset, &opened);
+      if (!opened) {
+        // Not on this host (or not the segment offered): the socket, at
+        // once, for this and every later version.
+        ComponentLogger("weights")->debug(
+            "weights v{}: shared-memory segment unusable here ({}); pulling "
+            "over the socket from now on",
+            manifest.policy_version(), s.ToString());
+        absl::MutexLock lock(&mu_);
+        shm_off_ = true;
+        ++stats_.shm_fallbacks;
+        continue;
+      }
+      if (s.ok()) {
+        absl::MutexLock lock(&mu_);
+        ++stats_.shm_versions;
+      }
     }
     if (s.ok()) break;
     // Transport trouble and bad chunks are retried; a bucket that failed

@@ -22,6 +22,17 @@
 // retries, deadline and cancellation; a server without the data path, or
 // a data port that cannot be reached, is read over FetchWeights.
 //
+// Shared-memory path (same host): with options.shared_memory, FULL payloads
+// are requested with FetchWeightsRequest.shared_memory (on whichever path
+// above is used). When the server answers with a segment
+// (shared_weight_segment.h), it is opened read-only, checked (size, magic,
+// version, token) and copied bucket by bucket into staging, where
+// FinishBucket verifies every bucket's CRC-32C as on the socket paths (a
+// bad bucket rejects the version). A segment that cannot be opened here
+// (another host or container, /dev/shm not shared) or is not the one
+// offered sends this and every later fetch of this receiver to the socket
+// at once: stats().shm_fallbacks counts it and one debug line says why.
+//
 // Interrupt() ends a ReceiveNext that is waiting for a newer version
 // (nothing newer on the server yet) with Cancelled, as if its deadline had
 // come; it never touches a transfer under way. A consumer whose reason to
@@ -32,6 +43,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,6 +74,10 @@ struct PullOptions {
   // bucket's start). Smaller chunks carry their own CRC, are refetched
   // when it does not match, and resume at the chunk.
   uint32_t raw_chunk_bytes = 0;
+  // Ask for FULL payloads as shared-memory segments (same host); falls
+  // back to the socket paths when the server offers none or it cannot be
+  // opened here.
+  bool shared_memory = true;
 };
 
 struct PullStats {
@@ -71,6 +87,9 @@ struct PullStats {
   uint64_t chunk_crc_errors = 0;  // chunks discarded for a bad CRC
   uint64_t raw_streams = 0;       // streams read over the raw data path
   uint64_t grpc_streams = 0;      // streams read over FetchWeights
+  uint64_t shm_versions = 0;      // versions copied from shared memory
+  uint64_t shm_bytes = 0;         // bytes copied from shared memory
+  uint64_t shm_fallbacks = 0;     // offered segments not usable here
 };
 
 class GrpcPullReceiver : public WeightReceiver {
@@ -103,18 +122,30 @@ class GrpcPullReceiver : public WeightReceiver {
   absl::StatusOr<v1::WeightManifest> Plan(StagingWeights* staging,
                                           absl::Time deadline);
   // Reads one stream from the resume point; advances it past every chunk
-  // written. Returns the stream's status.
+  // written. Returns the stream's status. A non-null `segment` asks for
+  // the shared-memory path: when the server offers a segment it is stored
+  // there (nothing else is read) and OK returned.
   absl::Status ReadStream(StagingWeights* staging,
                           const v1::WeightManifest& manifest,
                           absl::Time deadline, uint32_t* bucket,
-                          uint64_t* offset, std::vector<uint8_t>* delta);
+                          uint64_t* offset, std::vector<uint8_t>* delta,
+                          std::optional<v1::SharedWeightSegment>* segment);
   // The same over the raw data path. Sets *connected when a connection to
   // the data port was made (false: use FetchWeights instead).
   absl::Status ReadRawStream(StagingWeights* staging,
                              const v1::WeightManifest& manifest,
                              absl::Time deadline, uint32_t* bucket,
                              uint64_t* offset, std::vector<uint8_t>* delta,
+                             std::optional<v1::SharedWeightSegment>* segment,
                              bool* connected);
+  // Copies a FULL payload from the resume point on out of an offered
+  // segment, verifying each bucket. Sets *opened when the segment was
+  // opened and matched the offer (false: use the socket instead).
+  absl::Status CopySharedSegment(StagingWeights* staging,
+                                 const v1::WeightManifest& manifest,
+                                 const v1::SharedWeightSegment& segment,
+                                 absl::Time deadline, uint32_t* bucket,
+                                 uint64_t* offset, bool* opened);
   // Reads exactly n bytes from the active raw socket before `deadline`.
   absl::Status RawRead(int fd, void* dst, size_t n, absl::Time deadline);
   bool cancelled() const;
@@ -132,6 +163,8 @@ class GrpcPullReceiver : public WeightReceiver {
   // Announced by the last GetManifest answer (port 0: none).
   std::string data_host_ ABSL_GUARDED_BY(mu_);
   uint16_t data_port_ ABSL_GUARDED_BY(mu_) = 0;
+  // An offered segment could not be used here: socket paths from now on.
+  bool shm_off_ ABSL_GUARDED_BY(mu_) = false;
   PullStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

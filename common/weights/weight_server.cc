@@ -27,6 +27,14 @@
 namespace tandem::weights {
 namespace {
 
+v1::SharedWeightSegment SegmentMessage(const SharedWeightSegment& segment) {
+  v1::SharedWeightSegment m;
+  m.set_name(segment.name());
+  m.set_size(segment.size());
+  m.set_token(segment.token());
+  return m;
+}
+
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
@@ -42,6 +50,8 @@ struct WeightServerService::Stream {
   uint32_t chunk_bytes = 0;
   int sent = 0;
   bool raw = false;  // the raw data path (see OpenStream)
+  // Set when the request is answered with a shared-memory segment.
+  std::shared_ptr<const SharedWeightSegment> segment;
 
   bool full() const {
     return payload.manifest.kind() == v1::WEIGHT_PAYLOAD_KIND_FULL;
@@ -134,6 +144,20 @@ class WeightServerService::FetchReactor
 
  private:
   void NextWrite() {
+    if (stream_.segment != nullptr) {
+      if (stream_.sent > 0) {
+        Finish(grpc::Status::OK);
+        return;
+      }
+      ++stream_.sent;
+      chunk_.Clear();
+      chunk_.set_policy_version(stream_.payload.manifest.policy_version());
+      chunk_.set_bucket(stream_.bucket);
+      chunk_.set_offset(stream_.offset);
+      *chunk_.mutable_shared_memory() = SegmentMessage(*stream_.segment);
+      StartWrite(&chunk_);
+      return;
+    }
     if (absl::Status s = service_->InjectedFailure(stream_); !s.ok()) {
       Finish(ToGrpc(s));
       return;
@@ -320,6 +344,16 @@ class WeightServerService::RawDataServer {
       return;
     }
     if (!SendStatus(fd, absl::OkStatus())) return;
+    if (stream->segment != nullptr) {
+      const std::string m =
+          SegmentMessage(*stream->segment).SerializeAsString();
+      RawChunkHeader h{stream->bucket, kRawSharedSegment, stream->offset,
+                       static_cast<uint32_t>(m.size()),
+                       kernels::Crc32c(m.data(), m.size())};
+      iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(m.data()), m.size()}};
+      SendAll(fd, iov, 2);
+      return;
+    }
     std::vector<uint8_t> corrupted;
     for (;;) {
       if (stopping()) return;
@@ -365,12 +399,24 @@ class WeightServerService::RawDataServer {
 WeightServerService::WeightServerService(const WeightStore* store,
                                          WeightServerOptions options)
     : store_(store), options_(std::move(options)) {
+  if (options_.shared_memory) {
+    // Segments of a trainer killed with -9 are never unlinked otherwise.
+    if (const int n = RemoveStaleWeightSegments(); n > 0) {
+      std::fprintf(stderr,
+                   "weight server: removed %d stale shared-memory weight "
+                   "segment(s) of dead processes from /dev/shm\n",
+                   n);
+    }
+  }
   if (!options_.data_host.empty()) {
     raw_ = RawDataServer::Start(this, options_.data_host, options_.data_port);
   }
 }
 
-WeightServerService::~WeightServerService() = default;
+WeightServerService::~WeightServerService() {
+  raw_.reset();  // joins the connections, which may hold segments
+  if (options_.shared_memory) store_->DropSharedSegments();
+}
 
 uint16_t WeightServerService::data_port() const {
   return raw_ == nullptr ? 0 : raw_->port();
@@ -444,6 +490,31 @@ absl::StatusOr<WeightServerService::Stream> WeightServerService::OpenStream(
                 : std::min(request.chunk_bytes(), kMaxRawChunkBytes);
   }
   Stream stream;
+  if (request.shared_memory() && options_.shared_memory &&
+      kind == v1::WEIGHT_PAYLOAD_KIND_FULL) {
+    absl::StatusOr<std::shared_ptr<const SharedWeightSegment>> segment =
+        store_->SharedFull(m.policy_version());
+    if (segment.ok()) {
+      stream.segment = *std::move(segment);
+      ++shm_offers_;
+      if (options_.metrics != nullptr) {
+        const uint64_t from =
+            m.buckets(static_cast<int>(request.start_bucket())).byte_offset() +
+            request.start_offset();
+        options_.metrics->RecordBytes(
+            SyncDirection::kSent, SyncTransport::kShm, /*full=*/true,
+            static_cast<double>(m.total_bytes() - from));
+      }
+    } else if (!absl::IsNotFound(segment.status())) {
+      // Stream the bytes instead; say why once.
+      if (shm_failures_.fetch_add(1) == 0) {
+        std::fprintf(stderr,
+                     "weight server: cannot share weights in memory (%s); "
+                     "streaming them instead\n",
+                     segment.status().ToString().c_str());
+      }
+    }
+  }
   stream.payload = *std::move(payload);
   stream.bucket = request.start_bucket();
   stream.offset = request.start_offset();
@@ -453,7 +524,8 @@ absl::StatusOr<WeightServerService::Stream> WeightServerService::OpenStream(
 }
 
 WeightServerStats WeightServerService::stats() const {
-  return {streams_.load(), chunks_.load(), bytes_.load()};
+  return {streams_.load(), chunks_.load(), bytes_.load(), shm_offers_.load(),
+          shm_failures_.load()};
 }
 
 }  // namespace tandem::weights

@@ -41,6 +41,21 @@
 // which the receiver checks once, as the bucket's verification. All
 // integers little-endian. Fault injection and stats cover both paths.
 //
+// Shared-memory path (same host). A request with shared_memory set for a
+// FULL payload, to a service with options.shared_memory, is answered with
+// the payload's shared-memory segment (WeightStore::SharedFull, made on the
+// first such request for the version) instead of the bytes: on gRPC one
+// WeightChunk with shared_memory set and no data; on the raw path one
+// RawChunkHeader with kRawSharedSegment set, `size` bytes of a serialized
+// SharedWeightSegment (crc32c its CRC-32C), then the connection ends. The
+// client maps the segment and copies from the resume point on; a client
+// that cannot open it asks again without shared_memory. When no segment
+// can be made (e.g. /dev/shm full) the bytes are streamed as usual. The
+// service removes stale segments of dead processes when it starts and the
+// store's segments when it is destroyed. The first request for a version
+// copies its payload into the segment on the thread that serves it (for
+// FetchWeights, the reactor's callback thread: one copy per version).
+//
 // Thread-safety: all methods may be called concurrently. Chunks are built
 // (one memcpy and CRC of <= 1 MiB) on the reactor's callback thread; the
 // reactor never waits on anything else. Each raw connection is served by
@@ -67,6 +82,12 @@ struct WeightServerOptions {
   // that cannot be opened is logged to stderr and disables it too.
   std::string data_host = "127.0.0.1";
   uint16_t data_port = 0;
+  // Offer FULL payloads as shared-memory segments to clients that ask
+  // (same host); off by default here, the trainer turns it on
+  // (weight_sync.shared_memory). Segments are counted as
+  // tandem_weight_sync_bytes_total{direction="sent", transport="shm"}
+  // when offered.
+  bool shared_memory = false;
 };
 
 // Raw data path wire constants (see above).
@@ -74,6 +95,7 @@ inline constexpr char kDataPortMetadata[] = "tandem-weight-data-port";
 inline constexpr uint32_t kRawMagic = 0x31445754;  // "TWD1"
 inline constexpr uint32_t kRawBucketComplete = 1;  // RawChunkHeader.flags
 inline constexpr uint32_t kRawEnd = 2;
+inline constexpr uint32_t kRawSharedSegment = 4;
 // Largest raw chunk; FetchWeightsRequest.chunk_bytes 0 on the raw path asks
 // for whole buckets (up to this size).
 inline constexpr uint32_t kMaxRawChunkBytes = 1u << 30;
@@ -89,7 +111,9 @@ static_assert(sizeof(RawChunkHeader) == 24);
 struct WeightServerStats {
   uint64_t streams = 0;
   uint64_t chunks = 0;
-  uint64_t bytes = 0;
+  uint64_t bytes = 0;         // streamed payload bytes (not shm)
+  uint64_t shm_offers = 0;    // requests answered with a segment
+  uint64_t shm_failures = 0;  // segments that could not be made
 };
 
 class WeightServerService final : public v1::WeightServer::CallbackService {
@@ -144,6 +168,8 @@ class WeightServerService final : public v1::WeightServer::CallbackService {
   std::atomic<uint64_t> streams_{0};
   std::atomic<uint64_t> chunks_{0};
   std::atomic<uint64_t> bytes_{0};
+  std::atomic<uint64_t> shm_offers_{0};
+  std::atomic<uint64_t> shm_failures_{0};
   std::atomic<int> fail_after_{-1};
   std::atomic<int64_t> corrupt_at_{-1};
 };

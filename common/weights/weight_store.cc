@@ -2,13 +2,15 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
 namespace tandem::weights {
 
 WeightStore::WeightStore(size_t retain_versions)
-    : retain_(std::max<size_t>(retain_versions, 1)) {}
+    : retain_(std::max<size_t>(retain_versions, 1)),
+      segment_stem_(SharedWeightSegment::NewNameStem()) {}
 
 absl::Status WeightStore::Put(
     const v1::WeightManifest& manifest,
@@ -26,6 +28,7 @@ absl::Status WeightStore::Put(
   switch (manifest.kind()) {
     case v1::WEIGHT_PAYLOAD_KIND_FULL:
       entry.full = StoredPayload{manifest, std::move(bytes)};
+      entry.segment.reset();
       break;
     case v1::WEIGHT_PAYLOAD_KIND_DELTA:
       entry.delta = StoredPayload{manifest, std::move(bytes)};
@@ -102,6 +105,49 @@ absl::StatusOr<v1::WeightManifest> WeightStore::Manifest(
   }
   return it->second.full ? it->second.full->manifest
                          : it->second.delta->manifest;
+}
+
+absl::StatusOr<std::shared_ptr<const SharedWeightSegment>>
+WeightStore::SharedFull(uint64_t version) const {
+  absl::MutexLock create_lock(&share_mu_);
+  StoredPayload payload;
+  {
+    absl::MutexLock lock(&mu_);
+    if (version == 0 && !versions_.empty()) version = versions_.rbegin()->first;
+    auto it = versions_.find(version);
+    if (it == versions_.end() || !it->second.full) {
+      return absl::NotFoundError(
+          absl::StrCat("weights v", version, " is not retained as FULL"));
+    }
+    if (it->second.segment != nullptr) return it->second.segment;
+    payload = *it->second.full;
+  }
+  absl::StatusOr<std::unique_ptr<SharedWeightSegment>> made =
+      SharedWeightSegment::Create(
+          absl::StrCat(segment_stem_, "-v", version), version,
+          {payload.bytes->data(), payload.bytes->size()});
+  if (!made.ok()) return made.status();
+  std::shared_ptr<const SharedWeightSegment> segment = *std::move(made);
+  absl::MutexLock lock(&mu_);
+  auto it = versions_.find(version);
+  // Evicted or replaced while copying: do not keep (or offer) the copy.
+  if (it == versions_.end() || !it->second.full ||
+      it->second.full->bytes != payload.bytes) {
+    return absl::NotFoundError(absl::StrCat(
+        "weights v", version, " was evicted while it was being shared"));
+  }
+  it->second.segment = segment;
+  return segment;
+}
+
+void WeightStore::DropSharedSegments() const {
+  std::vector<std::shared_ptr<const SharedWeightSegment>> dropped;
+  absl::MutexLock lock(&mu_);
+  for (auto& [version, entry] : versions_) {
+    if (entry.segment != nullptr) dropped.push_back(std::move(entry.segment));
+  }
+  // `dropped` unlinks them after the lock is released (it is destroyed
+  // after `lock`).
 }
 
 }  // namespace tandem::weights

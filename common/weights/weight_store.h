@@ -9,17 +9,25 @@
 //
 // Thread-safe. Payloads are immutable and shared, so readers keep streaming
 // a version even after it is evicted.
+//
+// Same-host path: SharedFull() copies a FULL payload once into a
+// shared-memory segment (shared_weight_segment.h) that workers on this host
+// map. The segment lives while the version's FULL payload is retained: it is
+// unlinked when that payload is evicted or replaced, by
+// DropSharedSegments(), and when the store is destroyed.
 
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/weights/shared_weight_segment.h"
 #include "tandem/v1/common.pb.h"
 
 namespace tandem::weights {
@@ -53,14 +61,32 @@ class WeightStore {
   // version is not retained.
   absl::StatusOr<v1::WeightManifest> Manifest(uint64_t version) const;
 
+  // The shared-memory segment holding the FULL payload of `version`
+  // (0 = latest), created on the first call. NotFound when no FULL payload
+  // of it is retained; the creation's error (e.g. ResourceExhausted for a
+  // full /dev/shm) otherwise. Const: a segment is a cached copy of a
+  // stored payload, not part of what the store holds.
+  absl::StatusOr<std::shared_ptr<const SharedWeightSegment>> SharedFull(
+      uint64_t version) const;
+  // Unlinks every segment (they are made again on demand).
+  void DropSharedSegments() const;
+  // The segments' name stem ("/tandem-w-<pid>-<pidns>-<random>").
+  const std::string& segment_name_stem() const { return segment_stem_; }
+
  private:
   struct Entry {
     std::optional<StoredPayload> full;
     std::optional<StoredPayload> delta;
+    // SharedFull's copy of `full`; reset whenever `full` changes.
+    mutable std::shared_ptr<const SharedWeightSegment> segment;
   };
   void Evict() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const size_t retain_;
+  const std::string segment_stem_;
+  // Serializes segment creation (a copy of the payload) without holding
+  // mu_, so Put() and readers do not wait for it.
+  mutable absl::Mutex share_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   std::map<uint64_t, Entry> versions_ ABSL_GUARDED_BY(mu_);
 };

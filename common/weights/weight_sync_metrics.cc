@@ -25,7 +25,15 @@ const char* DirectionName(SyncDirection d) {
 }  // namespace
 
 const char* SyncTransportName(SyncTransport transport) {
-  return transport == SyncTransport::kBroadcast ? "broadcast" : "pull";
+  switch (transport) {
+    case SyncTransport::kBroadcast:
+      return "broadcast";
+    case SyncTransport::kPull:
+      return "pull";
+    case SyncTransport::kShm:
+      return "shm";
+  }
+  return "pull";
 }
 
 WeightSyncMetrics::WeightSyncMetrics(prometheus::Registry& registry)

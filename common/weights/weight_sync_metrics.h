@@ -2,8 +2,10 @@
 
 // Metric families of weight sync, declared once and registered by the
 // daemons that move weights (trainer: sender side; rollout worker: receiver
-// side). Labels are bounded: transport is "broadcast" or "pull", kind is
-// "full" or "delta".
+// side). Labels are bounded: transport is "broadcast", "pull" (a socket:
+// the raw data path or FetchWeights) or "shm" (the same-host
+// shared-memory pull path; on the sending side, bytes offered in a
+// segment), kind is "full" or "delta".
 //
 //   tandem_weight_sync_bytes_total{direction,transport,kind}   counter
 //   tandem_weight_sync_versions_total{direction,transport}     counter
@@ -29,7 +31,7 @@
 
 namespace tandem::weights {
 
-enum class SyncTransport { kBroadcast, kPull };
+enum class SyncTransport { kBroadcast, kPull, kShm };
 enum class SyncDirection { kSent, kReceived };
 
 const char* SyncTransportName(SyncTransport transport);
@@ -44,8 +46,8 @@ class WeightSyncMetrics {
                      bool full, double bytes, double seconds);
   // Payload bytes moved without completing a version (e.g. the chunks a
   // weight server streams; a client may resume or abandon the stream).
-  void RecordBytes(SyncDirection direction, SyncTransport transport,
-                   bool full, double bytes);
+  void RecordBytes(SyncDirection direction, SyncTransport transport, bool full,
+                   double bytes);
   // Publisher side: a FULL anchor or a DELTA payload of `bytes` published
   // (an anchor may have both).
   void RecordPublishedPayload(bool full, double bytes);

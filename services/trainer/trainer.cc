@@ -211,7 +211,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
           // Where the gRPC server listens, so a worker that reached gRPC
           // (another host, a container) reaches the data port too.
           .data_host = config::HostOfAddress(config.server.grpc_address),
-          .data_port = static_cast<uint16_t>(config.weight_data_port)});
+          .data_port = static_cast<uint16_t>(config.weight_data_port),
+          .shared_memory = config.weight_shared_memory});
   if (config.eval.every_versions > 0) {
     ASSIGN_OR_RETURN(trainer->evaluator_,
                      HeldoutEvaluator::Create(config.eval));

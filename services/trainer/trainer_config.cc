@@ -100,6 +100,12 @@ void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config) {
                  "(bound on grpc_address's host, announced to pulling "
                  "workers, who fall back to the gRPC stream when they cannot "
                  "reach it); 0 = any free port.");
+  schema->AddBool("weight_sync.shared_memory", &config->weight_shared_memory,
+                  "Offer full versions to catch-up pulls from the same host "
+                  "as POSIX shared-memory segments (/dev/shm), which workers "
+                  "map instead of reading every byte from a socket; workers "
+                  "that cannot open them (another host, a container without "
+                  "a shared IPC namespace) fall back to the socket.");
   schema->AddInt("weight_sync.timeout_ms", &config->weight_broadcast_timeout_ms,
                  100, 3600000,
                  "Deadline of each broadcast rendezvous and collective (ms); "

@@ -58,6 +58,9 @@ struct TrainerConfig {
   std::string weight_store_host;
   int64_t weight_store_port = 0;
   int64_t weight_data_port = 0;
+  // Offer full versions to same-host pulls as shared-memory segments
+  // (common/weights/shared_weight_segment.h).
+  bool weight_shared_memory = true;
   // Deadline of each broadcast rendezvous and collective (ms).
   int64_t weight_broadcast_timeout_ms = 10000;
   // ---- Sparse delta sync (weight_sync.*), bfloat16 publishing only ----

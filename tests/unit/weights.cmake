@@ -6,6 +6,9 @@ tandem_add_test(weights_test
 tandem_add_test(weights_pull_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_pull_test.cc
   LIBS tandem_weights_grpc)
+tandem_add_test(weights_shm_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_shm_test.cc
+  LIBS tandem_weights_grpc)
 if(TARGET tandem_weights_gloo)
   tandem_add_test(weights_gloo_test
     SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_gloo_test.cc

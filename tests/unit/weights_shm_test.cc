@@ -1,0 +1,321 @@
+// The same-host shared-memory pull path: a WeightServerService with
+// shared_memory on offers FULL versions as /dev/shm segments, a
+// GrpcPullReceiver maps and copies them into StagingWeights (real gRPC
+// server on a loopback port, real shm objects). Offers travel over the raw
+// data path and over FetchWeights.
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/weights/grpc_pull_receiver.h"
+#include "common/weights/shared_weight_segment.h"
+#include "common/weights/weight_server.h"
+#include "common/weights/weight_store.h"
+#include "weights_test_util.h"
+
+namespace tandem::weights {
+namespace {
+
+using Bytes = std::vector<uint8_t>;
+
+// The names under /dev/shm starting with `stem` (a store's name stem).
+std::vector<std::string> SegmentsOf(const std::string& stem) {
+  std::vector<std::string> out;
+  DIR* d = opendir("/dev/shm");
+  REQUIRE(d != nullptr);
+  const std::string prefix = stem.substr(1);  // no leading '/'
+  while (dirent* e = readdir(d)) {
+    if (std::string(e->d_name).rfind(prefix, 0) == 0) {
+      out.push_back(e->d_name);
+    }
+  }
+  closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A weight server (shared memory on unless told otherwise) on a port-0
+// gRPC server over `store`, which must outlive it.
+class Server {
+ public:
+  Server(WeightStore* store, bool shared_memory = true)
+      : service_(store, {.shared_memory = shared_memory}) {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    REQUIRE(server_ != nullptr);
+    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                   grpc::InsecureChannelCredentials());
+  }
+  ~Server() { server_->Shutdown(); }
+
+  WeightServerService& service() { return service_; }
+  std::shared_ptr<grpc::Channel> channel() { return channel_; }
+
+ private:
+  WeightServerService service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+};
+
+// Publishes random FULL versions (each its own anchor) like the trainer.
+class FullPublisher {
+ public:
+  FullPublisher(const FlatWeightLayout& layout, WeightStore* store)
+      : layout_(layout), store_(store), current_(layout.total_bytes()) {}
+
+  void Publish(uint64_t v) {
+    testing::FillRandom(layout_, &current_, rng_);
+    auto manifest = layout_.BuildManifest(current_.span(), v);
+    REQUIRE(manifest.ok());
+    manifest->set_anchor_version(v);
+    REQUIRE(store_
+                ->Put(*manifest,
+                      std::make_shared<const Bytes>(
+                          current_.data(), current_.data() + current_.size()))
+                .ok());
+  }
+  const WeightBuffer& current() const { return current_; }
+
+ private:
+  const FlatWeightLayout& layout_;
+  WeightStore* store_;
+  std::mt19937_64 rng_{11};
+  WeightBuffer current_;
+};
+
+bool SameBytes(absl::Span<const uint8_t> a, const WeightBuffer& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(20); }
+
+// Receives one version and commits it.
+void ReceiveAndCommit(GrpcPullReceiver& receiver, StagingWeights& staging,
+                      uint64_t expect) {
+  auto got = receiver.ReceiveNext(&staging, Soon());
+  INFO(got.status().ToString());
+  REQUIRE(got.ok());
+  CHECK(*got == expect);
+  REQUIRE(staging.Commit().ok());
+}
+
+TEST_CASE(
+    "Shared-memory pull: versions arrive bit for bit through /dev/shm, "
+    "not the socket",
+    "[weights][pull][shm]") {
+  const FlatWeightLayout layout = testing::SmallLayout();
+  WeightStore store(16);
+  Server server(&store);
+  FullPublisher trainer(layout, &store);
+  auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  const bool raw = GENERATE(true, false);
+  INFO("offer over the raw data path: " << raw);
+  GrpcPullReceiver receiver(server.channel(), {.raw_data = raw});
+  constexpr uint64_t kVersions = 5;
+  for (uint64_t v = 1; v <= kVersions; ++v) {
+    trainer.Publish(v);
+    ReceiveAndCommit(receiver, **staging, v);
+    REQUIRE(SameBytes((*staging)->live().bytes, trainer.current()));
+    CHECK(SegmentsOf(store.segment_name_stem()).size() == v);
+  }
+  const PullStats stats = receiver.stats();
+  CHECK(stats.shm_versions == kVersions);
+  CHECK(stats.shm_bytes == kVersions * layout.total_bytes());
+  CHECK(stats.shm_fallbacks == 0);
+  // The offers came over the path asked for.
+  CHECK((raw ? stats.raw_streams : stats.grpc_streams) >= kVersions);
+  CHECK((raw ? stats.grpc_streams : stats.raw_streams) == 0);
+  CHECK(server.service().stats().shm_offers == kVersions);
+  CHECK(server.service().stats().bytes == 0);  // nothing streamed
+}
+
+TEST_CASE(
+    "Shared-memory pull: a segment corrupted after the server made it "
+    "fails the bucket CRC and the version is not committed",
+    "[weights][pull][shm]") {
+  const FlatWeightLayout layout = testing::SmallLayout();
+  REQUIRE(layout.buckets().size() > 2);
+  WeightStore store(16);
+  Server server(&store);
+  FullPublisher trainer(layout, &store);
+  trainer.Publish(1);
+  // The segment the server offers for v1 (made on the first request).
+  auto segment = store.SharedFull(1);
+  REQUIRE(segment.ok());
+  const int fd = open(("/dev/shm" + (*segment)->name()).c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  uint8_t byte = 0;
+  const off_t at = kSegmentHeaderBytes + layout.buckets()[2].offset + 5;
+  REQUIRE(pread(fd, &byte, 1, at) == 1);
+  byte ^= 0x20;
+  REQUIRE(pwrite(fd, &byte, 1, at) == 1);
+  close(fd);
+  auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  GrpcPullReceiver receiver(server.channel(), {});
+  auto got = receiver.ReceiveNext(staging->get(), Soon());
+  REQUIRE_FALSE(got.ok());
+  CHECK(absl::IsDataLoss(got.status()));
+  CHECK(std::string(got.status().message()).find("bucket 2") !=
+        std::string::npos);
+  CHECK(receiver.stats().shm_versions == 0);
+  CHECK(server.service().stats().shm_offers == 1);
+  CHECK_FALSE((*staging)->ready());
+  CHECK_FALSE((*staging)->Commit().ok());
+  CHECK_FALSE((*staging)->live_version().has_value());
+}
+
+TEST_CASE(
+    "Shared-memory pull falls back to the socket: shm off, or a segment "
+    "that cannot be opened or is not the one offered",
+    "[weights][pull][shm]") {
+  const FlatWeightLayout layout = testing::SmallLayout();
+  WeightStore store(16);
+  const bool raw = GENERATE(true, false);
+  INFO("raw data path: " << raw);
+  auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+
+  SECTION("the client does not ask") {
+    Server server(&store);
+    FullPublisher trainer(layout, &store);
+    trainer.Publish(1);
+    GrpcPullReceiver receiver(server.channel(),
+                              {.raw_data = raw, .shared_memory = false});
+    ReceiveAndCommit(receiver, **staging, 1);
+    CHECK(SameBytes((*staging)->live().bytes, trainer.current()));
+    CHECK(receiver.stats().shm_versions == 0);
+    CHECK(server.service().stats().shm_offers == 0);
+    CHECK(server.service().stats().bytes == layout.total_bytes());
+    CHECK(SegmentsOf(store.segment_name_stem()).empty());
+  }
+  SECTION("the server does not offer") {
+    Server server(&store, /*shared_memory=*/false);
+    FullPublisher trainer(layout, &store);
+    trainer.Publish(1);
+    GrpcPullReceiver receiver(server.channel(), {.raw_data = raw});
+    ReceiveAndCommit(receiver, **staging, 1);
+    CHECK(SameBytes((*staging)->live().bytes, trainer.current()));
+    CHECK(receiver.stats().shm_versions == 0);
+    CHECK(receiver.stats().shm_fallbacks == 0);
+    CHECK(server.service().stats().bytes == layout.total_bytes());
+  }
+  SECTION("the offered segment is not here, or is another one") {
+    Server server(&store);
+    FullPublisher trainer(layout, &store);
+    trainer.Publish(1);
+    auto segment = store.SharedFull(1);
+    REQUIRE(segment.ok());
+    const std::string path = "/dev/shm" + (*segment)->name();
+    REQUIRE(unlink(path.c_str()) == 0);  // as if on another host
+    const bool impostor = GENERATE(false, true);
+    INFO("same-named object of another host: " << impostor);
+    if (impostor) {
+      // Same name and size, but not the server's (no matching token).
+      const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+      REQUIRE(fd >= 0);
+      REQUIRE(ftruncate(fd, static_cast<off_t>((*segment)->size())) == 0);
+      close(fd);
+    }
+    GrpcPullReceiver receiver(server.channel(), {.raw_data = raw});
+    ReceiveAndCommit(receiver, **staging, 1);
+    CHECK(SameBytes((*staging)->live().bytes, trainer.current()));
+    CHECK(receiver.stats().shm_fallbacks == 1);
+    CHECK(receiver.stats().shm_versions == 0);
+    CHECK(server.service().stats().shm_offers == 1);
+    CHECK(server.service().stats().bytes == layout.total_bytes());
+    // Later versions go straight to the socket: no more offers asked for.
+    trainer.Publish(2);
+    ReceiveAndCommit(receiver, **staging, 2);
+    CHECK(SameBytes((*staging)->live().bytes, trainer.current()));
+    CHECK(server.service().stats().shm_offers == 1);
+    CHECK(receiver.stats().shm_fallbacks == 1);
+    if (impostor) unlink(path.c_str());
+  }
+}
+
+TEST_CASE(
+    "Shared-memory segments are unlinked on eviction and when the server "
+    "is destroyed",
+    "[weights][pull][shm]") {
+  const FlatWeightLayout layout = testing::SmallLayout();
+  WeightStore store(/*retain_versions=*/2);
+  FullPublisher trainer(layout, &store);
+  auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  const std::string stem = store.segment_name_stem();
+  {
+    Server server(&store);
+    GrpcPullReceiver receiver(server.channel(), {});
+    trainer.Publish(1);
+    ReceiveAndCommit(receiver, **staging, 1);
+    trainer.Publish(2);
+    ReceiveAndCommit(receiver, **staging, 2);
+    CHECK(SegmentsOf(stem) == std::vector<std::string>{stem.substr(1) + "-v1",
+                                                       stem.substr(1) + "-v2"});
+    trainer.Publish(3);  // evicts v1 (retain 2)
+    CHECK(SegmentsOf(stem) == std::vector<std::string>{stem.substr(1) + "-v2"});
+    ReceiveAndCommit(receiver, **staging, 3);
+    CHECK(SegmentsOf(stem).size() == 2);
+    CHECK(receiver.stats().shm_versions == 3);
+  }
+  // The store (the trainer's) lives on; the server's segments do not.
+  CHECK(store.latest_version() == 3);
+  CHECK(SegmentsOf(stem).empty());
+}
+
+TEST_CASE(
+    "A starting weight server removes stale segments of dead processes of "
+    "its pid namespace only",
+    "[weights][pull][shm]") {
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  REQUIRE(child > 0);
+  REQUIRE(waitpid(child, nullptr, 0) == child);
+  struct stat ns {};
+  REQUIRE(stat("/proc/self/ns/pid", &ns) == 0);
+  const std::string dead =
+      absl::StrCat("tandem-w-", child, "-", ns.st_ino, "-0badc0de-v3");
+  const std::string live =
+      absl::StrCat("tandem-w-", getpid(), "-", ns.st_ino, "-0badc0de-v3");
+  const std::string other_ns =
+      absl::StrCat("tandem-w-", child, "-", ns.st_ino + 1, "-0badc0de-v3");
+  for (const std::string& name : {dead, live, other_ns}) {
+    const int fd = shm_open(("/" + name).c_str(), O_RDWR | O_CREAT, 0600);
+    REQUIRE(fd >= 0);
+    close(fd);
+  }
+  auto exists = [](const std::string& name) {
+    return access(("/dev/shm/" + name).c_str(), F_OK) == 0;
+  };
+  {
+    WeightStore store(2);
+    Server server(&store);
+    CHECK_FALSE(exists(dead));
+    CHECK(exists(live));
+    CHECK(exists(other_ns));
+  }
+  shm_unlink(("/" + dead).c_str());
+  shm_unlink(("/" + live).c_str());
+  shm_unlink(("/" + other_ns).c_str());
+}
+
+}  // namespace
+}  // namespace tandem::weights
