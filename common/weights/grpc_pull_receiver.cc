@@ -606,9 +606,24 @@ absl::Status GrpcPullReceiver::CopySharedSegment(
     }
     const absl::Span<const uint8_t> rest =
         payload.subspan(b.byte_offset() + *offset, b.byte_size() - *offset);
-    if (absl::Status s = staging->WriteBucketChunk(*bucket, *offset, rest);
-        !s.ok()) {
-      return s;
+    // Copied in pieces, each checksummed while still in cache (as on the
+    // raw path), so FinishBucket has nothing left to read; a bucket resumed
+    // mid-way is checksummed whole by FinishBucket.
+    const bool pieces = *offset == 0;
+    for (uint64_t k = 0; k < rest.size();) {
+      const uint64_t n = std::min<uint64_t>(kRawPieceBytes, rest.size() - k);
+      if (absl::Status s = staging->WriteBucketChunk(*bucket, *offset + k,
+                                                     rest.subspan(k, n));
+          !s.ok()) {
+        return s;
+      }
+      if (pieces) {
+        if (absl::Status s = staging->ChecksumBucketPiece(*bucket, k, n);
+            !s.ok()) {
+          return s;
+        }
+      }
+      k += n;
     }
     {
       absl::MutexLock lock(&mu_);
