@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -73,41 +74,49 @@ SharedWeightSegment::Create(const std::string& name, uint64_t policy_version,
                           S_IRUSR | S_IWUSR | S_IRGRP | S_IROTH);
   if (fd < 0) return absl::UnavailableError(ErrnoText("shm_open", name));
   const uint64_t size = kSegmentHeaderBytes + payload.size();
-  // posix_fallocate reserves the tmpfs pages now: without it a /dev/shm
-  // smaller than the payload (a container's 64 MiB default) would kill
-  // the process with SIGBUS on the copy below.
-  const int err = posix_fallocate(fd, 0, static_cast<off_t>(size));
-  void* map =
-      err != 0 ? MAP_FAILED
-               : mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int map_errno = errno;
-  close(fd);
-  if (map == MAP_FAILED) {
-    shm_unlink(name.c_str());
-    const int e = err != 0 ? err : map_errno;
-    const std::string message = absl::StrCat(
-        err != 0 ? "reserving " : "mapping ", size,
-        " bytes of shared memory for ", name, ": ", std::strerror(e));
-    return e == ENOSPC ? absl::ResourceExhaustedError(message)
-                       : absl::UnavailableError(message);
-  }
-  std::memcpy(static_cast<uint8_t*>(map) + kSegmentHeaderBytes, payload.data(),
-              payload.size());
   SegmentHeader header{};
   std::memcpy(header.magic, kSegmentMagic, sizeof(kSegmentMagic));
   header.policy_version = policy_version;
   header.payload_bytes = payload.size();
   std::string token = RandomBytes(kSegmentTokenBytes);
   std::memcpy(header.token, token.data(), kSegmentTokenBytes);
-  std::memcpy(map, &header, sizeof(header));
+  std::vector<uint8_t> head(kSegmentHeaderBytes, 0);
+  std::memcpy(head.data(), &header, sizeof(header));
+  // Written with pwrite, not through a mapping: one pass in which the
+  // kernel allocates each page as it copies (a mapping would fault every
+  // page in, after fallocate had zeroed it), and a /dev/shm too small for
+  // the payload (a container's 64 MiB default) is ENOSPC here, not a
+  // SIGBUS later.
+  auto write_all = [fd](const uint8_t* p, uint64_t n, uint64_t at) {
+    while (n > 0) {
+      const ssize_t w = pwrite(fd, p, std::min<uint64_t>(n, 1u << 30),
+                               static_cast<off_t>(at));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return false;
+      p += w;
+      n -= static_cast<uint64_t>(w);
+      at += static_cast<uint64_t>(w);
+    }
+    return true;
+  };
+  const bool written =
+      write_all(payload.data(), payload.size(), kSegmentHeaderBytes) &&
+      write_all(head.data(), head.size(), 0);
+  const int e = errno;
+  close(fd);
+  if (!written) {
+    shm_unlink(name.c_str());
+    const std::string message =
+        absl::StrCat("writing ", size, " bytes of shared memory to ", name,
+                     ": ", std::strerror(e));
+    return e == ENOSPC ? absl::ResourceExhaustedError(message)
+                       : absl::UnavailableError(message);
+  }
   return std::unique_ptr<SharedWeightSegment>(
-      new SharedWeightSegment(name, size, std::move(token), map));
+      new SharedWeightSegment(name, size, std::move(token)));
 }
 
-SharedWeightSegment::~SharedWeightSegment() {
-  munmap(map_, size_);
-  shm_unlink(name_.c_str());
-}
+SharedWeightSegment::~SharedWeightSegment() { shm_unlink(name_.c_str()); }
 
 absl::StatusOr<std::unique_ptr<MappedWeightSegment>> MappedWeightSegment::Open(
     const std::string& name, uint64_t size, absl::string_view token,
@@ -139,7 +148,8 @@ absl::StatusOr<std::unique_ptr<MappedWeightSegment>> MappedWeightSegment::Open(
     close(fd);
     return absl::FailedPreconditionError(message);
   }
-  void* map = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  // MAP_POPULATE maps the pages in one go instead of faulting each one.
+  void* map = mmap(nullptr, size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
   close(fd);
   if (map == MAP_FAILED) {
     return absl::UnavailableError(ErrnoText("mmap", name));

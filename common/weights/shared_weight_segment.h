@@ -37,17 +37,16 @@ inline constexpr uint64_t kSegmentHeaderBytes = 4096;
 inline constexpr size_t kSegmentTokenBytes = 16;
 inline constexpr char kSegmentNamePrefix[] = "/tandem-w-";
 
-// The server's side: owns the object and unlinks it when destroyed
-// (clients that mapped it keep their mapping).
+// The server's side: owns the object (it does not map it) and unlinks it
+// when destroyed (clients that mapped it keep their mapping).
 class SharedWeightSegment {
  public:
   // A new process-unique name stem "/tandem-w-<pid>-<pidns>-<random>";
   // segments are named stem + "-v<version>".
   static std::string NewNameStem();
 
-  // Creates `name` (must not exist), reserves its pages (so a full /dev/shm
-  // fails here with ResourceExhausted, not with SIGBUS later), and writes
-  // the header and `payload`.
+  // Creates `name` (must not exist) and writes the header and `payload`
+  // into it (a /dev/shm too small fails with ResourceExhausted).
   static absl::StatusOr<std::unique_ptr<SharedWeightSegment>> Create(
       const std::string& name, uint64_t policy_version,
       absl::Span<const uint8_t> payload);
@@ -59,23 +58,13 @@ class SharedWeightSegment {
   uint64_t size() const { return size_; }  // header + payload bytes
   const std::string& token() const { return token_; }
 
-  // Test hook: the payload inside the segment, writable (to corrupt it).
-  uint8_t* MutablePayloadForTest() const {
-    return static_cast<uint8_t*>(map_) + kSegmentHeaderBytes;
-  }
-
  private:
-  SharedWeightSegment(std::string name, uint64_t size, std::string token,
-                      void* map)
-      : name_(std::move(name)),
-        size_(size),
-        token_(std::move(token)),
-        map_(map) {}
+  SharedWeightSegment(std::string name, uint64_t size, std::string token)
+      : name_(std::move(name)), size_(size), token_(std::move(token)) {}
 
   const std::string name_;
   const uint64_t size_;
   const std::string token_;
-  void* const map_;
 };
 
 // The client's side: a read-only mapping of a segment a server offered.

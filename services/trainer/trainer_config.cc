@@ -105,7 +105,9 @@ void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config) {
                   "as POSIX shared-memory segments (/dev/shm), which workers "
                   "map instead of reading every byte from a socket; workers "
                   "that cannot open them (another host, a container without "
-                  "a shared IPC namespace) fall back to the socket.");
+                  "a shared IPC namespace) fall back to the socket. Making "
+                  "a segment costs about one socket pull: it pays off when "
+                  "several same-host workers pull each version.");
   schema->AddInt("weight_sync.timeout_ms", &config->weight_broadcast_timeout_ms,
                  100, 3600000,
                  "Deadline of each broadcast rendezvous and collective (ms); "

@@ -59,8 +59,10 @@ struct TrainerConfig {
   int64_t weight_store_port = 0;
   int64_t weight_data_port = 0;
   // Offer full versions to same-host pulls as shared-memory segments
-  // (common/weights/shared_weight_segment.h).
-  bool weight_shared_memory = true;
+  // (common/weights/shared_weight_segment.h). Off by default: making a
+  // segment costs about as much as one socket pull, so it pays off only
+  // when several same-host workers pull each version (docs/benchmarks.md).
+  bool weight_shared_memory = false;
   // Deadline of each broadcast rendezvous and collective (ms).
   int64_t weight_broadcast_timeout_ms = 10000;
   // ---- Sparse delta sync (weight_sync.*), bfloat16 publishing only ----

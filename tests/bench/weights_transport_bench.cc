@@ -16,7 +16,13 @@
 //           pre-faulted buffer, 1 receiver: the baseline.
 //   pull    catch-up pull (GrpcPullReceiver from a WeightServerService)
 //           into a double-buffered StagingWeights, 1 receiver: over the
-//           FetchWeights gRPC stream, and over the raw data path.
+//           FetchWeights gRPC stream, over the raw data path, and (pull
+//           shm) through the same-host shared-memory path: the server
+//           copies each new version once into a /dev/shm segment (timed:
+//           with one receiver nothing amortizes it), the receiver maps it
+//           and copies it into staging; and (pull shm, segment made) the
+//           same with the segment made before the clock starts, as for
+//           every worker after the first that pulls a version.
 //   gloo k  c10d ProcessGroupGloo broadcast (GlooWeightSender /
 //           GlooWeightReceiver) into StagingWeights, k receivers; buckets
 //           go in 4 MiB pieces (BroadcastGroupConfig.piece_bytes) and a
@@ -34,7 +40,8 @@
 // Buckets are 64 MiB.
 //
 // Memory: the sender holds the payload (S bytes); each receiver holds two
-// staging buffers (2 S). At 1 GiB with 3 receivers that is 7 GiB.
+// staging buffers (2 S); the pull shm column adds one segment (S) in
+// /dev/shm. At 1 GiB with 3 receivers that is 7 GiB.
 
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
@@ -146,14 +153,14 @@ void ChildSocket(uint16_t port, uint64_t bytes) {
 }
 
 // Pulls a version on every "go" line, until stdin closes.
-void ChildPull(uint16_t port, uint64_t bytes, bool raw) {
+void ChildPull(uint16_t port, uint64_t bytes, bool raw, bool shm) {
   auto staging =
       StagingWeights::Create(MakeLayout(bytes), StagingMode::kDoubleBuffer);
   if (!staging.ok()) Die(staging.status().ToString());
   GrpcPullReceiver receiver(
       grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
                           grpc::InsecureChannelCredentials()),
-      {.raw_data = raw});
+      {.raw_data = raw, .shared_memory = shm});
   Say("ready");
   for (std::string line = ReadLine(stdin); line == "go";
        line = ReadLine(stdin)) {
@@ -166,6 +173,10 @@ void ChildPull(uint16_t port, uint64_t bytes, bool raw) {
   const PullStats stats = receiver.stats();
   if ((raw ? stats.raw_streams : stats.grpc_streams) == 0) {
     Die(absl::StrCat("pull did not use the ", raw ? "raw" : "gRPC", " path"));
+  }
+  if (shm != (stats.shm_versions > 0)) {
+    Die(absl::StrCat("pull ", shm ? "did not use" : "used",
+                     " the shared-memory path"));
   }
 }
 
@@ -336,13 +347,15 @@ v1::WeightManifest WithVersion(const v1::WeightManifest& m, uint64_t v) {
   return out;
 }
 
-// Catch-up pull from a WeightServerService, 1 receiver.
+// Catch-up pull from a WeightServerService, 1 receiver; `shm`: through
+// shared memory (the store keeps one version, so one segment).
 class PullColumn : public Column {
  public:
   PullColumn(const v1::WeightManifest& manifest,
-             std::shared_ptr<const std::vector<uint8_t>> payload, bool raw)
-      : manifest_(manifest), payload_(std::move(payload)), store_(2),
-        service_(&store_, {}) {
+             std::shared_ptr<const std::vector<uint8_t>> payload, bool raw,
+             bool shm = false, bool premade = false)
+      : manifest_(manifest), payload_(std::move(payload)), premade_(premade),
+        store_(shm ? 1 : 2), service_(&store_, {.shared_memory = shm}) {
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
@@ -351,7 +364,8 @@ class PullColumn : public Column {
     server_ = builder.BuildAndStart();
     child_ = Spawn({"--child=pull", absl::StrCat("--port=", port),
                     absl::StrCat("--bytes=", payload_->size()),
-                    absl::StrCat("--raw=", raw ? 1 : 0)});
+                    absl::StrCat("--raw=", raw ? 1 : 0),
+                    absl::StrCat("--shm=", shm ? 1 : 0)});
     Expect(child_, "ready");
   }
   ~PullColumn() override {
@@ -363,6 +377,7 @@ class PullColumn : public Column {
     if (!store_.Put(WithVersion(manifest_, version), payload_).ok()) {
       Die("store put");
     }
+    if (premade_ && !store_.SharedFull(version).ok()) Die("shared segment");
     const auto start = Clock::now();
     Tell(child_, "go");
     const std::string got = Expect(child_, "done ");
@@ -374,6 +389,7 @@ class PullColumn : public Column {
  private:
   const v1::WeightManifest manifest_;
   const std::shared_ptr<const std::vector<uint8_t>> payload_;
+  const bool premade_;
   WeightStore store_;
   WeightServerService service_;
   std::unique_ptr<grpc::Server> server_;
@@ -512,6 +528,15 @@ void Run(uint64_t mib, const std::vector<int>& receivers, int rounds,
     PullColumn raw(*manifest, payload, /*raw=*/true);
     cell(raw);
   }
+  {
+    PullColumn shm(*manifest, payload, /*raw=*/true, /*shm=*/true);
+    cell(shm);
+  }
+  {
+    PullColumn made(*manifest, payload, /*raw=*/true, /*shm=*/true,
+                    /*premade=*/true);
+    cell(made);
+  }
   for (int k : receivers) {
     GlooColumn gloo(*manifest, *payload, k);
     cell(gloo);
@@ -527,7 +552,7 @@ void Run(uint64_t mib, const std::vector<int>& receivers, int rounds,
 int ChildMain(int argc, char** argv) {
   std::string mode;
   uint64_t bytes = 0, port = 0;
-  int rank = 0, world = 0, raw = 1, serial = 0;
+  int rank = 0, world = 0, raw = 1, serial = 0, shm = 0;
   for (int i = 1; i < argc; ++i) {
     std::pair<std::string, std::string> kv =
         absl::StrSplit(argv[i], absl::MaxSplits('=', 1));
@@ -546,6 +571,8 @@ int ChildMain(int argc, char** argv) {
       ok = absl::SimpleAtoi(kv.second, &world);
     } else if (kv.first == "--raw") {
       ok = absl::SimpleAtoi(kv.second, &raw);
+    } else if (kv.first == "--shm") {
+      ok = absl::SimpleAtoi(kv.second, &shm);
     } else {
       ok = false;
     }
@@ -555,7 +582,7 @@ int ChildMain(int argc, char** argv) {
   if (mode == "socket") {
     ChildSocket(p, bytes);
   } else if (mode == "pull") {
-    ChildPull(p, bytes, raw != 0);
+    ChildPull(p, bytes, raw != 0, shm != 0);
   } else if (mode == "gloo") {
     ChildGloo(p, bytes, rank, world, serial != 0);
   } else {
@@ -604,8 +631,9 @@ int main(int argc, char** argv) {
     }
   }
   if (sizes.empty()) sizes = {64, 256, 1024};
-  std::string header = "| size | pull gRPC | pull raw |";
-  std::string rule = "| --- | --- | --- |";
+  std::string header =
+      "| size | pull gRPC | pull raw | pull shm | pull shm, segment made |";
+  std::string rule = "| --- | --- | --- | --- | --- |";
   for (int k : receivers) {
     absl::StrAppend(&header, " gloo, ", k, " receiver", k > 1 ? "s" : "",
                     " |");

@@ -1,7 +1,7 @@
 """The same-host shared-memory catch-up path across real daemons
 (tandem-local on loopback): a trainer and a rollout worker in
-weight_sync.mode pull, on one host. The trainer (weight_sync.shared_memory
-on, the default) offers each full version as a /dev/shm segment and the
+weight_sync.mode pull, on one host. The trainer (weight_sync.shared_memory:
+true) offers each full version as a /dev/shm segment and the
 worker maps it instead of reading the bytes from a socket: the trainer's
 tandem_weight_sync_bytes_total{direction="sent",transport="shm"} grows
 while no full payload is streamed, the worker ends on the trainer's weights
@@ -39,6 +39,7 @@ weight_sync:
         "trainer.yaml": f"""checkpoint_dir: {directory}/checkpoints
 weight_sync:
   broadcast: false
+  shared_memory: true
 """,
         "verifier.yaml": "worker_threads: 1\n",
     })
