@@ -595,6 +595,8 @@ grpc::ServerUnaryReactor* Coordinator::SyncWeightGroup(
   ledger_->LatestVersion(&manifest, &weight_server_address);
   response->set_policy_version(ledger_->policy_version());
   response->set_weight_server_address(weight_server_address);
+  response->set_report_timeout_ms(
+      static_cast<uint64_t>(config_.weight_sync.report_timeout_ms));
   *response->mutable_group() = epochs_->Current();
   return Finish(context, grpc::Status::OK);
 }

@@ -105,7 +105,8 @@ void RegisterFields(config::ConfigSchema* schema, CoordinatorConfig* config) {
   schema->AddInt("weight_sync.report_timeout_ms", &w.report_timeout_ms, 10,
                  3600000,
                  "A rollout worker joins the next broadcast epoch only if it "
-                 "reported within this time (ms).");
+                 "reported within this time (ms); workers are told and "
+                 "report at least twice per interval.");
   schema->AddEnum("weight_sync.backend", &w.backend, {"gloo", "nccl"},
                   "Transport of the broadcast groups: gloo (CPU) or nccl "
                   "(GPU; only in builds with TANDEM_ENABLE_NCCL, refused at "

@@ -65,9 +65,12 @@ void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config) {
   schema->AddInt("weight_sync.poll_interval_ms",
                  &config->weight_sync_poll_interval_ms, 10, 600000,
                  "Broadcast mode: how often the coordinator is asked about "
-                 "the group while the WatchCluster stream is open (ms); "
-                 "without a stream (watch false, or a coordinator that does "
-                 "not serve it) it is asked every 50 ms.");
+                 "the group while the WatchCluster stream is open (ms), and "
+                 "how long a worker outside the group waits for a newer "
+                 "version by pull; at most half the coordinator's "
+                 "weight_sync.report_timeout_ms. Without a stream (watch "
+                 "false, or a coordinator that does not serve it) it is "
+                 "asked every 50 ms.");
 }
 
 absl::Status Validate(const RolloutConfig& config) {

@@ -106,8 +106,15 @@ void WeightSubscriber::WaitForCluster(bool recovering) {
     return;
   }
   options_.watcher->WaitForChange(options_.watcher->watching() && !recovering
-                                      ? options_.watch_poll_interval
+                                      ? WatchInterval()
                                       : options_.poll_interval);
+}
+
+absl::Duration WeightSubscriber::WatchInterval() const {
+  if (report_timeout_ <= absl::ZeroDuration()) {
+    return options_.watch_poll_interval;
+  }
+  return std::min(options_.watch_poll_interval, report_timeout_ / 2);
 }
 
 absl::Duration WeightSubscriber::PullWait(bool broadcast) const {
@@ -118,7 +125,7 @@ absl::Duration WeightSubscriber::PullWait(bool broadcast) const {
   // watch poll interval; without a stream it pulls in short slices, so that
   // a new epoch listing this worker is noticed quickly.
   if (options_.watcher != nullptr && options_.watcher->watching()) {
-    return options_.watch_poll_interval;
+    return WatchInterval();
   }
   return absl::Milliseconds(200);
 }
@@ -222,6 +229,7 @@ bool WeightSubscriber::Poll(ClusterView* view) {
   if (!status.ok()) return false;
   failed_epoch_ = 0;
   failure_.clear();
+  report_timeout_ = absl::Milliseconds(response.report_timeout_ms());
   view->policy_version = response.policy_version();
   view->group = response.group();
   view->weight_server_address = response.weight_server_address();

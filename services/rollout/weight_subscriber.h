@@ -85,9 +85,9 @@ struct WeightSyncOptions {
   // How often the coordinator is polled in broadcast mode while `watcher`
   // has a stream open (a safety net: events wake the subscriber first),
   // also by a worker outside the group, whose pull waits this long for a
-  // newer version unless an epoch event ends the wait (keep it below the
-  // coordinator's weight_sync.report_timeout_ms: such a worker joins an
-  // epoch only if it reported within that time) ...
+  // newer version unless an epoch event ends the wait. Capped at half the
+  // coordinator's weight_sync.report_timeout_ms (SyncWeightGroupResponse),
+  // since a worker joins an epoch only if it reported within that time ...
   absl::Duration watch_poll_interval = absl::Seconds(1);
   // ... and while it has none (no watcher, or the stream is down), or it
   // waits for the re-send epoch after leaving a failed one; a worker
@@ -156,6 +156,8 @@ class WeightSubscriber {
   // Reports to the coordinator and reads the current group. False when the
   // coordinator could not be asked (the caller pulls meanwhile).
   bool Poll(ClusterView* view);
+  // watch_poll_interval, capped at half the coordinator's report timeout.
+  absl::Duration WatchInterval() const;
   // This worker's rank in `group`, or -1.
   int RankIn(const tandem::v1::BroadcastGroup& group) const;
   // Broadcast path: joins `view.group` if needed and receives one version
@@ -203,6 +205,9 @@ class WeightSubscriber {
   bool received_in_epoch_ = false;  // a version was delivered in this epoch
   uint64_t failed_epoch_ = 0;       // to report once
   std::string failure_;
+  // The coordinator's report timeout (last SyncWeightGroupResponse); zero
+  // until told.
+  absl::Duration report_timeout_ = absl::ZeroDuration();
 
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

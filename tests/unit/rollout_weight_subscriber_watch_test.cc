@@ -81,119 +81,162 @@ bool WaitFor(Predicate done, absl::Duration limit) {
   return true;
 }
 
-TEST_CASE(
-    "a worker outside the group waits long, yet joins a new epoch listing "
-    "it at once") {
-  // The coordinator, with a trainer whose rendezvous store never answers.
-  coordinator::CoordinatorConfig config;
-  config.server.grpc_address = "127.0.0.1:0";
-  config.server.metrics_address = "";
-  config.training.groups_per_version = 100000;
-  config.heartbeat_timeout_ms = 600000;  // no heartbeats in this test
-  auto created = coordinator::Coordinator::Create(config);
-  REQUIRE(created.ok());
-  std::unique_ptr<coordinator::Coordinator> coordinator = *std::move(created);
-  REQUIRE(coordinator->Start().ok());
-  auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
-      coordinator->grpc_address(), grpc::InsecureChannelCredentials()));
-  SilentPort store_port;
-  auto register_member = [&](v1::Role role) {
+// A coordinator (weight_sync.report_timeout_ms `report_timeout_ms`) whose
+// trainer's rendezvous store never answers, the trainer's weight server,
+// and one broadcast-mode worker with a ClusterWatcher whose watch interval
+// is 60 s.
+class OutsideGroup {
+ public:
+  explicit OutsideGroup(int64_t report_timeout_ms) {
+    coordinator::CoordinatorConfig config;
+    config.server.grpc_address = "127.0.0.1:0";
+    config.server.metrics_address = "";
+    config.training.groups_per_version = 100000;
+    config.heartbeat_timeout_ms = 600000;  // no heartbeats in this test
+    config.weight_sync.report_timeout_ms = report_timeout_ms;
+    auto created = coordinator::Coordinator::Create(config);
+    REQUIRE(created.ok());
+    coordinator_ = *std::move(created);
+    REQUIRE(coordinator_->Start().ok());
+    stub_ = v1::Coordinator::NewStub(grpc::CreateChannel(
+        coordinator_->grpc_address(), grpc::InsecureChannelCredentials()));
+    trainer_id_ = Register(v1::ROLE_TRAINER);
+    worker_id_ = Register(v1::ROLE_ROLLOUT);
+
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    REQUIRE(server_ != nullptr);
+    weight_server_ = absl::StrCat("127.0.0.1:", port);
+  }
+
+  ~OutsideGroup() {
+    if (subscriber_ != nullptr) subscriber_->Stop();
+    if (watcher_ != nullptr) watcher_->Stop();
+    server_->Shutdown();
+    coordinator_->Stop();
+  }
+
+  // The trainer stores `version` on its weight server (unless not
+  // `on_server` yet) ...
+  void Put(uint64_t version, bool on_server = true) {
+    auto w = model::RandomInit(model_config_, 10 + version);
+    REQUIRE(w.ok());
+    std::shared_ptr<const std::vector<uint8_t>> flat;
+    manifests_[version] = Manifest(**w, version, &flat);
+    if (on_server) REQUIRE(store_.Put(manifests_[version], flat).ok());
+  }
+
+  // ... and announces it to the coordinator, which answers with the group
+  // that receives it.
+  v1::BroadcastGroup Announce(uint64_t version) {
+    v1::PublishPolicyVersionRequest request;
+    request.set_member_id(trainer_id_);
+    *request.mutable_manifest() = manifests_.at(version);
+    request.set_weight_server_address(weight_server_);
+    v1::PublishPolicyVersionResponse response;
+    grpc::ClientContext context;
+    REQUIRE(stub_->PublishPolicyVersion(&context, request, &response).ok());
+    return response.group();
+  }
+
+  // Starts the worker; it catches up to `version` by pull.
+  void StartWorker(uint64_t version) {
+    auto initial = model::RandomInit(model_config_, 1);
+    REQUIRE(initial.ok());
+    decoder_ = std::make_shared<model::DecoderModel>(*initial);
+    source_ = std::make_unique<StagedWeightSource>(decoder_);
+    watcher_ = std::make_unique<cluster::ClusterWatcher>(
+        stub_.get(), cluster::ClusterWatcherOptions{
+                         .member_id = [this] { return worker_id_; }});
+    watcher_->Start();
+    WeightSyncOptions options;
+    options.mode = WeightSyncOptions::Mode::kBroadcast;
+    options.coordinator = stub_.get();
+    options.member_id = [this] { return worker_id_; };
+    options.watcher = watcher_.get();
+    options.watch_poll_interval = absl::Seconds(60);
+    options.timeout = absl::Seconds(3);
+    auto subscriber = WeightSubscriber::Create(
+        decoder_, source_.get(), [] { return std::string(); }, 0, options);
+    REQUIRE(subscriber.ok());
+    subscriber_ = *std::move(subscriber);
+    subscriber_->Start();
+    REQUIRE(WaitFor([&] { return watcher_->watching(); }, absl::Seconds(10)));
+    REQUIRE(WaitFor(
+        [&] { return subscriber_->received_version() == version; },
+        absl::Seconds(20)));
+  }
+
+  WeightSubscriber& subscriber() { return *subscriber_; }
+  const std::string& worker_id() const { return worker_id_; }
+
+ private:
+  std::string Register(v1::Role role) {
     v1::RegisterRequest request;
     request.set_role(role);
     request.set_grpc_address("127.0.0.1:1");
     if (role == v1::ROLE_TRAINER) {
       (*request.mutable_capabilities())["weight_broadcast_store"] =
-          absl::StrCat("127.0.0.1:", store_port.port());
+          absl::StrCat("127.0.0.1:", store_port_.port());
     }
     v1::RegisterResponse response;
     grpc::ClientContext context;
-    REQUIRE(stub->Register(&context, request, &response).ok());
+    REQUIRE(stub_->Register(&context, request, &response).ok());
     return response.member_id();
-  };
-  const std::string trainer_id = register_member(v1::ROLE_TRAINER);
-  const std::string worker_id = register_member(v1::ROLE_ROLLOUT);
+  }
 
-  // The trainer's weight server.
-  weights::WeightStore store(4);
-  weights::WeightServerService service(&store, {});
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                           &port);
-  builder.RegisterService(&service);
-  auto server = builder.BuildAndStart();
-  REQUIRE(server != nullptr);
-  const std::string weight_server = absl::StrCat("127.0.0.1:", port);
-  const model::ModelConfig model_config = model::testing::TinyQwen2Config();
-  std::map<uint64_t, v1::WeightManifest> manifests;
-  // The trainer stores `version` on its weight server ...
-  auto put = [&](uint64_t version) {
-    auto w = model::RandomInit(model_config, 10 + version);
-    REQUIRE(w.ok());
-    std::shared_ptr<const std::vector<uint8_t>> flat;
-    manifests[version] = Manifest(**w, version, &flat);
-    REQUIRE(store.Put(manifests[version], flat).ok());
-  };
-  // ... and announces it to the coordinator, which answers with the group
-  // that receives it.
-  auto announce = [&](uint64_t version) {
-    v1::PublishPolicyVersionRequest request;
-    request.set_member_id(trainer_id);
-    *request.mutable_manifest() = manifests.at(version);
-    request.set_weight_server_address(weight_server);
-    v1::PublishPolicyVersionResponse response;
-    grpc::ClientContext context;
-    REQUIRE(stub->PublishPolicyVersion(&context, request, &response).ok());
-    return response.group();
-  };
-  put(1);
+  std::unique_ptr<coordinator::Coordinator> coordinator_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  SilentPort store_port_;
+  std::string trainer_id_, worker_id_;
+  weights::WeightStore store_{4};
+  weights::WeightServerService service_{&store_, {}};
+  std::unique_ptr<grpc::Server> server_;
+  std::string weight_server_;
+  const model::ModelConfig model_config_ =
+      model::testing::TinyQwen2Config();
+  std::map<uint64_t, v1::WeightManifest> manifests_;
+  std::shared_ptr<model::DecoderModel> decoder_;
+  std::unique_ptr<StagedWeightSource> source_;
+  std::unique_ptr<cluster::ClusterWatcher> watcher_;
+  std::unique_ptr<WeightSubscriber> subscriber_;
+};
+
+TEST_CASE(
+    "a worker outside the group waits long, yet joins a new epoch listing "
+    "it at once") {
+  // A report stays fresh for 10 min: the worker's waits are its own 60 s.
+  OutsideGroup cluster(600000);
+  cluster.Put(1);
   // Epoch 1: the trainer alone (the worker has not reported yet).
-  REQUIRE(announce(1).member_ids_size() == 1);
-
-  auto initial = model::RandomInit(model_config, 1);
-  REQUIRE(initial.ok());
-  auto decoder = std::make_shared<model::DecoderModel>(*initial);
-  StagedWeightSource source(decoder);
-  cluster::ClusterWatcher watcher(stub.get(),
-                                  {.member_id = [&] { return worker_id; }});
-  watcher.Start();
-  WeightSyncOptions options;
-  options.mode = WeightSyncOptions::Mode::kBroadcast;
-  options.coordinator = stub.get();
-  options.member_id = [&] { return worker_id; };
-  options.watcher = &watcher;
-  options.watch_poll_interval = absl::Seconds(60);
-  options.timeout = absl::Seconds(3);
-  auto subscriber = WeightSubscriber::Create(
-      decoder, &source, [] { return std::string(); }, 0, options);
-  REQUIRE(subscriber.ok());
-  (*subscriber)->Start();
-
+  REQUIRE(cluster.Announce(1).member_ids_size() == 1);
   // Catches up by pull (version 1), then reports it and waits.
-  REQUIRE(WaitFor([&] { return watcher.watching(); }, absl::Seconds(10)));
-  REQUIRE(WaitFor([&] { return (*subscriber)->received_version() == 1; },
-                  absl::Seconds(20)));
+  cluster.StartWorker(1);
   absl::SleepFor(absl::Milliseconds(300));
 
   // A new version on the weight server while it waits: the pull takes it
   // at once.
   absl::Time start = absl::Now();
-  put(2);
-  REQUIRE(WaitFor([&] { return (*subscriber)->received_version() == 2; },
+  cluster.Put(2);
+  REQUIRE(WaitFor([&] { return cluster.subscriber().received_version() == 2; },
                   absl::Seconds(5)));
   const absl::Duration version_took = absl::Now() - start;
-  // It reports version 2 right after receiving it (a report stays fresh
-  // for the coordinator's weight_sync.report_timeout_ms, 2 s).
+  // It reports version 2 right after receiving it; wait for that report
+  // (the coordinator lists only workers caught up at the version).
   absl::SleepFor(absl::Seconds(1));
 
   // The coordinator forms an epoch listing it (caught up at 2): nothing
   // newer to pull, so only the epoch event can end its 60 s wait.
   start = absl::Now();
-  const v1::BroadcastGroup group = announce(2);
+  const v1::BroadcastGroup group = cluster.Announce(2);
   REQUIRE(group.member_ids_size() == 2);
-  REQUIRE(group.member_ids(1) == worker_id);
+  REQUIRE(group.member_ids(1) == cluster.worker_id());
   const bool joined = WaitFor(
-      [&] { return (*subscriber)->sync_status().epoch == group.epoch(); },
+      [&] { return cluster.subscriber().sync_status().epoch == group.epoch(); },
       absl::Seconds(5));
   const absl::Duration join_took = absl::Now() - start;
   INFO("version 2 staged after "
@@ -202,11 +245,30 @@ TEST_CASE(
   CHECK(version_took < absl::Seconds(2));
   CHECK(joined);
   CHECK(join_took < absl::Seconds(2));
+}
 
-  (*subscriber)->Stop();
-  watcher.Stop();
-  server->Shutdown();
-  coordinator->Stop();
+TEST_CASE(
+    "a worker outside the group reports at least twice per the "
+    "coordinator's report timeout, however long its own watch interval") {
+  // Reports older than 600 ms do not count; the worker's watch interval is
+  // 60 s, so without the coordinator's hint its last report (right after
+  // catching up) would be stale when the next version is announced.
+  OutsideGroup cluster(600);
+  cluster.Put(1);
+  REQUIRE(cluster.Announce(1).member_ids_size() == 1);
+  cluster.StartWorker(1);
+  // No events for three report timeouts: only its own reports keep it
+  // fresh. Then version 2 is announced (not yet on the weight server, so
+  // no pull wakes the worker first).
+  absl::SleepFor(absl::Milliseconds(1800));
+  cluster.Put(2, /*on_server=*/false);
+  const v1::BroadcastGroup group = cluster.Announce(2);
+  INFO("epoch " << group.epoch() << " lists " << group.member_ids_size());
+  REQUIRE(group.member_ids_size() == 2);
+  CHECK(group.member_ids(1) == cluster.worker_id());
+  CHECK(WaitFor(
+      [&] { return cluster.subscriber().sync_status().epoch == group.epoch(); },
+      absl::Seconds(5)));
 }
 
 }  // namespace
