@@ -62,6 +62,13 @@ void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config) {
                   "Broadcast mode: keep a WatchCluster stream to the "
                   "coordinator and ask it about the group as soon as it "
                   "announces a version or epoch; false polls every 50 ms.");
+  schema->AddBool("weight_sync.shared_memory",
+                  &config->weight_sync_shared_memory,
+                  "Catch-up pulls ask the trainer for a full version as a "
+                  "POSIX shared-memory segment (/dev/shm) and map it when "
+                  "the trainer offers one (its weight_sync.shared_memory) "
+                  "and it can be opened here; otherwise the bytes come "
+                  "over the socket as before.");
   schema->AddInt("weight_sync.poll_interval_ms",
                  &config->weight_sync_poll_interval_ms, 10, 600000,
                  "Broadcast mode: how often the coordinator is asked about "

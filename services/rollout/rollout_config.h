@@ -42,6 +42,8 @@ struct RolloutConfig {
   // Broadcast mode: how often the coordinator is asked anyway while the
   // stream is open (ms); without a stream it is asked every 50 ms.
   int64_t weight_sync_poll_interval_ms = 1000;
+  // Pulls ask for a same-host shared-memory segment of a full version.
+  bool weight_sync_shared_memory = true;
 };
 
 void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config);

@@ -134,6 +134,7 @@ absl::Status RolloutWorker::LoadModelAndEngine() {
   sync.metrics = w->weight_sync_metrics_.get();
   sync.watch_poll_interval =
       absl::Milliseconds(config.weight_sync_poll_interval_ms);
+  sync.pull_shared_memory = config.weight_sync_shared_memory;
   if (sync.mode == WeightSyncOptions::Mode::kBroadcast &&
       config.weight_sync_watch) {
     w->watcher_ = std::make_unique<cluster::ClusterWatcher>(

@@ -390,7 +390,8 @@ void WeightSubscriber::PullOnce(const std::string& address,
   if (address != pull_address_ || pull_ == nullptr) {
     pull_address_ = address;
     auto receiver = std::make_unique<weights::GrpcPullReceiver>(
-        rpc::MakeChannel(address), weights::PullOptions{});
+        rpc::MakeChannel(address),
+        weights::PullOptions{.shared_memory = options_.pull_shared_memory});
     absl::MutexLock lock(&mu_);
     receiver_ = receiver.get();
     pull_ = std::move(receiver);
@@ -398,10 +399,15 @@ void WeightSubscriber::PullOnce(const std::string& address,
   }
   const absl::Time start = absl::Now();
   const uint64_t bytes_before = staging_->stats().bytes_received;
+  const uint64_t shm_before = pull_->stats().shm_versions;
   absl::StatusOr<uint64_t> version =
       pull_->ReceiveNext(staging_.get(), deadline);
   if (version.ok()) {
-    Deliver(*version, weights::SyncTransport::kPull, start, bytes_before);
+    Deliver(*version,
+            pull_->stats().shm_versions > shm_before
+                ? weights::SyncTransport::kShm
+                : weights::SyncTransport::kPull,
+            start, bytes_before);
     return;
   }
   // DeadlineExceeded: nothing newer yet. Others: the trainer is away or

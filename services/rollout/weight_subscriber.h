@@ -98,6 +98,9 @@ struct WeightSyncOptions {
   // weight_sync.regroup_wait_ms. A newer epoch that does not list this
   // worker ends the wait at once.
   absl::Duration resend_wait = absl::Seconds(2);
+  // Pulls ask for a same-host shared-memory segment (PullOptions); a
+  // version copied from one is counted under transport "shm".
+  bool pull_shared_memory = true;
   // Optional metrics (must outlive the subscriber).
   weights::WeightSyncMetrics* metrics = nullptr;
   // engine.update_mode inplace: receive straight into this kInplace

@@ -104,7 +104,7 @@ class WeightShmTest(unittest.TestCase):
         status, w = self.settle(4)
         self.assertTrue(status.get("weightsDigest"))
         self.assertEqual(w["weightsDigest"], status["weightsDigest"])
-        self.assertEqual(w["weightSyncTransport"], "pull")
+        self.assertEqual(w["weightSyncTransport"], "shm")
 
         trainer_info = self.launcher.ready("trainer")
         trainer = scrape_metrics(trainer_info["metrics_address"])
@@ -119,6 +119,9 @@ class WeightShmTest(unittest.TestCase):
                               direction="sent", transport="pull", kind="full")
         got = metric_sum(received, "tandem_weight_sync_bytes_total",
                          direction="received", kind="full")
+        got_shm = metric_sum(received, "tandem_weight_sync_bytes_total",
+                             direction="received", transport="shm",
+                             kind="full")
         versions = metric_sum(received, "tandem_weight_sync_versions_total",
                               direction="received")
         print(f"trainer published {published:.0f} full bytes, offered "
@@ -132,6 +135,8 @@ class WeightShmTest(unittest.TestCase):
         self.assertEqual(streamed, 0)
         self.assertGreaterEqual(shm, got)
         self.assertGreater(shm, 0)
+        # The worker counts them under transport "shm" too.
+        self.assertEqual(got_shm, got)
         # The retained versions' segments exist, named after the trainer.
         self.assertTrue(segments_of(trainer_info["pid"]))
 
