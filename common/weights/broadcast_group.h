@@ -122,9 +122,12 @@ struct BroadcastGroupConfig {
   // Gloo rank 0: FULL buckets go in pieces of at most this many bytes, so
   // that a receiver checksums each piece while it is still in cache (and
   // while the next arrives); 0 sends whole buckets. Receivers follow the
-  // sender. Measured in docs/benchmarks.md (weights_transport_bench). NCCL
-  // sends whole buckets.
-  uint64_t piece_bytes = uint64_t{4} << 20;
+  // sender. Whole buckets by default: on the test machine every Gloo
+  // collective's fixed cost outweighed the warmer checksum (4 MiB pieces
+  // 0.65-0.68 of a socket copy, 16 MiB 0.73-0.76, whole 64 MiB buckets
+  // 0.86-0.88; docs/benchmarks.md, weights_transport_bench --piece-kib).
+  // NCCL sends whole buckets.
+  uint64_t piece_bytes = 0;
 };
 
 // Whether this build has the transport of `backend` ("" counts as gloo).

@@ -1,8 +1,8 @@
 // Weight transport throughput against a plain TCP socket copy of the same
 // bytes between two processes, all in one run (issue 5 benchmarks).
 //
-//   weights_transport_bench [--rounds=N] [--serial] [--receivers=1,2,3]
-//                           [MiB...]
+//   weights_transport_bench [--rounds=N] [--serial] [--piece-kib=K]
+//                           [--receivers=1,2,3] [MiB...]
 //       (defaults: 7 rounds, receivers 1,2,3, sizes 64 256 1024)
 //
 // This process is the sender in every row; every receiver is a separate
@@ -24,12 +24,13 @@
 //           same with the segment made before the clock starts, as for
 //           every worker after the first that pulls a version.
 //   gloo k  c10d ProcessGroupGloo broadcast (GlooWeightSender /
-//           GlooWeightReceiver) into StagingWeights, k receivers; buckets
-//           go in 4 MiB pieces (BroadcastGroupConfig.piece_bytes) and a
-//           receiver checksums each piece while the next one arrives.
+//           GlooWeightReceiver) into StagingWeights, k receivers; a
+//           receiver checksums each bucket (or piece, --piece-kib=K: the
+//           sender's BroadcastGroupConfig.piece_bytes, whole buckets by
+//           default) while the next one arrives.
 //   gloo 1, serial checksums (--serial): the same with 1 receiver, whole
 //           64 MiB buckets, each checksummed before the next is asked for:
-//           the transport as it was before pieces and the overlap.
+//           the transport as it was before the overlap.
 // Each transfer under test runs paired with its own socket copy: after two
 // untimed versions of each, N rounds alternate the two (socket first in
 // even rounds, last in odd ones), and each round gives the ratio (socket
@@ -78,6 +79,9 @@ using Clock = std::chrono::steady_clock;
 
 constexpr uint64_t kBucketBytes = 64ull << 20;
 constexpr int kWarmupVersions = 2;
+
+// Gloo's BroadcastGroupConfig.piece_bytes in the non-serial columns.
+uint64_t g_piece_bytes = BroadcastGroupConfig{}.piece_bytes;
 
 double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -422,7 +426,8 @@ class GlooColumn : public Column {
     c.world_size = receivers + 1;
     c.key_prefix = "bench";
     c.timeout = absl::Seconds(300);
-    if (serial) c.piece_bytes = 0;  // whole buckets
+    // Whole buckets for the serial column; --piece-kib for the others.
+    c.piece_bytes = serial ? 0 : g_piece_bytes;
     auto group = GlooBroadcastGroup::Create(c, store_.get());
     if (!group.ok()) Die(group.status().ToString());
     group_ = *std::move(group);
@@ -613,6 +618,12 @@ int main(int argc, char** argv) {
       }
     } else if (arg == "--serial") {
       serial = true;
+    } else if (arg.substr(0, 12) == "--piece-kib=") {
+      uint64_t kib = 0;
+      if (!absl::SimpleAtoi(arg.substr(12), &kib) || kib > (1u << 20)) {
+        Die(absl::StrCat("--piece-kib: bad value '", arg.substr(12), "'"));
+      }
+      g_piece_bytes = kib << 10;
     } else if (arg.substr(0, 12) == "--receivers=") {
       receivers.clear();
       for (absl::string_view k : absl::StrSplit(arg.substr(12), ',')) {
@@ -626,7 +637,7 @@ int main(int argc, char** argv) {
       sizes.push_back(mib);
     } else {
       Die(absl::StrCat("bad argument '", arg,
-                       "': expected --rounds=N, --serial, --receivers=1,2,3 or a size in "
+                       "': expected --rounds=N, --serial, --piece-kib=K, --receivers=1,2,3 or a size in "
                        "MiB (1..1024)"));
     }
   }
