@@ -25,6 +25,7 @@
 #include "services/coordinator/coordinator.h"
 #include "services/rollout/weight_subscriber.h"
 #include "tests/unit/model_test_util.h"
+#include "tests/unit/weight_server_test_util.h"
 
 // Last: glog (through LibTorch) defines a CHECK macro of its own.
 #include <catch2/catch.hpp>
@@ -102,21 +103,11 @@ class OutsideGroup {
         coordinator_->grpc_address(), grpc::InsecureChannelCredentials()));
     trainer_id_ = Register(v1::ROLE_TRAINER);
     worker_id_ = Register(v1::ROLE_ROLLOUT);
-
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                             &port);
-    builder.RegisterService(&service_);
-    server_ = builder.BuildAndStart();
-    REQUIRE(server_ != nullptr);
-    weight_server_ = absl::StrCat("127.0.0.1:", port);
   }
 
   ~OutsideGroup() {
     if (subscriber_ != nullptr) subscriber_->Stop();
     if (watcher_ != nullptr) watcher_->Stop();
-    server_->Shutdown();
     coordinator_->Stop();
   }
 
@@ -136,7 +127,7 @@ class OutsideGroup {
     v1::PublishPolicyVersionRequest request;
     request.set_member_id(trainer_id_);
     *request.mutable_manifest() = manifests_.at(version);
-    request.set_weight_server_address(weight_server_);
+    request.set_weight_server_address(server_.address());
     v1::PublishPolicyVersionResponse response;
     grpc::ClientContext context;
     REQUIRE(stub_->PublishPolicyVersion(&context, request, &response).ok());
@@ -194,9 +185,7 @@ class OutsideGroup {
   SilentPort store_port_;
   std::string trainer_id_, worker_id_;
   weights::WeightStore store_{4};
-  weights::WeightServerService service_{&store_, {}};
-  std::unique_ptr<grpc::Server> server_;
-  std::string weight_server_;
+  weights::testing::WeightServerLoopback server_{&store_};
   const model::ModelConfig model_config_ =
       model::testing::TinyQwen2Config();
   std::map<uint64_t, v1::WeightManifest> manifests_;

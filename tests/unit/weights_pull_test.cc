@@ -21,6 +21,7 @@
 #include "kernels/anchor_policy.h"
 #include "kernels/bf16_change.h"
 #include "kernels/bf16_delta.h"
+#include "weight_server_test_util.h"
 #include "weights_test_util.h"
 
 namespace tandem::weights {
@@ -73,28 +74,15 @@ class Publisher {
 class Loopback {
  public:
   explicit Loopback(WeightServerOptions options = {})
-      : service_(&store_, options) {
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                             &port);
-    builder.RegisterService(&service_);
-    server_ = builder.BuildAndStart();
-    REQUIRE(server_ != nullptr);
-    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                   grpc::InsecureChannelCredentials());
-  }
-  ~Loopback() { server_->Shutdown(); }
+      : server_(&store_, options) {}
 
   WeightStore& store() { return store_; }
-  WeightServerService& service() { return service_; }
-  std::shared_ptr<grpc::Channel> channel() { return channel_; }
+  WeightServerService& service() { return server_.service(); }
+  std::shared_ptr<grpc::Channel> channel() { return server_.channel(); }
 
  private:
   WeightStore store_{16};
-  WeightServerService service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::shared_ptr<grpc::Channel> channel_;
+  testing::WeightServerLoopback server_;
 };
 
 bool SameBytes(absl::Span<const uint8_t> a, const WeightBuffer& b) {

@@ -23,6 +23,7 @@
 #include "common/weights/shared_weight_segment.h"
 #include "common/weights/weight_server.h"
 #include "common/weights/weight_store.h"
+#include "weight_server_test_util.h"
 #include "weights_test_util.h"
 
 namespace tandem::weights {
@@ -48,29 +49,10 @@ std::vector<std::string> SegmentsOf(const std::string& stem) {
 
 // A weight server (shared memory on unless told otherwise) on a port-0
 // gRPC server over `store`, which must outlive it.
-class Server {
+class Server : public testing::WeightServerLoopback {
  public:
   Server(WeightStore* store, bool shared_memory = true)
-      : service_(store, {.shared_memory = shared_memory}) {
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                             &port);
-    builder.RegisterService(&service_);
-    server_ = builder.BuildAndStart();
-    REQUIRE(server_ != nullptr);
-    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                   grpc::InsecureChannelCredentials());
-  }
-  ~Server() { server_->Shutdown(); }
-
-  WeightServerService& service() { return service_; }
-  std::shared_ptr<grpc::Channel> channel() { return channel_; }
-
- private:
-  WeightServerService service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::shared_ptr<grpc::Channel> channel_;
+      : WeightServerLoopback(store, {.shared_memory = shared_memory}) {}
 };
 
 // Publishes random FULL versions (each its own anchor) like the trainer.
