@@ -71,6 +71,7 @@
 #include "common/weights/weight_server.h"
 #include "common/weights/weight_store.h"
 #include "kernels/crc32c.h"
+#include "tests/unit/weight_server_test_util.h"
 
 namespace tandem::weights {
 namespace {
@@ -359,23 +360,14 @@ class PullColumn : public Column {
              std::shared_ptr<const std::vector<uint8_t>> payload, bool raw,
              bool shm = false, bool premade = false)
       : manifest_(manifest), payload_(std::move(payload)), premade_(premade),
-        store_(shm ? 1 : 2), service_(&store_, {.shared_memory = shm}) {
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                             &port);
-    builder.RegisterService(&service_);
-    server_ = builder.BuildAndStart();
-    child_ = Spawn({"--child=pull", absl::StrCat("--port=", port),
+        store_(shm ? 1 : 2), server_(&store_, {.shared_memory = shm}) {
+    child_ = Spawn({"--child=pull", absl::StrCat("--port=", server_.port()),
                     absl::StrCat("--bytes=", payload_->size()),
                     absl::StrCat("--raw=", raw ? 1 : 0),
                     absl::StrCat("--shm=", shm ? 1 : 0)});
     Expect(child_, "ready");
   }
-  ~PullColumn() override {
-    Reap(child_);
-    server_->Shutdown();
-  }
+  ~PullColumn() override { Reap(child_); }
   double Round() override {
     const uint64_t version = ++version_;
     if (!store_.Put(WithVersion(manifest_, version), payload_).ok()) {
@@ -395,8 +387,7 @@ class PullColumn : public Column {
   const std::shared_ptr<const std::vector<uint8_t>> payload_;
   const bool premade_;
   WeightStore store_;
-  WeightServerService service_;
-  std::unique_ptr<grpc::Server> server_;
+  testing::WeightServerLoopback server_;
   Child child_;
   uint64_t version_ = 0;
 };

@@ -28,6 +28,7 @@ class WeightServerLoopback {
     builder.RegisterService(&service_);
     server_ = builder.BuildAndStart();
     if (server_ == nullptr) throw std::runtime_error("weight server failed");
+    port_ = port;
     address_ = absl::StrCat("127.0.0.1:", port);
     channel_ =
         grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
@@ -37,10 +38,12 @@ class WeightServerLoopback {
   WeightServerService& service() { return service_; }
   std::shared_ptr<grpc::Channel> channel() { return channel_; }
   const std::string& address() const { return address_; }
+  int port() const { return port_; }
 
  private:
   WeightServerService service_;
   std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
   std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
 };

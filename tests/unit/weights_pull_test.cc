@@ -91,6 +91,35 @@ bool SameBytes(absl::Span<const uint8_t> a, const WeightBuffer& b) {
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(20); }
 
+// One bf16 tensor of rows x cols in `bucket_bytes` buckets, filled from
+// `seed` and stored in `store` as FULL version 1.
+struct StoredVersion {
+  FlatWeightLayout layout;
+  WeightBuffer weights;
+};
+StoredVersion StoreOneTensorVersion(WeightStore& store, int64_t rows,
+                                    int64_t cols, uint64_t bucket_bytes,
+                                    uint64_t seed) {
+  auto layout = FlatWeightLayout::Create(
+      {{"model.embed_tokens.weight",
+        v1::DTYPE_BF16,
+        {rows, cols},
+        static_cast<uint64_t>(rows * cols * 2)}},
+      {.bucket_bytes = bucket_bytes, .alignment = 64});
+  REQUIRE(layout.ok());
+  std::mt19937_64 rng(seed);
+  WeightBuffer weights(layout->total_bytes());
+  testing::FillRandom(*layout, &weights, rng);
+  auto manifest = layout->BuildManifest(weights.span(), 1);
+  REQUIRE(manifest.ok());
+  REQUIRE(store
+              .Put(*manifest,
+                   std::make_shared<const Bytes>(
+                       weights.data(), weights.data() + weights.size()))
+              .ok());
+  return {*std::move(layout), std::move(weights)};
+}
+
 // Every stream went over the path the receiver was asked to use.
 void CheckPath(const GrpcPullReceiver& receiver, bool raw) {
   INFO("raw data path: " << raw);
@@ -222,25 +251,10 @@ TEST_CASE("A transfer that has begun is not cut by a short waiting deadline",
   // 64 MiB in 1 KiB gRPC messages takes far longer than the 50 ms the
   // caller waits for a version: the receiver must finish it rather than
   // return DeadlineExceeded and start over at its next call.
-  auto layout =
-      FlatWeightLayout::Create({{"model.embed_tokens.weight",
-                                 v1::DTYPE_BF16,
-                                 {8192, 4096},
-                                 8192 * 4096 * 2}},
-                               {.bucket_bytes = 4 << 20, .alignment = 64});
-  REQUIRE(layout.ok());
   Loopback loop;
-  std::mt19937_64 rng(5);
-  WeightBuffer weights(layout->total_bytes());
-  testing::FillRandom(*layout, &weights, rng);
-  auto manifest = layout->BuildManifest(weights.span(), 1);
-  REQUIRE(manifest.ok());
-  REQUIRE(
-      loop.store()
-          .Put(*manifest, std::make_shared<const Bytes>(
-                              weights.data(), weights.data() + weights.size()))
-          .ok());
-  auto staging = StagingWeights::Create(*layout, StagingMode::kDoubleBuffer);
+  const auto [layout, weights] =
+      StoreOneTensorVersion(loop.store(), 8192, 4096, 4 << 20, 5);
+  auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
   REQUIRE(staging.ok());
   GrpcPullReceiver receiver(loop.channel(),
                             {.chunk_bytes = 1024, .raw_data = false});
@@ -344,25 +358,10 @@ TEST_CASE(
 TEST_CASE("Interrupt during a transfer does not abort it", "[weights][pull]") {
   // 16 MiB in 1 KiB messages over FetchWeights: a transfer slow enough to
   // be interrupted many times while bytes arrive.
-  auto layout =
-      FlatWeightLayout::Create({{"model.embed_tokens.weight",
-                                 v1::DTYPE_BF16,
-                                 {4096, 2048},
-                                 4096 * 2048 * 2}},
-                               {.bucket_bytes = 1 << 20, .alignment = 64});
-  REQUIRE(layout.ok());
   Loopback loop;
-  std::mt19937_64 rng(11);
-  WeightBuffer weights(layout->total_bytes());
-  testing::FillRandom(*layout, &weights, rng);
-  auto manifest = layout->BuildManifest(weights.span(), 1);
-  REQUIRE(manifest.ok());
-  REQUIRE(
-      loop.store()
-          .Put(*manifest, std::make_shared<const Bytes>(
-                              weights.data(), weights.data() + weights.size()))
-          .ok());
-  auto staging = StagingWeights::Create(*layout, StagingMode::kDoubleBuffer);
+  const auto [layout, weights] =
+      StoreOneTensorVersion(loop.store(), 4096, 2048, 1 << 20, 11);
+  auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
   REQUIRE(staging.ok());
   GrpcPullReceiver receiver(loop.channel(),
                             {.chunk_bytes = 1024, .raw_data = false});
@@ -377,7 +376,7 @@ TEST_CASE("Interrupt during a transfer does not abort it", "[weights][pull]") {
   int interrupts = 0;
   while (!done) {
     const uint64_t bytes = receiver.stats().bytes;
-    if (bytes > 0 && bytes < layout->total_bytes()) {
+    if (bytes > 0 && bytes < layout.total_bytes()) {
       receiver.Interrupt();
       ++interrupts;
     }
