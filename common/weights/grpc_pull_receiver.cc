@@ -647,6 +647,7 @@ absl::Status GrpcPullReceiver::Fetch(StagingWeights* staging,
   uint64_t offset = 0;
   std::vector<uint8_t> delta;
   int failures = 0;
+  bool asked_shm = false, offered_shm = false;
   for (;;) {
     const uint32_t bucket_before = bucket;
     const uint64_t offset_before = offset;
@@ -658,6 +659,7 @@ absl::Status GrpcPullReceiver::Fetch(StagingWeights* staging,
       absl::MutexLock lock(&mu_);
       ask_shm = !shm_off_;
     }
+    asked_shm = asked_shm || ask_shm;
     std::optional<v1::SharedWeightSegment>* want = ask_shm ? &segment : nullptr;
     if (options_.raw_data) {
       s = ReadRawStream(staging, manifest, deadline, &bucket, &offset, &delta,
@@ -668,6 +670,7 @@ absl::Status GrpcPullReceiver::Fetch(StagingWeights* staging,
                      want);
     }
     if (s.ok() && segment.has_value()) {
+      offered_shm = true;
       bool opened = false;
       s = CopySharedSegment(staging, manifest, *segment, deadline, &bucket,
                             &offset, &opened);
@@ -681,6 +684,8 @@ absl::Status GrpcPullReceiver::Fetch(StagingWeights* staging,
         absl::MutexLock lock(&mu_);
         shm_off_ = true;
         ++stats_.shm_fallbacks;
+        ++(absl::IsFailedPrecondition(s) ? stats_.shm_mismatches
+                                         : stats_.shm_open_failures);
         continue;
       }
       if (s.ok()) {
@@ -714,6 +719,7 @@ absl::Status GrpcPullReceiver::Fetch(StagingWeights* staging,
   }
   absl::MutexLock lock(&mu_);
   ++stats_.versions;
+  if (asked_shm && !offered_shm) ++stats_.shm_not_offered;
   return absl::OkStatus();
 }
 

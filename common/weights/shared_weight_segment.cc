@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -74,6 +75,19 @@ SharedWeightSegment::Create(const std::string& name, uint64_t policy_version,
                           S_IRUSR | S_IWUSR | S_IRGRP | S_IROTH);
   if (fd < 0) return absl::UnavailableError(ErrnoText("shm_open", name));
   const uint64_t size = kSegmentHeaderBytes + payload.size();
+  // A /dev/shm that cannot hold the segment fails before any byte is
+  // written: a store that shares every version at publish (kAtPut) would
+  // otherwise fill it up to the limit each time, only to fail.
+  struct statvfs fs {};
+  if (fstatvfs(fd, &fs) == 0 &&
+      static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize < size) {
+    close(fd);
+    shm_unlink(name.c_str());
+    return absl::ResourceExhaustedError(
+        absl::StrCat("shared memory ", name, ": ", size, " bytes needed, ",
+                     static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize,
+                     " available in the shm mount"));
+  }
   SegmentHeader header{};
   std::memcpy(header.magic, kSegmentMagic, sizeof(kSegmentMagic));
   header.policy_version = policy_version;

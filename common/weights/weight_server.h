@@ -43,8 +43,8 @@
 //
 // Shared-memory path (same host). A request with shared_memory set for a
 // FULL payload, to a service with options.shared_memory, is answered with
-// the payload's shared-memory segment (WeightStore::SharedFull, made on the
-// first such request for the version) instead of the bytes: on gRPC one
+// the payload's shared-memory segment (WeightStore::SharedFull) instead of
+// the bytes: on gRPC one
 // WeightChunk with shared_memory set and no data; on the raw path one
 // RawChunkHeader with kRawSharedSegment set, `size` bytes of a serialized
 // SharedWeightSegment (crc32c its CRC-32C), then the connection ends. The
@@ -52,9 +52,11 @@
 // that cannot open it asks again without shared_memory. When no segment
 // can be made (e.g. /dev/shm full) the bytes are streamed as usual. The
 // service removes stale segments of dead processes when it starts and the
-// store's segments when it is destroyed. The first request for a version
-// copies its payload into the segment on the thread that serves it (for
-// FetchWeights, the reactor's callback thread: one copy per version).
+// store's segments when it is destroyed. Who copies the payload into the
+// segment is the store's mode: kAtPut (the trainer) copies at publish, on
+// the publisher's thread, so serving an offer copies nothing; kOnRequest
+// copies on the first request for a version, on the thread that serves it
+// (for FetchWeights, the reactor's callback thread: one copy per version).
 //
 // Thread-safety: all methods may be called concurrently. Chunks are built
 // (one memcpy and CRC of <= 1 MiB) on the reactor's callback thread; the

@@ -8,41 +8,83 @@
 
 namespace tandem::weights {
 
-WeightStore::WeightStore(size_t retain_versions)
+WeightStore::WeightStore(size_t retain_versions, SharedMemory shared_memory)
     : retain_(std::max<size_t>(retain_versions, 1)),
+      shared_memory_(shared_memory),
       segment_stem_(SharedWeightSegment::NewNameStem()) {}
+
+absl::StatusOr<std::shared_ptr<const SharedWeightSegment>>
+WeightStore::MakeSegment(const StoredPayload& payload) const {
+  const uint64_t v = payload.manifest.policy_version();
+  absl::StatusOr<std::unique_ptr<SharedWeightSegment>> made =
+      SharedWeightSegment::Create(
+          absl::StrCat(segment_stem_, "-v", v), v,
+          {payload.bytes->data(), payload.bytes->size()});
+  if (!made.ok()) return made.status();
+  return std::shared_ptr<const SharedWeightSegment>(*std::move(made));
+}
 
 absl::Status WeightStore::Put(
     const v1::WeightManifest& manifest,
     std::shared_ptr<const std::vector<uint8_t>> bytes) {
   if (bytes == nullptr) return absl::InvalidArgumentError("null payload");
   const uint64_t v = manifest.policy_version();
-  if (manifest.kind() == v1::WEIGHT_PAYLOAD_KIND_FULL &&
+  const v1::WeightPayloadKind kind = manifest.kind();
+  if (kind != v1::WEIGHT_PAYLOAD_KIND_FULL &&
+      kind != v1::WEIGHT_PAYLOAD_KIND_DELTA) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weights v", v, ": payload kind unspecified"));
+  }
+  if (kind == v1::WEIGHT_PAYLOAD_KIND_FULL &&
       bytes->size() != manifest.total_bytes()) {
     return absl::InvalidArgumentError(
         absl::StrCat("weights v", v, ": full payload is ", bytes->size(),
                      " bytes, manifest says ", manifest.total_bytes()));
   }
+  // Segments dropped here are unlinked after mu_ is released (`unlink` is
+  // destroyed after the locks below).
+  std::vector<std::shared_ptr<const SharedWeightSegment>> unlink;
+  const bool share = shared_memory_ == SharedMemory::kAtPut &&
+                     kind == v1::WEIGHT_PAYLOAD_KIND_FULL;
+  absl::MutexLockMaybe share_lock(share ? &share_mu_ : nullptr);
+  std::shared_ptr<const SharedWeightSegment> segment;
+  absl::Status share_error;
+  if (share) {
+    {
+      // A FULL payload put again for the same version: its old segment
+      // holds the name, so it goes first (readers stream meanwhile).
+      absl::MutexLock lock(&mu_);
+      auto it = versions_.find(v);
+      if (it != versions_.end() && it->second.segment != nullptr) {
+        unlink.push_back(std::move(it->second.segment));
+      }
+    }
+    unlink.clear();
+    // The copy, without mu_: readers of other versions do not wait.
+    absl::StatusOr<std::shared_ptr<const SharedWeightSegment>> made =
+        MakeSegment(StoredPayload{manifest, bytes});
+    if (made.ok()) {
+      segment = *std::move(made);
+    } else {
+      share_error = made.status();
+    }
+  }
   absl::MutexLock lock(&mu_);
   Entry& entry = versions_[v];
-  switch (manifest.kind()) {
-    case v1::WEIGHT_PAYLOAD_KIND_FULL:
-      entry.full = StoredPayload{manifest, std::move(bytes)};
-      entry.segment.reset();
-      break;
-    case v1::WEIGHT_PAYLOAD_KIND_DELTA:
-      entry.delta = StoredPayload{manifest, std::move(bytes)};
-      break;
-    default:
-      versions_.erase(v);
-      return absl::InvalidArgumentError(
-          absl::StrCat("weights v", v, ": payload kind unspecified"));
+  if (kind == v1::WEIGHT_PAYLOAD_KIND_FULL) {
+    entry.full = StoredPayload{manifest, std::move(bytes)};
+    if (entry.segment != nullptr) unlink.push_back(std::move(entry.segment));
+    entry.segment = std::move(segment);
+    entry.share_error = share_error;
+  } else {
+    entry.delta = StoredPayload{manifest, std::move(bytes)};
   }
-  Evict();
+  Evict(&unlink);
   return absl::OkStatus();
 }
 
-void WeightStore::Evict() {
+void WeightStore::Evict(
+    std::vector<std::shared_ptr<const SharedWeightSegment>>* unlink) {
   if (versions_.empty()) return;
   // The newest anchor: the highest version holding a full payload at or
   // below the latest version's anchor_version.
@@ -51,12 +93,30 @@ void WeightStore::Evict() {
       latest.full ? latest.full->manifest : latest.delta->manifest;
   const uint64_t anchor = m.anchor_version();
   const uint64_t newest = versions_.rbegin()->first;
+  // kAtPut keeps the segments of the newest kSharedFullVersions FULL
+  // versions (the oldest of them is `oldest_shared`) and of the anchor.
+  uint64_t oldest_shared = newest + 1;
+  size_t full_seen = 0;
+  for (auto it = versions_.rbegin();
+       it != versions_.rend() && full_seen < kSharedFullVersions; ++it) {
+    if (it->second.full) {
+      oldest_shared = it->first;
+      ++full_seen;
+    }
+  }
   for (auto it = versions_.begin(); it != versions_.end();) {
+    Entry& entry = it->second;
     const bool old = newest - it->first >= retain_;
+    const bool keep_segment = shared_memory_ == SharedMemory::kOnRequest ||
+                              it->first >= oldest_shared || it->first == anchor;
+    if (entry.segment != nullptr &&
+        (!keep_segment || (old && it->first != anchor))) {
+      unlink->push_back(std::move(entry.segment));
+    }
     if (old && it->first != anchor) {
       it = versions_.erase(it);
     } else if (old && it->first == anchor) {
-      it->second.delta.reset();  // keep only the anchor's full copy
+      entry.delta.reset();  // keep only the anchor's full copy
       ++it;
     } else {
       ++it;
@@ -109,6 +169,20 @@ absl::StatusOr<v1::WeightManifest> WeightStore::Manifest(
 
 absl::StatusOr<std::shared_ptr<const SharedWeightSegment>>
 WeightStore::SharedFull(uint64_t version) const {
+  if (shared_memory_ == SharedMemory::kAtPut) {
+    absl::MutexLock lock(&mu_);
+    if (version == 0 && !versions_.empty()) version = versions_.rbegin()->first;
+    auto it = versions_.find(version);
+    if (it == versions_.end() || !it->second.full) {
+      return absl::NotFoundError(
+          absl::StrCat("weights v", version, " is not retained as FULL"));
+    }
+    if (it->second.segment != nullptr) return it->second.segment;
+    if (!it->second.share_error.ok()) return it->second.share_error;
+    return absl::NotFoundError(absl::StrCat(
+        "weights v", version, " is not kept in shared memory (only the newest ",
+        kSharedFullVersions, " full versions and the newest anchor are)"));
+  }
   absl::MutexLock create_lock(&share_mu_);
   StoredPayload payload;
   {

@@ -10,11 +10,26 @@
 // Thread-safe. Payloads are immutable and shared, so readers keep streaming
 // a version even after it is evicted.
 //
-// Same-host path: SharedFull() copies a FULL payload once into a
-// shared-memory segment (shared_weight_segment.h) that workers on this host
-// map. The segment lives while the version's FULL payload is retained: it is
-// unlinked when that payload is evicted or replaced, by
-// DropSharedSegments(), and when the store is destroyed.
+// Same-host path: a FULL payload can be offered to workers on this host as
+// a shared-memory segment (shared_weight_segment.h) that they map. How the
+// segment is made depends on the store's SharedMemory mode:
+//   kOnRequest (default): SharedFull() copies the payload into a segment on
+//     the first call for a version, on the caller's thread (for the weight
+//     server, the thread that serves the request).
+//   kAtPut (the trainer with weight_sync.shared_memory): Put() makes the
+//     segment of every FULL payload on the publisher's thread, before the
+//     version becomes visible, so SharedFull() never copies: it returns the
+//     segment made at Put, the error that making it met (e.g.
+//     ResourceExhausted for a full /dev/shm), or NotFound. To bound
+//     /dev/shm, only the newest kSharedFullVersions FULL versions and the
+//     newest anchor keep their segments (catch-up pulls fetch the latest
+//     version or the anchor in full; the second newest covers a worker
+//     that read the manifest just before the next publish); an older FULL
+//     version is streamed.
+// Either way a segment lives at most as long as its version's FULL payload
+// is retained: it is unlinked when that payload is evicted or replaced, by
+// DropSharedSegments(), and when the store is destroyed. A reader that has
+// mapped a segment keeps reading the same bytes after the unlink.
 
 #include <cstdint>
 #include <map>
@@ -39,13 +54,22 @@ struct StoredPayload {
 
 class WeightStore {
  public:
+  enum class SharedMemory { kOnRequest, kAtPut };
+  // kAtPut: how many of the newest FULL versions keep their segments
+  // (besides the newest anchor).
+  static constexpr size_t kSharedFullVersions = 2;
+
   // Keeps payloads of the newest `retain_versions` versions (>= 1), and
   // always the FULL payload of the newest anchor so that deltas after it
-  // stay usable.
-  explicit WeightStore(size_t retain_versions = 8);
+  // stay usable. `shared_memory`: when segments are made (see above).
+  explicit WeightStore(size_t retain_versions = 8,
+                       SharedMemory shared_memory = SharedMemory::kOnRequest);
 
   // Adds a payload; manifest.kind() says which. InvalidArgument for an
   // unspecified kind or a FULL payload whose size is not total_bytes.
+  // kAtPut: a FULL payload is first copied into its segment here (one copy
+  // of the payload); a segment that cannot be made does not fail the Put
+  // (SharedFull reports why, and the payload is streamed instead).
   absl::Status Put(const v1::WeightManifest& manifest,
                    std::shared_ptr<const std::vector<uint8_t>> bytes);
 
@@ -62,14 +86,17 @@ class WeightStore {
   absl::StatusOr<v1::WeightManifest> Manifest(uint64_t version) const;
 
   // The shared-memory segment holding the FULL payload of `version`
-  // (0 = latest), created on the first call. NotFound when no FULL payload
-  // of it is retained; the creation's error (e.g. ResourceExhausted for a
-  // full /dev/shm) otherwise. Const: a segment is a cached copy of a
-  // stored payload, not part of what the store holds.
+  // (0 = latest). kOnRequest: created on the first call. kAtPut: the one
+  // Put made, never a new copy. NotFound when no FULL payload of it is
+  // retained (kAtPut: or it keeps no segment); the creation's error (e.g.
+  // ResourceExhausted for a full /dev/shm) otherwise. Const: a segment is a
+  // copy of a stored payload, not part of what the store holds.
   absl::StatusOr<std::shared_ptr<const SharedWeightSegment>> SharedFull(
       uint64_t version) const;
-  // Unlinks every segment (they are made again on demand).
+  // Unlinks every segment (kOnRequest: they are made again on demand;
+  // kAtPut: later Puts make new ones).
   void DropSharedSegments() const;
+  SharedMemory shared_memory() const { return shared_memory_; }
   // The segments' name stem ("/tandem-w-<pid>-<pidns>-<random>").
   const std::string& segment_name_stem() const { return segment_stem_; }
 
@@ -77,15 +104,24 @@ class WeightStore {
   struct Entry {
     std::optional<StoredPayload> full;
     std::optional<StoredPayload> delta;
-    // SharedFull's copy of `full`; reset whenever `full` changes.
+    // The segment holding a copy of `full`; reset whenever `full` changes.
     mutable std::shared_ptr<const SharedWeightSegment> segment;
+    // kAtPut: why Put could not make `segment` (OK otherwise).
+    absl::Status share_error;
   };
-  void Evict() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes what is no longer retained; segments it drops are moved to
+  // `unlink`, to be destroyed (unlinked) after mu_ is released.
+  void Evict(std::vector<std::shared_ptr<const SharedWeightSegment>>* unlink)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // kAtPut: copies `payload` into a new segment for its version.
+  absl::StatusOr<std::shared_ptr<const SharedWeightSegment>> MakeSegment(
+      const StoredPayload& payload) const;
 
   const size_t retain_;
+  const SharedMemory shared_memory_;
   const std::string segment_stem_;
   // Serializes segment creation (a copy of the payload) without holding
-  // mu_, so Put() and readers do not wait for it.
+  // mu_, so readers do not wait for it (kAtPut: serializes FULL Puts).
   mutable absl::Mutex share_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   std::map<uint64_t, Entry> versions_ ABSL_GUARDED_BY(mu_);

@@ -22,6 +22,18 @@ const char* DirectionName(SyncDirection d) {
   return d == SyncDirection::kSent ? "sent" : "received";
 }
 
+const char* ShmFallbackReasonName(ShmFallbackReason reason) {
+  switch (reason) {
+    case ShmFallbackReason::kNotOffered:
+      return "not_offered";
+    case ShmFallbackReason::kOpenFailed:
+      return "open_failed";
+    case ShmFallbackReason::kMismatch:
+      return "mismatch";
+  }
+  return "not_offered";
+}
+
 }  // namespace
 
 const char* SyncTransportName(SyncTransport transport) {
@@ -107,6 +119,16 @@ WeightSyncMetrics::WeightSyncMetrics(prometheus::Registry& registry)
               .Help("Changed fraction of the 16-bit weight words between "
                     "consecutive published versions (bf16 change "
                     "detection).")
+              .Register(registry)),
+      shm_fallbacks_(
+          prometheus::BuildCounter()
+              .Name("tandem_weight_sync_shm_fallbacks_total")
+              .Help("Full versions a worker asked for in shared memory that "
+                    "came over a socket instead, by reason: not_offered (no "
+                    "segment offered), open_failed (the offered segment "
+                    "cannot be opened here: another host or IPC "
+                    "namespace), mismatch (a same-named object that is not "
+                    "the one offered).")
               .Register(registry)) {}
 
 void WeightSyncMetrics::RecordVersion(SyncDirection direction,
@@ -160,6 +182,12 @@ void WeightSyncMetrics::RecordPublishToLive(double seconds) {
 void WeightSyncMetrics::SetEpoch(uint64_t epoch, int receivers) {
   epoch_.Set(static_cast<double>(epoch));
   receivers_.Set(receivers);
+}
+
+void WeightSyncMetrics::RecordShmFallbacks(ShmFallbackReason reason,
+                                           double count) {
+  shm_fallbacks_.Add({{"reason", ShmFallbackReasonName(reason)}})
+      .Increment(count);
 }
 
 }  // namespace tandem::weights

@@ -19,6 +19,14 @@
 //   tandem_weight_sync_published_payloads_total{kind}          counter
 //   tandem_weight_sync_published_bytes_total{kind}             counter
 //   tandem_weight_sync_delta_density                           histogram
+//   tandem_weight_sync_shm_fallbacks_total{reason}             counter
+//
+// shm fallback reasons (worker side: a FULL version asked for in shared
+// memory that came over a socket instead): "not_offered" (the server
+// offered no segment: its shared memory is off, /dev/shm is full, or the
+// version is not kept in one), "open_failed" (the offered segment could
+// not be opened here: another host or IPC namespace), "mismatch" (an
+// object of that name is here but is not the one offered).
 //
 // Thread-safe (prometheus-cpp metrics are).
 
@@ -33,6 +41,7 @@ namespace tandem::weights {
 
 enum class SyncTransport { kBroadcast, kPull, kShm };
 enum class SyncDirection { kSent, kReceived };
+enum class ShmFallbackReason { kNotOffered, kOpenFailed, kMismatch };
 
 const char* SyncTransportName(SyncTransport transport);
 
@@ -63,6 +72,9 @@ class WeightSyncMetrics {
   // version in (live) at a step boundary.
   void RecordPublishToLive(double seconds);
   void SetEpoch(uint64_t epoch, int receivers);
+  // Worker side: `count` FULL versions that were asked for in shared
+  // memory came over a socket, for `reason`.
+  void RecordShmFallbacks(ShmFallbackReason reason, double count = 1);
 
  private:
   prometheus::Family<prometheus::Counter>& bytes_;
@@ -77,6 +89,7 @@ class WeightSyncMetrics {
   prometheus::Family<prometheus::Counter>& published_payloads_;
   prometheus::Family<prometheus::Counter>& published_bytes_;
   prometheus::Family<prometheus::Histogram>& delta_density_;
+  prometheus::Family<prometheus::Counter>& shm_fallbacks_;
 };
 
 }  // namespace tandem::weights

@@ -399,12 +399,28 @@ void WeightSubscriber::PullOnce(const std::string& address,
   }
   const absl::Time start = absl::Now();
   const uint64_t bytes_before = staging_->stats().bytes_received;
-  const uint64_t shm_before = pull_->stats().shm_versions;
+  const weights::PullStats before = pull_->stats();
   absl::StatusOr<uint64_t> version =
       pull_->ReceiveNext(staging_.get(), deadline);
+  const weights::PullStats after = pull_->stats();
+  if (options_.metrics != nullptr) {
+    auto fallbacks = [&](weights::ShmFallbackReason reason, uint64_t was,
+                         uint64_t now) {
+      if (now > was) {
+        options_.metrics->RecordShmFallbacks(reason,
+                                             static_cast<double>(now - was));
+      }
+    };
+    fallbacks(weights::ShmFallbackReason::kNotOffered, before.shm_not_offered,
+              after.shm_not_offered);
+    fallbacks(weights::ShmFallbackReason::kOpenFailed, before.shm_open_failures,
+              after.shm_open_failures);
+    fallbacks(weights::ShmFallbackReason::kMismatch, before.shm_mismatches,
+              after.shm_mismatches);
+  }
   if (version.ok()) {
     Deliver(*version,
-            pull_->stats().shm_versions > shm_before
+            after.shm_versions > before.shm_versions
                 ? weights::SyncTransport::kShm
                 : weights::SyncTransport::kPull,
             start, bytes_before);

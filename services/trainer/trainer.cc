@@ -123,7 +123,13 @@ Trainer::Trainer(const TrainerConfig& config)
                                  "evaluation.")
                            .Register(*registry_)
                            .Add({})),
-      step_metrics_(*registry_) {}
+      step_metrics_(*registry_),
+      // With shared memory on, each FULL version is copied into its
+      // /dev/shm segment when it is published (on the training thread), so
+      // serving a same-host pull copies nothing (weight_store.h).
+      store_(4, config.weight_shared_memory
+                    ? weights::WeightStore::SharedMemory::kAtPut
+                    : weights::WeightStore::SharedMemory::kOnRequest) {}
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const TrainerConfig& config) {

@@ -23,9 +23,9 @@
 #include "common/weights/broadcast_sender.h"
 #include "common/weights/delta_publisher.h"
 #include "common/weights/flat_weight_layout.h"
-#include "common/weights/weight_sync_metrics.h"
 #include "common/weights/weight_server.h"
 #include "common/weights/weight_store.h"
+#include "common/weights/weight_sync_metrics.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
@@ -79,8 +79,7 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
   // chose one); the first half of Publish. Returns the payloads.
   absl::StatusOr<weights::PublishedVersion> StoreVersion(uint64_t version);
   // The current policy converted to the dtype rollout workers hold.
-  absl::StatusOr<std::shared_ptr<model::ModelWeights>> PublishedWeights()
-      const;
+  absl::StatusOr<std::shared_ptr<model::ModelWeights>> PublishedWeights() const;
   // Weight broadcast outcome (sender thread): metrics, and a failed
   // collective is reported to the coordinator, which forms the next epoch
   // without the dead member; the version is then re-sent in it.
@@ -128,7 +127,9 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
   std::unique_ptr<weights::FlatWeightLayout> layout_;
   // Full anchor or sparse delta per version (training thread only).
   std::optional<weights::DeltaPublisher> delta_publisher_;
-  weights::WeightStore store_{4};
+  // Retains 4 versions; shares FULL ones in /dev/shm at publish when
+  // weight_sync.shared_memory is on.
+  weights::WeightStore store_;
   std::unique_ptr<weights::WeightServerService> weight_server_;
   // Broadcast of each version to the current epoch's group (null when
   // weight_sync.broadcast is off).

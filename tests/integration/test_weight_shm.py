@@ -9,7 +9,14 @@ while no full payload is streamed, the worker ends on the trainer's weights
 trainer's own (named after its pid). A trainer killed with -9 leaves its
 segments behind; the restarted trainer removes them.
 
-The tests share one cluster and run in the order of their names."""
+WeightShmNotOfferedTest: a second cluster whose trainer keeps shared memory
+off (its default). The worker asks for every full version in shared memory,
+gets it over the socket, and counts each as
+tandem_weight_sync_shm_fallbacks_total{reason="not_offered"}, which a real
+Prometheus server scrapes from its /metrics.
+
+The tests of a class share one cluster and run in the order of their
+names."""
 
 import os
 import signal
@@ -24,7 +31,7 @@ from harness import metric_sum, scrape_metrics  # noqa: E402
 as_int = harness.as_int
 
 
-def write_configs(directory):
+def write_configs(directory, trainer_shm=True):
     harness.write_files(directory, {
         "coordinator.yaml": """heartbeat_interval_ms: 200
 heartbeat_timeout_ms: 1500
@@ -39,7 +46,7 @@ weight_sync:
         "trainer.yaml": f"""checkpoint_dir: {directory}/checkpoints
 weight_sync:
   broadcast: false
-  shared_memory: true
+  shared_memory: {"true" if trainer_shm else "false"}
 """,
         "verifier.yaml": "worker_threads: 1\n",
     })
@@ -137,6 +144,9 @@ class WeightShmTest(unittest.TestCase):
         self.assertGreater(shm, 0)
         # The worker counts them under transport "shm" too.
         self.assertEqual(got_shm, got)
+        # And fell back for none of them.
+        self.assertEqual(
+            metric_sum(received, "tandem_weight_sync_shm_fallbacks_total"), 0)
         # The retained versions' segments exist, named after the trainer.
         self.assertTrue(segments_of(trainer_info["pid"]))
 
@@ -161,6 +171,93 @@ class WeightShmTest(unittest.TestCase):
             as_int(harness.cluster_status(self.coordinator),
                    "policyVersion") + 1)
         self.assertEqual(w["weightsDigest"], status["weightsDigest"])
+
+
+class WeightShmNotOfferedTest(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.config_dir = tempfile.mkdtemp(prefix="tandem-shm-off-config-")
+        write_configs(cls.config_dir, trainer_shm=False)
+        cls.launcher = harness.Launcher(rollout_workers=1,
+                                        config_dir=cls.config_dir)
+        cls.prometheus = None
+        try:
+            cls.ready = cls.launcher.wait_all_ready()
+            cls.coordinator = cls.ready["coordinator"]["grpc_address"]
+            cls.prometheus = harness.Prometheus({
+                "rollout": cls.launcher.ready("rollout-0")["metrics_address"]})
+        except BaseException:
+            cls.tearDownClass()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.prometheus:
+            cls.prometheus.stop()
+        trainer = cls.launcher.ready("trainer")
+        cls.launcher.shutdown(cls.config_dir)
+        if trainer:
+            assert not segments_of(trainer["pid"]), segments_of(trainer["pid"])
+
+    def dump(self):
+        for name in ("coordinator", "trainer", "rollout-0"):
+            print(f"==== {name} log (tail)")
+            print(self.launcher.log(name)[-4000:])
+
+    def test_worker_counts_versions_not_offered_in_shared_memory(self):
+        try:
+            harness.wait_for(
+                lambda: as_int(harness.cluster_status(self.coordinator),
+                               "policyVersion") >= 3,
+                240, "policy version 3", interval=0.5)
+        except AssertionError:
+            self.dump()
+            raise
+        trainer = self.launcher.ready("trainer")
+        # The trainer made no segments.
+        self.assertEqual(segments_of(trainer["pid"]), [])
+        worker = self.launcher.ready("rollout-0")
+
+        # Prometheus sees the fallbacks, all of them for "not_offered".
+        last = {}
+
+        def scraped():
+            nonlocal last
+            result = self.prometheus.query(
+                "tandem_weight_sync_shm_fallbacks_total")
+            if not result:
+                return None
+            last = {r["metric"].get("reason", ""): float(r["value"][1])
+                    for r in result}
+            return last.get("not_offered", 0) >= 1
+        try:
+            harness.wait_for(scraped, 60, "Prometheus: shm fallbacks",
+                             interval=0.5)
+        except AssertionError:
+            self.dump()
+            self.fail(f"Prometheus returned {last} for "
+                      "tandem_weight_sync_shm_fallbacks_total")
+        self.assertEqual(set(last), {"not_offered"})
+
+        # On the worker, every full version it pulled is one fallback, and
+        # none came from shared memory.
+        text = scrape_metrics(worker["metrics_address"])
+        not_offered = metric_sum(text, "tandem_weight_sync_shm_fallbacks_total",
+                                 reason="not_offered")
+        pulled = metric_sum(text, "tandem_weight_sync_versions_total",
+                            direction="received", transport="pull")
+        deltas = metric_sum(text, "tandem_weight_sync_bytes_total",
+                            direction="received", kind="delta")
+        shm = metric_sum(text, "tandem_weight_sync_versions_total",
+                         direction="received", transport="shm")
+        print(f"worker pulled {int(pulled)} versions over the socket, "
+              f"{int(not_offered)} not offered in shared memory")
+        self.assertEqual(shm, 0)
+        self.assertEqual(deltas, 0)  # float32 weights: every version full
+        self.assertGreaterEqual(not_offered, 1)
+        # (A pull counts its fallback just before the version it delivers.)
+        self.assertIn(not_offered, (pulled, pulled + 1))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/weights/grpc_pull_receiver.h"
 #include "common/weights/shared_weight_segment.h"
 #include "common/weights/weight_server.h"
@@ -61,11 +62,12 @@ class FullPublisher {
   FullPublisher(const FlatWeightLayout& layout, WeightStore* store)
       : layout_(layout), store_(store), current_(layout.total_bytes()) {}
 
-  void Publish(uint64_t v) {
+  // `anchor`: the manifest's anchor_version (0: v itself).
+  void Publish(uint64_t v, uint64_t anchor = 0) {
     testing::FillRandom(layout_, &current_, rng_);
     auto manifest = layout_.BuildManifest(current_.span(), v);
     REQUIRE(manifest.ok());
-    manifest->set_anchor_version(v);
+    manifest->set_anchor_version(anchor == 0 ? v : anchor);
     REQUIRE(store_
                 ->Put(*manifest,
                       std::make_shared<const Bytes>(
@@ -186,6 +188,7 @@ TEST_CASE(
     CHECK(receiver.stats().shm_versions == 0);
     CHECK(server.service().stats().shm_offers == 0);
     CHECK(server.service().stats().bytes == layout.total_bytes());
+    CHECK(receiver.stats().shm_not_offered == 0);
     CHECK(SegmentsOf(store.segment_name_stem()).empty());
   }
   SECTION("the server does not offer") {
@@ -197,7 +200,12 @@ TEST_CASE(
     CHECK(SameBytes((*staging)->live().bytes, trainer.current()));
     CHECK(receiver.stats().shm_versions == 0);
     CHECK(receiver.stats().shm_fallbacks == 0);
+    CHECK(receiver.stats().shm_not_offered == 1);
     CHECK(server.service().stats().bytes == layout.total_bytes());
+    // Asked again for the next version: not offered again.
+    trainer.Publish(2);
+    ReceiveAndCommit(receiver, **staging, 2);
+    CHECK(receiver.stats().shm_not_offered == 2);
   }
   SECTION("the offered segment is not here, or is another one") {
     Server server(&store);
@@ -220,6 +228,9 @@ TEST_CASE(
     ReceiveAndCommit(receiver, **staging, 1);
     CHECK(SameBytes((*staging)->live().bytes, trainer.current()));
     CHECK(receiver.stats().shm_fallbacks == 1);
+    CHECK(receiver.stats().shm_mismatches == (impostor ? 1 : 0));
+    CHECK(receiver.stats().shm_open_failures == (impostor ? 0 : 1));
+    CHECK(receiver.stats().shm_not_offered == 0);
     CHECK(receiver.stats().shm_versions == 0);
     CHECK(server.service().stats().shm_offers == 1);
     CHECK(server.service().stats().bytes == layout.total_bytes());
@@ -229,6 +240,8 @@ TEST_CASE(
     CHECK(SameBytes((*staging)->live().bytes, trainer.current()));
     CHECK(server.service().stats().shm_offers == 1);
     CHECK(receiver.stats().shm_fallbacks == 1);
+    // The receiver stopped asking: nothing "not offered" either.
+    CHECK(receiver.stats().shm_not_offered == 0);
     if (impostor) unlink(path.c_str());
   }
 }
@@ -260,6 +273,152 @@ TEST_CASE(
   }
   // The store (the trainer's) lives on; the server's segments do not.
   CHECK(store.latest_version() == 3);
+  CHECK(SegmentsOf(stem).empty());
+}
+
+// ---- Segments made at publish (WeightStore::SharedMemory::kAtPut) ----
+
+using SharedMemory = WeightStore::SharedMemory;
+
+// The name of `stem`'s segment of version v, as listed in /dev/shm.
+std::string SegmentName(const std::string& stem, uint64_t v) {
+  return absl::StrCat(stem.substr(1), "-v", v);
+}
+
+TEST_CASE(
+    "Shared memory at publish: Put makes each full version's segment, "
+    "offers copy nothing, and workers get every version bit for bit",
+    "[weights][pull][shm]") {
+  const FlatWeightLayout layout = testing::SmallLayout();
+  WeightStore store(16, SharedMemory::kAtPut);
+  Server server(&store);
+  FullPublisher trainer(layout, &store);
+  auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  const bool raw = GENERATE(true, false);
+  INFO("offer over the raw data path: " << raw);
+  GrpcPullReceiver receiver(server.channel(), {.raw_data = raw});
+  const std::string stem = store.segment_name_stem();
+  constexpr uint64_t kVersions = 6;
+  for (uint64_t v = 1; v <= kVersions; ++v) {
+    trainer.Publish(v);
+    // Made by Put, before anyone asked; only the newest two are kept
+    // (each version is its own anchor here).
+    std::vector<std::string> kept = {SegmentName(stem, v)};
+    if (v > 1) kept.insert(kept.begin(), SegmentName(stem, v - 1));
+    CHECK(SegmentsOf(stem) == kept);
+    auto made = store.SharedFull(v);
+    REQUIRE(made.ok());
+    ReceiveAndCommit(receiver, **staging, v);
+    REQUIRE(SameBytes((*staging)->live().bytes, trainer.current()));
+    // The offer was the segment Put made, not a new copy.
+    auto offered = store.SharedFull(v);
+    REQUIRE(offered.ok());
+    CHECK(offered->get() == made->get());
+  }
+  const PullStats stats = receiver.stats();
+  CHECK(stats.shm_versions == kVersions);
+  CHECK(stats.shm_bytes == kVersions * layout.total_bytes());
+  CHECK(stats.shm_fallbacks == 0);
+  CHECK(stats.shm_not_offered == 0);
+  CHECK(server.service().stats().shm_offers == kVersions);
+  CHECK(server.service().stats().bytes == 0);  // nothing streamed
+}
+
+TEST_CASE(
+    "Shared memory at publish keeps the segments of the two newest full "
+    "versions and the newest anchor only, and never makes one on request",
+    "[weights][pull][shm]") {
+  const FlatWeightLayout layout = testing::SmallLayout();
+  WeightStore store(/*retain_versions=*/8, SharedMemory::kAtPut);
+  FullPublisher trainer(layout, &store);
+  const std::string stem = store.segment_name_stem();
+  trainer.Publish(1);     // an anchor
+  trainer.Publish(2, 1);  // full copies of versions after anchor 1
+  trainer.Publish(3, 1);
+  trainer.Publish(4, 1);
+  CHECK(SegmentsOf(stem) == std::vector<std::string>{SegmentName(stem, 1),
+                                                     SegmentName(stem, 3),
+                                                     SegmentName(stem, 4)});
+  // v2 is retained in full, but not in shared memory: NotFound, and asking
+  // does not make it (the weight server streams it instead).
+  REQUIRE(store.Get(2, v1::WEIGHT_PAYLOAD_KIND_FULL).ok());
+  auto v2 = store.SharedFull(2);
+  CHECK(absl::IsNotFound(v2.status()));
+  CHECK(SegmentsOf(stem).size() == 3);
+  trainer.Publish(5);  // a new anchor: anchor 1's segment goes too
+  CHECK(SegmentsOf(stem) ==
+        std::vector<std::string>{SegmentName(stem, 4), SegmentName(stem, 5)});
+  // The payload put again for the same version replaces its segment.
+  trainer.Publish(5);
+  CHECK(SegmentsOf(stem) ==
+        std::vector<std::string>{SegmentName(stem, 4), SegmentName(stem, 5)});
+  auto again = store.SharedFull(5);
+  REQUIRE(again.ok());
+  auto mapped =
+      MappedWeightSegment::Open((*again)->name(), (*again)->size(),
+                                (*again)->token(), 5, layout.total_bytes());
+  REQUIRE(mapped.ok());
+  CHECK(SameBytes((*mapped)->payload(), trainer.current()));
+}
+
+TEST_CASE(
+    "Shared memory at publish: segments are unlinked on eviction and on "
+    "shutdown, and a reader that mapped one keeps reading its bytes",
+    "[weights][pull][shm]") {
+  const FlatWeightLayout layout = testing::SmallLayout();
+  auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  std::string stem;
+  {
+    WeightStore store(/*retain_versions=*/2, SharedMemory::kAtPut);
+    stem = store.segment_name_stem();
+    FullPublisher trainer(layout, &store);
+    trainer.Publish(1);
+    const std::vector<uint8_t> v1_bytes(
+        trainer.current().data(),
+        trainer.current().data() + trainer.current().size());
+    // A reader maps v1 as a worker does after the offer ...
+    auto offer = store.SharedFull(1);
+    REQUIRE(offer.ok());
+    auto mapped =
+        MappedWeightSegment::Open((*offer)->name(), (*offer)->size(),
+                                  (*offer)->token(), 1, layout.total_bytes());
+    REQUIRE(mapped.ok());
+    offer = absl::NotFoundError("released");  // the server's reference
+    // ... then v2 and v3 are published: v1 is evicted (retain 2) and its
+    // segment unlinked.
+    trainer.Publish(2);
+    trainer.Publish(3);
+    CHECK(SegmentsOf(stem) ==
+          std::vector<std::string>{SegmentName(stem, 2), SegmentName(stem, 3)});
+    CHECK_FALSE(store.Get(1, v1::WEIGHT_PAYLOAD_KIND_FULL).ok());
+    // The unlinked segment's mapping still holds v1, bit for bit.
+    REQUIRE((*mapped)->payload().size() == v1_bytes.size());
+    CHECK(std::memcmp((*mapped)->payload().data(), v1_bytes.data(),
+                      v1_bytes.size()) == 0);
+    // A worker offered a segment that is gone by the time it opens it
+    // falls back to the socket and still gets the version.
+    auto v3 = store.SharedFull(3);
+    REQUIRE(v3.ok());
+    REQUIRE(shm_unlink((*v3)->name().c_str()) == 0);
+    {
+      Server server(&store);
+      GrpcPullReceiver receiver(server.channel(), {});
+      ReceiveAndCommit(receiver, **staging, 3);
+      CHECK(SameBytes((*staging)->live().bytes, trainer.current()));
+      CHECK(receiver.stats().shm_open_failures == 1);
+      CHECK(receiver.stats().shm_versions == 0);
+      trainer.Publish(4);
+      CHECK(SegmentsOf(stem) == std::vector<std::string>{SegmentName(stem, 4)});
+    }
+    // The server's shutdown unlinked what the store had shared.
+    CHECK(SegmentsOf(stem).empty());
+    // The trainer publishes on after its weight server stopped (shutdown
+    // order): the store's destruction unlinks that one.
+    trainer.Publish(5);
+    CHECK(SegmentsOf(stem) == std::vector<std::string>{SegmentName(stem, 5)});
+  }
   CHECK(SegmentsOf(stem).empty());
 }
 
