@@ -105,9 +105,11 @@ void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config) {
                   "as POSIX shared-memory segments (/dev/shm), which workers "
                   "map instead of reading every byte from a socket; workers "
                   "that cannot open them (another host, a container without "
-                  "a shared IPC namespace) fall back to the socket. Making "
-                  "a segment costs about one socket pull: it pays off when "
-                  "several same-host workers pull each version.");
+                  "a shared IPC namespace) fall back to the socket. Each "
+                  "full version is copied into its segment when it is "
+                  "published, on the training thread, used or not: it pays "
+                  "off when several same-host workers pull each version "
+                  "(docs/benchmarks.md).");
   schema->AddInt("weight_sync.timeout_ms", &config->weight_broadcast_timeout_ms,
                  100, 3600000,
                  "Deadline of each broadcast rendezvous and collective (ms); "

@@ -16,13 +16,19 @@
 //           pre-faulted buffer, 1 receiver: the baseline.
 //   pull    catch-up pull (GrpcPullReceiver from a WeightServerService)
 //           into a double-buffered StagingWeights, 1 receiver: over the
-//           FetchWeights gRPC stream, over the raw data path, and (pull
-//           shm) through the same-host shared-memory path: the server
-//           copies each new version once into a /dev/shm segment (timed:
-//           with one receiver nothing amortizes it), the receiver maps it
-//           and copies it into staging; and (pull shm, segment made) the
-//           same with the segment made before the clock starts, as for
-//           every worker after the first that pulls a version.
+//           FetchWeights gRPC stream, over the raw data path, and through
+//           the same-host shared-memory path, where the receiver maps a
+//           /dev/shm segment holding the version and copies it into
+//           staging. Who makes the segment (one copy of the payload):
+//             pull shm, made on request: the server, on the first request
+//               for the version (WeightStore kOnRequest; timed: with one
+//               receiver nothing amortizes it);
+//             pull shm, made at publish: the store's Put, as the trainer
+//               publishes (kAtPut, weight_sync.shared_memory); the clock
+//               starts before the Put, so the copy is timed;
+//             pull shm, segment made: kAtPut with the clock started after
+//               the Put: what a worker waits for once the version is
+//               announced (and every worker after the first, either way).
 //   gloo k  c10d ProcessGroupGloo broadcast (GlooWeightSender /
 //           GlooWeightReceiver) into StagingWeights, k receivers; a
 //           receiver checksums each bucket (or piece, --piece-kib=K: the
@@ -41,7 +47,7 @@
 // Buckets are 64 MiB.
 //
 // Memory: the sender holds the payload (S bytes); each receiver holds two
-// staging buffers (2 S); the pull shm column adds one segment (S) in
+// staging buffers (2 S); the pull shm columns add one segment (S) in
 // /dev/shm. At 1 GiB with 3 receivers that is 7 GiB.
 
 #include <arpa/inet.h>
@@ -352,15 +358,26 @@ v1::WeightManifest WithVersion(const v1::WeightManifest& m, uint64_t v) {
   return out;
 }
 
-// Catch-up pull from a WeightServerService, 1 receiver; `shm`: through
-// shared memory (the store keeps one version, so one segment).
+// How a PullColumn uses shared memory (see the header).
+enum class ShmColumn { kOff, kOnRequest, kAtPublish, kMade };
+
+// Catch-up pull from a WeightServerService, 1 receiver; with `shm` not
+// kOff: through shared memory (the store keeps one version, so one
+// segment).
 class PullColumn : public Column {
  public:
   PullColumn(const v1::WeightManifest& manifest,
              std::shared_ptr<const std::vector<uint8_t>> payload, bool raw,
-             bool shm = false, bool premade = false)
-      : manifest_(manifest), payload_(std::move(payload)), premade_(premade),
-        store_(shm ? 1 : 2), server_(&store_, {.shared_memory = shm}) {
+             ShmColumn shm_mode = ShmColumn::kOff)
+      : manifest_(manifest),
+        payload_(std::move(payload)),
+        shm_mode_(shm_mode),
+        store_(shm_mode == ShmColumn::kOff ? 2 : 1,
+               shm_mode == ShmColumn::kOff || shm_mode == ShmColumn::kOnRequest
+                   ? WeightStore::SharedMemory::kOnRequest
+                   : WeightStore::SharedMemory::kAtPut),
+        server_(&store_, {.shared_memory = shm_mode != ShmColumn::kOff}) {
+    const bool shm = shm_mode != ShmColumn::kOff;
     child_ = Spawn({"--child=pull", absl::StrCat("--port=", server_.port()),
                     absl::StrCat("--bytes=", payload_->size()),
                     absl::StrCat("--raw=", raw ? 1 : 0),
@@ -370,11 +387,14 @@ class PullColumn : public Column {
   ~PullColumn() override { Reap(child_); }
   double Round() override {
     const uint64_t version = ++version_;
+    auto start = Clock::now();
     if (!store_.Put(WithVersion(manifest_, version), payload_).ok()) {
       Die("store put");
     }
-    if (premade_ && !store_.SharedFull(version).ok()) Die("shared segment");
-    const auto start = Clock::now();
+    if (shm_mode_ == ShmColumn::kAtPublish || shm_mode_ == ShmColumn::kMade) {
+      if (!store_.SharedFull(version).ok()) Die("no segment made at Put");
+    }
+    if (shm_mode_ != ShmColumn::kAtPublish) start = Clock::now();
     Tell(child_, "go");
     const std::string got = Expect(child_, "done ");
     const double seconds = Since(start);
@@ -385,7 +405,7 @@ class PullColumn : public Column {
  private:
   const v1::WeightManifest manifest_;
   const std::shared_ptr<const std::vector<uint8_t>> payload_;
-  const bool premade_;
+  const ShmColumn shm_mode_;
   WeightStore store_;
   testing::WeightServerLoopback server_;
   Child child_;
@@ -524,14 +544,10 @@ void Run(uint64_t mib, const std::vector<int>& receivers, int rounds,
     PullColumn raw(*manifest, payload, /*raw=*/true);
     cell(raw);
   }
-  {
-    PullColumn shm(*manifest, payload, /*raw=*/true, /*shm=*/true);
+  for (ShmColumn mode :
+       {ShmColumn::kOnRequest, ShmColumn::kAtPublish, ShmColumn::kMade}) {
+    PullColumn shm(*manifest, payload, /*raw=*/true, mode);
     cell(shm);
-  }
-  {
-    PullColumn made(*manifest, payload, /*raw=*/true, /*shm=*/true,
-                    /*premade=*/true);
-    cell(made);
   }
   for (int k : receivers) {
     GlooColumn gloo(*manifest, *payload, k);
@@ -634,8 +650,9 @@ int main(int argc, char** argv) {
   }
   if (sizes.empty()) sizes = {64, 256, 1024};
   std::string header =
-      "| size | pull gRPC | pull raw | pull shm | pull shm, segment made |";
-  std::string rule = "| --- | --- | --- | --- | --- |";
+      "| size | pull gRPC | pull raw | pull shm, made on request | pull shm, "
+      "made at publish | pull shm, segment made |";
+  std::string rule = "| --- | --- | --- | --- | --- | --- |";
   for (int k : receivers) {
     absl::StrAppend(&header, " gloo, ", k, " receiver", k > 1 ? "s" : "",
                     " |");
