@@ -2,8 +2,12 @@
 // bytes between two processes, all in one run (issue 5 benchmarks).
 //
 //   weights_transport_bench [--rounds=N] [--serial] [--piece-kib=K]
-//                           [--receivers=1,2,3] [MiB...]
-//       (defaults: 7 rounds, receivers 1,2,3, sizes 64 256 1024)
+//                           [--receivers=1,2,3] [--columns=C,...]
+//                           [--socket-read-kib=K] [MiB...]
+//       (defaults: 7 rounds, receivers 1,2,3, sizes 64 256 1024, every
+//       column; --columns picks some of grpc, raw, shm, shm-publish,
+//       shm-made, gloo; the baseline's receiver asks each read() for all
+//       that is missing, or for at most K KiB with --socket-read-kib=K)
 //
 // This process is the sender in every row; every receiver is a separate
 // process (this binary re-executed in a child mode), so sender and
@@ -13,7 +17,8 @@
 // reported that the bytes are in its buffer (for the weight transports:
 // staged, every bucket CRC-32C verified, committed):
 //   socket  raw write()/read() of the buffer over loopback TCP into a
-//           pre-faulted buffer, 1 receiver: the baseline.
+//           pre-faulted buffer, 1 receiver: the baseline. Each read() asks
+//           for all the bytes still missing (or K KiB, --socket-read-kib).
 //   pull    catch-up pull (GrpcPullReceiver from a WeightServerService)
 //           into a double-buffered StagingWeights, 1 receiver: over the
 //           FetchWeights gRPC stream, over the raw data path, and through
@@ -64,6 +69,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -89,6 +95,15 @@ constexpr int kWarmupVersions = 2;
 
 // Gloo's BroadcastGroupConfig.piece_bytes in the non-serial columns.
 uint64_t g_piece_bytes = BroadcastGroupConfig{}.piece_bytes;
+
+// The columns --columns picks (default: all); "gloo" stands for every
+// broadcast column.
+const std::set<std::string> kColumnNames = {
+    "grpc", "raw", "shm", "shm-publish", "shm-made", "gloo"};
+std::set<std::string> g_columns = kColumnNames;
+
+// The baseline receiver's read() size (--socket-read-kib; 0: unbounded).
+uint64_t g_socket_read_bytes = 0;
 
 double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -142,14 +157,18 @@ int ConnectLoopback(uint16_t port) {
 }
 
 // Reads `bytes` from the sender into a pre-faulted buffer, once per round,
-// until the sender closes the connection.
-void ChildSocket(uint16_t port, uint64_t bytes) {
+// until the sender closes the connection; at most `read_bytes` per read()
+// (0: all that is missing).
+void ChildSocket(uint16_t port, uint64_t bytes, uint64_t read_bytes) {
   std::vector<uint8_t> dst(bytes, 0);
   int fd = ConnectLoopback(port);
   for (;;) {
     size_t got = 0;
     while (got < dst.size()) {
-      ssize_t n = read(fd, dst.data() + got, dst.size() - got);
+      const size_t want = read_bytes == 0
+                              ? dst.size() - got
+                              : std::min<size_t>(read_bytes, dst.size() - got);
+      ssize_t n = read(fd, dst.data() + got, want);
       if (n == 0 && got == 0) {  // the sender is done
         close(fd);
         Say(absl::StrCat("crc ", kernels::Crc32c(dst.data(), dst.size())));
@@ -318,7 +337,8 @@ class SocketColumn : public Column {
     }
     child_ = Spawn({"--child=socket",
                     absl::StrCat("--port=", ntohs(addr.sin_port)),
-                    absl::StrCat("--bytes=", src.size())});
+                    absl::StrCat("--bytes=", src.size()),
+                    absl::StrCat("--read=", g_socket_read_bytes)});
     fd_ = accept(listener_, nullptr, nullptr);
     if (fd_ < 0) Die("socket accept failed");
   }
@@ -360,6 +380,21 @@ v1::WeightManifest WithVersion(const v1::WeightManifest& m, uint64_t v) {
 
 // How a PullColumn uses shared memory (see the header).
 enum class ShmColumn { kOff, kOnRequest, kAtPublish, kMade };
+
+// The pull columns in table order, with their --columns names.
+struct PullSpec {
+  const char* name;
+  const char* header;
+  bool raw;
+  ShmColumn shm;
+};
+constexpr PullSpec kPullColumns[] = {
+    {"grpc", "pull gRPC", false, ShmColumn::kOff},
+    {"raw", "pull raw", true, ShmColumn::kOff},
+    {"shm", "pull shm, made on request", true, ShmColumn::kOnRequest},
+    {"shm-publish", "pull shm, made at publish", true, ShmColumn::kAtPublish},
+    {"shm-made", "pull shm, segment made", true, ShmColumn::kMade},
+};
 
 // Catch-up pull from a WeightServerService, 1 receiver; with `shm` not
 // kOff: through shared memory (the store keeps one version, so one
@@ -536,18 +571,10 @@ void Run(uint64_t mib, const std::vector<int>& receivers, int rounds,
                           Median(p.ratios), *lo, *hi,
                           bytes / Median(p.column_seconds) / 1e9);
   };
-  {
-    PullColumn grpc(*manifest, payload, /*raw=*/false);
-    cell(grpc);
-  }
-  {
-    PullColumn raw(*manifest, payload, /*raw=*/true);
-    cell(raw);
-  }
-  for (ShmColumn mode :
-       {ShmColumn::kOnRequest, ShmColumn::kAtPublish, ShmColumn::kMade}) {
-    PullColumn shm(*manifest, payload, /*raw=*/true, mode);
-    cell(shm);
+  for (const PullSpec& spec : kPullColumns) {
+    if (!g_columns.count(spec.name)) continue;
+    PullColumn pull(*manifest, payload, spec.raw, spec.shm);
+    cell(pull);
   }
   for (int k : receivers) {
     GlooColumn gloo(*manifest, *payload, k);
@@ -563,7 +590,7 @@ void Run(uint64_t mib, const std::vector<int>& receivers, int rounds,
 
 int ChildMain(int argc, char** argv) {
   std::string mode;
-  uint64_t bytes = 0, port = 0;
+  uint64_t bytes = 0, port = 0, read_bytes = 0;
   int rank = 0, world = 0, raw = 1, serial = 0, shm = 0;
   for (int i = 1; i < argc; ++i) {
     std::pair<std::string, std::string> kv =
@@ -573,6 +600,8 @@ int ChildMain(int argc, char** argv) {
       mode = kv.second;
     } else if (kv.first == "--bytes") {
       ok = absl::SimpleAtoi(kv.second, &bytes);
+    } else if (kv.first == "--read") {
+      ok = absl::SimpleAtoi(kv.second, &read_bytes);
     } else if (kv.first == "--port") {
       ok = absl::SimpleAtoi(kv.second, &port);
     } else if (kv.first == "--rank") {
@@ -592,7 +621,7 @@ int ChildMain(int argc, char** argv) {
   }
   const auto p = static_cast<uint16_t>(port);
   if (mode == "socket") {
-    ChildSocket(p, bytes);
+    ChildSocket(p, bytes, read_bytes);
   } else if (mode == "pull") {
     ChildPull(p, bytes, raw != 0, shm != 0);
   } else if (mode == "gloo") {
@@ -640,19 +669,40 @@ int main(int argc, char** argv) {
         }
         receivers.push_back(n);
       }
+    } else if (arg.substr(0, 18) == "--socket-read-kib=") {
+      uint64_t kib = 0;
+      if (!absl::SimpleAtoi(arg.substr(18), &kib) || kib > (1u << 20)) {
+        Die(absl::StrCat("--socket-read-kib: bad value '", arg.substr(18),
+                         "'"));
+      }
+      g_socket_read_bytes = kib << 10;
+    } else if (arg.substr(0, 10) == "--columns=") {
+      g_columns.clear();
+      for (absl::string_view c : absl::StrSplit(arg.substr(10), ',')) {
+        if (!kColumnNames.count(std::string(c))) {
+          Die(absl::StrCat("--columns: unknown column '", c,
+                           "' (grpc, raw, shm, shm-publish, shm-made, gloo)"));
+        }
+        g_columns.insert(std::string(c));
+      }
     } else if (absl::SimpleAtoi(arg, &mib) && mib >= 1 && mib <= 1024) {
       sizes.push_back(mib);
     } else {
       Die(absl::StrCat("bad argument '", arg,
-                       "': expected --rounds=N, --serial, --piece-kib=K, --receivers=1,2,3 or a size in "
+                       "': expected --rounds=N, --serial, --piece-kib=K, --receivers=1,2,3, "
+                       "--columns=C,..., --socket-read-kib=K or a size in "
                        "MiB (1..1024)"));
     }
   }
   if (sizes.empty()) sizes = {64, 256, 1024};
-  std::string header =
-      "| size | pull gRPC | pull raw | pull shm, made on request | pull shm, "
-      "made at publish | pull shm, segment made |";
-  std::string rule = "| --- | --- | --- | --- | --- | --- |";
+  std::string header = "| size |";
+  std::string rule = "| --- |";
+  for (const PullSpec& spec : kPullColumns) {
+    if (!g_columns.count(spec.name)) continue;
+    absl::StrAppend(&header, " ", spec.header, " |");
+    absl::StrAppend(&rule, " --- |");
+  }
+  if (!g_columns.count("gloo")) receivers.clear();
   for (int k : receivers) {
     absl::StrAppend(&header, " gloo, ", k, " receiver", k > 1 ? "s" : "",
                     " |");
@@ -664,8 +714,13 @@ int main(int argc, char** argv) {
   }
   absl::PrintF(
       "Each cell: median of %d per-round ratios (socket-copy seconds / row "
-      "seconds), (min-max), and the row's median GB/s.\n%s\n%s\n",
-      rounds, header, rule);
+      "seconds), (min-max), and the row's median GB/s. Socket copy reads: "
+      "%s.\n%s\n%s\n",
+      rounds,
+      g_socket_read_bytes == 0
+          ? std::string("all that is missing per read()")
+          : absl::StrCat(g_socket_read_bytes >> 10, " KiB per read()"),
+      header, rule);
   for (uint64_t mib : sizes) Run(mib, receivers, rounds, serial);
   return 0;
 }
