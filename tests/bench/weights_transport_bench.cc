@@ -98,8 +98,8 @@ uint64_t g_piece_bytes = BroadcastGroupConfig{}.piece_bytes;
 
 // The columns --columns picks (default: all); "gloo" stands for every
 // broadcast column.
-const std::set<std::string> kColumnNames = {
-    "grpc", "raw", "shm", "shm-publish", "shm-made", "gloo"};
+const std::set<std::string> kColumnNames = {"grpc",        "raw",      "shm",
+                                            "shm-publish", "shm-made", "gloo"};
 std::set<std::string> g_columns = kColumnNames;
 
 // The baseline receiver's read() size (--socket-read-kib; 0: unbounded).
@@ -335,10 +335,10 @@ class SocketColumn : public Column {
             0) {
       Die("socket setup failed");
     }
-    child_ = Spawn({"--child=socket",
-                    absl::StrCat("--port=", ntohs(addr.sin_port)),
-                    absl::StrCat("--bytes=", src.size()),
-                    absl::StrCat("--read=", g_socket_read_bytes)});
+    child_ =
+        Spawn({"--child=socket", absl::StrCat("--port=", ntohs(addr.sin_port)),
+               absl::StrCat("--bytes=", src.size()),
+               absl::StrCat("--read=", g_socket_read_bytes)});
     fd_ = accept(listener_, nullptr, nullptr);
     if (fd_ < 0) Die("socket accept failed");
   }
@@ -688,10 +688,11 @@ int main(int argc, char** argv) {
     } else if (absl::SimpleAtoi(arg, &mib) && mib >= 1 && mib <= 1024) {
       sizes.push_back(mib);
     } else {
-      Die(absl::StrCat("bad argument '", arg,
-                       "': expected --rounds=N, --serial, --piece-kib=K, --receivers=1,2,3, "
-                       "--columns=C,..., --socket-read-kib=K or a size in "
-                       "MiB (1..1024)"));
+      Die(absl::StrCat(
+          "bad argument '", arg,
+          "': expected --rounds=N, --serial, --piece-kib=K, --receivers=1,2,3, "
+          "--columns=C,..., --socket-read-kib=K or a size in "
+          "MiB (1..1024)"));
     }
   }
   if (sizes.empty()) sizes = {64, 256, 1024};
