@@ -4,11 +4,18 @@
 // WeightReceiver over the tandem.v1.WeightServer service (weight_server.h).
 //
 // ReceiveNext() waits (until its deadline) for a manifest newer than the
-// live version, then stages, in order of
-// preference: the next delta on the live version (when live is at or past
-// the latest anchor, or the version just before it: the server may hold a
-// delta for an anchor too), otherwise the newest full version the server
-// holds.
+// live version (any version before the first). With a live version it
+// waits by long polls, GetManifest(latest, newer_than = live, wait_ms =
+// the time left, at most options.long_poll), which the server holds until
+// it has something newer (weight_server.h): an idle receiver makes one
+// call per long_poll (or per ReceiveNext) instead of one per
+// poll_interval. An answer that comes back sooner than poll_interval with
+// nothing newer (an older server that ignores wait_ms, an error, a server
+// shutting down) is followed by a pause until poll_interval has passed,
+// as before long polls. Then it stages, in order of preference: the next
+// delta on the live version (when live is at or past the latest anchor,
+// or the version just before it: the server may hold a delta for an
+// anchor too), otherwise the newest full version the server holds.
 // A late joiner therefore fetches one full copy and then follows deltas.
 // Every chunk's CRC-32C is checked; a bad chunk or a broken stream resumes
 // from the first unverified byte (up to max_attempts times without
@@ -38,7 +45,8 @@
 //
 // Interrupt() ends a ReceiveNext that is waiting for a newer version
 // (nothing newer on the server yet) with Cancelled, as if its deadline had
-// come; it never touches a transfer under way. A consumer whose reason to
+// come, cancelling a long poll in flight; it never touches a transfer
+// under way. A consumer whose reason to
 // wait changed (e.g. a new broadcast epoch was announced) wakes it so.
 //
 // Thread-safety: ReceiveNext() from one thread; Cancel(), Interrupt() and
@@ -63,8 +71,12 @@ struct PullOptions {
   uint32_t chunk_bytes = 1u << 20;
   // Consecutive stream failures without progress before giving up.
   int max_attempts = 5;
-  // How often to ask for a newer version while waiting.
+  // How often at most to ask for a newer version while waiting.
   absl::Duration poll_interval = absl::Milliseconds(100);
+  // The longest one long-polled GetManifest may be held by the server
+  // (which caps it at kMaxLongPollMs, 30 s); the wait is also bounded by
+  // ReceiveNext's deadline. Zero: no long polls (ask every poll_interval).
+  absl::Duration long_poll = absl::Seconds(10);
   // ReceiveNext's deadline bounds the wait for a newer version; once the
   // transfer of one has begun it may run until at least this long after it
   // began (Cancel() still stops it at once).
@@ -121,8 +133,12 @@ class GrpcPullReceiver : public WeightReceiver {
   PullStats stats() const;
 
  private:
-  absl::StatusOr<v1::WeightManifest> GetManifest(uint64_t version,
-                                                 absl::Time deadline);
+  // With wait > 0 (version 0 only): a long poll for a latest version
+  // newer than `newer_than`; Cancel() and Interrupt() cancel it, and it
+  // is not sent at all when either came first (Cancelled).
+  absl::StatusOr<v1::WeightManifest> GetManifest(
+      uint64_t version, absl::Time deadline, uint64_t newer_than = 0,
+      absl::Duration wait = absl::ZeroDuration());
   // The manifest of the payload to fetch next, or DeadlineExceeded when
   // nothing newer than live appears before `deadline`.
   absl::StatusOr<v1::WeightManifest> Plan(StagingWeights* staging,
@@ -165,6 +181,8 @@ class GrpcPullReceiver : public WeightReceiver {
   // ReceiveNext is fetching a version (Interrupt() is a no-op).
   bool transferring_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ClientContext* active_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // The long-polled GetManifest in flight.
+  grpc::ClientContext* polling_ ABSL_GUARDED_BY(mu_) = nullptr;
   int active_fd_ ABSL_GUARDED_BY(mu_) = -1;
   // Announced by the last GetManifest answer (port 0: none).
   std::string data_host_ ABSL_GUARDED_BY(mu_);

@@ -13,7 +13,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <list>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -182,6 +184,95 @@ class WeightServerService::FetchReactor
   Stream stream_;
   v1::WeightChunk chunk_;
 };
+
+// A held GetManifest (see weight_server.h). Exactly one of LongPollLoop
+// (an answer), CancelLongPoll (the client went away) takes it off polls_
+// (clearing `pending`) and finishes it; gRPC deletes it after that.
+class WeightServerService::LongPoll : public grpc::ServerUnaryReactor {
+ public:
+  LongPoll(WeightServerService* service, v1::WeightManifest* response,
+           uint64_t newer_than, absl::Time deadline)
+      : service_(service),
+        response_(response),
+        newer_than_(newer_than),
+        deadline_(deadline) {}
+
+  void OnCancel() override { service_->CancelLongPoll(this); }
+  void OnDone() override { delete this; }
+
+  // Finishes with what an immediate request would get now.
+  void Answer() {
+    absl::StatusOr<v1::WeightManifest> m = service_->store_->Manifest(0);
+    if (m.ok()) *response_ = *std::move(m);
+    Finish(ToGrpc(m.status()));
+  }
+
+  uint64_t newer_than() const { return newer_than_; }
+  absl::Time deadline() const { return deadline_; }
+
+  // Guarded by service_->poll_mu_.
+  bool pending = false;
+  std::list<LongPoll*>::iterator it;
+
+ private:
+  WeightServerService* const service_;
+  v1::WeightManifest* const response_;
+  const uint64_t newer_than_;
+  const absl::Time deadline_;
+};
+
+void WeightServerService::LongPollLoop() {
+  poll_mu_.Lock();
+  for (;;) {
+    poll_dirty_ = false;
+    // Read after the flag is cleared: a Put from here on sets it again.
+    const std::optional<uint64_t> latest = store_->latest_version();
+    const absl::Time now = absl::Now();
+    absl::Time next = absl::InfiniteFuture();
+    std::vector<LongPoll*> ready;
+    for (auto it = polls_.begin(); it != polls_.end();) {
+      LongPoll* poll = *it;
+      if (polls_shut_down_ || now >= poll->deadline() ||
+          (latest.has_value() && *latest > poll->newer_than())) {
+        poll->pending = false;
+        ready.push_back(poll);
+        it = polls_.erase(it);
+      } else {
+        next = std::min(next, poll->deadline());
+        ++it;
+      }
+    }
+    if (!ready.empty()) {
+      poll_mu_.Unlock();
+      for (LongPoll* poll : ready) poll->Answer();
+      poll_mu_.Lock();
+      continue;
+    }
+    if (poll_loop_exit_ && polls_.empty()) break;
+    auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(poll_mu_) {
+      return poll_dirty_ || poll_loop_exit_;
+    };
+    poll_mu_.AwaitWithDeadline(absl::Condition(&woken), next);
+  }
+  poll_mu_.Unlock();
+}
+
+void WeightServerService::CancelLongPoll(LongPoll* poll) {
+  {
+    absl::MutexLock lock(&poll_mu_);
+    if (!poll->pending) return;  // being answered
+    poll->pending = false;
+    polls_.erase(poll->it);
+  }
+  poll->Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                            "GetManifest long poll cancelled"));
+}
+
+void WeightServerService::Shutdown() {
+  absl::MutexLock lock(&poll_mu_);
+  polls_shut_down_ = true;
+  poll_dirty_ = true;
+}
 
 // The raw data path: a listener thread and one thread per connection.
 class WeightServerService::RawDataServer {
@@ -411,9 +502,20 @@ WeightServerService::WeightServerService(const WeightStore* store,
   if (!options_.data_host.empty()) {
     raw_ = RawDataServer::Start(this, options_.data_host, options_.data_port);
   }
+  store_listener_ = store_->AddListener([this](uint64_t /*latest*/) {
+    absl::MutexLock lock(&poll_mu_);
+    poll_dirty_ = true;
+  });
 }
 
 WeightServerService::~WeightServerService() {
+  store_->RemoveListener(store_listener_);
+  Shutdown();
+  {
+    absl::MutexLock lock(&poll_mu_);
+    poll_loop_exit_ = true;
+  }
+  if (poll_thread_.joinable()) poll_thread_.join();
   raw_.reset();  // joins the connections, which may hold segments
   if (options_.shared_memory) store_->DropSharedSegments();
 }
@@ -425,10 +527,38 @@ uint16_t WeightServerService::data_port() const {
 grpc::ServerUnaryReactor* WeightServerService::GetManifest(
     grpc::CallbackServerContext* context, const v1::GetManifestRequest* request,
     v1::WeightManifest* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  ++manifest_requests_;
   if (raw_ != nullptr) {
     context->AddInitialMetadata(kDataPortMetadata, absl::StrCat(raw_->port()));
   }
+  const uint32_t wait_ms = std::min(request->wait_ms(), kMaxLongPollMs);
+  if (request->policy_version() == 0 && wait_ms > 0) {
+    const std::optional<uint64_t> latest = store_->latest_version();
+    if (!latest.has_value() || *latest <= request->newer_than()) {
+      absl::MutexLock lock(&poll_mu_);
+      if (!polls_shut_down_) {
+        // A Put from the check above on is seen by LongPollLoop, which
+        // reads the latest version again once woken.
+        ++long_polls_;
+        if (options_.metrics != nullptr) {
+          options_.metrics->RecordManifestRequest(/*held=*/true);
+        }
+        auto* poll = new LongPoll(this, response, request->newer_than(),
+                                  absl::Now() + absl::Milliseconds(wait_ms));
+        poll->pending = true;
+        poll->it = polls_.insert(polls_.end(), poll);
+        poll_dirty_ = true;
+        if (!poll_thread_.joinable()) {
+          poll_thread_ = std::thread([this] { LongPollLoop(); });
+        }
+        return poll;
+      }
+    }
+  }
+  if (options_.metrics != nullptr) {
+    options_.metrics->RecordManifestRequest(/*held=*/false);
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::StatusOr<v1::WeightManifest> m =
       store_->Manifest(request->policy_version());
   if (m.ok()) *response = *std::move(m);
@@ -524,8 +654,9 @@ absl::StatusOr<WeightServerService::Stream> WeightServerService::OpenStream(
 }
 
 WeightServerStats WeightServerService::stats() const {
-  return {streams_.load(), chunks_.load(), bytes_.load(), shm_offers_.load(),
-          shm_failures_.load()};
+  return {streams_.load(),    chunks_.load(),       bytes_.load(),
+          shm_offers_.load(), shm_failures_.load(), manifest_requests_.load(),
+          long_polls_.load()};
 }
 
 }  // namespace tandem::weights

@@ -58,6 +58,18 @@
 // copies on the first request for a version, on the thread that serves it
 // (for FetchWeights, the reactor's callback thread: one copy per version).
 //
+// Long-polled GetManifest. A request for the latest manifest
+// (policy_version 0) with wait_ms > 0 is not answered while the store's
+// latest version is <= newer_than: the reactor is kept in a list (no gRPC
+// thread waits) and answered, as an immediate request would be, when a
+// Put makes the latest version newer (WeightStore listener), when
+// min(wait_ms, kMaxLongPollMs) has passed, when the client cancels, or on
+// Shutdown() (and destruction). One small thread per service finishes
+// them, so the storing thread only flags the change. A gRPC server's
+// Shutdown waits for calls in flight: call the service's Shutdown() first
+// (the trainer does), or give the server's Shutdown a deadline (which
+// cancels them).
+//
 // Thread-safety: all methods may be called concurrently. Chunks are built
 // (one memcpy and CRC of <= 1 MiB) on the reactor's callback thread; the
 // reactor never waits on anything else. Each raw connection is served by
@@ -65,9 +77,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <string>
+#include <thread>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/weights/weight_store.h"
 #include "common/weights/weight_sync_metrics.h"
 #include "tandem/v1/trainer.grpc.pb.h"
@@ -77,7 +94,9 @@ namespace tandem::weights {
 struct WeightServerOptions {
   uint32_t max_chunk_bytes = 1u << 20;
   // Optional: every chunk sent is counted as tandem_weight_sync_bytes_total
-  // {direction="sent", transport="pull", kind}. Must outlive the service.
+  // {direction="sent", transport="pull", kind}, every GetManifest as
+  // tandem_weight_sync_manifest_requests_total{wait}. Must outlive the
+  // service.
   WeightSyncMetrics* metrics = nullptr;
   // Raw data path: address to listen on (port 0 picks a free port); an
   // empty host disables it (pulls then use FetchWeights only). A listener
@@ -110,12 +129,18 @@ struct RawChunkHeader {
 };
 static_assert(sizeof(RawChunkHeader) == 24);
 
+// The longest a long-polled GetManifest is held (GetManifestRequest.wait_ms
+// is capped to it).
+inline constexpr uint32_t kMaxLongPollMs = 30000;
+
 struct WeightServerStats {
   uint64_t streams = 0;
   uint64_t chunks = 0;
-  uint64_t bytes = 0;         // streamed payload bytes (not shm)
-  uint64_t shm_offers = 0;    // requests answered with a segment
-  uint64_t shm_failures = 0;  // segments that could not be made
+  uint64_t bytes = 0;              // streamed payload bytes (not shm)
+  uint64_t shm_offers = 0;         // requests answered with a segment
+  uint64_t shm_failures = 0;       // segments that could not be made
+  uint64_t manifest_requests = 0;  // GetManifest calls, long polls included
+  uint64_t long_polls = 0;         // GetManifest calls that were held
 };
 
 class WeightServerService final : public v1::WeightServer::CallbackService {
@@ -137,6 +162,10 @@ class WeightServerService final : public v1::WeightServer::CallbackService {
 
   WeightServerStats stats() const;
 
+  // Answers every held long poll now (as at once) and later ones at once,
+  // so that a gRPC server's Shutdown does not wait for them. Idempotent.
+  void Shutdown();
+
   // Fault injection for tests: every later stream fails with UNAVAILABLE
   // after sending `chunks` chunks (negative: never).
   void FailStreamsAfterChunksForTest(int chunks) { fail_after_ = chunks; }
@@ -148,6 +177,7 @@ class WeightServerService final : public v1::WeightServer::CallbackService {
 
  private:
   class FetchReactor;
+  class LongPoll;
   class RawDataServer;
   struct Stream;
 
@@ -164,8 +194,23 @@ class WeightServerService final : public v1::WeightServer::CallbackService {
   absl::Status InjectedFailure(const Stream& stream) const;
   bool Advance(Stream& stream, NextChunk* chunk);
 
+  // Long polls: the finishing thread's loop, and a held poll's end when the
+  // client cancels it.
+  void LongPollLoop();
+  void CancelLongPoll(LongPoll* poll);
+
   const WeightStore* store_;
   const WeightServerOptions options_;
+  absl::Mutex poll_mu_;
+  std::list<LongPoll*> polls_ ABSL_GUARDED_BY(poll_mu_);
+  // Something changed (a Put, a new poll, Shutdown): re-check the polls.
+  bool poll_dirty_ ABSL_GUARDED_BY(poll_mu_) = false;
+  bool polls_shut_down_ ABSL_GUARDED_BY(poll_mu_) = false;
+  bool poll_loop_exit_ ABSL_GUARDED_BY(poll_mu_) = false;
+  int store_listener_ = -1;
+  std::thread poll_thread_;
+  std::atomic<uint64_t> manifest_requests_{0};
+  std::atomic<uint64_t> long_polls_{0};
   std::unique_ptr<RawDataServer> raw_;
   std::atomic<uint64_t> streams_{0};
   std::atomic<uint64_t> chunks_{0};

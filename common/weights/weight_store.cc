@@ -69,18 +69,38 @@ absl::Status WeightStore::Put(
       share_error = made.status();
     }
   }
-  absl::MutexLock lock(&mu_);
-  Entry& entry = versions_[v];
-  if (kind == v1::WEIGHT_PAYLOAD_KIND_FULL) {
-    entry.full = StoredPayload{manifest, std::move(bytes)};
-    if (entry.segment != nullptr) unlink.push_back(std::move(entry.segment));
-    entry.segment = std::move(segment);
-    entry.share_error = share_error;
-  } else {
-    entry.delta = StoredPayload{manifest, std::move(bytes)};
+  uint64_t latest = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    Entry& entry = versions_[v];
+    if (kind == v1::WEIGHT_PAYLOAD_KIND_FULL) {
+      entry.full = StoredPayload{manifest, std::move(bytes)};
+      if (entry.segment != nullptr) unlink.push_back(std::move(entry.segment));
+      entry.segment = std::move(segment);
+      entry.share_error = share_error;
+    } else {
+      entry.delta = StoredPayload{manifest, std::move(bytes)};
+    }
+    Evict(&unlink);
+    latest = versions_.rbegin()->first;
   }
-  Evict(&unlink);
+  // The change notification, once the version is visible (after mu_).
+  absl::MutexLock lock(&listeners_mu_);
+  for (const auto& [id, listener] : listeners_) listener(latest);
   return absl::OkStatus();
+}
+
+int WeightStore::AddListener(
+    std::function<void(uint64_t latest)> listener) const {
+  absl::MutexLock lock(&listeners_mu_);
+  const int id = next_listener_++;
+  listeners_.emplace(id, std::move(listener));
+  return id;
+}
+
+void WeightStore::RemoveListener(int id) const {
+  absl::MutexLock lock(&listeners_mu_);
+  listeners_.erase(id);
 }
 
 void WeightStore::Evict(

@@ -30,8 +30,13 @@
 // is retained: it is unlinked when that payload is evicted or replaced, by
 // DropSharedSegments(), and when the store is destroyed. A reader that has
 // mapped a segment keeps reading the same bytes after the unlink.
+//
+// Change notification: listeners (AddListener) are told the newest version
+// held after every successful Put, so a server can answer waiting clients
+// (WeightServerService's long-polled GetManifest) without polling the store.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -97,6 +102,14 @@ class WeightStore {
   // kAtPut: later Puts make new ones).
   void DropSharedSegments() const;
   SharedMemory shared_memory() const { return shared_memory_; }
+  // Calls `listener` with the newest version held after every successful
+  // Put, on the thread that called Put, once the store's lock is released
+  // (so it may read the store, but must not Put or add or remove
+  // listeners). Returns an id for RemoveListener. Const, like SharedFull:
+  // who watches the store is not part of what it holds.
+  int AddListener(std::function<void(uint64_t latest)> listener) const;
+  // Returns once no call of the listener is under way; none is made after.
+  void RemoveListener(int id) const;
   // The segments' name stem ("/tandem-w-<pid>-<pidns>-<random>").
   const std::string& segment_name_stem() const { return segment_stem_; }
 
@@ -125,6 +138,11 @@ class WeightStore {
   mutable absl::Mutex share_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   std::map<uint64_t, Entry> versions_ ABSL_GUARDED_BY(mu_);
+  // Held while listeners are called (never together with mu_).
+  mutable absl::Mutex listeners_mu_;
+  mutable std::map<int, std::function<void(uint64_t)>> listeners_
+      ABSL_GUARDED_BY(listeners_mu_);
+  mutable int next_listener_ ABSL_GUARDED_BY(listeners_mu_) = 0;
 };
 
 }  // namespace tandem::weights

@@ -129,7 +129,18 @@ WeightSyncMetrics::WeightSyncMetrics(prometheus::Registry& registry)
                     "cannot be opened here: another host or IPC "
                     "namespace), mismatch (a same-named object that is not "
                     "the one offered).")
+              .Register(registry)),
+      manifest_requests_(
+          prometheus::BuildCounter()
+              .Name("tandem_weight_sync_manifest_requests_total")
+              .Help("GetManifest calls to the trainer's weight server, by "
+                    "wait: long_poll when the call was held until a newer "
+                    "version (or its wait_ms), none when answered at once.")
               .Register(registry)) {}
+
+void WeightSyncMetrics::RecordManifestRequest(bool held) {
+  manifest_requests_.Add({{"wait", held ? "long_poll" : "none"}}).Increment();
+}
 
 void WeightSyncMetrics::RecordVersion(SyncDirection direction,
                                       SyncTransport transport, bool full,

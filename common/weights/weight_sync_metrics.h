@@ -20,6 +20,7 @@
 //   tandem_weight_sync_published_bytes_total{kind}             counter
 //   tandem_weight_sync_delta_density                           histogram
 //   tandem_weight_sync_shm_fallbacks_total{reason}             counter
+//   tandem_weight_sync_manifest_requests_total{wait}           counter
 //
 // shm fallback reasons (worker side: a FULL version asked for in shared
 // memory that came over a socket instead): "not_offered" (the server
@@ -75,6 +76,9 @@ class WeightSyncMetrics {
   // Worker side: `count` FULL versions that were asked for in shared
   // memory came over a socket, for `reason`.
   void RecordShmFallbacks(ShmFallbackReason reason, double count = 1);
+  // Weight server side: a GetManifest call, held as a long poll (wait
+  // "long_poll") or answered at once ("none").
+  void RecordManifestRequest(bool held);
 
  private:
   prometheus::Family<prometheus::Counter>& bytes_;
@@ -90,6 +94,7 @@ class WeightSyncMetrics {
   prometheus::Family<prometheus::Counter>& published_bytes_;
   prometheus::Family<prometheus::Histogram>& delta_density_;
   prometheus::Family<prometheus::Counter>& shm_fallbacks_;
+  prometheus::Family<prometheus::Counter>& manifest_requests_;
 };
 
 }  // namespace tandem::weights

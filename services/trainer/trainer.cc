@@ -542,6 +542,9 @@ void Trainer::Stop() {
     }
     ServeCheckpointRequests();
   }
+  // Answer held GetManifest long polls now: the gRPC shutdown below waits
+  // for calls in flight.
+  if (weight_server_) weight_server_->Shutdown();
   if (member_) member_->Shutdown(absl::Seconds(2));
 }
 

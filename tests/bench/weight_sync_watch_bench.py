@@ -27,6 +27,19 @@ ends the wait early); with watch false it asks after every 200 ms pull
 slice, as every no-group worker did before.
 
     /usr/bin/python3 tests/bench/weight_sync_watch_bench.py --bin build/bin
+
+--pull-baseline-bin DIR instead runs the pull-mode comparison (docs/
+benchmarks.md, "Pull workers: long-polled GetManifest"): two runs of
+`weight_sync.mode: pull` workers, the first with the daemons in DIR (the
+baseline, e.g. a build whose workers do not long-poll), the second with
+--bin; each reports the workers' mean publish-to-staged and
+publish-to-live seconds over `--versions` versions, then pauses them and
+counts the trainer's tandem_weight_sync_manifest_requests_total (both
+wait labels) over `--idle` seconds: GetManifest calls per second per
+idle worker.
+
+    /usr/bin/python3 tests/bench/weight_sync_watch_bench.py --bin build/bin \
+        --pull-baseline-bin /tmp/tandem-bin-no-long-poll --versions 20
 """
 
 import argparse
@@ -67,6 +80,101 @@ def worker_sums(workers):
                   metric_sum(text, f"tandem_weight_sync_{key}_seconds_count"))
             for key in ("publish_to_staged", "publish_to_live")}
     return out
+
+
+def pull_configs(checkpoints):
+    return {
+        "coordinator.yaml": "heartbeat_interval_ms: 200\n",
+        "rollout.yaml": """engine:
+  max_num_seqs: 8
+weight_sync:
+  mode: pull
+""",
+        "trainer.yaml": f"checkpoint_dir: {checkpoints}\ncheckpoint_every: 0\n"
+                        "checkpoint_on_stop: false\n",
+        "verifier.yaml": "worker_threads: 1\n",
+    }
+
+
+def run_pull(label, bin_dir, args):
+    """Pull-mode workers with the daemons in `bin_dir`: publish-to-staged/
+    live over --versions versions, then idle GetManifest calls per second
+    per worker (the trainer's counter) while they are paused."""
+    harness.BIN_DIR = bin_dir
+    config_dir = tempfile.mkdtemp(prefix=f"tandem-pull-bench-{label}-")
+    harness.write_files(config_dir,
+                        pull_configs(os.path.join(config_dir, "checkpoints")))
+    launcher = harness.Launcher(rollout_workers=args.workers,
+                                config_dir=config_dir)
+    try:
+        ready = launcher.wait_all_ready(timeout=120)
+        coordinator = ready["coordinator"]["grpc_address"]
+        names = [f"rollout-{i}" for i in range(args.workers)]
+        workers = {n: ready[n] for n in names}
+
+        def version():
+            return harness.as_int(harness.cluster_status(coordinator),
+                                  "policyVersion")
+        # Past the first versions (late joiners' full copies).
+        harness.wait_for(lambda: version() >= 2, 300, "version 2",
+                         interval=0.5)
+        start_version = version()
+        before = worker_sums(workers)
+        harness.wait_for(lambda: version() >= start_version + args.versions,
+                         60 * args.versions, f"{args.versions} versions",
+                         interval=0.5)
+        after = worker_sums(workers)
+        latency = {}
+        for key in ("publish_to_staged", "publish_to_live"):
+            total = sum(after[n][key][0] - before[n][key][0] for n in names)
+            count = sum(after[n][key][1] - before[n][key][1] for n in names)
+            latency[key] = (total / count if count else float("nan"), count)
+        for info in workers.values():
+            harness.tandemctl_json("worker", "pause", "--address",
+                                   info["grpc_address"])
+        harness.wait_settled(coordinator,
+                             {n: i["grpc_address"] for n, i in workers.items()},
+                             300, quiet_queues=True, gap=0.5)
+        trainer_metrics = ready["trainer"]["metrics_address"]
+        requests = "tandem_weight_sync_manifest_requests_total"
+        a = metric_sum(scrape_metrics(trainer_metrics), requests)
+        time.sleep(args.idle)
+        b = metric_sum(scrape_metrics(trainer_metrics), requests)
+        return {"latency": latency,
+                "idle_rate": (b - a) / args.idle / len(workers),
+                "load": os.getloadavg()[0]}
+    finally:
+        code = launcher.stop()
+        if code != 0:
+            print(f"{label}: launcher exited {code}", file=sys.stderr)
+        launcher.cleanup()
+        shutil.rmtree(config_dir, ignore_errors=True)
+
+
+def pull(args):
+    results = {}
+    for label, bin_dir in (("baseline", args.pull_baseline_bin),
+                           ("this build", args.bin)):
+        results[label] = run_pull(label.replace(" ", "-"),
+                                  os.path.abspath(bin_dir), args)
+        r = results[label]
+        print(f"{label} ({bin_dir}): idle GetManifest {r['idle_rate']:.2f}/s "
+              f"per worker; publish-to-staged "
+              f"{1000 * r['latency']['publish_to_staged'][0]:.1f} ms, "
+              f"publish-to-live {1000 * r['latency']['publish_to_live'][0]:.1f}"
+              f" ms ({r['latency']['publish_to_live'][1]:.0f} versions made "
+              f"live); load {r['load']:.1f}", flush=True)
+    t, b = results["this build"], results["baseline"]
+    print("\n| pull workers | this build | baseline | this / baseline |")
+    print("| --- | --- | --- | --- |")
+    print(f"| idle GetManifest calls per worker per second | "
+          f"{t['idle_rate']:.2f} | {b['idle_rate']:.2f} | "
+          f"{t['idle_rate'] / b['idle_rate']:.3f} |")
+    for key, label in (("publish_to_staged", "publish-to-staged, mean"),
+                       ("publish_to_live", "publish-to-live, mean")):
+        tm, bm = t["latency"][key][0], b["latency"][key][0]
+        print(f"| {label} | {1000 * tm:.1f} ms | {1000 * bm:.1f} ms | "
+              f"{tm / bm:.2f} |")
 
 
 def nccl_built(bin_dir):
@@ -199,8 +307,14 @@ def main():
                         help="only the runs outside every group")
     parser.add_argument("--skip-no-group", action="store_true",
                         help="only the runs in one broadcast group")
+    parser.add_argument("--pull-baseline-bin",
+                        help="run only the pull-mode comparison against the "
+                             "daemons in this directory")
     args = parser.parse_args()
     harness.BIN_DIR = os.path.abspath(args.bin)
+    if args.pull_baseline_bin:
+        pull(args)
+        return
     if not args.skip_group:
         in_group(args)
     if not args.skip_no_group:

@@ -33,7 +33,12 @@ class WeightServerLoopback {
     channel_ =
         grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
   }
-  ~WeightServerLoopback() { server_->Shutdown(); }
+  // The service answers held long polls first: the server's Shutdown
+  // waits for calls in flight.
+  ~WeightServerLoopback() {
+    service_.Shutdown();
+    server_->Shutdown();
+  }
 
   WeightServerService& service() { return service_; }
   std::shared_ptr<grpc::Channel> channel() { return channel_; }
