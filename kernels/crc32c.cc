@@ -2,6 +2,8 @@
 
 #include <array>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <nmmintrin.h>
@@ -188,6 +190,75 @@ uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size) {
 
 uint32_t Crc32c(const void* data, size_t size) {
   return Crc32cExtend(0, data, size);
+}
+
+namespace {
+
+// Polynomials over GF(2) modulo the CRC polynomial, in the CRC's reflected
+// bit order: bit 31 is x^0, bit 0 is x^31.
+constexpr uint32_t kOne = 1u << 31;
+
+constexpr uint32_t MultiplyModP(uint32_t a, uint32_t b) {
+  uint32_t product = 0;
+  // For each term x^i of a (from x^0 up), add b * x^i; b steps one power
+  // of x per term, reduced modulo the polynomial as it overflows x^31.
+  for (uint32_t term = kOne; term != 0; term >>= 1) {
+    if (a & term) product ^= b;
+    b = (b & 1u) ? (b >> 1) ^ kPolynomial : b >> 1;
+  }
+  return product;
+}
+
+// kPowers[k] = x^(2^k) mod P, for every k Crc32cCombine can need: 3 (one
+// byte is 2^3 bits) up to 3 + 63.
+using Powers = std::array<uint32_t, 67>;
+
+constexpr Powers MakePowers() {
+  Powers p{};
+  p[0] = kOne >> 1;  // x^1
+  for (size_t k = 1; k < p.size(); ++k) p[k] = MultiplyModP(p[k - 1], p[k - 1]);
+  return p;
+}
+
+constexpr Powers kPowers = MakePowers();
+
+}  // namespace
+
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t size_b) {
+  // Appending size_b bytes multiplies a's register by x^(8 size_b); the
+  // pre- and post-inversions of the two CRCs cancel in the sum.
+  uint32_t shift = kOne;
+  uint64_t bits = size_b;
+  for (size_t k = 3; bits != 0; bits >>= 1, ++k) {
+    if (bits & 1u) shift = MultiplyModP(kPowers[k], shift);
+  }
+  return MultiplyModP(shift, crc_a) ^ crc_b;
+}
+
+uint32_t Crc32cExtendParallel(uint32_t crc, const void* data, size_t size,
+                              int threads) {
+  constexpr size_t kMinPart = size_t{4} << 20;
+  const auto* p = static_cast<const uint8_t*>(data);
+  const size_t parts = std::min<size_t>(
+      static_cast<size_t>(std::max(threads, 1)), size / kMinPart);
+  if (parts <= 1) return Crc32cExtend(crc, data, size);
+  const size_t step = size / parts;
+  std::vector<uint32_t> part_crc(parts, 0);
+  std::vector<std::thread> workers;
+  workers.reserve(parts - 1);
+  for (size_t i = 1; i < parts; ++i) {
+    const size_t begin = i * step;
+    const size_t n = i + 1 == parts ? size - begin : step;
+    workers.emplace_back(
+        [&part_crc, i, p, begin, n] { part_crc[i] = Crc32c(p + begin, n); });
+  }
+  crc = Crc32cExtend(crc, p, step);
+  for (std::thread& w : workers) w.join();
+  for (size_t i = 1; i < parts; ++i) {
+    const size_t n = i + 1 == parts ? size - i * step : step;
+    crc = Crc32cCombine(crc, part_crc[i], n);
+  }
+  return crc;
 }
 
 }  // namespace tandem::kernels

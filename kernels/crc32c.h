@@ -21,6 +21,18 @@ uint32_t Crc32c(const void* data, size_t size);
 // Start from 0 for an empty prefix.
 uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size);
 
+// The CRC-32C of a followed by b, from crc_a = Crc32c(a), crc_b = Crc32c(b)
+// and b's length: lets two threads checksum the halves of one buffer.
+// O(log size_b) carry-less multiplications, no pass over the bytes.
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t size_b);
+
+// Crc32cExtend with the bytes split across `threads` threads (this one and
+// threads - 1 it starts and joins), each part's CRC combined in order. For
+// a buffer that nothing else can overlap with; inputs under 4 MiB per
+// thread run on this thread alone.
+uint32_t Crc32cExtendParallel(uint32_t crc, const void* data, size_t size,
+                              int threads);
+
 // The portable implementation, exposed so tests can compare it with the
 // hardware path on machines that have one.
 uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t size);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +20,14 @@ std::vector<float> Scratch(uint64_t bytes) {
 
 absl::Span<uint8_t> AsBytes(std::vector<float>& v) {
   return {reinterpret_cast<uint8_t*>(v.data()), v.size() * 4};
+}
+
+// Threads for the checksum of a version's last piece: the cores there are,
+// up to 4 (about what memory bandwidth rewards).
+int FinalChecksumThreads() {
+  static const int threads =
+      static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+  return threads;
 }
 
 }  // namespace
@@ -145,12 +154,16 @@ absl::StatusOr<uint64_t> ReceiveOverBroadcast(
       // The next piece arrives while this one is checksummed.
       if (j + 1 < pieces.size()) arrived = start(target(pieces[j + 1]));
       const Piece& p = pieces[j];
-      if (staging_ok && local.ok()) {
+      // The version's last piece has nothing left to overlap with: it is
+      // checksummed by FinishBucket on every core the checksum may use.
+      const bool final_piece = j + 1 == pieces.size();
+      if (staging_ok && local.ok() && !final_piece) {
         local = staging->ChecksumBucketPiece(p.bucket, p.offset, p.size);
       }
-      const bool last = j + 1 == pieces.size() || pieces[j + 1].bucket != p.bucket;
+      const bool last = final_piece || pieces[j + 1].bucket != p.bucket;
       if (last && staging_ok && local.ok()) {
-        local = staging->FinishBucket(p.bucket);
+        local = staging->FinishBucket(p.bucket,
+                                      final_piece ? FinalChecksumThreads() : 1);
       }
     }
   } else {

@@ -171,7 +171,8 @@ absl::Status StagingWeights::ChecksumBucketPiece(uint32_t bucket,
   return absl::OkStatus();
 }
 
-absl::Status StagingWeights::FinishBucket(uint32_t bucket) {
+absl::Status StagingWeights::FinishBucket(uint32_t bucket,
+                                          int checksum_threads) {
   const uint8_t* data = nullptr;
   v1::WeightManifest const* manifest = nullptr;
   uint64_t checked = 0;
@@ -187,8 +188,14 @@ absl::Status StagingWeights::FinishBucket(uint32_t bucket) {
   }
   // Checksumming runs unlocked: staged_ only changes in Begin(), which the
   // receiver (this thread) calls.
-  absl::Status verified = VerifyBucket(
-      *manifest, bucket, {data, layout_.buckets()[bucket].size}, checked, crc);
+  const uint64_t size = layout_.buckets()[bucket].size;
+  if (checksum_threads > 1 && checked < size) {
+    crc = kernels::Crc32cExtendParallel(crc, data + checked, size - checked,
+                                        checksum_threads);
+    checked = size;
+  }
+  absl::Status verified =
+      VerifyBucket(*manifest, bucket, {data, size}, checked, crc);
   absl::MutexLock lock(&mu_);
   if (!verified.ok()) return Reject(std::move(verified));
   bucket_done_[bucket] = true;

@@ -137,7 +137,10 @@ class StagingWeights {
 
   // Verifies `bucket`. On a CRC mismatch returns DataLoss naming the bucket
   // and both checksums and rejects the version (Begin() again to retry).
-  absl::Status FinishBucket(uint32_t bucket);
+  // `checksum_threads` > 1 splits the checksum of what no piece covered
+  // across that many threads (kernels::Crc32cExtendParallel): for the last
+  // bucket of a version, when no transfer is left to overlap with.
+  absl::Status FinishBucket(uint32_t bucket, int checksum_threads = 1);
 
   // Applies an encoded delta (kernels/bf16_delta.h) for a DELTA version:
   // the staging buffer becomes live + delta, then every bucket is

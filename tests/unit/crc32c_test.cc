@@ -1,5 +1,6 @@
 #include "kernels/crc32c.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <random>
@@ -77,6 +78,69 @@ TEST_CASE(
   std::vector<uint8_t> zeros(4 * kBlock, 0);
   CHECK(Crc32c(zeros.data(), zeros.size()) ==
         Crc32cExtendPortable(0, zeros.data(), zeros.size()));
+}
+
+TEST_CASE("Crc32cCombine of two halves equals the CRC of the whole",
+          "[crc32c]") {
+  std::mt19937_64 rng(17);
+  std::vector<uint8_t> data(300000);
+  for (auto& b : data) b = static_cast<uint8_t>(rng());
+  for (size_t len :
+       {size_t{0}, size_t{1}, size_t{9}, size_t{4096}, size_t{300000}}) {
+    const uint32_t whole = Crc32c(data.data(), len);
+    for (size_t split : {size_t{0}, len / 3, len / 2, len}) {
+      INFO("length " << len << " split " << split);
+      CHECK(Crc32cCombine(Crc32c(data.data(), split),
+                          Crc32c(data.data() + split, len - split),
+                          len - split) == whole);
+    }
+  }
+  // "123456789" split as "1234" + "56789": the check value 0xE3069283.
+  const char* digits = "123456789";
+  CHECK(Crc32cCombine(Crc32c(digits, 4), Crc32c(digits + 4, 5), 5) ==
+        0xE3069283u);
+  // A flipped byte in the second half changes the combined CRC.
+  std::vector<uint8_t> other(data.begin(), data.begin() + 1000);
+  other[900] ^= 1;
+  CHECK(Crc32cCombine(Crc32c(data.data(), 500), Crc32c(other.data() + 500, 500),
+                      500) != Crc32c(data.data(), 1000));
+  // Lengths past 4 GiB only change the power of x: combining with a block
+  // of 2^32 + 5 zero bytes equals extending by them piecewise.
+  const uint32_t a = Crc32c(data.data(), 100);
+  const uint64_t big = (uint64_t{1} << 32) + 5;
+  uint32_t zeros_crc = 0;
+  std::vector<uint8_t> zeros(1 << 24, 0);
+  for (uint64_t done = 0; done < big;) {
+    const uint64_t n = std::min<uint64_t>(zeros.size(), big - done);
+    zeros_crc = Crc32cExtend(zeros_crc, zeros.data(), n);
+    done += n;
+  }
+  uint32_t extended = a;
+  for (uint64_t done = 0; done < big;) {
+    const uint64_t n = std::min<uint64_t>(zeros.size(), big - done);
+    extended = Crc32cExtend(extended, zeros.data(), n);
+    done += n;
+  }
+  CHECK(Crc32cCombine(a, zeros_crc, big) == extended);
+}
+
+TEST_CASE("Crc32cExtendParallel equals Crc32cExtend", "[crc32c]") {
+  std::mt19937_64 rng(19);
+  std::vector<uint8_t> data((size_t{13} << 20) + 7);
+  for (auto& b : data) b = static_cast<uint8_t>(rng());
+  const uint32_t prefix = Crc32c("prefix", 6);
+  for (size_t len : {size_t{1000}, size_t{8} << 20, data.size()}) {
+    for (int threads : {1, 2, 3, 8}) {
+      INFO("length " << len << " threads " << threads);
+      CHECK(Crc32cExtendParallel(prefix, data.data(), len, threads) ==
+            Crc32cExtend(prefix, data.data(), len));
+    }
+  }
+  const uint32_t before = Crc32c(data.data(), data.size());
+  data[data.size() - 3] ^= 0x40;  // in the last part
+  const uint32_t after = Crc32cExtendParallel(0, data.data(), data.size(), 3);
+  CHECK(after == Crc32c(data.data(), data.size()));
+  CHECK(after != before);
 }
 
 }  // namespace

@@ -383,6 +383,51 @@ TEST_CASE(
   CHECK(SameBytes(s.live().bytes, trainer.current()));
 }
 
+TEST_CASE(
+    "FinishBucket on several threads verifies a large bucket and still "
+    "rejects a flipped byte in any part",
+    "[weights][staging]") {
+  // One 13 MiB bucket: FinishBucket(bucket, 3) checksums it in three parts
+  // of over 4 MiB, on three threads.
+  constexpr uint64_t kBytes = (uint64_t{13} << 20) + 128;
+  auto layout = FlatWeightLayout::Create(
+      {{"w", v1::DTYPE_BF16, {static_cast<int64_t>(kBytes / 2)}, kBytes}},
+      {.bucket_bytes = kBytes, .alignment = 64});
+  REQUIRE(layout.ok());
+  REQUIRE(layout->num_buckets() == 1);
+  WeightBuffer payload(layout->total_bytes());
+  std::mt19937_64 rng(23);
+  testing::FillRandom(*layout, &payload, rng);
+  auto staging = StagingWeights::Create(*layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  StagingWeights& s = **staging;
+  uint64_t version = 0;
+  // The clean bucket, then a flipped byte in the first, middle and last
+  // part; with 1 MiB checksummed as a piece first or not.
+  for (uint64_t flip : {uint64_t{0}, uint64_t{100}, kBytes / 2, kBytes - 1}) {
+    for (bool piece : {false, true}) {
+      INFO("flipped byte " << flip << " piece " << piece);
+      auto manifest = layout->BuildManifest(payload.span(), ++version);
+      REQUIRE(manifest.ok());
+      REQUIRE(s.Begin(*manifest).ok());
+      REQUIRE(s.WriteBucketChunk(0, 0, payload.span()).ok());
+      if (flip != 0) {
+        absl::Span<uint8_t> staged = *s.MutableBucket(0);
+        staged[flip] ^= 0x04;
+      }
+      if (piece) REQUIRE(s.ChecksumBucketPiece(0, 0, 1 << 20).ok());
+      const absl::Status finished = s.FinishBucket(0, /*checksum_threads=*/3);
+      if (flip == 0) {
+        CHECK(finished.ok());
+        REQUIRE(s.Commit().ok());
+      } else {
+        CHECK(finished.code() == absl::StatusCode::kDataLoss);
+        CHECK_FALSE(s.ready());
+      }
+    }
+  }
+}
+
 TEST_CASE("Cancel unblocks a waiting receiver", "[weights][transport]") {
   const FlatWeightLayout layout = SmallLayout();
   InProcessWeightBus bus;
