@@ -201,4 +201,12 @@ void WeightSyncMetrics::RecordShmFallbacks(ShmFallbackReason reason,
       .Increment(count);
 }
 
+void WeightSyncMetrics::ExposeShmFallbacks() {
+  for (ShmFallbackReason reason :
+       {ShmFallbackReason::kNotOffered, ShmFallbackReason::kOpenFailed,
+        ShmFallbackReason::kMismatch}) {
+    shm_fallbacks_.Add({{"reason", ShmFallbackReasonName(reason)}});
+  }
+}
+
 }  // namespace tandem::weights

@@ -76,6 +76,10 @@ class WeightSyncMetrics {
   // Worker side: `count` FULL versions that were asked for in shared
   // memory came over a socket, for `reason`.
   void RecordShmFallbacks(ShmFallbackReason reason, double count = 1);
+  // Worker side, at start when it asks for shared memory: every reason's
+  // series at 0, so the family is scraped (and rates work) before the
+  // first fallback.
+  void ExposeShmFallbacks();
   // Weight server side: a GetManifest call, held as a long poll (wait
   // "long_poll") or answered at once ("none").
   void RecordManifestRequest(bool held);

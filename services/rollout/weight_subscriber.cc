@@ -67,6 +67,9 @@ absl::StatusOr<std::unique_ptr<WeightSubscriber>> WeightSubscriber::Create(
 WeightSubscriber::~WeightSubscriber() { Stop(); }
 
 void WeightSubscriber::Start() {
+  if (options_.metrics != nullptr && options_.pull_shared_memory) {
+    options_.metrics->ExposeShmFallbacks();
+  }
   if (options_.watcher != nullptr &&
       options_.mode == WeightSyncOptions::Mode::kBroadcast) {
     options_.watcher->SetChangeListener(

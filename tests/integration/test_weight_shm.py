@@ -238,7 +238,11 @@ class WeightShmNotOfferedTest(unittest.TestCase):
             self.dump()
             self.fail(f"Prometheus returned {last} for "
                       "tandem_weight_sync_shm_fallbacks_total")
-        self.assertEqual(set(last), {"not_offered"})
+        # Every reason is exported from the start (at 0); only not_offered
+        # counts here.
+        self.assertEqual(set(last), {"not_offered", "open_failed", "mismatch"})
+        self.assertEqual(last["open_failed"], 0)
+        self.assertEqual(last["mismatch"], 0)
 
         # On the worker, every full version it pulled is one fallback, and
         # none came from shared memory.
