@@ -187,18 +187,27 @@ absl::StatusOr<v1::WeightManifest> WeightStore::Manifest(
                          : it->second.delta->manifest;
 }
 
+absl::StatusOr<const WeightStore::Entry*> WeightStore::FindFull(
+    uint64_t* version) const {
+  if (*version == 0 && !versions_.empty()) {
+    *version = versions_.rbegin()->first;
+  }
+  auto it = versions_.find(*version);
+  if (it == versions_.end() || !it->second.full) {
+    return absl::NotFoundError(
+        absl::StrCat("weights v", *version, " is not retained as FULL"));
+  }
+  return &it->second;
+}
+
 absl::StatusOr<std::shared_ptr<const SharedWeightSegment>>
 WeightStore::SharedFull(uint64_t version) const {
   if (shared_memory_ == SharedMemory::kAtPut) {
     absl::MutexLock lock(&mu_);
-    if (version == 0 && !versions_.empty()) version = versions_.rbegin()->first;
-    auto it = versions_.find(version);
-    if (it == versions_.end() || !it->second.full) {
-      return absl::NotFoundError(
-          absl::StrCat("weights v", version, " is not retained as FULL"));
-    }
-    if (it->second.segment != nullptr) return it->second.segment;
-    if (!it->second.share_error.ok()) return it->second.share_error;
+    absl::StatusOr<const Entry*> entry = FindFull(&version);
+    if (!entry.ok()) return entry.status();
+    if ((*entry)->segment != nullptr) return (*entry)->segment;
+    if (!(*entry)->share_error.ok()) return (*entry)->share_error;
     return absl::NotFoundError(absl::StrCat(
         "weights v", version, " is not kept in shared memory (only the newest ",
         kSharedFullVersions, " full versions and the newest anchor are)"));
@@ -207,14 +216,10 @@ WeightStore::SharedFull(uint64_t version) const {
   StoredPayload payload;
   {
     absl::MutexLock lock(&mu_);
-    if (version == 0 && !versions_.empty()) version = versions_.rbegin()->first;
-    auto it = versions_.find(version);
-    if (it == versions_.end() || !it->second.full) {
-      return absl::NotFoundError(
-          absl::StrCat("weights v", version, " is not retained as FULL"));
-    }
-    if (it->second.segment != nullptr) return it->second.segment;
-    payload = *it->second.full;
+    absl::StatusOr<const Entry*> entry = FindFull(&version);
+    if (!entry.ok()) return entry.status();
+    if ((*entry)->segment != nullptr) return (*entry)->segment;
+    payload = *(*entry)->full;
   }
   absl::StatusOr<std::unique_ptr<SharedWeightSegment>> made =
       SharedWeightSegment::Create(

@@ -126,6 +126,10 @@ class WeightStore {
   // `unlink`, to be destroyed (unlinked) after mu_ is released.
   void Evict(std::vector<std::shared_ptr<const SharedWeightSegment>>* unlink)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The entry of FULL version `*version` (0: the newest, and `*version`
+  // becomes its number), NotFound when none is retained.
+  absl::StatusOr<const Entry*> FindFull(uint64_t* version) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // kAtPut: copies `payload` into a new segment for its version.
   absl::StatusOr<std::shared_ptr<const SharedWeightSegment>> MakeSegment(
       const StoredPayload& payload) const;
