@@ -28,10 +28,20 @@ namespace {
 
 // A whole raw bucket is read (and a shared-memory segment copied) and
 // checksummed in pieces of this size, each checksummed while it is still in
-// cache. Small reads also move the bytes faster: on the 2-core loopback of
-// docs/benchmarks.md ("Transport throughput") a raw pull in 128 KiB pieces
-// ran 1.02-1.27x a plain socket copy, against 0.73-0.77x in 4 MiB pieces.
+// cache. Small reads also move the bytes faster: side by side on the 2-core
+// loopback of docs/benchmarks.md ("Raw pull in 128 KiB pieces") a raw pull
+// in 128 KiB pieces ran 0.86-1.26x a plain socket copy, against 0.69-0.88x
+// in 4 MiB pieces.
 constexpr uint64_t kRawPieceBytes = uint64_t{128} << 10;
+
+absl::Status CancelledStatus() {
+  return absl::CancelledError("pull receiver cancelled");
+}
+
+// What a wait for a newer version ended by Interrupt() returns.
+absl::Status InterruptedStatus() {
+  return absl::CancelledError("wait for a newer weights version interrupted");
+}
 
 // A long poll asks the server to answer this long before the caller's
 // deadline, so that its answer, not the deadline, ends the call.
@@ -162,10 +172,9 @@ absl::StatusOr<v1::WeightManifest> GrpcPullReceiver::GetManifest(
     request.set_wait_ms(static_cast<uint32_t>(std::clamp<int64_t>(
         absl::ToInt64Milliseconds(wait), 1, kMaxLongPollMs)));
     absl::MutexLock lock(&mu_);
-    if (cancelled_) return absl::CancelledError("pull receiver cancelled");
+    if (cancelled_) return CancelledStatus();
     if (interrupted_) {
-      return absl::CancelledError(
-          "wait for a newer weights version interrupted");
+      return InterruptedStatus();
     }
     polling_ = &context;
   }
@@ -200,7 +209,7 @@ absl::StatusOr<v1::WeightManifest> GrpcPullReceiver::Plan(
     StagingWeights* staging, absl::Time deadline) {
   const std::optional<uint64_t> live = staging->live_version();
   for (;;) {
-    if (cancelled()) return absl::CancelledError("pull receiver cancelled");
+    if (cancelled()) return CancelledStatus();
     // With a live version: a long poll for a newer one, ending a little
     // before the deadline so that the server's answer (not the deadline)
     // ends it; an Interrupt() made before asks at once instead, and ends
@@ -247,11 +256,10 @@ absl::StatusOr<v1::WeightManifest> GrpcPullReceiver::Plan(
     }
     {
       absl::MutexLock lock(&mu_);
-      if (cancelled_) return absl::CancelledError("pull receiver cancelled");
+      if (cancelled_) return CancelledStatus();
       if (interrupted_) {
         interrupted_ = false;
-        return absl::CancelledError(
-            "wait for a newer weights version interrupted");
+        return InterruptedStatus();
       }
     }
     const bool long_polled = wait > absl::ZeroDuration();
@@ -284,8 +292,7 @@ absl::StatusOr<v1::WeightManifest> GrpcPullReceiver::Plan(
     mu_.AwaitWithTimeout(absl::Condition(&woken), pause);
     if (interrupted_ && !cancelled_) {
       interrupted_ = false;
-      return absl::CancelledError(
-          "wait for a newer weights version interrupted");
+      return InterruptedStatus();
     }
   }
 }
@@ -332,7 +339,7 @@ absl::Status GrpcPullReceiver::ReadStream(
   context.set_deadline(absl::ToChronoTime(deadline));
   {
     absl::MutexLock lock(&mu_);
-    if (cancelled_) return absl::CancelledError("pull receiver cancelled");
+    if (cancelled_) return CancelledStatus();
     active_ = &context;
   }
   v1::FetchWeightsRequest request =
@@ -429,7 +436,7 @@ absl::Status GrpcPullReceiver::RawRead(int fd, void* dst, size_t n,
                                        absl::Time deadline) {
   auto* p = static_cast<uint8_t*>(dst);
   while (n > 0) {
-    if (cancelled()) return absl::CancelledError("pull receiver cancelled");
+    if (cancelled()) return CancelledStatus();
     const int ms = PollMillis(deadline);
     if (ms == 0) {
       return absl::DeadlineExceededError(
@@ -445,7 +452,7 @@ absl::Status GrpcPullReceiver::RawRead(int fd, void* dst, size_t n,
     const ssize_t got = recv(fd, p, n, 0);
     if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (got <= 0) {
-      if (cancelled()) return absl::CancelledError("pull receiver cancelled");
+      if (cancelled()) return CancelledStatus();
       return absl::UnavailableError(absl::StrCat(
           "raw weight stream: ",
           got == 0 ? "connection closed early" : std::strerror(errno)));
@@ -483,7 +490,7 @@ absl::Status GrpcPullReceiver::ReadRawStream(
     absl::MutexLock lock(&mu_);
     if (cancelled_) {
       close(fd);
-      return absl::CancelledError("pull receiver cancelled");
+      return CancelledStatus();
     }
     active_fd_ = fd;
     ++stats_.raw_streams;
@@ -659,7 +666,7 @@ absl::Status GrpcPullReceiver::CopySharedSegment(
   const absl::Span<const uint8_t> payload = (*mapped)->payload();
   const auto num_buckets = static_cast<uint32_t>(manifest.buckets_size());
   while (*bucket < num_buckets) {
-    if (cancelled()) return absl::CancelledError("pull receiver cancelled");
+    if (cancelled()) return CancelledStatus();
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
           "shared-memory weight copy: deadline passed");
@@ -750,7 +757,6 @@ absl::Status GrpcPullReceiver::Fetch(StagingWeights* staging,
             manifest.policy_version(), s.ToString());
         absl::MutexLock lock(&mu_);
         shm_off_ = true;
-        ++stats_.shm_fallbacks;
         ++(absl::IsFailedPrecondition(s) ? stats_.shm_mismatches
                                          : stats_.shm_open_failures);
         continue;

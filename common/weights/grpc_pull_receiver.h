@@ -38,7 +38,7 @@
 // bad bucket rejects the version). A segment that cannot be opened here
 // (another host or container, /dev/shm not shared) or is not the one
 // offered sends this and every later fetch of this receiver to the socket
-// at once: stats().shm_fallbacks counts it (split by why in
+// at once: stats().shm_fallbacks() counts it (split by why in
 // shm_open_failures and shm_mismatches) and one debug line says why. A
 // FULL version asked for in shared memory but streamed because the server
 // offered no segment counts in stats().shm_not_offered.
@@ -104,10 +104,12 @@ struct PullStats {
   uint64_t grpc_streams = 0;       // streams read over FetchWeights
   uint64_t shm_versions = 0;       // versions copied from shared memory
   uint64_t shm_bytes = 0;          // bytes copied from shared memory
-  uint64_t shm_fallbacks = 0;      // offered segments not usable here:
-  uint64_t shm_open_failures = 0;  //   could not be opened (another host)
-  uint64_t shm_mismatches = 0;     //   not the one offered (size, token)
+  // Offered segments not usable here, by why:
+  uint64_t shm_open_failures = 0;  // could not be opened (another host)
+  uint64_t shm_mismatches = 0;     // not the one offered (size, token)
   uint64_t shm_not_offered = 0;    // asked for, streamed instead
+
+  uint64_t shm_fallbacks() const { return shm_open_failures + shm_mismatches; }
 };
 
 class GrpcPullReceiver : public WeightReceiver {

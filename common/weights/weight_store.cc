@@ -221,12 +221,9 @@ WeightStore::SharedFull(uint64_t version) const {
     if ((*entry)->segment != nullptr) return (*entry)->segment;
     payload = *(*entry)->full;
   }
-  absl::StatusOr<std::unique_ptr<SharedWeightSegment>> made =
-      SharedWeightSegment::Create(
-          absl::StrCat(segment_stem_, "-v", version), version,
-          {payload.bytes->data(), payload.bytes->size()});
-  if (!made.ok()) return made.status();
-  std::shared_ptr<const SharedWeightSegment> segment = *std::move(made);
+  absl::StatusOr<std::shared_ptr<const SharedWeightSegment>> segment =
+      MakeSegment(payload);
+  if (!segment.ok()) return segment.status();
   absl::MutexLock lock(&mu_);
   auto it = versions_.find(version);
   // Evicted or replaced while copying: do not keep (or offer) the copy.
@@ -235,7 +232,7 @@ WeightStore::SharedFull(uint64_t version) const {
     return absl::NotFoundError(absl::StrCat(
         "weights v", version, " was evicted while it was being shared"));
   }
-  it->second.segment = segment;
+  it->second.segment = *segment;
   return segment;
 }
 

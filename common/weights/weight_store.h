@@ -130,7 +130,7 @@ class WeightStore {
   // becomes its number), NotFound when none is retained.
   absl::StatusOr<const Entry*> FindFull(uint64_t* version) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // kAtPut: copies `payload` into a new segment for its version.
+  // Copies `payload` into a new segment for its version.
   absl::StatusOr<std::shared_ptr<const SharedWeightSegment>> MakeSegment(
       const StoredPayload& payload) const;
 

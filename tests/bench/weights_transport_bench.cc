@@ -64,6 +64,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -96,11 +97,13 @@ constexpr int kWarmupVersions = 2;
 // Gloo's BroadcastGroupConfig.piece_bytes in the non-serial columns.
 uint64_t g_piece_bytes = BroadcastGroupConfig{}.piece_bytes;
 
-// The columns --columns picks (default: all); "gloo" stands for every
-// broadcast column.
-const std::set<std::string> kColumnNames = {"grpc",        "raw",      "shm",
-                                            "shm-publish", "shm-made", "gloo"};
-std::set<std::string> g_columns = kColumnNames;
+// The columns --columns picked (empty: all), by kPullColumns' names and
+// "gloo" for every broadcast column.
+std::set<std::string> g_columns;
+
+bool Picked(const std::string& name) {
+  return g_columns.empty() || g_columns.count(name) > 0;
+}
 
 // The baseline receiver's read() size (--socket-read-kib; 0: unbounded).
 uint64_t g_socket_read_bytes = 0;
@@ -572,7 +575,7 @@ void Run(uint64_t mib, const std::vector<int>& receivers, int rounds,
                           bytes / Median(p.column_seconds) / 1e9);
   };
   for (const PullSpec& spec : kPullColumns) {
-    if (!g_columns.count(spec.name)) continue;
+    if (!Picked(spec.name)) continue;
     PullColumn pull(*manifest, payload, spec.raw, spec.shm);
     cell(pull);
   }
@@ -677,11 +680,17 @@ int main(int argc, char** argv) {
       }
       g_socket_read_bytes = kib << 10;
     } else if (arg.substr(0, 10) == "--columns=") {
-      g_columns.clear();
+      std::string known = "gloo";
+      for (const PullSpec& spec : kPullColumns) {
+        known = absl::StrCat(known, ", ", spec.name);
+      }
       for (absl::string_view c : absl::StrSplit(arg.substr(10), ',')) {
-        if (!kColumnNames.count(std::string(c))) {
-          Die(absl::StrCat("--columns: unknown column '", c,
-                           "' (grpc, raw, shm, shm-publish, shm-made, gloo)"));
+        const bool pull =
+            std::any_of(std::begin(kPullColumns), std::end(kPullColumns),
+                        [&](const PullSpec& spec) { return c == spec.name; });
+        if (!pull && c != "gloo") {
+          Die(absl::StrCat("--columns: unknown column '", c, "' (", known,
+                           ")"));
         }
         g_columns.insert(std::string(c));
       }
@@ -699,11 +708,11 @@ int main(int argc, char** argv) {
   std::string header = "| size |";
   std::string rule = "| --- |";
   for (const PullSpec& spec : kPullColumns) {
-    if (!g_columns.count(spec.name)) continue;
+    if (!Picked(spec.name)) continue;
     absl::StrAppend(&header, " ", spec.header, " |");
     absl::StrAppend(&rule, " --- |");
   }
-  if (!g_columns.count("gloo")) receivers.clear();
+  if (!Picked("gloo")) receivers.clear();
   for (int k : receivers) {
     absl::StrAppend(&header, " gloo, ", k, " receiver", k > 1 ? "s" : "",
                     " |");

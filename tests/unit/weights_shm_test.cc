@@ -122,7 +122,7 @@ TEST_CASE(
   const PullStats stats = receiver.stats();
   CHECK(stats.shm_versions == kVersions);
   CHECK(stats.shm_bytes == kVersions * layout.total_bytes());
-  CHECK(stats.shm_fallbacks == 0);
+  CHECK(stats.shm_fallbacks() == 0);
   // The offers came over the path asked for.
   CHECK((raw ? stats.raw_streams : stats.grpc_streams) >= kVersions);
   CHECK((raw ? stats.grpc_streams : stats.raw_streams) == 0);
@@ -199,7 +199,7 @@ TEST_CASE(
     ReceiveAndCommit(receiver, **staging, 1);
     CHECK(SameBytes((*staging)->live().bytes, trainer.current()));
     CHECK(receiver.stats().shm_versions == 0);
-    CHECK(receiver.stats().shm_fallbacks == 0);
+    CHECK(receiver.stats().shm_fallbacks() == 0);
     CHECK(receiver.stats().shm_not_offered == 1);
     CHECK(server.service().stats().bytes == layout.total_bytes());
     // Asked again for the next version: not offered again.
@@ -227,7 +227,7 @@ TEST_CASE(
     GrpcPullReceiver receiver(server.channel(), {.raw_data = raw});
     ReceiveAndCommit(receiver, **staging, 1);
     CHECK(SameBytes((*staging)->live().bytes, trainer.current()));
-    CHECK(receiver.stats().shm_fallbacks == 1);
+    CHECK(receiver.stats().shm_fallbacks() == 1);
     CHECK(receiver.stats().shm_mismatches == (impostor ? 1 : 0));
     CHECK(receiver.stats().shm_open_failures == (impostor ? 0 : 1));
     CHECK(receiver.stats().shm_not_offered == 0);
@@ -239,7 +239,7 @@ TEST_CASE(
     ReceiveAndCommit(receiver, **staging, 2);
     CHECK(SameBytes((*staging)->live().bytes, trainer.current()));
     CHECK(server.service().stats().shm_offers == 1);
-    CHECK(receiver.stats().shm_fallbacks == 1);
+    CHECK(receiver.stats().shm_fallbacks() == 1);
     // The receiver stopped asking: nothing "not offered" either.
     CHECK(receiver.stats().shm_not_offered == 0);
     if (impostor) unlink(path.c_str());
@@ -319,7 +319,7 @@ TEST_CASE(
   const PullStats stats = receiver.stats();
   CHECK(stats.shm_versions == kVersions);
   CHECK(stats.shm_bytes == kVersions * layout.total_bytes());
-  CHECK(stats.shm_fallbacks == 0);
+  CHECK(stats.shm_fallbacks() == 0);
   CHECK(stats.shm_not_offered == 0);
   CHECK(server.service().stats().shm_offers == kVersions);
   CHECK(server.service().stats().bytes == 0);  // nothing streamed
