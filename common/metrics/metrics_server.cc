@@ -1,53 +1,142 @@
 #include "common/metrics/metrics_server.h"
 
-#include <netdb.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <atomic>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
 #include <chrono>
 #include <exception>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
-#include "prometheus/exposer.h"
 #include "prometheus/gauge.h"
+#include "prometheus/text_serializer.h"
 
 namespace tandem::metrics {
 namespace {
 
-constexpr char kVersion[] = "0.1.0";
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
 
-// Opens and at once closes a TCP connection to host:port. A wildcard host
-// is reached through loopback.
-void Knock(const std::string& host_port) {
-  const size_t colon = host_port.rfind(':');
-  if (colon == std::string::npos) return;
-  std::string host = host_port.substr(0, colon);
-  const std::string port = host_port.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
+constexpr char kVersion[] = "0.1.0";
+constexpr char kContentType[] = "text/plain; version=0.0.4; charset=utf-8";
+// A connection idle (or a request unfinished) this long is closed.
+constexpr std::chrono::seconds kIdleTimeout(60);
+
+// One HTTP/1.1 connection: answers requests in turn until the peer closes,
+// asks to close, idles out, or the server stops. Owned by its pending
+// handlers (shared_from_this); all of them run on the server's one thread.
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, std::shared_ptr<prometheus::Registry> registry)
+      : stream_(std::move(socket)), registry_(std::move(registry)) {}
+
+  void Read() {
+    request_ = {};
+    stream_.expires_after(kIdleTimeout);
+    http::async_read(
+        stream_, buffer_, request_,
+        [self = shared_from_this()](beast::error_code error, size_t) {
+          if (!error) self->Respond();
+        });
   }
-  if (host.empty() || host == "0.0.0.0") host = "127.0.0.1";
-  if (host == "::") host = "::1";
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0) return;
-  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-    const int fd =
-        socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
-    const bool connected = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
-    close(fd);
-    if (connected) break;
+
+ private:
+  void Respond() {
+    auto response = std::make_shared<http::response<http::string_body>>();
+    // HTTP/1.1 whatever the request's version (the highest one served);
+    // the connection stays open only when the request asked for that.
+    response->version(11);
+    response->keep_alive(request_.keep_alive());
+    response->set(http::field::server, "tandem");
+    const std::string_view target(request_.target().data(),
+                                  request_.target().size());
+    const std::string_view path = target.substr(0, target.find('?'));
+    if (path != "/metrics") {
+      response->result(http::status::not_found);
+      response->set(http::field::content_type, "text/plain");
+      response->body() = "not found: the metrics are at /metrics\n";
+    } else if (request_.method() != http::verb::get &&
+               request_.method() != http::verb::head) {
+      response->result(http::status::method_not_allowed);
+      response->set(http::field::allow, "GET, HEAD");
+    } else {
+      response->result(http::status::ok);
+      response->set(http::field::content_type, kContentType);
+      response->body() =
+          prometheus::TextSerializer().Serialize(registry_->Collect());
+    }
+    response->prepare_payload();
+    if (request_.method() == http::verb::head) response->body().clear();
+    http::async_write(stream_, *response,
+                      [self = shared_from_this(), response](
+                          beast::error_code error, size_t) {
+                        if (error || !response->keep_alive()) {
+                          beast::error_code ignored;
+                          self->stream_.socket().shutdown(
+                              tcp::socket::shutdown_send, ignored);
+                          return;
+                        }
+                        self->Read();
+                      });
   }
-  freeaddrinfo(found);
-}
+
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  http::request<http::string_body> request_;
+  std::shared_ptr<prometheus::Registry> registry_;
+};
 
 }  // namespace
+
+// The listener and its thread. Destruction stops the io_context, joins the
+// thread, and then destroys the pending handlers (and with them every open
+// connection).
+class MetricsServer::Http {
+ public:
+  explicit Http(std::shared_ptr<prometheus::Registry> registry)
+      : registry_(std::move(registry)), acceptor_(io_) {}
+
+  ~Http() {
+    io_.stop();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  // Binds host:port (port 0: any free one) and starts serving.
+  void Start(const std::string& host, const std::string& port) {
+    tcp::resolver resolver(io_);
+    const auto endpoints =
+        resolver.resolve(host, port, tcp::resolver::passive);
+    const tcp::endpoint endpoint = endpoints.begin()->endpoint();
+    acceptor_.open(endpoint.protocol());
+    acceptor_.set_option(tcp::acceptor::reuse_address(true));
+    acceptor_.bind(endpoint);
+    acceptor_.listen();
+    Accept();
+    thread_ = std::thread([this] { io_.run(); });
+  }
+
+  unsigned short port() const { return acceptor_.local_endpoint().port(); }
+
+ private:
+  void Accept() {
+    acceptor_.async_accept([this](beast::error_code error,
+                                  tcp::socket socket) {
+      if (error == asio::error::operation_aborted) return;
+      if (!error) {
+        std::make_shared<Session>(std::move(socket), registry_)->Read();
+      }
+      Accept();
+    });
+  }
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  asio::io_context io_;
+  tcp::acceptor acceptor_;
+  std::thread thread_;
+};
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Create(
     const std::string& address, const std::string& daemon,
@@ -77,40 +166,25 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("metrics_address must be host:port, got '", address, "'"));
   }
+  std::string host = address.substr(0, colon);
+  const std::string port = address.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host.empty()) host = "0.0.0.0";
+  auto http = std::make_unique<Http>(server->registry_);
   try {
-    server->exposer_ = std::make_unique<prometheus::Exposer>(address, 2);
+    http->Start(host, port);
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
   }
-  server->exposer_->RegisterCollectable(server->registry_);
-  auto ports = server->exposer_->GetListeningPorts();
-  if (ports.empty()) {
-    return absl::UnavailableError(
-        absl::StrCat("metrics endpoint on ", address, " has no port"));
-  }
   server->bound_address_ =
-      absl::StrCat(address.substr(0, colon), ":", ports.front());
+      absl::StrCat(address.substr(0, colon), ":", http->port());
+  server->http_ = std::move(http);
   return server;
 }
 
-MetricsServer::~MetricsServer() {
-  if (exposer_ == nullptr) return;
-  // The exposer's HTTP server (civetweb) notices a stop only when its
-  // listener's poll() returns, which without traffic takes up to its 2 s
-  // poll timeout. Knocking on the port wakes it, so destruction takes
-  // milliseconds; knock until it is done, since a knock that lands before
-  // the stop flag is set is just served as a closed connection.
-  std::atomic<bool> stopped{false};
-  std::thread stop([this, &stopped] {
-    exposer_.reset();
-    stopped = true;
-  });
-  while (!stopped) {
-    Knock(bound_address_);
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  stop.join();
-}
+MetricsServer::~MetricsServer() = default;
 
 }  // namespace tandem::metrics

@@ -1,6 +1,7 @@
 #include "common/model/hf_checkpoint.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <cstring>
 #include <filesystem>
@@ -145,7 +146,7 @@ absl::StatusOr<std::shared_ptr<ModelWeights>> LoadWeights(
   }
   std::map<std::string, at::Tensor> tensors;
   try {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     for (const ExpectedTensor& e : expected) {
       const safetensors::TensorView* view = checkpoint.Find(e.name);
       ASSIGN_OR_RETURN(at::ScalarType stored, StoredScalarType(*view, source));
@@ -192,7 +193,7 @@ absl::Status SaveHfModel(const ModelWeights& weights, const std::string& dir,
   std::vector<safetensors::TensorToWrite> to_write;
   uint64_t total_bytes = 0;
   try {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     for (const ExpectedTensor& e : ExpectedTensors(config)) {
       at::Tensor t = weights.tensors()
                          .at(e.name)

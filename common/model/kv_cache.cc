@@ -1,6 +1,7 @@
 #include "common/model/kv_cache.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <algorithm>
 
@@ -38,7 +39,7 @@ absl::Status ContiguousKvCache::Grow(int64_t min_capacity) {
   const int64_t new_capacity =
       std::min(max_tokens_, std::max(min_capacity, 2 * capacity_));
   try {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     const auto options = at::TensorOptions().dtype(dtype_).device(device_);
     for (int64_t layer = 0; layer < num_layers_; ++layer) {
       for (auto* store : {&keys_, &values_}) {
@@ -95,7 +96,7 @@ absl::StatusOr<std::unique_ptr<ContiguousKvCache>> ContiguousKvCache::Fork()
   copy->dtype_ = dtype_;
   copy->device_ = device_;
   try {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     for (int64_t layer = 0; layer < num_layers_; ++layer) {
       copy->keys_.push_back(keys_[layer].clone());
       copy->values_.push_back(values_[layer].clone());

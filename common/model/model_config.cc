@@ -115,22 +115,45 @@ absl::StatusOr<Architecture> ParseArchitecture(const json& root,
       "'] is not supported; expected one of ", kSupportedArchitectures));
 }
 
-absl::StatusOr<std::optional<RopeScaling>> ParseRopeScaling(
-    const json& root, absl::string_view source) {
-  auto it = root.find("rope_scaling");
-  if (it == root.end() || it->is_null()) return std::nullopt;
-  if (!it->is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": rope_scaling must be an object or null, got ", it->dump()));
+// The rotary parameters of config.json. transformers >= 5 writes one
+// `rope_parameters` object ({"rope_type", "rope_theta", and the scaling
+// fields}) and no top-level `rope_theta` / `rope_scaling`; older versions
+// write those two. As transformers does, a non-null `rope_scaling` takes
+// precedence over `rope_parameters`, and the object's `rope_theta` over the
+// top-level one.
+absl::Status ParseRope(const json& root, absl::string_view source,
+                       ModelConfig* config) {
+  std::string key = "rope_scaling";
+  auto it = root.find(key);
+  if (it == root.end() || it->is_null() || (it->is_object() && it->empty())) {
+    key = "rope_parameters";
+    it = root.find(key);
   }
-  const std::string where = absl::StrCat(source, ": rope_scaling");
+  const std::string where = absl::StrCat(source, ": ", key);
+  FieldReader top(root, source);
+  ASSIGN_OR_RETURN(config->rope_theta, top.Double("rope_theta", 10000.0));
+  config->rope_scaling.reset();
+  if (it == root.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " must be an object or null, got ", it->dump()));
+  }
+  for (const auto& [name, value] : it->items()) {
+    if (value.is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": parameters per layer type ('", name,
+                       "') are not supported"));
+    }
+  }
   FieldReader fields(*it, where);
+  ASSIGN_OR_RETURN(config->rope_theta,
+                   fields.Double("rope_theta", config->rope_theta));
   // transformers spells the type "rope_type" (new) or "type" (old).
   ASSIGN_OR_RETURN(std::string type, fields.String("rope_type", ""));
   if (type.empty()) {
     ASSIGN_OR_RETURN(type, fields.String("type", ""));
   }
-  if (type == "default") return std::nullopt;
+  if (type.empty() || type == "default") return absl::OkStatus();
   if (type != "llama3") {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": type '", type,
@@ -142,7 +165,8 @@ absl::StatusOr<std::optional<RopeScaling>> ParseRopeScaling(
   ASSIGN_OR_RETURN(scaling.high_freq_factor, fields.Double("high_freq_factor"));
   ASSIGN_OR_RETURN(scaling.original_max_position_embeddings,
                    fields.Int("original_max_position_embeddings"));
-  return scaling;
+  config->rope_scaling = scaling;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<WeightDType> ParseDType(const FieldReader& fields) {
@@ -312,8 +336,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
                                      config.hidden_size, ")"));
   }
   ASSIGN_OR_RETURN(config.rms_norm_eps, fields.Double("rms_norm_eps", 1e-6));
-  ASSIGN_OR_RETURN(config.rope_theta, fields.Double("rope_theta", 10000.0));
-  ASSIGN_OR_RETURN(config.rope_scaling, ParseRopeScaling(root, source));
+  RETURN_IF_ERROR(ParseRope(root, source, &config));
   ASSIGN_OR_RETURN(config.max_position_embeddings,
                    fields.Int("max_position_embeddings", 2048));
   ASSIGN_OR_RETURN(config.tie_word_embeddings,
@@ -388,6 +411,15 @@ nlohmann::json ModelConfigToJson(const ModelConfig& c) {
          c.rope_scaling->original_max_position_embeddings}};
   } else {
     out["rope_scaling"] = nullptr;
+  }
+  // A config read from transformers >= 5 keeps its `rope_parameters`, which
+  // transformers reads when `rope_scaling` is null: keep it in step.
+  if (out.contains("rope_parameters")) {
+    json rope = out["rope_scaling"].is_object()
+                    ? out["rope_scaling"]
+                    : json{{"rope_type", "default"}};
+    rope["rope_theta"] = c.rope_theta;
+    out["rope_parameters"] = std::move(rope);
   }
   out["max_position_embeddings"] = c.max_position_embeddings;
   out["tie_word_embeddings"] = c.tie_word_embeddings;

@@ -88,7 +88,10 @@ absl::Status ValidateModelConfig(const ModelConfig& config,
 // `model_type` that disagrees with it, rope scaling types other than
 // "llama3"/"default", `hidden_act` other than "silu", Llama's `mlp_bias`,
 // and sliding-window attention (use_sliding_window: true); missing required
-// fields are named.
+// fields are named. RoPE comes from `rope_theta` / `rope_scaling` (written
+// by transformers < 5 and by ModelConfigToJson) or from `rope_parameters`
+// (transformers >= 5), with transformers' precedence; rope parameters per
+// layer type are refused.
 absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text,
                                              absl::string_view source);
 

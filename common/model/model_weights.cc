@@ -1,6 +1,7 @@
 #include "common/model/model_weights.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <set>
@@ -200,7 +201,7 @@ absl::Status ModelWeights::CopyValuesFrom(const ModelWeights& other) {
     }
   }
   try {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     for (auto& [name, dst] : tensors_) {
       at::Tensor target = dst;
       target.copy_(other.tensors_.at(name));
@@ -217,7 +218,7 @@ absl::StatusOr<std::shared_ptr<ModelWeights>> RandomInit(
   RETURN_IF_ERROR(ValidateModelConfig(config, "RandomInit"));
   std::map<std::string, at::Tensor> tensors;
   try {
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
     const at::ScalarType dtype = ToScalarType(config.dtype);
     for (const ExpectedTensor& e : ExpectedTensors(config)) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/weights/store_client.h"
 
 namespace tandem::weights {
 namespace {
@@ -77,14 +78,23 @@ absl::StatusOr<std::unique_ptr<GlooBroadcastGroup>> GlooBroadcastGroup::Create(
   try {
     if (server != nullptr) {
       impl->store = server->impl_->store;
-    } else {
+    } else if (config.rank == 0) {
       c10d::TCPStoreOptions store_options;
       store_options.port = config.store_port;
-      store_options.isServer = config.rank == 0;
+      store_options.isServer = true;
       store_options.waitWorkers = false;
       store_options.timeout = ToMillis(config.timeout);
       impl->store =
           c10::make_intrusive<c10d::TCPStore>(config.store_host, store_options);
+    } else {
+      auto client = ConnectStoreClient(config.store_host, config.store_port,
+                                       config.timeout);
+      if (!client.ok()) {
+        return absl::Status(client.status().code(),
+                            absl::StrCat(where, ": rendezvous failed: ",
+                                         client.status().message()));
+      }
+      impl->store = *std::move(client);
     }
     auto prefixed =
         c10::make_intrusive<c10d::PrefixStore>(config.key_prefix, impl->store);
@@ -123,11 +133,6 @@ std::function<absl::Status()> GlooBroadcastGroup::StartBroadcast(
         absl::StrCat("gloo group ", impl_->config.key_prefix,
                      " is broken; the next epoch must be formed")));
   }
-  if (bytes.size() % 4 != 0 ||
-      reinterpret_cast<uintptr_t>(bytes.data()) % 4 != 0) {
-    return done(absl::InvalidArgumentError(
-        "gloo broadcast needs a 4-byte aligned multiple of 4 bytes"));
-  }
   if (bytes.empty()) return done(absl::OkStatus());
   auto failed = [impl = impl_.get(), size = bytes.size()](const char* what) {
     impl->broken = true;
@@ -136,10 +141,11 @@ std::function<absl::Status()> GlooBroadcastGroup::StartBroadcast(
   };
   c10::intrusive_ptr<c10d::Work> work;
   try {
-    // Gloo in LibTorch 1.13 rejects bf16/int16: send the bytes as float32.
+    // The bytes as they are (uint8): LibTorch 1.13's Gloo needed them viewed
+    // as float32, so buffers had to be 4-byte aligned multiples of 4.
     at::Tensor view =
-        at::from_blob(bytes.data(), {static_cast<int64_t>(bytes.size() / 4)},
-                      at::TensorOptions().dtype(at::kFloat));
+        at::from_blob(bytes.data(), {static_cast<int64_t>(bytes.size())},
+                      at::TensorOptions().dtype(at::kByte));
     std::vector<at::Tensor> tensors{view};
     c10d::BroadcastOptions options;
     options.rootRank = 0;

@@ -7,8 +7,7 @@
 // CreateBroadcastGroup() (broadcast_group.h) for backend "gloo".
 //
 // Wire protocol per version: common/weights/broadcast_protocol.h, as Gloo
-// broadcasts from rank 0 of byte buffers viewed as float32 (Gloo in LibTorch
-// 1.13 rejects bf16/int16).
+// broadcasts from rank 0 of uint8 byte buffers.
 //
 // Deadlines: every collective, and the rendezvous, carries `timeout`. A
 // collective that fails or times out marks the group broken: later calls

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -18,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/weights/store_client.h"
 
 namespace tandem::weights {
 namespace {
@@ -165,16 +167,14 @@ void OnDevice(int device, F f) {
   if (restore && previous != device) Api().cudaSetDevice(previous);
 }
 
-// A client of the trainer's TCPStore (throws like c10d::TCPStore).
+// A client of the trainer's TCPStore (throws like c10d::TCPStore, with a
+// deadline: store_client.h).
 c10::intrusive_ptr<c10d::TCPStore> ConnectToStore(
     const NcclGroupConfig& config) {
-  c10d::TCPStoreOptions store_options;
-  store_options.port = config.store_port;
-  store_options.isServer = false;
-  store_options.waitWorkers = false;
-  store_options.timeout =
-      std::chrono::milliseconds(absl::ToInt64Milliseconds(config.timeout));
-  return c10::make_intrusive<c10d::TCPStore>(config.store_host, store_options);
+  auto store =
+      ConnectStoreClient(config.store_host, config.store_port, config.timeout);
+  if (!store.ok()) throw std::runtime_error(store.status().ToString());
+  return *std::move(store);
 }
 
 }  // namespace

@@ -5,6 +5,12 @@
 # Extra arguments go to tandem-local (see build/bin/tandem-local --help).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+echo "demo: installing dependencies (Debian packages, then PyPI's torch into .venv)"
 bash deploy/local/install-deps.sh
-bash deploy/local/build.sh
-exec build/bin/tandem-local "$@"
+echo "demo: building the five binaries the demo runs (tandem-local and the" \
+  "coordinator, trainer, rollout worker and verifier it starts); tests and" \
+  "benchmarks are left for deploy/local/test.sh"
+bash deploy/local/build.sh --target tandem-local
+build_dir=${TANDEM_BUILD_DIR:-build}
+echo "demo: starting $build_dir/bin/tandem-local $*"
+exec "$build_dir/bin/tandem-local" "$@"

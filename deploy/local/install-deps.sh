@@ -1,33 +1,28 @@
 #!/usr/bin/env bash
-# Installs every Debian 12 package that Tandem's build, tests and demo need.
-# Run as root on a fresh machine. Idempotent: when everything is already
-# present it only checks and returns.
+# Installs every Debian 12 package that Tandem's build, tests and demo need,
+# then the project's Python virtual environment (.venv, or $TANDEM_VENV) with
+# the pinned packages of deploy/local/requirements.txt: PyPI's torch wheel
+# (the LibTorch the build links) and the test references. Run as root on a
+# fresh machine. Idempotent: when everything is already present it only
+# checks and returns.
 set -euo pipefail
+cd "$(dirname "$0")/../.."
 
 PACKAGES=(
   # toolchain
   build-essential cmake ninja-build ccache pkg-config git ca-certificates
-  # libraries
-  libtorch-dev libgloo-dev
+  # libraries (LibTorch comes from PyPI's torch wheel, below; its gloo
+  # headers do not ship in the wheel, see docs/platform.md)
+  libgloo-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc grpc-proto
   libabsl-dev libboost-dev libyaml-cpp-dev prometheus-cpp-dev
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
   libpcre2-dev libutf8proc-dev
-  # optimized BLAS for LibTorch's fp32 matmuls (Debian's default is the
-  # reference BLAS, ~13x slower on the tiny model). The serial build: the
-  # pthread one breaks civetweb's thread creation (the /metrics server) in
-  # the same process, and each daemon runs single-threaded math anyway.
-  libopenblas0-serial
   # tests: unit framework, independent gRPC client, real Prometheus server
-  catch2 python3 python3-grpcio prometheus
+  catch2 python3 python3-venv python3-grpcio prometheus
   # deployment checks: compose file validation (kubectl is preinstalled)
   docker-compose python3-yaml
 )
-
-# The tokenizer reference tests run the npm packages' JavaScript tokenizers.
-if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
-  PACKAGES+=(nodejs npm)
-fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -37,16 +32,31 @@ for p in "${PACKAGES[@]}"; do
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#PACKAGES[@]} packages present"
-  exit 0
-fi
-
-if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} Debian packages present"
+elif [ "$(id -u)" -ne 0 ]; then
   echo "install-deps: missing packages: ${missing[*]}; run this script as root" >&2
   exit 1
+else
+  echo "install-deps: installing ${#missing[@]} packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update
+  apt-get install -y --no-install-recommends "${PACKAGES[@]}"
 fi
 
-echo "install-deps: installing ${#missing[@]} packages: ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-apt-get update
-apt-get install -y --no-install-recommends "${PACKAGES[@]}"
+# The virtual environment, remade only when requirements.txt changed.
+venv=${TANDEM_VENV:-$PWD/.venv}
+requirements=deploy/local/requirements.txt
+stamp="$venv/.tandem-requirements"
+if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && cmp -s "$requirements" "$stamp"; then
+  echo "install-deps: Python environment $venv up to date"
+  exit 0
+fi
+echo "install-deps: installing $requirements into $venv" \
+  "(torch with its CUDA libraries: about 5 GB, a few minutes)"
+if [ ! -x "$venv/bin/python" ]; then
+  /usr/bin/python3 -m venv --system-site-packages "$venv"
+fi
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+  --progress-bar off -r "$requirements"
+cp "$requirements" "$stamp"
+echo "install-deps: Python environment $venv ready"

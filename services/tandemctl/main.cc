@@ -8,6 +8,7 @@
 //   tandemctl logprobs --model DIR --input F.jsonl
 //   tandemctl generate --model DIR --prompt TEXT [--max-tokens N]
 //                      [--temperature T] [--seed S]
+//   tandemctl export --model DIR --output DIR
 
 #include <google/protobuf/util/json_util.h>
 
@@ -232,6 +233,15 @@ int main(int argc, char** argv) {
                        "0 = greedy");
   generate->add_option("--seed", generate_options.seed, "Sampling seed");
 
+  std::string output;
+  CLI::App* export_model = app.add_subcommand(
+      "export",
+      "Write the model back as a Hugging Face directory through Tandem's "
+      "checkpoint writer");
+  export_model->add_option("--model", model_dir,
+                           "Hugging Face model directory (empty: built-in)");
+  export_model->add_option("--output", output, "Output directory")->required();
+
   CLI11_PARSE(app, argc, argv);
   auto report = [](const absl::Status& status) {
     if (status.ok()) return 0;
@@ -252,6 +262,9 @@ int main(int argc, char** argv) {
   if (generate->parsed()) {
     return report(
         tandem::ctl::Generate(model_dir, generate_options, std::cout));
+  }
+  if (export_model->parsed()) {
+    return report(tandem::ctl::Export(model_dir, output));
   }
   if (status->parsed()) return RunStatus(coordinator, json, timeout_s);
   if (watch->parsed()) return RunWatch(coordinator, member_id);

@@ -9,7 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/model/decoder_model.h"
+#include "common/model/hf_checkpoint.h"
 #include "common/model/torch_status.h"
+#include "common/task/arith_tokenizer.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/rollout/engine/engine.h"
 #include "services/rollout/torch_engine_model.h"
@@ -106,6 +108,17 @@ absl::Status Generate(const std::string& model_dir,
                            rollout::FinishReasonName(sample.finish_reason)}}
                .dump()
         << "\n";
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Export(const std::string& model_dir, const std::string& out_dir) {
+  ASSIGN_OR_RETURN(rollout::LoadedModel model, Load(model_dir));
+  model::SaveOptions save;
+  save.tokenizer_dir = model_dir;
+  RETURN_IF_ERROR(model::SaveHfModel(*model.decoder->weights(), out_dir, save));
+  if (model_dir.empty()) {
+    RETURN_IF_ERROR(task::WriteArithTokenizer(out_dir + "/tokenizer.json"));
   }
   return absl::OkStatus();
 }

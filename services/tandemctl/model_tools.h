@@ -8,6 +8,8 @@
 //             before, under the model (float32 log-softmax)
 //   generate  a completion of a prompt through the rollout engine (greedy
 //             with temperature 0)
+//   export    the model as loaded, written back through Tandem's checkpoint
+//             writer (SaveHfModel), to check that writer against others
 // `model_dir` is a Hugging Face directory (config.json, *.safetensors,
 // tokenizer.json); an empty one means the built-in tiny model.
 
@@ -32,5 +34,11 @@ struct GenerateOptions {
 };
 absl::Status Generate(const std::string& model_dir,
                       const GenerateOptions& options, std::ostream& out);
+
+// Loads `model_dir` (as the other tools do) and writes it to `out_dir`
+// (created if missing) with SaveHfModel in the weights' dtype: config.json,
+// model.safetensors, and the tokenizer files of `model_dir` (the arithmetic
+// tokenizer.json for the built-in model).
+absl::Status Export(const std::string& model_dir, const std::string& out_dir);
 
 }  // namespace tandem::ctl

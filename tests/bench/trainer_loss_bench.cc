@@ -183,7 +183,7 @@ int main(int argc, char** argv) {
       Inputs in = MakeInputs(tokens, hidden, flags.vocab);
       {
         // Behavior log-probs: the policy's own, perturbed (a stale worker).
-        at::NoGradGuard no_grad;
+        c10::NoGradGuard no_grad;
         absl::StatusOr<TokenLogProbs> lp =
             ComputeTokenLogProbs(in.hidden, in.lm_head, in.targets, options);
         in.batch.behavior_logprobs = lp->logprobs + 0.1 * at::randn({tokens});

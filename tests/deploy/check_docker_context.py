@@ -1,10 +1,11 @@
 """The CPU image's build context is enough to configure the build: the
 repository minus what docker/Dockerfile.dockerignore excludes is copied to a
 temporary directory and configured with the Dockerfile's CMake options
-(tests off, CUDA off as in the Debian image); the six executables the
+(tests off, CUDA off as in the Debian image, the torch wheel of the venv
+that runs this script in place of the image's /opt/tandem/venv); the six executables the
 Dockerfile builds must be targets.
 
-    /usr/bin/python3 check_docker_context.py [CMAKE]"""
+    .venv/bin/python check_docker_context.py [CMAKE]"""
 
 import os
 import re
@@ -62,7 +63,10 @@ def main():
         r = subprocess.run(
             [cmake, "-S", src, "-B", build, "-G", "Ninja",
              "-DCMAKE_BUILD_TYPE=RelWithDebInfo", "-DTANDEM_BUILD_TESTS=OFF",
-             "-DTANDEM_ENABLE_CUDA=OFF", "-DTANDEM_ENABLE_NCCL=OFF"],
+             "-DTANDEM_ENABLE_CUDA=OFF", "-DTANDEM_ENABLE_NCCL=OFF",
+             # The image makes /opt/tandem/venv with the torch wheel; the
+             # project's venv that runs this script stands in for it.
+             f"-DTANDEM_PYTHON={sys.executable}"],
             capture_output=True, text=True)
         if not fail.check(r.returncode == 0, "cmake configure of the build "
                           "context failed:\n" + r.stdout[-3000:] +

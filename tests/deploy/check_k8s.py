@@ -1,25 +1,36 @@
 """Kubernetes manifests: `kubectl kustomize` builds every overlay, every
-object validates against the Kubernetes API schemas of the npm package
-kubernetes-models@4, and the objects fit together (selectors, probes,
+object validates against the strict API schemas of Kubernetes K8S_VERSION
+shipped by PyPI's kubernetes-validate (unknown fields, wrong types and kinds
+without a schema fail), and the objects fit together (selectors, probes,
 ConfigMap contents, environment variables naming real config keys, volumes,
-HPA targets, GPU requests).
+HPA targets, GPU requests). A self-test first proves that the schema check
+rejects broken objects.
 
-    /usr/bin/python3 check_k8s.py NODE_MODULES_PARENT"""
+    .venv/bin/python check_k8s.py"""
 
-import json
+import copy
 import os
 import sys
-import tempfile
 
 import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+try:
+    import kubernetes_validate
+    from kubernetes_validate.utils import VersionNotSupportedError
+except ImportError:
+    sys.exit(f"{sys.executable} cannot import kubernetes_validate: run "
+             "deploy/local/install-deps.sh (deploy/local/requirements.txt "
+             "pins kubernetes-validate)")
+
 OVERLAYS = ("cpu", "gpu")
 GRPC_PORTS = {"coordinator": 50051, "rollout": 50052, "verifier": 50053,
               "trainer": 50054}
+# The Kubernetes release whose API schemas the objects must match: the newest
+# that kubernetes-validate 1.37.0 ships.
+K8S_VERSION = "1.37"
 
 
 def build(overlay):
@@ -29,22 +40,97 @@ def build(overlay):
     return [o for o in yaml.safe_load_all(out) if o]
 
 
-def validate_schemas(objects, fixture, overlay):
-    node = common.need("node", "nodejs")
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(objects, f)
-        path = f.name
+def describe(o):
+    meta = o.get("metadata") if isinstance(o.get("metadata"), dict) else {}
+    return f"{o.get('kind')}/{meta.get('name')} ({o.get('apiVersion')})"
+
+
+def schema_error(o):
+    """None when o is valid under the strict K8S_VERSION schema of its
+    apiVersion and kind, else what is wrong. Strict schemas reject fields
+    the API does not define; a kind with no schema is an error, not a
+    skip."""
+    if not o.get("apiVersion") or not o.get("kind"):
+        return "no apiVersion or kind"
     try:
-        import subprocess
-        result = subprocess.run(
-            [node, os.path.join(HERE, "validate_k8s.mjs"),
-             os.path.join(fixture, "node_modules"), path],
-            capture_output=True, text=True)
-    finally:
-        os.unlink(path)
-    print(f"--- kubernetes-models, overlay {overlay}\n{result.stdout}"
-          f"{result.stderr}", end="")
-    return result.returncode == 0
+        used = kubernetes_validate.validate(o, K8S_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        path = ".".join(str(p) for p in e.path) or "(root)"
+        return f"{path}: {e.message}"
+    except kubernetes_validate.SchemaNotFoundError:
+        return (f"kubernetes-validate {kubernetes_validate.__version__} has "
+                f"no Kubernetes {K8S_VERSION} schema for {o['apiVersion']} "
+                f"{o['kind']}")
+    except VersionNotSupportedError:
+        return (f"kubernetes-validate {kubernetes_validate.__version__} does "
+                f"not ship Kubernetes {K8S_VERSION}")
+    if used != K8S_VERSION:
+        return f"validated against Kubernetes {used}, not {K8S_VERSION}"
+    return None
+
+
+def validate_schemas(objects, overlay, fail):
+    print(f"--- kubernetes-validate {kubernetes_validate.__version__}, "
+          f"Kubernetes {K8S_VERSION} strict, overlay {overlay}")
+    for o in objects:
+        error = schema_error(o)
+        print(f"{'ok  ' if error is None else 'FAIL'} {describe(o)}"
+              f"{'' if error is None else ': ' + error}")
+        fail.check(error is None, f"{overlay}: {describe(o)}: {error}")
+
+
+# A minimal valid Deployment, and broken copies of it that the schema check
+# must reject.
+SELF_TEST_DEPLOYMENT = {
+    "apiVersion": "apps/v1",
+    "kind": "Deployment",
+    "metadata": {"name": "self-test", "namespace": "tandem"},
+    "spec": {
+        "replicas": 1,
+        "selector": {"matchLabels": {"app": "self-test"}},
+        "template": {
+            "metadata": {"labels": {"app": "self-test"}},
+            "spec": {"containers": [{"name": "c", "image": "tandem:cpu"}]},
+        },
+    },
+}
+
+
+def _container(o):
+    return o["spec"]["template"]["spec"]["containers"][0]
+
+
+SELF_TEST_BROKEN = (
+    ("an unknown container field",
+     lambda o: _container(o).update(imagePullPolicee="Always")),
+    ("an unknown metadata field",
+     lambda o: o["metadata"].update(label={"app": "self-test"})),
+    ("replicas of the wrong type",
+     lambda o: o["spec"].update(replicas="three")),
+    ("a container without its required name",
+     lambda o: _container(o).pop("name")),
+    (f"an apiVersion Kubernetes {K8S_VERSION} no longer serves",
+     lambda o: o.update(apiVersion="apps/v1beta1")),
+    ("a kind without a schema",
+     lambda o: o.update(apiVersion="monitoring.coreos.com/v1",
+                        kind="ServiceMonitor")),
+)
+
+
+def self_test_schemas(fail):
+    """The schema check can fail: it accepts SELF_TEST_DEPLOYMENT and rejects
+    every broken copy of it, so a validator that accepts everything (or
+    nothing) fails the test."""
+    error = schema_error(SELF_TEST_DEPLOYMENT)
+    fail.check(error is None,
+               f"self-test: the valid Deployment was rejected: {error}")
+    for what, breaks in SELF_TEST_BROKEN:
+        o = copy.deepcopy(SELF_TEST_DEPLOYMENT)
+        breaks(o)
+        error = schema_error(o)
+        if fail.check(error is not None,
+                      f"self-test: a Deployment with {what} was accepted"):
+            print(f"self-test: rejected {what}: {error}")
 
 
 def pod_specs(objects):
@@ -209,18 +295,14 @@ def check_overlay(overlay, objects, keys, fail):
 
 
 def main():
-    fixture = sys.argv[1] if len(sys.argv) > 1 else None
     fail = common.Failures()
+    self_test_schemas(fail)
     keys = common.config_keys()
     for overlay in OVERLAYS:
         objects = build(overlay)
         print(f"overlay {overlay}: {len(objects)} objects")
-        if fixture:
-            fail.check(validate_schemas(objects, fixture, overlay),
-                       f"{overlay}: schema validation (kubernetes-models)")
+        validate_schemas(objects, overlay, fail)
         check_overlay(overlay, objects, keys, fail)
-    if not fixture:
-        fail.check(False, "no npm fixture given: schemas not validated")
     fail.exit("k8s manifests")
 
 

@@ -192,6 +192,55 @@ TEST_CASE("Llama-3 rope_scaling is parsed from config.json",
   CHECK(parsed->bos_token_id == 2);
 }
 
+// transformers >= 5 writes the rotary parameters as one `rope_parameters`
+// object and no top-level rope_theta / rope_scaling (this is the rope part
+// of what LlamaConfig.save_pretrained writes in transformers 5.24).
+TEST_CASE("transformers 5 rope_parameters give rope_theta and the scaling",
+          "[model][checkpoint]") {
+  nlohmann::json base = ModelConfigToJson(TinyLlama3Config());
+  base.erase("rope_theta");
+  base.erase("rope_scaling");
+  base["rope_parameters"] = {
+      {"factor", 8.0},          {"high_freq_factor", 4.0},
+      {"low_freq_factor", 1.0}, {"original_max_position_embeddings", 16},
+      {"rope_theta", 50000.0},  {"rope_type", "llama3"}};
+  auto parsed = ParseModelConfig(base.dump(), "c.json");
+  REQUIRE(parsed.ok());
+  CHECK(parsed->rope_theta == 50000.0);
+  REQUIRE(parsed->rope_scaling.has_value());
+  CHECK(parsed->rope_scaling->original_max_position_embeddings == 16);
+
+  // Written back, both spellings agree, and the result parses the same.
+  const nlohmann::json written = ModelConfigToJson(*parsed);
+  CHECK(written["rope_theta"] == 50000.0);
+  CHECK(written["rope_parameters"]["rope_theta"] == 50000.0);
+  CHECK(written["rope_parameters"]["rope_type"] == "llama3");
+  auto again = ParseModelConfig(written.dump(), "c.json");
+  REQUIRE(again.ok());
+  CHECK(again->rope_theta == 50000.0);
+  CHECK(again->rope_scaling.has_value());
+
+  SECTION("default type: no scaling, the object's theta") {
+    base["rope_parameters"] = {{"rope_theta", 1e6}, {"rope_type", "default"}};
+    auto plain = ParseModelConfig(base.dump(), "c.json");
+    REQUIRE(plain.ok());
+    CHECK(plain->rope_theta == 1e6);
+    CHECK(!plain->rope_scaling.has_value());
+  }
+  SECTION("unsupported type is named") {
+    base["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+    CHECK_THAT(
+        ErrorOf(ParseModelConfig(base.dump(), "c.json").status()),
+        Catch::Contains("rope_parameters: type 'yarn' is not supported"));
+  }
+  SECTION("parameters per layer type are refused, not ignored") {
+    base["rope_parameters"] = {
+        {"full_attention", {{"rope_theta", 1e6}, {"rope_type", "default"}}}};
+    CHECK_THAT(ErrorOf(ParseModelConfig(base.dump(), "c.json").status()),
+               Catch::Contains("per layer type ('full_attention')"));
+  }
+}
+
 // Published config.json files of real checkpoints, verbatim.
 constexpr char kQwen25_05BConfig[] = R"({
   "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0,

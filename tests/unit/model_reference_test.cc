@@ -5,6 +5,7 @@
 // head mapping, q/k norm placement, bias, tied head) still fails a test.
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -72,7 +73,7 @@ at::Tensor Linear(const at::Tensor& x, const at::Tensor& w,
 // fp32 logits [T, V] of one sequence starting at position 0.
 at::Tensor ReferenceLogits(const ModelWeights& w,
                            const std::vector<int64_t>& tokens) {
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const ModelConfig& c = w.config();
   const int64_t t = static_cast<int64_t>(tokens.size());
   const int64_t d = c.head_dim;

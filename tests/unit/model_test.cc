@@ -2,6 +2,7 @@
 // full forward, packed with per-sequence forward, bf16 with fp32.
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -78,7 +79,7 @@ std::unique_ptr<ContiguousKvCache> MakeCache(const DecoderModel& model,
 // step's logits with the full forward. Small initial capacities force the
 // caches to grow mid-sequence.
 double MaxCachedVsFullDiff(const ModelConfig& config, AttentionMode mode) {
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   DecoderModel model(MakeWeights(config), {.attention = mode});
   const std::vector<int64_t> lengths = {3, 9, 14, 6};
   const std::vector<int64_t> prefix = {1, 5, 2, 6};
@@ -180,7 +181,7 @@ TEST_CASE("Packed forward equals per-sequence forward", "[model]") {
 }
 
 TEST_CASE("Mixed prefill and decode in one cached step", "[model]") {
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   const AttentionMode mode =
       GENERATE(AttentionMode::kPerSequence, AttentionMode::kPadded);
   DecoderModel model(MakeWeights(TinyQwen3Config()), {.attention = mode});
@@ -280,7 +281,7 @@ TEST_CASE("A full KV cache refuses more tokens", "[model]") {
 }
 
 TEST_CASE("Forked cache continues like the original", "[model]") {
-  at::NoGradGuard no_grad;
+  c10::NoGradGuard no_grad;
   DecoderModel model(MakeWeights(TinyQwen2Config()));
   auto cache = MakeCache(model);
   const auto prompt = RandomTokens(5, 97, 4);

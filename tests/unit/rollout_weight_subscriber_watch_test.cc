@@ -24,6 +24,7 @@
 #include "common/weights/weight_store.h"
 #include "services/coordinator/coordinator.h"
 #include "services/rollout/weight_subscriber.h"
+#include "tests/unit/silent_port.h"
 #include "tests/unit/model_test_util.h"
 #include "tests/unit/weight_server_test_util.h"
 
@@ -33,30 +34,7 @@
 namespace tandem::rollout {
 namespace {
 
-// A TCP port on loopback that accepts connections (the kernel's backlog)
-// and never answers: a rendezvous store there keeps a joining member in
-// its rendezvous until its timeout.
-class SilentPort {
- public:
-  SilentPort() {
-    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    REQUIRE(fd_ >= 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-    REQUIRE(listen(fd_, 16) == 0);
-    socklen_t len = sizeof(addr);
-    REQUIRE(getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-    port_ = ntohs(addr.sin_port);
-  }
-  ~SilentPort() { close(fd_); }
-  int port() const { return port_; }
-
- private:
-  int fd_ = -1;
-  int port_ = 0;
-};
+using tandem::testing::SilentPort;
 
 v1::WeightManifest Manifest(const model::ModelWeights& w, uint64_t version,
                             std::shared_ptr<const std::vector<uint8_t>>* flat) {

@@ -1,7 +1,10 @@
 // tandemctl's model tools on a checkpoint written by our own writer: the
 // ids of `tokenize` are the tokenizer's, and the log-probs that `generate`
 // records through the KV-cache engine equal what `logprobs` computes with
-// one packed forward over the same tokens.
+// one packed forward over the same tokens; `export` writes back what it
+// loaded.
+
+#include <ATen/ATen.h>
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -83,6 +86,40 @@ TEST_CASE("logprobs names the line and the bad token") {
   std::istringstream bad("not json\n");
   CHECK(LogProbs(dir, bad, out).code() == absl::StatusCode::kInvalidArgument);
   fs::remove_all(fs::path(dir).parent_path());
+}
+
+std::string LogProbsOf(const std::string& dir) {
+  std::istringstream in("{\"tokens\":[14,1,2,10,3,4,12,5]}\n");
+  std::ostringstream out;
+  REQUIRE(LogProbs(dir, in, out).ok());
+  return out.str();
+}
+
+TEST_CASE("export writes a directory that loads with the same weights") {
+  const std::string dir = WriteCheckpoint();
+  const std::string exported = (fs::path(dir).parent_path() / "out").string();
+  REQUIRE(Export(dir, exported).ok());
+  CHECK(fs::exists(fs::path(exported) / "tokenizer.json"));
+  auto original = model::LoadHfModel(dir);
+  auto loaded = model::LoadHfModel(exported);
+  REQUIRE(original.ok());
+  REQUIRE(loaded.ok());
+  REQUIRE((*loaded)->tensors().size() == (*original)->tensors().size());
+  for (const auto& [name, t] : (*original)->tensors()) {
+    INFO(name);
+    CHECK(at::equal(t, (*loaded)->tensors().at(name)));
+  }
+  CHECK(LogProbsOf(exported) == LogProbsOf(dir));
+  fs::remove_all(fs::path(dir).parent_path());
+}
+
+TEST_CASE("export of the built-in model writes its tokenizer") {
+  const fs::path out = fs::temp_directory_path() /
+                       ("tandemctl_export_" + std::to_string(getpid()));
+  REQUIRE(Export("", out.string()).ok());
+  CHECK(fs::exists(out / "tokenizer.json"));
+  CHECK(LogProbsOf(out.string()) == LogProbsOf(""));
+  fs::remove_all(out);
 }
 
 }  // namespace

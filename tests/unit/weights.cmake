@@ -14,4 +14,8 @@ if(TARGET tandem_weights_gloo)
     SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_gloo_test.cc
     LIBS tandem_weights_gloo
     TIMEOUT 120)
+  tandem_add_test(weights_store_client_test
+    SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_store_client_test.cc
+    LIBS tandem_weights_gloo
+    TIMEOUT 120)
 endif()

@@ -362,9 +362,10 @@ double GrpoTrainer::LearningRate(int64_t step) const {
 
 namespace {
 
-// The key torch::optim keeps a parameter's state under.
-std::string StateKey(const at::Tensor& parameter) {
-  return c10::guts::to_string(parameter.unsafeGetTensorImpl());
+// The key torch::optim keeps a parameter's state under (LibTorch 2: the
+// parameter's TensorImpl pointer itself).
+void* StateKey(const at::Tensor& parameter) {
+  return parameter.unsafeGetTensorImpl();
 }
 
 }  // namespace
