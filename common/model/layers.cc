@@ -67,31 +67,27 @@ at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k,
   const int64_t n = q.size(0);
   const int64_t heads = q.size(1);
   const int64_t dim = q.size(2);
-  const int64_t kv_heads = k.size(0);
   const int64_t length = k.size(1);
-  const int64_t group = heads / kv_heads;
-  // [kv_heads, group * n, dim]: rows of one kv head's query group together.
-  const at::Tensor qg = q.view({n, kv_heads, group, dim})
-                            .permute({1, 2, 0, 3})
-                            .reshape({kv_heads, group * n, dim});
-  at::Tensor scores = at::matmul(qg, k.transpose(1, 2)) * scale;
-  if (n > 1) {
-    // Query i (at position length - n + i) must not see keys after it.
+  // LibTorch's fused attention: [1, heads, n, dim] queries against
+  // [1, kv_heads, length, dim] keys and values, query head h reading kv head
+  // h / (heads / kv_heads) (enable_gqa), softmax accumulated in float32.
+  const at::Tensor query = q.permute({1, 0, 2}).unsqueeze(0);
+  std::optional<at::Tensor> visible;
+  bool causal = false;
+  if (n == length) {
+    causal = n > 1;  // a whole prompt: the usual lower triangle
+  } else if (n > 1) {
+    // Query i (at position length - n + i) sees keys up to its position.
     const auto long_options =
         at::TensorOptions().dtype(at::kLong).device(q.device());
     const at::Tensor key_pos = at::arange(length, long_options);
     const at::Tensor query_pos = at::arange(length - n, length, long_options);
-    const at::Tensor future = key_pos.unsqueeze(0) > query_pos.unsqueeze(1);
-    scores = scores.view({kv_heads, group, n, length})
-                 .masked_fill(future, -std::numeric_limits<float>::infinity())
-                 .view({kv_heads, group * n, length});
+    visible = key_pos.unsqueeze(0) <= query_pos.unsqueeze(1);
   }
-  const at::Tensor probs =
-      at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
-  const at::Tensor out = at::matmul(probs, v);  // [kv_heads, group * n, dim]
-  return out.view({kv_heads, group, n, dim})
-      .permute({2, 0, 1, 3})
-      .reshape({n, heads * dim});
+  const at::Tensor out = at::scaled_dot_product_attention(
+      query, k.unsqueeze(0), v.unsqueeze(0), visible, /*dropout_p=*/0.0,
+      causal, scale, /*enable_gqa=*/true);  // [1, heads, n, dim]
+  return out.squeeze(0).permute({1, 0, 2}).reshape({n, heads * dim});
 }
 
 at::Tensor PaddedCausalAttention(const std::vector<at::Tensor>& qs,
