@@ -43,21 +43,20 @@ set(Python_EXECUTABLE "${TANDEM_PYTHON}")
 # Its find_library calls search the system first: pin them to the wheel so a
 # Debian libtorch-dev on the same machine is never picked up.
 get_filename_component(TANDEM_TORCH_DIR "${_tandem_torch_prefix}/../.." ABSOLUTE)
-foreach(_lib torch c10 c10_cuda)
-  string(TOUPPER "${_lib}" _upper)
+# TorchConfig.cmake reads TORCH_LIBRARY, c10_LIBRARY and C10_CUDA_LIBRARY.
+foreach(_pair "TORCH_LIBRARY=torch" "c10_LIBRARY=c10"
+              "C10_CUDA_LIBRARY=c10_cuda")
+  string(REPLACE "=" ";" _pair "${_pair}")
+  list(GET _pair 0 _var)
+  list(GET _pair 1 _lib)
   set(_path "${TANDEM_TORCH_DIR}/lib/lib${_lib}.so")
   if(NOT EXISTS "${_path}")
     message(FATAL_ERROR "${_path} is missing: Tandem needs the CUDA build "
       "of the torch wheel (deploy/local/requirements.txt)")
   endif()
-  set(${_lib}_LIBRARY "${_path}" CACHE FILEPATH "" FORCE)
-  set(${_upper}_LIBRARY "${_path}" CACHE FILEPATH "" FORCE)
+  set(${_var} "${_path}" CACHE FILEPATH "" FORCE)
 endforeach()
-# It also warns about CMAKE_CUDA_ARCHITECTURES, which only our own kernels use.
-set(_tandem_cuda_architectures "${CMAKE_CUDA_ARCHITECTURES}")
-unset(CMAKE_CUDA_ARCHITECTURES)
 find_package(Torch REQUIRED)
-set(CMAKE_CUDA_ARCHITECTURES "${_tandem_cuda_architectures}")
 # Imported targets are directory-scoped; make Torch's (and the CUDA ones it
 # pulls in) global so that every directory links the same targets.
 get_property(_tandem_torch_targets DIRECTORY PROPERTY IMPORTED_TARGETS)
@@ -67,8 +66,6 @@ foreach(_target ${_tandem_torch_targets})
     set_target_properties(${_target} PROPERTIES IMPORTED_GLOBAL TRUE)
   endif()
 endforeach()
-message(STATUS "Tandem: LibTorch ${TANDEM_TORCH_VERSION} "
-  "(CUDA ${TANDEM_TORCH_CUDA_VERSION}) from ${TANDEM_TORCH_DIR}")
 
 # The wheel's include/ also carries the third-party headers LibTorch was built
 # with: protobuf 3.13 (google/) and fmt 12 (fmt/). As an -isystem directory it

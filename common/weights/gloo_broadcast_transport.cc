@@ -79,13 +79,13 @@ absl::StatusOr<std::unique_ptr<GlooBroadcastGroup>> GlooBroadcastGroup::Create(
     if (server != nullptr) {
       impl->store = server->impl_->store;
     } else if (config.rank == 0) {
-      c10d::TCPStoreOptions store_options;
-      store_options.port = config.store_port;
-      store_options.isServer = true;
-      store_options.waitWorkers = false;
-      store_options.timeout = ToMillis(config.timeout);
-      impl->store =
-          c10::make_intrusive<c10d::TCPStore>(config.store_host, store_options);
+      auto hosted = GlooRendezvousStore::Create(
+          config.store_host, config.store_port, config.timeout);
+      if (!hosted.ok()) {
+        return absl::Status(hosted.status().code(),
+                            absl::StrCat(where, ": ", hosted.status().message()));
+      }
+      impl->store = (*hosted)->impl_->store;
     } else {
       auto client = ConnectStoreClient(config.store_host, config.store_port,
                                        config.timeout);
