@@ -60,7 +60,7 @@ SftOptions SmallOptions(const std::string& dir) {
   o.eval_problems = 200;
   // Measured with LibTorch 2.11 (tandem-sft with these options and
   // --steps 800, docs/sft.md): first evaluation at or above 5% at step 250
-  // (6.0%), and 6.0-11.5% at 6 of the 11 evaluations from step 250 to 800
+  // (6.0%), and 6.0-11.5% at 6 of the 12 evaluations from step 250 to 800
   // (200 held-out problems: one evaluation's standard error is ~1.7
   // points). The budget is 4x the steps the target took here.
   o.target_accuracy = 0.05;
