@@ -182,6 +182,21 @@ void Coordinator::MaintenanceLoop() {
       Log()->warn("{} prompt leases expired; their prompts are queued again",
                   n);
     }
+    // A batch whose trainer member died or left returns at once. Holders
+    // this incarnation never saw (a restart) get a grace period to come
+    // back; a late publish of a released batch still commits it.
+    if (now - started_ >=
+        2 * absl::Milliseconds(config_.heartbeat_timeout_ms)) {
+      if (uint32_t n = ledger_->ReleaseBatches([this](const std::string& id) {
+            return !members_.IsLive(id);
+          });
+          n > 0) {
+        Log()->warn(
+            "{} training batches released: the trainer holding them died or "
+            "left; their groups are ready again",
+            n);
+      }
+    }
     if (uint32_t n = ledger_->ExpireBatches(now); n > 0) {
       Log()->warn(
           "{} training batches were not committed in time; their "
@@ -411,26 +426,30 @@ grpc::ServerUnaryReactor* Coordinator::PullTrainingBatch(
     const tandem::v1::PullTrainingBatchRequest* request,
     tandem::v1::PullTrainingBatchResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  uint32_t dropped = 0;
-  if (TryPull(*request, response, &dropped) || request->wait_ms() <= 0) {
-    response->set_dropped_stale_groups(dropped);
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-  absl::MutexLock lock(&pulls_mu_);
-  if (pulls_closed_) {
-    response->set_dropped_stale_groups(dropped);
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-  const absl::Duration wait =
-      std::min(absl::Milliseconds(request->wait_ms()), absl::Minutes(10));
-  // Answer (empty) before the caller's own deadline runs out.
-  const absl::Time deadline =
-      std::min(absl::Now() + wait,
-               absl::FromChrono(context->deadline()) - absl::Milliseconds(50));
-  parked_pulls_.push_back(
-      ParkedPull{reactor, request, response, deadline, dropped});
+  // Handing out a batch syncs the journal: off the reactor.
+  const absl::Time caller_deadline = absl::FromChrono(context->deadline());
+  boost::asio::post(*sync_pool_, [this, reactor, request, response,
+                                  caller_deadline] {
+    uint32_t dropped = 0;
+    if (TryPull(*request, response, &dropped) || request->wait_ms() <= 0) {
+      response->set_dropped_stale_groups(dropped);
+      reactor->Finish(grpc::Status::OK);
+      return;
+    }
+    absl::MutexLock lock(&pulls_mu_);
+    if (pulls_closed_) {
+      response->set_dropped_stale_groups(dropped);
+      reactor->Finish(grpc::Status::OK);
+      return;
+    }
+    const absl::Duration wait =
+        std::min(absl::Milliseconds(request->wait_ms()), absl::Minutes(10));
+    // Answer (empty) before the caller's own deadline runs out.
+    const absl::Time deadline = std::min(
+        absl::Now() + wait, caller_deadline - absl::Milliseconds(50));
+    parked_pulls_.push_back(
+        ParkedPull{reactor, request, response, deadline, dropped});
+  });
   return reactor;
 }
 
@@ -483,9 +502,25 @@ grpc::ServerUnaryReactor* Coordinator::PublishPolicyVersion(
   // Publishing syncs the journal: off the reactor.
   boost::asio::post(*sync_pool_, [this, reactor, request, response] {
     const uint64_t version = request->manifest().policy_version();
-    absl::Status status = ledger_->PublishVersion(
-        request->manifest(), request->weight_server_address());
+    absl::StatusOr<PublishResult> published = ledger_->PublishTrainedVersion(
+        request->manifest(), request->weight_server_address(),
+        request->batch_id());
+    if (published.ok() && published->duplicate) {
+      // The trainer retried a publish whose answer it never got.
+      *response->mutable_group() = epochs_->Current();
+      response->set_membership_epoch(response->group().epoch());
+      Log()->info(
+          "policy version {} (batch {}) published again by {}: already "
+          "recorded, acknowledged",
+          version, request->batch_id(), request->member_id());
+      reactor->Finish(grpc::Status::OK);
+      return;
+    }
+    absl::Status status = published.status();
     if (status.ok()) {
+      for (uint64_t staleness : published->commit.staleness) {
+        metrics_.ObserveTrainedStaleness(staleness);
+      }
       metrics_.policy_version().Set(static_cast<double>(version));
       const uint64_t before = epochs_->Current().epoch();
       tandem::v1::BroadcastGroup group =
@@ -505,10 +540,66 @@ grpc::ServerUnaryReactor* Coordinator::PublishPolicyVersion(
       watchers_->Publish(event);
       response->set_membership_epoch(group.epoch());
       *response->mutable_group() = std::move(group);
-      Log()->info("policy version {} published by {}", version,
-                  request->member_id());
+      Log()->info("policy version {} published by {}{}", version,
+                  request->member_id(),
+                  request->batch_id().empty()
+                      ? std::string()
+                      : absl::StrCat(" (batch ", request->batch_id(), ", ",
+                                     published->commit.groups, " groups)"));
+    } else {
+      Log()->warn("refused policy version {} from {}: {}", version,
+                  request->member_id(), status.ToString());
     }
     reactor->Finish(rpc::ToGrpcStatus(status));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* Coordinator::ResumeTraining(
+    grpc::CallbackServerContext* context,
+    const tandem::v1::ResumeTrainingRequest* request,
+    tandem::v1::ResumeTrainingResponse* response) {
+  if (draining_) return Finish(context, Draining());
+  if (!members_.IsLive(request->member_id())) {
+    return Finish(context,
+                  grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                               absl::StrCat("member '", request->member_id(),
+                                            "' is not registered or was "
+                                            "declared dead; register again")));
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // Syncs the journal: off the reactor.
+  boost::asio::post(*sync_pool_, [this, reactor, request, response] {
+    absl::StatusOr<ResumeResult> result =
+        ledger_->Resume(request->member_id(), request->policy_version());
+    if (!result.ok()) {
+      reactor->Finish(rpc::ToGrpcStatus(result.status()));
+      return;
+    }
+    response->set_policy_version(result->policy_version);
+    response->set_groups_requeued(result->groups_requeued);
+    response->set_groups_lost(result->groups_lost);
+    response->set_batches_released(result->batches_released);
+    if (request->policy_version() < result->policy_version) {
+      Log()->warn(
+          "trainer {} resumes from policy version {}, the latest is {}: the "
+          "groups trained since are gone from its weights; {} queued again, "
+          "{} lost (too stale to train again){}; {} batches of earlier "
+          "trainers released",
+          request->member_id(), request->policy_version(),
+          result->policy_version, result->groups_requeued,
+          result->groups_lost,
+          result->complete ? "" : " (at least: older versions are forgotten)",
+          result->batches_released);
+    } else {
+      Log()->info(
+          "trainer {} resumes at policy version {} (latest {}); {} batches "
+          "of earlier trainers released",
+          request->member_id(), request->policy_version(),
+          result->policy_version, result->batches_released);
+    }
+    UpdateWorkMetrics();
+    reactor->Finish(grpc::Status::OK);
   });
   return reactor;
 }
@@ -541,6 +632,9 @@ grpc::ServerUnaryReactor* Coordinator::GetClusterStatus(
   counters->set_samples_received(stats.samples_received);
   counters->set_lease_expiries(stats.lease_expiries);
   counters->set_members_expired(members_expired_);
+  counters->set_groups_requeued(stats.groups_requeued);
+  counters->set_groups_lost(stats.groups_lost);
+  counters->set_batches_released(stats.batches_released);
   response->set_started_unix_ms(absl::ToUnixMillis(started_));
   *response->mutable_broadcast_group() = epochs_->Current();
   response->set_membership_epoch(response->broadcast_group().epoch());

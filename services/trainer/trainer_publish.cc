@@ -4,6 +4,10 @@
 // Part of the Trainer class (trainer.h); runs on the training thread except
 // OnBroadcast (the broadcast sender's thread).
 
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
@@ -65,19 +69,72 @@ absl::StatusOr<GrpoStepStats> Trainer::TrainAndStoreForTest(
   return stats;
 }
 
-absl::Status Trainer::Publish(uint64_t version) {
+namespace {
+
+// Answers that say nothing about the publish itself: the coordinator was
+// unreachable, restarting or timed out, so the same publish is sent again.
+bool RetryablePublishError(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case grpc::StatusCode::CANCELLED:
+    case grpc::StatusCode::UNKNOWN:
+    case grpc::StatusCode::ABORTED:
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+    case grpc::StatusCode::INTERNAL:
+    case grpc::StatusCode::DATA_LOSS:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+absl::Status Trainer::Publish(uint64_t version, const std::string& batch_id) {
   ASSIGN_OR_RETURN(weights::PublishedVersion published, StoreVersion(version));
   const tandem::v1::WeightManifest& manifest = published.full.manifest;
   tandem::v1::PublishPolicyVersionRequest request;
-  request.set_member_id(member_->session().member_id());
   *request.mutable_manifest() = manifest;
   request.set_weight_server_address(member_->grpc_address());
+  request.set_batch_id(batch_id);
   tandem::v1::PublishPolicyVersionResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  RETURN_IF_ERROR(
-      rpc::ToAbslStatus(member_->session().stub()->PublishPolicyVersion(
-          &context, request, &response)));
+  // The same (batch, version) until the coordinator answers: it records
+  // the pair once and acknowledges repeats (publish protocol). Each try
+  // names the current member id (it changes when the coordinator restarts).
+  absl::Duration backoff = absl::Milliseconds(100);
+  for (int attempt = 0;; ++attempt) {
+    request.set_member_id(member_->session().member_id());
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    const grpc::Status status = member_->session().stub()->PublishPolicyVersion(
+        &context, request, &response);
+    if (status.ok()) {
+      if (attempt > 0) {
+        Log()->info("version {} (batch {}) acknowledged after {} retries",
+                    version, batch_id, attempt);
+      }
+      break;
+    }
+    if (!RetryablePublishError(status.error_code())) {
+      return rpc::ToAbslStatus(status);
+    }
+    if (stopping_) {
+      unacknowledged_step_ = true;
+      return absl::UnavailableError(absl::StrCat(
+          "stopping with version ", version, " (batch ", batch_id,
+          ") not acknowledged by the coordinator: ", status.error_message()));
+    }
+    publish_retries_->Increment();
+    if (attempt == 0 || attempt % 20 == 0) {
+      Log()->warn(
+          "publishing version {} (batch {}) failed: {}; retrying the same "
+          "publish until the coordinator answers",
+          version, batch_id, status.error_message());
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  }
   if (broadcaster_) {
     // Sent in the background to the group the coordinator assigned to this
     // version; a group whose rank 0 is not this trainer is not ours. The
@@ -92,6 +149,41 @@ absl::Status Trainer::Publish(uint64_t version) {
                           std::move(published.delta));
   }
   return absl::OkStatus();
+}
+
+absl::Status Trainer::AdoptCoordinatorVersion(const absl::Status& refusal) {
+  publishes_refused_->Increment();
+  const uint64_t ours = grpo_->policy_version();
+  // The coordinator's latest version, as its heartbeat answers report it.
+  const uint64_t theirs = member_->session().cluster_policy_version();
+  Log()->error(
+      "the coordinator refused version {}: {}; its latest version is {}: "
+      "publishing these weights (with the refused batch trained in) as "
+      "version {} without a batch",
+      ours, refusal.ToString(), theirs, theirs + 1);
+  grpo_->set_policy_version(theirs + 1);
+  return Publish(theirs + 1, "");
+}
+
+void Trainer::HoldBeforePublishForTest(uint64_t version,
+                                       const std::string& batch_id) {
+  static const char* const kHoldFile = std::getenv("TANDEM_TEST_HOLD_PUBLISH_FILE");
+  if (kHoldFile == nullptr || *kHoldFile == 0) return;
+  if (!std::filesystem::exists(kHoldFile)) return;
+  const std::string held = absl::StrCat(kHoldFile, ".held");
+  {
+    std::ofstream out(held + ".tmp");
+    out << version << " " << batch_id << "\n";
+  }
+  std::filesystem::rename(held + ".tmp", held);
+  Log()->warn("fault injection: holding version {} (batch {}) before its "
+              "publish while {} exists",
+              version, batch_id, kHoldFile);
+  while (!stopping_ && std::filesystem::exists(kHoldFile)) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  std::error_code ignored;
+  std::filesystem::remove(held, ignored);
 }
 
 void Trainer::OnBroadcast(const weights::BroadcastOutcome& outcome) {
