@@ -1,4 +1,5 @@
-// The trainer's weight publishing: each new version goes into the
+// The trainer's weight publishing and its side of the publish protocol
+// (services/coordinator/group_ledger.h): each new version goes into the
 // WeightStore (a full anchor or a sparse delta, DeltaPublisher), is
 // announced to the coordinator and broadcast to the current epoch's group.
 // Part of the Trainer class (trainer.h); runs on the training thread except
@@ -163,6 +164,45 @@ absl::Status Trainer::AdoptCoordinatorVersion(const absl::Status& refusal) {
       ours, refusal.ToString(), theirs, theirs + 1);
   grpo_->set_policy_version(theirs + 1);
   return Publish(theirs + 1, "");
+}
+
+bool Trainer::ReconcileVersionOnce() {
+  if (version_reconciled_) return true;
+  const std::string member = member_->session().member_id();
+  if (member.empty()) return false;
+  // Before the first pull: the coordinator learns which version these
+  // weights hold; what versions after it trained is queued again or
+  // counted lost, and batches of an earlier trainer are released.
+  tandem::v1::ResumeTrainingRequest request;
+  request.set_member_id(member);
+  request.set_policy_version(grpo_->policy_version());
+  tandem::v1::ResumeTrainingResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  const grpc::Status status =
+      member_->session().stub()->ResumeTraining(&context, request, &response);
+  if (!status.ok()) {
+    Log()->warn("ResumeTraining at policy version {} failed: {}; retrying",
+                grpo_->policy_version(), status.error_message());
+    absl::SleepFor(absl::Milliseconds(400));
+    return false;
+  }
+  version_reconciled_ = true;
+  resume_groups_requeued_->Set(response.groups_requeued());
+  resume_groups_lost_->Set(response.groups_lost());
+  if (response.groups_requeued() + response.groups_lost() > 0) {
+    Log()->warn(
+        "resuming at policy version {} while the coordinator is at {}: {} "
+        "groups trained after it are queued again, {} are lost (too stale "
+        "to train again)",
+        grpo_->policy_version(), response.policy_version(),
+        response.groups_requeued(), response.groups_lost());
+  }
+  checkpoints_->ReconcileVersion(response.policy_version(), resumed_,
+                                 grpo_.get());
+  absl::MutexLock lock(&mu_);
+  status_.set_policy_version(grpo_->policy_version());
+  return true;
 }
 
 void Trainer::HoldBeforePublishForTest(uint64_t version,
