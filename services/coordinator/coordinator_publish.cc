@@ -3,6 +3,9 @@
 // the Coordinator class (coordinator.h).
 
 #include <algorithm>
+#include <csignal>
+#include <cstdlib>
+#include <string>
 #include <boost/asio/post.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -30,6 +33,17 @@ grpc::Status Invalid(const std::string& message) {
 grpc::Status Draining() {
   return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                       "coordinator is shutting down");
+}
+
+// Fault injection for tests: with TANDEM_TEST_KILL_COORDINATOR_AFTER_PUBLISH
+// set to a version, the coordinator SIGKILLs itself once that version is
+// recorded (journal synced), before the trainer gets its answer.
+void KillSelfAfterPublishForTest(uint64_t version) {
+  static const char* const kVersion =
+      std::getenv("TANDEM_TEST_KILL_COORDINATOR_AFTER_PUBLISH");
+  if (kVersion == nullptr || std::to_string(version) != kVersion) return;
+  Log()->warn("fault injection: killed after recording version {}", version);
+  std::raise(SIGKILL);
 }
 
 }  // namespace
@@ -89,6 +103,7 @@ grpc::ServerUnaryReactor* Coordinator::PublishPolicyVersion(
                       ? std::string()
                       : absl::StrCat(" (batch ", request->batch_id(), ", ",
                                      published->commit.groups, " groups)"));
+      KillSelfAfterPublishForTest(version);
     } else {
       Log()->warn("refused policy version {} from {}: {}", version,
                   request->member_id(), status.ToString());

@@ -2,6 +2,11 @@
 real daemons (coordinator with its journal, verifier, rollout worker,
 trainer):
 
+- The coordinator dies right after recording a version, before the trainer
+  got its answer (TANDEM_TEST_KILL_COORDINATOR_AFTER_PUBLISH): the
+  restarted coordinator acknowledges the trainer's retry of the same
+  (batch, version) as a duplicate, the version is committed with its batch
+  once, and versions go on within STALL_LIMIT_S.
 - The coordinator dies after the trainer stepped and before the publish is
   acknowledged (the trainer holds there through its fault-injection hook,
   TANDEM_TEST_HOLD_PUBLISH_FILE), the publish is attempted while it is
@@ -38,6 +43,7 @@ CHECKPOINT_EVERY = 3
 # checkpoint can be trained again when it resumes (the unit tests cover
 # the groups too stale for that).
 MAX_LAG = 16
+KILLED_AT_VERSION = 3
 STEP = re.compile(r"stepped to version (\d+) on batch (\S+): groups (\S*)")
 
 
@@ -75,7 +81,11 @@ journal:
         self.hold = os.path.join(self.tmp, "hold-publish")
         self.coordinators = []
         self.trainers = []
-        self.coordinator = self.start_coordinator()
+        env = None
+        if "after_recording" in self._testMethodName:
+            env = {"TANDEM_TEST_KILL_COORDINATOR_AFTER_PUBLISH":
+                   str(KILLED_AT_VERSION)}
+        self.coordinator = self.start_coordinator(env)
         member = ["--set", f"coordinator_address={self.address}"]
         self.start("verifier", member).wait_ready()
         self.start("rollout", ["--config", os.path.join(CONFIG, "rollout.yaml"),
@@ -87,10 +97,10 @@ journal:
         self.daemons.append(d)
         return d
 
-    def start_coordinator(self):
+    def start_coordinator(self, env=None):
         d = self.start("coordinator", ["--config", self.coordinator_config],
                        name=f"coordinator-{len(self.coordinators)}",
-                       grpc_port=self.port)
+                       grpc_port=self.port, env=env)
         d.wait_ready()
         self.coordinators.append(d)
         return d
@@ -179,8 +189,11 @@ journal:
         print(f"version advanced again {time.monotonic() - started:.1f} s "
               f"after the coordinator restarted")
 
-        # Every group in the weights once, and the coordinator counts what
-        # the weights hold (the trainer is frozen while both are read).
+        self.assert_each_group_trained_once()
+
+    def assert_each_group_trained_once(self):
+        """Every group in the weights once, and the coordinator counts what
+        the weights hold (the trainer is frozen while both are read)."""
         self.trainer.process.send_signal(signal.SIGSTOP)
         try:
             status = self.status()
@@ -195,6 +208,26 @@ journal:
                          list(range(1, at + 1)))
         self.assertEqual(len(group_ids([s for s in steps if s[0] <= at])),
                          harness.as_int(status["counters"], "groupsTrained"))
+
+    def test_coordinator_killed_after_recording_the_publish(self):
+        harness.wait_for(lambda: self.coordinator.process.poll() is not None,
+                         120, f"the coordinator to kill itself after "
+                         f"recording version {KILLED_AT_VERSION}")
+        self.assertEqual(self.coordinator.process.returncode, -9)
+        self.assertIn(f"policy version {KILLED_AT_VERSION} published by",
+                      self.coordinator.output())
+        batch = [b for v, b, _ in steps_of(self.trainer.output())
+                 if v == KILLED_AT_VERSION][0]
+        self.coordinator = self.start_coordinator()
+        self.wait_version(KILLED_AT_VERSION + 2, STALL_LIMIT_S)
+        # The trainer never got the first answer: its retry was a duplicate.
+        self.assertIn(f"policy version {KILLED_AT_VERSION} (batch {batch}) "
+                      "published again", self.coordinator.output())
+        self.assertIn(f"version {KILLED_AT_VERSION} (batch {batch}) "
+                      "acknowledged after", self.trainer.output())
+        published = self.published()
+        self.assertEqual(published, list(range(1, len(published) + 1)))
+        self.assert_each_group_trained_once()
 
     def test_trainer_killed_resumes_without_silent_loss(self):
         self.wait_version(CHECKPOINT_EVERY + 1, 120)
