@@ -187,9 +187,8 @@ void Coordinator::MaintenanceLoop() {
     // back; a late publish of a released batch still commits it.
     if (now - started_ >=
         2 * absl::Milliseconds(config_.heartbeat_timeout_ms)) {
-      if (uint32_t n = ledger_->ReleaseBatches([this](const std::string& id) {
-            return !members_.IsLive(id);
-          });
+      if (uint32_t n = ledger_->ReleaseBatches(
+              [this](const std::string& id) { return !members_.IsLive(id); });
           n > 0) {
         Log()->warn(
             "{} training batches released: the trainer holding them died or "
@@ -428,28 +427,28 @@ grpc::ServerUnaryReactor* Coordinator::PullTrainingBatch(
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // Handing out a batch syncs the journal: off the reactor.
   const absl::Time caller_deadline = absl::FromChrono(context->deadline());
-  boost::asio::post(*sync_pool_, [this, reactor, request, response,
-                                  caller_deadline] {
-    uint32_t dropped = 0;
-    if (TryPull(*request, response, &dropped) || request->wait_ms() <= 0) {
-      response->set_dropped_stale_groups(dropped);
-      reactor->Finish(grpc::Status::OK);
-      return;
-    }
-    absl::MutexLock lock(&pulls_mu_);
-    if (pulls_closed_) {
-      response->set_dropped_stale_groups(dropped);
-      reactor->Finish(grpc::Status::OK);
-      return;
-    }
-    const absl::Duration wait =
-        std::min(absl::Milliseconds(request->wait_ms()), absl::Minutes(10));
-    // Answer (empty) before the caller's own deadline runs out.
-    const absl::Time deadline = std::min(
-        absl::Now() + wait, caller_deadline - absl::Milliseconds(50));
-    parked_pulls_.push_back(
-        ParkedPull{reactor, request, response, deadline, dropped});
-  });
+  boost::asio::post(
+      *sync_pool_, [this, reactor, request, response, caller_deadline] {
+        uint32_t dropped = 0;
+        if (TryPull(*request, response, &dropped) || request->wait_ms() <= 0) {
+          response->set_dropped_stale_groups(dropped);
+          reactor->Finish(grpc::Status::OK);
+          return;
+        }
+        absl::MutexLock lock(&pulls_mu_);
+        if (pulls_closed_) {
+          response->set_dropped_stale_groups(dropped);
+          reactor->Finish(grpc::Status::OK);
+          return;
+        }
+        const absl::Duration wait =
+            std::min(absl::Milliseconds(request->wait_ms()), absl::Minutes(10));
+        // Answer (empty) before the caller's own deadline runs out.
+        const absl::Time deadline = std::min(
+            absl::Now() + wait, caller_deadline - absl::Milliseconds(50));
+        parked_pulls_.push_back(
+            ParkedPull{reactor, request, response, deadline, dropped});
+      });
   return reactor;
 }
 

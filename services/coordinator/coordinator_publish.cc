@@ -3,10 +3,10 @@
 // the Coordinator class (coordinator.h).
 
 #include <algorithm>
+#include <boost/asio/post.hpp>
 #include <csignal>
 #include <cstdlib>
 #include <string>
-#include <boost/asio/post.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -145,8 +145,7 @@ grpc::ServerUnaryReactor* Coordinator::ResumeTraining(
           "{} lost (too stale to train again){}; {} batches of earlier "
           "trainers released",
           request->member_id(), request->policy_version(),
-          result->policy_version, result->groups_requeued,
-          result->groups_lost,
+          result->policy_version, result->groups_requeued, result->groups_lost,
           result->complete ? "" : " (at least: older versions are forgotten)",
           result->batches_released);
     } else {

@@ -84,8 +84,7 @@ absl::Status GroupLedger::ApplyLocked(const journal::Record& record) {
     case journal::Record::kPublished: {
       const journal::Published& p = record.published();
       if (p.snapshot()) {
-        RETURN_IF_ERROR(
-            PublishLocked(p.manifest(), p.weight_server_address()));
+        RETURN_IF_ERROR(PublishLocked(p.manifest(), p.weight_server_address()));
         last_batch_id_ = p.batch_id();
         return absl::OkStatus();
       }

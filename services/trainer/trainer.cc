@@ -396,10 +396,9 @@ absl::Status Trainer::TrainOnce() {
       "advantage not forwarded), reward {:.3f}, loss {:.4f}, clip {:.3f}, "
       "kl {:.4g}, grad norm {:.3f}, {:.2f}s",
       stats.policy_version, batch.batch_id(), groups.size(),
-      stats.trained_tokens,
-      stats.skipped_sequences, stats.reward_mean, stats.loss.loss,
-      stats.loss.clip_fraction,
-      stats.loss.kl_mean, stats.grad_norm, stats.step_seconds);
+      stats.trained_tokens, stats.skipped_sequences, stats.reward_mean,
+      stats.loss.loss, stats.loss.clip_fraction, stats.loss.kl_mean,
+      stats.grad_norm, stats.step_seconds);
   absl::MutexLock lock(&mu_);
   status_.set_step(status_.step() + 1);
   status_.set_policy_version(stats.policy_version);

@@ -207,7 +207,8 @@ bool Trainer::ReconcileVersionOnce() {
 
 void Trainer::HoldBeforePublishForTest(uint64_t version,
                                        const std::string& batch_id) {
-  static const char* const kHoldFile = std::getenv("TANDEM_TEST_HOLD_PUBLISH_FILE");
+  static const char* const kHoldFile =
+      std::getenv("TANDEM_TEST_HOLD_PUBLISH_FILE");
   if (kHoldFile == nullptr || *kHoldFile == 0) return;
   if (!std::filesystem::exists(kHoldFile)) return;
   const std::string held = absl::StrCat(kHoldFile, ".held");
@@ -216,9 +217,10 @@ void Trainer::HoldBeforePublishForTest(uint64_t version,
     out << version << " " << batch_id << "\n";
   }
   std::filesystem::rename(held + ".tmp", held);
-  Log()->warn("fault injection: holding version {} (batch {}) before its "
-              "publish while {} exists",
-              version, batch_id, kHoldFile);
+  Log()->warn(
+      "fault injection: holding version {} (batch {}) before its "
+      "publish while {} exists",
+      version, batch_id, kHoldFile);
   while (!stopping_ && std::filesystem::exists(kHoldFile)) {
     absl::SleepFor(absl::Milliseconds(20));
   }

@@ -153,8 +153,7 @@ TEST_CASE(
         std::string::npos);
   auto skip = Publish(*ledger, 3, "");
   CHECK(absl::IsFailedPrecondition(skip.status()));
-  CHECK(skip.status().message().find("expected 2, got 3") !=
-        std::string::npos);
+  CHECK(skip.status().message().find("expected 2, got 3") != std::string::npos);
   auto unknown = Publish(*ledger, 2, "no-such-batch");
   CHECK(absl::IsFailedPrecondition(unknown.status()));
   CHECK(unknown.status().message().find("no-such-batch") != std::string::npos);
@@ -182,8 +181,8 @@ TEST_CASE(
     CHECK(second->Stats().training_groups == 2);
     // Its deadline was renewed: the trainer still stepping has a full
     // batch_timeout.
-    CHECK(second->ExpireBatches(kT0 + absl::Minutes(10) +
-                                absl::Seconds(29)) == 0);
+    CHECK(second->ExpireBatches(kT0 + absl::Minutes(10) + absl::Seconds(29)) ==
+          0);
     auto published = Publish(*second, 1, batch.batch_id());
     REQUIRE(published.ok());
     CHECK_FALSE(published->duplicate);
