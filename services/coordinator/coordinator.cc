@@ -182,6 +182,20 @@ void Coordinator::MaintenanceLoop() {
       Log()->warn("{} prompt leases expired; their prompts are queued again",
                   n);
     }
+    // A batch whose trainer member died or left returns at once. Holders
+    // this incarnation never saw (a restart) get a grace period to come
+    // back; a late publish of a released batch still commits it.
+    if (now - started_ >=
+        2 * absl::Milliseconds(config_.heartbeat_timeout_ms)) {
+      if (uint32_t n = ledger_->ReleaseBatches(
+              [this](const std::string& id) { return !members_.IsLive(id); });
+          n > 0) {
+        Log()->warn(
+            "{} training batches released: the trainer holding them died or "
+            "left; their groups are ready again",
+            n);
+      }
+    }
     if (uint32_t n = ledger_->ExpireBatches(now); n > 0) {
       Log()->warn(
           "{} training batches were not committed in time; their "
@@ -411,26 +425,30 @@ grpc::ServerUnaryReactor* Coordinator::PullTrainingBatch(
     const tandem::v1::PullTrainingBatchRequest* request,
     tandem::v1::PullTrainingBatchResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  uint32_t dropped = 0;
-  if (TryPull(*request, response, &dropped) || request->wait_ms() <= 0) {
-    response->set_dropped_stale_groups(dropped);
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-  absl::MutexLock lock(&pulls_mu_);
-  if (pulls_closed_) {
-    response->set_dropped_stale_groups(dropped);
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-  const absl::Duration wait =
-      std::min(absl::Milliseconds(request->wait_ms()), absl::Minutes(10));
-  // Answer (empty) before the caller's own deadline runs out.
-  const absl::Time deadline =
-      std::min(absl::Now() + wait,
-               absl::FromChrono(context->deadline()) - absl::Milliseconds(50));
-  parked_pulls_.push_back(
-      ParkedPull{reactor, request, response, deadline, dropped});
+  // Handing out a batch syncs the journal: off the reactor.
+  const absl::Time caller_deadline = absl::FromChrono(context->deadline());
+  boost::asio::post(
+      *sync_pool_, [this, reactor, request, response, caller_deadline] {
+        uint32_t dropped = 0;
+        if (TryPull(*request, response, &dropped) || request->wait_ms() <= 0) {
+          response->set_dropped_stale_groups(dropped);
+          reactor->Finish(grpc::Status::OK);
+          return;
+        }
+        absl::MutexLock lock(&pulls_mu_);
+        if (pulls_closed_) {
+          response->set_dropped_stale_groups(dropped);
+          reactor->Finish(grpc::Status::OK);
+          return;
+        }
+        const absl::Duration wait =
+            std::min(absl::Milliseconds(request->wait_ms()), absl::Minutes(10));
+        // Answer (empty) before the caller's own deadline runs out.
+        const absl::Time deadline = std::min(
+            absl::Now() + wait, caller_deadline - absl::Milliseconds(50));
+        parked_pulls_.push_back(
+            ParkedPull{reactor, request, response, deadline, dropped});
+      });
   return reactor;
 }
 
@@ -472,47 +490,6 @@ grpc::ServerUnaryReactor* Coordinator::CommitTrainingBatch(
   return reactor;
 }
 
-grpc::ServerUnaryReactor* Coordinator::PublishPolicyVersion(
-    grpc::CallbackServerContext* context,
-    const tandem::v1::PublishPolicyVersionRequest* request,
-    tandem::v1::PublishPolicyVersionResponse* response) {
-  if (!request->has_manifest()) {
-    return Finish(context, Invalid("manifest is required"));
-  }
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  // Publishing syncs the journal: off the reactor.
-  boost::asio::post(*sync_pool_, [this, reactor, request, response] {
-    const uint64_t version = request->manifest().policy_version();
-    absl::Status status = ledger_->PublishVersion(
-        request->manifest(), request->weight_server_address());
-    if (status.ok()) {
-      metrics_.policy_version().Set(static_cast<double>(version));
-      const uint64_t before = epochs_->Current().epoch();
-      tandem::v1::BroadcastGroup group =
-          epochs_->OnPublish(version, absl::Now());
-      if (group.epoch() != before) {
-        Log()->info(
-            "weight broadcast epoch {} from version {}: {} receivers ({})",
-            group.epoch(), version, std::max(0, group.member_ids_size() - 1),
-            absl::StrJoin(group.member_ids(), ", "));
-      }
-      // The epoch first: it says who receives the version announced next.
-      if (group.epoch() != before) AnnounceEpoch(group);
-      tandem::v1::ClusterEvent event;
-      *event.mutable_policy_version()->mutable_manifest() = request->manifest();
-      event.mutable_policy_version()->set_weight_server_address(
-          request->weight_server_address());
-      watchers_->Publish(event);
-      response->set_membership_epoch(group.epoch());
-      *response->mutable_group() = std::move(group);
-      Log()->info("policy version {} published by {}", version,
-                  request->member_id());
-    }
-    reactor->Finish(rpc::ToGrpcStatus(status));
-  });
-  return reactor;
-}
-
 grpc::ServerUnaryReactor* Coordinator::GetClusterStatus(
     grpc::CallbackServerContext* context,
     const tandem::v1::GetClusterStatusRequest* request,
@@ -541,6 +518,9 @@ grpc::ServerUnaryReactor* Coordinator::GetClusterStatus(
   counters->set_samples_received(stats.samples_received);
   counters->set_lease_expiries(stats.lease_expiries);
   counters->set_members_expired(members_expired_);
+  counters->set_groups_requeued(stats.groups_requeued);
+  counters->set_groups_lost(stats.groups_lost);
+  counters->set_batches_released(stats.batches_released);
   response->set_started_unix_ms(absl::ToUnixMillis(started_));
   *response->mutable_broadcast_group() = epochs_->Current();
   response->set_membership_epoch(response->broadcast_group().epoch());

@@ -96,6 +96,10 @@ class Coordinator : public tandem::v1::Coordinator::CallbackService {
       grpc::CallbackServerContext* context,
       const tandem::v1::PublishPolicyVersionRequest* request,
       tandem::v1::PublishPolicyVersionResponse* response) override;
+  grpc::ServerUnaryReactor* ResumeTraining(
+      grpc::CallbackServerContext* context,
+      const tandem::v1::ResumeTrainingRequest* request,
+      tandem::v1::ResumeTrainingResponse* response) override;
   grpc::ServerUnaryReactor* GetClusterStatus(
       grpc::CallbackServerContext* context,
       const tandem::v1::GetClusterStatusRequest* request,

@@ -79,6 +79,20 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
       batches_expired_(NewCounter(
           registry, "tandem_coordinator_training_batches_expired_total",
           "Training batches not committed in time and handed out again.")),
+      batches_released_(NewCounter(
+          registry, "tandem_coordinator_training_batches_released_total",
+          "Uncommitted training batches returned to the ready queue at once "
+          "because the trainer member holding them died or left (or a new "
+          "trainer resumed).")),
+      groups_requeued_(NewCounter(
+          registry, "tandem_coordinator_groups_requeued_total",
+          "Trained groups queued again because the trainer resumed from a "
+          "checkpoint older than the version that trained them.")),
+      groups_lost_(NewCounter(
+          registry, "tandem_coordinator_groups_lost_total",
+          "Trained groups gone from the weights because the trainer resumed "
+          "from an older checkpoint, and too stale (max_lag) to train "
+          "again.")),
       score_calls_(prometheus::BuildCounter()
                        .Name("tandem_coordinator_score_calls_total")
                        .Help("ScoreBatch calls to verifiers, by outcome.")
@@ -181,6 +195,9 @@ void CoordinatorMetrics::Update(const LedgerStats& ledger,
   Advance(samples_, ledger.samples_received, l.samples_received);
   Advance(lease_expiries_, ledger.lease_expiries, l.lease_expiries);
   Advance(batches_expired_, ledger.batches_expired, l.batches_expired);
+  Advance(batches_released_, ledger.batches_released, l.batches_released);
+  Advance(groups_requeued_, ledger.groups_requeued, l.groups_requeued);
+  Advance(groups_lost_, ledger.groups_lost, l.groups_lost);
   Advance(scoring_ok_, scoring.calls_ok, last_scoring_.calls_ok);
   Advance(scoring_failed_, scoring.calls_failed, last_scoring_.calls_failed);
   Advance(scoring_unroutable_, scoring.unroutable_attempts,

@@ -63,6 +63,9 @@ class CoordinatorMetrics {
   prometheus::Counter* samples_;
   prometheus::Counter* lease_expiries_;
   prometheus::Counter* batches_expired_;
+  prometheus::Counter* batches_released_;
+  prometheus::Counter* groups_requeued_;
+  prometheus::Counter* groups_lost_;
   prometheus::Family<prometheus::Counter>& score_calls_;
   prometheus::Counter* scoring_ok_;
   prometheus::Counter* scoring_failed_;

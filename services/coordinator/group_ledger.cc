@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
 #include "common/base/status_macros.h"
 
 namespace tandem::coordinator {
@@ -10,6 +11,8 @@ namespace {
 
 // Finished lease ids remembered for duplicate detection.
 constexpr size_t kRememberedLeases = 100000;
+// Versions whose trained group counts are remembered for ResumeTraining.
+constexpr uint64_t kRememberedVersions = 100000;
 
 }  // namespace
 
@@ -19,6 +22,8 @@ GroupLedger::GroupLedger(GroupLedgerOptions options,
       source_(std::move(source)),
       training_(TrainingQueueOptions{options_.max_lag, options_.keep_stale,
                                      options_.batch_timeout}),
+      // A group committed into version u is trainable until u + max_lag.
+      history_(uint64_t{options_.max_lag} + 1, kRememberedVersions),
       groups_per_version_(std::max<uint64_t>(options_.groups_per_version, 1)) {}
 
 std::unique_ptr<GroupState> GroupLedger::NewGroup(
@@ -382,7 +387,24 @@ tandem::v1::PullTrainingBatchResponse GroupLedger::Pull(
     for (const auto& group : response.groups()) {
       pulled->add_group_ids(group.group_id());
     }
+    pulled->set_member_id(request.member_id());
     Record(record);
+    // A batch handed out is never forgotten: the trainer may train it into
+    // a version whatever happens to this process next (publish protocol).
+    if (!response.batch_id().empty()) {
+      if (absl::Status s = journal_->Sync(); !s.ok()) {
+        ComponentLogger("coordinator")
+            ->error("not handing out training batch {}: {}", batch_id,
+                    s.ToString());
+        training_.ExpireBatch(batch_id);
+        journal::Record expired;
+        expired.mutable_batches_expired()->add_batch_ids(batch_id);
+        Record(expired);
+        tandem::v1::PullTrainingBatchResponse none;
+        none.set_dropped_stale_groups(response.dropped_stale_groups());
+        return none;
+      }
+    }
   }
   return response;
 }
@@ -392,6 +414,9 @@ absl::StatusOr<CommitResult> GroupLedger::Commit(const std::string& batch_id,
   absl::MutexLock lock(&mu_);
   absl::StatusOr<CommitResult> result =
       training_.Commit(batch_id, policy_version);
+  if (result.ok() && !result->repeated) {
+    history_.Add(policy_version, std::move(result->trained));
+  }
   if (journal_ && result.ok() && !result->staleness.empty()) {
     journal::Record record;
     record.mutable_committed()->set_batch_id(batch_id);
@@ -414,47 +439,6 @@ uint32_t GroupLedger::ExpireBatches(absl::Time now) {
     Record(record);
   }
   return static_cast<uint32_t>(expired.size());
-}
-
-absl::Status GroupLedger::PublishVersion(
-    const tandem::v1::WeightManifest& manifest,
-    const std::string& weight_server_address) {
-  absl::MutexLock lock(&mu_);
-  const uint64_t version = manifest.policy_version();
-  if (version != policy_version_ + 1) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("policy versions go up by one: expected ",
-                     policy_version_ + 1, ", got ", version));
-  }
-  RETURN_IF_ERROR(PublishLocked(manifest, weight_server_address));
-  if (journal_) return journal_->Sync();
-  return absl::OkStatus();
-}
-
-absl::Status GroupLedger::PublishLocked(
-    const tandem::v1::WeightManifest& manifest,
-    const std::string& weight_server_address) {
-  if (journal_) {
-    journal::Record record;
-    record.mutable_published()->set_policy_version(manifest.policy_version());
-    *record.mutable_published()->mutable_manifest() = manifest;
-    record.mutable_published()->set_weight_server_address(
-        weight_server_address);
-    Record(record);
-  }
-  policy_version_ = manifest.policy_version();
-  manifest_ = manifest;
-  if (!weight_server_address.empty()) {
-    weight_server_address_ = weight_server_address;
-  }
-  training_.DropStale(policy_version_);
-  return absl::OkStatus();
-}
-
-absl::Status GroupLedger::PublishVersion(uint64_t version) {
-  tandem::v1::WeightManifest manifest;
-  manifest.set_policy_version(version);
-  return PublishVersion(manifest, "");
 }
 
 void GroupLedger::LatestVersion(tandem::v1::WeightManifest* manifest,
@@ -496,6 +480,7 @@ LedgerStats GroupLedger::Stats() const {
   stats.groups_dropped_stale = t.groups_dropped_stale;
   stats.groups_kept_stale = t.groups_kept_stale;
   stats.batches_expired = t.batches_expired;
+  stats.batches_released = t.batches_released;
   stats.dataset_cursor = source_->cursor();
   if (journal_) {
     stats.journal_bytes = journal_->size_bytes();

@@ -26,14 +26,49 @@
 // instead of being generated only to be dropped as stale.
 //
 // Durability: with a Journal (Recover()), every change is appended as a
-// record, and the journal is synced at batch boundaries (Commit, Publish)
-// and by SyncJournal(); a restarted coordinator replays it and continues
-// with the same prompts, groups, batches and version. See journal.h.
+// record, and the journal is synced at batch boundaries (a batch handed
+// out, committed or published) and by SyncJournal(); a restarted
+// coordinator replays it and continues with the same prompts, groups,
+// batches and version. See journal.h.
+//
+// Publish protocol (trainer <-> coordinator; docs/architecture.md):
+//
+//   The trainer and the coordinator agree on a version v. The trainer
+//   pulls batch B (the Pulled record is synced before the answer leaves,
+//   so a batch the trainer holds is never forgotten), steps to v+1, and
+//   calls PublishPolicyVersion(v+1, batch_id B) until it gets an answer
+//   that is not a transport error. PublishTrainedVersion commits B and
+//   advances the version in ONE journal record, synced before OK:
+//     - version == current + 1 and B open (or released/expired with all
+//       of its groups still ready, a late commit): commit + publish, OK;
+//     - version == current and B is the batch of the current version: the
+//       same publish again (its answer was lost), OK, nothing changes;
+//     - anything else: FAILED_PRECONDITION (B unknown, already committed
+//       into another version, or handed out again; or a version that does
+//       not follow). The trainer then adopts the coordinator's numbering
+//       (ResumeTraining) and publishes its weights without a batch.
+//   Crash points:
+//     coordinator dies before the Pulled sync: the trainer got no batch.
+//     coordinator dies with B open (trainer stepping or retrying): the
+//       journal restores B open, its deadline renewed; the retried publish
+//       commits it. If the trainer re-registered under a new id, B is
+//       released after the grace period and the retry late-commits it.
+//     coordinator dies after the Published sync, before answering: the
+//       retry is a duplicate, OK.
+//     trainer dies holding B: B is released when the trainer member is
+//       declared dead or leaves (ReleaseBatches), not at batch_timeout.
+//     trainer dies after the publish, before its checkpoint: the new
+//       trainer calls ResumeTraining(checkpoint version s): the groups of
+//       versions after s go back to the ready queue while within max_lag
+//       (trained again) and are counted lost otherwise (Resume).
+//   A trainer checkpoints only acknowledged versions, so a checkpoint
+//   never holds a step the coordinator may not have recorded.
 //
 // Time is passed in (`now`), so tests drive it. Thread-safe.
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -48,6 +83,7 @@
 #include "services/coordinator/group_state.h"
 #include "services/coordinator/journal.h"
 #include "services/coordinator/prompt_source.h"
+#include "services/coordinator/trained_history.h"
 #include "services/coordinator/training_queue.h"
 #include "tandem/v1/coordinator.pb.h"
 #include "tandem/v1/verifier.pb.h"
@@ -107,11 +143,31 @@ struct LedgerStats {
   uint64_t samples_received = 0;
   uint64_t lease_expiries = 0;
   uint64_t batches_expired = 0;
+  uint64_t batches_released = 0;   // their trainer died or left
+  uint64_t groups_requeued = 0;    // a trainer resumed from before them
+  uint64_t groups_lost = 0;        // the same, too stale to train again
   uint64_t dataset_cursor = 0;
   uint64_t journal_bytes = 0;
   uint64_t journal_syncs = 0;
   double journal_sync_seconds = 0;
   bool dataset_exhausted = false;
+};
+
+struct PublishResult {
+  // The (batch, version) was already recorded: nothing changed.
+  bool duplicate = false;
+  // What the publish committed (empty without a batch or when duplicate).
+  CommitResult commit;
+};
+
+struct ResumeResult {
+  uint64_t policy_version = 0;
+  uint32_t groups_requeued = 0;
+  uint32_t groups_lost = 0;
+  uint32_t batches_released = 0;
+  // False when the versions rewound reach beyond what the ledger remembers
+  // (groups_lost is then a lower bound).
+  bool complete = true;
 };
 
 class GroupLedger {
@@ -153,6 +209,24 @@ class GroupLedger {
   // version is the current version plus one.
   absl::Status PublishVersion(const tandem::v1::WeightManifest& manifest,
                               const std::string& weight_server_address);
+  // The publish protocol above: publishes the manifest's version and, with
+  // a non-empty `batch_id`, commits that batch into it atomically and
+  // idempotently. The journal is synced before it returns OK.
+  absl::StatusOr<PublishResult> PublishTrainedVersion(
+      const tandem::v1::WeightManifest& manifest,
+      const std::string& weight_server_address, const std::string& batch_id);
+  // A trainer (`member_id`) resumes with weights at `trainer_version`:
+  // releases the open batches of every other holder, and when
+  // trainer_version is behind the latest version, forgets what the later
+  // versions trained: groups still within max_lag of the latest version go
+  // back to the front of the ready queue, the rest are counted lost.
+  // Journaled and synced.
+  absl::StatusOr<ResumeResult> Resume(const std::string& member_id,
+                                      uint64_t trainer_version);
+  // Returns the open batches whose holder satisfies `gone` (a dead or
+  // departed trainer member) to the front of the ready queue at once;
+  // returns how many.
+  uint32_t ReleaseBatches(const std::function<bool(const std::string&)>& gone);
   // The same with an empty manifest (tests).
   absl::Status PublishVersion(uint64_t version);
   uint64_t policy_version() const;
@@ -202,6 +276,18 @@ class GroupLedger {
   absl::Status PublishLocked(const tandem::v1::WeightManifest& manifest,
                              const std::string& weight_server_address)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Commits `batch_id` (when not empty) and publishes, as one change
+  // (journaled as one Published record when `journal`).
+  absl::StatusOr<CommitResult> CommitAndPublishLocked(
+      const tandem::v1::WeightManifest& manifest,
+      const std::string& weight_server_address, const std::string& batch_id,
+      bool journal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Journals and applies a release of `batch_ids` (their holder is gone).
+  void ReleaseLocked(const std::vector<std::string>& batch_ids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets what versions after `version` trained (Resume, replay).
+  ResumeResult RewindLocked(uint64_t version)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Record(const journal::Record& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies one journal record (replay).
   absl::Status ApplyLocked(const journal::Record& record)
@@ -233,6 +319,9 @@ class GroupLedger {
   std::deque<std::string> finished_order_ ABSL_GUARDED_BY(mu_);
   TrainingQueue training_ ABSL_GUARDED_BY(mu_);
   uint64_t policy_version_ ABSL_GUARDED_BY(mu_) = 0;
+  // The batch committed by the latest version's publish (duplicates).
+  std::string last_batch_id_ ABSL_GUARDED_BY(mu_);
+  TrainedHistory history_ ABSL_GUARDED_BY(mu_);
   tandem::v1::WeightManifest manifest_ ABSL_GUARDED_BY(mu_);
   std::string weight_server_address_ ABSL_GUARDED_BY(mu_);
   // Null when the coordinator runs without a journal.

@@ -52,6 +52,7 @@ absl::Status GroupLedger::ApplyLocked(const journal::Record& record) {
       request.set_trainer_policy_version(p.trainer_policy_version());
       request.set_max_tokens(p.max_tokens());
       request.set_max_groups(p.max_groups());
+      request.set_member_id(p.member_id());
       tandem::v1::PullTrainingBatchResponse response = training_.Pull(
           request, p.batch_id(), absl::FromUnixMillis(p.unix_ms()));
       std::vector<std::string> ids;
@@ -65,19 +66,45 @@ absl::Status GroupLedger::ApplyLocked(const journal::Record& record) {
       }
       return absl::OkStatus();
     }
-    case journal::Record::kCommitted:
+    case journal::Record::kCommitted: {
       // A failure here means the commit was refused the first time too.
-      (void)training_.Commit(record.committed().batch_id(),
-                             record.committed().policy_version());
-      return absl::OkStatus();
-    case journal::Record::kBatchesExpired:
-      for (const auto& id : record.batches_expired().batch_ids()) {
-        training_.ExpireBatch(id);
+      absl::StatusOr<CommitResult> result = training_.Commit(
+          record.committed().batch_id(), record.committed().policy_version());
+      if (result.ok() && !result->repeated) {
+        history_.Add(record.committed().policy_version(),
+                     std::move(result->trained));
       }
       return absl::OkStatus();
-    case journal::Record::kPublished:
-      return PublishLocked(record.published().manifest(),
-                           record.published().weight_server_address());
+    }
+    case journal::Record::kBatchesExpired:
+      for (const auto& id : record.batches_expired().batch_ids()) {
+        training_.ExpireBatch(id, record.batches_expired().released());
+      }
+      return absl::OkStatus();
+    case journal::Record::kPublished: {
+      const journal::Published& p = record.published();
+      if (p.snapshot()) {
+        RETURN_IF_ERROR(PublishLocked(p.manifest(), p.weight_server_address()));
+        last_batch_id_ = p.batch_id();
+        return absl::OkStatus();
+      }
+      absl::StatusOr<CommitResult> committed = CommitAndPublishLocked(
+          p.manifest(), p.weight_server_address(), p.batch_id(),
+          /*journal=*/false);
+      if (committed.ok()) return absl::OkStatus();
+      // Recorded only after the commit succeeded, so this cannot happen;
+      // keep the version rather than stop the replay.
+      ComponentLogger("coordinator")
+          ->warn("journal replay: {}; publishing version {} anyway",
+                 committed.status().ToString(), p.policy_version());
+      return PublishLocked(p.manifest(), p.weight_server_address());
+    }
+    case journal::Record::kResumed:
+      RewindLocked(record.resumed().policy_version());
+      return absl::OkStatus();
+    case journal::Record::kTrainedVersion:
+      history_.Restore(record.trained_version(), options_.group_size);
+      return absl::OkStatus();
     case journal::Record::kSourceSkipped:
       for (uint64_t i = 0; i < record.source_skipped().prompts(); ++i) {
         if (!source_->Next()) {
@@ -113,7 +140,7 @@ absl::Status GroupLedger::ApplyLocked(const journal::Record& record) {
       }
       training_.AddOpenBatch(open.batch_id(), open.trainer_policy_version(),
                              absl::FromUnixMillis(open.deadline_unix_ms()),
-                             std::move(groups));
+                             std::move(groups), open.member_id());
       return absl::OkStatus();
     }
     case journal::Record::kState: {
@@ -128,6 +155,9 @@ absl::Status GroupLedger::ApplyLocked(const journal::Record& record) {
       t.groups_dropped_stale = state.groups_dropped_stale();
       t.groups_kept_stale = state.groups_kept_stale();
       t.batches_expired = state.batches_expired();
+      t.batches_released = state.batches_released();
+      counters_.groups_requeued = state.groups_requeued();
+      counters_.groups_lost = state.groups_lost();
       return absl::OkStatus();
     }
     case journal::Record::RECORD_NOT_SET:
@@ -144,6 +174,8 @@ std::vector<journal::Record> GroupLedger::SnapshotLocked() const {
     *published->mutable_manifest() = manifest_;
     published->mutable_manifest()->set_policy_version(policy_version_);
     published->set_weight_server_address(weight_server_address_);
+    published->set_batch_id(last_batch_id_);
+    published->set_snapshot(true);
   }
   records.emplace_back().mutable_source_skipped()->set_prompts(
       source_->cursor());
@@ -164,6 +196,7 @@ std::vector<journal::Record> GroupLedger::SnapshotLocked() const {
         ToJournal(*prompt);
   }
   training_.AppendSnapshot(&records);
+  history_.AppendSnapshot(&records);
   journal::State* state = records.emplace_back().mutable_state();
   state->set_next_id(next_id_);
   state->set_groups_dispatched(counters_.groups_dispatched);
@@ -176,6 +209,9 @@ std::vector<journal::Record> GroupLedger::SnapshotLocked() const {
   state->set_groups_dropped_stale(t.groups_dropped_stale);
   state->set_groups_kept_stale(t.groups_kept_stale);
   state->set_batches_expired(t.batches_expired);
+  state->set_batches_released(t.batches_released);
+  state->set_groups_requeued(counters_.groups_requeued);
+  state->set_groups_lost(counters_.groups_lost);
   return records;
 }
 
@@ -195,6 +231,10 @@ absl::Status GroupLedger::Recover(std::unique_ptr<Journal> journal,
             "last sync)",
             journal->path(), dropped_bytes);
   }
+  // The trainer that held a restored batch gets a full batch_timeout to
+  // publish it (the coordinator was down meanwhile); a trainer that is
+  // gone releases it sooner (Coordinator: holder not live).
+  training_.RenewOpenBatches(now + options_.batch_timeout);
   // The workers that held the restored leases register again under new
   // ids; they get a full lease period to deliver before the prompts go
   // back to the queue.

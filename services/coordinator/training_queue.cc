@@ -54,6 +54,7 @@ tandem::v1::PullTrainingBatchResponse TrainingQueue::Pull(
   Batch batch;
   batch.trainer_version = version;
   batch.deadline = now + options_.batch_timeout;
+  batch.member_id = request.member_id();
   uint64_t tokens = 0;
   while (!ready_.empty()) {
     const GroupState& next = *ready_.front();
@@ -96,6 +97,7 @@ absl::StatusOr<CommitResult> TrainingQueue::Commit(const std::string& batch_id,
   CommitResult result;
   if (auto it = committed_.find(batch_id); it != committed_.end()) {
     result.groups = it->second;
+    result.repeated = true;
     return result;
   }
   std::vector<std::unique_ptr<GroupState>> groups;
@@ -140,10 +142,12 @@ absl::StatusOr<CommitResult> TrainingQueue::Commit(const std::string& batch_id,
   }
   counters_.groups_trained += groups.size();
   Remember(&committed_, &committed_order_, batch_id, result.groups);
+  result.trained = std::move(groups);
   return result;
 }
 
-void TrainingQueue::ExpireLocked(std::map<std::string, Batch>::iterator it) {
+void TrainingQueue::ExpireLocked(std::map<std::string, Batch>::iterator it,
+                                 bool released) {
   ExpiredBatch record;
   record.trainer_version = it->second.trainer_version;
   std::vector<std::unique_ptr<GroupState>>& groups = it->second.groups;
@@ -160,7 +164,11 @@ void TrainingQueue::ExpireLocked(std::map<std::string, Batch>::iterator it) {
     expired_order_.pop_front();
   }
   batches_.erase(it);
-  ++counters_.batches_expired;
+  if (released) {
+    ++counters_.batches_released;
+  } else {
+    ++counters_.batches_expired;
+  }
 }
 
 std::vector<std::string> TrainingQueue::ExpireBatches(absl::Time now) {
@@ -176,11 +184,26 @@ std::vector<std::string> TrainingQueue::ExpireBatches(absl::Time now) {
   return expired;
 }
 
-bool TrainingQueue::ExpireBatch(const std::string& batch_id) {
+bool TrainingQueue::ExpireBatch(const std::string& batch_id, bool released) {
   auto it = batches_.find(batch_id);
   if (it == batches_.end()) return false;
-  ExpireLocked(it);
+  ExpireLocked(it, released);
   return true;
+}
+
+void TrainingQueue::RenewOpenBatches(absl::Time deadline) {
+  for (auto& [id, batch] : batches_) batch.deadline = deadline;
+}
+
+uint32_t TrainingQueue::Requeue(std::vector<std::unique_ptr<GroupState>> groups,
+                                uint64_t trainer_version) {
+  uint32_t requeued = 0;
+  for (auto g = groups.rbegin(); g != groups.rend(); ++g) {
+    if (!options_.keep_stale && TooStale(**g, trainer_version)) continue;
+    ready_.push_front(std::move(*g));
+    ++requeued;
+  }
+  return requeued;
 }
 
 void TrainingQueue::AddRestored(std::unique_ptr<GroupState> group) {
@@ -189,10 +212,12 @@ void TrainingQueue::AddRestored(std::unique_ptr<GroupState> group) {
 
 void TrainingQueue::AddOpenBatch(
     const std::string& batch_id, uint64_t trainer_version, absl::Time deadline,
-    std::vector<std::unique_ptr<GroupState>> groups) {
+    std::vector<std::unique_ptr<GroupState>> groups,
+    const std::string& member_id) {
   Batch& batch = batches_[batch_id];
   batch.trainer_version = trainer_version;
   batch.deadline = deadline;
+  batch.member_id = member_id;
   training_groups_ += groups.size();
   batch.groups = std::move(groups);
 }
@@ -211,6 +236,7 @@ void TrainingQueue::AppendSnapshot(
     open->set_batch_id(batch_id);
     open->set_trainer_policy_version(batch.trainer_version);
     open->set_deadline_unix_ms(absl::ToUnixMillis(batch.deadline));
+    open->set_member_id(batch.member_id);
     for (const auto& group : batch.groups) {
       open->add_group_ids(group->group_id);
       *open->add_groups() = ToJournal(*group);

@@ -44,6 +44,10 @@ struct CommitResult {
   uint64_t tokens = 0;
   // Per group: trainer version at pull minus the group's min_version.
   std::vector<uint64_t> staleness;
+  // The batch had been committed before: nothing was trained now.
+  bool repeated = false;
+  // The groups trained (empty when repeated), for TrainedHistory.
+  std::vector<std::unique_ptr<GroupState>> trained;
 };
 
 struct TrainingQueueCounters {
@@ -51,6 +55,7 @@ struct TrainingQueueCounters {
   uint64_t groups_dropped_stale = 0;
   uint64_t groups_kept_stale = 0;
   uint64_t batches_expired = 0;
+  uint64_t batches_released = 0;
 };
 
 class TrainingQueue {
@@ -83,8 +88,34 @@ class TrainingQueue {
   // Returns the groups of batches past their deadline to the front of the
   // ready queue; returns the expired batches' ids.
   std::vector<std::string> ExpireBatches(absl::Time now);
-  // Expires one batch now (journal replay). False when unknown.
-  bool ExpireBatch(const std::string& batch_id);
+  // Expires one batch now (journal replay). False when unknown. `released`:
+  // counted as released (its trainer died or left) rather than expired.
+  bool ExpireBatch(const std::string& batch_id, bool released = false);
+  // Returns the groups of every open batch whose holder (the member that
+  // pulled it) satisfies `gone` to the front of the ready queue, as
+  // ExpireBatches does (a late commit still counts); returns their ids.
+  // Batches without a recorded holder are left to their deadline.
+  template <typename Pred>
+  std::vector<std::string> ReleaseBatches(Pred gone) {
+    std::vector<std::string> released;
+    for (auto it = batches_.begin(); it != batches_.end();) {
+      auto next = std::next(it);
+      if (!it->second.member_id.empty() && gone(it->second.member_id)) {
+        released.push_back(it->first);
+        ExpireLocked(it, /*released=*/true);
+      }
+      it = next;
+    }
+    return released;
+  }
+  // Moves every open batch's deadline to `deadline` (a restarted
+  // coordinator gives its trainer a full batch_timeout).
+  void RenewOpenBatches(absl::Time deadline);
+  // Puts groups trained into versions a resuming trainer no longer holds
+  // back at the front of the ready queue, keeping their order; returns
+  // how many (the rest were too stale and are destroyed).
+  uint32_t Requeue(std::vector<std::unique_ptr<GroupState>> groups,
+                   uint64_t trainer_version);
 
   // Restoring from the journal: a ready group (appended as is, no staleness
   // check), a batch handed out and not committed, and an expired batch
@@ -92,7 +123,8 @@ class TrainingQueue {
   void AddRestored(std::unique_ptr<GroupState> group);
   void AddOpenBatch(const std::string& batch_id, uint64_t trainer_version,
                     absl::Time deadline,
-                    std::vector<std::unique_ptr<GroupState>> groups);
+                    std::vector<std::unique_ptr<GroupState>> groups,
+                    const std::string& member_id = "");
   void AddExpiredBatch(const std::string& batch_id, uint64_t trainer_version,
                        std::vector<std::string> group_ids);
   // Records that rebuild the queue: open and expired batches and ready
@@ -109,6 +141,8 @@ class TrainingQueue {
     std::vector<std::unique_ptr<GroupState>> groups;
     uint64_t trainer_version = 0;
     absl::Time deadline;
+    // The trainer member that pulled it (empty: unknown, an old journal).
+    std::string member_id;
   };
   struct ExpiredBatch {
     std::vector<std::string> group_ids;
@@ -116,7 +150,8 @@ class TrainingQueue {
   };
 
   bool TooStale(const GroupState& group, uint64_t version) const;
-  void ExpireLocked(std::map<std::string, Batch>::iterator it);
+  void ExpireLocked(std::map<std::string, Batch>::iterator it,
+                    bool released = false);
   void Remember(std::map<std::string, uint32_t>* done,
                 std::deque<std::string>* order, const std::string& batch_id,
                 uint32_t count);

@@ -115,6 +115,18 @@ std::string FormatRunSummary(const ProgressSnapshot& last,
                             last.cluster.policy_version(),
                             last.cluster.counters().groups_trained(),
                             last.cluster.counters().groups_dropped_stale()));
+  {
+    // Work a trainer restart took out of the weights, and dead trainers'
+    // batches returned: never silent.
+    const auto& c = last.cluster.counters();
+    if (c.groups_requeued() + c.groups_lost() + c.batches_released() > 0) {
+      absl::StrAppend(
+          &out, absl::StrFormat("  trainer restarts   %d groups trained again, "
+                                "%d groups lost, %d batches released\n",
+                                c.groups_requeued(), c.groups_lost(),
+                                c.batches_released()));
+    }
+  }
   if (!summary.checkpoint_path.empty()) {
     absl::StrAppend(&out, "  checkpoint         ", summary.checkpoint_path,
                     "\n");

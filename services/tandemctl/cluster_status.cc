@@ -41,6 +41,14 @@ std::string FormatClusterStatus(
                 "training %d\n",
                 q.pending_prompts(), q.leased_prompts(), q.scoring_samples(),
                 q.ready_groups(), q.training_groups()));
+  const auto& c = status.counters();
+  absl::StrAppend(
+      &out,
+      absl::StrFormat("groups: trained %d  dropped stale %d  requeued %d  "
+                      "lost %d; batches released %d\n",
+                      c.groups_trained(), c.groups_dropped_stale(),
+                      c.groups_requeued(), c.groups_lost(),
+                      c.batches_released()));
   return out;
 }
 

@@ -111,9 +111,10 @@ void CheckpointManager::ReconcileVersion(uint64_t coordinator_version,
   } else if (coordinator_version > ours) {
     Log()->warn(
         "the checkpoint in {} is at policy version {}, the coordinator at {}: "
-        "the versions after the checkpoint are lost (the trainer was killed "
-        "before it could checkpoint); continuing from the checkpoint as "
-        "version {}",
+        "the versions after the checkpoint are lost from these weights (the "
+        "trainer was killed before it could checkpoint; the coordinator "
+        "trains their groups again or counts them lost); continuing from "
+        "the checkpoint as version {}",
         policy_.dir, ours, coordinator_version, coordinator_version + 1);
   } else {
     Log()->warn(

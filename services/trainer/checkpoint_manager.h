@@ -69,7 +69,9 @@ class CheckpointManager {
   //   equal to the trainer's: the normal resume, nothing changes;
   //   ahead: versions were published after the last checkpoint (the trainer
   //     was killed, not stopped): training continues from the checkpoint's
-  //     weights, published as coordinator_version + 1;
+  //     weights, published as coordinator_version + 1 (the coordinator
+  //     queued the groups of those versions again or counted them lost:
+  //     ResumeTraining);
   //   behind (a coordinator without its journal) or no checkpoint at all
   //     while the coordinator has versions: the same, numbering continues
   //     from the coordinator.

@@ -123,6 +123,35 @@ Trainer::Trainer(const TrainerConfig& config)
                                  "evaluation.")
                            .Register(*registry_)
                            .Add({})),
+      publish_retries_(&prometheus::BuildCounter()
+                            .Name("tandem_trainer_publish_retries_total")
+                            .Help("PublishPolicyVersion calls sent again "
+                                  "after a transport error (the coordinator "
+                                  "unreachable or restarting).")
+                            .Register(*registry_)
+                            .Add({})),
+      publishes_refused_(
+          &prometheus::BuildCounter()
+               .Name("tandem_trainer_publishes_refused_total")
+               .Help("Versions the coordinator refused (the trainer then "
+                     "adopted the coordinator's numbering).")
+               .Register(*registry_)
+               .Add({})),
+      resume_groups_requeued_(
+          &prometheus::BuildGauge()
+               .Name("tandem_trainer_resume_groups_requeued")
+               .Help("At this trainer's start: groups trained after the "
+                     "checkpoint it resumed from, queued again.")
+               .Register(*registry_)
+               .Add({})),
+      resume_groups_lost_(
+          &prometheus::BuildGauge()
+               .Name("tandem_trainer_resume_groups_lost")
+               .Help("At this trainer's start: groups trained after the "
+                     "checkpoint it resumed from and too stale to train "
+                     "again (lost from the weights).")
+               .Register(*registry_)
+               .Add({})),
       step_metrics_(*registry_),
       // With shared memory on, each FULL version is copied into its
       // /dev/shm segment when it is published (on the training thread), so
@@ -333,19 +362,28 @@ absl::Status Trainer::TrainOnce() {
     groups.push_back(std::move(group));
   }
   ASSIGN_OR_RETURN(GrpoStepStats stats, grpo_->Step(groups));
-  RETURN_IF_ERROR(Publish(stats.policy_version));
-  tandem::v1::CommitTrainingBatchRequest commit;
-  commit.set_member_id(member);
-  commit.set_batch_id(batch.batch_id());
-  commit.set_policy_version(stats.policy_version);
-  tandem::v1::CommitTrainingBatchResponse committed;
-  {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    RETURN_IF_ERROR(
-        rpc::ToAbslStatus(member_->session().stub()->CommitTrainingBatch(
-            &context, commit, &committed)));
+  if (Log()->should_log(spdlog::level::debug)) {
+    std::string ids;
+    for (const auto& g : batch.groups()) {
+      absl::StrAppend(&ids, ids.empty() ? "" : ",", g.group_id());
+    }
+    Log()->debug("stepped to version {} on batch {}: groups {}",
+                 stats.policy_version, batch.batch_id(), ids);
   }
+  // The step and its publish are one unit: the publish commits the batch
+  // and is retried until the coordinator answers (Publish).
+  HoldBeforePublishForTest(stats.policy_version, batch.batch_id());
+  unacknowledged_step_ = true;
+  if (absl::Status published = Publish(stats.policy_version, batch.batch_id());
+      !published.ok()) {
+    if (!absl::IsFailedPrecondition(published) &&
+        !absl::IsNotFound(published) && !absl::IsInvalidArgument(published)) {
+      return published;  // stopping
+    }
+    RETURN_IF_ERROR(AdoptCoordinatorVersion(published));
+    stats.policy_version = grpo_->policy_version();
+  }
+  unacknowledged_step_ = false;
   policy_version_.Set(static_cast<double>(stats.policy_version));
   trained_tokens_.Increment(static_cast<double>(stats.trained_tokens));
   loss_.Set(stats.loss.loss);
@@ -354,13 +392,13 @@ absl::Status Trainer::TrainOnce() {
   step_metrics_.Record(stats);
   for (int64_t s : stats.staleness) staleness_.Observe(static_cast<double>(s));
   Log()->info(
-      "version {}: {} groups, {} tokens ({} completions with zero advantage "
-      "not forwarded), reward {:.3f}, loss {:.4f}, clip {:.3f}, kl {:.4g}, "
-      "grad norm {:.3f}, {:.2f}s",
-      stats.policy_version, groups.size(), stats.trained_tokens,
-      stats.skipped_sequences, stats.reward_mean, stats.loss.loss,
-      stats.loss.clip_fraction,
-      stats.loss.kl_mean, stats.grad_norm, stats.step_seconds);
+      "version {}: batch {}, {} groups, {} tokens ({} completions with zero "
+      "advantage not forwarded), reward {:.3f}, loss {:.4f}, clip {:.3f}, "
+      "kl {:.4g}, grad norm {:.3f}, {:.2f}s",
+      stats.policy_version, batch.batch_id(), groups.size(),
+      stats.trained_tokens, stats.skipped_sequences, stats.reward_mean,
+      stats.loss.loss, stats.loss.clip_fraction, stats.loss.kl_mean,
+      stats.grad_norm, stats.step_seconds);
   absl::MutexLock lock(&mu_);
   status_.set_step(status_.step() + 1);
   status_.set_policy_version(stats.policy_version);
@@ -416,7 +454,10 @@ void Trainer::MaybeEvaluate(bool initial) {
 void Trainer::TrainingLoop() {
   MaybeEvaluate(/*initial=*/true);
   while (!stopping_) {
-    ReconcileVersionOnce();
+    if (!ReconcileVersionOnce()) {
+      absl::SleepFor(absl::Milliseconds(100));
+      continue;
+    }
     ServeCheckpointRequests();
     absl::Status status = TrainOnce();
     if (status.ok()) status = MaybeCheckpoint();
@@ -465,15 +506,6 @@ grpc::ServerUnaryReactor* Trainer::SaveCheckpoint(
   return reactor;
 }
 
-void Trainer::ReconcileVersionOnce() {
-  if (version_reconciled_ || member_->session().member_id().empty()) return;
-  version_reconciled_ = true;
-  checkpoints_->ReconcileVersion(member_->session().cluster_policy_version(),
-                                 resumed_, grpo_.get());
-  absl::MutexLock lock(&mu_);
-  status_.set_policy_version(grpo_->policy_version());
-}
-
 void Trainer::RecordCheckpoint(const WrittenCheckpoint& written) {
   absl::MutexLock lock(&mu_);
   status_.set_last_checkpoint(written.path);
@@ -493,8 +525,13 @@ void Trainer::ServeCheckpointRequests() {
     requests.swap(checkpoint_requests_);
   }
   if (requests.empty()) return;
-  absl::StatusOr<WrittenCheckpoint> written =
-      checkpoints_->Save(*grpo_, "requested by the SaveCheckpoint RPC");
+  absl::StatusOr<WrittenCheckpoint> written = absl::UnavailableError(
+      absl::StrCat("version ", grpo_->policy_version(),
+                   " was never acknowledged by the coordinator: not "
+                   "checkpointing it"));
+  if (!unacknowledged_step_) {
+    written = checkpoints_->Save(*grpo_, "requested by the SaveCheckpoint RPC");
+  }
   if (written.ok()) RecordCheckpoint(*written);
   for (CheckpointRequest& r : requests) {
     if (written.ok()) {
@@ -533,7 +570,17 @@ void Trainer::Stop() {
       accepting_checkpoint_requests_ = false;
     }
     absl::StatusOr<std::optional<WrittenCheckpoint>> written =
-        checkpoints_->SaveOnStop(*grpo_);
+        std::optional<WrittenCheckpoint>();
+    if (unacknowledged_step_) {
+      // The coordinator may or may not have recorded that version; the
+      // checkpoint before it is the last one both sides agree on.
+      Log()->warn(
+          "not checkpointing on stop: version {} was never acknowledged by "
+          "the coordinator",
+          grpo_->policy_version());
+    } else {
+      written = checkpoints_->SaveOnStop(*grpo_);
+    }
     if (!written.ok()) {
       Log()->error("checkpoint on stop failed: {}",
                    written.status().ToString());

@@ -6,8 +6,11 @@
 // (the pull path rollout workers follow; bfloat16 versions also as sparse
 // deltas on the version before, weights::DeltaPublisher), the manifest to
 // the coordinator, and the full weights to the broadcast group.
-// Each trained batch is committed after its version is published, so a
-// group is trained at most once.
+// Each version is published together with the batch it trained (one
+// idempotent PublishPolicyVersion keyed by the batch id, retried until the
+// coordinator answers), so the coordinator commits the batch exactly when
+// it records the version; checkpoints hold acknowledged versions only
+// (publish protocol: services/coordinator/group_ledger.h).
 
 #include <atomic>
 #include <memory>
@@ -73,7 +76,18 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
   explicit Trainer(const TrainerConfig& config);
   void TrainingLoop();
   absl::Status TrainOnce();
-  absl::Status Publish(uint64_t version);
+  // Stores `version` and announces it with the batch that trained it
+  // (empty: none), retrying transport errors until the coordinator answers
+  // or the trainer stops. FailedPrecondition: the coordinator refused it.
+  absl::Status Publish(uint64_t version, const std::string& batch_id);
+  // After a refused publish: adopts the coordinator's latest version and
+  // publishes the current weights after it, without a batch.
+  absl::Status AdoptCoordinatorVersion(const absl::Status& refusal);
+  // Fault injection for tests: with TANDEM_TEST_HOLD_PUBLISH_FILE set and
+  // that file present, the trainer writes <file>.held (the version and
+  // batch it stepped to) and waits, stepped but not yet published, until
+  // the file is removed or the trainer stops.
+  void HoldBeforePublishForTest(uint64_t version, const std::string& batch_id);
   // Flattens the current policy as `version` into store_ (served to pulling
   // workers: the full copy, and a delta on version-1 when DeltaPublisher
   // chose one); the first half of Publish. Returns the payloads.
@@ -88,9 +102,12 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
   // coordinator until it formed the next epoch (or weight_sync.timeout_ms
   // passed) and hands the epoch's first version to the broadcaster again.
   void ResendAfterFailure(const tandem::v1::BroadcastGroup& failed);
-  // Checkpoints (training thread): adopt the coordinator's version numbering
-  // at the first registration; periodic checkpoints; SaveCheckpoint calls.
-  void ReconcileVersionOnce();
+  // Checkpoints (training thread): at the first registration, tell the
+  // coordinator which version the weights hold (ResumeTraining: what later
+  // versions trained is queued again or counted lost) and adopt its
+  // numbering; false until that succeeded. Periodic checkpoints;
+  // SaveCheckpoint calls.
+  bool ReconcileVersionOnce();
   absl::Status MaybeCheckpoint();
   void ServeCheckpointRequests();
   void RecordCheckpoint(const WrittenCheckpoint& written);
@@ -107,6 +124,10 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
   prometheus::Histogram& staleness_;
   prometheus::Gauge& heldout_accuracy_;
   prometheus::Gauge& heldout_version_;
+  prometheus::Counter* publish_retries_ = nullptr;
+  prometheus::Counter* publishes_refused_ = nullptr;
+  prometheus::Gauge* resume_groups_requeued_ = nullptr;
+  prometheus::Gauge* resume_groups_lost_ = nullptr;
   TrainerStepMetrics step_metrics_;
   std::unique_ptr<HeldoutEvaluator> evaluator_;
   model::WeightDType publish_dtype_ = model::WeightDType::kFloat32;
@@ -116,6 +137,10 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
   std::unique_ptr<CheckpointManager> checkpoints_;
   bool resumed_ = false;
   bool version_reconciled_ = false;  // training thread only
+  // The last step's version was not acknowledged by the coordinator (the
+  // trainer stopped while retrying): it must not be checkpointed. Written
+  // by the training thread, read by Stop() after joining it.
+  bool unacknowledged_step_ = false;
   struct CheckpointRequest {
     grpc::ServerUnaryReactor* reactor;
     tandem::v1::SaveCheckpointResponse* response;

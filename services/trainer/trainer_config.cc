@@ -15,8 +15,13 @@ void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config) {
                     "Directory where checkpoints are written (step-<N>/, "
                     "latest -> newest; the policy export is latest/hf).");
   schema->AddInt("checkpoint_every", &config->checkpoint_every, 0, INT64_MAX,
-                 "Write a checkpoint every this many optimizer steps; 0 = "
-                 "only on stop and on the SaveCheckpoint RPC.");
+                 "Write a checkpoint every this many optimizer steps (one "
+                 "step = one policy version; 1 = every version, after the "
+                 "coordinator acknowledged it); 0 = only on stop and on the "
+                 "SaveCheckpoint RPC. A trainer killed between checkpoints "
+                 "resumes from the last one: the coordinator queues the "
+                 "groups of later versions again (within max_lag) or counts "
+                 "them lost.");
   schema->AddInt("checkpoint_keep", &config->checkpoint_keep, 1, 1 << 20,
                  "Checkpoints kept; older step-* directories are removed.");
   schema->AddBool("checkpoint_on_stop", &config->checkpoint_on_stop,

@@ -1,8 +1,13 @@
-// The trainer's weight publishing: each new version goes into the
+// The trainer's weight publishing and its side of the publish protocol
+// (services/coordinator/group_ledger.h): each new version goes into the
 // WeightStore (a full anchor or a sparse delta, DeltaPublisher), is
 // announced to the coordinator and broadcast to the current epoch's group.
 // Part of the Trainer class (trainer.h); runs on the training thread except
 // OnBroadcast (the broadcast sender's thread).
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
@@ -65,19 +70,72 @@ absl::StatusOr<GrpoStepStats> Trainer::TrainAndStoreForTest(
   return stats;
 }
 
-absl::Status Trainer::Publish(uint64_t version) {
+namespace {
+
+// Answers that say nothing about the publish itself: the coordinator was
+// unreachable, restarting or timed out, so the same publish is sent again.
+bool RetryablePublishError(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case grpc::StatusCode::CANCELLED:
+    case grpc::StatusCode::UNKNOWN:
+    case grpc::StatusCode::ABORTED:
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+    case grpc::StatusCode::INTERNAL:
+    case grpc::StatusCode::DATA_LOSS:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+absl::Status Trainer::Publish(uint64_t version, const std::string& batch_id) {
   ASSIGN_OR_RETURN(weights::PublishedVersion published, StoreVersion(version));
   const tandem::v1::WeightManifest& manifest = published.full.manifest;
   tandem::v1::PublishPolicyVersionRequest request;
-  request.set_member_id(member_->session().member_id());
   *request.mutable_manifest() = manifest;
   request.set_weight_server_address(member_->grpc_address());
+  request.set_batch_id(batch_id);
   tandem::v1::PublishPolicyVersionResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  RETURN_IF_ERROR(
-      rpc::ToAbslStatus(member_->session().stub()->PublishPolicyVersion(
-          &context, request, &response)));
+  // The same (batch, version) until the coordinator answers: it records
+  // the pair once and acknowledges repeats (publish protocol). Each try
+  // names the current member id (it changes when the coordinator restarts).
+  absl::Duration backoff = absl::Milliseconds(100);
+  for (int attempt = 0;; ++attempt) {
+    request.set_member_id(member_->session().member_id());
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    const grpc::Status status = member_->session().stub()->PublishPolicyVersion(
+        &context, request, &response);
+    if (status.ok()) {
+      if (attempt > 0) {
+        Log()->info("version {} (batch {}) acknowledged after {} retries",
+                    version, batch_id, attempt);
+      }
+      break;
+    }
+    if (!RetryablePublishError(status.error_code())) {
+      return rpc::ToAbslStatus(status);
+    }
+    if (stopping_) {
+      unacknowledged_step_ = true;
+      return absl::UnavailableError(absl::StrCat(
+          "stopping with version ", version, " (batch ", batch_id,
+          ") not acknowledged by the coordinator: ", status.error_message()));
+    }
+    publish_retries_->Increment();
+    if (attempt == 0 || attempt % 20 == 0) {
+      Log()->warn(
+          "publishing version {} (batch {}) failed: {}; retrying the same "
+          "publish until the coordinator answers",
+          version, batch_id, status.error_message());
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  }
   if (broadcaster_) {
     // Sent in the background to the group the coordinator assigned to this
     // version; a group whose rank 0 is not this trainer is not ours. The
@@ -92,6 +150,82 @@ absl::Status Trainer::Publish(uint64_t version) {
                           std::move(published.delta));
   }
   return absl::OkStatus();
+}
+
+absl::Status Trainer::AdoptCoordinatorVersion(const absl::Status& refusal) {
+  publishes_refused_->Increment();
+  const uint64_t ours = grpo_->policy_version();
+  // The coordinator's latest version, as its heartbeat answers report it.
+  const uint64_t theirs = member_->session().cluster_policy_version();
+  Log()->error(
+      "the coordinator refused version {}: {}; its latest version is {}: "
+      "publishing these weights (with the refused batch trained in) as "
+      "version {} without a batch",
+      ours, refusal.ToString(), theirs, theirs + 1);
+  grpo_->set_policy_version(theirs + 1);
+  return Publish(theirs + 1, "");
+}
+
+bool Trainer::ReconcileVersionOnce() {
+  if (version_reconciled_) return true;
+  const std::string member = member_->session().member_id();
+  if (member.empty()) return false;
+  // Before the first pull: the coordinator learns which version these
+  // weights hold; what versions after it trained is queued again or
+  // counted lost, and batches of an earlier trainer are released.
+  tandem::v1::ResumeTrainingRequest request;
+  request.set_member_id(member);
+  request.set_policy_version(grpo_->policy_version());
+  tandem::v1::ResumeTrainingResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  const grpc::Status status =
+      member_->session().stub()->ResumeTraining(&context, request, &response);
+  if (!status.ok()) {
+    Log()->warn("ResumeTraining at policy version {} failed: {}; retrying",
+                grpo_->policy_version(), status.error_message());
+    absl::SleepFor(absl::Milliseconds(400));
+    return false;
+  }
+  version_reconciled_ = true;
+  resume_groups_requeued_->Set(response.groups_requeued());
+  resume_groups_lost_->Set(response.groups_lost());
+  if (response.groups_requeued() + response.groups_lost() > 0) {
+    Log()->warn(
+        "resuming at policy version {} while the coordinator is at {}: {} "
+        "groups trained after it are queued again, {} are lost (too stale "
+        "to train again)",
+        grpo_->policy_version(), response.policy_version(),
+        response.groups_requeued(), response.groups_lost());
+  }
+  checkpoints_->ReconcileVersion(response.policy_version(), resumed_,
+                                 grpo_.get());
+  absl::MutexLock lock(&mu_);
+  status_.set_policy_version(grpo_->policy_version());
+  return true;
+}
+
+void Trainer::HoldBeforePublishForTest(uint64_t version,
+                                       const std::string& batch_id) {
+  static const char* const kHoldFile =
+      std::getenv("TANDEM_TEST_HOLD_PUBLISH_FILE");
+  if (kHoldFile == nullptr || *kHoldFile == 0) return;
+  if (!std::filesystem::exists(kHoldFile)) return;
+  const std::string held = absl::StrCat(kHoldFile, ".held");
+  {
+    std::ofstream out(held + ".tmp");
+    out << version << " " << batch_id << "\n";
+  }
+  std::filesystem::rename(held + ".tmp", held);
+  Log()->warn(
+      "fault injection: holding version {} (batch {}) before its "
+      "publish while {} exists",
+      version, batch_id, kHoldFile);
+  while (!stopping_ && std::filesystem::exists(kHoldFile)) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  std::error_code ignored;
+  std::filesystem::remove(held, ignored);
 }
 
 void Trainer::OnBroadcast(const weights::BroadcastOutcome& outcome) {

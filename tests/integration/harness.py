@@ -114,16 +114,20 @@ class Daemon:
     """One daemon binary on ephemeral loopback ports (of `host`, any
     127.x.y.z address), logging to a file."""
 
-    def __init__(self, daemon, tmp, extra=(), name=None, host="127.0.0.1"):
+    def __init__(self, daemon, tmp, extra=(), name=None, host="127.0.0.1",
+                 grpc_port=0, env=None):
         name = name or daemon
         self.ready_file = os.path.join(tmp, f"{name}.ready.json")
         self.log_path = os.path.join(tmp, f"{name}.log")
         self.log = open(self.log_path, "w")
+        if os.path.exists(self.ready_file):
+            os.remove(self.ready_file)  # a restart under the same name
         self.process = subprocess.Popen(
-            [binary(f"tandem-{daemon}"), "--grpc-address", f"{host}:0",
-             "--metrics-address", f"{host}:0", "--ready-file",
-             self.ready_file, *extra],
-            stdout=self.log, stderr=subprocess.STDOUT)
+            [binary(f"tandem-{daemon}"), "--grpc-address",
+             f"{host}:{grpc_port}", "--metrics-address", f"{host}:0",
+             "--ready-file", self.ready_file, *extra],
+            stdout=self.log, stderr=subprocess.STDOUT,
+            env=dict(os.environ, **(env or {})))
 
     def wait_ready(self, timeout=30):
         def ready():

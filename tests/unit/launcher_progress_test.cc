@@ -109,6 +109,18 @@ TEST_CASE("run summary reports accuracy before and after") {
         std::string::npos);
 }
 
+TEST_CASE("run summary counts the groups a trainer restart lost") {
+  ProgressSnapshot last = Snapshot();
+  CHECK(FormatRunSummary(last, RunSummary()).find("trainer restarts") ==
+        std::string::npos);
+  last.cluster.mutable_counters()->set_groups_requeued(12);
+  last.cluster.mutable_counters()->set_groups_lost(5);
+  last.cluster.mutable_counters()->set_batches_released(1);
+  CHECK(FormatRunSummary(last, RunSummary())
+            .find("trainer restarts   12 groups trained again, 5 groups "
+                  "lost, 1 batches released") != std::string::npos);
+}
+
 namespace {
 
 std::string Script(const fs::path& dir, const std::string& body) {

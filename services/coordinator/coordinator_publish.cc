@@ -1,0 +1,164 @@
+// The coordinator's side of the publish protocol (group_ledger.h): the
+// trainer's batch-keyed PublishPolicyVersion and ResumeTraining. Part of
+// the Coordinator class (coordinator.h).
+
+#include <algorithm>
+#include <boost/asio/post.hpp>
+#include <csignal>
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/base/logging.h"
+#include "common/rpc/grpc_client.h"
+#include "services/coordinator/coordinator.h"
+
+namespace tandem::coordinator {
+namespace {
+
+auto Log() { return ComponentLogger("coordinator"); }
+
+grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
+                                 const grpc::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(status);
+  return reactor;
+}
+
+grpc::Status Invalid(const std::string& message) {
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
+}
+
+grpc::Status Draining() {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      "coordinator is shutting down");
+}
+
+// Fault injection for tests: with TANDEM_TEST_KILL_COORDINATOR_AFTER_PUBLISH
+// set to a version, the coordinator SIGKILLs itself once that version is
+// recorded (journal synced), before the trainer gets its answer.
+void KillSelfAfterPublishForTest(uint64_t version) {
+  static const char* const kVersion =
+      std::getenv("TANDEM_TEST_KILL_COORDINATOR_AFTER_PUBLISH");
+  if (kVersion == nullptr || std::to_string(version) != kVersion) return;
+  Log()->warn("fault injection: killed after recording version {}", version);
+  std::raise(SIGKILL);
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* Coordinator::PublishPolicyVersion(
+    grpc::CallbackServerContext* context,
+    const tandem::v1::PublishPolicyVersionRequest* request,
+    tandem::v1::PublishPolicyVersionResponse* response) {
+  if (!request->has_manifest()) {
+    return Finish(context, Invalid("manifest is required"));
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // Publishing syncs the journal: off the reactor.
+  boost::asio::post(*sync_pool_, [this, reactor, request, response] {
+    const uint64_t version = request->manifest().policy_version();
+    absl::StatusOr<PublishResult> published = ledger_->PublishTrainedVersion(
+        request->manifest(), request->weight_server_address(),
+        request->batch_id());
+    if (published.ok() && published->duplicate) {
+      // The trainer retried a publish whose answer it never got.
+      *response->mutable_group() = epochs_->Current();
+      response->set_membership_epoch(response->group().epoch());
+      Log()->info(
+          "policy version {} (batch {}) published again by {}: already "
+          "recorded, acknowledged",
+          version, request->batch_id(), request->member_id());
+      reactor->Finish(grpc::Status::OK);
+      return;
+    }
+    absl::Status status = published.status();
+    if (status.ok()) {
+      for (uint64_t staleness : published->commit.staleness) {
+        metrics_.ObserveTrainedStaleness(staleness);
+      }
+      metrics_.policy_version().Set(static_cast<double>(version));
+      const uint64_t before = epochs_->Current().epoch();
+      tandem::v1::BroadcastGroup group =
+          epochs_->OnPublish(version, absl::Now());
+      if (group.epoch() != before) {
+        Log()->info(
+            "weight broadcast epoch {} from version {}: {} receivers ({})",
+            group.epoch(), version, std::max(0, group.member_ids_size() - 1),
+            absl::StrJoin(group.member_ids(), ", "));
+      }
+      // The epoch first: it says who receives the version announced next.
+      if (group.epoch() != before) AnnounceEpoch(group);
+      tandem::v1::ClusterEvent event;
+      *event.mutable_policy_version()->mutable_manifest() = request->manifest();
+      event.mutable_policy_version()->set_weight_server_address(
+          request->weight_server_address());
+      watchers_->Publish(event);
+      response->set_membership_epoch(group.epoch());
+      *response->mutable_group() = std::move(group);
+      Log()->info("policy version {} published by {}{}", version,
+                  request->member_id(),
+                  request->batch_id().empty()
+                      ? std::string()
+                      : absl::StrCat(" (batch ", request->batch_id(), ", ",
+                                     published->commit.groups, " groups)"));
+      KillSelfAfterPublishForTest(version);
+    } else {
+      Log()->warn("refused policy version {} from {}: {}", version,
+                  request->member_id(), status.ToString());
+    }
+    reactor->Finish(rpc::ToGrpcStatus(status));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* Coordinator::ResumeTraining(
+    grpc::CallbackServerContext* context,
+    const tandem::v1::ResumeTrainingRequest* request,
+    tandem::v1::ResumeTrainingResponse* response) {
+  if (draining_) return Finish(context, Draining());
+  if (!members_.IsLive(request->member_id())) {
+    return Finish(context,
+                  grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                               absl::StrCat("member '", request->member_id(),
+                                            "' is not registered or was "
+                                            "declared dead; register again")));
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // Syncs the journal: off the reactor.
+  boost::asio::post(*sync_pool_, [this, reactor, request, response] {
+    absl::StatusOr<ResumeResult> result =
+        ledger_->Resume(request->member_id(), request->policy_version());
+    if (!result.ok()) {
+      reactor->Finish(rpc::ToGrpcStatus(result.status()));
+      return;
+    }
+    response->set_policy_version(result->policy_version);
+    response->set_groups_requeued(result->groups_requeued);
+    response->set_groups_lost(result->groups_lost);
+    response->set_batches_released(result->batches_released);
+    if (request->policy_version() < result->policy_version) {
+      Log()->warn(
+          "trainer {} resumes from policy version {}, the latest is {}: the "
+          "groups trained since are gone from its weights; {} queued again, "
+          "{} lost (too stale to train again){}; {} batches of earlier "
+          "trainers released",
+          request->member_id(), request->policy_version(),
+          result->policy_version, result->groups_requeued, result->groups_lost,
+          result->complete ? "" : " (at least: older versions are forgotten)",
+          result->batches_released);
+    } else {
+      Log()->info(
+          "trainer {} resumes at policy version {} (latest {}); {} batches "
+          "of earlier trainers released",
+          request->member_id(), request->policy_version(),
+          result->policy_version, result->batches_released);
+    }
+    UpdateWorkMetrics();
+    reactor->Finish(grpc::Status::OK);
+  });
+  return reactor;
+}
+
+}  // namespace tandem::coordinator
