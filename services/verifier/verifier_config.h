@@ -27,8 +27,9 @@ struct VerifierConfig {
   // program is killed and the item scores 0 (outcome timeout). A batch's
   // deadline is its caller's gRPC deadline: when it passes or the caller
   // cancels, the batch's running programs are killed, its waiting items
-  // dropped, and the call ends.
-  int64_t item_timeout_ms = 30000;
+  // dropped, and the call ends. Below the coordinator's scoring.timeout_ms
+  // (10 s), so that one item alone always fits in a call.
+  int64_t item_timeout_ms = 8000;
   // Verifier names this replica serves and advertises to the coordinator,
   // which routes samples by them; empty = every registered verifier.
   std::vector<std::string> verifiers;

@@ -158,24 +158,25 @@ code:
         pid = self.daemon.process.pid
         before = self.metric("tandem_verifier_items_stopped_total",
                              reason="caller_deadline")
+        # Left alone, the batch would run sandboxes for ceil(8 / 2) item
+        # deadlines (8 s), and each loop until its 120 s CPU limit without
+        # item deadlines.
+        n = MAX_BATCH_ITEMS
         start = time.monotonic()
         with self.assertRaises(grpc.RpcError) as raised:
-            self.score(batch("short", 4), timeout=1.0)
+            self.score(batch("short", n), timeout=1.0)
         self.assertEqual(raised.exception.code(),
                          grpc.StatusCode.DEADLINE_EXCEEDED)
         self.assertLess(time.monotonic() - start, 5)
-        # The sandboxes were running when the deadline passed...
-        # ...and are gone well before one item deadline more, let alone the
-        # CPU limit.
-        harness.wait_for(lambda: not children_of(pid),
-                         ITEM_TIMEOUT_S / 2 + 1.0,
+        # The sandboxes are gone well before the batch would have ended.
+        harness.wait_for(lambda: not children_of(pid), 3.0,
                          "the batch's sandboxes to be killed")
         harness.wait_for(
             lambda: self.metric("tandem_verifier_inflight_items") == 0, 2,
             "no item in flight")
         self.assertEqual(
             self.metric("tandem_verifier_items_stopped_total",
-                        reason="caller_deadline") - before, 4,
+                        reason="caller_deadline") - before, n,
             scrape_metrics(self.metrics))
         # Nothing keeps running for the dead call: a second later there is
         # still no sandbox and nothing in flight.
@@ -214,23 +215,23 @@ code:
                    for i in range(2)]
         for thread in threads:
             thread.start()
-        # Both slow batches admitted and every worker thread busy.
+        # Both slow batches admitted and every worker thread running a
+        # sandbox.
+        pid = self.daemon.process.pid
         harness.wait_for(
             lambda: self.metric("tandem_verifier_inflight_items") ==
-            2 * MAX_BATCH_ITEMS and
-            self.metric("tandem_verifier_running_items") == WORKER_THREADS,
+            2 * MAX_BATCH_ITEMS and len(children_of(pid)) >= WORKER_THREADS,
             30, "both slow batches to be scoring")
         start = time.monotonic()
         response = self.score(batch("fast", 1, GOOD), timeout=120)
         fast = time.monotonic() - start
         self.assertEqual(response.results[0].score.reward, 1.0)
         # It waited for one running item to end at most, not for the slow
-        # batches (8 rounds of item deadlines).
+        # batches (8 rounds of item deadlines, 16 s).
         self.assertFalse(slow_done, "the fast batch waited for a slow one")
-        self.assertLess(fast, ITEM_TIMEOUT_S + 4)
+        self.assertLess(fast, ITEM_TIMEOUT_S + 6)
         for thread in threads:
             thread.join()
-        self.assertGreater(min(slow_done.values()), 2 * fast)
 
 
 class DuplicateKeyTest(unittest.TestCase):
