@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/logging.h"
@@ -264,6 +265,11 @@ void ScoringDispatcher::Run(const std::string& verifier) {
           response.status().code() == absl::StatusCode::kInvalidArgument;
       const bool timed_out =
           response.status().code() == absl::StatusCode::kDeadlineExceeded;
+      // A batch over the verifier's max_batch_items can never be admitted
+      // as it is (scoring.batch_size is larger): send its items alone.
+      const bool too_large =
+          response.status().code() == absl::StatusCode::kResourceExhausted &&
+          absl::StrContains(response.status().message(), "max_batch_items");
       {
         absl::MutexLock lock(&mu_);
         ++stats_.calls_failed;
@@ -297,11 +303,12 @@ void ScoringDispatcher::Run(const std::string& verifier) {
         ++stats_.items_timed_out;
         continue;
       }
+      const bool split = malformed || timed_out || too_large;
       Log()->warn("ScoreBatch of {} items at {} failed: {}; retrying{}",
                   batch.size(), address, response.status().ToString(),
-                  timed_out ? " item by item" : "");
+                  split ? " item by item" : "");
       // A batch that timed out is split: each item gets the whole timeout.
-      Requeue(std::move(batch), malformed || timed_out, timed_out);
+      Requeue(std::move(batch), split, timed_out);
       if (!malformed && !timed_out) SleepUnlessStopped(options_.retry_backoff);
       continue;
     }

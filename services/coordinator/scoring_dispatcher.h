@@ -25,7 +25,9 @@
 // (DEADLINE_EXCEEDED after `timeout`; the verifier stops its work then) is
 // retried item by item too, and an item that times out again alone is
 // scored 0 with outcome "timeout", so a sample its verifier cannot score
-// within `timeout` cannot stall its group either.
+// within `timeout` cannot stall its group either. A batch refused for
+// exceeding the replica's max_batch_items (RESOURCE_EXHAUSTED naming it;
+// batch_size is set larger) is retried item by item as well.
 //
 // Calls run on the dispatcher's own threads, never on a gRPC reactor: each
 // verifier name has `concurrency` threads of its own (started when the name

@@ -207,14 +207,15 @@ void Verifier::ScoreItem(Batch& batch, int index) {
 }
 
 void Verifier::CancelBatch(const std::shared_ptr<Batch>& batch) {
-  batch->cancelled.store(true);
   const absl::Time now = absl::Now();
   int stopped = 0;
   bool done = false;
   absl::string_view reason;
   {
     absl::MutexLock lock(&mu_);
+    // Late (the call is answered already) or repeated: nothing to stop.
     if (batch->finished || !batch->stop_reason.empty()) return;
+    batch->cancelled.store(true);
     // The client's own deadline reaches the server as a cancellation that
     // can arrive just before the server's copy of the deadline passes.
     reason = now >= batch->deadline - kDeadlineSlack ? kStopCallerDeadline
@@ -239,18 +240,19 @@ void Verifier::CancelBatch(const std::shared_ptr<Batch>& batch) {
 }
 
 void Verifier::FinishBatch(Batch& batch) {
-  metrics_.inflight().Set(
-      static_cast<double>(inflight_.fetch_sub(batch.size) - batch.size));
+  inflight_.fetch_sub(batch.size);
+  absl::string_view reason;
+  {
+    absl::MutexLock lock(&mu_);
+    // Under the lock, so that the last of concurrent updates is the latest.
+    metrics_.inflight().Set(static_cast<double>(inflight_.load()));
+    reason = batch.stop_reason;
+  }
   if (!batch.cancelled.load()) {
     batch.reactor->Finish(grpc::Status::OK);
     return;
   }
   batch.response->Clear();
-  absl::string_view reason;
-  {
-    absl::MutexLock lock(&mu_);
-    reason = batch.stop_reason;
-  }
   batch.reactor->Finish(
       reason == kStopCancelled
           ? grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the caller")
@@ -293,7 +295,6 @@ grpc::ServerUnaryReactor* Verifier::ScoreBatch(
                      " would pass max_concurrency (", config_.max_concurrency,
                      ")")));
   }
-  metrics_.inflight().Set(static_cast<double>(before + n));
   for (int64_t i = 0; i < n; ++i) response->add_results();
   auto batch = std::make_shared<Batch>();
   batch->request = request;
@@ -305,6 +306,7 @@ grpc::ServerUnaryReactor* Verifier::ScoreBatch(
   batch->reactor = reactor;
   {
     absl::MutexLock lock(&mu_);
+    metrics_.inflight().Set(static_cast<double>(inflight_.load()));
     // Unless the caller is gone already (CancelBatch finished it).
     if (!batch->finished && batch->next < batch->size) ready_.push_back(batch);
   }

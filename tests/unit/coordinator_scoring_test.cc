@@ -15,7 +15,8 @@ namespace {
 // UNAVAILABLE, items whose verifier is "bad" make the batch
 // INVALID_ARGUMENT, a batch of "slow" items blocks until `released_`, a
 // batch with a "loop" item or of more than one "heavy" item times out
-// (DEADLINE_EXCEEDED).
+// (DEADLINE_EXCEEDED), and a batch of more than two "small" items is over
+// max_batch_items (RESOURCE_EXHAUSTED).
 class FakeVerifiers : public VerifierClient {
  public:
   absl::StatusOr<tandem::v1::ScoreBatchResponse> ScoreBatch(
@@ -27,6 +28,11 @@ class FakeVerifiers : public VerifierClient {
     if (request.items(0).verifier() == "slow") {
       ++slow_calls_;
       mu_.Await(absl::Condition(&released_));
+    }
+    if (request.items(0).verifier() == "small" && request.items_size() > 2) {
+      return absl::ResourceExhaustedError(
+          "batch of 3 items exceeds max_batch_items (2); send smaller "
+          "batches");
     }
     for (const auto& item : request.items()) {
       if (item.verifier() == "loop" ||
@@ -167,8 +173,9 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "Scoring: a batch that times out is retried item by item, and an item "
-    "that times out again alone is scored 0 (timeout)",
+    "Scoring: a batch that times out or is over the verifier's "
+    "max_batch_items is retried item by item, and an item that times out "
+    "again alone is scored 0 (timeout)",
     "[coordinator][scoring]") {
   FakeVerifiers verifiers;
   Sink sink;
@@ -187,6 +194,8 @@ TEST_CASE(
   dispatcher.Enqueue(Tasks(1, "loop"));
   dispatcher.Start();
   REQUIRE(sink.WaitFor(4));
+  dispatcher.Enqueue(Tasks(3, "small"));
+  REQUIRE(sink.WaitFor(7));
   dispatcher.Stop();
   absl::MutexLock lock(&sink.mu);
   for (const char* id : {"heavy0", "heavy1", "heavy2"}) {
@@ -199,14 +208,18 @@ TEST_CASE(
   CHECK(loop.reason().find("scoring.timeout_ms") != std::string::npos);
   const ScoringStats stats = dispatcher.Stats();
   CHECK(stats.items_timed_out == 1);
-  CHECK(stats.items_scored == 3);
+  CHECK(stats.items_scored == 6);
   CHECK(stats.in_flight == 0);
+  for (const char* id : {"small0", "small1", "small2"}) {
+    INFO(id);
+    CHECK(sink.scores[id].reward() == 1.0);
+  }
   absl::MutexLock verifiers_lock(&verifiers.mu_);
-  // One batch of 3, then 3 alone; the loop twice alone (the two
-  // verifiers' calls interleave).
+  // heavy: one batch of 3, then 3 alone; the loop twice alone (the two
+  // verifiers' calls interleave); small: a batch of 3 refused, 3 alone.
   std::vector<int> calls = verifiers.calls_["a:1"];
   std::sort(calls.begin(), calls.end());
-  CHECK(calls == std::vector<int>{1, 1, 1, 1, 1, 3});
+  CHECK(calls == std::vector<int>{1, 1, 1, 1, 1, 1, 1, 1, 3, 3});
 }
 
 TEST_CASE("Scoring: items wait while no verifier is registered",
