@@ -160,7 +160,7 @@ void Verifier::WorkerLoop() {
       if (batch->next < batch->size) ready_.push_back(batch);
       metrics_.running().Set(static_cast<double>(++running_));
     }
-    ScoreItem(*batch, index);
+    ScoreItem(batch, index);
     bool done = false;
     {
       absl::MutexLock lock(&mu_);
@@ -172,7 +172,14 @@ void Verifier::WorkerLoop() {
   }
 }
 
-void Verifier::ScoreItem(Batch& batch, int index) {
+void Verifier::ScoreItem(const std::shared_ptr<Batch>& batch_ptr, int index) {
+  Batch& batch = *batch_ptr;
+  // The caller's deadline may pass before gRPC tells (OnCancel): the first
+  // item that sees it stops the batch, so that nothing more runs for it.
+  if (absl::Now() >= batch.deadline) {
+    CancelBatch(batch_ptr);
+    return;
+  }
   const tandem::v1::ScoreItem& item = batch.request->items(index);
   ScoreRequest score_request;
   score_request.completion_text = item.completion_text();
@@ -189,6 +196,7 @@ void Verifier::ScoreItem(Batch& batch, int index) {
   for (absl::string_view kill : result.sandbox_kills) {
     metrics_.CountSandboxKill(kill);
   }
+  if (result.stopped && absl::Now() >= batch.deadline) CancelBatch(batch_ptr);
   // An item stopped for its caller is counted by CancelBatch, and its
   // result is thrown away with the call.
   if (batch.cancelled.load()) return;

@@ -72,7 +72,7 @@ class Verifier : public tandem::v1::Verifier::CallbackService {
   absl::Status ValidateBatch(const tandem::v1::ScoreBatchRequest& request);
   // A worker thread: takes the next item of the next batch, round robin.
   void WorkerLoop();
-  void ScoreItem(Batch& batch, int index);
+  void ScoreItem(const std::shared_ptr<Batch>& batch, int index);
   // The caller cancelled or its deadline passed: drops the batch's waiting
   // items; its running ones see Batch::cancelled and stop.
   void CancelBatch(const std::shared_ptr<Batch>& batch);
