@@ -203,12 +203,26 @@ bool ConfigSchema::IsPrefix(const std::string& prefix) const {
 absl::Status ConfigSchema::ApplyNode(const YAML::Node& node,
                                      const std::string& prefix,
                                      const std::string& source) {
+  // Key -> its first node in this mapping: a key given twice is an error
+  // (YAML says keys are unique; yaml-cpp would keep both, the last winning).
+  std::map<std::string, YAML::Node> seen;
   for (const auto& entry : node) {
     const YAML::Node& key_node = entry.first;
     const YAML::Node& value = entry.second;
     if (!key_node.IsScalar()) {
       return absl::InvalidArgumentError(absl::StrCat(
           NodeLocation(source, key_node), ": keys must be plain strings"));
+    }
+    auto [first, inserted] = seen.emplace(key_node.Scalar(), key_node);
+    if (!inserted) {
+      const YAML::Mark mark = first->second.Mark();
+      return absl::InvalidArgumentError(absl::StrCat(
+          NodeLocation(source, key_node), ": duplicate key '",
+          prefix.empty() ? key_node.Scalar()
+                         : absl::StrCat(prefix, ".", key_node.Scalar()),
+          "' (first at line ",
+          mark.is_null() ? std::string("?") : absl::StrCat(mark.line + 1),
+          ")"));
     }
     const std::string path = prefix.empty()
                                  ? key_node.Scalar()

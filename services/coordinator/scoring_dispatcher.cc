@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/logging.h"
@@ -43,20 +44,32 @@ ScoringDispatcher::ScoringDispatcher(ScoringDispatcherOptions options,
 ScoringDispatcher::~ScoringDispatcher() { Stop(); }
 
 void ScoringDispatcher::Start() {
-  for (uint32_t i = 0; i < std::max<uint32_t>(options_.concurrency, 1); ++i) {
-    threads_.emplace_back([this] { Run(); });
+  absl::MutexLock lock(&mu_);
+  started_ = true;
+  StartThreadsLocked();
+}
+
+void ScoringDispatcher::StartThreadsLocked() {
+  if (!started_ || stop_) return;
+  for (const auto& [name, queue] : queues_) {
+    if (!threaded_.insert(name).second) continue;
+    for (uint32_t i = 0; i < std::max<uint32_t>(options_.concurrency, 1);
+         ++i) {
+      threads_.emplace_back([this, name = name] { Run(name); });
+    }
   }
 }
 
 void ScoringDispatcher::Stop() {
+  std::vector<std::thread> threads;
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
+    threads.swap(threads_);
   }
-  for (auto& thread : threads_) {
+  for (auto& thread : threads) {
     if (thread.joinable()) thread.join();
   }
-  threads_.clear();
 }
 
 void ScoringDispatcher::Enqueue(std::vector<ScoringTask> tasks) {
@@ -72,6 +85,7 @@ void ScoringDispatcher::Enqueue(std::vector<ScoringTask> tasks) {
   // Threads waiting for a held queue need to wake only for work they can
   // take now (a held queue wakes them when its hold ends).
   if (takeable) ++enqueue_seq_;
+  StartThreadsLocked();
 }
 
 ScoringStats ScoringDispatcher::Stats() const {
@@ -87,58 +101,40 @@ ScoringStats ScoringDispatcher::Stats() const {
 }
 
 bool ScoringDispatcher::TakeBatch(std::vector<Entry>* batch,
-                                  std::string* verifier) {
+                                  const std::string& verifier) {
   absl::MutexLock lock(&mu_);
+  // std::map: the queue stays where it is.
+  VerifierQueue* queue = &queues_[verifier];
   bool waited_to_fill = false;
   while (true) {
-    auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stop_ || queued_ > 0;
+    auto has_work = [this, queue]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stop_ || !queue->entries.empty();
     };
     mu_.Await(absl::Condition(&has_work));
     if (stop_) return false;
-    // The next name after the one served last with entries that are not
-    // held back, so that every verifier gets its turn.
     const absl::Time now = absl::Now();
-    absl::Time earliest = absl::InfiniteFuture();
-    VerifierQueue* chosen = nullptr;
-    auto consider = [&](auto begin, auto end) {
-      for (auto it = begin; it != end && chosen == nullptr; ++it) {
-        if (it->second.entries.empty()) continue;
-        if (it->second.not_before > now) {
-          earliest = std::min(earliest, it->second.not_before);
-          continue;
-        }
-        chosen = &it->second;
-        *verifier = it->first;
-      }
-    };
-    auto split = queues_.upper_bound(last_verifier_);
-    consider(split, queues_.end());
-    consider(queues_.begin(), split);
-    if (chosen == nullptr) {
-      // Every queued entry is held back: sleep until the first hold ends or
-      // new entries arrive.
+    if (queue->not_before > now) {
+      // Held back: sleep until the hold ends or new entries arrive.
       const uint64_t seen = enqueue_seq_;
       auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stop_ || enqueue_seq_ != seen;
       };
-      mu_.AwaitWithTimeout(absl::Condition(&changed), earliest - now);
+      mu_.AwaitWithTimeout(absl::Condition(&changed), queue->not_before - now);
       continue;
     }
+    std::deque<Entry>& entries = queue->entries;
     // Give a partial batch a moment to fill.
-    if (!waited_to_fill && chosen->entries.size() < options_.batch_size &&
-        !chosen->entries.front().alone &&
-        options_.batch_wait > absl::ZeroDuration()) {
+    if (!waited_to_fill && entries.size() < options_.batch_size &&
+        !entries.front().alone && options_.batch_wait > absl::ZeroDuration()) {
       waited_to_fill = true;
-      std::deque<Entry>* entries = &chosen->entries;
+      std::deque<Entry>* pending = &entries;
       const size_t want = options_.batch_size;
-      auto full = [this, entries, want]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || entries->size() >= want || entries->empty();
+      auto full = [this, pending, want]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || pending->size() >= want || pending->empty();
       };
       mu_.AwaitWithTimeout(absl::Condition(&full), options_.batch_wait);
       continue;
     }
-    std::deque<Entry>& entries = chosen->entries;
     if (entries.front().alone) {
       batch->push_back(std::move(entries.front()));
       entries.pop_front();
@@ -149,22 +145,35 @@ bool ScoringDispatcher::TakeBatch(std::vector<Entry>* batch,
         entries.pop_front();
       }
     }
-    last_verifier_ = *verifier;
     queued_ -= batch->size();
     stats_.in_flight += batch->size();
     return true;
   }
 }
 
-void ScoringDispatcher::Requeue(std::vector<Entry> batch, bool alone) {
+void ScoringDispatcher::Requeue(std::vector<Entry> batch, bool alone,
+                                bool timed_out) {
   absl::MutexLock lock(&mu_);
   stats_.in_flight -= batch.size();
   queued_ += batch.size();
   ++enqueue_seq_;
   for (auto it = batch.rbegin(); it != batch.rend(); ++it) {
     it->alone = it->alone || alone;
+    it->timed_out = timed_out;
     queues_[it->task.item.verifier()].entries.push_front(std::move(*it));
   }
+}
+
+void ScoringDispatcher::ScoreZero(const std::vector<Entry>& batch,
+                                  const std::string& outcome,
+                                  const std::string& reason) {
+  tandem::v1::Score score;
+  score.set_reward(0.0);
+  score.set_outcome(outcome);
+  score.set_reason(reason);
+  for (const Entry& entry : batch) sink_(entry.task, score);
+  absl::MutexLock lock(&mu_);
+  stats_.in_flight -= batch.size();
 }
 
 void ScoringDispatcher::HandleUnroutable(
@@ -204,16 +213,12 @@ void ScoringDispatcher::HandleUnroutable(
     Requeue(std::move(batch), false);
     return;
   }
-  tandem::v1::Score score;
-  score.set_reward(0.0);
-  score.set_outcome("no_verifier");
-  score.set_reason(absl::StrCat("no live verifier replica serves '", verifier,
-                                "' (waited ",
-                                absl::FormatDuration(options_.unroutable_timeout),
-                                ")"));
-  for (const Entry& entry : batch) sink_(entry.task, score);
+  ScoreZero(batch, "no_verifier",
+            absl::StrCat("no live verifier replica serves '", verifier,
+                         "' (waited ",
+                         absl::FormatDuration(options_.unroutable_timeout),
+                         ")"));
   absl::MutexLock lock(&mu_);
-  stats_.in_flight -= batch.size();
   stats_.items_no_verifier += batch.size();
 }
 
@@ -223,11 +228,10 @@ void ScoringDispatcher::SleepUnlessStopped(absl::Duration duration) {
   mu_.AwaitWithTimeout(absl::Condition(&stopping), duration);
 }
 
-void ScoringDispatcher::Run() {
+void ScoringDispatcher::Run(const std::string& verifier) {
   while (true) {
     std::vector<Entry> batch;
-    std::string verifier;
-    if (!TakeBatch(&batch, &verifier)) return;
+    if (!TakeBatch(&batch, verifier)) return;
     if (batch.empty()) continue;
     std::vector<VerifierReplica> replicas = replicas_();
     std::vector<std::string> addresses;
@@ -259,6 +263,13 @@ void ScoringDispatcher::Run() {
     if (!response.ok()) {
       const bool malformed =
           response.status().code() == absl::StatusCode::kInvalidArgument;
+      const bool timed_out =
+          response.status().code() == absl::StatusCode::kDeadlineExceeded;
+      // A batch over the verifier's max_batch_items can never be admitted
+      // as it is (scoring.batch_size is larger): send its items alone.
+      const bool too_large =
+          response.status().code() == absl::StatusCode::kResourceExhausted &&
+          absl::StrContains(response.status().message(), "max_batch_items");
       {
         absl::MutexLock lock(&mu_);
         ++stats_.calls_failed;
@@ -276,10 +287,29 @@ void ScoringDispatcher::Run() {
         ++stats_.items_invalid;
         continue;
       }
-      Log()->warn("ScoreBatch of {} items at {} failed: {}; retrying",
-                  batch.size(), address, response.status().ToString());
-      Requeue(std::move(batch), malformed);
-      if (!malformed) SleepUnlessStopped(options_.retry_backoff);
+      if (timed_out && batch.size() == 1 && batch[0].alone &&
+          batch[0].timed_out) {
+        Log()->warn(
+            "verifier did not score sample {} within {}, twice (the second "
+            "time alone at {}); scoring it 0 (timeout)",
+            batch[0].task.item.item_id(),
+            absl::FormatDuration(options_.timeout), address);
+        ScoreZero(batch, "timeout",
+                  absl::StrCat("the verifier did not score it within ",
+                               absl::FormatDuration(options_.timeout),
+                               " (scoring.timeout_ms), twice: ",
+                               response.status().message()));
+        absl::MutexLock lock(&mu_);
+        ++stats_.items_timed_out;
+        continue;
+      }
+      const bool split = malformed || timed_out || too_large;
+      Log()->warn("ScoreBatch of {} items at {} failed: {}; retrying{}",
+                  batch.size(), address, response.status().ToString(),
+                  split ? " item by item" : "");
+      // A batch that timed out is split: each item gets the whole timeout.
+      Requeue(std::move(batch), split, timed_out);
+      if (!malformed && !timed_out) SleepUnlessStopped(options_.retry_backoff);
       continue;
     }
     for (size_t i = 0; i < batch.size(); ++i) {

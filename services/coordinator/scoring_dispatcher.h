@@ -16,15 +16,24 @@
 // has waited that long, so a dataset naming a verifier nobody runs cannot
 // stall its groups forever; with 0 it waits until such a replica registers.
 //
-// Failed calls (unreachable, overloaded, timed out) put the items back at
-// the front of the queue and are retried after a backoff on the next
-// replica, for as long as it takes: a sample is never dropped for want of a
-// live replica. A batch refused as malformed (INVALID_ARGUMENT) is retried
-// item by item, and an item refused alone is scored 0 with outcome
-// "invalid_request", so one bad sample cannot stall its group.
+// Failed calls (unreachable, overloaded) put the items back at the front of
+// the queue and are retried after a backoff on the next replica, for as
+// long as it takes: a sample is never dropped for want of a live replica.
+// A batch refused as malformed (INVALID_ARGUMENT) is retried item by item,
+// and an item refused alone is scored 0 with outcome "invalid_request", so
+// one bad sample cannot stall its group. A batch that times out
+// (DEADLINE_EXCEEDED after `timeout`; the verifier stops its work then) is
+// retried item by item too, and an item that times out again alone is
+// scored 0 with outcome "timeout", so a sample its verifier cannot score
+// within `timeout` cannot stall its group either. A batch refused for
+// exceeding the replica's max_batch_items (RESOURCE_EXHAUSTED naming it;
+// batch_size is set larger) is retried item by item as well.
 //
-// Calls run on the dispatcher's own threads (scoring.concurrency of them),
-// never on a gRPC reactor. Thread-safe; Stop() joins the threads.
+// Calls run on the dispatcher's own threads, never on a gRPC reactor: each
+// verifier name has `concurrency` threads of its own (started when the name
+// is first queued), so calls of a slow verifier (e.g. code full of infinite
+// loops) hold only its own threads and delay only the groups it scores;
+// other names' batches keep flowing. Thread-safe; Stop() joins the threads.
 
 #include <cstdint>
 #include <deque>
@@ -102,6 +111,9 @@ struct ScoringStats {
   uint64_t unroutable_waiting = 0;
   // Samples scored 0 ("no_verifier") after unroutable_timeout.
   uint64_t items_no_verifier = 0;
+  // Samples scored 0 ("timeout") after their call timed out twice, the
+  // second time alone.
+  uint64_t items_timed_out = 0;
 };
 
 class ScoringDispatcher {
@@ -126,8 +138,11 @@ class ScoringDispatcher {
  private:
   struct Entry {
     ScoringTask task;
-    // Send in a batch of its own (after a batch was refused as malformed).
+    // Send in a batch of its own (after a batch was refused as malformed
+    // or timed out).
     bool alone = false;
+    // Its last call timed out.
+    bool timed_out = false;
   };
   // The queue of one verifier name.
   struct VerifierQueue {
@@ -140,11 +155,16 @@ class ScoringDispatcher {
     absl::Time last_logged = absl::InfinitePast();
   };
 
-  void Run();
-  // Waits for work; false when stopping. Every entry of a batch names
-  // `*verifier`.
-  bool TakeBatch(std::vector<Entry>* batch, std::string* verifier);
-  void Requeue(std::vector<Entry> batch, bool alone);
+  // The calling threads of one verifier name.
+  void Run(const std::string& verifier);
+  // Starts the threads of names that have none yet.
+  void StartThreadsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for work of `verifier`; false when stopping.
+  bool TakeBatch(std::vector<Entry>* batch, const std::string& verifier);
+  void Requeue(std::vector<Entry> batch, bool alone, bool timed_out = false);
+  // Scores a batch 0 with `outcome` and `reason` without calling anyone.
+  void ScoreZero(const std::vector<Entry>& batch, const std::string& outcome,
+                 const std::string& reason);
   // Puts back a batch no live replica serves and holds its verifier's queue
   // for retry_backoff, or scores the batch 0 ("no_verifier") once the name
   // has been unroutable for unroutable_timeout.
@@ -156,16 +176,17 @@ class ScoringDispatcher {
   VerifierClient* const client_;
   const ReplicaSource replicas_;
   const ScoreSink sink_;
-  std::vector<std::thread> threads_;
 
   mutable absl::Mutex mu_;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  // Verifier names whose threads run.
+  std::set<std::string> threaded_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, VerifierQueue> queues_ ABSL_GUARDED_BY(mu_);
   uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;
   // Bumped when entries that can be taken now are added, to wake threads
   // waiting for a held queue.
   uint64_t enqueue_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  // The verifier name served last, for round-robin across names.
-  std::string last_verifier_ ABSL_GUARDED_BY(mu_);
   // Round-robin position per verifier name.
   std::map<std::string, uint64_t> next_replica_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

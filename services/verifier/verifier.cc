@@ -1,8 +1,7 @@
 #include "services/verifier/verifier.h"
 
-#include <boost/asio/post.hpp>
-
 #include <algorithm>
+#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -15,13 +14,60 @@ namespace {
 
 auto Log() { return ComponentLogger("verifier"); }
 
+// A cancellation this close to the caller's deadline is the deadline.
+constexpr absl::Duration kDeadlineSlack = absl::Milliseconds(500);
+
+// The caller's deadline of a call; InfiniteFuture when it set none.
+absl::Time CallerDeadline(const grpc::CallbackServerContext& context) {
+  const auto deadline = context.deadline();
+  const auto now = std::chrono::system_clock::now();
+  if (deadline >= now + std::chrono::hours(24 * 365)) {
+    return absl::InfiniteFuture();
+  }
+  return absl::FromChrono(deadline);
+}
+
 }  // namespace
+
+// One admitted ScoreBatch call.
+struct Verifier::Batch {
+  BatchCall* reactor = nullptr;
+  const tandem::v1::ScoreBatchRequest* request = nullptr;
+  tandem::v1::ScoreBatchResponse* response = nullptr;
+  int size = 0;
+  absl::Time deadline = absl::InfiniteFuture();  // The caller's.
+  // Set once by CancelBatch; running programs watch it.
+  std::atomic<bool> cancelled{false};
+  // Guarded by Verifier::mu_.
+  int next = 0;        // The next item to start.
+  int unfinished = 0;  // Items waiting or running.
+  bool finished = false;
+  absl::string_view stop_reason;  // kStopReasons, once cancelled.
+};
+
+// The reactor of a ScoreBatch call: OnCancel (the caller cancelled, its
+// deadline passed, or the server is shutting down) stops the batch.
+class Verifier::BatchCall : public grpc::ServerUnaryReactor {
+ public:
+  BatchCall(Verifier* verifier, std::shared_ptr<Batch> batch)
+      : verifier_(verifier), batch_(std::move(batch)) {}
+
+  void OnCancel() override { verifier_->CancelBatch(batch_); }
+  void OnDone() override { delete this; }
+
+ private:
+  Verifier* const verifier_;
+  const std::shared_ptr<Batch> batch_;
+};
 
 Verifier::Verifier(const VerifierConfig& config)
     : config_(config),
       registry_(std::make_shared<prometheus::Registry>()),
-      metrics_(*registry_),
-      pool_(static_cast<size_t>(config.worker_threads)) {}
+      metrics_(*registry_) {
+  for (int64_t i = 0; i < config.worker_threads; ++i) {
+    workers_.emplace_back([this] { WorkerLoop(); });
+  }
+}
 
 absl::StatusOr<std::unique_ptr<Verifier>> Verifier::Create(
     const VerifierConfig& config) {
@@ -96,61 +142,182 @@ absl::Status Verifier::ValidateBatch(
   return absl::OkStatus();
 }
 
-void Verifier::ScoreAll(const tandem::v1::ScoreBatchRequest& request,
-                        tandem::v1::ScoreBatchResponse* response) {
-  for (const tandem::v1::ScoreItem& item : request.items()) {
-    ScoreRequest score_request;
-    score_request.completion_text = item.completion_text();
-    score_request.prompt_text = item.prompt_text();
-    score_request.metadata.insert(item.metadata().begin(),
-                                  item.metadata().end());
-    const absl::Time start = absl::Now();
-    ScoreResult result = scorers_.at(item.verifier())->Score(score_request);
-    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    metrics_.Observe(item.verifier(), result.outcome, seconds);
-    for (absl::string_view kill : result.sandbox_kills) {
-      metrics_.CountSandboxKill(kill);
+void Verifier::WorkerLoop() {
+  while (true) {
+    std::shared_ptr<Batch> batch;
+    int index = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return workers_stop_ || !ready_.empty();
+      };
+      mu_.Await(absl::Condition(&has_work));
+      if (ready_.empty()) return;  // Stopping, and nothing waits.
+      batch = std::move(ready_.front());
+      ready_.pop_front();
+      index = batch->next++;
+      // Its next item goes to the back of the line: batches take turns.
+      if (batch->next < batch->size) ready_.push_back(batch);
+      metrics_.running().Set(static_cast<double>(++running_));
     }
-    tandem::v1::ScoreResult* out = response->add_results();
-    out->set_item_id(item.item_id());
-    out->set_seconds(seconds);
-    out->mutable_score()->set_reward(result.reward);
-    out->mutable_score()->set_outcome(result.outcome);
-    out->mutable_score()->set_reason(result.reason);
+    ScoreItem(batch, index);
+    bool done = false;
+    {
+      absl::MutexLock lock(&mu_);
+      metrics_.running().Set(static_cast<double>(--running_));
+      done = --batch->unfinished == 0 && !batch->finished;
+      if (done) batch->finished = true;
+    }
+    if (done) FinishBatch(*batch);
   }
+}
+
+void Verifier::ScoreItem(const std::shared_ptr<Batch>& batch_ptr, int index) {
+  Batch& batch = *batch_ptr;
+  // The caller's deadline may pass before gRPC tells (OnCancel): the first
+  // item that sees it stops the batch, so that nothing more runs for it.
+  if (absl::Now() >= batch.deadline) {
+    CancelBatch(batch_ptr);
+    return;
+  }
+  const tandem::v1::ScoreItem& item = batch.request->items(index);
+  ScoreRequest score_request;
+  score_request.completion_text = item.completion_text();
+  score_request.prompt_text = item.prompt_text();
+  score_request.metadata.insert(item.metadata().begin(),
+                                item.metadata().end());
+  const absl::Time start = absl::Now();
+  const absl::Time own_deadline =
+      start + absl::Milliseconds(config_.item_timeout_ms);
+  score_request.deadline = std::min(own_deadline, batch.deadline);
+  score_request.cancelled = &batch.cancelled;
+  ScoreResult result = scorers_.at(item.verifier())->Score(score_request);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  for (absl::string_view kill : result.sandbox_kills) {
+    metrics_.CountSandboxKill(kill);
+  }
+  if (result.stopped && absl::Now() >= batch.deadline) CancelBatch(batch_ptr);
+  // An item stopped for its caller is counted by CancelBatch, and its
+  // result is thrown away with the call.
+  if (batch.cancelled.load()) return;
+  if (result.stopped && own_deadline <= batch.deadline) {
+    metrics_.CountStopped(kStopItemDeadline);
+    result.reason = absl::StrCat("item_timeout_ms of ", config_.item_timeout_ms,
+                                 " ms passed: ", result.reason);
+  }
+  metrics_.Observe(item.verifier(), result.outcome, seconds);
+  tandem::v1::ScoreResult* out = batch.response->mutable_results(index);
+  out->set_item_id(item.item_id());
+  out->set_seconds(seconds);
+  out->mutable_score()->set_reward(result.reward);
+  out->mutable_score()->set_outcome(result.outcome);
+  out->mutable_score()->set_reason(result.reason);
+}
+
+void Verifier::CancelBatch(const std::shared_ptr<Batch>& batch) {
+  const absl::Time now = absl::Now();
+  int stopped = 0;
+  bool done = false;
+  absl::string_view reason;
+  {
+    absl::MutexLock lock(&mu_);
+    // Late (the call is answered already) or repeated: nothing to stop.
+    if (batch->finished || !batch->stop_reason.empty()) return;
+    batch->cancelled.store(true);
+    // The client's own deadline reaches the server as a cancellation that
+    // can arrive just before the server's copy of the deadline passes.
+    reason = now >= batch->deadline - kDeadlineSlack ? kStopCallerDeadline
+                                                     : kStopCancelled;
+    batch->stop_reason = reason;
+    stopped = batch->unfinished;  // Waiting ones and running ones.
+    const int waiting = batch->size - batch->next;
+    batch->next = batch->size;
+    batch->unfinished -= waiting;
+    ready_.erase(std::remove(ready_.begin(), ready_.end(), batch),
+                 ready_.end());
+    done = batch->unfinished == 0;
+    if (done) batch->finished = true;
+  }
+  if (stopped > 0) metrics_.CountStopped(reason, stopped);
+  Log()->warn("ScoreBatch of {} items {}: {} unfinished items stopped",
+              batch->size,
+              reason == kStopCallerDeadline ? "passed its caller's deadline"
+                                            : "was cancelled by its caller",
+              stopped);
+  if (done) FinishBatch(*batch);
+}
+
+void Verifier::FinishBatch(Batch& batch) {
+  inflight_.fetch_sub(batch.size);
+  absl::string_view reason;
+  {
+    absl::MutexLock lock(&mu_);
+    // Under the lock, so that the last of concurrent updates is the latest.
+    metrics_.inflight().Set(static_cast<double>(inflight_.load()));
+    reason = batch.stop_reason;
+  }
+  if (!batch.cancelled.load()) {
+    batch.reactor->Finish(grpc::Status::OK);
+    return;
+  }
+  batch.response->Clear();
+  batch.reactor->Finish(
+      reason == kStopCancelled
+          ? grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the caller")
+          : grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                         "the caller's deadline passed; scoring stopped"));
 }
 
 grpc::ServerUnaryReactor* Verifier::ScoreBatch(
     grpc::CallbackServerContext* context,
     const tandem::v1::ScoreBatchRequest* request,
     tandem::v1::ScoreBatchResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto refuse = [context](grpc::Status status) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(std::move(status));
+    return reactor;
+  };
   if (stopping_) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                 "verifier is shutting down"));
-    return reactor;
-  }
-  if (absl::Status status = ValidateBatch(*request); !status.ok()) {
-    reactor->Finish(rpc::ToGrpcStatus(status));
-    return reactor;
+    return refuse(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                               "verifier is shutting down"));
   }
   const int64_t n = request->items_size();
-  const int64_t before = inflight_.fetch_add(n);
-  if (before > 0 && before + n > config_.max_concurrency) {
-    inflight_.fetch_sub(n);
-    metrics_.rejected().Increment();
-    reactor->Finish(grpc::Status(
+  if (n > config_.max_batch_items) {
+    metrics_.CountRejected(kRejectBatchSize);
+    return refuse(grpc::Status(
         grpc::StatusCode::RESOURCE_EXHAUSTED,
-        absl::StrCat("verifier busy: ", before, " items in flight, limit ",
-                     config_.max_concurrency)));
-    return reactor;
+        absl::StrCat("batch of ", n, " items exceeds max_batch_items (",
+                     config_.max_batch_items, "); send smaller batches")));
   }
-  metrics_.inflight().Set(static_cast<double>(before + n));
-  boost::asio::post(pool_, [this, reactor, request, response, n] {
-    ScoreAll(*request, response);
-    metrics_.inflight().Set(static_cast<double>(inflight_.fetch_sub(n) - n));
-    reactor->Finish(grpc::Status::OK);
-  });
+  if (absl::Status status = ValidateBatch(*request); !status.ok()) {
+    return refuse(rpc::ToGrpcStatus(status));
+  }
+  if (n == 0) return refuse(grpc::Status::OK);
+  const int64_t before = inflight_.fetch_add(n);
+  if (before + n > config_.max_concurrency) {
+    inflight_.fetch_sub(n);
+    metrics_.CountRejected(kRejectBusy);
+    return refuse(grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat("verifier busy: ", before, " items in flight + ", n,
+                     " would pass max_concurrency (", config_.max_concurrency,
+                     ")")));
+  }
+  for (int64_t i = 0; i < n; ++i) response->add_results();
+  auto batch = std::make_shared<Batch>();
+  batch->request = request;
+  batch->response = response;
+  batch->size = static_cast<int>(n);
+  batch->unfinished = static_cast<int>(n);
+  batch->deadline = CallerDeadline(*context);
+  auto* reactor = new BatchCall(this, batch);
+  batch->reactor = reactor;
+  {
+    absl::MutexLock lock(&mu_);
+    metrics_.inflight().Set(static_cast<double>(inflight_.load()));
+    // Unless the caller is gone already (CancelBatch finished it).
+    if (!batch->finished && batch->next < batch->size) ready_.push_back(batch);
+  }
   return reactor;
 }
 
@@ -174,8 +341,17 @@ void Verifier::GracefulStop(absl::Duration deadline) {
 void Verifier::Stop() {
   stopping_ = true;
   if (stopped_.exchange(true)) return;
+  // Shutting the server down cancels the calls still running, which stops
+  // their items; then the threads have nothing left to do.
   if (member_) member_->Shutdown(absl::ZeroDuration());
-  pool_.join();
+  {
+    absl::MutexLock lock(&mu_);
+    workers_stop_ = true;
+    for (const std::shared_ptr<Batch>& batch : ready_) {
+      batch->cancelled.store(true);
+    }
+  }
+  for (std::thread& worker : workers_) worker.join();
 }
 
 }  // namespace tandem::verifier

@@ -1,5 +1,6 @@
 #include "services/verifier/verifier_config.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/cluster/member_daemon.h"
 
 namespace tandem::verifier {
@@ -8,10 +9,19 @@ void RegisterFields(config::ConfigSchema* schema, VerifierConfig* config) {
   config::AddServerOptions(schema, &config->server);
   cluster::AddCoordinatorAddress(schema, &config->coordinator_address);
   schema->AddInt("max_concurrency", &config->max_concurrency, 1, 100000,
-                 "Items scored at once; a batch that would exceed it is "
-                 "refused with RESOURCE_EXHAUSTED.");
+                 "Items admitted at once (being scored or waiting for a "
+                 "thread); a batch that would exceed it is refused with "
+                 "RESOURCE_EXHAUSTED.");
+  schema->AddInt("max_batch_items", &config->max_batch_items, 1, 100000,
+                 "Items in one ScoreBatch call; a larger batch is refused "
+                 "with RESOURCE_EXHAUSTED. At most max_concurrency.");
   schema->AddInt("worker_threads", &config->worker_threads, 1, 256,
-                 "Threads that run scorers.");
+                 "Items scored in parallel (one thread each; batches share "
+                 "them round robin).");
+  schema->AddInt("item_timeout_ms", &config->item_timeout_ms, 10, 3600000,
+                 "Deadline of one item once started: its running program is "
+                 "killed and it scores 0 (timeout). A batch's deadline is its "
+                 "caller's gRPC deadline.");
   schema->AddStringList("verifiers", &config->verifiers,
                         "Verifier names this replica serves (advertised to "
                         "the coordinator for routing); empty = all.");
@@ -36,6 +46,14 @@ void RegisterFields(config::ConfigSchema* schema, VerifierConfig* config) {
                   "namespace) where the kernel allows it.");
 }
 
-absl::Status Validate(const VerifierConfig& config) { return absl::OkStatus(); }
+absl::Status Validate(const VerifierConfig& config) {
+  if (config.max_batch_items > config.max_concurrency) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_batch_items (", config.max_batch_items,
+        ") must be at most max_concurrency (", config.max_concurrency,
+        "): a full batch could never be admitted"));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace tandem::verifier

@@ -13,10 +13,23 @@ namespace tandem::verifier {
 struct VerifierConfig {
   config::ServerOptions server;
   std::string coordinator_address = "127.0.0.1:50051";
-  // Items scored at the same time; batches beyond it get RESOURCE_EXHAUSTED.
+  // Items admitted at once (being scored or waiting for a worker thread);
+  // a batch that would take it past the limit gets RESOURCE_EXHAUSTED.
   int64_t max_concurrency = 64;
-  // Threads that run scorers.
+  // Items in one ScoreBatch call; a larger batch gets RESOURCE_EXHAUSTED
+  // naming the limit. At most max_concurrency.
+  int64_t max_batch_items = 64;
+  // Items scored in parallel, one per thread (a code item runs its programs
+  // one after the other on its thread). Batches share the threads round
+  // robin, item by item.
   int64_t worker_threads = 2;
+  // Deadline of one item from when a thread starts it: past it the running
+  // program is killed and the item scores 0 (outcome timeout). A batch's
+  // deadline is its caller's gRPC deadline: when it passes or the caller
+  // cancels, the batch's running programs are killed, its waiting items
+  // dropped, and the call ends. Below the coordinator's scoring.timeout_ms
+  // (10 s), so that one item alone always fits in a call.
+  int64_t item_timeout_ms = 8000;
   // Verifier names this replica serves and advertises to the coordinator,
   // which routes samples by them; empty = every registered verifier.
   std::vector<std::string> verifiers;

@@ -15,14 +15,28 @@ VerifierMetrics::VerifierMetrics(prometheus::Registry& registry)
                    .Register(registry)),
       inflight_(prometheus::BuildGauge()
                     .Name("tandem_verifier_inflight_items")
-                    .Help("Items being scored now.")
+                    .Help("Items admitted and not finished: waiting for a "
+                          "worker thread or being scored.")
                     .Register(registry)
                     .Add({})),
+      running_(prometheus::BuildGauge()
+                   .Name("tandem_verifier_running_items")
+                   .Help("Items being scored on a worker thread now.")
+                   .Register(registry)
+                   .Add({})),
       rejected_(prometheus::BuildCounter()
                     .Name("tandem_verifier_rejected_batches_total")
-                    .Help("Batches refused with RESOURCE_EXHAUSTED.")
-                    .Register(registry)
-                    .Add({})),
+                    .Help("Batches refused with RESOURCE_EXHAUSTED, by "
+                          "reason: busy (max_concurrency), batch_size "
+                          "(max_batch_items).")
+                    .Register(registry)),
+      stopped_(prometheus::BuildCounter()
+                   .Name("tandem_verifier_items_stopped_total")
+                   .Help("Items whose scoring was cut short (running "
+                         "programs killed) or dropped before it started, by "
+                         "reason: item_deadline, caller_deadline, "
+                         "cancelled.")
+                   .Register(registry)),
       sandbox_kills_(prometheus::BuildCounter()
                          .Name("tandem_verifier_sandbox_kills_total")
                          .Help("Sandboxed runs ended by force, by reason: "
@@ -31,6 +45,20 @@ VerifierMetrics::VerifierMetrics(prometheus::Registry& registry)
   for (absl::string_view reason : kAllKillReasons) {
     sandbox_kills_.Add({{"reason", std::string(reason)}});
   }
+  for (absl::string_view reason : kRejectReasons) {
+    rejected_.Add({{"reason", std::string(reason)}});
+  }
+  for (absl::string_view reason : kStopReasons) {
+    stopped_.Add({{"reason", std::string(reason)}});
+  }
+}
+
+void VerifierMetrics::CountRejected(absl::string_view reason) {
+  rejected_.Add({{"reason", std::string(reason)}}).Increment();
+}
+
+void VerifierMetrics::CountStopped(absl::string_view reason, double items) {
+  stopped_.Add({{"reason", std::string(reason)}}).Increment(items);
 }
 
 void VerifierMetrics::CountSandboxKill(absl::string_view reason) {

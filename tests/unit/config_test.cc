@@ -59,6 +59,35 @@ TEST_CASE("unknown key error names file, line and key path") {
   CHECK(Message(s) == "conf.yaml:4: unknown key 'engine.wrokers'");
 }
 
+TEST_CASE("a duplicate key is an error naming the file and both lines") {
+  TestConfig config;
+  ConfigSchema schema;
+  Bind(&schema, &config);
+  absl::Status s = schema.ApplyYamlText(
+      "name: a\nengine:\n  workers: 2\nenabled: true\nname: b\n",
+      "dup.yaml");
+  REQUIRE_FALSE(s.ok());
+  CHECK(absl::IsInvalidArgument(s));
+  CHECK(Message(s) == "dup.yaml:5: duplicate key 'name' (first at line 1)");
+
+  // Inside a section, with the key path.
+  s = schema.ApplyYamlText(
+      "engine:\n  workers: 2\n  ratio: 0.1\n  workers: 3\n", "dup.yaml");
+  CHECK(Message(s) ==
+        "dup.yaml:4: duplicate key 'engine.workers' (first at line 2)");
+
+  // A section given twice is a duplicate too, even with different keys.
+  s = schema.ApplyYamlText(
+      "engine:\n  workers: 2\nname: x\nengine:\n  ratio: 0.1\n",
+      "dup.yaml");
+  CHECK(Message(s) == "dup.yaml:4: duplicate key 'engine' (first at line 1)");
+
+  // The same key in different sections is not a duplicate.
+  REQUIRE(schema.ApplyYamlText("log:\n  level: debug\nname: level\n",
+                               "ok.yaml")
+              .ok());
+}
+
 TEST_CASE("unknown top-level section is an error") {
   TestConfig config;
   ConfigSchema schema;

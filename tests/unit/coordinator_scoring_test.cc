@@ -1,4 +1,5 @@
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <set>
@@ -11,8 +12,11 @@ namespace tandem::coordinator {
 namespace {
 
 // Scores every item 1, except that addresses in `down` fail with
-// UNAVAILABLE and items whose verifier is "bad" make the batch
-// INVALID_ARGUMENT.
+// UNAVAILABLE, items whose verifier is "bad" make the batch
+// INVALID_ARGUMENT, a batch of "slow" items blocks until `released_`, a
+// batch with a "loop" item or of more than one "heavy" item times out
+// (DEADLINE_EXCEEDED), and a batch of more than two "small" items is over
+// max_batch_items (RESOURCE_EXHAUSTED).
 class FakeVerifiers : public VerifierClient {
  public:
   absl::StatusOr<tandem::v1::ScoreBatchResponse> ScoreBatch(
@@ -21,6 +25,21 @@ class FakeVerifiers : public VerifierClient {
     absl::MutexLock lock(&mu_);
     calls_[address].push_back(request.items_size());
     if (down_.count(address)) return absl::UnavailableError("down");
+    if (request.items(0).verifier() == "slow") {
+      ++slow_calls_;
+      mu_.Await(absl::Condition(&released_));
+    }
+    if (request.items(0).verifier() == "small" && request.items_size() > 2) {
+      return absl::ResourceExhaustedError(
+          "batch of 3 items exceeds max_batch_items (2); send smaller "
+          "batches");
+    }
+    for (const auto& item : request.items()) {
+      if (item.verifier() == "loop" ||
+          (item.verifier() == "heavy" && request.items_size() > 1)) {
+        return absl::DeadlineExceededError("Deadline Exceeded");
+      }
+    }
     tandem::v1::ScoreBatchResponse response;
     for (const auto& item : request.items()) {
       if (item.verifier() == "bad") {
@@ -36,6 +55,8 @@ class FakeVerifiers : public VerifierClient {
   absl::Mutex mu_;
   std::set<std::string> down_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::vector<int>> calls_ ABSL_GUARDED_BY(mu_);
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
+  int slow_calls_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 struct Sink {
@@ -106,6 +127,99 @@ TEST_CASE(
   CHECK(stats.items_scored == 10);
   CHECK(stats.calls_failed >= 1);
   CHECK(stats.in_flight == 0);
+}
+
+TEST_CASE(
+    "Scoring: calls that hang on a slow verifier hold only that verifier's "
+    "threads; other verifiers' samples are scored meanwhile",
+    "[coordinator][scoring]") {
+  FakeVerifiers verifiers;
+  Sink sink;
+  ScoringDispatcherOptions options;
+  options.batch_size = 2;
+  options.batch_wait = absl::ZeroDuration();
+  options.concurrency = 2;
+  ScoringDispatcher dispatcher(
+      options, &verifiers,
+      [] { return std::vector<VerifierReplica>{{"a:1", {}}}; },
+      [&sink](const ScoringTask& t, const tandem::v1::Score& s) {
+        sink.Add(t, s);
+      });
+  dispatcher.Start();
+  // More slow batches than the dispatcher has threads per verifier.
+  dispatcher.Enqueue(Tasks(6, "slow"));
+  {
+    absl::MutexLock lock(&verifiers.mu_);
+    auto both_busy = [&verifiers]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                         verifiers.mu_) { return verifiers.slow_calls_ == 2; };
+    REQUIRE(verifiers.mu_.AwaitWithTimeout(absl::Condition(&both_busy),
+                                           absl::Seconds(10)));
+  }
+  dispatcher.Enqueue(Tasks(3, "math"));
+  // Scored while both slow calls still hang.
+  REQUIRE(sink.WaitFor(3));
+  {
+    absl::MutexLock lock(&sink.mu);
+    CHECK(sink.scores.count("math0") == 1);
+    CHECK(sink.scores.count("slow0") == 0);
+  }
+  {
+    absl::MutexLock lock(&verifiers.mu_);
+    verifiers.released_ = true;
+  }
+  REQUIRE(sink.WaitFor(9));
+  dispatcher.Stop();
+  CHECK(dispatcher.Stats().in_flight == 0);
+}
+
+TEST_CASE(
+    "Scoring: a batch that times out or is over the verifier's "
+    "max_batch_items is retried item by item, and an item that times out "
+    "again alone is scored 0 (timeout)",
+    "[coordinator][scoring]") {
+  FakeVerifiers verifiers;
+  Sink sink;
+  ScoringDispatcherOptions options;
+  options.batch_size = 4;
+  options.batch_wait = absl::Milliseconds(20);
+  options.retry_backoff = absl::Milliseconds(1);
+  options.concurrency = 1;
+  ScoringDispatcher dispatcher(
+      options, &verifiers,
+      [] { return std::vector<VerifierReplica>{{"a:1", {}}}; },
+      [&sink](const ScoringTask& t, const tandem::v1::Score& s) {
+        sink.Add(t, s);
+      });
+  dispatcher.Enqueue(Tasks(3, "heavy"));
+  dispatcher.Enqueue(Tasks(1, "loop"));
+  dispatcher.Start();
+  REQUIRE(sink.WaitFor(4));
+  dispatcher.Enqueue(Tasks(3, "small"));
+  REQUIRE(sink.WaitFor(7));
+  dispatcher.Stop();
+  absl::MutexLock lock(&sink.mu);
+  for (const char* id : {"heavy0", "heavy1", "heavy2"}) {
+    INFO(id);
+    CHECK(sink.scores[id].reward() == 1.0);
+  }
+  const tandem::v1::Score& loop = sink.scores["loop0"];
+  CHECK(loop.reward() == 0.0);
+  CHECK(loop.outcome() == "timeout");
+  CHECK(loop.reason().find("scoring.timeout_ms") != std::string::npos);
+  const ScoringStats stats = dispatcher.Stats();
+  CHECK(stats.items_timed_out == 1);
+  CHECK(stats.items_scored == 6);
+  CHECK(stats.in_flight == 0);
+  for (const char* id : {"small0", "small1", "small2"}) {
+    INFO(id);
+    CHECK(sink.scores[id].reward() == 1.0);
+  }
+  absl::MutexLock verifiers_lock(&verifiers.mu_);
+  // heavy: one batch of 3, then 3 alone; the loop twice alone (the two
+  // verifiers' calls interleave); small: a batch of 3 refused, 3 alone.
+  std::vector<int> calls = verifiers.calls_["a:1"];
+  std::sort(calls.begin(), calls.end());
+  CHECK(calls == std::vector<int>{1, 1, 1, 1, 1, 1, 1, 1, 3, 3});
 }
 
 TEST_CASE("Scoring: items wait while no verifier is registered",

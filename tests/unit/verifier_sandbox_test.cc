@@ -231,6 +231,52 @@ TEST_CASE("code contains a sleeping program with the wall-clock limit",
   ExpectGoodProgramScoresOne(*f.scorer);
 }
 
+TEST_CASE(
+    "code stops a run at the request's deadline and on its cancel flag, "
+    "long before the sandbox limits, and leaves nothing behind",
+    "[code][deadline]") {
+  REQUIRE_ROOT_OR_SKIP();
+  // Limits the program would never reach in this test: only the request's
+  // deadline or cancellation can end it (or the test's own timeout).
+  Fixture f(/*allow_network_fallback=*/false, /*wall_seconds=*/600.0);
+  ScoreRequest request = CodeRequest("import time\ntime.sleep(600)\n",
+                                     "python", Tests({{"", ""}, {"", ""}}));
+
+  SECTION("deadline") {
+    request.deadline = absl::Now() + absl::Milliseconds(300);
+    const ScoreResult result = f.scorer->Score(request);
+    INFO(result.reason);
+    CHECK(result.stopped);
+    CHECK(result.reward == 0.0);
+    CHECK(result.outcome == "timeout");
+    CHECK(absl::StrContains(result.reason, "test 1 stopped"));
+    CHECK(result.sandbox_kills.empty());
+  }
+  SECTION("cancel flag") {
+    std::atomic<bool> cancelled{false};
+    request.cancelled = &cancelled;
+    std::thread canceller([&] {
+      absl::SleepFor(absl::Milliseconds(300));
+      cancelled.store(true);
+    });
+    const ScoreResult result = f.scorer->Score(request);
+    canceller.join();
+    INFO(result.reason);
+    CHECK(result.stopped);
+    CHECK(result.outcome == "timeout");
+  }
+  SECTION("cancelled before it starts: nothing runs") {
+    std::atomic<bool> cancelled{true};
+    request.cancelled = &cancelled;
+    const ScoreResult result = f.scorer->Score(request);
+    INFO(result.reason);
+    CHECK(result.stopped);
+    CHECK(absl::StrContains(result.reason, "test 1 not run"));
+  }
+  f.ExpectNothingLeft();
+  ExpectGoodProgramScoresOne(*f.scorer);
+}
+
 TEST_CASE("code contains a fork bomb and leaves no process behind",
           "[escape]") {
   REQUIRE_ROOT_OR_SKIP();

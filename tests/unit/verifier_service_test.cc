@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "nlohmann/json.hpp"
 #include "services/verifier/verifier.h"
@@ -34,6 +35,7 @@ struct Daemon {
     // scoring does not depend on it.
     config.coordinator_address = "127.0.0.1:1";
     config.max_concurrency = max_concurrency;
+    config.max_batch_items = std::min<int64_t>(64, max_concurrency);
     config.worker_threads = 2;
     config.code_cpu_seconds = 1;
     config.code_wall_seconds = 3.0;
@@ -214,6 +216,88 @@ TEST_CASE(
   CHECK(slow_status.ok());
   REQUIRE(daemon.Score(more, &response).ok());
   CHECK(response.results(0).score().reward() == 1.0);
+}
+
+TEST_CASE(
+    "Verifier service: a batch over max_batch_items is RESOURCE_EXHAUSTED "
+    "naming the limit, even when idle; a config whose max batch cannot be "
+    "admitted is refused",
+    "[verifier][backpressure]") {
+  Daemon daemon(/*max_concurrency=*/4);  // max_batch_items 4
+  tandem::v1::ScoreBatchRequest request;
+  for (int i = 0; i < 5; ++i) {
+    tandem::v1::ScoreItem* item = request.add_items();
+    item->set_item_id(absl::StrCat("e", i));
+    item->set_verifier("exact");
+    item->set_completion_text("1");
+    (*item->mutable_metadata())["answer"] = "1";
+  }
+  tandem::v1::ScoreBatchResponse response;
+  grpc::Status status = daemon.Score(request, &response);
+  CHECK(status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(absl::StrContains(status.error_message(), "batch of 5 items"));
+  CHECK(absl::StrContains(status.error_message(), "max_batch_items (4)"));
+  request.mutable_items()->RemoveLast();
+  REQUIRE(daemon.Score(request, &response).ok());
+  REQUIRE(response.results_size() == 4);
+  for (int i = 0; i < 4; ++i) {
+    CHECK(response.results(i).item_id() == absl::StrCat("e", i));
+    CHECK(response.results(i).score().reward() == 1.0);
+  }
+
+  VerifierConfig bad;
+  bad.max_concurrency = 8;
+  bad.max_batch_items = 9;
+  const absl::Status invalid = Validate(bad);
+  CHECK(absl::IsInvalidArgument(invalid));
+  CHECK(absl::StrContains(invalid.message(), "max_batch_items (9)"));
+  CHECK(absl::StrContains(invalid.message(), "max_concurrency (8)"));
+}
+
+TEST_CASE(
+    "Verifier service: an item past item_timeout_ms scores 0 (timeout) with "
+    "the limit named, and the other items of its batch are scored",
+    "[verifier][deadline]") {
+  if (geteuid() != 0) {
+    WARN("skipped: the slow item runs in the sandbox, which needs root");
+    return;
+  }
+  VerifierConfig config;
+  config.server.metrics_address = "";
+  config.coordinator_address = "127.0.0.1:1";
+  config.worker_threads = 2;
+  config.item_timeout_ms = 300;
+  // Sandbox limits the sleeper never reaches: only item_timeout_ms ends it.
+  config.code_cpu_seconds = 600;
+  config.code_wall_seconds = 600;
+  config.code_address_space_bytes = int64_t{256} << 20;
+  auto created = Verifier::Create(config);
+  REQUIRE(created.ok());
+  std::unique_ptr<Verifier> verifier = *std::move(created);
+  REQUIRE(verifier->Start().ok());
+  auto stub = tandem::v1::Verifier::NewStub(grpc::CreateChannel(
+      verifier->grpc_address(), grpc::InsecureChannelCredentials()));
+  tandem::v1::ScoreBatchRequest request;
+  *request.add_items() = CodeItem("sleeper", "import time\ntime.sleep(600)\n");
+  tandem::v1::ScoreItem exact;
+  exact.set_item_id("exact");
+  exact.set_verifier("exact");
+  exact.set_completion_text("1");
+  (*exact.mutable_metadata())["answer"] = "1";
+  *request.add_items() = exact;
+  tandem::v1::ScoreBatchResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+  REQUIRE(stub->ScoreBatch(&context, request, &response).ok());
+  REQUIRE(response.results_size() == 2);
+  const tandem::v1::Score& slept = response.results(0).score();
+  INFO(slept.reason());
+  CHECK(response.results(0).item_id() == "sleeper");
+  CHECK(slept.reward() == 0.0);
+  CHECK(slept.outcome() == "timeout");
+  CHECK(absl::StrContains(slept.reason(), "item_timeout_ms of 300 ms"));
+  CHECK(response.results(1).score().reward() == 1.0);
+  verifier->GracefulStop(absl::Seconds(10));
 }
 
 TEST_CASE(

@@ -144,6 +144,10 @@ TestVerdict Judge(const SandboxResult& run, const TestCase& test,
                   const SandboxLimits& limits) {
   TestVerdict v;
   switch (run.termination) {
+    case SandboxTermination::kStopped:
+      v.failure = kOutcomeTimeout;
+      v.detail = "stopped: the item's deadline passed or its caller cancelled";
+      return v;
     case SandboxTermination::kWallTimeout:
       v.kill = kKillWall;
       v.failure = kOutcomeTimeout;
@@ -241,7 +245,19 @@ ScoreResult CodeScorer::Score(const ScoreRequest& request) {
     command.argv = task->argv;
     command.stdin_data = task->tests[i].stdin_data;
     command.files = {{task->file_name, program}};
+    command.deadline = request.deadline;
+    command.cancelled = request.cancelled;
     absl::StatusOr<SandboxResult> run = sandbox_->Run(command);
+    if (!run.ok() && (absl::IsDeadlineExceeded(run.status()) ||
+                      absl::IsCancelled(run.status()))) {
+      ScoreResult result = MakeResult(
+          0.0, kOutcomeTimeout,
+          absl::StrCat("passed ", passed, "/", total, " tests; test ", i + 1,
+                       " not run: ", run.status().message()));
+      result.sandbox_kills = std::move(kills);
+      result.stopped = true;
+      return result;
+    }
     if (!run.ok()) {
       const bool unavailable = absl::IsUnavailable(run.status());
       return MakeResult(
@@ -250,6 +266,15 @@ ScoreResult CodeScorer::Score(const ScoreRequest& request) {
                        " not run: ", run.status().message()));
     }
     TestVerdict verdict = Judge(*run, task->tests[i], limits);
+    if (run->termination == SandboxTermination::kStopped) {
+      ScoreResult result = MakeResult(
+          0.0, kOutcomeTimeout,
+          absl::StrCat("passed ", passed, "/", total, " tests; test ", i + 1,
+                       " ", verdict.detail));
+      result.sandbox_kills = std::move(kills);
+      result.stopped = true;
+      return result;
+    }
     if (!verdict.kill.empty()) kills.push_back(verdict.kill);
     if (verdict.passed) {
       ++passed;

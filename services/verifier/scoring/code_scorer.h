@@ -24,7 +24,10 @@
 // wall-clock limit), memory (address-space limit; detected as Python's
 // MemoryError), output_limit (stdout/stderr cap or the file-size limit).
 // The first timeout ends the run: the remaining tests count as failed, so
-// an infinite loop costs one wall-clock limit, not one per test. An empty
+// an infinite loop costs one wall-clock limit, not one per test. When the
+// request's deadline passes or its caller cancels (ScoreRequest), the
+// running program is killed at once, the remaining tests are not run, and
+// the item is reward 0, outcome timeout, ScoreResult::stopped. An empty
 // program is no_answer. When the sandbox cannot be set up the outcome is
 // sandbox_unavailable and nothing runs; other sandbox failures (e.g. the
 // process limit of the sandbox user used up by concurrent runs) are

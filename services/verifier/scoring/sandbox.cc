@@ -249,12 +249,20 @@ absl::Status WriteUserMaps(pid_t pid) {
 struct Interruption {
   bool timed_out = false;
   bool output_overflow = false;
+  // The caller's deadline passed or it cancelled the run.
+  bool stopped = false;
 };
 
+// How often a run whose caller may cancel it looks at the flag.
+constexpr absl::Duration kCancelPollInterval = absl::Milliseconds(50);
+
 // Collects the output of the started run until the init has exited and
-// the pipes are closed, killing the run on the wall-clock deadline or when
-// an output passes `cap` bytes. Does not reap the init, except on error.
+// the pipes are closed, killing the run on the wall-clock deadline, on the
+// caller's deadline `stop_at` or its `cancelled` flag, or when an output
+// passes `cap` bytes. Does not reap the init, except on error.
 absl::StatusOr<Interruption> Supervise(pid_t pid, absl::Time deadline,
+                                       absl::Time stop_at,
+                                       const std::atomic<bool>* cancelled,
                                        size_t cap, UniqueFd out, UniqueFd err,
                                        SandboxResult* result) {
   struct Stream {
@@ -290,6 +298,11 @@ absl::StatusOr<Interruption> Supervise(pid_t pid, absl::Time deadline,
     const bool streams_open = streams[0].fd.valid() || streams[1].fd.valid();
     if (exited && !streams_open) break;
     const absl::Time now = absl::Now();
+    if (!exited && !killed &&
+        (now >= stop_at || (cancelled != nullptr && cancelled->load()))) {
+      interruption.stopped = true;
+      kill_run();
+    }
     if (now >= deadline) {
       if (exited) break;  // Only escaped writers keep the pipes open.
       if (!killed) interruption.timed_out = true;
@@ -304,7 +317,9 @@ absl::StatusOr<Interruption> Supervise(pid_t pid, absl::Time deadline,
     }
     const bool watch_pid = pidfd.valid() && !exited;
     if (watch_pid) fds[nfds++] = {pidfd.get(), POLLIN, 0};
-    absl::Duration wait = killed ? absl::Milliseconds(50) : deadline - now;
+    absl::Duration wait =
+        killed ? absl::Milliseconds(50) : std::min(deadline, stop_at) - now;
+    if (cancelled != nullptr) wait = std::min(wait, kCancelPollInterval);
     // Without a pidfd, exit is noticed by polling waitid().
     if (!watch_pid && !exited) wait = std::min(wait, absl::Milliseconds(10));
     const int timeout_ms = static_cast<int>(
@@ -393,6 +408,13 @@ absl::StatusOr<SandboxResult> Sandbox::Run(
       return absl::InvalidArgumentError(absl::StrCat(
           "sandbox file name must be a plain file name, got \"", name, "\""));
     }
+  }
+  if (command.cancelled != nullptr && command.cancelled->load()) {
+    return absl::CancelledError("the run was cancelled before it started");
+  }
+  if (absl::Now() >= command.deadline) {
+    return absl::DeadlineExceededError(
+        "the caller's deadline passed before the run started");
   }
   const SandboxLimits& limits = config_.limits;
   const bool drop_privileges = geteuid() == 0;
@@ -568,6 +590,7 @@ absl::StatusOr<SandboxResult> Sandbox::Run(
   ASSIGN_OR_RETURN(
       const Interruption interruption,
       Supervise(pid, start + absl::Seconds(limits.wall_seconds),
+                command.deadline, command.cancelled,
                 static_cast<size_t>(limits.max_output_bytes),
                 std::move(out_read), std::move(err_read), &result));
 
@@ -588,7 +611,9 @@ absl::StatusOr<SandboxResult> Sandbox::Run(
                     absl::DurationFromTimeval(usage.ru_stime);
   if (WIFSIGNALED(program_status)) result.signal = WTERMSIG(program_status);
   if (WIFEXITED(program_status)) result.exit_code = WEXITSTATUS(program_status);
-  if (interruption.output_overflow) {
+  if (interruption.stopped) {
+    result.termination = SandboxTermination::kStopped;
+  } else if (interruption.output_overflow) {
     result.termination = SandboxTermination::kOutputLimit;
   } else if (interruption.timed_out) {
     result.termination = SandboxTermination::kWallTimeout;

@@ -129,6 +129,12 @@ struct SandboxCommand {
   // Files written into the run directory before the program starts, as
   // (plain file name, content); mode 0444.
   std::vector<std::pair<std::string, std::string>> files;
+  // The caller's limits on top of wall_seconds: the run is killed when
+  // `deadline` passes or when `*cancelled` becomes true (checked every
+  // 50 ms), and ends as kStopped. A run asked for after either is not
+  // started (DeadlineExceeded / Cancelled).
+  absl::Time deadline = absl::InfiniteFuture();
+  const std::atomic<bool>* cancelled = nullptr;
 };
 
 enum class SandboxTermination {
@@ -136,6 +142,7 @@ enum class SandboxTermination {
   kSignaled,     // Killed by `signal` (SIGXCPU: CPU limit; SIGXFSZ: file).
   kWallTimeout,  // Killed by the parent at wall_seconds.
   kOutputLimit,  // Killed by the parent past max_output_bytes.
+  kStopped,      // Killed by the parent: the caller's deadline or cancel.
 };
 
 struct SandboxResult {
@@ -170,7 +177,8 @@ class Sandbox {
   // be created and no fallback allowed; nothing ran), ResourceExhausted
   // (the process could not start, e.g. RLIMIT_NPROC of the sandbox user is
   // used up by concurrent runs), Internal (a system call of the parent
-  // failed). The run directory is removed in every case.
+  // failed), DeadlineExceeded / Cancelled (command.deadline had passed or
+  // command.cancelled was set before the run started; nothing ran). The run directory is removed in every case.
   // REQUIRES: SIGCHLD is not ignored (SIG_IGN) in this process; the exit
   // status of the run would be lost.
   absl::StatusOr<SandboxResult> Run(const SandboxCommand& command) const;

@@ -17,12 +17,14 @@
 //      all worker threads of the service and called concurrently.
 
 #include <array>
+#include <atomic>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace tandem::verifier {
 
@@ -31,6 +33,13 @@ struct ScoreRequest {
   std::string prompt_text;
   // Verifier-specific inputs, e.g. "answer", "pattern", "tests", "language".
   std::map<std::string, std::string> metadata;
+  // When the service stops waiting for this item (its own deadline or its
+  // caller's), and the caller's cancellation. Scorers that run programs
+  // (code) kill them at either and return promptly with outcome timeout and
+  // ScoreResult::stopped set; in-process scorers, which are fast, ignore
+  // both.
+  absl::Time deadline = absl::InfiniteFuture();
+  const std::atomic<bool>* cancelled = nullptr;
 };
 
 // Outcome labels. They are metric label values, so the set is closed: a
@@ -74,6 +83,9 @@ struct ScoreResult {
   std::string reason;   // Human-readable; may quote (truncated) output.
   // One of kAllKillReasons per sandboxed run that was ended by force.
   std::vector<absl::string_view> sandbox_kills;
+  // True when scoring was cut short by ScoreRequest::deadline or
+  // ScoreRequest::cancelled (reward 0, outcome timeout).
+  bool stopped = false;
 };
 
 class Scorer {
