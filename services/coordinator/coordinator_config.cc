@@ -69,7 +69,7 @@ void RegisterFields(config::ConfigSchema* schema, CoordinatorConfig* config) {
   schema->AddInt("scoring.timeout_ms", &sc.timeout_ms, 10, 3600000,
                  "Deadline of each ScoreBatch call (ms).");
   schema->AddInt("scoring.concurrency", &sc.concurrency, 1, 256,
-                 "Concurrent ScoreBatch calls.");
+                 "Concurrent ScoreBatch calls per verifier name.");
   schema->AddInt("scoring.retry_backoff_ms", &sc.retry_backoff_ms, 1, 60000,
                  "Wait after a failed ScoreBatch call before retrying (ms).");
   schema->AddInt("scoring.unroutable_timeout_ms", &sc.unroutable_timeout_ms, 0,

@@ -54,7 +54,7 @@ struct ScoringOptions {
   int64_t batch_wait_ms = 5;
   // Deadline of each ScoreBatch call.
   int64_t timeout_ms = 10000;
-  // Concurrent ScoreBatch calls (dispatcher threads).
+  // Concurrent ScoreBatch calls per verifier name (dispatcher threads).
   int64_t concurrency = 2;
   // Backoff after a failed call before the items are tried again.
   int64_t retry_backoff_ms = 100;
