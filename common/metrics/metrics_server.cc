@@ -2,13 +2,18 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <exception>
+#include <list>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/text_serializer.h"
 
@@ -22,28 +27,74 @@ using tcp = asio::ip::tcp;
 
 constexpr char kVersion[] = "0.1.0";
 constexpr char kContentType[] = "text/plain; version=0.0.4; charset=utf-8";
-// A connection idle (or a request unfinished) this long is closed.
+// A connection idle (or a request unfinished) this long is closed, and so
+// is one whose response is not taken within kWriteTimeout.
 constexpr std::chrono::seconds kIdleTimeout(60);
+constexpr std::chrono::seconds kWriteTimeout(30);
+// Most connections open at once. A scraper keeps one; beyond the cap the
+// oldest connection waiting for a request is closed to admit a new one.
+constexpr size_t kMaxConnections = 64;
+// accept() failures (EMFILE...) pause accepting this long, doubling.
+constexpr std::chrono::milliseconds kMinAcceptBackoff(10);
+constexpr std::chrono::milliseconds kMaxAcceptBackoff(1000);
+
+class Session;
+
+// The sessions open, oldest request wait first, so that the connection
+// that has waited longest for a request can be closed for a new one. Used
+// on the server's one thread only.
+struct SessionList {
+  std::list<Session*> waiting;  // waiting for (or reading) a request
+  size_t open = 0;
+};
 
 // One HTTP/1.1 connection: answers requests in turn until the peer closes,
-// asks to close, idles out, or the server stops. Owned by its pending
-// handlers (shared_from_this); all of them run on the server's one thread.
+// asks to close, idles out, is evicted, or the server stops. Owned by its
+// pending handlers (shared_from_this); all of them run on the server's one
+// thread.
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, std::shared_ptr<prometheus::Registry> registry)
-      : stream_(std::move(socket)), registry_(std::move(registry)) {}
+  Session(tcp::socket socket, std::shared_ptr<prometheus::Registry> registry,
+          SessionList* sessions)
+      : stream_(std::move(socket)),
+        registry_(std::move(registry)),
+        sessions_(sessions) {
+    ++sessions_->open;
+  }
+  ~Session() {
+    StopWaiting();
+    --sessions_->open;
+  }
 
   void Read() {
     request_ = {};
     stream_.expires_after(kIdleTimeout);
+    waiting_ = sessions_->waiting.insert(sessions_->waiting.end(), this);
+    is_waiting_ = true;
     http::async_read(
         stream_, buffer_, request_,
         [self = shared_from_this()](beast::error_code error, size_t) {
+          self->StopWaiting();
           if (!error) self->Respond();
         });
   }
 
+  // Closes the connection (its pending read completes with an error and
+  // the session goes away).
+  void Evict() {
+    StopWaiting();
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.socket().close(ignored);
+  }
+
  private:
+  void StopWaiting() {
+    if (!is_waiting_) return;
+    sessions_->waiting.erase(waiting_);
+    is_waiting_ = false;
+  }
+
   void Respond() {
     auto response = std::make_shared<http::response<http::string_body>>();
     // HTTP/1.1 whatever the request's version (the highest one served);
@@ -70,6 +121,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     response->prepare_payload();
     if (request_.method() == http::verb::head) response->body().clear();
+    stream_.expires_after(kWriteTimeout);
     http::async_write(stream_, *response,
                       [self = shared_from_this(), response](
                           beast::error_code error, size_t) {
@@ -87,17 +139,35 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::flat_buffer buffer_;
   http::request<http::string_body> request_;
   std::shared_ptr<prometheus::Registry> registry_;
+  SessionList* sessions_;
+  std::list<Session*>::iterator waiting_;
+  bool is_waiting_ = false;
 };
 
 }  // namespace
 
 // The listener and its thread. Destruction stops the io_context, joins the
 // thread, and then destroys the pending handlers (and with them every open
-// connection).
+// connection). Idle clients cost a connection slot each, never the thread:
+// every read and write is asynchronous with a deadline, at most
+// kMaxConnections are open (the oldest waiting one yields to a newcomer),
+// and accept() failures back off instead of spinning.
 class MetricsServer::Http {
  public:
   explicit Http(std::shared_ptr<prometheus::Registry> registry)
-      : registry_(std::move(registry)), acceptor_(io_) {}
+      : registry_(std::move(registry)),
+        acceptor_(io_),
+        backoff_timer_(io_),
+        dropped_(prometheus::BuildCounter()
+                     .Name("tandem_metrics_connections_dropped_total")
+                     .Help("Connections to /metrics closed by the server to "
+                           "stay within its bounds, by reason: evicted (the "
+                           "oldest connection waiting for a request, closed "
+                           "to admit a new one), accept_error (accept() "
+                           "failed, e.g. out of file descriptors).")
+                     .Register(*registry_)),
+        evicted_(dropped_.Add({{"reason", "evicted"}})),
+        accept_errors_(dropped_.Add({{"reason", "accept_error"}})) {}
 
   ~Http() {
     io_.stop();
@@ -113,7 +183,7 @@ class MetricsServer::Http {
     acceptor_.open(endpoint.protocol());
     acceptor_.set_option(tcp::acceptor::reuse_address(true));
     acceptor_.bind(endpoint);
-    acceptor_.listen();
+    acceptor_.listen(asio::socket_base::max_listen_connections);
     Accept();
     thread_ = std::thread([this] { io_.run(); });
   }
@@ -121,20 +191,66 @@ class MetricsServer::Http {
   unsigned short port() const { return acceptor_.local_endpoint().port(); }
 
  private:
+  // Closes the connection that has waited longest for a request; false
+  // when every open connection is busy answering one.
+  bool EvictOldestWaiting() {
+    if (sessions_.waiting.empty()) return false;
+    sessions_.waiting.front()->Evict();
+    evicted_.Increment();
+    return true;
+  }
+
   void Accept() {
     acceptor_.async_accept([this](beast::error_code error,
                                   tcp::socket socket) {
       if (error == asio::error::operation_aborted) return;
-      if (!error) {
-        std::make_shared<Session>(std::move(socket), registry_)->Read();
+      if (error) {
+        // Out of descriptors (or another accept failure): free one by
+        // closing the connection that has waited longest for a request and
+        // try again at once; with none to close, wait (doubling) before
+        // the next try, the pending connections queued in the backlog.
+        accept_errors_.Increment();
+        if (EvictOldestWaiting()) {
+          Accept();
+          return;
+        }
+        if (backoff_ == std::chrono::milliseconds(0)) {
+          std::fprintf(stderr, "metrics: accept failed (%s); backing off\n",
+                       error.message().c_str());
+        }
+        backoff_ = std::clamp(backoff_ * 2, kMinAcceptBackoff,
+                              kMaxAcceptBackoff);
+        backoff_timer_.expires_after(backoff_);
+        backoff_timer_.async_wait([this](beast::error_code e) {
+          if (e != asio::error::operation_aborted) Accept();
+        });
+        return;
+      }
+      backoff_ = std::chrono::milliseconds(0);
+      if (sessions_.open >= kMaxConnections && !EvictOldestWaiting()) {
+        // Every slot is answering a request: this one waits its turn in
+        // no queue of ours; close it.
+        beast::error_code ignored;
+        socket.close(ignored);
+      } else {
+        std::make_shared<Session>(std::move(socket), registry_, &sessions_)
+            ->Read();
       }
       Accept();
     });
   }
 
   std::shared_ptr<prometheus::Registry> registry_;
+  // Before io_: the sessions io_'s pending handlers own leave this list
+  // when io_ is destroyed.
+  SessionList sessions_;
   asio::io_context io_;
   tcp::acceptor acceptor_;
+  asio::steady_timer backoff_timer_;
+  std::chrono::milliseconds backoff_{0};
+  prometheus::Family<prometheus::Counter>& dropped_;
+  prometheus::Counter& evicted_;
+  prometheus::Counter& accept_errors_;
   std::thread thread_;
 };
 

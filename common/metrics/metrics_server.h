@@ -10,6 +10,15 @@
 // static TLS of the CUDA libraries LibTorch loads (cuBLAS, NCCL, ...; about
 // 190 KiB in all) does not fit in, so the exposer could not start in the
 // trainer or the rollout worker.
+//
+// Idle or slow clients never hold up a scrape: every read and write is
+// asynchronous with a deadline (60 s for a request, 30 s for a response),
+// at most 64 connections are open (a new one past that closes the oldest
+// connection still waiting for a request), and accept() failures such as
+// EMFILE close the oldest waiting connection and try again, or, with none
+// to close, pause accepting with a back-off (10 ms doubling to 1 s)
+// instead of spinning. Connections closed
+// so are counted in tandem_metrics_connections_dropped_total{reason}.
 
 #include <memory>
 #include <string>

@@ -20,6 +20,7 @@
 #include "common/model/torch_status.h"
 #include "common/safetensors/atomic_file.h"
 #include "common/safetensors/safetensors_writer.h"
+#include "kernels/finite_scan.h"
 
 namespace tandem::model {
 namespace {
@@ -54,6 +55,39 @@ absl::StatusOr<at::ScalarType> StoredScalarType(
                        safetensors::DTypeName(t.dtype),
                        "; model weights must be F32, BF16 or F16"));
   }
+}
+
+// The file that holds `view`: its shard's path, or `source` when no shard
+// lists it (cannot happen for a view of `checkpoint`).
+std::string FileOf(const safetensors::ShardedCheckpoint& checkpoint,
+                   const safetensors::TensorView& view,
+                   const std::string& source) {
+  for (const auto& shard : checkpoint.shards()) {
+    if (shard->Find(view.name) == &view) return shard->source();
+  }
+  return source;
+}
+
+// InvalidArgument naming the file, the tensor and the first non-finite
+// element when `bytes` (the tensor's stored values) holds an Inf or a NaN:
+// a checkpoint that would poison every forward pass is refused at load.
+absl::Status CheckFinite(const safetensors::ShardedCheckpoint& checkpoint,
+                         const safetensors::TensorView& view,
+                         absl::Span<const uint8_t> bytes,
+                         const std::string& source) {
+  const kernels::FloatFormat format =
+      view.dtype == DType::kF32    ? kernels::FloatFormat::kF32
+      : view.dtype == DType::kBF16 ? kernels::FloatFormat::kBF16
+                                   : kernels::FloatFormat::kF16;
+  const std::optional<kernels::NonFiniteValue> bad =
+      kernels::FindNonFinite(bytes, format);
+  if (!bad.has_value()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      FileOf(checkpoint, view, source), ": tensor '", view.name, "' (",
+      kernels::FloatFormatName(format), " ", ShapeString(view.shape),
+      ") holds a non-finite value: element ", bad->index, " of ",
+      view.numel(), " is ", kernels::NonFiniteName(*bad),
+      "; refusing to load corrupt or diverged weights"));
 }
 
 DType ToSafetensorsDType(WeightDType dtype) {
@@ -155,6 +189,10 @@ absl::StatusOr<std::shared_ptr<ModelWeights>> LoadWeights(
       at::Tensor staged =
           at::empty(view->shape, at::TensorOptions().dtype(stored));
       std::memcpy(staged.data_ptr(), view->data, view->nbytes);
+      RETURN_IF_ERROR(CheckFinite(
+          checkpoint, *view,
+          {static_cast<const uint8_t*>(staged.data_ptr()), view->nbytes},
+          source));
       tensors[e.name] = staged.to(options.device, target);
     }
   } catch (const std::exception& e) {

@@ -46,6 +46,11 @@ struct LoadOptions {
 // Tolerated extras: "lm_head.weight" when embeddings are tied (some
 // exporters write it) and rotary "inv_freq" buffers; any other extra tensor
 // is an error (it means the config does not describe the checkpoint).
+// Every value loaded must be finite: a tensor holding an Inf or a NaN
+// (random bytes, a diverged run) is InvalidArgument naming the file, the
+// tensor and the element, e.g.
+//   "dir/model.safetensors: tensor 'model.norm.weight' (F32 [32]) holds a
+//    non-finite value: element 3 of 32 is NaN; refusing to load ..."
 absl::StatusOr<std::shared_ptr<ModelWeights>> LoadHfModel(
     const std::string& dir, const LoadOptions& options = {});
 

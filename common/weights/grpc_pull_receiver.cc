@@ -208,6 +208,13 @@ absl::StatusOr<v1::WeightManifest> GrpcPullReceiver::GetManifest(
 absl::StatusOr<v1::WeightManifest> GrpcPullReceiver::Plan(
     StagingWeights* staging, absl::Time deadline) {
   const std::optional<uint64_t> live = staging->live_version();
+  // A version refused for non-finite values (StagingWeights) is not
+  // fetched again: wait for a newer one and take it in full (the deltas
+  // after the refused version are on weights this worker does not hold).
+  const std::optional<uint64_t> refused = staging->refused_version();
+  const bool past_refused =
+      refused.has_value() && (!live.has_value() || *refused > *live);
+  const uint64_t newer_than = past_refused ? *refused : live.value_or(0);
   for (;;) {
     if (cancelled()) return CancelledStatus();
     // With a live version: a long poll for a newer one, ending a little
@@ -216,7 +223,7 @@ absl::StatusOr<v1::WeightManifest> GrpcPullReceiver::Plan(
     // the wait when nothing is newer. Without one (any version will do,
     // and versions start at 0) the receiver asks at once.
     absl::Duration wait =
-        live.has_value()
+        live.has_value() || past_refused
             ? std::min(options_.long_poll,
                        deadline - absl::Now() - kLongPollDeadlineMargin)
             : absl::ZeroDuration();
@@ -227,8 +234,14 @@ absl::StatusOr<v1::WeightManifest> GrpcPullReceiver::Plan(
     if (wait < absl::Milliseconds(1)) wait = absl::ZeroDuration();
     const absl::Time asked = absl::Now();
     absl::StatusOr<v1::WeightManifest> latest =
-        GetManifest(0, deadline, live.value_or(0), wait);
-    if (latest.ok() &&
+        GetManifest(0, deadline, newer_than, wait);
+    if (latest.ok() && past_refused &&
+        latest->policy_version() > newer_than) {
+      if (IsFull(*latest)) return latest;
+      // The server keeps the newest version in full too.
+      return GetManifest(latest->policy_version(), deadline);
+    }
+    if (latest.ok() && !past_refused &&
         (!live.has_value() || latest->policy_version() > *live)) {
       // Follow deltas from live while live is at or past the latest anchor,
       // or just before it (the anchor may have a delta on live too).

@@ -17,6 +17,9 @@
 // or the version just before it: the server may hold a delta for an
 // anchor too), otherwise the newest full version the server holds.
 // A late joiner therefore fetches one full copy and then follows deltas.
+// A version the staging refused for non-finite values
+// (StagingWeights::refused_version) is not fetched again: the receiver
+// waits for a newer one and fetches it in full.
 // Every chunk's CRC-32C is checked; a bad chunk or a broken stream resumes
 // from the first unverified byte (up to max_attempts times without
 // progress), and every bucket is verified against the manifest before the

@@ -1,5 +1,6 @@
 #include "common/weights/staging_weights.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -7,8 +8,25 @@
 #include "kernels/crc32c.h"
 #include "kernels/bf16_change.h"
 #include "kernels/bf16_delta.h"
+#include "kernels/finite_scan.h"
 
 namespace tandem::weights {
+namespace {
+
+std::optional<kernels::FloatFormat> FloatFormatOf(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_F32:
+      return kernels::FloatFormat::kF32;
+    case v1::DTYPE_BF16:
+      return kernels::FloatFormat::kBF16;
+    case v1::DTYPE_F16:
+      return kernels::FloatFormat::kF16;
+    default:
+      return std::nullopt;
+  }
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<StagingWeights>> StagingWeights::Create(
     FlatWeightLayout layout, StagingMode mode) {
@@ -20,6 +38,52 @@ StagingWeights::StagingWeights(FlatWeightLayout layout, StagingMode mode)
     : layout_(std::move(layout)), mode_(mode) {
   const int copies = mode == StagingMode::kDoubleBuffer ? 2 : 1;
   for (int i = 0; i < copies; ++i) buffers_.emplace_back(layout_.total_bytes());
+  // Tensors start at multiples of the layout's alignment (>= 4) and buckets
+  // at multiples of bucket_bytes (a multiple of it): a slice never splits
+  // an element of 2 or 4 bytes.
+  float_pieces_.resize(layout_.num_buckets());
+  const std::vector<TensorPlacement>& tensors = layout_.tensors();
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const std::optional<kernels::FloatFormat> format =
+        FloatFormatOf(tensors[t].info.dtype);
+    if (!format.has_value() || tensors[t].info.byte_size == 0) continue;
+    const uint64_t begin = tensors[t].offset;
+    const uint64_t end = begin + tensors[t].info.byte_size;
+    for (const BucketRange& b : layout_.buckets()) {
+      const uint64_t from = std::max(begin, b.offset);
+      const uint64_t to = std::min(end, b.offset + b.size);
+      if (from >= to) continue;
+      float_pieces_[b.index].push_back(
+          {t, from, to - from,
+           (from - begin) / kernels::FloatFormatSize(*format)});
+    }
+  }
+}
+
+absl::Status StagingWeights::CheckFinite(const uint8_t* flat, uint32_t bucket,
+                                         uint64_t version) const {
+  for (const FloatPiece& piece : float_pieces_[bucket]) {
+    const TensorPlacement& t = layout_.tensors()[piece.tensor];
+    const kernels::FloatFormat format = *FloatFormatOf(t.info.dtype);
+    const std::optional<kernels::NonFiniteValue> bad = kernels::FindNonFinite(
+        {flat + piece.offset, piece.size}, format);
+    if (!bad.has_value()) continue;
+    return absl::DataLossError(absl::StrCat(
+        "weights v", version, " refused: tensor '", t.info.name, "' (",
+        kernels::FloatFormatName(format), ") holds a non-finite value: "
+        "element ", piece.first + bad->index, " is ",
+        kernels::NonFiniteName(*bad), " (bucket ", bucket, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StagingWeights::RefuseNonFinite(absl::Status why) {
+  ++stats_.nonfinite_versions;
+  if (!refused_version_.has_value() ||
+      *refused_version_ < staged_.policy_version()) {
+    refused_version_ = staged_.policy_version();
+  }
+  return Reject(std::move(why));
 }
 
 WeightBuffer& StagingWeights::StagingBuffer() {
@@ -196,8 +260,14 @@ absl::Status StagingWeights::FinishBucket(uint32_t bucket,
   }
   absl::Status verified =
       VerifyBucket(*manifest, bucket, {data, size}, checked, crc);
+  absl::Status finite = absl::OkStatus();
+  if (verified.ok()) {
+    finite = CheckFinite(data - layout_.buckets()[bucket].offset, bucket,
+                         manifest->policy_version());
+  }
   absl::MutexLock lock(&mu_);
   if (!verified.ok()) return Reject(std::move(verified));
+  if (!finite.ok()) return RefuseNonFinite(std::move(finite));
   bucket_done_[bucket] = true;
   if (--buckets_left_ == 0) state_ = State::kReady;
   return absl::OkStatus();
@@ -224,7 +294,13 @@ absl::Status StagingWeights::ApplyDelta(absl::Span<const uint8_t> delta) {
   absl::Status applied = kernels::ApplyBf16Delta(
       delta, kernels::AsMutableWords({staging, size}), /*validate_first=*/true);
   if (applied.ok()) applied = VerifyWeights(staged_, {staging, size});
+  absl::Status finite = absl::OkStatus();
+  for (uint32_t b = 0; applied.ok() && finite.ok() && b < layout_.num_buckets();
+       ++b) {
+    finite = CheckFinite(staging, b, staged_.policy_version());
+  }
   absl::MutexLock lock(&mu_);
+  if (!finite.ok()) return RefuseNonFinite(std::move(finite));
   if (!applied.ok()) {
     return Reject(absl::Status(
         applied.code(), absl::StrCat("weights v", staged_.policy_version(),
@@ -294,6 +370,11 @@ std::optional<v1::WeightManifest> StagingWeights::live_manifest() const {
 StagingStats StagingWeights::stats() const {
   absl::MutexLock lock(&mu_);
   return stats_;
+}
+
+std::optional<uint64_t> StagingWeights::refused_version() const {
+  absl::MutexLock lock(&mu_);
+  return refused_version_;
 }
 
 }  // namespace tandem::weights

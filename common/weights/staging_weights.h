@@ -8,6 +8,19 @@
 // manifest's CRC-32C before the version can be committed; a mismatch
 // rejects the whole version and leaves the live weights untouched.
 //
+// Finite check: every floating-point tensor (F32, BF16, F16) of a version
+// must hold only finite values. A CRC proves the bytes are the ones the
+// trainer sent, not that they are weights anyone should run: a version
+// with an Inf or a NaN (a diverged step, corruption before the checksum
+// was taken) is refused like a bad bucket (DataLoss naming the version,
+// the tensor and the element; counted in stats().nonfinite_versions, its
+// version kept in refused_version() so receivers wait for a newer one
+// instead of fetching it again), and the live weights stay. The scan runs
+// on the receiving thread, per bucket as it is verified (for a delta, over
+// the whole result), never during Commit(), so the engine's pause does not
+// grow; it reads each byte once at memory bandwidth
+// (tests/bench/finite_scan_bench.cc).
+//
 // Modes:
 //   kDoubleBuffer  two buffers (live + staging); receive never disturbs live.
 //   kInplace       one buffer, for when memory cannot hold two copies: the
@@ -78,6 +91,7 @@ struct LiveWeights {
 struct StagingStats {
   uint64_t commits = 0;
   uint64_t rejected_versions = 0;  // failed verification or bad payload
+  uint64_t nonfinite_versions = 0;  // of those, refused for Inf/NaN values
   uint64_t bytes_received = 0;     // bucket bytes and delta bytes
   uint64_t full_versions = 0;
   uint64_t delta_versions = 0;
@@ -172,6 +186,11 @@ class StagingWeights {
 
   StagingStats stats() const;
 
+  // The newest version refused for non-finite values (see above), if any.
+  // A receiver asks for versions newer than max(live, refused): the
+  // trainer's copy of a refused version is no better the second time.
+  std::optional<uint64_t> refused_version() const;
+
  private:
   enum class State { kIdle, kReceiving, kReady };
 
@@ -180,9 +199,26 @@ class StagingWeights {
   absl::Status Reject(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckReceivingFull(uint32_t bucket) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // DataLoss naming the first non-finite value of a floating-point tensor
+  // in `bucket` of `flat` (a whole version's buffer), else OK.
+  absl::Status CheckFinite(const uint8_t* flat, uint32_t bucket,
+                           uint64_t version) const;
+  // Reject() for a version refused by CheckFinite.
+  absl::Status RefuseNonFinite(absl::Status why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // A slice of a floating-point tensor inside one bucket.
+  struct FloatPiece {
+    size_t tensor;       // index in layout_.tensors()
+    uint64_t offset;     // in the flat buffer
+    uint64_t size;       // bytes
+    uint64_t first;      // index of its first element in the tensor
+  };
 
   const FlatWeightLayout layout_;
   const StagingMode mode_;
+  // Per bucket, the floating-point tensor slices it holds (immutable).
+  std::vector<std::vector<FloatPiece>> float_pieces_;
 
   mutable absl::Mutex mu_;
   // buffers_[live_index_] is live; in kDoubleBuffer the other is staging,
@@ -202,6 +238,7 @@ class StagingWeights {
   StagingStats stats_ ABSL_GUARDED_BY(mu_);
   InplaceWriteGate* gate_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool live_lost_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<uint64_t> refused_version_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::weights

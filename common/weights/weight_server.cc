@@ -1,22 +1,12 @@
 #include "common/weights/weight_server.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <sys/uio.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <list>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -24,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/weights/weight_server_internal.h"
 #include "kernels/crc32c.h"
 
 namespace tandem::weights {
@@ -44,37 +35,6 @@ grpc::Status ToGrpc(const absl::Status& s) {
 }
 
 }  // namespace
-
-struct WeightServerService::Stream {
-  StoredPayload payload;
-  uint32_t bucket = 0;
-  uint64_t offset = 0;
-  uint32_t chunk_bytes = 0;
-  int sent = 0;
-  bool raw = false;  // the raw data path (see OpenStream)
-  // Set when the request is answered with a shared-memory segment.
-  std::shared_ptr<const SharedWeightSegment> segment;
-
-  bool full() const {
-    return payload.manifest.kind() == v1::WEIGHT_PAYLOAD_KIND_FULL;
-  }
-  bool done() const {
-    return bucket >=
-           (full() ? static_cast<uint32_t>(payload.manifest.buckets_size())
-                   : 1u);
-  }
-};
-
-struct WeightServerService::NextChunk {
-  uint32_t bucket = 0;
-  uint64_t offset = 0;
-  const uint8_t* data = nullptr;
-  uint64_t size = 0;
-  uint32_t crc32c = 0;
-  bool bucket_complete = false;
-  // Fault injection: send data[size / 2] ^ 0x10 instead of data[size / 2].
-  bool corrupt = false;
-};
 
 absl::Status WeightServerService::InjectedFailure(const Stream& stream) const {
   const int fail_after = fail_after_.load();
@@ -274,219 +234,6 @@ void WeightServerService::Shutdown() {
   poll_dirty_ = true;
 }
 
-// The raw data path: a listener thread and one thread per connection.
-class WeightServerService::RawDataServer {
- public:
-  static std::unique_ptr<RawDataServer> Start(WeightServerService* service,
-                                              const std::string& host,
-                                              uint16_t port) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(port);
-    socklen_t len = sizeof(addr);
-    const int one = 1;
-    if (fd < 0 || inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1 ||
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
-        bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-        listen(fd, 16) != 0 ||
-        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      std::fprintf(stderr,
-                   "weight server: raw data path on %s:%u disabled (%s); "
-                   "pulls use FetchWeights\n",
-                   host.c_str(), static_cast<unsigned>(port),
-                   errno != 0 ? std::strerror(errno) : "not an IPv4 address");
-      if (fd >= 0) close(fd);
-      return nullptr;
-    }
-    auto server = std::unique_ptr<RawDataServer>(
-        new RawDataServer(service, fd, ntohs(addr.sin_port)));
-    server->acceptor_ = std::thread([s = server.get()] { s->AcceptLoop(); });
-    return server;
-  }
-
-  ~RawDataServer() {
-    {
-      absl::MutexLock lock(&mu_);
-      stopping_ = true;
-      for (int fd : open_) shutdown(fd, SHUT_RDWR);
-    }
-    acceptor_.join();
-    std::vector<Connection> threads;
-    {
-      absl::MutexLock lock(&mu_);
-      threads.swap(threads_);
-    }
-    for (Connection& c : threads) c.thread.join();
-    close(listener_);
-  }
-
-  uint16_t port() const { return port_; }
-
- private:
-  RawDataServer(WeightServerService* service, int listener, uint16_t port)
-      : service_(service), listener_(listener), port_(port) {}
-
-  bool stopping() {
-    absl::MutexLock lock(&mu_);
-    return stopping_;
-  }
-
-  void AcceptLoop() {
-    while (!stopping()) {
-      pollfd p{listener_, POLLIN, 0};
-      if (poll(&p, 1, 100) <= 0) continue;
-      int fd = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) continue;
-      absl::MutexLock lock(&mu_);
-      if (stopping_) {
-        close(fd);
-        break;
-      }
-      // Join connections that ended, so a long-lived trainer does not
-      // accumulate finished threads.
-      for (auto it = threads_.begin(); it != threads_.end();) {
-        if (it->done->load()) {
-          it->thread.join();
-          it = threads_.erase(it);
-        } else {
-          ++it;
-        }
-      }
-      open_.insert(fd);
-      auto done = std::make_shared<std::atomic<bool>>(false);
-      threads_.push_back({std::thread([this, fd, done] {
-                            Serve(fd);
-                            absl::MutexLock lock(&mu_);
-                            open_.erase(fd);
-                            close(fd);
-                            *done = true;
-                          }),
-                          done});
-    }
-  }
-
-  static bool ReadFull(int fd, void* dst, size_t n) {
-    auto* p = static_cast<uint8_t*>(dst);
-    while (n > 0) {
-      ssize_t got = recv(fd, p, n, 0);
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) return false;
-      p += got;
-      n -= static_cast<size_t>(got);
-    }
-    return true;
-  }
-
-  // Sends every byte of `iov` (modified); false when the peer went away.
-  static bool SendAll(int fd, iovec* iov, int count) {
-    while (count > 0) {
-      msghdr msg{};
-      msg.msg_iov = iov;
-      msg.msg_iovlen = static_cast<size_t>(count);
-      ssize_t sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
-      if (sent < 0 && errno == EINTR) continue;
-      if (sent <= 0) return false;
-      auto left = static_cast<size_t>(sent);
-      while (count > 0 && left >= iov->iov_len) {
-        left -= iov->iov_len;
-        ++iov;
-        --count;
-      }
-      if (count > 0) {
-        iov->iov_base = static_cast<uint8_t*>(iov->iov_base) + left;
-        iov->iov_len -= left;
-      }
-    }
-    return true;
-  }
-
-  static bool SendStatus(int fd, const absl::Status& status) {
-    const std::string message(status.message());
-    uint32_t head[3] = {kRawMagic, static_cast<uint32_t>(status.code()),
-                        static_cast<uint32_t>(message.size())};
-    iovec iov[2] = {{head, sizeof(head)},
-                    {const_cast<char*>(message.data()), message.size()}};
-    return SendAll(fd, iov, message.empty() ? 1 : 2);
-  }
-
-  void Serve(int fd) {
-    const int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    uint32_t head[2] = {0, 0};
-    if (!ReadFull(fd, head, sizeof(head))) return;
-    if (head[0] != kRawMagic || head[1] > (1u << 16)) {
-      SendStatus(fd, absl::InvalidArgumentError(
-                         "raw weight data request: bad magic or length"));
-      return;
-    }
-    std::string bytes(head[1], '\0');
-    if (!ReadFull(fd, bytes.data(), bytes.size())) return;
-    v1::FetchWeightsRequest request;
-    if (!request.ParseFromString(bytes)) {
-      SendStatus(
-          fd, absl::InvalidArgumentError("raw weight data request: unparsable "
-                                         "FetchWeightsRequest"));
-      return;
-    }
-    absl::StatusOr<Stream> stream = service_->OpenStream(request, /*raw=*/true);
-    if (!stream.ok()) {
-      SendStatus(fd, stream.status());
-      return;
-    }
-    if (!SendStatus(fd, absl::OkStatus())) return;
-    if (stream->segment != nullptr) {
-      const std::string m =
-          SegmentMessage(*stream->segment).SerializeAsString();
-      RawChunkHeader h{stream->bucket, kRawSharedSegment, stream->offset,
-                       static_cast<uint32_t>(m.size()),
-                       kernels::Crc32c(m.data(), m.size())};
-      iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(m.data()), m.size()}};
-      SendAll(fd, iov, 2);
-      return;
-    }
-    std::vector<uint8_t> corrupted;
-    for (;;) {
-      if (stopping()) return;
-      // An injected failure drops the connection, as a dead peer would.
-      if (!service_->InjectedFailure(*stream).ok()) return;
-      NextChunk next;
-      RawChunkHeader h{};
-      iovec iov[2];
-      int count = 1;
-      if (service_->Advance(*stream, &next)) {
-        h = {next.bucket, next.bucket_complete ? kRawBucketComplete : 0,
-             next.offset, static_cast<uint32_t>(next.size), next.crc32c};
-        const uint8_t* data = next.data;
-        if (next.corrupt) {
-          corrupted.assign(next.data, next.data + next.size);
-          corrupted[next.size / 2] ^= 0x10;
-          data = corrupted.data();
-        }
-        iov[1] = {const_cast<uint8_t*>(data), next.size};
-        count = 2;
-      } else {
-        h.flags = kRawEnd;
-      }
-      iov[0] = {&h, sizeof(h)};
-      if (!SendAll(fd, iov, count) || count == 1) return;
-    }
-  }
-
-  WeightServerService* const service_;
-  const int listener_;
-  const uint16_t port_;
-  std::thread acceptor_;
-  absl::Mutex mu_;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::set<int> open_ ABSL_GUARDED_BY(mu_);
-  struct Connection {
-    std::thread thread;
-    std::shared_ptr<std::atomic<bool>> done;
-  };
-  std::vector<Connection> threads_ ABSL_GUARDED_BY(mu_);
-};
-
 WeightServerService::WeightServerService(const WeightStore* store,
                                          WeightServerOptions options)
     : store_(store), options_(std::move(options)) {
@@ -500,7 +247,7 @@ WeightServerService::WeightServerService(const WeightStore* store,
     }
   }
   if (!options_.data_host.empty()) {
-    raw_ = RawDataServer::Start(this, options_.data_host, options_.data_port);
+    raw_ = RawDataServer::Start(this, options_);
   }
   store_listener_ = store_->AddListener([this](uint64_t /*latest*/) {
     absl::MutexLock lock(&poll_mu_);
@@ -654,9 +401,12 @@ absl::StatusOr<WeightServerService::Stream> WeightServerService::OpenStream(
 }
 
 WeightServerStats WeightServerService::stats() const {
-  return {streams_.load(),    chunks_.load(),       bytes_.load(),
-          shm_offers_.load(), shm_failures_.load(), manifest_requests_.load(),
-          long_polls_.load()};
+  WeightServerStats stats{streams_.load(),    chunks_.load(),
+                          bytes_.load(),      shm_offers_.load(),
+                          shm_failures_.load(), manifest_requests_.load(),
+                          long_polls_.load()};
+  if (raw_ != nullptr) raw_->FillStats(&stats);
+  return stats;
 }
 
 }  // namespace tandem::weights

@@ -58,6 +58,20 @@
 // copies on the first request for a version, on the thread that serves it
 // (for FetchWeights, the reactor's callback thread: one copy per version).
 //
+// Raw data path bounds: whatever its clients do (idle sockets, requests
+// sent a byte a minute, receivers that stop reading), the raw path holds at
+// most max_data_connections connections and 1 + data_stream_threads
+// threads: one event loop accepts connections and reads requests (each
+// within data_request_timeout), a fixed pool streams the answers (a send
+// that makes no progress for data_send_timeout drops the stream), and
+// requests wait in a queue for a free thread. A connection over the cap
+// evicts the oldest one that has not sent its request yet, or is closed at
+// once when every slot is queued or streaming; a receiver that finds its
+// connection closed retries, and falls back to FetchWeights. accept()
+// failures (EMFILE...) close the oldest idle connection and pause
+// accepting with a back-off. Connections closed unserved are counted by
+// reason (stats(), WeightSyncMetrics).
+//
 // Long-polled GetManifest. A request for the latest manifest
 // (policy_version 0) with wait_ms > 0 is not answered while the store's
 // latest version is <= newer_than: the reactor is kept in a list (no gRPC
@@ -72,8 +86,8 @@
 //
 // Thread-safety: all methods may be called concurrently. Chunks are built
 // (one memcpy and CRC of <= 1 MiB) on the reactor's callback thread; the
-// reactor never waits on anything else. Each raw connection is served by
-// its own thread; the destructor closes them all and joins.
+// reactor never waits on anything else. The destructor closes every raw
+// connection and joins the raw path's threads.
 
 #include <atomic>
 #include <cstdint>
@@ -109,6 +123,12 @@ struct WeightServerOptions {
   // tandem_weight_sync_bytes_total{direction="sent", transport="shm"}
   // when offered.
   bool shared_memory = false;
+  // Raw data path bounds (see above); the trainer sets them from
+  // weight_sync.data_*.
+  int max_data_connections = 64;
+  int data_stream_threads = 4;
+  absl::Duration data_request_timeout = absl::Seconds(10);
+  absl::Duration data_send_timeout = absl::Seconds(30);
 };
 
 // Raw data path wire constants (see above).
@@ -141,6 +161,14 @@ struct WeightServerStats {
   uint64_t shm_failures = 0;       // segments that could not be made
   uint64_t manifest_requests = 0;  // GetManifest calls, long polls included
   uint64_t long_polls = 0;         // GetManifest calls that were held
+  // Raw data path (0 when it is off):
+  uint64_t data_connections = 0;       // open now
+  uint64_t data_threads = 0;           // event loop + stream pool
+  uint64_t data_over_capacity = 0;     // closed at once: every slot busy
+  uint64_t data_evicted = 0;           // idle, closed to admit another
+  uint64_t data_request_timeouts = 0;  // no whole request in time
+  uint64_t data_send_timeouts = 0;     // the receiver stopped reading
+  uint64_t data_accept_errors = 0;     // accept() out of fds or memory
 };
 
 class WeightServerService final : public v1::WeightServer::CallbackService {

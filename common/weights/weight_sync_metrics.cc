@@ -136,7 +136,49 @@ WeightSyncMetrics::WeightSyncMetrics(prometheus::Registry& registry)
               .Help("GetManifest calls to the trainer's weight server, by "
                     "wait: long_poll when the call was held until a newer "
                     "version (or its wait_ms), none when answered at once.")
+              .Register(registry)),
+      nonfinite_(prometheus::BuildCounter()
+                     .Name("tandem_weight_sync_nonfinite_versions_total")
+                     .Help("Weight versions received and refused because a "
+                           "floating-point tensor held an Inf or a NaN (the "
+                           "live weights were kept), by transport.")
+                     .Register(registry)),
+      data_connections_(prometheus::BuildGauge()
+                            .Name("tandem_weight_sync_data_connections")
+                            .Help("Connections open on the weight server's "
+                                  "raw data path (waiting for a request, "
+                                  "queued or streaming).")
+                            .Register(registry)
+                            .Add({})),
+      data_dropped_(
+          prometheus::BuildCounter()
+              .Name("tandem_weight_sync_data_connections_dropped_total")
+              .Help("Raw data path connections the weight server closed "
+                    "unserved, by reason: over_capacity (refused at once, "
+                    "every slot busy), evicted (idle without a request, "
+                    "closed to admit a new connection), request_timeout "
+                    "(no complete request in time), send_timeout (the "
+                    "receiver stopped reading).")
               .Register(registry)) {}
+
+void WeightSyncMetrics::ExposeDataConnectionsDropped() {
+  for (const char* reason :
+       {"over_capacity", "evicted", "request_timeout", "send_timeout"}) {
+    data_dropped_.Add({{"reason", reason}});
+  }
+}
+
+void WeightSyncMetrics::RecordNonFinite(SyncTransport transport) {
+  nonfinite_.Add({{"transport", SyncTransportName(transport)}}).Increment();
+}
+
+void WeightSyncMetrics::SetDataConnections(double open) {
+  data_connections_.Set(open);
+}
+
+void WeightSyncMetrics::RecordDataConnectionDropped(const char* reason) {
+  data_dropped_.Add({{"reason", reason}}).Increment();
+}
 
 void WeightSyncMetrics::RecordManifestRequest(bool held) {
   manifest_requests_.Add({{"wait", held ? "long_poll" : "none"}}).Increment();

@@ -21,6 +21,20 @@
 //   tandem_weight_sync_delta_density                           histogram
 //   tandem_weight_sync_shm_fallbacks_total{reason}             counter
 //   tandem_weight_sync_manifest_requests_total{wait}           counter
+//   tandem_weight_sync_nonfinite_versions_total{transport}     counter
+//   tandem_weight_sync_data_connections                        gauge
+//   tandem_weight_sync_data_connections_dropped_total{reason}  counter
+//
+// Non-finite versions (worker side): versions received and refused because
+// a floating-point tensor held an Inf or a NaN (StagingWeights' finite
+// check); they are also counted as rejected.
+//
+// Data connections (trainer side): connections open on the weight
+// server's raw data path, and those it closed before serving them, by
+// reason: "over_capacity" (refused at once: every slot busy serving or
+// queued), "evicted" (an idle connection that had not sent its request,
+// closed to admit a new one), "request_timeout" (no complete request in
+// time), "send_timeout" (the receiver stopped reading a stream).
 //
 // shm fallback reasons (worker side: a FULL version asked for in shared
 // memory that came over a socket instead): "not_offered" (the server
@@ -83,6 +97,14 @@ class WeightSyncMetrics {
   // Weight server side: a GetManifest call, held as a long poll (wait
   // "long_poll") or answered at once ("none").
   void RecordManifestRequest(bool held);
+  // Worker side: a version refused for non-finite values.
+  void RecordNonFinite(SyncTransport transport);
+  // Weight server side: raw data connections open now, and one closed
+  // unserved for `reason` (see above).
+  void SetDataConnections(double open);
+  void RecordDataConnectionDropped(const char* reason);
+  // Weight server side, at start: every reason's series at 0.
+  void ExposeDataConnectionsDropped();
 
  private:
   prometheus::Family<prometheus::Counter>& bytes_;
@@ -99,6 +121,9 @@ class WeightSyncMetrics {
   prometheus::Family<prometheus::Histogram>& delta_density_;
   prometheus::Family<prometheus::Counter>& shm_fallbacks_;
   prometheus::Family<prometheus::Counter>& manifest_requests_;
+  prometheus::Family<prometheus::Counter>& nonfinite_;
+  prometheus::Gauge& data_connections_;
+  prometheus::Family<prometheus::Counter>& data_dropped_;
 };
 
 }  // namespace tandem::weights

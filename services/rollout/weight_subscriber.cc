@@ -317,8 +317,10 @@ void WeightSubscriber::BroadcastStep(const ClusterView& view, int rank) {
   // newer one of the same epoch): one round is due.
   const absl::Time start = absl::Now();
   const uint64_t bytes_before = staging_->stats().bytes_received;
+  const uint64_t nonfinite_before = staging_->stats().nonfinite_versions;
   absl::StatusOr<uint64_t> version =
       group_receiver_->ReceiveNext(staging_.get(), start + options_.timeout);
+  CountNonFinite(nonfinite_before, weights::SyncTransport::kBroadcast);
   stream_version_ =
       std::max(stream_version_, group_receiver_->last_round_version());
   if (version.ok()) {
@@ -402,10 +404,14 @@ void WeightSubscriber::PullOnce(const std::string& address,
   }
   const absl::Time start = absl::Now();
   const uint64_t bytes_before = staging_->stats().bytes_received;
+  const uint64_t nonfinite_before = staging_->stats().nonfinite_versions;
   const weights::PullStats before = pull_->stats();
   absl::StatusOr<uint64_t> version =
       pull_->ReceiveNext(staging_.get(), deadline);
   const weights::PullStats after = pull_->stats();
+  CountNonFinite(nonfinite_before, after.shm_versions > before.shm_versions
+                                       ? weights::SyncTransport::kShm
+                                       : weights::SyncTransport::kPull);
   if (options_.metrics != nullptr) {
     auto fallbacks = [&](weights::ShmFallbackReason reason, uint64_t was,
                          uint64_t now) {
@@ -441,6 +447,26 @@ void WeightSubscriber::PullOnce(const std::string& address,
                 version.status().ToString());
     absl::SleepFor(absl::Milliseconds(200));
   }
+}
+
+void WeightSubscriber::CountNonFinite(uint64_t before,
+                                      weights::SyncTransport transport) {
+  const weights::StagingStats stats = staging_->stats();
+  if (stats.nonfinite_versions <= before) return;
+  if (options_.metrics != nullptr) {
+    for (uint64_t i = before; i < stats.nonfinite_versions; ++i) {
+      options_.metrics->RecordNonFinite(transport);
+    }
+  }
+  Log()->error(
+      "refused policy version {} received by {}: its weights hold non-finite "
+      "values (see the warning that follows); live version {} kept, waiting "
+      "for a newer one",
+      staging_->refused_version().value_or(0),
+      weights::SyncTransportName(transport),
+      staging_->live_version().has_value()
+          ? std::to_string(*staging_->live_version())
+          : std::string("none"));
 }
 
 void WeightSubscriber::RecoverLostWeights() {

@@ -39,6 +39,12 @@
 //              off for the life of the subscriber: it reports the epoch
 //              failed, then broadcast = false, and pulls every version.
 //
+// A version whose floating-point weights hold an Inf or a NaN is refused
+// by the staging's finite check, whatever the transport: the live weights
+// stay, the refusal is logged and counted
+// (tandem_weight_sync_nonfinite_versions_total and ..._rejected_...), and
+// the next pull waits for a newer version instead of fetching it again.
+//
 // Thread-safety: all public methods are thread-safe; Stop() joins (it may
 // wait up to `timeout` for a rendezvous or collective under way).
 
@@ -183,6 +189,9 @@ class WeightSubscriber {
   // not verify (or broke off); the engine stays parked until this pulls a
   // full copy of the latest version.
   void RecoverLostWeights();
+  // Counts (metric, log) the versions the staging refused for non-finite
+  // values since its stats showed `before`.
+  void CountNonFinite(uint64_t before, weights::SyncTransport transport);
   // Commits the received version in staging and hands it to the engine.
   void Deliver(uint64_t version, weights::SyncTransport transport,
                absl::Time started, uint64_t bytes_before);

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <system_error>
 #include <vector>
@@ -33,6 +34,7 @@
 #include "common/safetensors/safetensors_writer.h"
 #include "common/task/arith_tokenizer.h"
 #include "kernels/crc32c.h"
+#include "kernels/finite_scan.h"
 
 namespace tandem::trainer {
 namespace {
@@ -151,6 +153,14 @@ absl::StatusOr<std::map<std::string, AdamWMoments>> ReadOptimizer(
     }
     const std::string name = view.name.substr(
         first ? std::strlen("exp_avg/") : std::strlen("exp_avg_sq/"));
+    if (const std::optional<kernels::NonFiniteValue> bad =
+            kernels::FindNonFinite(view.bytes(), kernels::FloatFormat::kF32)) {
+      // NaN moments would make every later step's update NaN.
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": tensor '", view.name, "' holds a non-finite value: "
+          "element ", bad->index, " of ", view.numel(), " is ",
+          kernels::NonFiniteName(*bad)));
+    }
     at::Tensor t = at::empty(view.shape, at::TensorOptions().dtype(at::kFloat));
     if (view.nbytes > 0) std::memcpy(t.data_ptr(), view.data, view.nbytes);
     AdamWMoments& m = moments[name];

@@ -247,7 +247,14 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
           // (another host, a container) reaches the data port too.
           .data_host = config::HostOfAddress(config.server.grpc_address),
           .data_port = static_cast<uint16_t>(config.weight_data_port),
-          .shared_memory = config.weight_shared_memory});
+          .shared_memory = config.weight_shared_memory,
+          .max_data_connections =
+              static_cast<int>(config.weight_data_max_connections),
+          .data_stream_threads = static_cast<int>(config.weight_data_threads),
+          .data_request_timeout =
+              absl::Milliseconds(config.weight_data_request_timeout_ms),
+          .data_send_timeout =
+              absl::Milliseconds(config.weight_data_send_timeout_ms)});
   if (config.eval.every_versions > 0) {
     ASSIGN_OR_RETURN(trainer->evaluator_,
                      HeldoutEvaluator::Create(config.eval));

@@ -105,6 +105,27 @@ void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config) {
                  "(bound on grpc_address's host, announced to pulling "
                  "workers, who fall back to the gRPC stream when they cannot "
                  "reach it); 0 = any free port.");
+  schema->AddInt("weight_sync.data_max_connections",
+                 &config->weight_data_max_connections, 1, 65536,
+                 "Most connections open at once on the raw data path "
+                 "(waiting for their request, queued or streaming). Over it, "
+                 "a new connection evicts the oldest one that has not sent "
+                 "its request, or is closed at once when every slot is "
+                 "queued or streaming (counted in "
+                 "tandem_weight_sync_data_connections_dropped_total).");
+  schema->AddInt("weight_sync.data_threads", &config->weight_data_threads, 1,
+                 256,
+                 "Threads that stream catch-up pulls on the raw data path; "
+                 "more concurrent pulls wait in a queue. One more thread "
+                 "accepts connections and reads their requests.");
+  schema->AddInt("weight_sync.data_request_timeout_ms",
+                 &config->weight_data_request_timeout_ms, 10, 3600000,
+                 "A raw data path connection that has not sent its whole "
+                 "request this long after it was accepted is closed.");
+  schema->AddInt("weight_sync.data_send_timeout_ms",
+                 &config->weight_data_send_timeout_ms, 100, 3600000,
+                 "A raw data path stream whose receiver reads nothing for "
+                 "this long is dropped, freeing its thread.");
   schema->AddBool("weight_sync.shared_memory", &config->weight_shared_memory,
                   "Offer full versions to catch-up pulls from the same host "
                   "as POSIX shared-memory segments (/dev/shm), which workers "

@@ -58,6 +58,11 @@ struct TrainerConfig {
   std::string weight_store_host;
   int64_t weight_store_port = 0;
   int64_t weight_data_port = 0;
+  // Bounds of the raw data path (common/weights/weight_server.h).
+  int64_t weight_data_max_connections = 64;
+  int64_t weight_data_threads = 4;
+  int64_t weight_data_request_timeout_ms = 10000;
+  int64_t weight_data_send_timeout_ms = 30000;
   // Offer full versions to same-host pulls as shared-memory segments
   // (common/weights/shared_weight_segment.h). Off by default: making a
   // segment costs about as much as one socket pull, so it pays off only

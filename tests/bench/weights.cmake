@@ -5,3 +5,8 @@ if(TARGET tandem_weights_gloo)
   target_link_libraries(weights_transport_bench PRIVATE tandem_weights_gloo
     tandem_weights_grpc)
 endif()
+
+# Cost of the finite check on received weights against copy and CRC-32C.
+add_executable(finite_scan_bench
+  ${CMAKE_CURRENT_SOURCE_DIR}/finite_scan_bench.cc)
+target_link_libraries(finite_scan_bench PRIVATE tandem_weights)

@@ -561,7 +561,9 @@ void Run(uint64_t mib, const std::vector<int>& receivers, int rounds,
   auto payload = std::make_shared<std::vector<uint8_t>>(bytes);
   std::mt19937_64 rng(mib);
   for (size_t i = 0; i + 8 <= bytes; i += 8) {
-    const uint64_t r = rng();
+    // Random finite weights (receivers refuse Inf/NaN): bit 6 of every
+    // 16-bit word's high byte clear, so no exponent is all ones.
+    const uint64_t r = rng() & 0xBFBFBFBFBFBFBFBFull;
     std::memcpy(payload->data() + i, &r, 8);
   }
   auto manifest = layout.BuildManifest(*payload, 1);

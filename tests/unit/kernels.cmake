@@ -2,6 +2,7 @@ tandem_add_test(kernels_test
   SOURCES
     ${CMAKE_CURRENT_SOURCE_DIR}/crc32c_test.cc
     ${CMAKE_CURRENT_SOURCE_DIR}/bf16_delta_test.cc
+    ${CMAKE_CURRENT_SOURCE_DIR}/finite_scan_test.cc
   LIBS tandem_kernels)
 if(TANDEM_ENABLE_CUDA)
   tandem_add_test(kernels_cuda_test

@@ -4,9 +4,12 @@
 #include <ATen/ATen.h>
 
 #include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -109,6 +112,84 @@ TEST_CASE("Large checkpoints are written sharded and load back",
   auto loaded = LoadHfModel(dir.path());
   REQUIRE(loaded.ok());
   CHECK(at::equal(Logits(*weights), Logits(*loaded)));
+}
+
+// Overwrites the stored bytes of tensor `name` in the safetensors file at
+// `path` with `fill(i)` for byte i of its data.
+template <typename Fill>
+void OverwriteTensorBytes(const std::string& path, const std::string& name,
+                          Fill fill) {
+  std::fstream file(path, std::ios::binary | std::ios::in | std::ios::out);
+  REQUIRE(file.good());
+  uint64_t header_size = 0;
+  file.read(reinterpret_cast<char*>(&header_size), 8);
+  std::string header(header_size, '\0');
+  file.read(header.data(), static_cast<std::streamsize>(header_size));
+  const nlohmann::json j = nlohmann::json::parse(header);
+  REQUIRE(j.contains(name));
+  const uint64_t begin = j[name]["data_offsets"][0].get<uint64_t>();
+  const uint64_t end = j[name]["data_offsets"][1].get<uint64_t>();
+  std::string bytes(end - begin, '\0');
+  for (uint64_t i = 0; i < bytes.size(); ++i) {
+    bytes[i] = static_cast<char>(fill(i));
+  }
+  file.seekp(static_cast<std::streamoff>(8 + header_size + begin));
+  file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  REQUIRE(file.good());
+}
+
+TEST_CASE("A checkpoint with a NaN in one tensor is refused naming file, "
+          "tensor and element",
+          "[model][checkpoint][finite]") {
+  TempDir dir;
+  auto weights = RandomInit(TinyQwen2Config(), 3);
+  REQUIRE(weights.ok());
+  REQUIRE(SaveHfModel(**weights, dir.path()).ok());
+  // Element 5 of the final norm (F32 [64]) becomes a quiet NaN; every other
+  // byte keeps its value.
+  const std::string file = dir.File("model.safetensors");
+  const std::vector<float> norm(
+      (*weights)->tensors().at("model.norm.weight").data_ptr<float>(),
+      (*weights)->tensors().at("model.norm.weight").data_ptr<float>() + 64);
+  OverwriteTensorBytes(file, "model.norm.weight", [&norm](uint64_t i) {
+    float v = i / 4 == 5 ? std::nanf("") : norm[i / 4];
+    uint8_t b[4];
+    std::memcpy(b, &v, 4);
+    return b[i % 4];
+  });
+  const std::string error = ErrorOf(LoadHfModel(dir.path()).status());
+  CHECK_THAT(error, Catch::Contains(file));
+  CHECK_THAT(error, Catch::Contains("'model.norm.weight'"));
+  CHECK_THAT(error, Catch::Contains("element 5 of 64 is NaN"));
+}
+
+TEST_CASE("Random bytes in a shard's tensor data are refused naming the "
+          "shard and tensor",
+          "[model][checkpoint][finite]") {
+  TempDir dir;
+  auto weights = RandomInit(TinyQwen2Config(), 3);
+  REQUIRE(weights.ok());
+  REQUIRE(SaveHfModel(**weights, dir.path(),
+                      {.dtype = WeightDType::kBFloat16,
+                       .max_shard_bytes = 20000})
+              .ok());
+  auto checkpoint = safetensors::ShardedCheckpoint::Open(dir.path());
+  REQUIRE(checkpoint.ok());
+  std::string shard;
+  for (const auto& f : (*checkpoint)->shards()) {
+    if (f->Find("model.embed_tokens.weight") != nullptr) shard = f->source();
+  }
+  REQUIRE(!shard.empty());
+  checkpoint->reset();
+  // What random bytes are: structurally valid (the header is untouched),
+  // numerically garbage, including some Inf/NaN bit patterns.
+  std::mt19937 rng(7);
+  OverwriteTensorBytes(shard, "model.embed_tokens.weight",
+                       [&rng](uint64_t) { return rng() & 0xFF; });
+  const std::string error = ErrorOf(LoadHfModel(dir.path()).status());
+  CHECK_THAT(error, Catch::Contains(shard));
+  CHECK_THAT(error, Catch::Contains("'model.embed_tokens.weight' (BF16"));
+  CHECK_THAT(error, Catch::Contains("non-finite"));
 }
 
 TEST_CASE(

@@ -6,6 +6,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/weights/background_receiver.h"
 #include "common/weights/in_process_transport.h"
 #include "kernels/anchor_policy.h"
@@ -224,6 +225,107 @@ TEST_CASE(
     REQUIRE(s.Commit().ok());
     CHECK(SameBytes(s.live().bytes, v));
   }
+}
+
+// Sets element `index` of tensor `name` (BF16 or F32) in `buf` to `bits`
+// (the element's high 16 bits; the low ones, for F32, are zeroed).
+void SetElement(const FlatWeightLayout& layout, WeightBuffer* buf,
+                const std::string& name, uint64_t index, uint16_t bits) {
+  const TensorPlacement* t = layout.Find(name);
+  REQUIRE(t != nullptr);
+  if (t->info.dtype == v1::DTYPE_F32) {
+    const uint32_t word = uint32_t{bits} << 16;
+    std::memcpy(buf->data() + t->offset + 4 * index, &word, 4);
+  } else {
+    std::memcpy(buf->data() + t->offset + 2 * index, &bits, 2);
+  }
+}
+
+TEST_CASE("A version holding a NaN or an Inf is refused and live stays",
+          "[weights][staging][finite]") {
+  const FlatWeightLayout layout = SmallLayout();
+  auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  StagingWeights& s = **staging;
+  std::mt19937_64 rng(9);
+  WeightBuffer good(layout.total_bytes());
+  testing::FillRandom(layout, &good, rng);
+  auto m0 = layout.BuildManifest(good.span(), 0);
+  REQUIRE(m0.ok());
+  REQUIRE(StagePayload(&s, *m0, good.span()).ok());
+  REQUIRE(s.Commit().ok());
+  CHECK_FALSE(s.refused_version().has_value());
+
+  // A checksum proves the bytes are the trainer's, not that they are sane:
+  // the manifest is built over the poisoned bytes, so every CRC matches.
+  struct Case {
+    const char* tensor;
+    uint64_t index;
+    uint16_t bits;
+    const char* what;
+  };
+  const Case cases[] = {
+      {"lm_head.weight", 2047, 0x7FC0, "element 2047 is NaN"},
+      {"model.layers.0.input_layernorm.weight", 31, 0xFF80,
+       "element 31 is -Inf"},
+      // A tensor that spans buckets 1 to 3: the element lies in bucket 2,
+      // whose slice of the tensor starts at element 960.
+      {"model.layers.0.mlp.up_proj.weight", 1000, 0x7F80,
+       "element 1000 is +Inf (bucket 2)"},
+  };
+  uint64_t version = 1;
+  for (const Case& c : cases) {
+    INFO(c.tensor);
+    WeightBuffer bad(layout.total_bytes());
+    std::memcpy(bad.data(), good.data(), good.size());
+    SetElement(layout, &bad, c.tensor, c.index, c.bits);
+    auto m = layout.BuildManifest(bad.span(), version);
+    REQUIRE(m.ok());
+    const absl::Status st = StagePayload(&s, *m, bad.span());
+    CHECK(st.code() == absl::StatusCode::kDataLoss);
+    const std::string message(st.message());
+    CHECK_THAT(message, Catch::Contains(absl::StrCat("weights v", version)));
+    CHECK_THAT(message, Catch::Contains(absl::StrCat("'", c.tensor, "'")));
+    CHECK_THAT(message, Catch::Contains(c.what));
+    CHECK_FALSE(s.ready());
+    CHECK_FALSE(s.Commit().ok());
+    CHECK(s.live().version == 0u);
+    CHECK(SameBytes(s.live().bytes, good));
+    CHECK(s.refused_version() == version);
+    ++version;
+  }
+  CHECK(s.stats().nonfinite_versions == 3);
+  CHECK(s.stats().rejected_versions == 3);
+
+  // A delta whose result holds a NaN is refused too (the delta itself is
+  // well formed and every bucket CRC matches the poisoned result).
+  WeightBuffer next(layout.total_bytes());
+  std::memcpy(next.data(), good.data(), good.size());
+  SetElement(layout, &next, "model.norm.weight", 1, 0x7FC1);
+  auto delta = kernels::EncodeBf16Delta(kernels::AsWords(good.span()),
+                                        kernels::AsWords(next.span()));
+  REQUIRE(delta.ok());
+  auto md = layout.BuildManifest(next.span(), version);
+  REQUIRE(md.ok());
+  md->set_kind(v1::WEIGHT_PAYLOAD_KIND_DELTA);
+  md->set_base_version(0);
+  const absl::Status st = StagePayload(&s, *md, *delta);
+  CHECK(st.code() == absl::StatusCode::kDataLoss);
+  CHECK_THAT(std::string(st.message()),
+             Catch::Contains("'model.norm.weight' (BF16) holds a non-finite "
+                             "value: element 1 is NaN"));
+  CHECK(s.live().version == 0u);
+  CHECK(SameBytes(s.live().bytes, good));
+  CHECK(s.refused_version() == version);
+
+  // A finite version after them goes through.
+  WeightBuffer fine(layout.total_bytes());
+  testing::FillRandom(layout, &fine, rng);
+  auto mf = layout.BuildManifest(fine.span(), version + 1);
+  REQUIRE(mf.ok());
+  REQUIRE(StagePayload(&s, *mf, fine.span()).ok());
+  REQUIRE(s.Commit().ok());
+  CHECK(SameBytes(s.live().bytes, fine));
 }
 
 TEST_CASE("A corrupted bucket is detected and the version is not committed",

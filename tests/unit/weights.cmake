@@ -5,6 +5,7 @@ tandem_add_test(weights_test
   LIBS tandem_weights)
 tandem_add_test(weights_pull_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_pull_test.cc
+    ${CMAKE_CURRENT_SOURCE_DIR}/weights_raw_bounds_test.cc
   LIBS tandem_weights_grpc)
 tandem_add_test(weights_shm_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_shm_test.cc

@@ -56,12 +56,17 @@ inline BroadcastGroupConfig GroupConfig(
   return c;
 }
 
-// Fills every tensor (not the padding) with random bytes.
+// Fills every tensor (not the padding) with random bytes that are finite
+// weights (StagingWeights refuses Inf and NaN): the high byte of every
+// 16-bit word has bit 6 clear, so no BF16 word and no F32 element (whose
+// high word is a BF16 word) has an all-ones exponent, nor gets one from
+// Perturb's +1.
 inline void FillRandom(const FlatWeightLayout& layout, WeightBuffer* buf,
                        std::mt19937_64& rng) {
   for (const TensorPlacement& t : layout.tensors()) {
     for (uint64_t i = 0; i < t.info.byte_size; ++i) {
-      buf->data()[t.offset + i] = static_cast<uint8_t>(rng());
+      const auto byte = static_cast<uint8_t>(rng());
+      buf->data()[t.offset + i] = i % 2 == 1 ? byte & 0xBF : byte;
     }
   }
 }

@@ -1,0 +1,454 @@
+// The weight server's raw data path (weight_server.h describes the wire
+// format; weight_server_internal.h the threads and bounds).
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/weights/weight_server_internal.h"
+#include "kernels/crc32c.h"
+
+namespace tandem::weights {
+namespace {
+
+constexpr char kOverCapacity[] = "over_capacity";
+constexpr char kEvicted[] = "evicted";
+constexpr char kRequestTimeout[] = "request_timeout";
+constexpr char kSendTimeout[] = "send_timeout";
+
+constexpr absl::Duration kMinAcceptBackoff = absl::Milliseconds(10);
+constexpr absl::Duration kMaxAcceptBackoff = absl::Seconds(1);
+// Largest serialized FetchWeightsRequest accepted.
+constexpr uint32_t kMaxRequestBytes = 1u << 16;
+
+enum class SendResult { kOk, kClosed, kTimedOut };
+
+// Sends every byte of `iov` (modified) on a blocking socket whose
+// SO_SNDTIMEO bounds each wait for the peer to read.
+SendResult SendAll(int fd, iovec* iov, int count) {
+  while (count > 0) {
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(count);
+    const ssize_t sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (sent < 0 && errno == EINTR) continue;
+    if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      return SendResult::kTimedOut;
+    }
+    if (sent <= 0) return SendResult::kClosed;
+    auto left = static_cast<size_t>(sent);
+    while (count > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --count;
+    }
+    if (count > 0) {
+      iov->iov_base = static_cast<uint8_t*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
+  }
+  return SendResult::kOk;
+}
+
+SendResult SendStatus(int fd, const absl::Status& status) {
+  const std::string message(status.message());
+  uint32_t head[3] = {kRawMagic, static_cast<uint32_t>(status.code()),
+                      static_cast<uint32_t>(message.size())};
+  iovec iov[2] = {{head, sizeof(head)},
+                  {const_cast<char*>(message.data()), message.size()}};
+  return SendAll(fd, iov, message.empty() ? 1 : 2);
+}
+
+// An error answer to a connection the loop still holds (non-blocking): a
+// few bytes that fit any socket buffer; best effort.
+void SendStatusNow(int fd, const absl::Status& status) {
+  const std::string message(status.message());
+  std::string out(12, '\0');
+  const uint32_t head[3] = {kRawMagic, static_cast<uint32_t>(status.code()),
+                            static_cast<uint32_t>(message.size())};
+  std::memcpy(out.data(), head, sizeof(head));
+  out += message;
+  (void)send(fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+v1::SharedWeightSegment SegmentMessage(const SharedWeightSegment& segment) {
+  v1::SharedWeightSegment m;
+  m.set_name(segment.name());
+  m.set_size(segment.size());
+  m.set_token(segment.token());
+  return m;
+}
+
+}  // namespace
+
+std::unique_ptr<WeightServerService::RawDataServer>
+WeightServerService::RawDataServer::Start(WeightServerService* service,
+                                          const WeightServerOptions& options) {
+  const std::string& host = options.data_host;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(options.data_port);
+  socklen_t len = sizeof(addr);
+  const int one = 1;
+  int wake[2] = {-1, -1};
+  errno = 0;
+  if (fd < 0 || inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1 ||
+      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+      bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      listen(fd, SOMAXCONN) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
+      pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+    std::fprintf(stderr,
+                 "weight server: raw data path on %s:%u disabled (%s); "
+                 "pulls use FetchWeights\n",
+                 host.c_str(), static_cast<unsigned>(options.data_port),
+                 errno != 0 ? std::strerror(errno) : "not an IPv4 address");
+    if (fd >= 0) close(fd);
+    return nullptr;
+  }
+  auto server = std::unique_ptr<RawDataServer>(
+      new RawDataServer(service, options, fd, ntohs(addr.sin_port)));
+  server->wake_[0] = wake[0];
+  server->wake_[1] = wake[1];
+  if (service->options_.metrics != nullptr) {
+    service->options_.metrics->ExposeDataConnectionsDropped();
+    service->options_.metrics->SetDataConnections(0);
+  }
+  for (int i = 0; i < server->stream_threads_; ++i) {
+    server->streamers_.emplace_back([s = server.get()] { s->StreamLoop(); });
+  }
+  server->loop_ = std::thread([s = server.get()] { s->EventLoop(); });
+  return server;
+}
+
+WeightServerService::RawDataServer::RawDataServer(
+    WeightServerService* service, const WeightServerOptions& options,
+    int listener, uint16_t port)
+    : service_(service),
+      max_connections_(std::max(1, options.max_data_connections)),
+      stream_threads_(std::max(1, options.data_stream_threads)),
+      request_timeout_(options.data_request_timeout),
+      send_timeout_(options.data_send_timeout),
+      listener_(listener),
+      port_(port) {}
+
+WeightServerService::RawDataServer::~RawDataServer() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    // Streams in progress fail their next send.
+    for (int fd : streaming_) shutdown(fd, SHUT_RDWR);
+  }
+  const char byte = 0;
+  (void)write(wake_[1], &byte, 1);
+  if (loop_.joinable()) loop_.join();
+  for (std::thread& t : streamers_) t.join();
+  absl::MutexLock lock(&mu_);
+  for (const Ready& r : ready_) close(r.fd);
+  ready_.clear();
+  close(listener_);
+  close(wake_[0]);
+  close(wake_[1]);
+}
+
+void WeightServerService::RawDataServer::FillStats(
+    WeightServerStats* stats) const {
+  {
+    absl::MutexLock lock(&mu_);
+    stats->data_connections = static_cast<uint64_t>(open_);
+  }
+  stats->data_over_capacity = over_capacity_.load();
+  stats->data_evicted = evicted_.load();
+  stats->data_request_timeouts = request_timeouts_.load();
+  stats->data_send_timeouts = send_timeouts_.load();
+  stats->data_accept_errors = accept_errors_.load();
+  stats->data_threads = static_cast<uint64_t>(stream_threads_) + 1;
+}
+
+void WeightServerService::RawDataServer::SetOpen(int delta) {
+  open_ += delta;
+  if (service_->options_.metrics != nullptr) {
+    service_->options_.metrics->SetDataConnections(open_);
+  }
+}
+
+void WeightServerService::RawDataServer::CountDropped(const char* reason) {
+  if (reason == kOverCapacity) ++over_capacity_;
+  if (reason == kEvicted) ++evicted_;
+  if (reason == kRequestTimeout) ++request_timeouts_;
+  if (reason == kSendTimeout) ++send_timeouts_;
+  if (service_->options_.metrics != nullptr) {
+    service_->options_.metrics->RecordDataConnectionDropped(reason);
+  }
+}
+
+void WeightServerService::RawDataServer::DropPending(
+    std::list<Pending>::iterator it, const char* reason) {
+  close(it->fd);
+  pending_.erase(it);
+  {
+    absl::MutexLock lock(&mu_);
+    SetOpen(-1);
+  }
+  if (reason != nullptr) CountDropped(reason);
+}
+
+void WeightServerService::RawDataServer::EventLoop() {
+  std::vector<pollfd> fds;
+  std::vector<std::list<Pending>::iterator> polled;
+  while (!stopping_.load()) {
+    const absl::Time now = absl::Now();
+    fds.clear();
+    polled.clear();
+    fds.push_back({wake_[0], POLLIN, 0});
+    const bool accepting = now >= accept_paused_until_;
+    if (accepting) fds.push_back({listener_, POLLIN, 0});
+    absl::Time wake_at = accepting ? now + absl::Seconds(1)
+                                   : accept_paused_until_;
+    for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+      fds.push_back({it->fd, POLLIN, 0});
+      polled.push_back(it);
+      wake_at = std::min(wake_at, it->deadline);
+    }
+    const int ms = static_cast<int>(std::clamp<int64_t>(
+        absl::ToInt64Milliseconds(wake_at - now) + 1, 0, 1000));
+    const int n = poll(fds.data(), fds.size(), ms);
+    if (n < 0 && errno != EINTR) {
+      std::fprintf(stderr, "weight server: raw data path poll: %s\n",
+                   std::strerror(errno));
+      absl::SleepFor(absl::Milliseconds(10));
+      continue;
+    }
+    if (stopping_.load()) break;
+    const absl::Time after = absl::Now();
+    // Requests first, so that a new connection over the cap never evicts
+    // one whose request has just arrived.
+    const size_t first = accepting ? 2 : 1;
+    for (size_t i = 0; n > 0 && i < polled.size(); ++i) {
+      if (fds[first + i].revents == 0) continue;
+      auto it = polled[i];
+      v1::FetchWeightsRequest request;
+      switch (ReadRequest(*it, &request)) {
+        case ReadResult::kMore:
+          break;
+        case ReadResult::kClosed:
+          DropPending(it, nullptr);
+          break;
+        case ReadResult::kReady: {
+          const int fd = it->fd;
+          pending_.erase(it);
+          // Streamed with blocking sends, each bounded by SO_SNDTIMEO.
+          fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+          const timeval tv = absl::ToTimeval(send_timeout_);
+          setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+          absl::MutexLock lock(&mu_);
+          ready_.push_back({fd, std::move(request)});
+          break;
+        }
+      }
+    }
+    // Every connection gets the same timeout when accepted: accept order
+    // is deadline order.
+    while (!pending_.empty() && pending_.front().deadline <= after) {
+      DropPending(pending_.begin(), kRequestTimeout);
+    }
+    if (accepting && n > 0 && (fds[1].revents & POLLIN) != 0) {
+      AcceptAll(after);
+    }
+  }
+  for (const Pending& p : pending_) close(p.fd);
+  absl::MutexLock lock(&mu_);
+  SetOpen(-static_cast<int>(pending_.size()));
+  pending_.clear();
+}
+
+void WeightServerService::RawDataServer::AcceptAll(absl::Time now) {
+  // A burst per wake-up, so that one busy listener cannot starve the
+  // requests already pending.
+  for (int burst = 0; burst < 256; ++burst) {
+    const int fd =
+        accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      // Out of descriptors or memory: free one (the oldest idle
+      // connection) and try again; with none to free, pause accepting,
+      // doubling the pause while it lasts, instead of spinning on a
+      // listener that stays readable.
+      const int error = errno;
+      ++accept_errors_;
+      if (!pending_.empty()) {
+        DropPending(pending_.begin(), kEvicted);
+        continue;
+      }
+      if (accept_backoff_ == absl::ZeroDuration()) {
+        std::fprintf(stderr,
+                     "weight server: raw data path cannot accept (%s); "
+                     "backing off\n",
+                     std::strerror(error));
+      }
+      accept_backoff_ = std::clamp(accept_backoff_ * 2, kMinAcceptBackoff,
+                                   kMaxAcceptBackoff);
+      accept_paused_until_ = now + accept_backoff_;
+      return;
+    }
+    accept_backoff_ = absl::ZeroDuration();
+    bool admitted = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (open_ < max_connections_) {
+        SetOpen(+1);
+        admitted = true;
+      }
+    }
+    if (!admitted && !pending_.empty()) {
+      // Full: the oldest connection that has not sent its request yields
+      // its slot (a receiver sends its request as soon as it connects).
+      DropPending(pending_.begin(), kEvicted);
+      absl::MutexLock lock(&mu_);
+      SetOpen(+1);
+      admitted = true;
+    }
+    if (!admitted) {
+      close(fd);
+      CountDropped(kOverCapacity);
+      continue;
+    }
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    pending_.push_back({fd, now + request_timeout_, {}});
+  }
+}
+
+WeightServerService::RawDataServer::ReadResult
+WeightServerService::RawDataServer::ReadRequest(
+    Pending& pending, v1::FetchWeightsRequest* request) {
+  for (;;) {
+    size_t want = 8;
+    if (pending.bytes.size() >= 8) {
+      uint32_t head[2];
+      std::memcpy(head, pending.bytes.data(), sizeof(head));
+      if (head[0] != kRawMagic || head[1] > kMaxRequestBytes) {
+        SendStatusNow(pending.fd,
+                      absl::InvalidArgumentError(
+                          "raw weight data request: bad magic or length"));
+        return ReadResult::kClosed;
+      }
+      want = 8 + head[1];
+      if (pending.bytes.size() == want) {
+        if (!request->ParseFromArray(pending.bytes.data() + 8,
+                                     static_cast<int>(head[1]))) {
+          SendStatusNow(pending.fd, absl::InvalidArgumentError(
+                                        "raw weight data request: "
+                                        "unparsable FetchWeightsRequest"));
+          return ReadResult::kClosed;
+        }
+        return ReadResult::kReady;
+      }
+    }
+    const size_t have = pending.bytes.size();
+    pending.bytes.resize(want);
+    const ssize_t got = recv(pending.fd, pending.bytes.data() + have,
+                             want - have, MSG_DONTWAIT);
+    if (got < 0 && errno == EINTR) {
+      pending.bytes.resize(have);
+      continue;
+    }
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pending.bytes.resize(have);
+      return ReadResult::kMore;
+    }
+    if (got <= 0) return ReadResult::kClosed;
+    pending.bytes.resize(have + static_cast<size_t>(got));
+  }
+}
+
+void WeightServerService::RawDataServer::StreamLoop() {
+  for (;;) {
+    Ready ready;
+    {
+      absl::MutexLock lock(&mu_);
+      auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !ready_.empty() || stopping_.load();
+      };
+      mu_.Await(absl::Condition(&woken));
+      if (stopping_.load()) return;
+      ready = std::move(ready_.front());
+      ready_.pop_front();
+      streaming_.insert(ready.fd);
+    }
+    const bool sent = Serve(ready.fd, ready.request);
+    {
+      absl::MutexLock lock(&mu_);
+      streaming_.erase(ready.fd);
+      close(ready.fd);
+      SetOpen(-1);
+    }
+    if (!sent) CountDropped(kSendTimeout);
+  }
+}
+
+bool WeightServerService::RawDataServer::Serve(
+    int fd, const v1::FetchWeightsRequest& request) {
+  absl::StatusOr<Stream> stream = service_->OpenStream(request, /*raw=*/true);
+  if (!stream.ok()) {
+    return SendStatus(fd, stream.status()) != SendResult::kTimedOut;
+  }
+  if (SendResult r = SendStatus(fd, absl::OkStatus()); r != SendResult::kOk) {
+    return r != SendResult::kTimedOut;
+  }
+  if (stream->segment != nullptr) {
+    const std::string m = SegmentMessage(*stream->segment).SerializeAsString();
+    RawChunkHeader h{stream->bucket, kRawSharedSegment, stream->offset,
+                     static_cast<uint32_t>(m.size()),
+                     kernels::Crc32c(m.data(), m.size())};
+    iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(m.data()), m.size()}};
+    return SendAll(fd, iov, 2) != SendResult::kTimedOut;
+  }
+  std::vector<uint8_t> corrupted;
+  for (;;) {
+    if (stopping_.load()) return true;
+    // An injected failure drops the connection, as a dead peer would.
+    if (!service_->InjectedFailure(*stream).ok()) return true;
+    NextChunk next;
+    RawChunkHeader h{};
+    iovec iov[2];
+    int count = 1;
+    if (service_->Advance(*stream, &next)) {
+      h = {next.bucket, next.bucket_complete ? kRawBucketComplete : 0,
+           next.offset, static_cast<uint32_t>(next.size), next.crc32c};
+      const uint8_t* data = next.data;
+      if (next.corrupt) {
+        corrupted.assign(next.data, next.data + next.size);
+        corrupted[next.size / 2] ^= 0x10;
+        data = corrupted.data();
+      }
+      iov[1] = {const_cast<uint8_t*>(data), next.size};
+      count = 2;
+    } else {
+      h.flags = kRawEnd;
+    }
+    iov[0] = {&h, sizeof(h)};
+    const SendResult r = SendAll(fd, iov, count);
+    if (r != SendResult::kOk) return r != SendResult::kTimedOut;
+    if (count == 1) return true;
+  }
+}
+
+}  // namespace tandem::weights
