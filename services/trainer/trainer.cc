@@ -333,6 +333,18 @@ absl::Status Trainer::TrainOnce() {
     groups.push_back(std::move(group));
   }
   ASSIGN_OR_RETURN(GrpoStepStats stats, grpo_->Step(groups));
+  if (stats.skipped()) {
+    // Nothing was trained: no version to publish, no batch to commit (it is
+    // handed out again after its deadline, or dropped as stale).
+    step_metrics_.RecordNonFinite(stats);
+    Log()->warn(
+        "optimizer step {} skipped: its {} is not finite (loss {}, grad norm "
+        "{}); batch {} ({} groups) not trained and not committed; policy "
+        "version stays {}",
+        grpo_->step() + 1, stats.nonfinite, stats.loss.loss, stats.grad_norm,
+        batch.batch_id(), groups.size(), stats.policy_version);
+    return absl::OkStatus();
+  }
   RETURN_IF_ERROR(Publish(stats.policy_version));
   tandem::v1::CommitTrainingBatchRequest commit;
   commit.set_member_id(member);
