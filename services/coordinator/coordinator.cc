@@ -342,7 +342,8 @@ grpc::ServerUnaryReactor* Coordinator::LeasePrompts(
     grpc::CallbackServerContext* context,
     const tandem::v1::LeasePromptsRequest* request,
     tandem::v1::LeasePromptsResponse* response) {
-  if (grpc::Status limits = CheckLimits("LeasePrompts", *request); !limits.ok()) {
+  if (grpc::Status limits = CheckLimits("LeasePrompts", *request);
+      !limits.ok()) {
     return Finish(context, limits);
   }
   if (draining_) return Finish(context, Draining());
@@ -371,7 +372,8 @@ grpc::ServerUnaryReactor* Coordinator::RenewLeases(
     grpc::CallbackServerContext* context,
     const tandem::v1::RenewLeasesRequest* request,
     tandem::v1::RenewLeasesResponse* response) {
-  if (grpc::Status limits = CheckLimits("RenewLeases", *request); !limits.ok()) {
+  if (grpc::Status limits = CheckLimits("RenewLeases", *request);
+      !limits.ok()) {
     return Finish(context, limits);
   }
   if (request->lease_ids_size() == 0) {
@@ -389,7 +391,8 @@ grpc::ServerUnaryReactor* Coordinator::ReturnLeases(
     grpc::CallbackServerContext* context,
     const tandem::v1::ReturnLeasesRequest* request,
     tandem::v1::ReturnLeasesResponse* response) {
-  if (grpc::Status limits = CheckLimits("ReturnLeases", *request); !limits.ok()) {
+  if (grpc::Status limits = CheckLimits("ReturnLeases", *request);
+      !limits.ok()) {
     return Finish(context, limits);
   }
   std::vector<std::string> ids(request->lease_ids().begin(),
@@ -451,7 +454,8 @@ grpc::ServerUnaryReactor* Coordinator::PullTrainingBatch(
     grpc::CallbackServerContext* context,
     const tandem::v1::PullTrainingBatchRequest* request,
     tandem::v1::PullTrainingBatchResponse* response) {
-  if (grpc::Status limits = CheckLimits("PullTrainingBatch", *request); !limits.ok()) {
+  if (grpc::Status limits = CheckLimits("PullTrainingBatch", *request);
+      !limits.ok()) {
     return Finish(context, limits);
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -495,7 +499,8 @@ grpc::ServerUnaryReactor* Coordinator::CommitTrainingBatch(
     grpc::CallbackServerContext* context,
     const tandem::v1::CommitTrainingBatchRequest* request,
     tandem::v1::CommitTrainingBatchResponse* response) {
-  if (grpc::Status limits = CheckLimits("CommitTrainingBatch", *request); !limits.ok()) {
+  if (grpc::Status limits = CheckLimits("CommitTrainingBatch", *request);
+      !limits.ok()) {
     return Finish(context, limits);
   }
   if (request->batch_id().empty()) {
@@ -523,7 +528,8 @@ grpc::ServerUnaryReactor* Coordinator::PublishPolicyVersion(
     grpc::CallbackServerContext* context,
     const tandem::v1::PublishPolicyVersionRequest* request,
     tandem::v1::PublishPolicyVersionResponse* response) {
-  if (grpc::Status limits = CheckLimits("PublishPolicyVersion", *request); !limits.ok()) {
+  if (grpc::Status limits = CheckLimits("PublishPolicyVersion", *request);
+      !limits.ok()) {
     return Finish(context, limits);
   }
   if (!request->has_manifest()) {
@@ -629,7 +635,8 @@ grpc::ServerUnaryReactor* Coordinator::SyncWeightGroup(
     grpc::CallbackServerContext* context,
     const tandem::v1::SyncWeightGroupRequest* request,
     tandem::v1::SyncWeightGroupResponse* response) {
-  if (grpc::Status limits = CheckLimits("SyncWeightGroup", *request); !limits.ok()) {
+  if (grpc::Status limits = CheckLimits("SyncWeightGroup", *request);
+      !limits.ok()) {
     return Finish(context, limits);
   }
   metrics_.CountWeightGroupSync();

@@ -289,18 +289,17 @@ absl::Status GroupLedger::CheckSubmitLocked(
     auto group = groups_.find(lease->second);
     if (group == groups_.end()) continue;
     const GroupState& state = *group->second;
-    const bool held =
-        holders.empty()
-            ? state.member_id == request.member_id()
-            : std::find(holders.begin(), holders.end(), state.member_id) !=
-                  holders.end();
+    const bool held = holders.empty()
+                          ? state.member_id == request.member_id()
+                          : std::find(holders.begin(), holders.end(),
+                                      state.member_id) != holders.end();
     if (!held) {
       return Refuse(
           SubmitRefusal::kLeaseNotHeld, absl::StatusCode::kPermissionDenied,
           absl::StrCat("samples[", i, "].lease_id '", sample.lease_id(),
                        "' is held by member '", state.member_id,
-                       "', not by the submitting member '",
-                       request.member_id(), "'"));
+                       "', not by the submitting member '", request.member_id(),
+                       "'"));
     }
     const uint64_t oldest = state.dispatch_version > options_.max_lag
                                 ? state.dispatch_version - options_.max_lag

@@ -12,8 +12,7 @@ namespace {
 constexpr char kRefusalPayload[] = "tandem.coordinator.SubmitRefusal";
 
 absl::Status Invalid(SubmitRefusal reason, std::string message) {
-  return Refuse(reason, absl::StatusCode::kInvalidArgument,
-                std::move(message));
+  return Refuse(reason, absl::StatusCode::kInvalidArgument, std::move(message));
 }
 
 absl::Status ValidateSample(const tandem::v1::Sample& sample, int i) {
@@ -32,16 +31,16 @@ absl::Status ValidateSample(const tandem::v1::Sample& sample, int i) {
   for (int k = 0; k < tokens; ++k) {
     const float logprob = sample.behavior_logprobs(k);
     if (!std::isfinite(logprob) || logprob > 0.0f) {
-      return Invalid(SubmitRefusal::kLogprobValue,
-                     absl::StrCat("samples[", i, "].behavior_logprobs[", k,
-                                  "] is ", logprob,
-                                  "; log-probs must be finite and <= 0"));
+      return Invalid(
+          SubmitRefusal::kLogprobValue,
+          absl::StrCat("samples[", i, "].behavior_logprobs[", k, "] is ",
+                       logprob, "; log-probs must be finite and <= 0"));
     }
     if (sample.completion_token_ids(k) < 0) {
-      return Invalid(SubmitRefusal::kTokenId,
-                     absl::StrCat("samples[", i, "].completion_token_ids[", k,
-                                  "] is ", sample.completion_token_ids(k),
-                                  "; token ids are >= 0"));
+      return Invalid(
+          SubmitRefusal::kTokenId,
+          absl::StrCat("samples[", i, "].completion_token_ids[", k, "] is ",
+                       sample.completion_token_ids(k), "; token ids are >= 0"));
     }
   }
   uint64_t covered = 0;
@@ -52,23 +51,22 @@ absl::Status ValidateSample(const tandem::v1::Sample& sample, int i) {
                      absl::StrCat("samples[", i, "].version_spans[", s,
                                   "].num_tokens is 0; spans cover >= 1 token"));
     }
-    if (s > 0 && span.policy_version() <
-                     sample.version_spans(s - 1).policy_version()) {
-      return Invalid(
-          SubmitRefusal::kVersionSpans,
-          absl::StrCat("samples[", i, "].version_spans[", s,
-                       "].policy_version is ", span.policy_version(),
-                       ", older than the span before it (",
-                       sample.version_spans(s - 1).policy_version(),
-                       "); versions only grow along a sample"));
+    if (s > 0 &&
+        span.policy_version() < sample.version_spans(s - 1).policy_version()) {
+      return Invalid(SubmitRefusal::kVersionSpans,
+                     absl::StrCat("samples[", i, "].version_spans[", s,
+                                  "].policy_version is ", span.policy_version(),
+                                  ", older than the span before it (",
+                                  sample.version_spans(s - 1).policy_version(),
+                                  "); versions only grow along a sample"));
     }
     covered += span.num_tokens();
   }
   if (covered != static_cast<uint64_t>(tokens)) {
-    return Invalid(SubmitRefusal::kVersionSpans,
-                   absl::StrCat("samples[", i, "].version_spans cover ",
-                                covered, " tokens, the sample has ", tokens,
-                                " completion tokens"));
+    return Invalid(
+        SubmitRefusal::kVersionSpans,
+        absl::StrCat("samples[", i, "].version_spans cover ", covered,
+                     " tokens, the sample has ", tokens, " completion tokens"));
   }
   return absl::OkStatus();
 }
@@ -129,9 +127,8 @@ absl::Status ValidateSubmitRequest(
   return absl::OkStatus();
 }
 
-absl::Status ValidateSampleVersions(const tandem::v1::Sample& sample,
-                                    int index, uint64_t oldest,
-                                    uint64_t newest) {
+absl::Status ValidateSampleVersions(const tandem::v1::Sample& sample, int index,
+                                    uint64_t oldest, uint64_t newest) {
   for (int s = 0; s < sample.version_spans_size(); ++s) {
     const uint64_t version = sample.version_spans(s).policy_version();
     if (version < oldest || version > newest) {

@@ -43,14 +43,14 @@ namespace tandem::coordinator {
 
 // Why a SubmitSamples call was refused: the metric's bounded label set.
 enum class SubmitRefusal {
-  kTooLarge,          // a field over its size limit
-  kMissingLease,      // samples[i].lease_id empty
-  kLogprobCount,      // behavior_logprobs not one per token
-  kLogprobValue,      // a log-prob NaN, infinite or > 0
-  kTokenId,           // a negative token id
-  kVersionSpans,      // spans malformed: empty, out of order, wrong total
-  kVersionRange,      // a span's version outside the allowed range
-  kLeaseNotHeld,      // the lease belongs to another member
+  kTooLarge,      // a field over its size limit
+  kMissingLease,  // samples[i].lease_id empty
+  kLogprobCount,  // behavior_logprobs not one per token
+  kLogprobValue,  // a log-prob NaN, infinite or > 0
+  kTokenId,       // a negative token id
+  kVersionSpans,  // spans malformed: empty, out of order, wrong total
+  kVersionRange,  // a span's version outside the allowed range
+  kLeaseNotHeld,  // the lease belongs to another member
 };
 inline constexpr SubmitRefusal kAllSubmitRefusals[] = {
     SubmitRefusal::kTooLarge,     SubmitRefusal::kMissingLease,
@@ -83,8 +83,7 @@ absl::Status ValidateSubmitRequest(
 
 // The version range check of one sample: every span's version in
 // [oldest, newest]. `index` names the sample in messages.
-absl::Status ValidateSampleVersions(const tandem::v1::Sample& sample,
-                                    int index, uint64_t oldest,
-                                    uint64_t newest);
+absl::Status ValidateSampleVersions(const tandem::v1::Sample& sample, int index,
+                                    uint64_t oldest, uint64_t newest);
 
 }  // namespace tandem::coordinator

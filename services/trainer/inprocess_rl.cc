@@ -154,9 +154,10 @@ absl::StatusOr<InProcessRlResult> RunInProcessRl(
     }
     ASSIGN_OR_RETURN(const GrpoStepStats stats, grpo->Step(groups));
     if (stats.skipped()) {
-      std::fprintf(stderr, "rl-inprocess: step %lld skipped: its %s is not "
-                   "finite\n", static_cast<long long>(step),
-                   stats.nonfinite.c_str());
+      std::fprintf(stderr,
+                   "rl-inprocess: step %lld skipped: its %s is not "
+                   "finite\n",
+                   static_cast<long long>(step), stats.nonfinite.c_str());
       continue;
     }
     sums.entropy_mean += stats.loss.entropy_mean;

@@ -13,10 +13,9 @@
 // Coordinator request.
 
 #include <grpcpp/grpcpp.h>
-
-#include <catch2/catch.hpp>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -39,8 +38,8 @@
 namespace tandem::coordinator {
 namespace {
 
-using testing::MakeSample;
 using tandem::v1::Sample;
+using testing::MakeSample;
 
 constexpr uint32_t kGroupSize = 2;
 constexpr uint32_t kMaxLag = 1;
@@ -119,10 +118,8 @@ struct Cluster {
   tandem::v1::GetClusterStatusResponse Status() {
     tandem::v1::GetClusterStatusResponse response;
     grpc::ClientContext context;
-    REQUIRE(stub
-                ->GetClusterStatus(&context,
-                                   tandem::v1::GetClusterStatusRequest(),
-                                   &response)
+    REQUIRE(stub->GetClusterStatus(
+                    &context, tandem::v1::GetClusterStatusRequest(), &response)
                 .ok());
     return response;
   }
@@ -154,8 +151,9 @@ std::vector<Poison> Poisons() {
        invalid, "samples[1].behavior_logprobs[1] is nan", "logprob_value"},
       {"-inf log-prob", [=](Sample* s) { s->set_behavior_logprobs(0, -inf); },
        invalid, "samples[1].behavior_logprobs[0] is -inf", "logprob_value"},
-      {"positive log-prob", [](Sample* s) { s->set_behavior_logprobs(0, 0.5f); },
-       invalid, "samples[1].behavior_logprobs[0] is 0.5", "logprob_value"},
+      {"positive log-prob",
+       [](Sample* s) { s->set_behavior_logprobs(0, 0.5f); }, invalid,
+       "samples[1].behavior_logprobs[0] is 0.5", "logprob_value"},
       {"missing log-probs", [](Sample* s) { s->clear_behavior_logprobs(); },
        invalid, "samples[1].behavior_logprobs has 0 entries for 2",
        "logprob_count"},
@@ -183,8 +181,7 @@ std::vector<Poison> Poisons() {
          s->mutable_version_spans(0)->set_num_tokens(2);
          s->add_version_spans()->set_policy_version(3);
        },
-       invalid, "samples[1].version_spans[1].num_tokens is 0",
-       "version_spans"},
+       invalid, "samples[1].version_spans[1].num_tokens is 0", "version_spans"},
       {"versions going backwards",
        [](Sample* s) {
          s->mutable_version_spans(0)->set_num_tokens(1);
@@ -209,8 +206,7 @@ std::vector<Poison> Poisons() {
                     kMaxCompletionTokens),
        "too_large"},
       {"oversized sample id",
-       [](Sample* s) { s->set_sample_id(std::string(40 << 20, 'x')); },
-       invalid,
+       [](Sample* s) { s->set_sample_id(std::string(40 << 20, 'x')); }, invalid,
        absl::StrCat("SubmitSamplesRequest.samples[1].sample_id is ", 40 << 20,
                     " bytes; the limit is ", kMaxIdBytes),
        "too_large"},
@@ -251,12 +247,11 @@ TEST_CASE("submit_refuses_each_poisoned_sample_whole_and_stores_nothing") {
   tandem::v1::SubmitSamplesResponse response;
   grpc::Status denied = cluster.Submit(other, {sample(0)}, &response);
   CHECK(denied.error_code() == grpc::StatusCode::PERMISSION_DENIED);
-  CHECK_THAT(denied.error_message(),
-             Catch::Contains(absl::StrCat("samples[0].lease_id '",
-                                          lease.lease_id(),
-                                          "' is held by member '", worker,
-                                          "', not by the submitting member '",
-                                          other, "'")));
+  CHECK_THAT(
+      denied.error_message(),
+      Catch::Contains(absl::StrCat(
+          "samples[0].lease_id '", lease.lease_id(), "' is held by member '",
+          worker, "', not by the submitting member '", other, "'")));
   CHECK(cluster.Counter("tandem_coordinator_submit_refusals_total",
                         "reason=\"lease_not_held\"") == 1);
 
@@ -274,12 +269,12 @@ TEST_CASE("submit_refuses_each_poisoned_sample_whole_and_stores_nothing") {
 }
 
 TEST_CASE("a_worker_registered_again_after_a_restart_delivers_its_old_leases") {
-  const std::string dir = absl::StrCat(
-      "/tmp/tandem-validation-", ::getpid(), "-", absl::ToUnixNanos(absl::Now()));
+  const std::string dir = absl::StrCat("/tmp/tandem-validation-", ::getpid(),
+                                       "-", absl::ToUnixNanos(absl::Now()));
   std::string worker;
   tandem::v1::PromptLease lease;
   {
-    Cluster first(dir);  // trainer-1
+    Cluster first(dir);                                 // trainer-1
     worker = first.Register(tandem::v1::ROLE_ROLLOUT);  // rollout-2
     lease = first.Lease(worker);
   }
@@ -292,9 +287,9 @@ TEST_CASE("a_worker_registered_again_after_a_restart_delivers_its_old_leases") {
       second.Register(tandem::v1::ROLE_ROLLOUT, /*previous=*/worker);
   REQUIRE(stranger != worker);
   REQUIRE(successor != worker);
-  auto samples = std::vector<Sample>{
-      MakeSample(lease.lease_id(), lease.group_id(), 0, 0),
-      MakeSample(lease.lease_id(), lease.group_id(), 1, 0)};
+  auto samples =
+      std::vector<Sample>{MakeSample(lease.lease_id(), lease.group_id(), 0, 0),
+                          MakeSample(lease.lease_id(), lease.group_id(), 1, 0)};
   tandem::v1::SubmitSamplesResponse response;
   CHECK(second.Submit(stranger, samples, &response).error_code() ==
         grpc::StatusCode::PERMISSION_DENIED);

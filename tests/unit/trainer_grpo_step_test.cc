@@ -218,8 +218,9 @@ void CheckSameAndFinite(const model::ModelWeights& a,
   }
 }
 
-TEST_CASE("a NaN log-prob or reward skips the step: weights unchanged and "
-          "finite, no new version, the next clean step trains") {
+TEST_CASE(
+    "a NaN log-prob or reward skips the step: weights unchanged and "
+    "finite, no new version, the next clean step trains") {
   auto initial = model::RandomInit(model::testing::TinyQwen2Config(), 13);
   REQUIRE(initial.ok());
   GrpoTrainerOptions options;

@@ -163,6 +163,7 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
   if (!std::all_of(rewards.begin(), rewards.end(),
                    [](float r) { return std::isfinite(r); })) {
     // Its group's advantages, and so the loss, would be NaN.
+    optimizer_->adamw->zero_grad();
     stats.nonfinite = "reward";
     stats.policy_version = version_.load();
     return stats;
@@ -521,16 +522,16 @@ absl::Status CheckFiniteWeights(const model::ModelWeights& weights) {
     for (size_t i = 0; i < names.size(); ++i) {
       if (!ok[2 * i] || !ok[2 * i + 1]) {
         const at::Tensor& t = weights.tensors().at(*names[i]);
-        return absl::DataLossError(absl::StrCat(
-            "weight '", *names[i], "' has ",
-            torch::isnan(t).sum().item<int64_t>(), " NaN and ",
-            torch::isinf(t).sum().item<int64_t>(),
-            " infinite values; refusing to publish or save it"));
+        return absl::DataLossError(
+            absl::StrCat("weight '", *names[i], "' has ",
+                         torch::isnan(t).sum().item<int64_t>(), " NaN and ",
+                         torch::isinf(t).sum().item<int64_t>(),
+                         " infinite values; refusing to publish or save it"));
       }
     }
   } catch (const std::exception& e) {
     return model::internal::TorchErrorToStatus("checking weights are finite",
-                                                e);
+                                               e);
   }
   return absl::OkStatus();
 }

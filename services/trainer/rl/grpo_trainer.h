@@ -110,10 +110,10 @@ struct GrpoStepStats {
   // "reward", "loss" or "grad_norm" when that quantity was not finite (NaN
   // or infinite; a NaN behavior log-prob makes the loss NaN; a reward is
   // checked before anything is computed, since it would make its group's
-  // advantages NaN): the step was skipped. No optimizer step was taken and the gradients were zeroed, so
-  // the weights, the optimizer state, step() and policy_version() are what
-  // they were before; `policy_version` is that unchanged version. Empty
-  // when the step was taken.
+  // advantages NaN): the step was skipped. No optimizer step was taken and the
+  // gradients were zeroed, so the weights, the optimizer state, step() and
+  // policy_version() are what they were before; `policy_version` is that
+  // unchanged version. Empty when the step was taken.
   std::string nonfinite;
   bool skipped() const { return !nonfinite.empty(); }
 };
