@@ -11,6 +11,9 @@
 #include "common/cluster/cluster_watcher.h"
 #include "common/rpc/grpc_client.h"
 #include "common/weights/flat_weight_layout.h"
+#include "prometheus/text_serializer.h"
+#include "services/coordinator/request_limits.h"
+#include "services/coordinator/sample_validation.h"
 
 namespace tandem::coordinator {
 namespace {
@@ -59,6 +62,15 @@ GroupLedgerOptions LedgerOptions(const CoordinatorConfig& config,
 }
 
 }  // namespace
+
+grpc::Status Coordinator::CheckLimits(
+    const char* rpc, const google::protobuf::Message& request) {
+  absl::Status status = CheckRequestLimits(request);
+  if (status.ok()) return grpc::Status::OK;
+  metrics_.CountOversizedRequest(rpc);
+  Log()->warn("refused {}: {}", rpc, std::string(status.message()));
+  return rpc::ToGrpcStatus(status);
+}
 
 Coordinator::Coordinator(const CoordinatorConfig& config)
     : config_(config),
@@ -153,6 +165,10 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
 }
 
 Coordinator::~Coordinator() { Stop(); }
+
+std::string Coordinator::MetricsTextForTest() const {
+  return prometheus::TextSerializer().Serialize(registry_->Collect());
+}
 
 absl::Status Coordinator::Start() {
   scoring_->Start();
@@ -260,6 +276,9 @@ grpc::ServerUnaryReactor* Coordinator::Register(
     grpc::CallbackServerContext* context,
     const tandem::v1::RegisterRequest* request,
     tandem::v1::RegisterResponse* response) {
+  if (grpc::Status limits = CheckLimits("Register", *request); !limits.ok()) {
+    return Finish(context, limits);
+  }
   if (draining_) return Finish(context, Draining());
   if (request->role() == tandem::v1::ROLE_UNSPECIFIED) {
     return Finish(context,
@@ -299,6 +318,9 @@ grpc::ServerUnaryReactor* Coordinator::Heartbeat(
     grpc::CallbackServerContext* context,
     const tandem::v1::HeartbeatRequest* request,
     tandem::v1::HeartbeatResponse* response) {
+  if (grpc::Status limits = CheckLimits("Heartbeat", *request); !limits.ok()) {
+    return Finish(context, limits);
+  }
   const absl::Time now = absl::Now();
   absl::Status status = members_.Heartbeat(*request, now);
   if (status.ok()) {
@@ -315,6 +337,9 @@ grpc::ServerUnaryReactor* Coordinator::Deregister(
     grpc::CallbackServerContext* context,
     const tandem::v1::DeregisterRequest* request,
     tandem::v1::DeregisterResponse* response) {
+  if (grpc::Status limits = CheckLimits("Deregister", *request); !limits.ok()) {
+    return Finish(context, limits);
+  }
   absl::Status status = members_.Deregister(request->member_id());
   if (status.ok()) {
     const uint32_t returned = ledger_->ReleaseMember(request->member_id());
@@ -331,6 +356,10 @@ grpc::ServerUnaryReactor* Coordinator::LeasePrompts(
     grpc::CallbackServerContext* context,
     const tandem::v1::LeasePromptsRequest* request,
     tandem::v1::LeasePromptsResponse* response) {
+  if (grpc::Status limits = CheckLimits("LeasePrompts", *request);
+      !limits.ok()) {
+    return Finish(context, limits);
+  }
   if (draining_) return Finish(context, Draining());
   if (request->max_prompts() == 0) {
     return Finish(context, Invalid("max_prompts must be > 0"));
@@ -357,6 +386,10 @@ grpc::ServerUnaryReactor* Coordinator::RenewLeases(
     grpc::CallbackServerContext* context,
     const tandem::v1::RenewLeasesRequest* request,
     tandem::v1::RenewLeasesResponse* response) {
+  if (grpc::Status limits = CheckLimits("RenewLeases", *request);
+      !limits.ok()) {
+    return Finish(context, limits);
+  }
   if (request->lease_ids_size() == 0) {
     return Finish(context, Invalid("lease_ids must not be empty"));
   }
@@ -372,6 +405,10 @@ grpc::ServerUnaryReactor* Coordinator::ReturnLeases(
     grpc::CallbackServerContext* context,
     const tandem::v1::ReturnLeasesRequest* request,
     tandem::v1::ReturnLeasesResponse* response) {
+  if (grpc::Status limits = CheckLimits("ReturnLeases", *request);
+      !limits.ok()) {
+    return Finish(context, limits);
+  }
   std::vector<std::string> ids(request->lease_ids().begin(),
                                request->lease_ids().end());
   const uint32_t returned = ledger_->Return(request->member_id(), ids);
@@ -387,24 +424,31 @@ grpc::ServerUnaryReactor* Coordinator::SubmitSamples(
     grpc::CallbackServerContext* context,
     const tandem::v1::SubmitSamplesRequest* request,
     tandem::v1::SubmitSamplesResponse* response) {
-  for (int i = 0; i < request->samples_size(); ++i) {
-    const tandem::v1::Sample& sample = request->samples(i);
-    if (sample.lease_id().empty()) {
-      return Finish(
-          context, Invalid(absl::StrCat("samples[", i, "].lease_id is empty")));
+  // Every sample is checked before any is stored (sample_validation.h): a
+  // refused call changes nothing.
+  absl::Status valid = ValidateSubmitRequest(*request);
+  absl::StatusOr<SubmitResult> result =
+      valid.ok() ? ledger_->Submit(*request,
+                                   members_.LeaseHolders(request->member_id()))
+                 : absl::StatusOr<SubmitResult>(std::move(valid));
+  if (!result.ok()) {
+    const std::optional<SubmitRefusal> reason = RefusalOf(result.status());
+    if (reason) {
+      metrics_.CountSubmitRefusal(*reason);
+      if (*reason == SubmitRefusal::kTooLarge) {
+        metrics_.CountOversizedRequest("SubmitSamples");
+      }
     }
-    if (sample.behavior_logprobs_size() != 0 &&
-        sample.behavior_logprobs_size() != sample.completion_token_ids_size()) {
-      return Finish(
-          context,
-          Invalid(absl::StrCat("samples[", i, "].behavior_logprobs has ",
-                               sample.behavior_logprobs_size(), " entries for ",
-                               sample.completion_token_ids_size(), " tokens")));
-    }
+    // The member id is within its limit unless the limit is what failed.
+    const std::string& member = request->member_id();
+    Log()->warn("refused SubmitSamples of {} sample(s) from '{}': {}",
+                request->samples_size(),
+                member.size() <= kMaxIdBytes ? member : "(oversized id)",
+                std::string(result.status().message()));
+    return Finish(context, rpc::ToGrpcStatus(result.status()));
   }
-  SubmitResult result = ledger_->Submit(*request);
-  *response = std::move(result.response);
-  if (!result.to_score.empty()) scoring_->Enqueue(std::move(result.to_score));
+  *response = std::move(result->response);
+  if (!result->to_score.empty()) scoring_->Enqueue(std::move(result->to_score));
   return Finish(context, grpc::Status::OK);
 }
 
@@ -424,6 +468,10 @@ grpc::ServerUnaryReactor* Coordinator::PullTrainingBatch(
     grpc::CallbackServerContext* context,
     const tandem::v1::PullTrainingBatchRequest* request,
     tandem::v1::PullTrainingBatchResponse* response) {
+  if (grpc::Status limits = CheckLimits("PullTrainingBatch", *request);
+      !limits.ok()) {
+    return Finish(context, limits);
+  }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // Handing out a batch syncs the journal: off the reactor.
   const absl::Time caller_deadline = absl::FromChrono(context->deadline());
@@ -469,6 +517,10 @@ grpc::ServerUnaryReactor* Coordinator::CommitTrainingBatch(
     grpc::CallbackServerContext* context,
     const tandem::v1::CommitTrainingBatchRequest* request,
     tandem::v1::CommitTrainingBatchResponse* response) {
+  if (grpc::Status limits = CheckLimits("CommitTrainingBatch", *request);
+      !limits.ok()) {
+    return Finish(context, limits);
+  }
   if (request->batch_id().empty()) {
     return Finish(context, Invalid("batch_id is empty"));
   }
@@ -539,6 +591,10 @@ grpc::ServerWriteReactor<tandem::v1::ClusterEvent>* Coordinator::WatchCluster(
     grpc::CallbackServerContext* context,
     const tandem::v1::WatchClusterRequest* request) {
   if (draining_) return ClusterWatchers::Reject(Draining());
+  if (grpc::Status limits = CheckLimits("WatchCluster", *request);
+      !limits.ok()) {
+    return ClusterWatchers::Reject(limits);
+  }
   if (!request->member_id().empty() && !members_.IsLive(request->member_id())) {
     return ClusterWatchers::Reject(grpc::Status(
         grpc::StatusCode::NOT_FOUND,
@@ -555,6 +611,10 @@ grpc::ServerUnaryReactor* Coordinator::SyncWeightGroup(
     grpc::CallbackServerContext* context,
     const tandem::v1::SyncWeightGroupRequest* request,
     tandem::v1::SyncWeightGroupResponse* response) {
+  if (grpc::Status limits = CheckLimits("SyncWeightGroup", *request);
+      !limits.ok()) {
+    return Finish(context, limits);
+  }
   metrics_.CountWeightGroupSync();
   if (!members_.IsLive(request->member_id())) {
     return Finish(context,

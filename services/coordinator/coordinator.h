@@ -54,6 +54,8 @@ class Coordinator : public tandem::v1::Coordinator::CallbackService {
   void Stop();
 
   const std::string& grpc_address() const { return runtime_->grpc_address(); }
+  // The /metrics text of this coordinator's registry.
+  std::string MetricsTextForTest() const;
 
   // tandem.v1.Coordinator
   grpc::ServerUnaryReactor* Register(
@@ -127,6 +129,11 @@ class Coordinator : public tandem::v1::Coordinator::CallbackService {
   };
 
   explicit Coordinator(const CoordinatorConfig& config);
+  // OK when every field of `request` is within its size limit
+  // (request_limits.h); else INVALID_ARGUMENT naming the field, counted
+  // for `rpc`.
+  grpc::Status CheckLimits(const char* rpc,
+                           const google::protobuf::Message& request);
   void MaintenanceLoop();
   // Forms the re-send epoch after a failed broadcast when due
   // (BroadcastEpochs::Regroup) and logs it.

@@ -149,7 +149,24 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
       weight_group_syncs_(NewCounter(
           registry, "tandem_coordinator_weight_group_syncs_total",
           "SyncWeightGroup calls answered (broadcast members' reports and "
-          "polls, the trainer's failure reports).")) {
+          "polls, the trainer's failure reports).")),
+      submit_refusals_(
+          prometheus::BuildCounter()
+              .Name("tandem_coordinator_submit_refusals_total")
+              .Help("SubmitSamples calls refused whole (nothing of them "
+                    "stored), by reason: too_large, missing_lease, "
+                    "logprob_count, logprob_value, token_id, version_spans, "
+                    "version_range, lease_not_held.")
+              .Register(registry)),
+      oversized_requests_(
+          prometheus::BuildCounter()
+              .Name("tandem_coordinator_oversized_requests_total")
+              .Help("Calls refused with INVALID_ARGUMENT because a string or "
+                    "repeated field was over its size limit, by rpc.")
+              .Register(registry)) {
+  for (SubmitRefusal reason : kAllSubmitRefusals) {
+    submit_refusals_.Add({{"reason", SubmitRefusalLabel(reason)}});
+  }
   for (auto role : {tandem::v1::ROLE_ROLLOUT, tandem::v1::ROLE_VERIFIER,
                     tandem::v1::ROLE_TRAINER}) {
     for (auto state :
@@ -171,6 +188,14 @@ void CoordinatorMetrics::SetMembers(tandem::v1::Role role,
 
 void CoordinatorMetrics::CountExpired(tandem::v1::Role role) {
   expired_.Add({{"role", RoleName(role)}}).Increment();
+}
+
+void CoordinatorMetrics::CountSubmitRefusal(SubmitRefusal reason) {
+  submit_refusals_.Add({{"reason", SubmitRefusalLabel(reason)}}).Increment();
+}
+
+void CoordinatorMetrics::CountOversizedRequest(const char* rpc) {
+  oversized_requests_.Add({{"rpc", rpc}}).Increment();
 }
 
 void CoordinatorMetrics::CountRegistration(tandem::v1::Role role) {

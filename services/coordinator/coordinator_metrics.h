@@ -1,7 +1,8 @@
 #pragma once
 
 // Metric families of the coordinator, declared once. Label sets are bounded:
-// role (3 values), member state (4), queue (5), outcome (2).
+// role (3 values), member state (4), queue (5), outcome (2), refusal reason
+// (8, sample_validation.h), rpc (the service's 13 methods).
 
 #include <cstdint>
 
@@ -12,6 +13,7 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "services/coordinator/group_ledger.h"
+#include "services/coordinator/sample_validation.h"
 #include "services/coordinator/scoring_dispatcher.h"
 #include "tandem/v1/common.pb.h"
 
@@ -32,6 +34,12 @@ class CoordinatorMetrics {
   prometheus::Gauge& cluster_watchers() { return *cluster_watchers_; }
   // One SyncWeightGroup call answered.
   void CountWeightGroupSync() { weight_group_syncs_->Increment(); }
+
+  // One SubmitSamples call refused (tandem_coordinator_submit_refusals_total).
+  void CountSubmitRefusal(SubmitRefusal reason);
+  // One call of `rpc` refused for a field over its size limit
+  // (tandem_coordinator_oversized_requests_total).
+  void CountOversizedRequest(const char* rpc);
 
   // Brings queue gauges and work counters up to date with the ledger's and
   // the dispatcher's figures (counters advance by the difference since the
@@ -79,6 +87,8 @@ class CoordinatorMetrics {
   prometheus::Histogram* dispatch_staleness_;
   prometheus::Gauge* cluster_watchers_;
   prometheus::Counter* weight_group_syncs_;
+  prometheus::Family<prometheus::Counter>& submit_refusals_;
+  prometheus::Family<prometheus::Counter>& oversized_requests_;
 
   absl::Mutex mu_;
   // Ledger and dispatcher totals at the previous Update.

@@ -52,6 +52,10 @@ grpc::ServerUnaryReactor* Coordinator::PublishPolicyVersion(
     grpc::CallbackServerContext* context,
     const tandem::v1::PublishPolicyVersionRequest* request,
     tandem::v1::PublishPolicyVersionResponse* response) {
+  if (grpc::Status limits = CheckLimits("PublishPolicyVersion", *request);
+      !limits.ok()) {
+    return Finish(context, limits);
+  }
   if (!request->has_manifest()) {
     return Finish(context, Invalid("manifest is required"));
   }
@@ -117,6 +121,10 @@ grpc::ServerUnaryReactor* Coordinator::ResumeTraining(
     grpc::CallbackServerContext* context,
     const tandem::v1::ResumeTrainingRequest* request,
     tandem::v1::ResumeTrainingResponse* response) {
+  if (grpc::Status limits = CheckLimits("ResumeTraining", *request);
+      !limits.ok()) {
+    return Finish(context, limits);
+  }
   if (draining_) return Finish(context, Draining());
   if (!members_.IsLive(request->member_id())) {
     return Finish(context,

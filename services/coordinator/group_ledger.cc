@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
+#include "services/coordinator/sample_validation.h"
 
 namespace tandem::coordinator {
 namespace {
@@ -236,11 +237,13 @@ void GroupLedger::RememberFinishedLease(const std::string& lease_id) {
   }
 }
 
-SubmitResult GroupLedger::Submit(
-    const tandem::v1::SubmitSamplesRequest& request) {
+absl::StatusOr<SubmitResult> GroupLedger::Submit(
+    const tandem::v1::SubmitSamplesRequest& request,
+    const std::vector<std::string>& holders) {
   SubmitResult result;
   tandem::v1::SubmitSamplesResponse& response = result.response;
   absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckSubmitLocked(request, holders));
   for (const tandem::v1::Sample& sample : request.samples()) {
     auto lease = leases_.find(sample.lease_id());
     if (lease == leases_.end()) {
@@ -279,6 +282,37 @@ SubmitResult GroupLedger::Submit(
     MaybeReadyLocked(group_id);
   }
   return result;
+}
+
+absl::Status GroupLedger::CheckSubmitLocked(
+    const tandem::v1::SubmitSamplesRequest& request,
+    const std::vector<std::string>& holders) const {
+  for (int i = 0; i < request.samples_size(); ++i) {
+    const tandem::v1::Sample& sample = request.samples(i);
+    auto lease = leases_.find(sample.lease_id());
+    if (lease == leases_.end()) continue;  // rejected or a duplicate
+    auto group = groups_.find(lease->second);
+    if (group == groups_.end()) continue;
+    const GroupState& state = *group->second;
+    const bool held = holders.empty()
+                          ? state.member_id == request.member_id()
+                          : std::find(holders.begin(), holders.end(),
+                                      state.member_id) != holders.end();
+    if (!held) {
+      return Refuse(
+          SubmitRefusal::kLeaseNotHeld, absl::StatusCode::kPermissionDenied,
+          absl::StrCat("samples[", i, "].lease_id '", sample.lease_id(),
+                       "' is held by member '", state.member_id,
+                       "', not by the submitting member '", request.member_id(),
+                       "'"));
+    }
+    const uint64_t oldest = state.dispatch_version > options_.max_lag
+                                ? state.dispatch_version - options_.max_lag
+                                : 0;
+    RETURN_IF_ERROR(ValidateSampleVersions(
+        sample, i, oldest, policy_version_ + kVersionsAheadAllowed));
+  }
+  return absl::OkStatus();
 }
 
 ScoringTask GroupLedger::AcceptSampleLocked(GroupState& group,

@@ -192,8 +192,18 @@ class GroupLedger {
   // Returns leases past their deadline; returns how many.
   uint32_t ExpireLeases(absl::Time now);
 
-  // Accepts samples of live leases (idempotent by sample_id).
-  SubmitResult Submit(const tandem::v1::SubmitSamplesRequest& request);
+  // Accepts samples of live leases (idempotent by sample_id); samples of
+  // unknown or expired leases, or naming another group or an index beyond
+  // group_size, are listed in rejected_sample_ids. Before accepting any,
+  // checks every sample of a live lease (sample_validation.h): the lease
+  // is held by one of `holders` (by the request's member_id when empty),
+  // else PermissionDenied; every span's version is within [the lease's
+  // dispatch version - max_lag, published version + kVersionsAheadAllowed],
+  // else InvalidArgument. A refused call changes nothing. The checks that
+  // need no state (ValidateSubmitRequest) are the caller's.
+  absl::StatusOr<SubmitResult> Submit(
+      const tandem::v1::SubmitSamplesRequest& request,
+      const std::vector<std::string>& holders = {});
   // Records a verifier's score; ignored when the group is gone or the
   // sample already has one. Returns true when the group became ready.
   bool RecordScore(const std::string& group_id, uint32_t sample_index,
@@ -264,6 +274,12 @@ class GroupLedger {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Installs a dispatched group in the lease tables.
   void InsertLeasedLocked(std::unique_ptr<GroupState> group)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Submit's checks that need the ledger's state (lease holder, version
+  // range); changes nothing.
+  absl::Status CheckSubmitLocked(
+      const tandem::v1::SubmitSamplesRequest& request,
+      const std::vector<std::string>& holders) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stores one valid new sample; returns its scoring task.
   ScoringTask AcceptSampleLocked(GroupState& group,

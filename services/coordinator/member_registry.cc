@@ -36,6 +36,7 @@ tandem::v1::MemberInfo MemberRegistry::Register(
       if (!name.empty()) entry.verifiers.emplace(name);
     }
   }
+  entry.previous_member_id = request.previous_member_id();
   entry.last_seen = now;
   members_[info.member_id()] = entry;
   return info;
@@ -119,6 +120,23 @@ void MemberRegistry::Prune(absl::Time now, absl::Duration retention) {
 
 bool MemberRegistry::IsLive(const std::string& member_id) const {
   absl::MutexLock lock(&mu_);
+  return IsLiveLocked(member_id);
+}
+
+std::vector<std::string> MemberRegistry::LeaseHolders(
+    const std::string& member_id) const {
+  std::vector<std::string> holders = {member_id};
+  absl::MutexLock lock(&mu_);
+  auto it = members_.find(member_id);
+  if (it == members_.end()) return holders;
+  const std::string& previous = it->second.previous_member_id;
+  if (!previous.empty() && previous != member_id && !IsLiveLocked(previous)) {
+    holders.push_back(previous);
+  }
+  return holders;
+}
+
+bool MemberRegistry::IsLiveLocked(const std::string& member_id) const {
   auto it = members_.find(member_id);
   if (it == members_.end()) return false;
   const auto state = it->second.info.state();

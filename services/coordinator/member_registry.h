@@ -43,6 +43,11 @@ class MemberRegistry {
   void Prune(absl::Time now, absl::Duration retention);
   // True when the member is registered and alive or draining.
   bool IsLive(const std::string& member_id) const;
+  // The members whose prompt leases `member_id` may submit samples for:
+  // itself and, when it registered naming a previous_member_id that is no
+  // longer live (declared dead, left, or unknown since a coordinator
+  // restart replayed the leases from its journal), that member.
+  std::vector<std::string> LeaseHolders(const std::string& member_id) const;
   // gRPC addresses of alive members of `role`.
   std::vector<std::string> LiveAddresses(tandem::v1::Role role) const;
   // Live members by role.
@@ -64,7 +69,11 @@ class MemberRegistry {
     absl::Time last_seen;
     // Parsed "verifiers" capability (verifier members).
     std::set<std::string> verifiers;
+    // RegisterRequest.previous_member_id.
+    std::string previous_member_id;
   };
+  bool IsLiveLocked(const std::string& member_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const absl::Duration heartbeat_timeout_;
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> members_ ABSL_GUARDED_BY(mu_);

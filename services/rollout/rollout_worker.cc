@@ -495,6 +495,15 @@ grpc::ServerUnaryReactor* RolloutWorker::Drain(
     const tandem::v1::DrainRequest* request,
     tandem::v1::RolloutStatus* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // The reason goes to the log: bounded like the coordinator's reasons.
+  constexpr size_t kMaxReasonBytes = 4096;
+  if (request->reason().size() > kMaxReasonBytes) {
+    reactor->Finish(grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("DrainRequest.reason is ", request->reason().size(),
+                     " bytes; the limit is ", kMaxReasonBytes)));
+    return reactor;
+  }
   if (grpc::Status status = Transition(tandem::v1::ROLLOUT_STATE_DRAINING);
       !status.ok()) {
     reactor->Finish(status);

@@ -153,6 +153,13 @@ absl::StatusOr<InProcessRlResult> RunInProcessRl(
       }
     }
     ASSIGN_OR_RETURN(const GrpoStepStats stats, grpo->Step(groups));
+    if (stats.skipped()) {
+      std::fprintf(stderr,
+                   "rl-inprocess: step %lld skipped: its %s is not "
+                   "finite\n",
+                   static_cast<long long>(step), stats.nonfinite.c_str());
+      continue;
+    }
     sums.entropy_mean += stats.loss.entropy_mean;
     sums.clip_fraction += stats.loss.clip_fraction;
     sums.ratio_mean += stats.loss.ratio_mean;

@@ -369,6 +369,19 @@ absl::Status Trainer::TrainOnce() {
     groups.push_back(std::move(group));
   }
   ASSIGN_OR_RETURN(GrpoStepStats stats, grpo_->Step(groups));
+  if (stats.skipped()) {
+    // Nothing was trained: no version to publish and no batch to commit (it
+    // is handed out again after training.batch_timeout_ms, or dropped as
+    // stale).
+    step_metrics_.RecordNonFinite(stats);
+    Log()->warn(
+        "optimizer step {} skipped: its {} is not finite (loss {}, grad norm "
+        "{}); batch {} ({} groups) not trained and not committed; policy "
+        "version stays {}",
+        grpo_->step() + 1, stats.nonfinite, stats.loss.loss, stats.grad_norm,
+        batch.batch_id(), groups.size(), stats.policy_version);
+    return absl::OkStatus();
+  }
   if (Log()->should_log(spdlog::level::debug)) {
     std::string ids;
     for (const auto& g : batch.groups()) {

@@ -45,7 +45,23 @@ TrainerStepMetrics::TrainerStepMetrics(prometheus::Registry& registry)
           "Total gradient norm of the last step, before clipping.")),
       learning_rate_(
           LastStepGauge(registry, "tandem_trainer_learning_rate",
-                        "Learning rate of the last optimizer step.")) {}
+                        "Learning rate of the last optimizer step.")),
+      nonfinite_steps_(
+          prometheus::BuildCounter()
+              .Name("tandem_trainer_nonfinite_steps_total")
+              .Help("Optimizer steps skipped because a reward, their loss or "
+                    "their gradient norm was NaN or infinite, by quantity "
+                    "(reward, loss, grad_norm): no update, no new version, "
+                    "batch not committed.")
+              .Register(registry)) {
+  for (const char* quantity : {"reward", "loss", "grad_norm"}) {
+    nonfinite_steps_.Add({{"quantity", quantity}});
+  }
+}
+
+void TrainerStepMetrics::RecordNonFinite(const GrpoStepStats& stats) {
+  nonfinite_steps_.Add({{"quantity", stats.nonfinite}}).Increment();
+}
 
 double TrainerStepMetrics::TokensPerSecond(const GrpoStepStats& stats) {
   if (!(stats.step_seconds > 0.0)) return 0.0;

@@ -4,6 +4,8 @@
 // GrpoStepStats a GrpoTrainer returns). Gauges hold the last step's value.
 // Thread-safe as the prometheus-cpp metrics it holds.
 
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/registry.h"
 #include "services/trainer/rl/grpo_trainer.h"
@@ -16,6 +18,9 @@ class TrainerStepMetrics {
   explicit TrainerStepMetrics(prometheus::Registry& registry);
 
   void Record(const GrpoStepStats& stats);
+  // A step skipped for a non-finite reward, loss or gradient norm
+  // (tandem_trainer_nonfinite_steps_total{quantity}).
+  void RecordNonFinite(const GrpoStepStats& stats);
 
   // Completion tokens trained per second of the step; 0 for a zero-length
   // step.
@@ -31,6 +36,7 @@ class TrainerStepMetrics {
   prometheus::Gauge& effective_sample_size_;
   prometheus::Gauge& grad_norm_;
   prometheus::Gauge& learning_rate_;
+  prometheus::Family<prometheus::Counter>& nonfinite_steps_;
 };
 
 }  // namespace tandem::trainer

@@ -12,3 +12,6 @@ tandem_add_test(coordinator_test
 tandem_add_test(coordinator_watch_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/coordinator_watch_test.cc
   LIBS tandem_coordinator_lib tandem_cluster)
+tandem_add_test(coordinator_validation_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/coordinator_validation_test.cc
+  LIBS tandem_coordinator_lib)

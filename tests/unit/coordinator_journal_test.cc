@@ -125,10 +125,12 @@ std::unique_ptr<GroupLedger> Recovered(const std::string& dir,
 void Submit(GroupLedger& ledger, const tandem::v1::PromptLease& lease,
             uint32_t index, uint64_t version, bool score) {
   tandem::v1::SubmitSamplesRequest request;
+  request.set_member_id("w");
   *request.add_samples() =
       MakeSample(lease.lease_id(), lease.group_id(), index, version);
-  SubmitResult result = ledger.Submit(request);
-  REQUIRE(result.response.accepted() == 1);
+  auto result = ledger.Submit(request);
+  REQUIRE(result.ok());
+  REQUIRE(result->response.accepted() == 1);
   if (score) {
     ledger.RecordScore(lease.group_id(), index, MakeScore(index % 2));
   }

@@ -40,9 +40,10 @@ void Complete(GroupLedger& ledger, const tandem::v1::PromptLease& lease,
     *request.add_samples() =
         MakeSample(lease.lease_id(), lease.group_id(), i, version);
   }
-  SubmitResult result = ledger.Submit(request);
-  REQUIRE(result.response.accepted() == lease.group_size());
-  for (const ScoringTask& task : result.to_score) {
+  auto result = ledger.Submit(request);
+  REQUIRE(result.ok());
+  REQUIRE(result->response.accepted() == lease.group_size());
+  for (const ScoringTask& task : result->to_score) {
     ledger.RecordScore(task.group_id, task.sample_index, MakeScore(reward));
   }
 }
@@ -75,11 +76,14 @@ TEST_CASE(
   CHECK(lease.prompt_token_ids_size() == 4);
 
   tandem::v1::SubmitSamplesRequest request;
+  request.set_member_id("w");
   for (uint32_t i = 0; i < 3; ++i) {
     *request.add_samples() =
         MakeSample(lease.lease_id(), lease.group_id(), i, 0);
   }
-  SubmitResult submitted = ledger->Submit(request);
+  auto result = ledger->Submit(request);
+  REQUIRE(result.ok());
+  SubmitResult& submitted = *result;
   CHECK(submitted.response.accepted() == 3);
   REQUIRE(submitted.to_score.size() == 3);
   CHECK(submitted.to_score[0].item.verifier() == "arith");
@@ -125,26 +129,29 @@ TEST_CASE("Ledger: submissions are idempotent and unknown leases rejected",
   auto ledger = NewLedger(Options(2));
   auto lease = ledger->Lease("w", 1, 0, kT0).leases(0);
   tandem::v1::SubmitSamplesRequest request;
+  request.set_member_id("w");
   *request.add_samples() = MakeSample(lease.lease_id(), lease.group_id(), 0, 0);
-  CHECK(ledger->Submit(request).response.accepted() == 1);
-  SubmitResult again = ledger->Submit(request);
+  CHECK(ledger->Submit(request)->response.accepted() == 1);
+  SubmitResult again = *ledger->Submit(request);
   CHECK(again.response.accepted() == 0);
   CHECK(again.response.duplicates() == 1);
   CHECK(again.to_score.empty());
 
   tandem::v1::SubmitSamplesRequest bad;
+  bad.set_member_id("w");
   *bad.add_samples() = MakeSample("no-such-lease", "g", 0, 0);
   *bad.add_samples() = MakeSample(lease.lease_id(), lease.group_id(), 5, 0);
   *bad.add_samples() = MakeSample(lease.lease_id(), "other-group", 1, 0);
-  SubmitResult rejected = ledger->Submit(bad);
+  SubmitResult rejected = *ledger->Submit(bad);
   CHECK(rejected.response.rejected_sample_ids_size() == 3);
 
   // After the last sample the lease is finished; resubmissions are still
   // duplicates, not rejections.
   tandem::v1::SubmitSamplesRequest last;
+  last.set_member_id("w");
   *last.add_samples() = MakeSample(lease.lease_id(), lease.group_id(), 1, 0);
-  CHECK(ledger->Submit(last).response.accepted() == 1);
-  CHECK(ledger->Submit(last).response.duplicates() == 1);
+  CHECK(ledger->Submit(last)->response.accepted() == 1);
+  CHECK(ledger->Submit(last)->response.duplicates() == 1);
   CHECK(ledger->Stats().samples_received == 2);
 }
 
@@ -158,8 +165,9 @@ TEST_CASE(
   const auto old = first.leases(0);
   // A partial submission is lost with the lease.
   tandem::v1::SubmitSamplesRequest partial;
+  partial.set_member_id("a");
   *partial.add_samples() = MakeSample(old.lease_id(), old.group_id(), 0, 0);
-  SubmitResult submitted = ledger->Submit(partial);
+  REQUIRE(ledger->Submit(partial).ok());
   CHECK(ledger->Stats().scoring_samples == 1);
 
   SECTION("expiry, with renewal by heartbeat") {
@@ -197,7 +205,7 @@ TEST_CASE(
   }
   tandem::v1::SubmitSamplesRequest stale;
   *stale.add_samples() = MakeSample(old.lease_id(), old.group_id(), 1, 0);
-  CHECK(ledger->Submit(stale).response.rejected_sample_ids_size() == 1);
+  CHECK(ledger->Submit(stale)->response.rejected_sample_ids_size() == 1);
 }
 
 TEST_CASE("Ledger: training batches respect the token budget and group bound",

@@ -101,8 +101,10 @@ TEST_CASE(
             }
             *request.add_samples() = sample;
           }
-          SubmitResult result = ledger.Submit(request);
-          for (auto& task : result.to_score) unscored.push_back(task);
+          request.set_member_id(worker.id);
+          auto result = ledger.Submit(request);
+          REQUIRE(result.ok());
+          for (auto& task : result->to_score) unscored.push_back(task);
           group_prompt[lease.group_id()] = lease.prompt_id();
           group_min_version[lease.group_id()] = worker.version;
           break;

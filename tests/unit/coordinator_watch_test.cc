@@ -8,6 +8,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <memory>
 #include <string>
@@ -60,14 +61,16 @@ struct Cluster {
   }
 
   // Publishes the next version; `padding` bytes of tensor names make the
-  // event that large.
+  // event about that large.
   void Publish(size_t padding = 0) {
     tandem::v1::PublishPolicyVersionRequest request;
     request.set_member_id(trainer_id);
     request.mutable_manifest()->set_policy_version(++version);
-    if (padding > 0) {
-      request.mutable_manifest()->add_tensors()->set_name(
-          std::string(padding, 'w'));
+    // Names within the coordinator's limit (kMaxTensorNameBytes).
+    for (size_t left = padding; left > 0;) {
+      const size_t n = std::min<size_t>(left, 1000);
+      request.mutable_manifest()->add_tensors()->set_name(std::string(n, 'w'));
+      left -= n;
     }
     request.set_weight_server_address("127.0.0.1:1");
     tandem::v1::PublishPolicyVersionResponse response;

@@ -1,11 +1,15 @@
 // The GRPO optimizer step moves the policy the right way: rewarding samples
 // whose first completion token is even raises the probability of even first
 // tokens; a batch whose groups all have equal rewards leaves the weights
-// unchanged and finite.
+// unchanged and finite; a NaN behavior log-prob or reward skips the step
+// (no update, no version) instead of poisoning the weights, and weights
+// with a NaN are never snapshotted for publishing.
 
 #include <torch/torch.h>
 
+#include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/model/decoder_model.h"
@@ -196,6 +200,103 @@ TEST_CASE("groups with equal rewards leave the weights unchanged") {
     INFO(name);
     CHECK(torch::equal(tensor, (*after)->tensors().at(name)));
   }
+}
+
+}  // namespace
+}  // namespace tandem::trainer
+
+namespace tandem::trainer {
+namespace {
+
+// Every tensor of `a` equals the same tensor of `b`, and is finite.
+void CheckSameAndFinite(const model::ModelWeights& a,
+                        const model::ModelWeights& b) {
+  for (const auto& [name, tensor] : a.tensors()) {
+    INFO(name);
+    CHECK(torch::equal(tensor, b.tensors().at(name)));
+    CHECK(torch::isfinite(tensor).all().item<bool>());
+  }
+}
+
+TEST_CASE(
+    "a NaN log-prob or reward skips the step: weights unchanged and "
+    "finite, no new version, the next clean step trains") {
+  auto initial = model::RandomInit(model::testing::TinyQwen2Config(), 13);
+  REQUIRE(initial.ok());
+  GrpoTrainerOptions options;
+  options.lr = 1e-2;
+  auto trainer = GrpoTrainer::Create(**initial, 5, options);
+  REQUIRE(trainer.ok());
+  auto before = (*trainer)->SnapshotWeights();
+  REQUIRE(before.ok());
+  const std::vector<ScoredPromptGroup> clean = Generate(*before, 8, 4);
+  std::vector<ScoredPromptGroup> poisoned = clean;
+  // A completion whose group has a reward signal, so it is forwarded.
+  ScoredCompletion* target = nullptr;
+  for (auto& group : poisoned) {
+    for (auto& c : group.completions) {
+      if (c.reward != group.completions.front().reward) target = &c;
+    }
+  }
+  REQUIRE(target != nullptr);
+  std::string quantity;
+  SECTION("NaN behavior log-prob") {
+    target->behavior_logprobs[0] = std::numeric_limits<float>::quiet_NaN();
+    quantity = "loss";
+  }
+  SECTION("NaN reward, so NaN advantages") {
+    target->reward = std::numeric_limits<double>::quiet_NaN();
+    quantity = "reward";
+  }
+  auto skipped = (*trainer)->Step(poisoned);
+  INFO(skipped.status().ToString());
+  REQUIRE(skipped.ok());
+  CHECK(skipped->skipped());
+  CHECK(skipped->nonfinite == quantity);
+  CHECK(skipped->policy_version == 5);
+  CHECK((*trainer)->policy_version() == 5);
+  CHECK((*trainer)->step() == 0);
+  for (const auto& [name, grad] : (*trainer)->GradientsForTest()) {
+    INFO(name);
+    CHECK((!grad.defined() || grad.abs().sum().item<double>() == 0.0));
+  }
+  auto after = (*trainer)->SnapshotWeights();
+  REQUIRE(after.ok());
+  CheckSameAndFinite(**before, **after);
+
+  // The optimizer state was not touched: the clean batch now trains as the
+  // first step.
+  auto trained = (*trainer)->Step(clean);
+  REQUIRE(trained.ok());
+  CHECK_FALSE(trained->skipped());
+  CHECK(trained->policy_version == 6);
+  CHECK((*trainer)->step() == 1);
+  auto moved = (*trainer)->SnapshotWeights();
+  REQUIRE(moved.ok());
+  bool changed = false;
+  for (const auto& [name, tensor] : (*moved)->tensors()) {
+    CHECK(torch::isfinite(tensor).all().item<bool>());
+    changed |= !torch::equal(tensor, (*before)->tensors().at(name));
+  }
+  CHECK(changed);
+}
+
+TEST_CASE("weights with a NaN are never snapshotted for publishing") {
+  auto initial = model::RandomInit(model::testing::TinyQwen2Config(), 14);
+  REQUIRE(initial.ok());
+  const std::string name = (*initial)->tensors().begin()->first;
+  {
+    torch::NoGradGuard no_grad;
+    (*initial)->tensors().at(name).view({-1})[3] =
+        std::numeric_limits<float>::quiet_NaN();
+  }
+  auto trainer = GrpoTrainer::Create(**initial, 0, GrpoTrainerOptions());
+  REQUIRE(trainer.ok());
+  auto snapshot = (*trainer)->SnapshotWeights();
+  REQUIRE_FALSE(snapshot.ok());
+  CHECK(snapshot.status().code() == absl::StatusCode::kDataLoss);
+  CHECK_THAT(std::string(snapshot.status().message()),
+             Catch::Contains("weight '" + name + "' has 1 NaN and 0 infinite"));
 }
 
 }  // namespace

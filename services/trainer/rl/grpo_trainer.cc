@@ -160,6 +160,14 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
   if (sequences.empty()) {
     return absl::InvalidArgumentError("batch has no completion tokens");
   }
+  if (!std::all_of(rewards.begin(), rewards.end(),
+                   [](float r) { return std::isfinite(r); })) {
+    // Its group's advantages, and so the loss, would be NaN.
+    optimizer_->adamw->zero_grad();
+    stats.nonfinite = "reward";
+    stats.policy_version = version_.load();
+    return stats;
+  }
   if (options_.loss.kl_beta > 0.0 && reference_ == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("kl_beta = ", options_.loss.kl_beta,
@@ -337,6 +345,18 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
     }
     stats.grad_norm = torch::nn::utils::clip_grad_norm_(optimizer_->parameters,
                                                         options_.max_grad_norm);
+    if (!std::isfinite(stats.loss.loss)) {
+      stats.nonfinite = "loss";
+    } else if (!std::isfinite(stats.grad_norm)) {
+      stats.nonfinite = "grad_norm";
+    }
+    if (stats.skipped()) {
+      // One NaN would spread to every weight through AdamW's moments.
+      optimizer_->adamw->zero_grad();
+      stats.policy_version = version_.load();
+      stats.step_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+      return stats;
+    }
     optimizer_->adamw->step();
     ++step_;
   } catch (const std::exception& e) {
@@ -475,7 +495,45 @@ absl::StatusOr<std::shared_ptr<model::ModelWeights>>
 GrpoTrainer::SnapshotWeights() const {
   torch::NoGradGuard no_grad;
   const auto weights = policy_->weights();
-  return weights->To(weights->device(), weights->config().dtype);
+  ASSIGN_OR_RETURN(std::shared_ptr<model::ModelWeights> copy,
+                   weights->To(weights->device(), weights->config().dtype));
+  RETURN_IF_ERROR(CheckFiniteWeights(*copy));
+  return copy;
+}
+
+absl::Status CheckFiniteWeights(const model::ModelWeights& weights) {
+  try {
+    torch::NoGradGuard no_grad;
+    // NaN propagates through min and max, and an infinity is one of them:
+    // both finite means every element is. No full-size temporary.
+    std::vector<at::Tensor> extremes;
+    std::vector<const std::string*> names;
+    for (const auto& [name, tensor] : weights.tensors()) {
+      if (tensor.numel() == 0 || !tensor.is_floating_point()) continue;
+      auto [min, max] = at::aminmax(tensor);
+      extremes.push_back(min.to(torch::kFloat));
+      extremes.push_back(max.to(torch::kFloat));
+      names.push_back(&name);
+    }
+    if (extremes.empty()) return absl::OkStatus();
+    const at::Tensor finite =
+        torch::isfinite(torch::stack(extremes)).to(torch::kCPU);
+    const bool* ok = finite.data_ptr<bool>();
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (!ok[2 * i] || !ok[2 * i + 1]) {
+        const at::Tensor& t = weights.tensors().at(*names[i]);
+        return absl::DataLossError(
+            absl::StrCat("weight '", *names[i], "' has ",
+                         torch::isnan(t).sum().item<int64_t>(), " NaN and ",
+                         torch::isinf(t).sum().item<int64_t>(),
+                         " infinite values; refusing to publish or save it"));
+      }
+    }
+  } catch (const std::exception& e) {
+    return model::internal::TorchErrorToStatus("checking weights are finite",
+                                               e);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tandem::trainer

@@ -107,6 +107,15 @@ struct GrpoStepStats {
   // fraction, entropy) are over the forwarded ones (all of them when no
   // completion had a non-zero advantage).
   int64_t skipped_sequences = 0;
+  // "reward", "loss" or "grad_norm" when that quantity was not finite (NaN
+  // or infinite; a NaN behavior log-prob makes the loss NaN; a reward is
+  // checked before anything is computed, since it would make its group's
+  // advantages NaN): the step was skipped. No optimizer step was taken and the
+  // gradients were zeroed, so the weights, the optimizer state, step() and
+  // policy_version() are what they were before; `policy_version` is that
+  // unchanged version. Empty when the step was taken.
+  std::string nonfinite;
+  bool skipped() const { return !nonfinite.empty(); }
 };
 
 // AdamW's per-parameter state.
@@ -135,7 +144,9 @@ class GrpoTrainer {
       GrpoTrainerOptions options);
   ~GrpoTrainer();
 
-  // One optimizer step over every completion of `groups`.
+  // One optimizer step over every completion of `groups`. A step whose
+  // loss or gradient norm is not finite is skipped (GrpoStepStats::
+  // nonfinite), never applied: non-finite values never reach the weights.
   absl::StatusOr<GrpoStepStats> Step(
       const std::vector<ScoredPromptGroup>& groups);
 
@@ -153,7 +164,10 @@ class GrpoTrainer {
   bool has_reference_policy() const { return reference_ != nullptr; }
 
   // A detached copy of the current weights for publishing to rollout
-  // workers (in the master dtype).
+  // workers and for checkpoints (in the master dtype). DataLoss naming the
+  // first tensor with a NaN or infinite value, so that such weights are
+  // never published or checkpointed (one min/max reduction per tensor and
+  // one host sync, next to the copy itself).
   absl::StatusOr<std::shared_ptr<model::ModelWeights>> SnapshotWeights() const;
   // Safe to call from any thread (the trainer daemon's heartbeat reads it).
   uint64_t policy_version() const { return version_.load(); }
@@ -193,5 +207,9 @@ class GrpoTrainer {
   std::atomic<uint64_t> version_{0};
   int64_t step_ = 0;
 };
+
+// OK when every floating-point tensor of `weights` is finite; DataLoss
+// naming the first that is not, with its NaN and infinity counts.
+absl::Status CheckFiniteWeights(const model::ModelWeights& weights);
 
 }  // namespace tandem::trainer
