@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace tandem::model::internal {
 
@@ -96,6 +97,8 @@ at::Tensor PaddedCausalAttention(const std::vector<at::Tensor>& qs,
   const int64_t batch = static_cast<int64_t>(qs.size());
   const int64_t heads = qs[0].size(1);
   const int64_t dim = qs[0].size(2);
+  const int64_t kv_heads = ks[0].size(1);
+  const int64_t group = heads / kv_heads;
   std::vector<int64_t> n(batch), offset(batch), length(batch);
   int64_t max_n = 0, max_length = 0;
   for (int64_t b = 0; b < batch; ++b) {
@@ -105,14 +108,14 @@ at::Tensor PaddedCausalAttention(const std::vector<at::Tensor>& qs,
     max_n = std::max(max_n, n[b]);
     max_length = std::max(max_length, length[b]);
   }
-  // [B, heads, max_n, dim] queries against [B, kv_heads, max_length, dim]
-  // keys and values.
-  const at::Tensor q =
-      at::pad_sequence(qs, /*batch_first=*/true).permute({0, 2, 1, 3});
-  const at::Tensor k =
-      at::pad_sequence(ks, /*batch_first=*/true).permute({0, 2, 1, 3});
-  const at::Tensor v =
-      at::pad_sequence(vs, /*batch_first=*/true).permute({0, 2, 1, 3});
+  const at::Tensor q = at::pad_sequence(qs, /*batch_first=*/true);
+  const at::Tensor k = at::pad_sequence(ks, /*batch_first=*/true);
+  const at::Tensor v = at::pad_sequence(vs, /*batch_first=*/true);
+  // [B, kv_heads, group * max_n, dim]
+  const at::Tensor qg = q.view({batch, max_n, kv_heads, group, dim})
+                            .permute({0, 2, 3, 1, 4})
+                            .reshape({batch, kv_heads, group * max_n, dim});
+  at::Tensor scores = at::matmul(qg, k.permute({0, 2, 3, 1})) * scale;
   // Key j is visible to query i of sequence b iff j <= offset_b + i and
   // j < length_b; for padded rows (i >= n_b) that is every real key.
   const auto long_options =
@@ -124,17 +127,18 @@ at::Tensor PaddedCausalAttention(const std::vector<at::Tensor>& qs,
       at::tensor(offset, at::kLong).to(q.device()).view({-1, 1, 1});
   const at::Tensor lengths =
       at::tensor(length, at::kLong).to(q.device()).view({-1, 1, 1});
-  const at::Tensor visible = (key_pos <= offsets + query_idx)
-                                 .logical_and(key_pos < lengths)
-                                 .unsqueeze(1);  // [B, 1, max_n, max_length]
-  // LibTorch's fused attention, query head h reading kv head
-  // h / (heads / kv_heads) (enable_gqa), softmax accumulated in float32.
-  const at::Tensor out =
-      at::scaled_dot_product_attention(q, k, v, visible, /*dropout_p=*/0.0,
-                                       /*is_causal=*/false, scale,
-                                       /*enable_gqa=*/true)
-          .permute({0, 2, 1, 3})  // [B, max_n, heads, dim]
-          .reshape({batch * max_n, heads * dim});
+  const at::Tensor hidden =
+      (key_pos > offsets + query_idx).logical_or(key_pos >= lengths);
+  scores = scores.view({batch, kv_heads, group, max_n, max_length})
+               .masked_fill(hidden.unsqueeze(1).unsqueeze(1),
+                            -std::numeric_limits<float>::infinity())
+               .view({batch, kv_heads, group * max_n, max_length});
+  const at::Tensor probs =
+      at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+  const at::Tensor out = at::matmul(probs, v.permute({0, 2, 1, 3}))
+                             .view({batch, kv_heads, group, max_n, dim})
+                             .permute({0, 3, 1, 2, 4})
+                             .reshape({batch * max_n, heads * dim});
   bool dense = true;
   for (int64_t b = 0; b < batch; ++b) dense = dense && n[b] == max_n;
   if (dense) return out;

@@ -50,10 +50,10 @@ at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k,
 // are the last n_b of the L_b tokens whose keys and values are ks[b],
 // vs[b] [L_b, kv_heads, head_dim] (any strides). Pads queries to max n_b
 // and keys to max L_b, masks padding and the future, and runs one batched
-// at::scaled_dot_product_attention: a few dozen ops in all instead of a
-// dozen per sequence, at the price of copying keys and values and of the
-// padded work. Returns [sum n_b, heads * head_dim], sequences in order.
-// Padded query rows see real keys, so no NaN reaches the backward pass.
+// matmul pair: a few dozen ops in all instead of a dozen per sequence, at
+// the price of copying keys and values and of the padded work. Returns
+// [sum n_b, heads * head_dim], sequences in order. Padded query rows see
+// real keys, so no NaN reaches the backward pass.
 at::Tensor PaddedCausalAttention(const std::vector<at::Tensor>& qs,
                                  const std::vector<at::Tensor>& ks,
                                  const std::vector<at::Tensor>& vs,
