@@ -83,9 +83,10 @@ std::vector<std::string> ReadyGroups(GroupLedger& ledger, int n,
       *request.add_samples() =
           MakeSample(lease.lease_id(), lease.group_id(), i, version);
     }
-    SubmitResult result = ledger.Submit(request);
-    REQUIRE(result.response.accepted() == lease.group_size());
-    for (const ScoringTask& task : result.to_score) {
+    auto result = ledger.Submit(request);
+    REQUIRE(result.ok());
+    REQUIRE(result->response.accepted() == lease.group_size());
+    for (const ScoringTask& task : result->to_score) {
       ledger.RecordScore(task.group_id, task.sample_index, MakeScore(1));
     }
     ids.push_back(lease.group_id());
