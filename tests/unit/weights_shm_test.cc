@@ -14,9 +14,11 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -46,6 +48,34 @@ std::vector<std::string> SegmentsOf(const std::string& stem) {
   closedir(d);
   std::sort(out.begin(), out.end());
   return out;
+}
+
+// Segments are unlinked when the last reference to their version goes,
+// and a server thread may still hold one for a moment after the receiver
+// has its bytes (longer on a loaded machine): these poll the listing until
+// it is `want` (or has `count` names), for 10 s at most, and return the
+// last listing for the caller's CHECK.
+std::vector<std::string> SegmentsOf(const std::string& stem,
+                                    const std::vector<std::string>& want) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::vector<std::string> now = SegmentsOf(stem);
+  while (now != want && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    now = SegmentsOf(stem);
+  }
+  return now;
+}
+
+std::vector<std::string> SegmentsOf(const std::string& stem, size_t count) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::vector<std::string> now = SegmentsOf(stem);
+  while (now.size() != count && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    now = SegmentsOf(stem);
+  }
+  return now;
 }
 
 // A weight server (shared memory on unless told otherwise) on a port-0
@@ -117,7 +147,7 @@ TEST_CASE(
     trainer.Publish(v);
     ReceiveAndCommit(receiver, **staging, v);
     REQUIRE(SameBytes((*staging)->live().bytes, trainer.current()));
-    CHECK(SegmentsOf(store.segment_name_stem()).size() == v);
+    CHECK(SegmentsOf(store.segment_name_stem(), size_t{v}).size() == v);
   }
   const PullStats stats = receiver.stats();
   CHECK(stats.shm_versions == kVersions);
@@ -189,7 +219,7 @@ TEST_CASE(
     CHECK(server.service().stats().shm_offers == 0);
     CHECK(server.service().stats().bytes == layout.total_bytes());
     CHECK(receiver.stats().shm_not_offered == 0);
-    CHECK(SegmentsOf(store.segment_name_stem()).empty());
+    CHECK(SegmentsOf(store.segment_name_stem(), size_t{0}).empty());
   }
   SECTION("the server does not offer") {
     Server server(&store, /*shared_memory=*/false);
@@ -263,17 +293,20 @@ TEST_CASE(
     ReceiveAndCommit(receiver, **staging, 1);
     trainer.Publish(2);
     ReceiveAndCommit(receiver, **staging, 2);
-    CHECK(SegmentsOf(stem) == std::vector<std::string>{stem.substr(1) + "-v1",
-                                                       stem.substr(1) + "-v2"});
+    CHECK(SegmentsOf(stem, std::vector<std::string>{stem.substr(1) + "-v1",
+                                                    stem.substr(1) + "-v2"}) ==
+          std::vector<std::string>{stem.substr(1) + "-v1",
+                                   stem.substr(1) + "-v2"});
     trainer.Publish(3);  // evicts v1 (retain 2)
-    CHECK(SegmentsOf(stem) == std::vector<std::string>{stem.substr(1) + "-v2"});
+    CHECK(SegmentsOf(stem, std::vector<std::string>{stem.substr(1) + "-v2"}) ==
+          std::vector<std::string>{stem.substr(1) + "-v2"});
     ReceiveAndCommit(receiver, **staging, 3);
-    CHECK(SegmentsOf(stem).size() == 2);
+    CHECK(SegmentsOf(stem, size_t{2}).size() == 2);
     CHECK(receiver.stats().shm_versions == 3);
   }
   // The store (the trainer's) lives on; the server's segments do not.
   CHECK(store.latest_version() == 3);
-  CHECK(SegmentsOf(stem).empty());
+  CHECK(SegmentsOf(stem, size_t{0}).empty());
 }
 
 // ---- Segments made at publish (WeightStore::SharedMemory::kAtPut) ----
@@ -306,7 +339,7 @@ TEST_CASE(
     // (each version is its own anchor here).
     std::vector<std::string> kept = {SegmentName(stem, v)};
     if (v > 1) kept.insert(kept.begin(), SegmentName(stem, v - 1));
-    CHECK(SegmentsOf(stem) == kept);
+    CHECK(SegmentsOf(stem, kept) == kept);
     auto made = store.SharedFull(v);
     REQUIRE(made.ok());
     ReceiveAndCommit(receiver, **staging, v);
@@ -337,21 +370,25 @@ TEST_CASE(
   trainer.Publish(2, 1);  // full copies of versions after anchor 1
   trainer.Publish(3, 1);
   trainer.Publish(4, 1);
-  CHECK(SegmentsOf(stem) == std::vector<std::string>{SegmentName(stem, 1),
-                                                     SegmentName(stem, 3),
-                                                     SegmentName(stem, 4)});
+  CHECK(SegmentsOf(stem, std::vector<std::string>{SegmentName(stem, 1),
+                                                  SegmentName(stem, 3),
+                                                  SegmentName(stem, 4)}) ==
+        std::vector<std::string>{SegmentName(stem, 1), SegmentName(stem, 3),
+                                 SegmentName(stem, 4)});
   // v2 is retained in full, but not in shared memory: NotFound, and asking
   // does not make it (the weight server streams it instead).
   REQUIRE(store.Get(2, v1::WEIGHT_PAYLOAD_KIND_FULL).ok());
   auto v2 = store.SharedFull(2);
   CHECK(absl::IsNotFound(v2.status()));
-  CHECK(SegmentsOf(stem).size() == 3);
+  CHECK(SegmentsOf(stem, size_t{3}).size() == 3);
   trainer.Publish(5);  // a new anchor: anchor 1's segment goes too
-  CHECK(SegmentsOf(stem) ==
+  CHECK(SegmentsOf(stem, std::vector<std::string>{SegmentName(stem, 4),
+                                                  SegmentName(stem, 5)}) ==
         std::vector<std::string>{SegmentName(stem, 4), SegmentName(stem, 5)});
   // The payload put again for the same version replaces its segment.
   trainer.Publish(5);
-  CHECK(SegmentsOf(stem) ==
+  CHECK(SegmentsOf(stem, std::vector<std::string>{SegmentName(stem, 4),
+                                                  SegmentName(stem, 5)}) ==
         std::vector<std::string>{SegmentName(stem, 4), SegmentName(stem, 5)});
   auto again = store.SharedFull(5);
   REQUIRE(again.ok());
@@ -390,7 +427,8 @@ TEST_CASE(
     // segment unlinked.
     trainer.Publish(2);
     trainer.Publish(3);
-    CHECK(SegmentsOf(stem) ==
+    CHECK(SegmentsOf(stem, std::vector<std::string>{SegmentName(stem, 2),
+                                                    SegmentName(stem, 3)}) ==
           std::vector<std::string>{SegmentName(stem, 2), SegmentName(stem, 3)});
     CHECK_FALSE(store.Get(1, v1::WEIGHT_PAYLOAD_KIND_FULL).ok());
     // The unlinked segment's mapping still holds v1, bit for bit.
@@ -410,16 +448,18 @@ TEST_CASE(
       CHECK(receiver.stats().shm_open_failures == 1);
       CHECK(receiver.stats().shm_versions == 0);
       trainer.Publish(4);
-      CHECK(SegmentsOf(stem) == std::vector<std::string>{SegmentName(stem, 4)});
+      CHECK(SegmentsOf(stem, std::vector<std::string>{SegmentName(stem, 4)}) ==
+            std::vector<std::string>{SegmentName(stem, 4)});
     }
     // The server's shutdown unlinked what the store had shared.
-    CHECK(SegmentsOf(stem).empty());
+    CHECK(SegmentsOf(stem, size_t{0}).empty());
     // The trainer publishes on after its weight server stopped (shutdown
     // order): the store's destruction unlinks that one.
     trainer.Publish(5);
-    CHECK(SegmentsOf(stem) == std::vector<std::string>{SegmentName(stem, 5)});
+    CHECK(SegmentsOf(stem, std::vector<std::string>{SegmentName(stem, 5)}) ==
+          std::vector<std::string>{SegmentName(stem, 5)});
   }
-  CHECK(SegmentsOf(stem).empty());
+  CHECK(SegmentsOf(stem, size_t{0}).empty());
 }
 
 TEST_CASE(
