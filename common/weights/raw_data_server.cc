@@ -200,13 +200,13 @@ void WeightServerService::RawDataServer::CountDropped(const char* reason) {
 
 void WeightServerService::RawDataServer::DropPending(
     std::list<Pending>::iterator it, const char* reason) {
+  // Counted before the close, so that whoever sees the connection end also
+  // sees why.
+  if (reason != nullptr) CountDropped(reason);
   close(it->fd);
   pending_.erase(it);
-  {
-    absl::MutexLock lock(&mu_);
-    SetOpen(-1);
-  }
-  if (reason != nullptr) CountDropped(reason);
+  absl::MutexLock lock(&mu_);
+  SetOpen(-1);
 }
 
 void WeightServerService::RawDataServer::EventLoop() {
@@ -326,8 +326,8 @@ void WeightServerService::RawDataServer::AcceptAll(absl::Time now) {
       admitted = true;
     }
     if (!admitted) {
+      CountDropped(kOverCapacity);  // before the close, as in DropPending
       close(fd);
-      CountDropped(kOverCapacity);
       continue;
     }
     const int one = 1;
@@ -394,13 +394,11 @@ void WeightServerService::RawDataServer::StreamLoop() {
       streaming_.insert(ready.fd);
     }
     const bool sent = Serve(ready.fd, ready.request);
-    {
-      absl::MutexLock lock(&mu_);
-      streaming_.erase(ready.fd);
-      close(ready.fd);
-      SetOpen(-1);
-    }
-    if (!sent) CountDropped(kSendTimeout);
+    if (!sent) CountDropped(kSendTimeout);  // before the close
+    absl::MutexLock lock(&mu_);
+    streaming_.erase(ready.fd);
+    close(ready.fd);
+    SetOpen(-1);
   }
 }
 

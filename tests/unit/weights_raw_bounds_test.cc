@@ -209,7 +209,12 @@ TEST_CASE(
   const int c = Connect(port);
   CHECK(ClosedByServer(c));
   close(c);
-  CHECK(server.service().stats().data_over_capacity == 1);
+  const WeightServerStats at_c = server.service().stats();
+  INFO("streams " << at_c.streams << ", evicted " << at_c.data_evicted
+                  << ", send timeouts " << at_c.data_send_timeouts
+                  << ", request timeouts " << at_c.data_request_timeouts
+                  << ", open " << at_c.data_connections);
+  CHECK(at_c.data_over_capacity == 1);
   // A's stream is dropped after the send timeout; B's then too.
   REQUIRE(WaitUntil([&] {
     return server.service().stats().data_send_timeouts == 2;
