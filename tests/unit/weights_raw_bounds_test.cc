@@ -186,8 +186,8 @@ TEST_CASE(
   WeightServerOptions options;
   options.max_data_connections = 2;
   options.data_stream_threads = 1;
-  // Long enough that A still holds its slot when C arrives on a loaded
-  // machine (at 300 ms, A was sometimes dropped first and C let in).
+  // Long enough that A surely still holds its slot when C arrives on a
+  // loaded machine.
   options.data_send_timeout = absl::Seconds(2);
   testing::WeightServerLoopback server(&store, options);
   const uint16_t port = server.service().data_port();
