@@ -13,6 +13,7 @@
 #include "common/weights/flat_weight_layout.h"
 #include "prometheus/text_serializer.h"
 #include "services/coordinator/request_limits.h"
+#include "services/coordinator/rpc_replies.h"
 #include "services/coordinator/sample_validation.h"
 
 namespace tandem::coordinator {
@@ -20,21 +21,9 @@ namespace {
 
 auto Log() { return ComponentLogger("coordinator"); }
 
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
-                                 const grpc::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(status);
-  return reactor;
-}
-
-grpc::Status Invalid(const std::string& message) {
-  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
-}
-
-grpc::Status Draining() {
-  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                      "coordinator is shutting down");
-}
+using internal::Draining;
+using internal::Finish;
+using internal::Invalid;
 
 GroupLedgerOptions LedgerOptions(const CoordinatorConfig& config,
                                  const PromptSource& source,

@@ -13,27 +13,16 @@
 #include "common/base/logging.h"
 #include "common/rpc/grpc_client.h"
 #include "services/coordinator/coordinator.h"
+#include "services/coordinator/rpc_replies.h"
 
 namespace tandem::coordinator {
 namespace {
 
 auto Log() { return ComponentLogger("coordinator"); }
 
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
-                                 const grpc::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(status);
-  return reactor;
-}
-
-grpc::Status Invalid(const std::string& message) {
-  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
-}
-
-grpc::Status Draining() {
-  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                      "coordinator is shutting down");
-}
+using internal::Draining;
+using internal::Finish;
+using internal::Invalid;
 
 // Fault injection for tests: with TANDEM_TEST_KILL_COORDINATOR_AFTER_PUBLISH
 // set to a version, the coordinator SIGKILLs itself once that version is
