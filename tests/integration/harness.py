@@ -112,10 +112,11 @@ def free_port():
 
 class Daemon:
     """One daemon binary on ephemeral loopback ports (of `host`, any
-    127.x.y.z address), logging to a file."""
+    127.x.y.z address), logging to a file. `prefix` runs it under another
+    command that execs it (e.g. `ip netns exec NAME`)."""
 
     def __init__(self, daemon, tmp, extra=(), name=None, host="127.0.0.1",
-                 grpc_port=0, env=None):
+                 grpc_port=0, env=None, prefix=()):
         name = name or daemon
         self.ready_file = os.path.join(tmp, f"{name}.ready.json")
         self.log_path = os.path.join(tmp, f"{name}.log")
@@ -123,7 +124,7 @@ class Daemon:
         if os.path.exists(self.ready_file):
             os.remove(self.ready_file)  # a restart under the same name
         self.process = subprocess.Popen(
-            [binary(f"tandem-{daemon}"), "--grpc-address",
+            [*prefix, binary(f"tandem-{daemon}"), "--grpc-address",
              f"{host}:{grpc_port}", "--metrics-address", f"{host}:0",
              "--ready-file", self.ready_file, *extra],
             stdout=self.log, stderr=subprocess.STDOUT,
