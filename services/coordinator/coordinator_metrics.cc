@@ -114,6 +114,11 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
           registry, "tandem_coordinator_scoring_no_verifier_total",
           "Samples scored 0 because no replica served their verifier "
           "within scoring.unroutable_timeout_ms.")),
+      scoring_non_finite_(NewCounter(
+          registry, "tandem_coordinator_scoring_non_finite_rewards_total",
+          "Samples scored 0 because their verifier returned a NaN or "
+          "infinite reward (a verifier bug; the reward never reaches the "
+          "group).")),
       journal_bytes_(&prometheus::BuildGauge()
                           .Name("tandem_coordinator_journal_bytes")
                           .Help("Size of the coordinator's journal.")
@@ -231,6 +236,8 @@ void CoordinatorMetrics::Update(const LedgerStats& ledger,
       static_cast<double>(scoring.unroutable_waiting));
   Advance(scoring_no_verifier_, scoring.items_no_verifier,
           last_scoring_.items_no_verifier);
+  Advance(scoring_non_finite_, scoring.items_non_finite,
+          last_scoring_.items_non_finite);
   journal_bytes_->Set(static_cast<double>(ledger.journal_bytes));
   Advance(journal_syncs_, ledger.journal_syncs, l.journal_syncs);
   if (ledger.journal_sync_seconds > l.journal_sync_seconds) {

@@ -80,6 +80,7 @@ class CoordinatorMetrics {
   prometheus::Counter* scoring_unroutable_;
   prometheus::Gauge* scoring_unroutable_waiting_;
   prometheus::Counter* scoring_no_verifier_;
+  prometheus::Counter* scoring_non_finite_;
   prometheus::Gauge* journal_bytes_;
   prometheus::Counter* journal_syncs_;
   prometheus::Counter* journal_sync_seconds_;
