@@ -65,7 +65,8 @@ Coordinator::Coordinator(const CoordinatorConfig& config)
     : config_(config),
       registry_(std::make_shared<prometheus::Registry>()),
       metrics_(*registry_),
-      members_(absl::Milliseconds(config.heartbeat_timeout_ms)),
+      members_(absl::Milliseconds(config.heartbeat_timeout_ms),
+               NewIncarnationTag()),
       started_(absl::Now()) {}
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(

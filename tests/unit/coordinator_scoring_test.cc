@@ -461,7 +461,7 @@ TEST_CASE(
     "Scoring: the registry reports the verifier names each alive replica "
     "advertised",
     "[coordinator][scoring]") {
-  MemberRegistry registry(absl::Seconds(5));
+  MemberRegistry registry(absl::Seconds(5), "");
   const absl::Time now = absl::Now();
   tandem::v1::RegisterRequest request;
   request.set_role(tandem::v1::ROLE_VERIFIER);
