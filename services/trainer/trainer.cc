@@ -12,6 +12,7 @@
 #include "services/rollout/torch_engine_model.h"
 #include "services/trainer/checkpoint.h"
 #include "services/trainer/reference_policy.h"
+#include "services/trainer/training_batch.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 
 namespace tandem::trainer {
@@ -343,30 +344,20 @@ absl::Status Trainer::TrainOnce() {
   if (batch.batch_id().empty() || batch.groups_size() == 0) {
     return absl::OkStatus();
   }
-  std::vector<ScoredPromptGroup> groups;
-  for (const auto& g : batch.groups()) {
-    ScoredPromptGroup group;
-    group.prompt.assign(g.prompt_token_ids().begin(),
-                        g.prompt_token_ids().end());
-    // Log-probs at the temperature the samples were drawn with (0, greedy
-    // or unset by an older coordinator, counts as 1).
-    group.temperature = g.sampling().temperature();
-    for (const auto& scored : g.samples()) {
-      const auto& s = scored.sample();
-      ScoredCompletion c;
-      c.tokens.assign(s.completion_token_ids().begin(),
-                      s.completion_token_ids().end());
-      c.behavior_logprobs.assign(s.behavior_logprobs().begin(),
-                                 s.behavior_logprobs().end());
-      c.reward = scored.score().reward();
-      c.min_policy_version = g.min_policy_version();
-      for (const auto& span : s.version_spans()) {
-        c.min_policy_version =
-            std::min(c.min_policy_version, span.policy_version());
-      }
-      group.completions.push_back(std::move(c));
-    }
-    groups.push_back(std::move(group));
+  ConvertedBatch converted = ConvertTrainingBatch(
+      batch, grpo_->policy().weights()->config().vocab_size);
+  for (const std::string& reason : converted.refused) {
+    step_metrics_.RecordRefusedGroup();
+    Log()->error("batch {}: left out of the step: {}", batch.batch_id(),
+                 reason);
+  }
+  std::vector<ScoredPromptGroup>& groups = converted.groups;
+  if (groups.empty()) {
+    // Nothing to train and no version to commit the batch with: it is
+    // handed out again after training.batch_timeout_ms (or dropped stale).
+    Log()->error("batch {}: none of its {} groups can be trained",
+                 batch.batch_id(), batch.groups_size());
+    return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(GrpoStepStats stats, grpo_->Step(groups));
   if (stats.skipped()) {
