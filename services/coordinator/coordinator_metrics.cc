@@ -83,7 +83,8 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
           registry, "tandem_coordinator_training_batches_released_total",
           "Uncommitted training batches returned to the ready queue at once "
           "because the trainer member holding them died or left (or a new "
-          "trainer resumed).")),
+          "trainer resumed), or handed them back untrained "
+          "(ReleaseTrainingBatch: a step skipped as non-finite).")),
       groups_requeued_(NewCounter(
           registry, "tandem_coordinator_groups_requeued_total",
           "Trained groups queued again because the trainer resumed from a "

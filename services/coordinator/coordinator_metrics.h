@@ -2,7 +2,7 @@
 
 // Metric families of the coordinator, declared once. Label sets are bounded:
 // role (3 values), member state (4), queue (5), outcome (2), refusal reason
-// (8, sample_validation.h), rpc (the service's 13 methods).
+// (8, sample_validation.h), rpc (the service's 15 methods).
 
 #include <cstdint>
 

@@ -34,8 +34,8 @@ inline constexpr size_t kMaxIdBytes = 256;
 inline constexpr size_t kMaxAddressBytes = 512;
 // RegisterRequest.hostname (Linux HOST_NAME_MAX is 64).
 inline constexpr size_t kMaxHostnameBytes = 255;
-// Free text for logs: Deregister/ReturnLeases reasons, a failed broadcast's
-// error message.
+// Free text for logs: Deregister/ReturnLeases/ReleaseTrainingBatch
+// reasons, a failed broadcast's error message.
 inline constexpr size_t kMaxReasonBytes = 4096;
 // RegisterRequest.capabilities: entries, key and value bytes.
 inline constexpr size_t kMaxCapabilities = 64;

@@ -342,6 +342,31 @@ TEST_CASE("register_refuses_oversized_fields_and_leaves_status_intact") {
              Catch::Contains("SyncWeightGroupRequest.failure is 4097 bytes"));
 }
 
+TEST_CASE("release_training_batch_checks_its_fields_and_names_what_is_wrong") {
+  Cluster cluster;
+  auto release = [&](const std::string& member, const std::string& batch,
+                     const std::string& reason) {
+    tandem::v1::ReleaseTrainingBatchRequest request;
+    request.set_member_id(member);
+    request.set_batch_id(batch);
+    request.set_reason(reason);
+    tandem::v1::ReleaseTrainingBatchResponse response;
+    grpc::ClientContext context;
+    return cluster.stub->ReleaseTrainingBatch(&context, request, &response);
+  };
+  grpc::Status status = release(cluster.trainer_id, "", "nan");
+  CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK_THAT(status.error_message(), Catch::Contains("batch_id is empty"));
+  status = release(cluster.trainer_id, "b-none", std::string(5000, 'r'));
+  CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK_THAT(status.error_message(),
+             Catch::Contains("ReleaseTrainingBatchRequest.reason is 5000 "
+                             "bytes; the limit is 4096"));
+  status = release(cluster.trainer_id, "b-none", "loss is not finite");
+  CHECK(status.error_code() == grpc::StatusCode::NOT_FOUND);
+  CHECK_THAT(status.error_message(), Catch::Contains("b-none"));
+}
+
 TEST_CASE("member_ids_of_a_restarted_coordinator_differ_from_every_old_one") {
   const std::string dir = absl::StrCat("/tmp/tandem-ids-", ::getpid(), "-",
                                        absl::ToUnixNanos(absl::Now()));
@@ -412,7 +437,7 @@ TEST_CASE("every_string_and_repeated_field_of_every_request_has_a_limit") {
   for (int i = 0; i < service->method_count(); ++i) {
     CollectUnlimited(*service->method(i)->input_type(), &seen, &missing);
   }
-  CHECK(service->method_count() == 14);
+  CHECK(service->method_count() == 15);
   CHECK(missing == std::vector<std::string>{});
 }
 
