@@ -65,7 +65,8 @@ Coordinator::Coordinator(const CoordinatorConfig& config)
     : config_(config),
       registry_(std::make_shared<prometheus::Registry>()),
       metrics_(*registry_),
-      members_(absl::Milliseconds(config.heartbeat_timeout_ms)),
+      members_(absl::Milliseconds(config.heartbeat_timeout_ms),
+               NewIncarnationTag()),
       started_(absl::Now()) {}
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
@@ -527,6 +528,40 @@ grpc::ServerUnaryReactor* Coordinator::CommitTrainingBatch(
     }
     response->set_groups_committed(result->groups);
     reactor->Finish(grpc::Status::OK);
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* Coordinator::ReleaseTrainingBatch(
+    grpc::CallbackServerContext* context,
+    const tandem::v1::ReleaseTrainingBatchRequest* request,
+    tandem::v1::ReleaseTrainingBatchResponse* response) {
+  if (grpc::Status limits = CheckLimits("ReleaseTrainingBatch", *request);
+      !limits.ok()) {
+    return Finish(context, limits);
+  }
+  if (request->batch_id().empty()) {
+    return Finish(context, Invalid("batch_id is empty"));
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // Serving the waiting pulls syncs the journal: off the reactor.
+  boost::asio::post(*sync_pool_, [this, reactor, request, response] {
+    absl::StatusOr<uint32_t> released =
+        ledger_->ReleaseBatch(request->member_id(), request->batch_id());
+    if (!released.ok()) {
+      Log()->warn("ReleaseTrainingBatch from {}: {}", request->member_id(),
+                  released.status().ToString());
+      reactor->Finish(rpc::ToGrpcStatus(released.status()));
+      return;
+    }
+    Log()->warn(
+        "training batch {} ({} groups) handed back by {}: {}",
+        request->batch_id(), *released, request->member_id(),
+        request->reason().empty() ? "no reason given" : request->reason());
+    response->set_groups_released(*released);
+    reactor->Finish(grpc::Status::OK);
+    // Its groups are ready again.
+    ServeParkedPulls(/*finish_all=*/false);
   });
   return reactor;
 }

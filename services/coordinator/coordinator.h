@@ -90,6 +90,10 @@ class Coordinator : public tandem::v1::Coordinator::CallbackService {
       grpc::CallbackServerContext* context,
       const tandem::v1::PullTrainingBatchRequest* request,
       tandem::v1::PullTrainingBatchResponse* response) override;
+  grpc::ServerUnaryReactor* ReleaseTrainingBatch(
+      grpc::CallbackServerContext* context,
+      const tandem::v1::ReleaseTrainingBatchRequest* request,
+      tandem::v1::ReleaseTrainingBatchResponse* response) override;
   grpc::ServerUnaryReactor* CommitTrainingBatch(
       grpc::CallbackServerContext* context,
       const tandem::v1::CommitTrainingBatchRequest* request,

@@ -83,7 +83,8 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
           registry, "tandem_coordinator_training_batches_released_total",
           "Uncommitted training batches returned to the ready queue at once "
           "because the trainer member holding them died or left (or a new "
-          "trainer resumed).")),
+          "trainer resumed), or handed them back untrained "
+          "(ReleaseTrainingBatch: a step skipped as non-finite).")),
       groups_requeued_(NewCounter(
           registry, "tandem_coordinator_groups_requeued_total",
           "Trained groups queued again because the trainer resumed from a "
@@ -114,6 +115,11 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
           registry, "tandem_coordinator_scoring_no_verifier_total",
           "Samples scored 0 because no replica served their verifier "
           "within scoring.unroutable_timeout_ms.")),
+      scoring_non_finite_(NewCounter(
+          registry, "tandem_coordinator_scoring_non_finite_rewards_total",
+          "Samples scored 0 because their verifier returned a NaN or "
+          "infinite reward (a verifier bug; the reward never reaches the "
+          "group).")),
       journal_bytes_(&prometheus::BuildGauge()
                           .Name("tandem_coordinator_journal_bytes")
                           .Help("Size of the coordinator's journal.")
@@ -231,6 +237,8 @@ void CoordinatorMetrics::Update(const LedgerStats& ledger,
       static_cast<double>(scoring.unroutable_waiting));
   Advance(scoring_no_verifier_, scoring.items_no_verifier,
           last_scoring_.items_no_verifier);
+  Advance(scoring_non_finite_, scoring.items_non_finite,
+          last_scoring_.items_non_finite);
   journal_bytes_->Set(static_cast<double>(ledger.journal_bytes));
   Advance(journal_syncs_, ledger.journal_syncs, l.journal_syncs);
   if (ledger.journal_sync_seconds > l.journal_sync_seconds) {

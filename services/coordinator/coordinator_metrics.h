@@ -2,7 +2,7 @@
 
 // Metric families of the coordinator, declared once. Label sets are bounded:
 // role (3 values), member state (4), queue (5), outcome (2), refusal reason
-// (8, sample_validation.h), rpc (the service's 13 methods).
+// (8, sample_validation.h), rpc (the service's 15 methods).
 
 #include <cstdint>
 
@@ -80,6 +80,7 @@ class CoordinatorMetrics {
   prometheus::Counter* scoring_unroutable_;
   prometheus::Gauge* scoring_unroutable_waiting_;
   prometheus::Counter* scoring_no_verifier_;
+  prometheus::Counter* scoring_non_finite_;
   prometheus::Gauge* journal_bytes_;
   prometheus::Counter* journal_syncs_;
   prometheus::Counter* journal_sync_seconds_;

@@ -233,6 +233,12 @@ class GroupLedger {
   // Journaled and synced.
   absl::StatusOr<ResumeResult> Resume(const std::string& member_id,
                                       uint64_t trainer_version);
+  // The trainer `member_id` hands back the open batch `batch_id` untrained:
+  // its groups go to the back of the ready queue at once (journaled as a
+  // release), still subject to max_lag; returns how many. NotFound /
+  // PermissionDenied as TrainingQueue::Release.
+  absl::StatusOr<uint32_t> ReleaseBatch(const std::string& member_id,
+                                        const std::string& batch_id);
   // Returns the open batches whose holder satisfies `gone` (a dead or
   // departed trainer member) to the front of the ready queue at once;
   // returns how many.

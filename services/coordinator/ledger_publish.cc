@@ -109,6 +109,20 @@ void GroupLedger::ReleaseLocked(const std::vector<std::string>& batch_ids) {
   Record(record);
 }
 
+absl::StatusOr<uint32_t> GroupLedger::ReleaseBatch(
+    const std::string& member_id, const std::string& batch_id) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<uint32_t> groups = training_.Release(batch_id, member_id);
+  if (groups.ok() && journal_) {
+    journal::Record record;
+    record.mutable_batches_expired()->set_released(true);
+    record.mutable_batches_expired()->set_handed_back(true);
+    record.mutable_batches_expired()->add_batch_ids(batch_id);
+    Record(record);
+  }
+  return groups;
+}
+
 uint32_t GroupLedger::ReleaseBatches(
     const std::function<bool(const std::string&)>& gone) {
   absl::MutexLock lock(&mu_);

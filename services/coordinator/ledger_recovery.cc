@@ -78,7 +78,8 @@ absl::Status GroupLedger::ApplyLocked(const journal::Record& record) {
     }
     case journal::Record::kBatchesExpired:
       for (const auto& id : record.batches_expired().batch_ids()) {
-        training_.ExpireBatch(id, record.batches_expired().released());
+        training_.ExpireBatch(id, record.batches_expired().released(),
+                              record.batches_expired().handed_back());
       }
       return absl::OkStatus();
     case journal::Record::kPublished: {

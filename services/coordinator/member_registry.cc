@@ -1,20 +1,30 @@
 #include "services/coordinator/member_registry.h"
 
+#include <random>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
 namespace tandem::coordinator {
 
-MemberRegistry::MemberRegistry(absl::Duration heartbeat_timeout)
-    : heartbeat_timeout_(heartbeat_timeout) {}
+std::string NewIncarnationTag() {
+  const uint32_t nonce = std::random_device{}();
+  return absl::StrCat(absl::Hex(nonce, absl::kZeroPad8));
+}
+
+MemberRegistry::MemberRegistry(absl::Duration heartbeat_timeout,
+                               std::string incarnation)
+    : heartbeat_timeout_(heartbeat_timeout),
+      id_prefix_(incarnation.empty() ? "" : incarnation + "-") {}
 
 tandem::v1::MemberInfo MemberRegistry::Register(
     const tandem::v1::RegisterRequest& request, absl::Time now) {
   absl::MutexLock lock(&mu_);
   Entry entry;
   tandem::v1::MemberInfo& info = entry.info;
-  info.set_member_id(absl::StrCat(RoleName(request.role()), "-", next_id_++));
+  info.set_member_id(
+      absl::StrCat(RoleName(request.role()), "-", id_prefix_, next_id_++));
   info.set_role(request.role());
   info.set_state(tandem::v1::MEMBER_STATE_ALIVE);
   info.set_grpc_address(request.grpc_address());

@@ -4,6 +4,12 @@
 // register, heartbeat and deregister; ExpireSilent() declares dead every
 // member whose last heartbeat is older than the timeout. A dead member's
 // heartbeats are refused so it registers again under a new id. Thread-safe.
+//
+// Member ids are "<role>-<incarnation>-<n>": the incarnation is a random
+// tag drawn once per coordinator start (NewIncarnationTag), so a member
+// registering after a coordinator restart never gets the id of a member of
+// an earlier start, whose leases and batches the journal replayed and whose
+// old process may still heartbeat or submit under that id.
 
 #include <cstdint>
 #include <map>
@@ -20,9 +26,15 @@
 
 namespace tandem::coordinator {
 
+// A random tag (8 hex digits from the OS's entropy) for the member ids of
+// one coordinator start.
+std::string NewIncarnationTag();
+
 class MemberRegistry {
  public:
-  explicit MemberRegistry(absl::Duration heartbeat_timeout);
+  // Ids are "<role>-<incarnation>-<n>", or "<role>-<n>" when `incarnation`
+  // is empty (tests).
+  MemberRegistry(absl::Duration heartbeat_timeout, std::string incarnation);
 
   // Adds a member and returns its info (with a new member_id).
   tandem::v1::MemberInfo Register(const tandem::v1::RegisterRequest& request,
@@ -75,6 +87,7 @@ class MemberRegistry {
   bool IsLiveLocked(const std::string& member_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const absl::Duration heartbeat_timeout_;
+  const std::string id_prefix_;
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> members_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int> reregistrations_ ABSL_GUARDED_BY(mu_);

@@ -1,12 +1,12 @@
 #pragma once
 
-// Size limits on every string and repeated (or map) field of every request
-// of the tandem.v1.Coordinator service, checked at the RPC boundary before
-// anything else looks at the request. gRPC's own cap (64 MiB per message,
-// common/rpc/grpc_server.cc) bounds a request as a whole; these bound each
-// field, so that one member cannot make the coordinator store, journal or
-// repeat (GetClusterStatus, WatchCluster, Register responses) tens of
-// megabytes on its behalf. Each limit is far above what a well-behaved
+// Size limits (common/rpc/field_limits.h) on every string and repeated (or
+// map) field of every request of the tandem.v1.Coordinator service, checked
+// at the RPC boundary before anything else looks at the request. gRPC's own
+// cap (64 MiB per message, common/rpc/grpc_server.cc) bounds a request as a
+// whole; these bound each field, so that one member cannot make the
+// coordinator store, journal or repeat (GetClusterStatus, WatchCluster,
+// Register responses) tens of megabytes on its behalf. Each limit is far above what a well-behaved
 // daemon sends (see the constants); a request over one is refused with
 // INVALID_ARGUMENT naming the field path, its size and the limit.
 //
@@ -21,6 +21,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/rpc/field_limits.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 
@@ -33,8 +34,8 @@ inline constexpr size_t kMaxIdBytes = 256;
 inline constexpr size_t kMaxAddressBytes = 512;
 // RegisterRequest.hostname (Linux HOST_NAME_MAX is 64).
 inline constexpr size_t kMaxHostnameBytes = 255;
-// Free text for logs: Deregister/ReturnLeases reasons, a failed broadcast's
-// error message.
+// Free text for logs: Deregister/ReturnLeases/ReleaseTrainingBatch
+// reasons, a failed broadcast's error message.
 inline constexpr size_t kMaxReasonBytes = 4096;
 // RegisterRequest.capabilities: entries, key and value bytes.
 inline constexpr size_t kMaxCapabilities = 64;
@@ -56,17 +57,7 @@ inline constexpr size_t kMaxTensorNameBytes = 1024;
 inline constexpr size_t kMaxTensorRank = 16;
 inline constexpr size_t kMaxManifestBuckets = 1 << 20;
 
-// The limit of one field, by its full name (e.g.
-// "tandem.v1.RegisterRequest.hostname"): bytes for a string or bytes field
-// (of each element when repeated), entries for a repeated or map field.
-// A map field's key and value are the fields "key" and "value" of its entry
-// message (e.g. "tandem.v1.RegisterRequest.CapabilitiesEntry.value").
-struct FieldLimits {
-  // Repeated and map fields: most entries.
-  std::optional<size_t> max_entries;
-  // String and bytes fields: most bytes per value.
-  std::optional<size_t> max_bytes;
-};
+using rpc::FieldLimits;
 // Nullopt when the table does not list the field.
 std::optional<FieldLimits> LimitsOf(const google::protobuf::FieldDescriptor&);
 

@@ -1,6 +1,7 @@
 #include "services/coordinator/scoring_dispatcher.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -312,12 +313,32 @@ void ScoringDispatcher::Run(const std::string& verifier) {
       if (!malformed && !timed_out) SleepUnlessStopped(options_.retry_backoff);
       continue;
     }
+    uint64_t non_finite = 0;
     for (size_t i = 0; i < batch.size(); ++i) {
-      sink_(batch[i].task, response->results(i).score());
+      const tandem::v1::Score& score = response->results(i).score();
+      if (std::isfinite(score.reward())) {
+        sink_(batch[i].task, score);
+        continue;
+      }
+      // A NaN or infinite reward would make the group's advantages (and
+      // so the loss) non-finite: the sample is scored 0 instead.
+      ++non_finite;
+      Log()->warn(
+          "verifier '{}' at {} returned reward {} for sample {}; scoring it "
+          "0 (non_finite_reward)",
+          verifier, address, score.reward(), batch[i].task.item.item_id());
+      tandem::v1::Score zero;
+      zero.set_reward(0.0);
+      zero.set_outcome("non_finite_reward");
+      zero.set_reason(absl::StrCat("verifier '", verifier, "' at ", address,
+                                   " returned reward ", score.reward(),
+                                   " (outcome '", score.outcome(), "')"));
+      sink_(batch[i].task, zero);
     }
     absl::MutexLock lock(&mu_);
     ++stats_.calls_ok;
-    stats_.items_scored += batch.size();
+    stats_.items_scored += batch.size() - non_finite;
+    stats_.items_non_finite += non_finite;
     stats_.in_flight -= batch.size();
   }
 }

@@ -27,7 +27,10 @@
 // scored 0 with outcome "timeout", so a sample its verifier cannot score
 // within `timeout` cannot stall its group either. A batch refused for
 // exceeding the replica's max_batch_items (RESOURCE_EXHAUSTED naming it;
-// batch_size is set larger) is retried item by item as well.
+// batch_size is set larger) is retried item by item as well. A reward that
+// is not finite (NaN, +-inf: a verifier bug) never reaches its group: the
+// sample is scored 0 with outcome "non_finite_reward", counted and logged
+// with the verifier, its address and the value.
 //
 // Calls run on the dispatcher's own threads, never on a gRPC reactor: each
 // verifier name has `concurrency` threads of its own (started when the name
@@ -114,6 +117,9 @@ struct ScoringStats {
   // Samples scored 0 ("timeout") after their call timed out twice, the
   // second time alone.
   uint64_t items_timed_out = 0;
+  // Samples scored 0 ("non_finite_reward") because their verifier returned
+  // a NaN or infinite reward (not counted in items_scored).
+  uint64_t items_non_finite = 0;
 };
 
 class ScoringDispatcher {

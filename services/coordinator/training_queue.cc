@@ -147,15 +147,22 @@ absl::StatusOr<CommitResult> TrainingQueue::Commit(const std::string& batch_id,
 }
 
 void TrainingQueue::ExpireLocked(std::map<std::string, Batch>::iterator it,
-                                 bool released) {
+                                 bool released, bool handed_back) {
   ExpiredBatch record;
   record.trainer_version = it->second.trainer_version;
   std::vector<std::unique_ptr<GroupState>>& groups = it->second.groups;
   training_groups_ -= groups.size();
-  // Back to the front, keeping their order.
-  for (auto g = groups.rbegin(); g != groups.rend(); ++g) {
-    record.group_ids.push_back((*g)->group_id);
-    ready_.push_front(std::move(*g));
+  if (handed_back) {
+    for (auto& g : groups) {
+      record.group_ids.push_back(g->group_id);
+      ready_.push_back(std::move(g));
+    }
+  } else {
+    // Back to the front, keeping their order.
+    for (auto g = groups.rbegin(); g != groups.rend(); ++g) {
+      record.group_ids.push_back((*g)->group_id);
+      ready_.push_front(std::move(*g));
+    }
   }
   expired_[it->first] = std::move(record);
   expired_order_.push_back(it->first);
@@ -184,11 +191,30 @@ std::vector<std::string> TrainingQueue::ExpireBatches(absl::Time now) {
   return expired;
 }
 
-bool TrainingQueue::ExpireBatch(const std::string& batch_id, bool released) {
+bool TrainingQueue::ExpireBatch(const std::string& batch_id, bool released,
+                                bool handed_back) {
   auto it = batches_.find(batch_id);
   if (it == batches_.end()) return false;
-  ExpireLocked(it, released);
+  ExpireLocked(it, released, handed_back);
   return true;
+}
+
+absl::StatusOr<uint32_t> TrainingQueue::Release(const std::string& batch_id,
+                                                const std::string& member_id) {
+  auto it = batches_.find(batch_id);
+  if (it == batches_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no open training batch '", batch_id,
+        "' (committed, expired or released already, or never handed out)"));
+  }
+  if (!it->second.member_id.empty() && it->second.member_id != member_id) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("training batch '", batch_id, "' was pulled by '",
+                     it->second.member_id, "', not '", member_id, "'"));
+  }
+  const auto groups = static_cast<uint32_t>(it->second.groups.size());
+  ExpireLocked(it, /*released=*/true, /*handed_back=*/true);
+  return groups;
 }
 
 void TrainingQueue::RenewOpenBatches(absl::Time deadline) {

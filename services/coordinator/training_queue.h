@@ -89,8 +89,19 @@ class TrainingQueue {
   // ready queue; returns the expired batches' ids.
   std::vector<std::string> ExpireBatches(absl::Time now);
   // Expires one batch now (journal replay). False when unknown. `released`:
-  // counted as released (its trainer died or left) rather than expired.
-  bool ExpireBatch(const std::string& batch_id, bool released = false);
+  // counted as released (its trainer died or left) rather than expired;
+  // `handed_back`: its groups go to the back, as in Release.
+  bool ExpireBatch(const std::string& batch_id, bool released = false,
+                   bool handed_back = false);
+  // Its holder hands the open batch `batch_id` back untrained: its groups
+  // go to the back of the ready queue at once (behind the groups that
+  // waited meanwhile, so that a batch whose step fails again is not the
+  // next one pulled), counted as released; a late commit of it still
+  // counts, as after ExpireBatches. Returns the batch's group count.
+  // NotFound when no open batch has that id; PermissionDenied when it was
+  // pulled by a member other than `member_id`.
+  absl::StatusOr<uint32_t> Release(const std::string& batch_id,
+                                   const std::string& member_id);
   // Returns the groups of every open batch whose holder (the member that
   // pulled it) satisfies `gone` to the front of the ready queue, as
   // ExpireBatches does (a late commit still counts); returns their ids.
@@ -150,8 +161,10 @@ class TrainingQueue {
   };
 
   bool TooStale(const GroupState& group, uint64_t version) const;
+  // Returns the batch's groups to the ready queue: to the front, or to the
+  // back when `handed_back` (its trainer refused to train it).
   void ExpireLocked(std::map<std::string, Batch>::iterator it,
-                    bool released = false);
+                    bool released = false, bool handed_back = false);
   void Remember(std::map<std::string, uint32_t>* done,
                 std::deque<std::string>* order, const std::string& batch_id,
                 uint32_t count);

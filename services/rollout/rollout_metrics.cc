@@ -58,7 +58,12 @@ RolloutMetrics::RolloutMetrics(prometheus::Registry& r)
       version_spread(Histogram(
           r, "tandem_rollout_sample_version_spread",
           "Policy versions spanned by one finished sample (max - min).",
-          {0, 1, 2, 3, 4, 8, 16})) {
+          {0, 1, 2, 3, 4, 8, 16})),
+      samples_refused(Counter(
+          r, "tandem_rollout_samples_refused_total",
+          "Finished samples the coordinator refused as invalid (sent alone "
+          "after the call holding them was refused) and dropped; the other "
+          "samples of that call were delivered.")) {
   for (const char* reason : {"stop", "length", "aborted"}) {
     finished.Add({{"reason", reason}});
   }

@@ -30,6 +30,9 @@ struct RolloutMetrics {
   prometheus::Histogram& time_per_output_token;
   prometheus::Histogram& pause_seconds;
   prometheus::Histogram& version_spread;
+  // Samples the coordinator refused (each sent alone after their batch was
+  // refused) and that were dropped.
+  prometheus::Counter& samples_refused;
 };
 
 }  // namespace tandem::rollout

@@ -80,7 +80,9 @@ absl::StatusOr<std::unique_ptr<RolloutWorker>> RolloutWorker::Create(
         return self->snapshot_.policy_version;
       },
       static_cast<int32_t>(config.prefetch_prompts));
-  w->submitter_ = std::make_unique<SampleSubmitter>(session->stub(), member_id);
+  w->submitter_ = std::make_unique<SampleSubmitter>(
+      session->stub(), member_id, /*max_batch=*/64,
+      &w->metrics_.samples_refused);
   w->weight_sync_metrics_ =
       std::make_unique<weights::WeightSyncMetrics>(*w->registry_);
   return w;

@@ -9,8 +9,12 @@ namespace tandem::rollout {
 
 SampleSubmitter::SampleSubmitter(tandem::v1::Coordinator::Stub* stub,
                                  std::function<std::string()> member_id,
-                                 int32_t max_batch)
-    : stub_(stub), member_id_(std::move(member_id)), max_batch_(max_batch) {}
+                                 int32_t max_batch,
+                                 prometheus::Counter* refused)
+    : stub_(stub),
+      member_id_(std::move(member_id)),
+      max_batch_(max_batch),
+      refused_counter_(refused) {}
 
 SampleSubmitter::~SampleSubmitter() { Stop(); }
 
@@ -26,14 +30,14 @@ void SampleSubmitter::Enqueue(tandem::v1::Sample sample) {
 bool SampleSubmitter::Flush(absl::Duration deadline) {
   absl::MutexLock lock(&mu_);
   auto empty = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return queue_.empty() && in_flight_ == 0;
+    return queue_.empty() && alone_.empty() && in_flight_ == 0;
   };
   return mu_.AwaitWithTimeout(absl::Condition(&empty), deadline);
 }
 
 size_t SampleSubmitter::pending() const {
   absl::MutexLock lock(&mu_);
-  return queue_.size() + static_cast<size_t>(in_flight_);
+  return queue_.size() + alone_.size() + static_cast<size_t>(in_flight_);
 }
 
 void SampleSubmitter::Stop() {
@@ -54,22 +58,41 @@ uint64_t SampleSubmitter::rejected_total() const {
   return rejected_;
 }
 
+uint64_t SampleSubmitter::refused_total() const {
+  absl::MutexLock lock(&mu_);
+  return refused_;
+}
+
+uint64_t SampleSubmitter::split_total() const {
+  absl::MutexLock lock(&mu_);
+  return splits_;
+}
+
 void SampleSubmitter::Run() {
   auto log = ComponentLogger("rollout");
   absl::Duration backoff = absl::Milliseconds(50);
+  // The request holds one sample of a refused call (from alone_).
+  bool alone = false;
   while (true) {
     tandem::v1::SubmitSamplesRequest request;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return stop_ || !queue_.empty();
+        return stop_ || !queue_.empty() || !alone_.empty();
       };
       mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(100));
       if (stop_) return;
-      if (queue_.empty()) continue;
-      while (!queue_.empty() && request.samples_size() < max_batch_) {
-        *request.add_samples() = std::move(queue_.front());
-        queue_.pop_front();
+      if (!alone_.empty()) {
+        alone = true;
+        *request.add_samples() = std::move(alone_.front());
+        alone_.pop_front();
+      } else {
+        alone = false;
+        if (queue_.empty()) continue;
+        while (!queue_.empty() && request.samples_size() < max_batch_) {
+          *request.add_samples() = std::move(queue_.front());
+          queue_.pop_front();
+        }
       }
       in_flight_ = request.samples_size();
     }
@@ -81,19 +104,24 @@ void SampleSubmitter::Run() {
     const bool retry =
         status.error_code() == grpc::StatusCode::UNAVAILABLE ||
         status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    // Refused whole for (at least) one of its samples: send each alone.
+    const bool split = !status.ok() && !retry && request.samples_size() > 1;
     {
       absl::MutexLock lock(&mu_);
       in_flight_ = 0;
       if (status.ok()) {
         submitted_ += response.accepted() + response.duplicates();
         rejected_ += response.rejected_sample_ids_size();
-      } else if (retry) {
+      } else if (retry || split) {
         // Back in front, in order, for the next attempt.
+        auto& to = alone || split ? alone_ : queue_;
         for (int i = request.samples_size() - 1; i >= 0; --i) {
-          queue_.push_front(std::move(*request.mutable_samples(i)));
+          to.push_front(std::move(*request.mutable_samples(i)));
         }
+        if (split) ++splits_;
       } else {
         rejected_ += request.samples_size();
+        refused_ += request.samples_size();
       }
     }
     if (status.ok()) {
@@ -105,9 +133,19 @@ void SampleSubmitter::Run() {
     } else if (retry) {
       absl::SleepFor(backoff);
       backoff = std::min(backoff * 2, absl::Seconds(2));
+    } else if (split) {
+      log->warn(
+          "SubmitSamples of {} samples refused ({}: {}); sending them one by "
+          "one so that only the bad ones are lost",
+          request.samples_size(), static_cast<int>(status.error_code()),
+          status.error_message());
     } else {
-      log->warn("SubmitSamples failed, dropping {} sample(s): {}",
-                request.samples_size(), status.error_message());
+      if (refused_counter_ != nullptr) {
+        refused_counter_->Increment(request.samples_size());
+      }
+      log->warn("coordinator refused sample {} ({}: {}); dropping it",
+                request.samples(0).sample_id(),
+                static_cast<int>(status.error_code()), status.error_message());
     }
   }
 }

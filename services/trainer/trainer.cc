@@ -1,5 +1,8 @@
 #include "services/trainer/trainer.h"
 
+#include <cstdlib>
+#include <filesystem>
+#include <limits>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +15,7 @@
 #include "services/rollout/torch_engine_model.h"
 #include "services/trainer/checkpoint.h"
 #include "services/trainer/reference_policy.h"
+#include "services/trainer/training_batch.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 
 namespace tandem::trainer {
@@ -343,36 +347,27 @@ absl::Status Trainer::TrainOnce() {
   if (batch.batch_id().empty() || batch.groups_size() == 0) {
     return absl::OkStatus();
   }
-  std::vector<ScoredPromptGroup> groups;
-  for (const auto& g : batch.groups()) {
-    ScoredPromptGroup group;
-    group.prompt.assign(g.prompt_token_ids().begin(),
-                        g.prompt_token_ids().end());
-    // Log-probs at the temperature the samples were drawn with (0, greedy
-    // or unset by an older coordinator, counts as 1).
-    group.temperature = g.sampling().temperature();
-    for (const auto& scored : g.samples()) {
-      const auto& s = scored.sample();
-      ScoredCompletion c;
-      c.tokens.assign(s.completion_token_ids().begin(),
-                      s.completion_token_ids().end());
-      c.behavior_logprobs.assign(s.behavior_logprobs().begin(),
-                                 s.behavior_logprobs().end());
-      c.reward = scored.score().reward();
-      c.min_policy_version = g.min_policy_version();
-      for (const auto& span : s.version_spans()) {
-        c.min_policy_version =
-            std::min(c.min_policy_version, span.policy_version());
-      }
-      group.completions.push_back(std::move(c));
-    }
-    groups.push_back(std::move(group));
+  ConvertedBatch converted = ConvertTrainingBatch(
+      batch, grpo_->policy().weights()->config().vocab_size);
+  for (const std::string& reason : converted.refused) {
+    step_metrics_.RecordRefusedGroup();
+    Log()->error("batch {}: left out of the step: {}", batch.batch_id(),
+                 reason);
   }
+  std::vector<ScoredPromptGroup>& groups = converted.groups;
+  if (groups.empty()) {
+    // Nothing to train and no version to commit the batch with: it is
+    // handed out again after training.batch_timeout_ms (or dropped stale).
+    Log()->error("batch {}: none of its {} groups can be trained",
+                 batch.batch_id(), batch.groups_size());
+    return absl::OkStatus();
+  }
+  PoisonRewardsForTest(&groups);
   ASSIGN_OR_RETURN(GrpoStepStats stats, grpo_->Step(groups));
   if (stats.skipped()) {
-    // Nothing was trained: no version to publish and no batch to commit (it
-    // is handed out again after training.batch_timeout_ms, or dropped as
-    // stale).
+    // Nothing was trained: no version to publish and no batch to commit.
+    // The batch goes back at once (its groups are handed out again, or
+    // dropped as stale).
     step_metrics_.RecordNonFinite(stats);
     Log()->warn(
         "optimizer step {} skipped: its {} is not finite (loss {}, grad norm "
@@ -380,6 +375,9 @@ absl::Status Trainer::TrainOnce() {
         "version stays {}",
         grpo_->step() + 1, stats.nonfinite, stats.loss.loss, stats.grad_norm,
         batch.batch_id(), groups.size(), stats.policy_version);
+    ReleaseBatch(batch.batch_id(),
+                 absl::StrCat("optimizer step skipped: its ", stats.nonfinite,
+                              " is not finite"));
     return absl::OkStatus();
   }
   if (Log()->should_log(spdlog::level::debug)) {
@@ -440,6 +438,42 @@ absl::Status Trainer::TrainOnce() {
     status_.set_last_max_staleness(static_cast<uint64_t>(max));
   }
   return absl::OkStatus();
+}
+
+void Trainer::PoisonRewardsForTest(std::vector<ScoredPromptGroup>* groups) {
+  static const char* const kPoisonFile =
+      std::getenv("TANDEM_TEST_POISON_REWARDS_FILE");
+  if (kPoisonFile == nullptr || *kPoisonFile == 0) return;
+  if (!std::filesystem::exists(kPoisonFile)) return;
+  Log()->warn("fault injection: NaN rewards for this batch while {} exists",
+              kPoisonFile);
+  for (ScoredPromptGroup& group : *groups) {
+    for (ScoredCompletion& completion : group.completions) {
+      completion.reward = std::numeric_limits<double>::quiet_NaN();
+    }
+  }
+}
+
+void Trainer::ReleaseBatch(const std::string& batch_id,
+                           const std::string& reason) {
+  tandem::v1::ReleaseTrainingBatchRequest request;
+  request.set_member_id(member_->session().member_id());
+  request.set_batch_id(batch_id);
+  request.set_reason(reason);
+  tandem::v1::ReleaseTrainingBatchResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  grpc::Status status = member_->session().stub()->ReleaseTrainingBatch(
+      &context, request, &response);
+  if (!status.ok()) {
+    Log()->warn(
+        "could not hand batch {} back ({}); it returns after "
+        "training.batch_timeout_ms",
+        batch_id, status.error_message());
+    return;
+  }
+  Log()->info("handed batch {} back: {} groups ready again", batch_id,
+              response.groups_released());
 }
 
 void Trainer::MaybeEvaluate(bool initial) {

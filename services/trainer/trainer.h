@@ -76,6 +76,10 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
   explicit Trainer(const TrainerConfig& config);
   void TrainingLoop();
   absl::Status TrainOnce();
+  // Hands a pulled batch back untrained (ReleaseTrainingBatch), so that its
+  // groups are ready again at once rather than after batch_timeout_ms.
+  // Best effort: on failure the batch still returns at its deadline.
+  void ReleaseBatch(const std::string& batch_id, const std::string& reason);
   // Stores `version` and announces it with the batch that trained it
   // (empty: none), retrying transport errors until the coordinator answers
   // or the trainer stops. FailedPrecondition: the coordinator refused it.
@@ -88,6 +92,10 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
   // batch it stepped to) and waits, stepped but not yet published, until
   // the file is removed or the trainer stops.
   void HoldBeforePublishForTest(uint64_t version, const std::string& batch_id);
+  // Fault injection for tests: with TANDEM_TEST_POISON_REWARDS_FILE set and
+  // that file present, every reward of the batch is made NaN, so that the
+  // step is skipped as non-finite (and its batch handed back).
+  void PoisonRewardsForTest(std::vector<ScoredPromptGroup>* groups);
   // Flattens the current policy as `version` into store_ (served to pulling
   // workers: the full copy, and a delta on version-1 when DeltaPublisher
   // chose one); the first half of Publish. Returns the payloads.

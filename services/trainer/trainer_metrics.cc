@@ -53,7 +53,17 @@ TrainerStepMetrics::TrainerStepMetrics(prometheus::Registry& registry)
                     "their gradient norm was NaN or infinite, by quantity "
                     "(reward, loss, grad_norm): no update, no new version, "
                     "batch not committed.")
-              .Register(registry)) {
+              .Register(registry)),
+      refused_token_id_(
+          prometheus::BuildCounter()
+              .Name("tandem_trainer_groups_refused_total")
+              .Help("Groups of pulled batches left out of their step, by "
+                    "reason: token_id (a prompt or completion token id "
+                    "outside the policy's vocabulary, which would index "
+                    "past the embedding table). The rest of the batch is "
+                    "trained and committed.")
+              .Register(registry)
+              .Add({{"reason", "token_id"}})) {
   for (const char* quantity : {"reward", "loss", "grad_norm"}) {
     nonfinite_steps_.Add({{"quantity", quantity}});
   }
@@ -62,6 +72,8 @@ TrainerStepMetrics::TrainerStepMetrics(prometheus::Registry& registry)
 void TrainerStepMetrics::RecordNonFinite(const GrpoStepStats& stats) {
   nonfinite_steps_.Add({{"quantity", stats.nonfinite}}).Increment();
 }
+
+void TrainerStepMetrics::RecordRefusedGroup() { refused_token_id_.Increment(); }
 
 double TrainerStepMetrics::TokensPerSecond(const GrpoStepStats& stats) {
   if (!(stats.step_seconds > 0.0)) return 0.0;

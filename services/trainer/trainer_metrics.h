@@ -21,6 +21,10 @@ class TrainerStepMetrics {
   // A step skipped for a non-finite reward, loss or gradient norm
   // (tandem_trainer_nonfinite_steps_total{quantity}).
   void RecordNonFinite(const GrpoStepStats& stats);
+  // A group of a pulled batch left out of its step because a token id was
+  // outside the policy's vocabulary
+  // (tandem_trainer_groups_refused_total{reason="token_id"}).
+  void RecordRefusedGroup();
 
   // Completion tokens trained per second of the step; 0 for a zero-length
   // step.
@@ -37,6 +41,7 @@ class TrainerStepMetrics {
   prometheus::Gauge& grad_norm_;
   prometheus::Gauge& learning_rate_;
   prometheus::Family<prometheus::Counter>& nonfinite_steps_;
+  prometheus::Counter& refused_token_id_;
 };
 
 }  // namespace tandem::trainer

@@ -8,6 +8,7 @@
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
 #include "common/rpc/grpc_client.h"
+#include "services/verifier/request_limits.h"
 
 namespace tandem::verifier {
 namespace {
@@ -288,6 +289,12 @@ grpc::ServerUnaryReactor* Verifier::ScoreBatch(
         grpc::StatusCode::RESOURCE_EXHAUSTED,
         absl::StrCat("batch of ", n, " items exceeds max_batch_items (",
                      config_.max_batch_items, "); send smaller batches")));
+  }
+  if (absl::Status status = CheckVerifierRequestLimits(*request);
+      !status.ok()) {
+    metrics_.CountRejected(kRejectOversized);
+    Log()->warn("refused ScoreBatch: {}", std::string(status.message()));
+    return refuse(rpc::ToGrpcStatus(status));
   }
   if (absl::Status status = ValidateBatch(*request); !status.ok()) {
     return refuse(rpc::ToGrpcStatus(status));

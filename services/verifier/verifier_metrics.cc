@@ -26,9 +26,11 @@ VerifierMetrics::VerifierMetrics(prometheus::Registry& registry)
                    .Add({})),
       rejected_(prometheus::BuildCounter()
                     .Name("tandem_verifier_rejected_batches_total")
-                    .Help("Batches refused with RESOURCE_EXHAUSTED, by "
-                          "reason: busy (max_concurrency), batch_size "
-                          "(max_batch_items).")
+                    .Help("Batches refused, by reason: busy "
+                          "(max_concurrency) and batch_size "
+                          "(max_batch_items) with RESOURCE_EXHAUSTED, "
+                          "oversized (a field over its size limit) with "
+                          "INVALID_ARGUMENT.")
                     .Register(registry)),
       stopped_(prometheus::BuildCounter()
                    .Name("tandem_verifier_items_stopped_total")

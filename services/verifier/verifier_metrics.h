@@ -18,8 +18,11 @@ namespace tandem::verifier {
 // ("busy"), or the batch has more than max_batch_items ("batch_size").
 inline constexpr absl::string_view kRejectBusy = "busy";
 inline constexpr absl::string_view kRejectBatchSize = "batch_size";
-inline constexpr absl::string_view kRejectReasons[] = {kRejectBusy,
-                                                        kRejectBatchSize};
+// A string or repeated field over its limit (INVALID_ARGUMENT,
+// request_limits.h).
+inline constexpr absl::string_view kRejectOversized = "oversized";
+inline constexpr absl::string_view kRejectReasons[] = {
+    kRejectBusy, kRejectBatchSize, kRejectOversized};
 // Why an item was stopped: its own item_timeout_ms ("item_deadline"), its
 // caller's gRPC deadline ("caller_deadline"), or the caller cancelled
 // ("cancelled").

@@ -135,7 +135,11 @@ journal:
             self.assertEqual(status.queues.training_groups, 1)
             # The verifier notices by itself and registers again.
             self.wait_verifier(client)
-            worker = work.Member(client, common.ROLE_ROLLOUT)
+            # The worker registers again naming its old id, as the
+            # rollout worker does: it still holds its old leases (member ids
+            # never repeat across coordinator starts).
+            worker = work.Member(client, common.ROLE_ROLLOUT,
+                                 previous_member_id=worker.member_id)
             trainer = work.Member(client, common.ROLE_TRAINER)
             self.assertEqual(trainer.register_response.policy_version, 1)
             self.assertEqual(

@@ -92,11 +92,11 @@ class Client:
 class Member:
     """A registered member that heartbeats from a thread, like a daemon."""
 
-    def __init__(self, client, role):
+    def __init__(self, client, role, previous_member_id=""):
         self.client = client
         response = client.call("Register", pb.RegisterRequest(
             role=role, grpc_address="127.0.0.1:1", hostname="test",
-            pid=os.getpid()))
+            pid=os.getpid(), previous_member_id=previous_member_id))
         self.member_id = response.member_id
         self.register_response = response
         self.stop = threading.Event()

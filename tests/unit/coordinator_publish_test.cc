@@ -1,6 +1,7 @@
 // The publish protocol of GroupLedger (group_ledger.h): a version is
 // published together with the batch that trained it, idempotently; a dead
-// trainer's batch is released at once; a trainer resuming from an older
+// trainer's batch is released at once, and so is a batch its trainer hands
+// back (ReleaseTrainingBatch); a trainer resuming from an older
 // checkpoint gets the groups it no longer holds trained again or counted
 // lost. With and without a journal (restarts at each crash point).
 
@@ -325,6 +326,45 @@ TEST_CASE(
   CHECK(third->Stats().groups_requeued == 4);
   CHECK(third->Stats().groups_lost == 3);
   CHECK(third->Stats().ready_groups == 2);
+}
+
+TEST_CASE(
+    "Release: a batch its trainer hands back is ready again at once, behind "
+    "the waiting groups, only for its holder, and stays released after a "
+    "restart",
+    "[coordinator][publish][journal]") {
+  TempDir dir;
+  auto ledger = Recovered(dir.path(), "a");
+  const std::vector<std::string> ids = ReadyGroups(*ledger, 3, 0);
+  auto batch = Pull(*ledger, "t1", 0, 2);
+  REQUIRE(batch.groups_size() == 2);
+  CHECK(absl::IsNotFound(ledger->ReleaseBatch("t1", "no-such-batch").status()));
+  CHECK(absl::IsPermissionDenied(
+      ledger->ReleaseBatch("t2", batch.batch_id()).status()));
+  CHECK(ledger->Stats().training_groups == 2);
+  auto released = ledger->ReleaseBatch("t1", batch.batch_id());
+  REQUIRE(released.ok());
+  CHECK(*released == 2);
+  // Long before batch_timeout (30 s): nothing waits for the deadline.
+  LedgerStats stats = ledger->Stats();
+  CHECK(stats.training_groups == 0);
+  CHECK(stats.ready_groups == 3);
+  CHECK(stats.batches_released == 1);
+  CHECK(stats.batches_expired == 0);
+  // Handing it back twice finds nothing.
+  CHECK(
+      absl::IsNotFound(ledger->ReleaseBatch("t1", batch.batch_id()).status()));
+  // The journal keeps the release: a restarted coordinator has the groups
+  // ready, in the same order (the handed-back ones behind the group that
+  // waited, so a batch whose step fails again is not the next one pulled).
+  ledger.reset();
+  auto second = Recovered(dir.path(), "b");
+  stats = second->Stats();
+  CHECK(stats.training_groups == 0);
+  CHECK(stats.ready_groups == 3);
+  CHECK(stats.batches_released == 1);
+  auto again = Pull(*second, "t1", 0);
+  CHECK(GroupIds(again) == std::vector<std::string>{ids[2], ids[0], ids[1]});
 }
 
 TEST_CASE("Resume: a trainer at the latest version loses nothing",

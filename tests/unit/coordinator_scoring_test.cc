@@ -1,6 +1,8 @@
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -16,7 +18,8 @@ namespace {
 // INVALID_ARGUMENT, a batch of "slow" items blocks until `released_`, a
 // batch with a "loop" item or of more than one "heavy" item times out
 // (DEADLINE_EXCEEDED), and a batch of more than two "small" items is over
-// max_batch_items (RESOURCE_EXHAUSTED).
+// max_batch_items (RESOURCE_EXHAUSTED). Items of "nan" and "inf" with an
+// odd last digit get a NaN or +inf reward.
 class FakeVerifiers : public VerifierClient {
  public:
   absl::StatusOr<tandem::v1::ScoreBatchResponse> ScoreBatch(
@@ -49,6 +52,15 @@ class FakeVerifiers : public VerifierClient {
       result->set_item_id(item.item_id());
       result->mutable_score()->set_reward(1.0);
       result->mutable_score()->set_outcome("correct");
+      if (item.verifier() == "nan" || item.verifier() == "inf") {
+        // Every second item of these gets a non-finite reward.
+        if (item.item_id().back() % 2 == 1) {
+          result->mutable_score()->set_reward(
+              item.verifier() == "nan"
+                  ? std::numeric_limits<double>::quiet_NaN()
+                  : std::numeric_limits<double>::infinity());
+        }
+      }
     }
     return response;
   }
@@ -220,6 +232,50 @@ TEST_CASE(
   std::vector<int> calls = verifiers.calls_["a:1"];
   std::sort(calls.begin(), calls.end());
   CHECK(calls == std::vector<int>{1, 1, 1, 1, 1, 1, 1, 1, 3, 3});
+}
+
+TEST_CASE(
+    "Scoring: a NaN or infinite reward from a verifier is never handed on; "
+    "its sample is scored 0 (non_finite_reward) and counted",
+    "[coordinator][scoring]") {
+  FakeVerifiers verifiers;
+  Sink sink;
+  ScoringDispatcherOptions options;
+  options.batch_size = 4;
+  options.batch_wait = absl::Milliseconds(20);
+  options.concurrency = 1;
+  ScoringDispatcher dispatcher(
+      options, &verifiers,
+      [] { return std::vector<VerifierReplica>{{"a:1", {}}}; },
+      [&sink](const ScoringTask& t, const tandem::v1::Score& s) {
+        sink.Add(t, s);
+      });
+  dispatcher.Enqueue(Tasks(4, "nan"));
+  dispatcher.Enqueue(Tasks(4, "inf"));
+  dispatcher.Start();
+  REQUIRE(sink.WaitFor(8));
+  dispatcher.Stop();
+  absl::MutexLock lock(&sink.mu);
+  for (const auto& [id, score] : sink.scores) {
+    INFO(id << " reward " << score.reward());
+    CHECK(std::isfinite(score.reward()));
+  }
+  for (const char* id : {"nan0", "nan2", "inf0", "inf2"}) {
+    INFO(id);
+    CHECK(sink.scores[id].reward() == 1.0);
+  }
+  for (const char* id : {"nan1", "nan3", "inf1", "inf3"}) {
+    INFO(id);
+    CHECK(sink.scores[id].reward() == 0.0);
+    CHECK(sink.scores[id].outcome() == "non_finite_reward");
+  }
+  CHECK(sink.scores["nan1"].reason().find("nan") != std::string::npos);
+  CHECK(sink.scores["inf1"].reason().find("inf") != std::string::npos);
+  CHECK(sink.scores["inf1"].reason().find("'inf' at a:1") != std::string::npos);
+  const ScoringStats stats = dispatcher.Stats();
+  CHECK(stats.items_non_finite == 4);
+  CHECK(stats.items_scored == 4);
+  CHECK(stats.in_flight == 0);
 }
 
 TEST_CASE("Scoring: items wait while no verifier is registered",
@@ -405,7 +461,7 @@ TEST_CASE(
     "Scoring: the registry reports the verifier names each alive replica "
     "advertised",
     "[coordinator][scoring]") {
-  MemberRegistry registry(absl::Seconds(5));
+  MemberRegistry registry(absl::Seconds(5), "");
   const absl::Time now = absl::Now();
   tandem::v1::RegisterRequest request;
   request.set_role(tandem::v1::ROLE_VERIFIER);

@@ -274,14 +274,12 @@ TEST_CASE("a_worker_registered_again_after_a_restart_delivers_its_old_leases") {
   std::string worker;
   tandem::v1::PromptLease lease;
   {
-    Cluster first(dir);                                 // trainer-1
-    worker = first.Register(tandem::v1::ROLE_ROLLOUT);  // rollout-2
+    Cluster first(dir);
+    worker = first.Register(tandem::v1::ROLE_ROLLOUT);
     lease = first.Lease(worker);
   }
   // The restarted coordinator knows the lease (journal) but not the member.
-  Cluster second(dir);  // trainer-1 again
-  // Member ids restart with the coordinator: keep clear of rollout-2.
-  second.Register(tandem::v1::ROLE_TRAINER);  // trainer-2
+  Cluster second(dir);
   const std::string stranger = second.Register(tandem::v1::ROLE_ROLLOUT);
   const std::string successor =
       second.Register(tandem::v1::ROLE_ROLLOUT, /*previous=*/worker);
@@ -344,6 +342,68 @@ TEST_CASE("register_refuses_oversized_fields_and_leaves_status_intact") {
              Catch::Contains("SyncWeightGroupRequest.failure is 4097 bytes"));
 }
 
+TEST_CASE("release_training_batch_checks_its_fields_and_names_what_is_wrong") {
+  Cluster cluster;
+  auto release = [&](const std::string& member, const std::string& batch,
+                     const std::string& reason) {
+    tandem::v1::ReleaseTrainingBatchRequest request;
+    request.set_member_id(member);
+    request.set_batch_id(batch);
+    request.set_reason(reason);
+    tandem::v1::ReleaseTrainingBatchResponse response;
+    grpc::ClientContext context;
+    return cluster.stub->ReleaseTrainingBatch(&context, request, &response);
+  };
+  grpc::Status status = release(cluster.trainer_id, "", "nan");
+  CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK_THAT(status.error_message(), Catch::Contains("batch_id is empty"));
+  status = release(cluster.trainer_id, "b-none", std::string(5000, 'r'));
+  CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK_THAT(status.error_message(),
+             Catch::Contains("ReleaseTrainingBatchRequest.reason is 5000 "
+                             "bytes; the limit is 4096"));
+  status = release(cluster.trainer_id, "b-none", "loss is not finite");
+  CHECK(status.error_code() == grpc::StatusCode::NOT_FOUND);
+  CHECK_THAT(status.error_message(), Catch::Contains("b-none"));
+}
+
+TEST_CASE("member_ids_of_a_restarted_coordinator_differ_from_every_old_one") {
+  const std::string dir = absl::StrCat("/tmp/tandem-ids-", ::getpid(), "-",
+                                       absl::ToUnixNanos(absl::Now()));
+  std::set<std::string> old_ids;
+  {
+    Cluster first(dir);
+    old_ids.insert(first.trainer_id);
+    for (int i = 0; i < 3; ++i) {
+      const std::string worker = first.Register(tandem::v1::ROLE_ROLLOUT);
+      old_ids.insert(worker);
+      first.Lease(worker);  // journaled under this member's id
+      old_ids.insert(first.Register(tandem::v1::ROLE_VERIFIER));
+    }
+  }
+  REQUIRE(old_ids.size() == 7);
+  // Same journal, same order of registrations: none may reuse an old id
+  // (the journal's leases still name them).
+  Cluster second(dir);
+  std::vector<std::string> new_ids = {second.trainer_id};
+  for (int i = 0; i < 3; ++i) {
+    new_ids.push_back(second.Register(tandem::v1::ROLE_ROLLOUT));
+    new_ids.push_back(second.Register(tandem::v1::ROLE_VERIFIER));
+  }
+  for (const std::string& id : new_ids) {
+    INFO(id);
+    CHECK(old_ids.count(id) == 0);
+  }
+  // A heartbeat under an old id is refused, not taken for a new member's.
+  tandem::v1::HeartbeatRequest heartbeat;
+  heartbeat.set_member_id(*old_ids.begin());
+  tandem::v1::HeartbeatResponse heartbeat_response;
+  grpc::ClientContext context;
+  CHECK(second.stub->Heartbeat(&context, heartbeat, &heartbeat_response)
+            .error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  std::filesystem::remove_all(dir);
+}
+
 // Every string, repeated and map field reachable from `type`, by full name,
 // with whether the table lists the limit its kind needs.
 void CollectUnlimited(const google::protobuf::Descriptor& type,
@@ -377,7 +437,7 @@ TEST_CASE("every_string_and_repeated_field_of_every_request_has_a_limit") {
   for (int i = 0; i < service->method_count(); ++i) {
     CollectUnlimited(*service->method(i)->input_type(), &seen, &missing);
   }
-  CHECK(service->method_count() == 14);
+  CHECK(service->method_count() == 15);
   CHECK(missing == std::vector<std::string>{});
 }
 

@@ -13,7 +13,7 @@ tandem::v1::RegisterRequest Request(tandem::v1::Role role) {
 }
 
 TEST_CASE("a member silent past the timeout is declared dead exactly once") {
-  MemberRegistry registry(absl::Seconds(3));
+  MemberRegistry registry(absl::Seconds(3), "");
   const absl::Time t0 = absl::FromUnixSeconds(1000);
   auto a = registry.Register(Request(tandem::v1::ROLE_ROLLOUT), t0);
   auto b = registry.Register(Request(tandem::v1::ROLE_VERIFIER), t0);
@@ -31,7 +31,7 @@ TEST_CASE("a member silent past the timeout is declared dead exactly once") {
 }
 
 TEST_CASE("a dead member's heartbeat is refused so it registers again") {
-  MemberRegistry registry(absl::Seconds(1));
+  MemberRegistry registry(absl::Seconds(1), "");
   const absl::Time t0 = absl::FromUnixSeconds(1000);
   auto a = registry.Register(Request(tandem::v1::ROLE_ROLLOUT), t0);
   registry.ExpireSilent(t0 + absl::Seconds(2));
@@ -50,7 +50,7 @@ TEST_CASE("a dead member's heartbeat is refused so it registers again") {
 
 TEST_CASE(
     "unknown member heartbeat fails and deregistered members are pruned") {
-  MemberRegistry registry(absl::Seconds(1));
+  MemberRegistry registry(absl::Seconds(1), "");
   const absl::Time t0 = absl::FromUnixSeconds(1000);
   tandem::v1::HeartbeatRequest hb;
   hb.set_member_id("rollout-99");
@@ -62,6 +62,19 @@ TEST_CASE(
   CHECK(registry.Snapshot().size() == 1);
   registry.Prune(t0 + absl::Seconds(10), absl::Seconds(5));
   CHECK(registry.Snapshot().empty());
+}
+
+TEST_CASE("ids carry the incarnation tag, so two starts never share one") {
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  const std::string tag = NewIncarnationTag();
+  CHECK(tag.size() == 8);
+  CHECK(NewIncarnationTag() != tag);
+  MemberRegistry before(absl::Seconds(1), tag);
+  MemberRegistry after(absl::Seconds(1), NewIncarnationTag());
+  auto a = before.Register(Request(tandem::v1::ROLE_ROLLOUT), t0);
+  auto b = after.Register(Request(tandem::v1::ROLE_ROLLOUT), t0);
+  CHECK(a.member_id() == "rollout-" + tag + "-1");
+  CHECK(b.member_id() != a.member_id());
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // The verifier daemon in process, through its real gRPC surface: every
 // sandbox escape attempt of issue 7 ends as reward 0 with a reason and the
 // daemon keeps serving; malformed batches get INVALID_ARGUMENT naming the
-// item and field; a full verifier answers RESOURCE_EXHAUSTED.
+// item and field; a full verifier answers RESOURCE_EXHAUSTED; the table of
+// size limits covers every string, repeated and map field of every
+// Verifier request.
 
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
@@ -16,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "nlohmann/json.hpp"
+#include "services/verifier/request_limits.h"
 #include "services/verifier/verifier.h"
 #include "tandem/v1/verifier.grpc.pb.h"
 
@@ -336,6 +339,14 @@ TEST_CASE(
   (*request.mutable_items(0)->mutable_metadata())["answer"] = "1";
   REQUIRE(daemon.Score(request, &response).ok());
   CHECK(response.results(0).score().reward() == 1.0);
+}
+
+TEST_CASE("every_string_and_repeated_field_of_every_request_has_a_limit") {
+  int methods = 0;
+  const std::vector<std::string> missing = rpc::FieldsWithoutLimits(
+      "tandem.v1.Verifier", VerifierRequestLimits(), &methods);
+  CHECK(methods == 2);
+  CHECK(missing == std::vector<std::string>{});
 }
 
 }  // namespace
