@@ -399,66 +399,77 @@ void GroupLedger::MaybeReadyLocked(const std::string& group_id) {
 
 tandem::v1::PullTrainingBatchResponse GroupLedger::Pull(
     const tandem::v1::PullTrainingBatchRequest& request, absl::Time now) {
-  absl::MutexLock lock(&mu_);
-  // The trainer's batch size is the consumption per version.
-  if (request.max_groups() > 0) groups_per_version_ = request.max_groups();
-  const std::string batch_id =
-      absl::StrCat(options_.id_prefix, "-b", next_id_++);
-  tandem::v1::PullTrainingBatchResponse response =
-      training_.Pull(request, batch_id, now);
-  for (tandem::v1::ScoredGroup& group : *response.mutable_groups()) {
-    *group.mutable_sampling() = options_.sampling;
-  }
-  if (journal_ &&
-      (!response.batch_id().empty() || response.dropped_stale_groups() > 0)) {
-    journal::Record record;
-    journal::Pulled* pulled = record.mutable_pulled();
-    pulled->set_batch_id(batch_id);
-    pulled->set_trainer_policy_version(request.trainer_policy_version());
-    pulled->set_max_tokens(request.max_tokens());
-    pulled->set_max_groups(request.max_groups());
-    pulled->set_unix_ms(absl::ToUnixMillis(now));
-    for (const auto& group : response.groups()) {
-      pulled->add_group_ids(group.group_id());
+  tandem::v1::PullTrainingBatchResponse response;
+  std::string batch_id;
+  Journal* journal = nullptr;
+  uint64_t position = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    // The trainer's batch size is the consumption per version.
+    if (request.max_groups() > 0) groups_per_version_ = request.max_groups();
+    batch_id = absl::StrCat(options_.id_prefix, "-b", next_id_++);
+    response = training_.Pull(request, batch_id, now);
+    for (tandem::v1::ScoredGroup& group : *response.mutable_groups()) {
+      *group.mutable_sampling() = options_.sampling;
     }
-    pulled->set_member_id(request.member_id());
-    Record(record);
-    // A batch handed out is never forgotten: the trainer may train it into
-    // a version whatever happens to this process next (publish protocol).
-    if (!response.batch_id().empty()) {
-      if (absl::Status s = journal_->Sync(); !s.ok()) {
-        ComponentLogger("coordinator")
-            ->error("not handing out training batch {}: {}", batch_id,
-                    s.ToString());
-        training_.ExpireBatch(batch_id);
-        journal::Record expired;
-        expired.mutable_batches_expired()->add_batch_ids(batch_id);
-        Record(expired);
-        tandem::v1::PullTrainingBatchResponse none;
-        none.set_dropped_stale_groups(response.dropped_stale_groups());
-        return none;
+    if (journal_ && (!response.batch_id().empty() ||
+                     response.dropped_stale_groups() > 0)) {
+      journal::Record record;
+      journal::Pulled* pulled = record.mutable_pulled();
+      pulled->set_batch_id(batch_id);
+      pulled->set_trainer_policy_version(request.trainer_policy_version());
+      pulled->set_max_tokens(request.max_tokens());
+      pulled->set_max_groups(request.max_groups());
+      pulled->set_unix_ms(absl::ToUnixMillis(now));
+      for (const auto& group : response.groups()) {
+        pulled->add_group_ids(group.group_id());
       }
+      pulled->set_member_id(request.member_id());
+      position = Record(record);
+      if (!response.batch_id().empty()) journal = journal_.get();
     }
+  }
+  // A batch handed out is never forgotten: the trainer may train it into
+  // a version whatever happens to this process next (publish protocol).
+  // Synced outside the lock (group commit): leases and submits go on.
+  if (journal == nullptr) return response;
+  if (absl::Status s = journal->SyncTo(position); !s.ok()) {
+    ComponentLogger("coordinator")
+        ->error("not handing out training batch {}: {}", batch_id,
+                s.ToString());
+    absl::MutexLock lock(&mu_);
+    training_.ExpireBatch(batch_id);
+    journal::Record expired;
+    expired.mutable_batches_expired()->add_batch_ids(batch_id);
+    Record(expired);
+    tandem::v1::PullTrainingBatchResponse none;
+    none.set_dropped_stale_groups(response.dropped_stale_groups());
+    return none;
   }
   return response;
 }
 
 absl::StatusOr<CommitResult> GroupLedger::Commit(const std::string& batch_id,
                                                  uint64_t policy_version) {
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<CommitResult> result =
-      training_.Commit(batch_id, policy_version);
-  if (result.ok() && !result->repeated) {
-    history_.Add(policy_version, std::move(result->trained));
+  Journal* journal = nullptr;
+  uint64_t position = 0;
+  absl::StatusOr<CommitResult> result;
+  {
+    absl::MutexLock lock(&mu_);
+    result = training_.Commit(batch_id, policy_version);
+    if (result.ok() && !result->repeated) {
+      history_.Add(policy_version, std::move(result->trained));
+    }
+    if (journal_ && result.ok() && !result->staleness.empty()) {
+      journal::Record record;
+      record.mutable_committed()->set_batch_id(batch_id);
+      record.mutable_committed()->set_policy_version(policy_version);
+      position = Record(record);
+      journal = journal_.get();
+    }
   }
-  if (journal_ && result.ok() && !result->staleness.empty()) {
-    journal::Record record;
-    record.mutable_committed()->set_batch_id(batch_id);
-    record.mutable_committed()->set_policy_version(policy_version);
-    Record(record);
-    // A batch boundary: what the trainer is told is trained stays trained.
-    if (absl::Status s = journal_->Sync(); !s.ok()) return s;
-  }
+  // A batch boundary: what the trainer is told is trained stays trained.
+  if (journal != nullptr) RETURN_IF_ERROR(journal->SyncTo(position));
   return result;
 }
 
@@ -482,8 +493,8 @@ void GroupLedger::LatestVersion(tandem::v1::WeightManifest* manifest,
   *weight_server_address = weight_server_address_;
 }
 
-void GroupLedger::Record(const journal::Record& record) {
-  if (journal_) journal_->Append(record);
+uint64_t GroupLedger::Record(const journal::Record& record) {
+  return journal_ ? journal_->Append(record) : 0;
 }
 
 uint64_t GroupLedger::policy_version() const {

@@ -257,6 +257,8 @@ class GroupLedger {
   // that still need a score. Errors name the journal and offset.
   absl::Status Recover(std::unique_ptr<Journal> journal, absl::Time now,
                        std::vector<ScoringTask>* to_score);
+  // The journal (null without one); outlives every call on the ledger.
+  Journal* journal() const;
   // Writes buffered journal records to the file (no fsync).
   absl::Status FlushJournal();
   // Writes and fsyncs them.
@@ -310,7 +312,10 @@ class GroupLedger {
   // Forgets what versions after `version` trained (Resume, replay).
   ResumeResult RewindLocked(uint64_t version)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Record(const journal::Record& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends `record` to the journal (if any); returns its log position for
+  // Journal::SyncTo, which callers call after releasing mu_.
+  uint64_t Record(const journal::Record& record)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies one journal record (replay).
   absl::Status ApplyLocked(const journal::Record& record)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -346,7 +351,10 @@ class GroupLedger {
   TrainedHistory history_ ABSL_GUARDED_BY(mu_);
   tandem::v1::WeightManifest manifest_ ABSL_GUARDED_BY(mu_);
   std::string weight_server_address_ ABSL_GUARDED_BY(mu_);
-  // Null when the coordinator runs without a journal.
+  // Null when the coordinator runs without a journal. Set once by
+  // Recover() before the ledger serves; the Journal is thread-safe, so
+  // callers sync through the pointer after releasing mu_ (group commit:
+  // no lease or submit waits for the disk).
   std::unique_ptr<Journal> journal_ ABSL_GUARDED_BY(mu_);
   uint64_t groups_per_version_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

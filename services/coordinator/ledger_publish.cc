@@ -26,28 +26,32 @@ absl::Status GroupLedger::PublishVersion(uint64_t version) {
 absl::StatusOr<PublishResult> GroupLedger::PublishTrainedVersion(
     const tandem::v1::WeightManifest& manifest,
     const std::string& weight_server_address, const std::string& batch_id) {
-  absl::MutexLock lock(&mu_);
-  const uint64_t version = manifest.policy_version();
   PublishResult result;
-  if (!batch_id.empty() && version == policy_version_ &&
-      batch_id == last_batch_id_) {
-    // The same publish again: its answer was lost (a coordinator restart,
-    // a timeout). Synced, in case the first attempt's sync failed.
-    result.duplicate = true;
-    if (journal_) RETURN_IF_ERROR(journal_->Sync());
-    return result;
+  Journal* journal = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    journal = journal_.get();
+    const uint64_t version = manifest.policy_version();
+    if (!batch_id.empty() && version == policy_version_ &&
+        batch_id == last_batch_id_) {
+      // The same publish again: its answer was lost (a coordinator
+      // restart, a timeout). Synced below, in case the first attempt's
+      // sync failed or is still under way.
+      result.duplicate = true;
+    } else if (version != policy_version_ + 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "policy versions go up by one: expected ", policy_version_ + 1,
+          ", got ", version,
+          batch_id.empty() ? std::string()
+                           : absl::StrCat(" (batch '", batch_id, "')")));
+    } else {
+      ASSIGN_OR_RETURN(result.commit,
+                       CommitAndPublishLocked(manifest, weight_server_address,
+                                              batch_id, journal != nullptr));
+    }
   }
-  if (version != policy_version_ + 1) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "policy versions go up by one: expected ", policy_version_ + 1,
-        ", got ", version,
-        batch_id.empty() ? std::string()
-                         : absl::StrCat(" (batch '", batch_id, "')")));
-  }
-  ASSIGN_OR_RETURN(result.commit,
-                   CommitAndPublishLocked(manifest, weight_server_address,
-                                          batch_id, journal_ != nullptr));
-  if (journal_) RETURN_IF_ERROR(journal_->Sync());
+  // Synced outside the lock (group commit), before the trainer is told.
+  if (journal != nullptr) RETURN_IF_ERROR(journal->Sync());
   return result;
 }
 
@@ -151,21 +155,26 @@ ResumeResult GroupLedger::RewindLocked(uint64_t version) {
 
 absl::StatusOr<ResumeResult> GroupLedger::Resume(const std::string& member_id,
                                                  uint64_t trainer_version) {
-  absl::MutexLock lock(&mu_);
-  // One trainer trains: a trainer that (re)starts replaces every earlier
-  // one, whose batches it would otherwise wait for.
-  std::vector<std::string> released = training_.ReleaseBatches(
-      [&](const std::string& holder) { return holder != member_id; });
-  ReleaseLocked(released);
-  if (journal_) {
-    journal::Record record;
-    record.mutable_resumed()->set_policy_version(trainer_version);
-    record.mutable_resumed()->set_member_id(member_id);
-    Record(record);
+  ResumeResult result;
+  Journal* journal = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    journal = journal_.get();
+    // One trainer trains: a trainer that (re)starts replaces every earlier
+    // one, whose batches it would otherwise wait for.
+    std::vector<std::string> released = training_.ReleaseBatches(
+        [&](const std::string& holder) { return holder != member_id; });
+    ReleaseLocked(released);
+    if (journal_) {
+      journal::Record record;
+      record.mutable_resumed()->set_policy_version(trainer_version);
+      record.mutable_resumed()->set_member_id(member_id);
+      Record(record);
+    }
+    result = RewindLocked(trainer_version);
+    result.batches_released = static_cast<uint32_t>(released.size());
   }
-  ResumeResult result = RewindLocked(trainer_version);
-  result.batches_released = static_cast<uint32_t>(released.size());
-  if (journal_) RETURN_IF_ERROR(journal_->Sync());
+  if (journal != nullptr) RETURN_IF_ERROR(journal->Sync());
   return result;
 }
 

@@ -262,22 +262,30 @@ absl::Status GroupLedger::Recover(std::unique_ptr<Journal> journal,
   return absl::OkStatus();
 }
 
-absl::Status GroupLedger::FlushJournal() {
+Journal* GroupLedger::journal() const {
   absl::MutexLock lock(&mu_);
-  return journal_ ? journal_->Flush() : absl::OkStatus();
+  return journal_.get();
+}
+
+absl::Status GroupLedger::FlushJournal() {
+  Journal* j = journal();
+  return j ? j->Flush() : absl::OkStatus();
 }
 
 absl::Status GroupLedger::SyncJournal() {
-  absl::MutexLock lock(&mu_);
-  return journal_ ? journal_->Sync() : absl::OkStatus();
+  Journal* j = journal();
+  return j ? j->Sync() : absl::OkStatus();
 }
 
 absl::Status GroupLedger::MaybeCompactJournal(uint64_t max_bytes) {
-  absl::MutexLock lock(&mu_);
-  if (!journal_ || journal_->size_bytes() <= max_bytes) {
-    return absl::OkStatus();
-  }
-  return journal_->Rewrite(SnapshotLocked());
+  Journal* j = journal();
+  if (j == nullptr || j->size_bytes() <= max_bytes) return absl::OkStatus();
+  // The snapshot is taken under mu_; the new file is written and synced
+  // outside it.
+  return j->Compact([this, j] {
+    absl::MutexLock lock(&mu_);
+    return Journal::Snapshot{SnapshotLocked(), j->appended()};
+  });
 }
 
 uint64_t GroupLedger::journal_bytes() const {

@@ -1,11 +1,15 @@
 // Control-plane capacity: simulated rollout workers in this process (a
 // process separate from the coordinator) lease prompts and submit finished
 // samples over loopback as fast as they can. Reports accepted samples/s and
-// SubmitSamples / LeasePrompts latency percentiles. Run it through
-// tests/bench/coordinator_bench.sh, which starts a coordinator for it.
+// SubmitSamples / LeasePrompts latency percentiles. With --trainer 1 a
+// simulated trainer publishes versions back to back meanwhile (each
+// publish syncs the coordinator's journal when it has one; the bench script
+// runs it with a journal on a slowed disk to show whether workers wait for
+// it). Run it through tests/bench/coordinator_bench.sh, which starts a
+// coordinator for it.
 //
 //   coordinator_bench --coordinator HOST:PORT [--workers 16] [--seconds 10]
-//                     [--tokens 16] [--batch 64]
+//                     [--tokens 16] [--batch 64] [--trainer 0|1]
 
 #include <grpcpp/grpcpp.h>
 
@@ -32,6 +36,7 @@ struct Flags {
   int seconds = 10;
   int tokens = 16;
   int batch = 64;
+  int trainer = 0;
 };
 
 struct Latencies {
@@ -141,6 +146,46 @@ void Worker(const Flags& flags, std::atomic<bool>* stop,
                           lease_ms.end());
 }
 
+// Publishes version after version (no batch: each publish only announces
+// a version, and syncs the journal) until `stop`; returns how many.
+uint64_t Trainer(const Flags& flags, const std::atomic<bool>* stop) {
+  auto stub = tandem::v1::Coordinator::NewStub(
+      tandem::rpc::MakeChannel(flags.coordinator));
+  tandem::v1::RegisterRequest reg;
+  reg.set_role(tandem::v1::ROLE_TRAINER);
+  reg.set_grpc_address("127.0.0.1:1");
+  tandem::v1::RegisterResponse reg_response;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(5));
+    if (!stub->Register(&context, reg, &reg_response).ok()) std::abort();
+  }
+  uint64_t version = 0;
+  auto last_heartbeat = Clock::now();
+  while (!*stop) {
+    if (Clock::now() - last_heartbeat > std::chrono::milliseconds(500)) {
+      tandem::v1::HeartbeatRequest hb;
+      hb.set_member_id(reg_response.member_id());
+      tandem::v1::HeartbeatResponse hb_response;
+      grpc::ClientContext context;
+      stub->Heartbeat(&context, hb, &hb_response);
+      last_heartbeat = Clock::now();
+    }
+    tandem::v1::PublishPolicyVersionRequest request;
+    request.set_member_id(reg_response.member_id());
+    request.mutable_manifest()->set_policy_version(version + 1);
+    tandem::v1::PublishPolicyVersionResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
+    if (stub->PublishPolicyVersion(&context, request, &response).ok()) {
+      ++version;
+    }
+  }
+  return version;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -157,6 +202,8 @@ int main(int argc, char** argv) {
       flags.tokens = std::atoi(argv[i + 1]);
     else if (f == "--batch")
       flags.batch = std::atoi(argv[i + 1]);
+    else if (f == "--trainer")
+      flags.trainer = std::atoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "unknown flag %s\n", f.c_str());
       return 2;
@@ -175,15 +222,25 @@ int main(int argc, char** argv) {
     threads.emplace_back(Worker, std::cref(flags), &stop, &accepted, &rejected,
                          &latencies);
   }
+  uint64_t published = 0;
+  std::thread trainer;
+  if (flags.trainer > 0) {
+    trainer = std::thread([&] { published = Trainer(flags, &stop); });
+  }
   std::this_thread::sleep_for(std::chrono::seconds(flags.seconds));
   stop = true;
   for (auto& t : threads) t.join();
+  if (trainer.joinable()) trainer.join();
   const double seconds =
       std::chrono::duration<double>(Clock::now() - start).count();
   std::printf(
       "workers %d, %d completion tokens/sample, %d samples/SubmitSamples, "
       "%.1f s\n",
       flags.workers, flags.tokens, flags.batch, seconds);
+  if (flags.trainer > 0) {
+    std::printf("versions published meanwhile: %llu\n",
+                static_cast<unsigned long long>(published));
+  }
   std::printf("accepted samples: %llu (%.0f samples/s), rejected %llu\n",
               static_cast<unsigned long long>(accepted.load()),
               accepted / seconds,

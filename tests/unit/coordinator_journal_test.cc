@@ -2,10 +2,14 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <set>
+#include <thread>
 
+#include "absl/synchronization/notification.h"
 #include "coordinator_test_util.h"
 #include "services/coordinator/group_ledger.h"
 #include "services/coordinator/journal.h"
@@ -229,6 +233,168 @@ TEST_CASE("Ledger recovered from its journal continues where it stopped",
   LedgerStats restored = third->Stats();
   CheckSameState(after, restored);
   CHECK(to_score.empty());
+}
+
+
+// A disk that blocks every fdatasync until released.
+class StuckDisk {
+ public:
+  explicit StuckDisk(Journal* journal) : journal_(journal) {
+    journal->set_before_sync([this] {
+      entered_.fetch_add(1);
+      release_.WaitForNotification();
+    });
+  }
+  ~StuckDisk() {
+    Release();
+    journal_->set_before_sync(nullptr);
+  }
+  // Waits until a sync is blocked on this disk.
+  void WaitForSync() const {
+    while (entered_.load() == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  void Release() {
+    if (!release_.HasBeenNotified()) release_.Notify();
+  }
+
+ private:
+  Journal* journal_;
+  std::atomic<int> entered_{0};
+  absl::Notification release_;
+};
+
+// Runs `f` on another thread; true if it returns while `disk` is stuck,
+// within a (generous) time. A call that waits for the disk never does: the
+// disk is then released and the test fails instead of hanging.
+template <typename F>
+bool ReturnsWhileDiskIsStuck(StuckDisk& disk, F f) {
+  auto done = std::async(std::launch::async, f);
+  if (done.wait_for(std::chrono::seconds(20)) == std::future_status::ready) {
+    return true;
+  }
+  disk.Release();
+  return false;
+}
+
+TEST_CASE("Journal: a sync in progress lets appends go on; the callers "
+          "queued behind it share one sync (group commit)",
+          "[coordinator][journal]") {
+  TempDir dir;
+  auto opened = Journal::Open(dir.path());
+  REQUIRE(opened.ok());
+  Journal& journal = **opened;
+  StuckDisk disk(&journal);
+  const uint64_t first = journal.Append(Skip(1));
+  auto syncing = std::async(std::launch::async,
+                            [&] { return journal.SyncTo(first); });
+  disk.WaitForSync();
+  // Appends do not wait for the disk; their syncs queue behind the one in
+  // progress.
+  std::vector<std::future<absl::Status>> queued;
+  for (uint64_t i = 2; i <= 5; ++i) {
+    uint64_t position = 0;
+    auto append = [&] { position = journal.Append(Skip(i)); };
+    CHECK(ReturnsWhileDiskIsStuck(disk, append));
+    queued.push_back(std::async(std::launch::async, [&journal, position] {
+      return journal.SyncTo(position);
+    }));
+  }
+  CHECK(journal.syncs() == 0);
+  disk.Release();
+  REQUIRE(syncing.get().ok());
+  for (auto& q : queued) REQUIRE(q.get().ok());
+  // One sync for record 1, one for 2-5 together.
+  CHECK(journal.syncs() == 2);
+  auto reopened = Journal::Open(dir.path());
+  REQUIRE(reopened.ok());
+  uint64_t dropped = 0;
+  CHECK(ReplayAll(**reopened, &dropped) ==
+        std::vector<uint64_t>{1, 2, 3, 4, 5});
+}
+
+TEST_CASE("Journal: records appended while a compaction writes its "
+          "snapshot are kept after it",
+          "[coordinator][journal]") {
+  TempDir dir;
+  auto opened = Journal::Open(dir.path());
+  REQUIRE(opened.ok());
+  Journal& journal = **opened;
+  journal.Append(Skip(1));
+  journal.Append(Skip(2));
+  REQUIRE(journal.Sync().ok());
+  // During the compaction's sync of its new file (the hook runs with no
+  // lock held), another record arrives.
+  bool appended = false;
+  journal.set_before_sync([&] {
+    if (!appended) journal.Append(Skip(3));
+    appended = true;
+  });
+  REQUIRE(journal
+              .Compact([&] {
+                return Journal::Snapshot{{Skip(12)}, journal.appended()};
+              })
+              .ok());
+  journal.set_before_sync(nullptr);
+  REQUIRE(journal.Sync().ok());
+  auto reopened = Journal::Open(dir.path());
+  REQUIRE(reopened.ok());
+  uint64_t dropped = 0;
+  CHECK(ReplayAll(**reopened, &dropped) == std::vector<uint64_t>{12, 3});
+}
+
+TEST_CASE("Ledger: leases, submits and status go on while a publish, a "
+          "commit or a hand-out waits for the disk",
+          "[coordinator][journal]") {
+  TempDir dir;
+  std::vector<ScoringTask> to_score;
+  auto ledger = Recovered(dir.path(), "a", kT0, &to_score);
+  auto leases = ledger->Lease("w", 4, 0, kT0);
+  REQUIRE(leases.leases_size() == 4);
+  for (int g = 0; g < 2; ++g) {
+    Submit(*ledger, leases.leases(g), 0, 0, true);
+    Submit(*ledger, leases.leases(g), 1, 0, true);
+  }
+  StuckDisk disk(ledger->journal());
+  SECTION("a batch handed out") {
+    tandem::v1::PullTrainingBatchRequest pull;
+    pull.set_max_groups(100);
+    auto pulling = std::async(std::launch::async,
+                              [&] { return ledger->Pull(pull, kT0); });
+    disk.WaitForSync();
+    auto lease_and_submit = [&] {
+      Submit(*ledger, leases.leases(2), 0, 0, true);
+      CHECK(ledger->Lease("v", 1, 0, kT0).leases_size() == 1);
+      CHECK(ledger->Stats().training_groups == 2);
+    };
+    CHECK(ReturnsWhileDiskIsStuck(disk, lease_and_submit));
+    disk.Release();
+    CHECK(pulling.get().groups_size() == 2);
+  }
+  SECTION("a version published with its batch") {
+    tandem::v1::PullTrainingBatchRequest pull;
+    pull.set_max_groups(100);
+    disk.Release();
+    auto batch = ledger->Pull(pull, kT0);
+    REQUIRE(batch.groups_size() == 2);
+    StuckDisk again(ledger->journal());
+    tandem::v1::WeightManifest manifest;
+    manifest.set_policy_version(1);
+    auto publishing = std::async(std::launch::async, [&] {
+      return ledger->PublishTrainedVersion(manifest, "", batch.batch_id());
+    });
+    again.WaitForSync();
+    auto lease_and_submit = [&] {
+      Submit(*ledger, leases.leases(2), 0, 1, true);
+      CHECK(ledger->Lease("v", 1, 1, kT0).leases_size() == 1);
+    };
+    CHECK(ReturnsWhileDiskIsStuck(again, lease_and_submit));
+    again.Release();
+    auto published = publishing.get();
+    REQUIRE(published.ok());
+    CHECK(published->commit.groups == 2);
+  }
 }
 
 }  // namespace
