@@ -88,6 +88,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   scoring.retry_backoff = absl::Milliseconds(config.scoring.retry_backoff_ms);
   scoring.unroutable_timeout =
       absl::Milliseconds(config.scoring.unroutable_timeout_ms);
+  // Before the scoring dispatcher: its callback posts to it.
+  self->sync_pool_ = std::make_unique<boost::asio::thread_pool>(1);
   self->scoring_ = std::make_unique<ScoringDispatcher>(
       scoring, &self->verifier_client_,
       [self] {
@@ -101,7 +103,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
       [self](const ScoringTask& task, const tandem::v1::Score& score) {
         if (self->ledger_->RecordScore(task.group_id, task.sample_index,
                                        score)) {
-          self->ServeParkedPulls(/*finish_all=*/false);
+          self->PostServeParkedPulls();
         }
       });
   if (!config.journal.dir.empty()) {
@@ -132,7 +134,6 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   self->epochs_ = std::make_unique<BroadcastEpochs>(epochs);
   self->weight_sync_gauges_ =
       std::make_unique<WeightSyncGauges>(*self->registry_);
-  self->sync_pool_ = std::make_unique<boost::asio::thread_pool>(1);
   self->watchers_ =
       std::make_unique<ClusterWatchers>(&self->metrics_.cluster_watchers());
   {
@@ -208,7 +209,7 @@ void Coordinator::MaintenanceLoop() {
           "groups are ready again",
           n);
     }
-    ServeParkedPulls(/*finish_all=*/false);
+    PostServeParkedPulls();
     if (absl::Status s = ledger_->FlushJournal(); !s.ok()) {
       Log()->error("{}", s.ToString());
     }
@@ -488,6 +489,16 @@ grpc::ServerUnaryReactor* Coordinator::PullTrainingBatch(
             ParkedPull{reactor, request, response, deadline, dropped});
       });
   return reactor;
+}
+
+void Coordinator::PostServeParkedPulls() {
+  // On the thread that parks pulls: a group that becomes ready after a
+  // pull found none is served by this task, queued behind the one parking
+  // that pull (no wait for the next maintenance tick); and handing out a
+  // batch syncs the journal there, not on the scoring or maintenance
+  // thread.
+  boost::asio::post(*sync_pool_,
+                    [this] { ServeParkedPulls(/*finish_all=*/false); });
 }
 
 void Coordinator::ServeParkedPulls(bool finish_all) {

@@ -149,6 +149,8 @@ class Coordinator : public tandem::v1::Coordinator::CallbackService {
   // Tries every parked pull; finishes those served, past their deadline, or
   // all of them when `finish_all`.
   void ServeParkedPulls(bool finish_all);
+  // ServeParkedPulls(false) on sync_pool_, the thread that parks pulls.
+  void PostServeParkedPulls();
   // Tries one pull; true when it has groups (the response is filled).
   bool TryPull(const tandem::v1::PullTrainingBatchRequest& request,
                tandem::v1::PullTrainingBatchResponse* response,
