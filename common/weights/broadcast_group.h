@@ -20,6 +20,7 @@
 // backend (broadcast_protocol.h): BroadcastWeightSender on rank 0,
 // BroadcastWeightReceiver on the other ranks.
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -63,7 +64,10 @@ class BroadcastGroup {
     return [status] { return status; };
   }
 
-  // Marks the group broken; may be called from any thread.
+  // Marks the group broken and interrupts a collective under way, which
+  // then fails at once instead of at its deadline (Gloo fails the group's
+  // connections, NCCL aborts the communicator); later collectives fail
+  // fast. May be called from any thread while the group lives.
   virtual void Abort() = 0;
 
   // Rank 0 sends FULL buckets in pieces of at most this many bytes
@@ -128,6 +132,10 @@ struct BroadcastGroupConfig {
   // 0.86-0.88; docs/benchmarks.md, weights_transport_bench --piece-kib).
   // NCCL sends whole buckets.
   uint64_t piece_bytes = 0;
+  // When set (by another thread) during CreateBroadcastGroup, the
+  // rendezvous ends early with Cancelled: how a stopping member leaves a
+  // rendezvous whose peers never come. Must outlive CreateBroadcastGroup.
+  const std::atomic<bool>* cancelled = nullptr;
 };
 
 // Whether this build has the transport of `backend` ("" counts as gloo).

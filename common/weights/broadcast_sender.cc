@@ -34,29 +34,34 @@ absl::Status BroadcastSender::unavailable() const {
 }
 
 void BroadcastSender::Start() {
-  thread_ = std::thread([this] {
-    Run();
-    finished_.Notify();
-  });
+  thread_ = std::thread([this] { Run(); });
 }
 
-void BroadcastSender::Stop() { Stop(absl::InfiniteDuration()); }
-
-bool BroadcastSender::Stop(absl::Duration wait) {
+void BroadcastSender::Stop(absl::Duration drain) {
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
     jobs_.clear();
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !busy_; };
+    mu_.AwaitWithTimeout(absl::Condition(&idle), drain);
+    // The drain is over: end the rendezvous or collective under way (its
+    // failure is reported as Cancelled), under mu_ so that the group
+    // cannot be destroyed meanwhile.
+    cancelled_ = true;
+    if (active_group_ != nullptr) active_group_->Abort();
   }
-  if (thread_.joinable()) {
-    if (!finished_.WaitForNotificationWithTimeout(wait)) {
-      thread_.detach();
-      return false;
-    }
-    thread_.join();
+  if (thread_.joinable()) thread_.join();
+  SetGroup(nullptr);
+}
+
+void BroadcastSender::SetGroup(std::unique_ptr<BroadcastGroup> group) {
+  {
+    absl::MutexLock lock(&mu_);
+    active_group_ = group.get();
+    // A group formed while Stop() was aborting: abort it too.
+    if (cancelled_ && group != nullptr) group->Abort();
   }
-  group_.reset();
-  return true;
+  group_ = std::move(group);  // destroys the previous group outside mu_
 }
 
 void BroadcastSender::Enqueue(const v1::BroadcastGroup& group,
@@ -85,6 +90,7 @@ void BroadcastSender::Run() {
     Job job;
     {
       absl::MutexLock lock(&mu_);
+      busy_ = false;
       mu_.Await(absl::Condition(
           +[](BroadcastSender* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
             return s->stop_ || !s->jobs_.empty();
@@ -101,6 +107,7 @@ void BroadcastSender::Run() {
                    later.version() >= job.version();
           });
       if (superseded) continue;
+      busy_ = true;
     }
     Send(job);
   }
@@ -117,6 +124,7 @@ BroadcastGroupConfig BroadcastSender::GroupConfig(
   config.world_size = group.member_ids_size();
   config.bind_host = options_.bind_host;
   config.timeout = options_.timeout;
+  config.cancelled = &cancelled_;
   return config;
 }
 
@@ -128,7 +136,7 @@ bool BroadcastSender::JoinEpoch(const Job& job, BroadcastOutcome* outcome) {
   const bool base_carries = !job.resend && !group_failed_ &&
                             v == job.group.first_policy_version() &&
                             (no_receivers_ || (holds_ && *holds_ + 1 == v));
-  group_.reset();
+  SetGroup(nullptr);
   if (!group_prefix_.empty()) {
     left_prefixes_.push_back(group_prefix_);
     while (left_prefixes_.size() > 64) left_prefixes_.pop_front();
@@ -142,6 +150,7 @@ bool BroadcastSender::JoinEpoch(const Job& job, BroadcastOutcome* outcome) {
   if (no_receivers_) return true;
   const BroadcastGroupConfig config = GroupConfig(job.group);
   const absl::Time start = absl::Now();
+  ++rendezvous_started_;
   absl::StatusOr<std::unique_ptr<BroadcastGroup>> group =
       CreateBroadcastGroup(config, store_.get());
   if (!group.ok()) {
@@ -167,7 +176,7 @@ bool BroadcastSender::JoinEpoch(const Job& job, BroadcastOutcome* outcome) {
     listener_(*outcome);
     return false;
   }
-  group_ = *std::move(group);
+  SetGroup(*std::move(group));
   return true;
 }
 
@@ -210,6 +219,7 @@ void BroadcastSender::Send(const Job& job) {
   outcome.full = !delta;
   outcome.bytes = payload.bytes->size();
   BroadcastWeightSender sender(group_.get());
+  ++collectives_started_;
   outcome.status = sender.Publish(payload.manifest, *payload.bytes,
                                   absl::Now() + options_.timeout);
   outcome.seconds = absl::ToDoubleSeconds(absl::Now() - start);
@@ -217,10 +227,15 @@ void BroadcastSender::Send(const Job& job) {
     sent_ = job.version();
     holds_ = job.version();
   } else {
-    group_->Abort();
-    group_.reset();  // closes the pairs, so survivors fail fast
+    group_->Abort();  // fails the connections, so survivors fail fast
+    SetGroup(nullptr);
     group_failed_ = true;
     holds_.reset();
+  }
+  if (!outcome.status.ok() && cancelled_) {
+    outcome.status = absl::CancelledError(
+        absl::StrCat("the sender stopped during the broadcast (",
+                     outcome.status.message(), ")"));
   }
   listener_(outcome);
 }

@@ -44,9 +44,19 @@
 // receiver that still lacks the base takes part in the collective and
 // rejects the delta.
 //
-// Thread-safety: Enqueue() from any thread; Start/Stop from the owner.
-// Stop() may wait up to `timeout` for a collective under way.
+// Stopping (c10d's shutdown() then abort()): Stop(drain) refuses new jobs,
+// drops the queued ones, lets a job under way finish for at most `drain`,
+// then cancels its rendezvous and aborts its group (BroadcastGroup::Abort
+// interrupts the collective: the receivers' collectives fail at once too)
+// and joins the sender thread. It returns within `drain` plus the time a
+// collective takes to notice the abort, never at the collective's own
+// deadline, and never leaves a thread behind: after Stop() returns the
+// listener is not called again.
+//
+// Thread-safety: Enqueue() and Resend() from any thread (the listener
+// included); Start/Stop from the owner, not from the listener.
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -60,7 +70,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/weights/broadcast_group.h"
 #include "common/weights/gloo_broadcast_transport.h"
@@ -107,13 +116,9 @@ class BroadcastSender {
   absl::Status unavailable() const;
 
   void Start();
-  void Stop();
-  // Stops, waiting at most `wait` for a rendezvous or collective under way
-  // (Gloo cannot interrupt one). Returns false when the thread is still
-  // blocked: it is then detached, and the caller must keep this object
-  // alive until the process exits (e.g. release() its unique_ptr) -- the
-  // thread wakes only at its own timeout.
-  bool Stop(absl::Duration wait);
+  // Stops (see the top of this file): a job under way gets at most `drain`
+  // to finish, then it is aborted; joins the sender thread. Idempotent.
+  void Stop(absl::Duration drain = absl::ZeroDuration());
 
   // Queues version `full` (a FULL payload) for `group`, with its DELTA on
   // v-1 when one exists (sent instead when every receiver holds v-1).
@@ -123,6 +128,11 @@ class BroadcastSender {
   void Enqueue(const v1::BroadcastGroup& group,
                const v1::WeightManifest& manifest,
                std::shared_ptr<const std::vector<uint8_t>> payload);
+
+  // Rendezvous begun (a group about to form) and broadcasts begun (the
+  // group formed, the collective about to start).
+  uint64_t RendezvousStartedForTest() const { return rendezvous_started_; }
+  uint64_t CollectivesStartedForTest() const { return collectives_started_; }
 
   // Queues `full` for `group` ahead of everything else: the re-send of a
   // version a failed epoch did not deliver, in the epoch formed after it.
@@ -149,6 +159,8 @@ class BroadcastSender {
 
   // This trainer's (rank 0's) view of `group`.
   BroadcastGroupConfig GroupConfig(const v1::BroadcastGroup& group) const;
+  // Replaces group_ (the sender thread's), publishing it for Stop().
+  void SetGroup(std::unique_ptr<BroadcastGroup> group);
   // Switches to the job's epoch (forming its group); false when the
   // rendezvous failed (reported).
   bool JoinEpoch(const Job& job, BroadcastOutcome* outcome);
@@ -163,9 +175,18 @@ class BroadcastSender {
   std::optional<uint64_t> holds_;
   std::deque<std::string> left_prefixes_;  // epochs never formed again
 
-  absl::Notification finished_;  // Run() returned
+  // Set by Stop() when the drain is over: ends a rendezvous under way
+  // (BroadcastGroupConfig::cancelled) and makes the thread drop its jobs.
+  std::atomic<bool> cancelled_{false};
+  std::atomic<uint64_t> rendezvous_started_{0};
+  std::atomic<uint64_t> collectives_started_{0};
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // The sender thread is attempting a job (Stop's drain waits for it).
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  // group_ while it lives, for Stop() to abort from its thread; the sender
+  // thread clears it before destroying the group.
+  BroadcastGroup* active_group_ ABSL_GUARDED_BY(mu_) = nullptr;
   absl::Status unavailable_ ABSL_GUARDED_BY(mu_);
   std::deque<Job> jobs_ ABSL_GUARDED_BY(mu_);
 };

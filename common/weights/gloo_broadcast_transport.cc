@@ -1,22 +1,170 @@
 #include "common/weights/gloo_broadcast_transport.h"
 
+#include <dlfcn.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <thread>
+#include <typeinfo>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
 #include "common/weights/store_client.h"
 
 namespace tandem::weights {
 namespace {
 
+auto Log() { return ComponentLogger("weights"); }
+
 std::chrono::milliseconds ToMillis(absl::Duration d) {
   return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
 }
+
+// c10d gives ProcessGroupGloo no abort() (ProcessGroupNCCL::abort() has no
+// Gloo counterpart), and a Gloo collective waits on its buffers' condition
+// variables until its own timeout: closing a pair's socket does not wake
+// it. What does wake it is an I/O failure of a pair, which hands the
+// exception to every pending send and receive and closes the socket (the
+// peers then see a reset and fail too): gloo::transport::tcp::Pair::
+// signalExceptionExternal, the call Gloo itself makes when an operation
+// times out. GlooAbort makes that call on every pair of the group.
+//
+// The wheel ships no Gloo headers, and Debian's (2022) do not match the
+// Gloo inside LibTorch (gloo::Context's layout differs), so nothing here
+// depends on a Gloo class layout: the contexts come from c10d's own header
+// (a protected member, reached through a pointer to member formed in a
+// derived class), the pairs from gloo::Context::getPair (an exported
+// function), the pair's type from its RTTI, and signalExceptionExternal by
+// its exported symbol. Without that symbol (another LibTorch), Abort falls
+// back to closeConnections(): peers fail at once, this rank's collective
+// at its deadline.
+struct GlooContexts : c10d::ProcessGroupGloo {
+  static const std::vector<std::shared_ptr<::gloo::Context>>& Of(
+      const c10d::ProcessGroupGloo& group) {
+    return group.*(&GlooContexts::contexts_);
+  }
+};
+
+// std::exception_ptr gloo::transport::tcp::Pair::signalExceptionExternal(
+//     const std::string&), as a function of the pair (Itanium ABI: the
+// return slot, then `this`, then the argument, as for this signature).
+using SignalPairFn = std::exception_ptr (*)(void* pair, const std::string&);
+
+SignalPairFn SignalPair() {
+  static const SignalPairFn fn = reinterpret_cast<SignalPairFn>(dlsym(
+      RTLD_DEFAULT,
+      "_ZN4gloo9transport3tcp4Pair23signalExceptionExternalERKNSt7__cxx1112"
+      "basic_stringIcSt11char_traitsIcESaIcEEE"));
+  return fn;
+}
+
+// Fails every connection of `group` (any thread): collectives blocked in
+// it, here and, through the reset sockets, at the peers, fail at once.
+// False when this LibTorch's Gloo offers no way to (see above).
+bool GlooAbort(const c10d::ProcessGroupGloo& group, const std::string& why) {
+  const SignalPairFn signal = SignalPair();
+  bool interrupted = true;
+  for (const std::shared_ptr<::gloo::Context>& context :
+       GlooContexts::Of(group)) {
+    bool tcp = signal != nullptr;
+    for (int rank = 0; tcp && rank < group.getSize(); ++rank) {
+      const ::gloo::transport::Pair* pair = context->getPair(rank).get();
+      tcp = pair == nullptr ||  // this rank
+            std::strcmp(typeid(*pair).name(), "N4gloo9transport3tcp4PairE") == 0;
+    }
+    if (!tcp) {
+      context->closeConnections();
+      interrupted = false;
+      continue;
+    }
+    for (int rank = 0; rank < group.getSize(); ++rank) {
+      // tcp::Pair's first base is transport::Pair: the same address.
+      ::gloo::transport::Pair* pair = context->getPair(rank).get();
+      if (pair != nullptr) signal(pair, why);
+    }
+  }
+  return interrupted;
+}
+
+// The rendezvous store of a group whose rendezvous another thread may end
+// (BroadcastGroupConfig::cancelled): waits are cut into short slices that
+// check the flag, so Gloo's rendezvous (store gets and waits inside the
+// ProcessGroupGloo constructor) throws soon after the flag is set rather
+// than at the rendezvous deadline. Everything else goes to `inner`.
+class CancellableStore : public c10d::Store {
+ public:
+  CancellableStore(c10::intrusive_ptr<c10d::Store> inner,
+                   const std::atomic<bool>* cancelled)
+      : c10d::Store(inner->getTimeout()),
+        inner_(std::move(inner)),
+        cancelled_(cancelled) {}
+
+  c10::intrusive_ptr<c10d::Store> clone() override {
+    return c10::make_intrusive<CancellableStore>(inner_->clone(), cancelled_);
+  }
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    inner_->set(key, value);
+  }
+  std::vector<uint8_t> compareSet(
+      const std::string& key, const std::vector<uint8_t>& expected,
+      const std::vector<uint8_t>& desired) override {
+    return inner_->compareSet(key, expected, desired);
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    wait({key});
+    return inner_->get(key);
+  }
+  int64_t add(const std::string& key, int64_t value) override {
+    return inner_->add(key, value);
+  }
+  bool deleteKey(const std::string& key) override {
+    return inner_->deleteKey(key);
+  }
+  bool check(const std::vector<std::string>& keys) override {
+    return inner_->check(keys);
+  }
+  int64_t getNumKeys() override { return inner_->getNumKeys(); }
+  void wait(const std::vector<std::string>& keys) override {
+    wait(keys, timeout_);
+  }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!inner_->check(keys)) {
+      if (cancelled_->load()) {
+        throw std::runtime_error("rendezvous cancelled (the member is stopping)");
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        throw std::runtime_error(absl::StrCat(
+            "rendezvous keys not set within ", timeout.count(), " ms"));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  void append(const std::string& key,
+              const std::vector<uint8_t>& value) override {
+    inner_->append(key, value);
+  }
+  std::vector<std::vector<uint8_t>> multiGet(
+      const std::vector<std::string>& keys) override {
+    wait(keys);
+    return inner_->multiGet(keys);
+  }
+  void multiSet(const std::vector<std::string>& keys,
+                const std::vector<std::vector<uint8_t>>& values) override {
+    inner_->multiSet(keys, values);
+  }
+  bool hasExtendedApi() const override { return inner_->hasExtendedApi(); }
+
+ private:
+  const c10::intrusive_ptr<c10d::Store> inner_;
+  const std::atomic<bool>* const cancelled_;
+};
 
 }  // namespace
 
@@ -54,6 +202,7 @@ struct GlooBroadcastGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
   std::atomic<bool> broken{false};
+  std::atomic<bool> aborted{false};  // Abort() failed the pairs
 };
 
 GlooBroadcastGroup::GlooBroadcastGroup(std::unique_ptr<Impl> impl)
@@ -96,8 +245,16 @@ absl::StatusOr<std::unique_ptr<GlooBroadcastGroup>> GlooBroadcastGroup::Create(
       }
       impl->store = *std::move(client);
     }
-    auto prefixed =
+    c10::intrusive_ptr<c10d::Store> prefixed =
         c10::make_intrusive<c10d::PrefixStore>(config.key_prefix, impl->store);
+    if (config.cancelled != nullptr) {
+      if (config.cancelled->load()) {
+        return absl::CancelledError(
+            absl::StrCat(where, ": rendezvous cancelled before it started"));
+      }
+      prefixed = c10::make_intrusive<CancellableStore>(std::move(prefixed),
+                                                       config.cancelled);
+    }
     auto options =
         c10d::ProcessGroupGloo::Options::create(ToMillis(config.timeout));
     options->devices.push_back(
@@ -106,6 +263,10 @@ absl::StatusOr<std::unique_ptr<GlooBroadcastGroup>> GlooBroadcastGroup::Create(
     impl->group = c10::make_intrusive<c10d::ProcessGroupGloo>(
         prefixed, config.rank, config.world_size, options);
   } catch (const std::exception& e) {
+    if (config.cancelled != nullptr && config.cancelled->load()) {
+      return absl::CancelledError(
+          absl::StrCat(where, ": rendezvous cancelled: ", e.what()));
+    }
     return absl::UnavailableError(
         absl::StrCat(where, ": rendezvous failed: ", e.what()));
   }
@@ -116,7 +277,20 @@ absl::StatusOr<std::unique_ptr<GlooBroadcastGroup>> GlooBroadcastGroup::Create(
 int GlooBroadcastGroup::rank() const { return impl_->config.rank; }
 int GlooBroadcastGroup::world_size() const { return impl_->config.world_size; }
 bool GlooBroadcastGroup::broken() const { return impl_->broken.load(); }
-void GlooBroadcastGroup::Abort() { impl_->broken = true; }
+void GlooBroadcastGroup::Abort() {
+  impl_->broken = true;
+  if (impl_->aborted.exchange(true)) return;
+  if (!GlooAbort(*impl_->group,
+                 absl::StrCat("gloo group ", impl_->config.key_prefix,
+                              " rank ", impl_->config.rank,
+                              " aborted (Abort() called)"))) {
+    Log()->warn(
+        "gloo group {}: this LibTorch's Gloo cannot interrupt a collective; "
+        "closed the group's connections instead (a collective under way "
+        "ends at its deadline, {})",
+        impl_->config.key_prefix, absl::FormatDuration(impl_->config.timeout));
+  }
+}
 uint64_t GlooBroadcastGroup::piece_bytes() const {
   return impl_->config.piece_bytes;
 }

@@ -16,8 +16,14 @@
 // Receivers call ReceiveNext() once the coordinator has announced a version;
 // waiting longer than `timeout` for a sender breaks the group.
 //
+// Abort() interrupts: it fails every connection of the group, so a
+// collective blocked in it (here, and at the peers through the reset
+// sockets) fails at once instead of at its deadline (c10d's
+// ProcessGroupNCCL::abort() for Gloo). A rendezvous is ended early through
+// BroadcastGroupConfig::cancelled.
+//
 // Thread-safety: a group is used by one thread at a time (its sender or its
-// receiver). Abort() may be called from any thread.
+// receiver). Abort() may be called from any thread while the group lives.
 
 #include <cstdint>
 #include <memory>
@@ -75,7 +81,8 @@ class GlooBroadcastGroup : public BroadcastGroup {
   std::function<absl::Status()> StartBroadcast(
       absl::Span<uint8_t> bytes) override;
 
-  // Marks the group broken; later collectives fail fast.
+  // Marks the group broken and fails its connections: a collective under
+  // way fails now, later ones fail fast. Idempotent.
   void Abort() override;
 
   uint64_t piece_bytes() const override;

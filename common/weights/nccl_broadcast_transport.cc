@@ -349,6 +349,12 @@ struct NcclBroadcastGroup::Impl {
         return Fail(absl::CancelledError(
             absl::StrCat(where, ": ", what, " aborted (Abort() called)")));
       }
+      // The communicator's init is the rendezvous: a stopping member ends
+      // it (BroadcastGroupConfig::cancelled) and aborts the communicator.
+      if (config.cancelled != nullptr && config.cancelled->load()) {
+        return Fail(absl::CancelledError(
+            absl::StrCat(where, ": ", what, " cancelled (stopping)")));
+      }
       if (absl::Now() >= deadline) {
         return Fail(absl::DeadlineExceededError(
             absl::StrCat(where, ": ", what, " did not finish within ",

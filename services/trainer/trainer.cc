@@ -23,6 +23,10 @@ namespace {
 
 auto Log() { return ComponentLogger("trainer"); }
 
+// What GracefulStop keeps of its deadline for the work after the broadcast
+// drain: the checkpoint on stop and the gRPC shutdown (member_->Shutdown).
+constexpr absl::Duration kStopReserve = absl::Seconds(2);
+
 // The coordinator's latest policy version (one short retried call).
 absl::StatusOr<uint64_t> CoordinatorPolicyVersion(const std::string& address) {
   auto stub = tandem::v1::Coordinator::NewStub(rpc::MakeChannel(address));
@@ -275,15 +279,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     broadcast.bind_host = broadcast.store_host;
     broadcast.timeout =
         absl::Milliseconds(config.weight_broadcast_timeout_ms);
-    ASSIGN_OR_RETURN(trainer->broadcaster_,
-                     weights::BroadcastSender::Create(
-                         broadcast, [self](const weights::BroadcastOutcome& o) {
-                           self->OnBroadcast(o);
-                         }));
+    ASSIGN_OR_RETURN(trainer->publisher_,
+                     WeightPublisher::Create(broadcast, &trainer->store_,
+                                             trainer->weight_sync_metrics_.get()));
     capabilities["weight_broadcast_store"] =
-        trainer->broadcaster_->store_address();
+        trainer->publisher_->store_address();
     Log()->info("weight broadcast rendezvous store on {}",
-                trainer->broadcaster_->store_address());
+                trainer->publisher_->store_address());
   }
   ASSIGN_OR_RETURN(trainer->member_,
                    cluster::MemberDaemon::Create(
@@ -297,22 +299,19 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
                          }
                        },
                        std::move(capabilities)));
-  if (trainer->broadcaster_) {
-    cluster::MemberSession* session = &trainer->member_->session();
-    trainer->watcher_ = std::make_unique<cluster::ClusterWatcher>(
-        session->stub(), cluster::ClusterWatcherOptions{.member_id = [session] {
-          return session->member_id();
-        }});
-  }
   return trainer;
 }
 
 Trainer::~Trainer() { Stop(); }
 
 absl::Status Trainer::Start() {
-  if (broadcaster_) broadcaster_->Start();
+  if (publisher_) {
+    cluster::MemberSession* session = &member_->session();
+    publisher_->Start(WeightPublisher::Coordinator{
+        .stub = session->stub(),
+        .member_id = [session] { return session->member_id(); }});
+  }
   RETURN_IF_ERROR(member_->Start());
-  if (watcher_) watcher_->Start();
   if (config_.train) {
     {
       absl::MutexLock lock(&checkpoint_mu_);
@@ -598,24 +597,28 @@ void Trainer::ServeCheckpointRequests() {
 }
 
 void Trainer::GracefulStop(absl::Duration deadline) {
+  const absl::Time end = absl::Now() + deadline;
   stopping_ = true;
   member_->MarkNotServing();
-  Stop();
+  // The training thread ends its step (a publish under retry gives up at
+  // once); what is left of the deadline is the broadcast's drain, less
+  // the checkpoint and the gRPC shutdown after it.
+  if (training_thread_.joinable()) training_thread_.join();
+  StopWithin(std::max(absl::ZeroDuration(),
+                      end - absl::Now() - kStopReserve));
 }
 
-void Trainer::Stop() {
+void Trainer::Stop() { StopWithin(absl::ZeroDuration()); }
+
+void Trainer::StopWithin(absl::Duration broadcast_drain) {
   stopping_ = true;
   if (stopped_.exchange(true)) return;
   if (training_thread_.joinable()) training_thread_.join();
-  // A broadcast whose receivers are stopping too can block in a rendezvous
-  // Ends a re-send's wait for the next epoch at once.
-  if (watcher_) watcher_->Stop();
-  // for weight_sync.timeout_ms; don't hold the shutdown for it.
-  if (broadcaster_ && !broadcaster_->Stop(absl::Seconds(1))) {
-    Log()->warn("weight broadcast still waiting for its receivers at "
-                "shutdown; leaving it to the process exit");
-    broadcaster_.release();  // its thread still uses it
-  }
+  // A broadcast under way gets `broadcast_drain` to finish, then is
+  // aborted (its collective interrupted, its receivers reset); the
+  // publisher joins its threads, so nothing calls back into the trainer
+  // after this.
+  if (publisher_) publisher_->Stop(broadcast_drain);
   if (grpo_ != nullptr && checkpoints_ != nullptr) {
     // The training thread has stopped: checkpoint what it trained, then
     // answer SaveCheckpoint calls that arrived meanwhile.

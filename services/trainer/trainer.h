@@ -20,10 +20,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/cluster/cluster_watcher.h"
 #include "common/cluster/member_daemon.h"
 #include "common/model/model_config.h"
-#include "common/weights/broadcast_sender.h"
 #include "common/weights/delta_publisher.h"
 #include "common/weights/flat_weight_layout.h"
 #include "common/weights/weight_server.h"
@@ -37,6 +35,7 @@
 #include "services/trainer/rl/grpo_trainer.h"
 #include "services/trainer/trainer_config.h"
 #include "services/trainer/trainer_metrics.h"
+#include "services/trainer/weight_publisher.h"
 #include "tandem/v1/trainer.grpc.pb.h"
 
 namespace tandem::trainer {
@@ -48,6 +47,9 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
   ~Trainer() override;
 
   absl::Status Start();
+  // Stops within `deadline` (drain_timeout_ms): a weight broadcast under way
+  // gets what is left of it after the training thread stopped, then is
+  // aborted; every thread is joined.
   void GracefulStop(absl::Duration deadline);
   void Stop();
 
@@ -96,20 +98,14 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
   // that file present, every reward of the batch is made NaN, so that the
   // step is skipped as non-finite (and its batch handed back).
   void PoisonRewardsForTest(std::vector<ScoredPromptGroup>* groups);
+  // Stop() with the time a broadcast under way may take to finish.
+  void StopWithin(absl::Duration broadcast_drain);
   // Flattens the current policy as `version` into store_ (served to pulling
   // workers: the full copy, and a delta on version-1 when DeltaPublisher
   // chose one); the first half of Publish. Returns the payloads.
   absl::StatusOr<weights::PublishedVersion> StoreVersion(uint64_t version);
   // The current policy converted to the dtype rollout workers hold.
   absl::StatusOr<std::shared_ptr<model::ModelWeights>> PublishedWeights() const;
-  // Weight broadcast outcome (sender thread): metrics, and a failed
-  // collective is reported to the coordinator, which forms the next epoch
-  // without the dead member; the version is then re-sent in it.
-  void OnBroadcast(const weights::BroadcastOutcome& outcome);
-  // After reporting the failure of `failed` (sender thread): polls the
-  // coordinator until it formed the next epoch (or weight_sync.timeout_ms
-  // passed) and hands the epoch's first version to the broadcaster again.
-  void ResendAfterFailure(const tandem::v1::BroadcastGroup& failed);
   // Checkpoints (training thread): at the first registration, tell the
   // coordinator which version the weights hold (ResumeTraining: what later
   // versions trained is queued again or counted lost) and adopt its
@@ -164,14 +160,13 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
   // weight_sync.shared_memory is on.
   weights::WeightStore store_;
   std::unique_ptr<weights::WeightServerService> weight_server_;
-  // Broadcast of each version to the current epoch's group (null when
-  // weight_sync.broadcast is off).
   std::unique_ptr<weights::WeightSyncMetrics> weight_sync_metrics_;
-  std::unique_ptr<weights::BroadcastSender> broadcaster_;
-  // With broadcast: wakes ResendAfterFailure when the coordinator
-  // announces the re-send epoch (uses member_'s stub).
-  std::unique_ptr<cluster::ClusterWatcher> watcher_;
   std::unique_ptr<cluster::MemberDaemon> member_;
+  // Broadcast of each version to the current epoch's group and the re-send
+  // protocol (null when weight_sync.broadcast is off). Declared after what
+  // it uses (store_, metrics, member_'s stub), so it goes first; Stop()
+  // joins its threads before anything goes.
+  std::unique_ptr<WeightPublisher> publisher_;
   std::thread training_thread_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> stopped_{false};

@@ -1,9 +1,9 @@
 // The trainer's weight publishing and its side of the publish protocol
 // (services/coordinator/group_ledger.h): each new version goes into the
 // WeightStore (a full anchor or a sparse delta, DeltaPublisher), is
-// announced to the coordinator and broadcast to the current epoch's group.
-// Part of the Trainer class (trainer.h); runs on the training thread except
-// OnBroadcast (the broadcast sender's thread).
+// announced to the coordinator and handed to the WeightPublisher, which
+// broadcasts it to the current epoch's group. Part of the Trainer class
+// (trainer.h); runs on the training thread.
 
 #include <cstdlib>
 #include <filesystem>
@@ -136,18 +136,9 @@ absl::Status Trainer::Publish(uint64_t version, const std::string& batch_id) {
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(2));
   }
-  if (broadcaster_) {
-    // Sent in the background to the group the coordinator assigned to this
-    // version; a group whose rank 0 is not this trainer is not ours. The
-    // delta on v-1, when there is one, is sent instead of the full copy
-    // when every receiver of the epoch holds v-1 (broadcast_sender.h).
-    tandem::v1::BroadcastGroup group = response.group();
-    if (group.member_ids_size() == 0 ||
-        group.member_ids(0) != request.member_id()) {
-      group.clear_member_ids();
-    }
-    broadcaster_->Enqueue(group, std::move(published.full),
-                          std::move(published.delta));
+  if (publisher_) {
+    publisher_->Broadcast(response.group(), request.member_id(),
+                          std::move(published));
   }
   return absl::OkStatus();
 }
@@ -226,103 +217,6 @@ void Trainer::HoldBeforePublishForTest(uint64_t version,
   }
   std::error_code ignored;
   std::filesystem::remove(held, ignored);
-}
-
-void Trainer::OnBroadcast(const weights::BroadcastOutcome& outcome) {
-  weight_sync_metrics_->SetEpoch(outcome.group.epoch(),
-                                 outcome.group.member_ids_size() - 1);
-  if (outcome.status.ok()) {
-    weight_sync_metrics_->RecordVersion(
-        weights::SyncDirection::kSent, weights::SyncTransport::kBroadcast,
-        outcome.full, static_cast<double>(outcome.bytes), outcome.seconds);
-    if (outcome.resend) {
-      Log()->info("re-sent version {} in broadcast epoch {} ({} receivers)",
-                  outcome.version, outcome.group.epoch(),
-                  outcome.group.member_ids_size() - 1);
-    }
-    return;
-  }
-  weight_sync_metrics_->RecordAborted();
-  // A backend this trainer cannot run turned broadcast off for good: report
-  // the epoch failed, but there is nothing to re-send.
-  const bool off = !broadcaster_->unavailable().ok();
-  Log()->warn(
-      "broadcast of version {} to epoch {} ({} receivers) failed after "
-      "{:.2f}s: {}{}",
-      outcome.version, outcome.group.epoch(),
-      outcome.group.member_ids_size() - 1, outcome.seconds,
-      outcome.status.ToString(),
-      off ? "" : "; re-sending it in the next epoch");
-  tandem::v1::SyncWeightGroupRequest report;
-  report.set_member_id(member_->session().member_id());
-  report.set_policy_version(outcome.version);
-  report.set_failed_epoch(outcome.group.epoch());
-  report.set_failure(outcome.status.ToString());
-  tandem::v1::SyncWeightGroupResponse ignored;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(3)));
-  grpc::Status s =
-      member_->session().stub()->SyncWeightGroup(&context, report, &ignored);
-  if (!s.ok()) {
-    Log()->warn(
-        "could not report the failed broadcast: {}; receivers catch "
-        "up by pull",
-        s.error_message());
-    return;
-  }
-  if (!off) ResendAfterFailure(outcome.group);
-}
-
-void Trainer::ResendAfterFailure(const tandem::v1::BroadcastGroup& failed) {
-  // The coordinator forms the next epoch once the failed epoch's survivors
-  // reported leaving it, or after its regroup wait; a publish meanwhile
-  // forms it too (then the queued version is the one to send and this
-  // re-send is dropped as a duplicate). The coordinator announces the
-  // epoch on the watch stream; without one, ask every 50 ms.
-  const std::string me = member_->session().member_id();
-  const absl::Time deadline =
-      absl::Now() + absl::Milliseconds(config_.weight_broadcast_timeout_ms);
-  auto wait = [this] {
-    if (watcher_ == nullptr) {
-      absl::SleepFor(absl::Milliseconds(50));
-    } else {
-      watcher_->WaitForChange(watcher_->watching() ? absl::Seconds(1)
-                                                   : absl::Milliseconds(50));
-    }
-  };
-  for (bool first = true; !stopping_ && absl::Now() < deadline; first = false) {
-    if (!first) wait();
-    tandem::v1::SyncWeightGroupRequest poll;
-    poll.set_member_id(me);
-    tandem::v1::SyncWeightGroupResponse response;
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-    if (!member_->session()
-             .stub()
-             ->SyncWeightGroup(&context, poll, &response)
-             .ok()) {
-      continue;
-    }
-    const tandem::v1::BroadcastGroup& group = response.group();
-    if (group.key_prefix() == failed.key_prefix()) continue;
-    if (group.member_ids_size() < 2 || group.member_ids(0) != me) return;
-    absl::StatusOr<weights::StoredPayload> full = store_.Get(
-        group.first_policy_version(), tandem::v1::WEIGHT_PAYLOAD_KIND_FULL);
-    if (!full.ok()) {
-      Log()->warn("cannot re-send version {} in epoch {}: {}",
-                  group.first_policy_version(), group.epoch(),
-                  full.status().ToString());
-      return;
-    }
-    broadcaster_->Resend(group, *std::move(full));
-    return;
-  }
-  if (!stopping_) {
-    Log()->warn(
-        "no broadcast epoch after {} within {} ms; receivers catch up "
-        "by pull",
-        failed.epoch(), config_.weight_broadcast_timeout_ms);
-  }
 }
 
 }  // namespace tandem::trainer

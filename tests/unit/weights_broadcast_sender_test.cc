@@ -11,6 +11,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/types/span.h"
 #include "common/weights/broadcast_sender.h"
 #include "common/weights/delta_publisher.h"
 #include "weights_test_util.h"
@@ -466,6 +467,101 @@ TEST_CASE(
     INFO("version " << v);
     REQUIRE(b.live.count(v) == 1);
     CHECK(b.live[v] == *published[v].full.bytes);
+  }
+}
+
+TEST_CASE(
+    "Stop during a broadcast to a peer that joined the group but never takes "
+    "part interrupts the collective, joins the sender thread and resets the "
+    "peer's connections, 20 times",
+    "[weights][gloo]") {
+  const FlatWeightLayout layout = testing::SmallLayout();
+  std::mt19937_64 rng(9);
+  const Version version = MakeVersion(layout, 1, rng);
+  // Far beyond the test's timeout: only an abort ends the collective (and
+  // the peer's) before the test times out.
+  const absl::Duration never = absl::Minutes(10);
+  for (int round = 0; round < 20; ++round) {
+    INFO("round " << round);
+    // On the heap: a listener call after Stop() would read freed memory,
+    // which ASan reports (the detached thread of old did).
+    auto outcomes = std::make_unique<Outcomes>();
+    std::unique_ptr<BroadcastSender> sender =
+        StartSender(never, outcomes.get());
+    const std::string store = sender->store_address();
+    const v1::BroadcastGroup group = Group(round + 1, store, 1);
+    absl::Notification joined;
+    absl::Notification stopped;
+    absl::Status peer_joined;
+    absl::Status peer_after_stop;
+    std::thread peer([&] {
+      auto g = GlooBroadcastGroup::Create(testing::GroupConfig(
+          PortOf(store), 1, 2, group.key_prefix(), never));
+      peer_joined = g.status();
+      joined.Notify();
+      stopped.WaitForNotification();
+      if (!g.ok()) return;
+      // The sender's abort reset this rank's connections: its next
+      // collective fails at once instead of at its deadline.
+      std::vector<uint8_t> bytes(64);
+      peer_after_stop = (*g)->Broadcast(absl::MakeSpan(bytes));
+    });
+    sender->Enqueue(group, version.manifest, version.payload);
+    joined.WaitForNotification();
+    if (round % 2 == 1) {
+      // Odd rounds stop inside the collective, even ones as the group
+      // forms.
+      while (sender->CollectivesStartedForTest() == 0) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+    }
+    sender->Stop();
+    stopped.Notify();
+    peer.join();
+    REQUIRE(peer_joined.ok());
+    CHECK_FALSE(peer_after_stop.ok());
+    // The interrupted job is reported once, as cancelled by the stop.
+    std::vector<BroadcastOutcome> done = outcomes->Wait(1);
+    REQUIRE(done.size() == 1);
+    CHECK(done[0].status.code() == absl::StatusCode::kCancelled);
+    sender.reset();
+    outcomes.reset();
+  }
+}
+
+TEST_CASE(
+    "Stop while the group forms and its other member never comes ends the "
+    "rendezvous and joins the sender thread, 20 times",
+    "[weights][gloo]") {
+  const FlatWeightLayout layout = testing::SmallLayout();
+  std::mt19937_64 rng(10);
+  const Version version = MakeVersion(layout, 1, rng);
+  const absl::Duration never = absl::Minutes(10);
+  for (int round = 0; round < 20; ++round) {
+    INFO("round " << round);
+    auto outcomes = std::make_unique<Outcomes>();
+    std::unique_ptr<BroadcastSender> sender =
+        StartSender(never, outcomes.get());
+    // Rank 1 never joins: the rendezvous would wait 10 minutes.
+    sender->Enqueue(Group(round + 1, sender->store_address(), 1),
+                    version.manifest, version.payload);
+    if (round % 2 == 1) {
+      // Odd rounds stop inside the rendezvous, even ones whenever.
+      while (sender->RendezvousStartedForTest() == 0) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+    }
+    sender->Stop();
+    std::vector<BroadcastOutcome> done = outcomes->Wait(0);
+    // Stopped before the job started (nothing to report), or in its
+    // rendezvous (reported as cancelled).
+    REQUIRE(done.size() <= 1);
+    if (round % 2 == 1) REQUIRE(done.size() == 1);
+    if (!done.empty()) {
+      CHECK(done[0].status.code() == absl::StatusCode::kCancelled);
+    }
+    sender.reset();
+    outcomes.reset();
   }
 }
 
