@@ -34,10 +34,11 @@ absl::Status ValidateOptions(const GrpoTrainerOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "micro_batch_tokens must be >= 0, got ", o.micro_batch_tokens));
   }
-  if (o.schedule == LrSchedule::kCosine) {
+  if (o.schedule != LrSchedule::kConstant) {
     if (o.total_steps <= o.warmup_steps) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "the cosine schedule needs total_steps > warmup_steps, got ",
+          "the ", o.schedule == LrSchedule::kCosine ? "cosine" : "linear",
+          " schedule needs total_steps > warmup_steps, got ",
           o.total_steps, " <= ", o.warmup_steps));
     }
     if (!(o.min_lr_ratio >= 0.0 && o.min_lr_ratio <= 1.0)) {
@@ -130,6 +131,35 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
   std::vector<SequenceRef> sequences;
   std::vector<int64_t> group_ids;
   std::vector<float> rewards;
+  // Groups whose completions (those with tokens) all got the same reward.
+  std::vector<bool> uniform(groups.size(), false);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    bool seen = false, same = true;
+    double first = 0.0;
+    for (const ScoredCompletion& c : groups[g].completions) {
+      if (c.tokens.empty()) continue;
+      if (!seen) {
+        first = c.reward;
+        seen = true;
+      } else if (c.reward != first) {
+        same = false;
+      }
+    }
+    uniform[g] = seen && same;
+    if (uniform[g]) ++stats.uniform_groups;
+  }
+  const bool drop_uniform =
+      options_.drop_uniform_groups &&
+      stats.uniform_groups < static_cast<int64_t>(std::count_if(
+                                 groups.begin(), groups.end(),
+                                 [](const ScoredPromptGroup& group) {
+                                   return std::any_of(
+                                       group.completions.begin(),
+                                       group.completions.end(),
+                                       [](const ScoredCompletion& c) {
+                                         return !c.tokens.empty();
+                                       });
+                                 }));
   for (size_t g = 0; g < groups.size(); ++g) {
     const ScoredPromptGroup& group = groups[g];
     if (!(std::isfinite(group.temperature) && group.temperature >= 0.0)) {
@@ -138,6 +168,10 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
                        ": sampling temperature must be finite "
                        "and >= 0, got ",
                        group.temperature));
+    }
+    if (drop_uniform && uniform[g]) {
+      ++stats.dropped_uniform_groups;
+      continue;
     }
     for (const ScoredCompletion& c : group.completions) {
       if (c.tokens.empty()) continue;
@@ -376,8 +410,11 @@ double GrpoTrainer::LearningRate(int64_t step) const {
   const double progress =
       std::min(1.0, static_cast<double>(step - o.warmup_steps) /
                         static_cast<double>(o.total_steps - o.warmup_steps));
-  const double cosine = 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
-  return o.lr * (o.min_lr_ratio + (1.0 - o.min_lr_ratio) * cosine);
+  const double remaining =
+      o.schedule == LrSchedule::kLinear
+          ? 1.0 - progress
+          : 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+  return o.lr * (o.min_lr_ratio + (1.0 - o.min_lr_ratio) * remaining);
 }
 
 namespace {
