@@ -81,6 +81,9 @@ TEST_CASE("dynamic sampling: a uniform group leaves the step unchanged") {
   CHECK(with_uniform.stats.grad_norm ==
         Approx(alone.stats.grad_norm).epsilon(1e-5));
   CHECK(MaxAbsDifference(alone, with_uniform) < 1e-6);
+  // The reward statistics still cover every scored completion.
+  CHECK(alone.stats.reward_mean == Approx(0.5));
+  CHECK(with_uniform.stats.reward_mean == Approx(0.75));
 }
 
 TEST_CASE("without dynamic sampling a uniform group dilutes the token mean") {

@@ -145,7 +145,9 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
         same = false;
       }
     }
-    uniform[g] = seen && same;
+    // A non-finite reward is never "uniform": it stays in the batch, where
+    // the non-finite check below refuses the step.
+    uniform[g] = seen && same && std::isfinite(first);
     if (uniform[g]) ++stats.uniform_groups;
   }
   const bool drop_uniform =
@@ -207,14 +209,22 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
         absl::StrCat("kl_beta = ", options_.loss.kl_beta,
                      " needs a reference policy (SetReferencePolicy)"));
   }
+  // Reward statistics of the whole batch, dropped uniform groups included
+  // (what the rollouts scored, not only what was trained on).
   double sum = 0, sum_sq = 0;
-  for (float r : rewards) {
-    sum += r;
-    sum_sq += static_cast<double>(r) * r;
+  int64_t scored = 0;
+  for (const ScoredPromptGroup& group : groups) {
+    for (const ScoredCompletion& c : group.completions) {
+      if (c.tokens.empty()) continue;
+      sum += c.reward;
+      sum_sq += c.reward * c.reward;
+      ++scored;
+    }
   }
-  stats.reward_mean = sum / rewards.size();
+  stats.reward_mean = sum / static_cast<double>(scored);
   stats.reward_std = std::sqrt(std::max(
-      0.0, sum_sq / rewards.size() - stats.reward_mean * stats.reward_mean));
+      0.0, sum_sq / static_cast<double>(scored) -
+               stats.reward_mean * stats.reward_mean));
 
   const auto weights = policy_->weights();
   try {
