@@ -29,11 +29,18 @@ worker_threads: 1
   if (daemon == "trainer") {
     return R"(# tandem-local default: trainer
 checkpoint_dir: checkpoints
+# Measured on this task (docs/demo.md): lr 3e-4 climbs fast, then
+# oscillates around 84-85%; 1e-4 keeps climbing. Clip-higher and dynamic
+# sampling as DAPO. 2048 held-out problems: one evaluation's standard error
+# is under 1 point; every 50 versions keeps evaluation near 10% of the
+# trainer's time.
 training:
-  lr: 0.0003
+  lr: 0.0001
+  clip_high: 0.28
+  dynamic_sampling: true
 eval:
-  every_versions: 20
-  problems: 256
+  every_versions: 50
+  problems: 2048
   arith_digits: 3
   arith_subtraction: false
 )";

@@ -26,10 +26,23 @@ std::string HeldoutPart(const tandem::v1::TrainerStatus& trainer) {
     return absl::StrCat("held-out ", Percent(trainer.heldout_accuracy()),
                         " (v ", trainer.heldout_policy_version(), ")");
   }
-  return absl::StrCat("held-out ",
-                      Percent(trainer.initial_heldout_accuracy()), " -> ",
-                      Percent(trainer.heldout_accuracy()), " (v ",
-                      trainer.heldout_policy_version(), ")");
+  std::string part = absl::StrCat(
+      "held-out ", Percent(trainer.initial_heldout_accuracy()), " -> ",
+      Percent(trainer.heldout_accuracy()), " (v ",
+      trainer.heldout_policy_version(), ")");
+  // One evaluation's noise is not a trend: the mean of the last few and the
+  // best so far (trainers that report them).
+  if (trainer.heldout_smoothed_window() > 1) {
+    absl::StrAppend(&part, ", mean of last ",
+                    trainer.heldout_smoothed_window(), " ",
+                    Percent(trainer.heldout_smoothed_accuracy()));
+  }
+  if (trainer.heldout_smoothed_window() > 0) {
+    absl::StrAppend(&part, ", best ",
+                    Percent(trainer.heldout_best_accuracy()), " (v ",
+                    trainer.heldout_best_policy_version(), ")");
+  }
+  return part;
 }
 
 }  // namespace
@@ -92,6 +105,21 @@ std::string FormatRunSummary(const ProgressSnapshot& last,
             Percent(t.heldout_accuracy()), t.heldout_policy_version(),
             100.0 * (t.heldout_accuracy() - t.initial_heldout_accuracy()),
             t.heldout_problems()));
+    if (t.heldout_smoothed_window() > 0) {
+      absl::StrAppend(
+          &out,
+          absl::StrFormat(
+              "  held-out smoothed  %s (mean of the last %d evaluations)\n",
+              Percent(t.heldout_smoothed_accuracy()),
+              t.heldout_smoothed_window()));
+      absl::StrAppend(
+          &out, absl::StrFormat("  best policy        %s (v %d)%s\n",
+                                Percent(t.heldout_best_accuracy()),
+                                t.heldout_best_policy_version(),
+                                t.heldout_best_path().empty()
+                                    ? ""
+                                    : ": " + t.heldout_best_path()));
+    }
   } else {
     absl::StrAppend(&out, "  held-out accuracy  not evaluated\n");
   }

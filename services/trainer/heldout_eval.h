@@ -27,7 +27,9 @@ namespace tandem::trainer {
 struct HeldoutEvalConfig {
   // 0 disables evaluation.
   int64_t every_versions = 0;
-  int64_t problems = 256;
+  // 2048: the standard error of one evaluation is under 1 point (0.8
+  // at 85% accuracy; 3 points with 256).
+  int64_t problems = 2048;
   // Must match the coordinator's dataset.arith_* settings.
   int64_t arith_digits = 3;
   bool arith_subtraction = false;

@@ -200,6 +200,18 @@ int RunInProcessRlCommand(int argc, char** argv) {
                  "Gradient clipping norm");
   app.add_option("--skip-zero-advantage", options.grpo.skip_zero_advantage,
                  "Do not forward completions whose advantage is 0");
+  app.add_option("--dynamic-sampling", options.grpo.drop_uniform_groups,
+                 "Leave groups whose rewards are all equal out of the step");
+  app.add_option("--warmup-steps", options.grpo.warmup_steps,
+                 "Linear learning-rate warmup steps");
+  std::string schedule = "constant";
+  app.add_option("--schedule", schedule,
+                 "Learning rate after the warmup (decays to "
+                 "lr * --min-lr-ratio at --steps)")
+      ->check(CLI::IsMember({"constant", "cosine", "linear"}));
+  app.add_option("--min-lr-ratio", options.grpo.min_lr_ratio,
+                 "Final learning rate of a decaying schedule, as a fraction "
+                 "of --lr");
   app.add_option("--clip-low", options.grpo.loss.clip_low, "PPO clip below 1");
   app.add_option("--clip-high", options.grpo.loss.clip_high,
                  "PPO clip above 1");
@@ -215,6 +227,10 @@ int RunInProcessRlCommand(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  options.grpo.schedule = schedule == "cosine"   ? LrSchedule::kCosine
+                          : schedule == "linear" ? LrSchedule::kLinear
+                                                 : LrSchedule::kConstant;
+  options.grpo.total_steps = options.steps;
   options.grpo.loss.advantage = advantage == "grpo"
                                     ? AdvantageNormalization::kGroupMeanStd
                                     : AdvantageNormalization::kGroupMean;

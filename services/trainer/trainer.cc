@@ -60,7 +60,9 @@ GrpoTrainerOptions ToOptions(const TrainerConfig& c) {
   o.lr = c.lr;
   o.warmup_steps = c.warmup_steps;
   o.schedule =
-      c.schedule == "cosine" ? LrSchedule::kCosine : LrSchedule::kConstant;
+      c.schedule == "cosine"   ? LrSchedule::kCosine
+      : c.schedule == "linear" ? LrSchedule::kLinear
+                               : LrSchedule::kConstant;
   o.total_steps = c.total_steps;
   o.min_lr_ratio = c.min_lr_ratio;
   o.micro_batch_tokens = c.micro_batch_tokens;
@@ -75,6 +77,7 @@ GrpoTrainerOptions ToOptions(const TrainerConfig& c) {
       c.aggregation == "sequence"     ? LossAggregation::kSequenceMean
       : c.aggregation == "pipelinerl" ? LossAggregation::kSumOverSequences
                                       : LossAggregation::kTokenMean;
+  o.drop_uniform_groups = c.dynamic_sampling;
   return o;
 }
 
@@ -266,6 +269,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   if (config.eval.every_versions > 0) {
     ASSIGN_OR_RETURN(trainer->evaluator_,
                      HeldoutEvaluator::Create(config.eval));
+    const CheckpointPolicy policy = ToCheckpointPolicy(config);
+    trainer->best_policy_ = std::make_unique<BestPolicyKeeper>(
+        BestPolicyOptions{policy.dir, policy.tokenizer_dir,
+                          policy.builtin_tokenizer});
   }
   Trainer* self = trainer.get();
   std::map<std::string, std::string> capabilities;
@@ -409,13 +416,15 @@ absl::Status Trainer::TrainOnce() {
   step_metrics_.Record(stats);
   for (int64_t s : stats.staleness) staleness_.Observe(static_cast<double>(s));
   Log()->info(
-      "version {}: batch {}, {} groups, {} tokens ({} completions with zero "
-      "advantage not forwarded), reward {:.3f}, loss {:.4f}, clip {:.3f}, "
-      "kl {:.4g}, grad norm {:.3f}, {:.2f}s",
+      "version {}: batch {}, {} groups ({} uniform, {} of them dropped), {} "
+      "tokens ({} completions with zero advantage not forwarded), reward "
+      "{:.3f}, loss {:.4f}, clip {:.3f}, kl {:.4g}, grad norm {:.3f}, "
+      "lr {:.3g}, {:.2f}s",
       stats.policy_version, batch.batch_id(), groups.size(),
+      stats.uniform_groups, stats.dropped_uniform_groups,
       stats.trained_tokens, stats.skipped_sequences, stats.reward_mean,
       stats.loss.loss, stats.loss.clip_fraction, stats.loss.kl_mean,
-      stats.grad_norm, stats.step_seconds);
+      stats.grad_norm, stats.lr, stats.step_seconds);
   absl::MutexLock lock(&mu_);
   status_.set_step(status_.step() + 1);
   status_.set_policy_version(stats.policy_version);
@@ -490,10 +499,49 @@ void Trainer::MaybeEvaluate(bool initial) {
   }
   heldout_accuracy_.Set(result->accuracy());
   heldout_version_.Set(static_cast<double>(version));
-  Log()->info("held-out accuracy at version {}: {:.3f} ({}/{}, {:.2f}s)",
-              version, result->accuracy(), result->correct, result->total,
-              result->seconds);
+  recent_heldout_.push_back(result->accuracy());
+  while (recent_heldout_.size() > kHeldoutSmoothingWindow) {
+    recent_heldout_.pop_front();
+  }
+  double smoothed = 0.0;
+  for (double a : recent_heldout_) smoothed += a;
+  smoothed /= static_cast<double>(recent_heldout_.size());
+  Log()->info(
+      "held-out accuracy at version {}: {:.3f} ({}/{}, {:.2f}s); mean of the "
+      "last {}: {:.3f}",
+      version, result->accuracy(), result->correct, result->total,
+      result->seconds, recent_heldout_.size(), smoothed);
+  std::optional<BestPolicy> best;
+  if (best_policy_ != nullptr) {
+    absl::StatusOr<std::optional<BestPolicy>> offered =
+        absl::FailedPreconditionError("no weights");
+    absl::StatusOr<std::shared_ptr<model::ModelWeights>> weights =
+        grpo_->SnapshotWeights();
+    if (weights.ok()) {
+      offered = best_policy_->Offer(**weights, *result, grpo_->step());
+    } else {
+      offered = weights.status();
+    }
+    if (!offered.ok()) {
+      Log()->warn("keeping the best policy (version {}) failed: {}", version,
+                  offered.status().ToString());
+    } else if (offered->has_value()) {
+      Log()->info("best policy so far: version {} ({:.3f}), kept at {}",
+                  version, (*offered)->accuracy, (*offered)->path);
+    }
+    best = best_policy_->best();
+  }
   absl::MutexLock lock(&mu_);
+  status_.set_heldout_smoothed_accuracy(smoothed);
+  status_.set_heldout_smoothed_window(
+      static_cast<uint32_t>(recent_heldout_.size()));
+  if (best.has_value()) {
+    status_.set_heldout_best_accuracy(best->accuracy);
+    status_.set_heldout_best_policy_version(best->policy_version);
+    status_.set_heldout_best_path(
+        (std::filesystem::path(config_.checkpoint_dir) / kBestPolicyLink)
+            .string());
+  }
   if (!status_.heldout_evaluated()) {
     status_.set_initial_heldout_accuracy(result->accuracy());
     status_.set_initial_heldout_policy_version(version);

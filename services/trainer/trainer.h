@@ -13,6 +13,7 @@
 // (publish protocol: services/coordinator/group_ledger.h).
 
 #include <atomic>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -30,6 +31,7 @@
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
+#include "services/trainer/best_policy.h"
 #include "services/trainer/checkpoint_manager.h"
 #include "services/trainer/heldout_eval.h"
 #include "services/trainer/rl/grpo_trainer.h"
@@ -136,6 +138,11 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
   std::unique_ptr<HeldoutEvaluator> evaluator_;
   model::WeightDType publish_dtype_ = model::WeightDType::kFloat32;
   int64_t last_evaluated_version_ = -1;  // training thread only
+  // Accuracies of the last kHeldoutSmoothingWindow evaluations (training
+  // thread only), and the best policy by held-out accuracy.
+  static constexpr size_t kHeldoutSmoothingWindow = 5;
+  std::deque<double> recent_heldout_;
+  std::unique_ptr<BestPolicyKeeper> best_policy_;
 
   std::unique_ptr<GrpoTrainer> grpo_;
   std::unique_ptr<CheckpointManager> checkpoints_;

@@ -44,16 +44,17 @@ void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config) {
   schema->AddInt("training.warmup_steps", &config->warmup_steps, 0, 1 << 30,
                  "Linear learning-rate warmup steps.");
   schema->AddEnum("training.schedule", &config->schedule,
-                  {"constant", "cosine"},
-                  "Learning rate after the warmup: constant, or a cosine "
-                  "decay to lr * training.min_lr_ratio at "
-                  "training.total_steps (then constant there).");
+                  {"constant", "cosine", "linear"},
+                  "Learning rate after the warmup (by optimizer step): "
+                  "constant, or a cosine or linear decay to lr * "
+                  "training.min_lr_ratio at training.total_steps (then "
+                  "constant there).");
   schema->AddInt("training.total_steps", &config->total_steps, 0, INT64_MAX,
-                 "Cosine schedule: the optimizer step where the decay "
-                 "ends; must exceed training.warmup_steps.");
+                 "Cosine and linear schedules: the optimizer step where "
+                 "the decay ends; must exceed training.warmup_steps.");
   schema->AddDouble("training.min_lr_ratio", &config->min_lr_ratio, 0, 1,
-                    "Cosine schedule: the final learning rate as a fraction "
-                    "of training.lr.");
+                    "Cosine and linear schedules: the final learning rate "
+                    "as a fraction of training.lr.");
   schema->AddInt("training.micro_batch_tokens", &config->micro_batch_tokens, 0,
                  1 << 30,
                  "Gradient accumulation: forward and backward the batch in "
@@ -73,6 +74,15 @@ void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config) {
                   {"token", "sequence", "pipelinerl"},
                   "Loss aggregation: mean over tokens, over sequences, or "
                   "sum over tokens / number of sequences (PipelineRL).");
+  schema->AddBool("training.dynamic_sampling", &config->dynamic_sampling,
+                  "DAPO's dynamic sampling: leave the groups whose "
+                  "completions all got the same reward (no advantage, no "
+                  "policy gradient) out of the step, so the loss is "
+                  "normalised over the groups that carry a signal; counted "
+                  "in tandem_trainer_uniform_groups_total{outcome=dropped}. "
+                  "Off: they count in the denominators (token-mean "
+                  "aggregation then shrinks the update as more groups are "
+                  "solved).");
   schema->AddDouble("training.kl_beta", &config->kl_beta, 0, 1e6,
                     "Coefficient of the k3 KL penalty to a frozen reference "
                     "policy (training.reference_model); 0 = no penalty and "
@@ -166,6 +176,7 @@ std::string TrainingConfigJson(const TrainerConfig& c) {
                             {"clip_high", c.clip_high},
                             {"advantage", c.advantage},
                             {"aggregation", c.aggregation},
+                            {"dynamic_sampling", c.dynamic_sampling},
                             {"kl_beta", c.kl_beta},
                             {"reference_model", c.reference_model}};
   return j.dump();
@@ -185,12 +196,12 @@ absl::Status Validate(const TrainerConfig& config) {
         absl::StrCat("weight_sync.delta_max_density must be in (0, 1], got ",
                      config.weight_delta_max_density));
   }
-  if (config.schedule == "cosine" &&
+  if (config.schedule != "constant" &&
       config.total_steps <= config.warmup_steps) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("training.schedule: cosine needs training.total_steps > "
-                     "training.warmup_steps, got ",
-                     config.total_steps, " <= ", config.warmup_steps));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "training.schedule: ", config.schedule,
+        " needs training.total_steps > training.warmup_steps, got ",
+        config.total_steps, " <= ", config.warmup_steps));
   }
   return absl::OkStatus();
 }

@@ -28,8 +28,9 @@ struct TrainerConfig {
   bool train = true;
   double lr = 1e-4;
   int64_t warmup_steps = 0;
-  std::string schedule = "constant";  // constant | cosine (after warmup)
-  int64_t total_steps = 0;            // cosine: steps until lr * min_lr_ratio
+  // constant | cosine | linear (after warmup)
+  std::string schedule = "constant";
+  int64_t total_steps = 0;  // cosine, linear: steps until lr * min_lr_ratio
   double min_lr_ratio = 0.0;
   double max_grad_norm = 1.0;
   int64_t micro_batch_tokens = 0;  // 0 = the whole batch in one pass
@@ -37,6 +38,8 @@ struct TrainerConfig {
   double clip_high = 0.2;
   std::string advantage = "grpo";     // grpo | dr_grpo
   std::string aggregation = "token";  // token | sequence | pipelinerl
+  // Leave groups whose rewards are all equal out of the step (DAPO).
+  bool dynamic_sampling = false;
   // KL penalty to a frozen reference policy (k3); 0 = none, nothing loaded.
   double kl_beta = 0.0;
   // Hugging Face directory of the reference policy; empty = model.path (the

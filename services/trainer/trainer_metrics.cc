@@ -63,7 +63,19 @@ TrainerStepMetrics::TrainerStepMetrics(prometheus::Registry& registry)
                     "past the embedding table). The rest of the batch is "
                     "trained and committed.")
               .Register(registry)
-              .Add({{"reason", "token_id"}})) {
+              .Add({{"reason", "token_id"}})),
+
+      uniform_groups_(
+          prometheus::BuildCounter()
+              .Name("tandem_trainer_uniform_groups_total")
+              .Help("Trained batches' groups whose completions all got the "
+                    "same reward (zero advantage: no policy gradient), by "
+                    "outcome: trained (counted in the loss's denominators) "
+                    "or dropped (left out of the step by "
+                    "training.dynamic_sampling).")
+              .Register(registry)),
+      uniform_trained_(uniform_groups_.Add({{"outcome", "trained"}})),
+      uniform_dropped_(uniform_groups_.Add({{"outcome", "dropped"}})) {
   for (const char* quantity : {"reward", "loss", "grad_norm"}) {
     nonfinite_steps_.Add({{"quantity", quantity}});
   }
@@ -90,6 +102,9 @@ void TrainerStepMetrics::Record(const GrpoStepStats& stats) {
   effective_sample_size_.Set(stats.loss.effective_sample_size);
   grad_norm_.Set(stats.grad_norm);
   learning_rate_.Set(stats.lr);
+  uniform_trained_.Increment(
+      static_cast<double>(stats.uniform_groups - stats.dropped_uniform_groups));
+  uniform_dropped_.Increment(static_cast<double>(stats.dropped_uniform_groups));
 }
 
 }  // namespace tandem::trainer

@@ -42,6 +42,11 @@ class TrainerStepMetrics {
   prometheus::Gauge& learning_rate_;
   prometheus::Family<prometheus::Counter>& nonfinite_steps_;
   prometheus::Counter& refused_token_id_;
+  // {outcome="trained" | "dropped"}: uniform groups stepped on, or left out
+  // by training.dynamic_sampling.
+  prometheus::Family<prometheus::Counter>& uniform_groups_;
+  prometheus::Counter& uniform_trained_;
+  prometheus::Counter& uniform_dropped_;
 };
 
 }  // namespace tandem::trainer

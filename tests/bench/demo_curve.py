@@ -3,7 +3,8 @@
 
 Reads the trainer's log of a run directory (the lines "held-out accuracy at
 version V: A (C/N, Ss)") and writes the curve against wall time since the
-first evaluation:
+first evaluation, each raw evaluation next to the smoothed one (the mean of
+the last 5 evaluations, as the trainer's progress line shows it):
 
   python3 tests/bench/demo_curve.py RUN_DIR --csv out.csv --svg out.svg
 """
@@ -31,6 +32,18 @@ def read_curve(run_dir):
         sys.exit(f"no held-out evaluations in {run_dir}/logs/trainer.log")
     start = points[0][0]
     return [((t - start).total_seconds(), v, a) for t, v, a in points]
+
+
+SMOOTHING_WINDOW = 5  # the trainer's kHeldoutSmoothingWindow
+
+
+def smoothed(curve, window=SMOOTHING_WINDOW):
+    """Mean of the last `window` accuracies at each evaluation."""
+    out = []
+    for i in range(len(curve)):
+        last = [a for _, _, a in curve[max(0, i - window + 1):i + 1]]
+        out.append(sum(last) / len(last))
+    return out
 
 
 def svg(curve, title):
@@ -74,8 +87,20 @@ def svg(curve, title):
                f'{(top + height - bottom) / 2})">held-out accuracy '
                f'(greedy)</text>')
     path = " ".join(f"{x(t):.1f},{y(a):.1f}" for t, _, a in curve)
-    out.append(f'<polyline fill="none" stroke="#1f77b4" stroke-width="2" '
+    out.append(f'<polyline fill="none" stroke="#9ecae1" stroke-width="1" '
                f'points="{path}"/>')
+    mean = smoothed(curve)
+    path = " ".join(f"{x(t):.1f},{y(m):.1f}"
+                    for (t, _, _), m in zip(curve, mean))
+    out.append(f'<polyline fill="none" stroke="#1f77b4" stroke-width="2.5" '
+               f'points="{path}"/>')
+    out.append(f'<line x1="{left + 10}" x2="{left + 30}" y1="{top + 10}" '
+               f'y2="{top + 10}" stroke="#9ecae1"/>')
+    out.append(f'<text x="{left + 34}" y="{top + 14}">each evaluation</text>')
+    out.append(f'<line x1="{left + 10}" x2="{left + 30}" y1="{top + 26}" '
+               f'y2="{top + 26}" stroke="#1f77b4" stroke-width="2.5"/>')
+    out.append(f'<text x="{left + 34}" y="{top + 30}">mean of the last '
+               f'{SMOOTHING_WINDOW}</text>')
     base = curve[0][2]
     out.append(f'<line x1="{left}" x2="{width - right}" y1="{y(base):.1f}" '
                f'y2="{y(base):.1f}" stroke="#999" stroke-dasharray="4 3"/>')
@@ -93,18 +118,21 @@ def main():
     curve = read_curve(args.run_dir)
     if args.csv:
         with open(args.csv, "w") as f:
-            f.write("seconds,policy_version,heldout_accuracy\n")
-            for t, v, a in curve:
-                f.write(f"{t:.1f},{v},{a:.4f}\n")
+            f.write("seconds,policy_version,heldout_accuracy,"
+                    f"heldout_mean_last_{SMOOTHING_WINDOW}\n")
+            for (t, v, a), m in zip(curve, smoothed(curve)):
+                f.write(f"{t:.1f},{v},{a:.4f},{m:.4f}\n")
     if args.svg:
         with open(args.svg, "w") as f:
             f.write(svg(curve, args.title))
     first, last = curve[0], curve[-1]
     best = max(curve, key=lambda p: p[2])
+    mean = smoothed(curve)
     print(f"{len(curve)} evaluations over {last[0]:.0f} s: "
           f"{100 * first[2]:.1f}% (v {first[1]}) -> {100 * last[2]:.1f}% "
-          f"(v {last[1]}); best {100 * best[2]:.1f}% (v {best[1]}, "
-          f"{best[0]:.0f} s)")
+          f"(v {last[1]}, mean of the last {SMOOTHING_WINDOW} "
+          f"{100 * mean[-1]:.1f}%); best {100 * best[2]:.1f}% "
+          f"(v {best[1]}, {best[0]:.0f} s)")
 
 
 if __name__ == "__main__":

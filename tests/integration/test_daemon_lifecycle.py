@@ -89,6 +89,25 @@ class LifecycleTest(unittest.TestCase):
         self.assertIn(f"{path}:2: engine.max_num_seqs expected an integer, "
                       "got 'lots'", result.stderr)
 
+    def test_bad_trainer_training_values_exit_2_naming_key_and_value(self):
+        for text, message in [
+                ("training:\n  schedule: step\n",
+                 "training.schedule must be one of"),
+                ("training:\n  clip_high: -0.5\n",
+                 "training.clip_high must be in [0, 10], got -0.5"),
+                ("training:\n  aggregation: tokens\n",
+                 "training.aggregation must be one of"),
+                ("training:\n  dynamic_sampling: maybe\n",
+                 "training.dynamic_sampling expected true or false, got "
+                 "'maybe'"),
+                ("training:\n  schedule: linear\n  warmup_steps: 10\n",
+                 "training.schedule: linear needs training.total_steps > "
+                 "training.warmup_steps, got 0 <= 10")]:
+            with self.subTest(config=text):
+                _, result = self.run_with_config("trainer", text)
+                self.assertEqual(result.returncode, 2, result.stderr)
+                self.assertIn(message, result.stderr)
+
     def test_malformed_yaml_exits_nonzero_naming_the_file(self):
         path, result = self.run_with_config("verifier",
                                             "worker_threads: [1,\n")

@@ -84,6 +84,36 @@ TEST_CASE("progress line before the trainer answers or evaluates") {
   CHECK(FormatProgressLine(s).find("held-out - |") != std::string::npos);
 }
 
+TEST_CASE("progress line shows the smoothed and the best held-out accuracy") {
+  ProgressSnapshot s = Snapshot();
+  s.trainer->set_heldout_smoothed_accuracy(0.5);
+  s.trainer->set_heldout_smoothed_window(5);
+  s.trainer->set_heldout_best_accuracy(0.546875);
+  s.trainer->set_heldout_best_policy_version(100);
+  CHECK(FormatProgressLine(s).find(
+            "held-out 31.2% -> 53.1% (v 120), mean of last 5 50.0%, best "
+            "54.7% (v 100) | ") != std::string::npos);
+  // After the first evaluation there is nothing to average yet.
+  s.trainer->set_heldout_smoothed_window(1);
+  CHECK(FormatProgressLine(s).find(
+            "held-out 31.2% -> 53.1% (v 120), best 54.7% (v 100) | ") !=
+        std::string::npos);
+}
+
+TEST_CASE("run summary names the best policy and the smoothed accuracy") {
+  ProgressSnapshot s = Snapshot();
+  s.trainer->set_heldout_smoothed_accuracy(0.5);
+  s.trainer->set_heldout_smoothed_window(5);
+  s.trainer->set_heldout_best_accuracy(0.546875);
+  s.trainer->set_heldout_best_policy_version(100);
+  s.trainer->set_heldout_best_path("/run/checkpoints/best");
+  const std::string text = FormatRunSummary(s, RunSummary());
+  CHECK(text.find("held-out smoothed  50.0% (mean of the last 5 "
+                  "evaluations)") != std::string::npos);
+  CHECK(text.find("best policy        54.7% (v 100): /run/checkpoints/best") !=
+        std::string::npos);
+}
+
 TEST_CASE("pause formatting picks a unit") {
   CHECK(FormatPause(45e-6) == "45us");
   CHECK(FormatPause(3.21e-3) == "3.2ms");

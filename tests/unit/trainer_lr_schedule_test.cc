@@ -61,6 +61,37 @@ TEST_CASE("cosine schedule decays from lr to lr * min_lr_ratio") {
   }
 }
 
+TEST_CASE("linear schedule decays from lr to lr * min_lr_ratio in a line") {
+  GrpoTrainerOptions o;
+  o.lr = 1e-3;
+  o.warmup_steps = 10;
+  o.schedule = LrSchedule::kLinear;
+  o.total_steps = 110;
+  o.min_lr_ratio = 0.1;
+  auto t = MakeTrainer(o);
+  CHECK(t->LearningRate(5) == Approx(5e-4).epsilon(1e-12));
+  CHECK(t->LearningRate(10) == Approx(1e-3).epsilon(1e-12));
+  // A quarter of the way: 0.1 + 0.9 * 0.75 (the cosine is at 0.868).
+  CHECK(t->LearningRate(35) == Approx(7.75e-4).epsilon(1e-12));
+  CHECK(t->LearningRate(60) == Approx(5.5e-4).epsilon(1e-12));
+  CHECK(t->LearningRate(85) == Approx(3.25e-4).epsilon(1e-12));
+  CHECK(t->LearningRate(110) == Approx(1e-4).epsilon(1e-12));
+  CHECK(t->LearningRate(500) == Approx(1e-4).epsilon(1e-12));
+}
+
+TEST_CASE("linear schedule needs total_steps beyond the warmup") {
+  auto initial = model::RandomInit(model::testing::TinyQwen2Config(), 3);
+  REQUIRE(initial.ok());
+  GrpoTrainerOptions o;
+  o.schedule = LrSchedule::kLinear;
+  o.warmup_steps = 10;
+  o.total_steps = 5;
+  auto trainer = GrpoTrainer::Create(**initial, 0, o);
+  REQUIRE_FALSE(trainer.ok());
+  CHECK(trainer.status().message().find("linear schedule needs total_steps") !=
+        std::string::npos);
+}
+
 TEST_CASE("cosine schedule needs total_steps beyond the warmup") {
   auto initial = model::RandomInit(model::testing::TinyQwen2Config(), 3);
   REQUIRE(initial.ok());
@@ -99,6 +130,33 @@ TEST_CASE("a restored trainer continues the schedule at the next step") {
   CHECK(stats->lr == Approx(5.5e-4).epsilon(1e-12));
   CHECK(stats->policy_version == 60);
   CHECK(t->step() == 60);
+}
+
+TEST_CASE("a restored trainer continues the linear schedule at the next step") {
+  GrpoTrainerOptions o;
+  o.lr = 1e-3;
+  o.warmup_steps = 10;
+  o.schedule = LrSchedule::kLinear;
+  o.total_steps = 110;
+  o.min_lr_ratio = 0.1;
+  auto t = MakeTrainer(o);
+  GrpoTrainerState state;
+  state.step = 34;
+  state.policy_version = 34;
+  REQUIRE(t->RestoreState(state).ok());
+  ScoredPromptGroup group;
+  group.prompt = {2, 5, 7};
+  for (int i = 0; i < 2; ++i) {
+    ScoredCompletion c;
+    c.tokens = {10 + i, 20};
+    c.behavior_logprobs = {-4.5f, -4.5f};
+    c.reward = i;
+    group.completions.push_back(c);
+  }
+  auto stats = t->Step({group});
+  REQUIRE(stats.ok());
+  CHECK(stats->lr == Approx(7.75e-4).epsilon(1e-12));
+  CHECK(t->step() == 35);
 }
 
 }  // namespace

@@ -34,10 +34,11 @@ absl::Status ValidateOptions(const GrpoTrainerOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "micro_batch_tokens must be >= 0, got ", o.micro_batch_tokens));
   }
-  if (o.schedule == LrSchedule::kCosine) {
+  if (o.schedule != LrSchedule::kConstant) {
     if (o.total_steps <= o.warmup_steps) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "the cosine schedule needs total_steps > warmup_steps, got ",
+          "the ", o.schedule == LrSchedule::kCosine ? "cosine" : "linear",
+          " schedule needs total_steps > warmup_steps, got ",
           o.total_steps, " <= ", o.warmup_steps));
     }
     if (!(o.min_lr_ratio >= 0.0 && o.min_lr_ratio <= 1.0)) {
@@ -130,6 +131,37 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
   std::vector<SequenceRef> sequences;
   std::vector<int64_t> group_ids;
   std::vector<float> rewards;
+  // Groups whose completions (those with tokens) all got the same reward.
+  std::vector<bool> uniform(groups.size(), false);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    bool seen = false, same = true;
+    double first = 0.0;
+    for (const ScoredCompletion& c : groups[g].completions) {
+      if (c.tokens.empty()) continue;
+      if (!seen) {
+        first = c.reward;
+        seen = true;
+      } else if (c.reward != first) {
+        same = false;
+      }
+    }
+    // A non-finite reward is never "uniform": it stays in the batch, where
+    // the non-finite check below refuses the step.
+    uniform[g] = seen && same && std::isfinite(first);
+    if (uniform[g]) ++stats.uniform_groups;
+  }
+  const bool drop_uniform =
+      options_.drop_uniform_groups &&
+      stats.uniform_groups < static_cast<int64_t>(std::count_if(
+                                 groups.begin(), groups.end(),
+                                 [](const ScoredPromptGroup& group) {
+                                   return std::any_of(
+                                       group.completions.begin(),
+                                       group.completions.end(),
+                                       [](const ScoredCompletion& c) {
+                                         return !c.tokens.empty();
+                                       });
+                                 }));
   for (size_t g = 0; g < groups.size(); ++g) {
     const ScoredPromptGroup& group = groups[g];
     if (!(std::isfinite(group.temperature) && group.temperature >= 0.0)) {
@@ -138,6 +170,10 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
                        ": sampling temperature must be finite "
                        "and >= 0, got ",
                        group.temperature));
+    }
+    if (drop_uniform && uniform[g]) {
+      ++stats.dropped_uniform_groups;
+      continue;
     }
     for (const ScoredCompletion& c : group.completions) {
       if (c.tokens.empty()) continue;
@@ -173,14 +209,22 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
         absl::StrCat("kl_beta = ", options_.loss.kl_beta,
                      " needs a reference policy (SetReferencePolicy)"));
   }
+  // Reward statistics of the whole batch, dropped uniform groups included
+  // (what the rollouts scored, not only what was trained on).
   double sum = 0, sum_sq = 0;
-  for (float r : rewards) {
-    sum += r;
-    sum_sq += static_cast<double>(r) * r;
+  int64_t scored = 0;
+  for (const ScoredPromptGroup& group : groups) {
+    for (const ScoredCompletion& c : group.completions) {
+      if (c.tokens.empty()) continue;
+      sum += c.reward;
+      sum_sq += c.reward * c.reward;
+      ++scored;
+    }
   }
-  stats.reward_mean = sum / rewards.size();
+  stats.reward_mean = sum / static_cast<double>(scored);
   stats.reward_std = std::sqrt(std::max(
-      0.0, sum_sq / rewards.size() - stats.reward_mean * stats.reward_mean));
+      0.0, sum_sq / static_cast<double>(scored) -
+               stats.reward_mean * stats.reward_mean));
 
   const auto weights = policy_->weights();
   try {
@@ -376,8 +420,11 @@ double GrpoTrainer::LearningRate(int64_t step) const {
   const double progress =
       std::min(1.0, static_cast<double>(step - o.warmup_steps) /
                         static_cast<double>(o.total_steps - o.warmup_steps));
-  const double cosine = 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
-  return o.lr * (o.min_lr_ratio + (1.0 - o.min_lr_ratio) * cosine);
+  const double remaining =
+      o.schedule == LrSchedule::kLinear
+          ? 1.0 - progress
+          : 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+  return o.lr * (o.min_lr_ratio + (1.0 - o.min_lr_ratio) * remaining);
 }
 
 namespace {

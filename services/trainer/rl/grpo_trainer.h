@@ -56,6 +56,9 @@ enum class LrSchedule {
   // Half a cosine from lr down to lr * min_lr_ratio over the steps from
   // warmup_steps to total_steps; lr * min_lr_ratio after total_steps.
   kCosine,
+  // A straight line from lr down to lr * min_lr_ratio over the same steps;
+  // lr * min_lr_ratio after total_steps.
+  kLinear,
 };
 
 struct GrpoTrainerOptions {
@@ -67,7 +70,8 @@ struct GrpoTrainerOptions {
   double beta2 = 0.999;
   int64_t warmup_steps = 0;
   LrSchedule schedule = LrSchedule::kConstant;
-  // kCosine only: total_steps > warmup_steps, min_lr_ratio in [0, 1].
+  // kCosine and kLinear: total_steps > warmup_steps, min_lr_ratio in
+  // [0, 1].
   int64_t total_steps = 0;
   double min_lr_ratio = 0.0;
   double max_grad_norm = 1.0;
@@ -87,6 +91,15 @@ struct GrpoTrainerOptions {
   // loss's denominators still count them, so the gradient is the same as
   // with them. false = forward every sequence (for tests).
   bool skip_zero_advantage = true;
+  // Dynamic sampling (DAPO): a group whose completions all got the same
+  // reward carries no advantage; with this on it is left out of the step
+  // altogether, denominators included, so the loss is normalised over the
+  // groups that carry a signal (with token-mean aggregation the update then
+  // does not shrink as more groups are solved). A batch where every group
+  // is uniform is stepped as it is (its policy gradient is zero either
+  // way). Off: uniform groups count in the denominators (their sequences
+  // are still not forwarded, see skip_zero_advantage).
+  bool drop_uniform_groups = false;
 };
 
 struct GrpoStepStats {
@@ -107,6 +120,11 @@ struct GrpoStepStats {
   // fraction, entropy) are over the forwarded ones (all of them when no
   // completion had a non-zero advantage).
   int64_t skipped_sequences = 0;
+  // Groups (with completion tokens) whose rewards were all equal, and of
+  // those, the ones left out of the step (drop_uniform_groups); dropped
+  // groups' tokens are not in trained_tokens.
+  int64_t uniform_groups = 0;
+  int64_t dropped_uniform_groups = 0;
   // "reward", "loss" or "grad_norm" when that quantity was not finite (NaN
   // or infinite; a NaN behavior log-prob makes the loss NaN; a reward is
   // checked before anything is computed, since it would make its group's
