@@ -64,7 +64,6 @@ TrainerStepMetrics::TrainerStepMetrics(prometheus::Registry& registry)
                     "trained and committed.")
               .Register(registry)
               .Add({{"reason", "token_id"}})),
-
       uniform_groups_(
           prometheus::BuildCounter()
               .Name("tandem_trainer_uniform_groups_total")
