@@ -122,6 +122,12 @@ TEST_CASE(
     CHECK(scores[id].reward() == 0.0);
     CHECK(!scores[id].reason().empty());
   }
+  // Each outcome with its reason, shown with any failure below.
+  std::string outcomes;
+  for (const auto& [id, score] : scores) {
+    outcomes += id + ": " + score.outcome() + ": " + score.reason() + "\n";
+  }
+  INFO(outcomes);
   CHECK(scores["loop"].outcome() == "timeout");
   CHECK(scores["fork_bomb"].outcome() == "timeout");
   CHECK((scores["memory_hog"].outcome() == "memory" ||
