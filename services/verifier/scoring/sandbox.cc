@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
@@ -93,7 +94,7 @@ void RemoveTree(const std::string& path) {
 class RunDirectory {
  public:
   static absl::StatusOr<std::unique_ptr<RunDirectory>> Create(
-      const SandboxConfig& config, bool chown_to_sandbox_user,
+      const SandboxConfig& config, bool chown_to_sandbox_user, uid_t uid,
       const SandboxCommand& command) {
     std::string outer =
         absl::StrCat(config.work_root, "/tandem-sandbox-XXXXXX");
@@ -123,7 +124,7 @@ class RunDirectory {
       }
     }
     if (chown_to_sandbox_user &&
-        chown(work.c_str(), config.run_as_uid, config.run_as_gid) != 0) {
+        chown(work.c_str(), uid, config.run_as_gid) != 0) {
       return ErrnoStatus(absl::StrCat("chown ", work));
     }
     return dir;
@@ -395,6 +396,24 @@ absl::StatusOr<std::unique_ptr<Sandbox>> Sandbox::Create(
   return std::unique_ptr<Sandbox>(new Sandbox(config));
 }
 
+uid_t Sandbox::AcquireUid() const {
+  absl::MutexLock lock(&uid_mu_);
+  size_t slot = 0;
+  while (slot < uid_busy_.size() && uid_busy_[slot]) ++slot;
+  if (slot == uid_busy_.size()) uid_busy_.push_back(false);
+  uid_busy_[slot] = true;
+  return slot == 0 ? config_.run_as_uid
+                   : kConcurrentUidBase + static_cast<uid_t>(slot);
+}
+
+void Sandbox::ReleaseUid(uid_t uid) const {
+  absl::MutexLock lock(&uid_mu_);
+  const size_t slot = uid == config_.run_as_uid
+                          ? 0
+                          : static_cast<size_t>(uid - kConcurrentUidBase);
+  if (slot < uid_busy_.size()) uid_busy_[slot] = false;
+}
+
 absl::StatusOr<SandboxResult> Sandbox::Run(
     const SandboxCommand& command) const {
   if (command.argv.empty() || command.argv[0].empty() ||
@@ -419,8 +438,13 @@ absl::StatusOr<SandboxResult> Sandbox::Run(
   const SandboxLimits& limits = config_.limits;
   const bool drop_privileges = geteuid() == 0;
 
-  ASSIGN_OR_RETURN(std::unique_ptr<RunDirectory> dir,
-                   RunDirectory::Create(config_, drop_privileges, command));
+  const uid_t uid = drop_privileges ? AcquireUid() : config_.run_as_uid;
+  absl::Cleanup release_uid = [&] {
+    if (drop_privileges) ReleaseUid(uid);
+  };
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<RunDirectory> dir,
+      RunDirectory::Create(config_, drop_privileges, uid, command));
 
   const ExecStrings argv(command.argv);
   const ExecStrings envp({
@@ -477,7 +501,7 @@ absl::StatusOr<SandboxResult> Sandbox::Run(
         .argv = argv.pointers.data(),
         .envp = envp.pointers.data(),
         .drop_privileges = drop_privileges,
-        .uid = config_.run_as_uid,
+        .uid = uid,
         .gid = config_.run_as_gid,
         .rlimits = {
             {RLIMIT_CPU, rl(limits.cpu_seconds, limits.cpu_seconds + 1)},

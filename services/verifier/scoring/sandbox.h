@@ -27,7 +27,11 @@
 //     inside the run's namespaces (enough for the private view);
 //   - when the daemon runs as root: supplementary groups dropped and
 //     setresgid/setresuid to run_as_gid/run_as_uid (nobody, 65534) in the
-//     program, after the namespaces exist; PR_SET_NO_NEW_PRIVS so setuid
+//     program, after the namespaces exist; runs under way at the same time
+//     each get a uid of their own (run_as_uid for the first, then
+//     kConcurrentUidBase + k), because RLIMIT_NPROC counts all processes of
+//     a uid: with one shared uid a fork bomb in one run made a concurrent
+//     run's execve fail with EAGAIN; PR_SET_NO_NEW_PRIVS so setuid
 //     binaries cannot regain privileges; the init has PR_SET_PDEATHSIG, so
 //     the run dies with the daemon;
 //   - its own new, empty directory under work_root as cwd, HOME and TMPDIR,
@@ -85,8 +89,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace tandem::verifier {
@@ -104,6 +110,9 @@ struct SandboxLimits {
   // the operator says so.
   bool allow_network_fallback = false;
 };
+
+// Uids of the second and later runs under way at the same time (root).
+inline constexpr uid_t kConcurrentUidBase = 2000000000;
 
 struct SandboxConfig {
   SandboxLimits limits;
@@ -197,8 +206,14 @@ class Sandbox {
 
  private:
   explicit Sandbox(SandboxConfig config) : config_(std::move(config)) {}
+  // Root only: the uid of a run starting now, held until ReleaseUid.
+  uid_t AcquireUid() const;
+  void ReleaseUid(uid_t uid) const;
 
   const SandboxConfig config_;
+  mutable absl::Mutex uid_mu_;
+  // Slot k (uid run_as_uid for 0, kConcurrentUidBase + k after) is in use.
+  mutable std::vector<bool> uid_busy_ ABSL_GUARDED_BY(uid_mu_);
   std::atomic<bool> simulate_namespace_failure_{false};
   std::atomic<bool> simulate_mount_failure_{false};
 };
