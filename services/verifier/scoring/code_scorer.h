@@ -29,9 +29,9 @@
 // running program is killed at once, the remaining tests are not run, and
 // the item is reward 0, outcome timeout, ScoreResult::stopped. An empty
 // program is no_answer. When the sandbox cannot be set up the outcome is
-// sandbox_unavailable and nothing runs; other sandbox failures (e.g. the
-// process limit of the sandbox user used up by concurrent runs) are
-// outcome error. Reward is 0 in all these cases.
+// sandbox_unavailable and nothing runs; other sandbox failures are outcome
+// error (concurrent runs as root have uids of their own, so one run's fork
+// bomb does not use up another's process limit). Reward is 0 in all these cases.
 //
 // Thread-safe: Score() may run concurrently; each run has its own process
 // and directory.
