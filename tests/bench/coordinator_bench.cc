@@ -50,22 +50,26 @@ double Percentile(std::vector<double> v, double q) {
   return v[static_cast<size_t>(q * (v.size() - 1))];
 }
 
+// Registers a simulated member of `role`; returns its member id.
+std::string Register(tandem::v1::Coordinator::Stub& stub,
+                     tandem::v1::Role role) {
+  tandem::v1::RegisterRequest request;
+  request.set_role(role);
+  request.set_grpc_address("127.0.0.1:1");
+  tandem::v1::RegisterResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(5));
+  if (!stub.Register(&context, request, &response).ok()) std::abort();
+  return response.member_id();
+}
+
 void Worker(const Flags& flags, std::atomic<bool>* stop,
             std::atomic<uint64_t>* accepted, std::atomic<uint64_t>* rejected,
             Latencies* latencies) {
   auto stub = tandem::v1::Coordinator::NewStub(
       tandem::rpc::MakeChannel(flags.coordinator));
-  tandem::v1::RegisterRequest reg;
-  reg.set_role(tandem::v1::ROLE_ROLLOUT);
-  reg.set_grpc_address("127.0.0.1:1");
-  tandem::v1::RegisterResponse reg_response;
-  {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::seconds(5));
-    if (!stub->Register(&context, reg, &reg_response).ok()) std::abort();
-  }
-  const std::string id = reg_response.member_id();
+  const std::string id = Register(*stub, tandem::v1::ROLE_ROLLOUT);
   std::vector<double> submit_ms, lease_ms;
   auto last_heartbeat = Clock::now();
   std::vector<tandem::v1::Sample> pending;
@@ -151,29 +155,20 @@ void Worker(const Flags& flags, std::atomic<bool>* stop,
 uint64_t Trainer(const Flags& flags, const std::atomic<bool>* stop) {
   auto stub = tandem::v1::Coordinator::NewStub(
       tandem::rpc::MakeChannel(flags.coordinator));
-  tandem::v1::RegisterRequest reg;
-  reg.set_role(tandem::v1::ROLE_TRAINER);
-  reg.set_grpc_address("127.0.0.1:1");
-  tandem::v1::RegisterResponse reg_response;
-  {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::seconds(5));
-    if (!stub->Register(&context, reg, &reg_response).ok()) std::abort();
-  }
+  const std::string member_id = Register(*stub, tandem::v1::ROLE_TRAINER);
   uint64_t version = 0;
   auto last_heartbeat = Clock::now();
   while (!*stop) {
     if (Clock::now() - last_heartbeat > std::chrono::milliseconds(500)) {
       tandem::v1::HeartbeatRequest hb;
-      hb.set_member_id(reg_response.member_id());
+      hb.set_member_id(member_id);
       tandem::v1::HeartbeatResponse hb_response;
       grpc::ClientContext context;
       stub->Heartbeat(&context, hb, &hb_response);
       last_heartbeat = Clock::now();
     }
     tandem::v1::PublishPolicyVersionRequest request;
-    request.set_member_id(reg_response.member_id());
+    request.set_member_id(member_id);
     request.mutable_manifest()->set_policy_version(version + 1);
     tandem::v1::PublishPolicyVersionResponse response;
     grpc::ClientContext context;
