@@ -13,8 +13,8 @@
 #include <fstream>
 #include <iostream>
 #include <map>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -23,12 +23,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/cluster/cluster_status.h"
 #include "common/rpc/grpc_client.h"
 #include "services/launcher/embedded_config.h"
 #include "services/launcher/process_supervisor.h"
 #include "services/launcher/progress.h"
 #include "services/launcher/warm_start.h"
-#include "services/tandemctl/cluster_status.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 #include "tandem/v1/rollout.grpc.pb.h"
 #include "tandem/v1/trainer.grpc.pb.h"
@@ -223,8 +223,8 @@ class Launcher {
     warm.log_path = LogPath("warm-start");
     warm.sft_flags = WarmStartFlags();
     Event(absl::StrCat("warm start: supervised training of the built-in ",
-                       "model on 3-digit addition (cached in ",
-                       warm.output_dir, ")"));
+                       "model on 3-digit addition (cached in ", warm.output_dir,
+                       ")"));
     const absl::Time start = absl::Now();
     absl::StatusOr<std::string> model = RunWarmStart(
         warm, [](const std::string& line) { Event("warm start: " + line); });
@@ -308,7 +308,8 @@ class Launcher {
         grpc::ClientContext context;
         context.set_deadline(
             absl::ToChronoTime(absl::Now() + absl::Milliseconds(300)));
-        auto stub = tandem::v1::RolloutWorker::NewStub(Channel(m.grpc_address()));
+        auto stub =
+            tandem::v1::RolloutWorker::NewStub(Channel(m.grpc_address()));
         if (stub->GetStatus(&context, tandem::v1::GetRolloutStatusRequest(),
                             &rollout)
                 .ok()) {
@@ -335,8 +336,8 @@ class Launcher {
             : absl::StrCat("coordinator unreachable: ", last_error_);
     if (final_table && snapshot.has_value()) {
       std::cout << "\r\033[K"
-                << ctl::FormatClusterStatus(snapshot->cluster,
-                                            absl::ToUnixMillis(absl::Now()))
+                << cluster::FormatClusterStatus(snapshot->cluster,
+                                                absl::ToUnixMillis(absl::Now()))
                 << std::flush;
     } else if (isatty(STDOUT_FILENO)) {
       std::cout << "\r\033[K" << line << std::flush;

@@ -69,8 +69,8 @@ RolloutMetrics::RolloutMetrics(prometheus::Registry& r)
   }
 }
 
-void RolloutMetrics::RecordStep(const StepStats& step,
-                                const EngineSnapshot& snapshot) {
+void RolloutMetrics::RecordStep(const engine::StepStats& step,
+                                const engine::EngineSnapshot& snapshot) {
   generated_tokens.Increment(step.decode_tokens);
   prefill_tokens.Increment(step.prefill_tokens);
   preemptions.Increment(step.preempted);
@@ -88,8 +88,8 @@ void RolloutMetrics::RecordStep(const StepStats& step,
   policy_version.Set(static_cast<double>(snapshot.policy_version));
 }
 
-void RolloutMetrics::RecordFinished(const FinishedSample& sample) {
-  finished.Add({{"reason", FinishReasonName(sample.finish_reason)}})
+void RolloutMetrics::RecordFinished(const engine::FinishedSample& sample) {
+  finished.Add({{"reason", engine::FinishReasonName(sample.finish_reason)}})
       .Increment();
   if (!sample.output.empty()) {
     time_per_output_token.Observe(

@@ -3,18 +3,19 @@
 // Metric families of the rollout worker, declared once. The engine returns
 // plain StepStats; RolloutMetrics::Record turns them into metrics.
 
+#include "engine/engine.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
-#include "services/rollout/engine/engine.h"
 
 namespace tandem::rollout {
 
 struct RolloutMetrics {
   explicit RolloutMetrics(prometheus::Registry& registry);
-  void RecordStep(const StepStats& step, const EngineSnapshot& snapshot);
-  void RecordFinished(const FinishedSample& sample);
+  void RecordStep(const engine::StepStats& step,
+                  const engine::EngineSnapshot& snapshot);
+  void RecordFinished(const engine::FinishedSample& sample);
 
   prometheus::Gauge& policy_version;
   prometheus::Gauge& paused;

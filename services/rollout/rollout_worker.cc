@@ -16,33 +16,33 @@ namespace {
 
 auto Log() { return ComponentLogger("rollout"); }
 
-tandem::v1::FinishReason ToProto(FinishReason reason) {
+tandem::v1::FinishReason ToProto(engine::FinishReason reason) {
   switch (reason) {
-    case FinishReason::kStop:
+    case engine::FinishReason::kStop:
       return tandem::v1::FINISH_REASON_STOP;
-    case FinishReason::kLength:
+    case engine::FinishReason::kLength:
       return tandem::v1::FINISH_REASON_LENGTH;
-    case FinishReason::kAborted:
+    case engine::FinishReason::kAborted:
       return tandem::v1::FINISH_REASON_ABORTED;
     default:
       return tandem::v1::FINISH_REASON_UNSPECIFIED;
   }
 }
 
-EngineOptions ToEngineOptions(const RolloutConfig& config,
-                              std::vector<int32_t> eos) {
-  EngineOptions o;
+engine::EngineOptions ToEngineOptions(const RolloutConfig& config,
+                                      std::vector<int32_t> eos) {
+  engine::EngineOptions o;
   o.limits.max_num_seqs = static_cast<int32_t>(config.max_num_seqs);
   o.limits.max_batched_tokens = static_cast<int32_t>(config.max_batched_tokens);
   o.num_kv_blocks = static_cast<int32_t>(config.num_kv_blocks);
   o.block_size = static_cast<int32_t>(config.block_size);
   o.static_batching = config.batching == "static";
   o.update_policy = config.update_policy == "drain"
-                        ? EngineOptions::UpdatePolicy::kDrain
-                        : EngineOptions::UpdatePolicy::kInflight;
+                        ? engine::EngineOptions::UpdatePolicy::kDrain
+                        : engine::EngineOptions::UpdatePolicy::kInflight;
   o.kv_policy = config.kv_policy == "recompute"
-                    ? EngineOptions::KvPolicy::kRecompute
-                    : EngineOptions::KvPolicy::kKeep;
+                    ? engine::EngineOptions::KvPolicy::kRecompute
+                    : engine::EngineOptions::KvPolicy::kKeep;
   o.eos_token_ids = std::move(eos);
   return o;
 }
@@ -96,14 +96,15 @@ absl::Status RolloutWorker::LoadModelAndEngine() {
   if (model_loader_) {
     ASSIGN_OR_RETURN(w->model_, model_loader_());
   } else {
-    ASSIGN_OR_RETURN(w->model_,
-                     LoadModel(config.model_path, config.model_seed,
-                               static_cast<int32_t>(config.torch_threads)));
+    ASSIGN_OR_RETURN(
+        w->model_,
+        model::LoadModel(config.model_path, config.model_seed,
+                         static_cast<int32_t>(config.torch_threads)));
   }
   Log()->info("model: {}", w->model_.description);
-  w->engine_model_ = std::make_unique<TorchEngineModel>(w->model_.decoder,
-                                                        w->model_.max_tokens);
-  WeightUpdateSource* source = nullptr;
+  w->engine_model_ = std::make_unique<engine::TorchEngineModel>(
+      w->model_.decoder, w->model_.max_tokens);
+  engine::WeightUpdateSource* source = nullptr;
   if (config.update_mode == "inplace") {
     // One copy of the weights: the model's tensors become views of the
     // buffer the transports receive into.
@@ -118,9 +119,9 @@ absl::Status RolloutWorker::LoadModelAndEngine() {
     w->weight_source_ = std::make_unique<StagedWeightSource>(w->model_.decoder);
     source = w->weight_source_.get();
   }
-  w->engine_ =
-      std::make_unique<Engine>(ToEngineOptions(config, w->model_.eos_token_ids),
-                               w->engine_model_.get(), source, 0);
+  w->engine_ = std::make_unique<engine::Engine>(
+      ToEngineOptions(config, w->model_.eos_token_ids), w->engine_model_.get(),
+      source, 0);
   cluster::MemberSession* session = &w->member_->session();
   auto member_id = [session] { return session->member_id(); };
   WeightSyncOptions sync;
@@ -191,13 +192,13 @@ void RolloutWorker::LoadAndStart() {
 }
 
 void RolloutWorker::AdmitLeases() {
-  const EngineSnapshot snap = engine_->Snapshot();
+  const engine::EngineSnapshot snap = engine_->Snapshot();
   const int32_t room =
       static_cast<int32_t>(config_.max_num_seqs) - snap.running - snap.waiting;
   if (room <= 0) return;
   for (tandem::v1::PromptLease& lease :
        prefetcher_->Take(std::max(1, room / 4))) {
-    SamplingParams params;
+    engine::SamplingParams params;
     const auto& s = lease.sampling();
     params.temperature = s.temperature();
     params.top_p = s.top_p() > 0 ? s.top_p() : 1.0f;
@@ -230,7 +231,7 @@ void RolloutWorker::AdmitLeases() {
   }
 }
 
-void RolloutWorker::Deliver(FinishedSample f) {
+void RolloutWorker::Deliver(engine::FinishedSample f) {
   metrics_.RecordFinished(f);
   auto it = leases_.find(f.request_id);
   if (it == leases_.end()) return;
@@ -242,7 +243,7 @@ void RolloutWorker::Deliver(FinishedSample f) {
   sample.set_sample_index(static_cast<uint32_t>(f.sample_index));
   sample.mutable_completion_token_ids()->Add(f.output.begin(), f.output.end());
   sample.mutable_behavior_logprobs()->Add(f.logprobs.begin(), f.logprobs.end());
-  for (const VersionSpan& span : f.spans) {
+  for (const engine::VersionSpan& span : f.spans) {
     auto* out = sample.add_version_spans();
     out->set_policy_version(span.policy_version);
     out->set_num_tokens(span.num_tokens);
@@ -262,7 +263,7 @@ void RolloutWorker::Deliver(FinishedSample f) {
 }
 
 void RolloutWorker::PublishStatus() {
-  const EngineSnapshot snap = engine_->Snapshot();
+  const engine::EngineSnapshot snap = engine_->Snapshot();
   // Read before taking mu_: the prefetcher calls back into this class.
   const bool nothing_undelivered =
       submitter_->pending() == 0 && prefetcher_->depth() == 0;
@@ -337,7 +338,7 @@ void RolloutWorker::GenerationLoop() {
     const bool idle = engine_->idle();
     // An idle engine still steps: that is where a staged weight version is
     // committed, and a worker too stale to get prompts must catch up.
-    absl::StatusOr<StepStats> step = engine_->Step();
+    absl::StatusOr<engine::StepStats> step = engine_->Step();
     if (idle && step.ok() && !step->committed_update) {
       PublishStatus();
       absl::SleepFor(absl::Milliseconds(5));
@@ -358,7 +359,8 @@ void RolloutWorker::GenerationLoop() {
       absl::MutexLock lock(&mu_);
       last_pause_seconds_ = step->pause_seconds;
     }
-    for (FinishedSample& f : engine_->TakeFinished()) Deliver(std::move(f));
+    for (engine::FinishedSample& f : engine_->TakeFinished())
+      Deliver(std::move(f));
     PublishStatus();
   }
   // Unfinished work goes back to the coordinator for other workers.

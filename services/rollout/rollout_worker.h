@@ -22,13 +22,15 @@
 #include "absl/synchronization/mutex.h"
 #include "common/cluster/cluster_watcher.h"
 #include "common/cluster/member_daemon.h"
-#include "services/rollout/engine/engine.h"
+#include "common/model/model_loader.h"
+#include "engine/engine.h"
+#include "engine/torch_engine_model.h"
 #include "services/rollout/prompt_prefetcher.h"
 #include "services/rollout/rollout_config.h"
 #include "services/rollout/rollout_metrics.h"
 #include "services/rollout/sample_submitter.h"
-#include "services/rollout/torch_engine_model.h"
 #include "services/rollout/weight_subscriber.h"
+#include "services/rollout/weight_update_sources.h"
 #include "tandem/v1/rollout.grpc.pb.h"
 
 namespace tandem::rollout {
@@ -57,7 +59,7 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
   // Replaces LoadModel (e.g. with one that blocks, to observe LOADING).
   // REQUIRES: called before Start().
   void SetModelLoaderForTest(
-      std::function<absl::StatusOr<LoadedModel>()> loader) {
+      std::function<absl::StatusOr<model::LoadedModel>()> loader) {
     model_loader_ = std::move(loader);
   }
 
@@ -107,7 +109,7 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
   void AnswerDrainWaiters(bool all);
   void GenerationLoop();
   void AdmitLeases();
-  void Deliver(FinishedSample sample);
+  void Deliver(engine::FinishedSample sample);
   void PublishStatus();
   void FillStatus(tandem::v1::RolloutStatus* status);
   void FillHeartbeat(tandem::v1::HeartbeatRequest* request);
@@ -118,12 +120,12 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
   const RolloutConfig config_;
   std::shared_ptr<prometheus::Registry> registry_;
   RolloutMetrics metrics_;
-  LoadedModel model_;
-  std::unique_ptr<TorchEngineModel> engine_model_;
+  model::LoadedModel model_;
+  std::unique_ptr<engine::TorchEngineModel> engine_model_;
   // Exactly one of the two, by engine.update_mode (staged | inplace).
   std::unique_ptr<StagedWeightSource> weight_source_;
   std::unique_ptr<InplaceWeightSource> inplace_source_;
-  std::unique_ptr<Engine> engine_;            // generation thread only
+  std::unique_ptr<engine::Engine> engine_;    // generation thread only
   std::map<std::string, LeaseState> leases_;  // generation thread only
   std::unique_ptr<cluster::MemberDaemon> member_;
   std::unique_ptr<PromptPrefetcher> prefetcher_;
@@ -133,7 +135,7 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
   // cluster events. Declared first: outlives the subscriber.
   std::unique_ptr<cluster::ClusterWatcher> watcher_;
   std::unique_ptr<WeightSubscriber> subscriber_;
-  std::function<absl::StatusOr<LoadedModel>()> model_loader_;
+  std::function<absl::StatusOr<model::LoadedModel>()> model_loader_;
   std::thread loader_thread_;
   std::thread generation_thread_;
   // Set by the loader thread once the model-dependent members (engine_,
@@ -147,7 +149,7 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
   tandem::v1::RolloutState state_ ABSL_GUARDED_BY(mu_) =
       tandem::v1::ROLLOUT_STATE_LOADING;
   std::vector<DrainWaiter> drain_waiters_ ABSL_GUARDED_BY(mu_);
-  EngineSnapshot snapshot_ ABSL_GUARDED_BY(mu_);
+  engine::EngineSnapshot snapshot_ ABSL_GUARDED_BY(mu_);
   double tokens_per_second_ ABSL_GUARDED_BY(mu_) = 0;
   double last_pause_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rate_tokens_ ABSL_GUARDED_BY(mu_) = 0;

@@ -59,7 +59,7 @@
 #include "absl/time/time.h"
 #include "common/weights/staging_weights.h"
 #include "common/weights/weight_sync_metrics.h"
-#include "services/rollout/torch_engine_model.h"
+#include "services/rollout/weight_update_sources.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 
 namespace tandem::weights {

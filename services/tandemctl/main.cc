@@ -4,26 +4,27 @@
 //   tandemctl watch [--coordinator HOST:PORT] [--member-id ID]
 //   tandemctl health --address HOST:PORT [--service NAME]
 //   tandemctl worker (status|pause|resume|drain) --address HOST:PORT [--json]
-//   tandemctl tokenize --model DIR            < text lines
-//   tandemctl logprobs --model DIR --input F.jsonl
-//   tandemctl generate --model DIR --prompt TEXT [--max-tokens N]
-//                      [--temperature T] [--seed S]
-//   tandemctl export --model DIR --output DIR
+//   tandemctl (tokenize|logprobs|generate|export) ...
+//       model tools: run by the tandem-model binary next to tandemctl with
+//       the same arguments (tandemctl itself links no LibTorch)
 
 #include <google/protobuf/util/json_util.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/time/clock.h"
+#include "common/cluster/cluster_status.h"
 #include "common/rpc/grpc_client.h"
 #include "grpc/health/v1/health.grpc.pb.h"
-#include "services/tandemctl/cluster_status.h"
-#include "services/tandemctl/model_tools.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 #include "tandem/v1/rollout.grpc.pb.h"
 
@@ -68,7 +69,7 @@ int RunStatus(const std::string& coordinator, bool json, double timeout_s) {
   if (!status.ok())
     return Fail("cannot reach coordinator", coordinator, status);
   std::cout << (json ? ToJson(response)
-                     : tandem::ctl::FormatClusterStatus(
+                     : tandem::cluster::FormatClusterStatus(
                            response, absl::ToUnixMillis(absl::Now())));
   return 0;
 }
@@ -167,9 +168,41 @@ int RunWorker(const std::string& action, const std::string& address, bool json,
   return 0;
 }
 
+// The model tools live in tandem-model, which links LibTorch: `tandemctl
+// <tool> ARGS` replaces this process with `tandem-model <tool> ARGS` from
+// tandemctl's own directory. Returns only on failure (exit code 2).
+bool IsModelTool(const char* name) {
+  for (const char* tool : {"tokenize", "logprobs", "generate", "export"}) {
+    if (std::strcmp(name, tool) == 0) return true;
+  }
+  return false;
+}
+
+int RunModelTool(int argc, char** argv) {
+  std::string self(4096, '\0');
+  const ssize_t n = readlink("/proc/self/exe", self.data(), self.size() - 1);
+  std::string dir = ".";
+  if (n > 0) {
+    self.resize(static_cast<size_t>(n));
+    const size_t slash = self.rfind('/');
+    if (slash != std::string::npos) dir = self.substr(0, slash);
+  }
+  const std::string tool = dir + "/tandem-model";
+  std::vector<char*> args;
+  args.push_back(const_cast<char*>(tool.c_str()));
+  for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
+  args.push_back(nullptr);
+  execv(tool.c_str(), args.data());
+  std::cerr << "tandemctl: " << argv[1] << " is a model tool of "
+            << "tandem-model, which cannot be run from " << tool << ": "
+            << std::strerror(errno) << "\n";
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && IsModelTool(argv[1])) return RunModelTool(argc, argv);
   CLI::App app{"tandemctl: inspect and steer a Tandem cluster"};
   app.require_subcommand(1);
   std::string coordinator = DefaultCoordinator();
@@ -210,62 +243,12 @@ int main(int argc, char** argv) {
   worker->add_flag("--json", json, "Print the raw status as JSON");
   worker->add_option("--timeout", timeout_s, "Seconds to wait for an answer");
 
-  std::string model_dir, input;
-  tandem::ctl::GenerateOptions generate_options;
-  CLI::App* tokenize = app.add_subcommand(
-      "tokenize", "Text lines on stdin to JSON token ids, one line each");
-  tokenize->add_option("--model", model_dir,
-                       "Hugging Face model directory (empty: built-in)");
-  CLI::App* logprobs = app.add_subcommand(
-      "logprobs", "Per-token log-probs of {\"tokens\":[...]} lines");
-  logprobs->add_option("--model", model_dir,
-                       "Hugging Face model directory (empty: built-in)");
-  logprobs->add_option("--input", input, "JSONL file (default: stdin)");
-  CLI::App* generate =
-      app.add_subcommand("generate", "Complete a prompt (greedy by default)");
-  generate->add_option("--model", model_dir,
-                       "Hugging Face model directory (empty: built-in)");
-  generate->add_option("--prompt", generate_options.prompt, "Prompt text")
-      ->required();
-  generate->add_option("--max-tokens", generate_options.max_tokens,
-                       "Most tokens to generate");
-  generate->add_option("--temperature", generate_options.temperature,
-                       "0 = greedy");
-  generate->add_option("--seed", generate_options.seed, "Sampling seed");
-
-  std::string output;
-  CLI::App* export_model = app.add_subcommand(
-      "export",
-      "Write the model back as a Hugging Face directory through Tandem's "
-      "checkpoint writer");
-  export_model->add_option("--model", model_dir,
-                           "Hugging Face model directory (empty: built-in)");
-  export_model->add_option("--output", output, "Output directory")->required();
+  app.footer(
+      "Model tools: tandemctl tokenize|logprobs|generate|export ... runs "
+      "tandem-model (next to tandemctl) with the same arguments; see "
+      "tandem-model --help.");
 
   CLI11_PARSE(app, argc, argv);
-  auto report = [](const absl::Status& status) {
-    if (status.ok()) return 0;
-    std::cerr << "tandemctl: " << status.message() << "\n";
-    return 1;
-  };
-  if (tokenize->parsed()) {
-    return report(tandem::ctl::Tokenize(model_dir, std::cin, std::cout));
-  }
-  if (logprobs->parsed()) {
-    if (input.empty()) {
-      return report(tandem::ctl::LogProbs(model_dir, std::cin, std::cout));
-    }
-    std::ifstream file(input);
-    if (!file) return report(absl::NotFoundError("cannot read " + input));
-    return report(tandem::ctl::LogProbs(model_dir, file, std::cout));
-  }
-  if (generate->parsed()) {
-    return report(
-        tandem::ctl::Generate(model_dir, generate_options, std::cout));
-  }
-  if (export_model->parsed()) {
-    return report(tandem::ctl::Export(model_dir, output));
-  }
   if (status->parsed()) return RunStatus(coordinator, json, timeout_s);
   if (watch->parsed()) return RunWatch(coordinator, member_id);
   if (health->parsed()) return RunHealth(address, service, timeout_s);

@@ -83,7 +83,7 @@ absl::StatusOr<WrittenCheckpoint> WriteCheckpoint(
 // A checkpoint read back and verified.
 struct LoadedCheckpoint {
   std::string path;
-  std::string hf_dir;  // <path>/hf, for LoadHfModel / rollout::LoadModel
+  std::string hf_dir;  // <path>/hf, for LoadHfModel / model::LoadModel
   GrpoTrainerState state;
   // torch's default CPU generator state (opaque bytes).
   std::string cpu_rng_state;

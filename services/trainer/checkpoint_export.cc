@@ -8,8 +8,8 @@
 #include "common/base/status_macros.h"
 #include "common/model/decoder_model.h"
 #include "common/model/hf_checkpoint.h"
+#include "common/model/model_loader.h"
 #include "common/task/arith_tokenizer.h"
-#include "services/rollout/torch_engine_model.h"
 #include "services/trainer/checkpoint.h"
 
 namespace tandem::trainer {
@@ -25,8 +25,8 @@ absl::StatusOr<std::string> ExportCheckpoint(const ExportOptions& options) {
         "--dtype must be float32 or bfloat16, got '", options.dtype, "'"));
   }
   if (options.builtin) {
-    ASSIGN_OR_RETURN(rollout::LoadedModel builtin,
-                     rollout::LoadModel("", options.seed, 0));
+    ASSIGN_OR_RETURN(model::LoadedModel builtin,
+                     model::LoadModel("", options.seed, 0));
     model::SaveOptions save;
     save.dtype = dtype;
     RETURN_IF_ERROR(

@@ -8,12 +8,13 @@
 #include "absl/time/clock.h"
 #include "common/base/status_macros.h"
 #include "common/model/decoder_model.h"
+#include "common/model/model_loader.h"
 #include "common/model/model_weights.h"
 #include "common/task/arith_task.h"
 #include "common/task/arith_tokenizer.h"
 #include "common/tokenizer/tokenizer.h"
-#include "services/rollout/engine/engine.h"
-#include "services/rollout/torch_engine_model.h"
+#include "engine/engine.h"
+#include "engine/torch_engine_model.h"
 #include "services/trainer/sft/sft_eval.h"
 
 namespace tandem::trainer {
@@ -45,9 +46,9 @@ absl::StatusOr<InProcessRlResult> RunInProcessRl(
     const InProcessRlOptions& options,
     const std::function<void(const InProcessRlPoint&)>& on_point) {
   ASSIGN_OR_RETURN(
-      rollout::LoadedModel loaded,
-      rollout::LoadModel(options.model_path, 1,
-                         static_cast<int32_t>(options.torch_threads)));
+      model::LoadedModel loaded,
+      model::LoadModel(options.model_path, 1,
+                       static_cast<int32_t>(options.torch_threads)));
   task::ArithTaskOptions task_options;
   task_options.digits = options.digits;
   task_options.subtraction = options.subtraction;
@@ -99,12 +100,12 @@ absl::StatusOr<InProcessRlResult> RunInProcessRl(
     ASSIGN_OR_RETURN(std::shared_ptr<model::ModelWeights> weights,
                      grpo->SnapshotWeights());
     auto decoder = std::make_shared<model::DecoderModel>(std::move(weights));
-    rollout::TorchEngineModel engine_model(decoder, loaded.max_tokens);
-    rollout::EngineOptions engine_options;
+    engine::TorchEngineModel engine_model(decoder, loaded.max_tokens);
+    engine::EngineOptions engine_options;
     engine_options.eos_token_ids = loaded.eos_token_ids;
     engine_options.limits.max_num_seqs =
         static_cast<int32_t>(options.prompts_per_step * options.group_size);
-    rollout::Engine engine(engine_options, &engine_model, nullptr, 0);
+    engine::Engine engine(engine_options, &engine_model, nullptr, 0);
     std::vector<task::ArithProblem> problems;
     std::vector<ScoredPromptGroup> groups;
     for (int64_t p = 0; p < options.prompts_per_step; ++p) {
@@ -113,7 +114,7 @@ absl::StatusOr<InProcessRlResult> RunInProcessRl(
       // As the coordinator's built-in source: [<|bos|>] + "a+b=".
       std::vector<int32_t> prompt = {task::kArithBosId};
       for (int32_t id : tokenizer.Encode(problem.prompt)) prompt.push_back(id);
-      rollout::SamplingParams params;
+      engine::SamplingParams params;
       params.temperature = static_cast<float>(options.temperature);
       params.max_tokens = sft::MaxAnswerTokens(options.digits) + 1;
       params.n = options.group_size;

@@ -9,10 +9,10 @@
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
 #include "common/model/decoder_model.h"
+#include "common/model/model_loader.h"
 #include "common/model/model_weights.h"
 #include "common/rpc/grpc_client.h"
 #include "common/weights/model_flattening.h"
-#include "services/rollout/torch_engine_model.h"
 #include "services/trainer/checkpoint.h"
 #include "services/trainer/reference_policy.h"
 #include "services/trainer/training_batch.h"
@@ -59,10 +59,9 @@ GrpoTrainerOptions ToOptions(const TrainerConfig& c) {
   GrpoTrainerOptions o;
   o.lr = c.lr;
   o.warmup_steps = c.warmup_steps;
-  o.schedule =
-      c.schedule == "cosine"   ? LrSchedule::kCosine
-      : c.schedule == "linear" ? LrSchedule::kLinear
-                               : LrSchedule::kConstant;
+  o.schedule = c.schedule == "cosine"   ? LrSchedule::kCosine
+               : c.schedule == "linear" ? LrSchedule::kLinear
+                                        : LrSchedule::kConstant;
   o.total_steps = c.total_steps;
   o.min_lr_ratio = c.min_lr_ratio;
   o.micro_batch_tokens = c.micro_batch_tokens;
@@ -114,13 +113,14 @@ Trainer::Trainer(const TrainerConfig& config)
               .Add({},
                    prometheus::Histogram::BucketBoundaries{
                        0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30})),
-      staleness_(prometheus::BuildHistogram()
-                     .Name("tandem_trainer_staleness_versions")
-                     .Help("Versions between the trainer and the oldest "
-                           "token of each trained sample.")
-                     .Register(*registry_)
-                     .Add({}, prometheus::Histogram::BucketBoundaries{
-                                  0, 1, 2, 3, 4, 6, 8, 16})),
+      staleness_(
+          prometheus::BuildHistogram()
+              .Name("tandem_trainer_staleness_versions")
+              .Help("Versions between the trainer and the oldest "
+                    "token of each trained sample.")
+              .Register(*registry_)
+              .Add({}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 3, 4, 6,
+                                                               8, 16})),
       heldout_accuracy_(
           prometheus::BuildGauge()
               .Name("tandem_trainer_heldout_accuracy")
@@ -179,17 +179,17 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
       ToCheckpointPolicy(config), trainer->registry_.get());
   // A checkpoint to resume from replaces the initial policy: its hf/ is a
   // Hugging Face directory with the fp32 master weights.
-  ASSIGN_OR_RETURN(std::optional<LoadedCheckpoint> resumed,
-                   trainer->checkpoints_->FindResumePoint([&config] {
-                     return CoordinatorPolicyVersion(
-                         config.coordinator_address);
-                   }));
+  ASSIGN_OR_RETURN(
+      std::optional<LoadedCheckpoint> resumed,
+      trainer->checkpoints_->FindResumePoint([&config] {
+        return CoordinatorPolicyVersion(config.coordinator_address);
+      }));
   trainer->resumed_ = resumed.has_value();
   ASSIGN_OR_RETURN(
-      rollout::LoadedModel model,
-      rollout::LoadModel(resumed ? resumed->hf_dir : config.model_path,
-                         config.model_seed,
-                         static_cast<int32_t>(config.torch_threads)));
+      model::LoadedModel model,
+      model::LoadModel(resumed ? resumed->hf_dir : config.model_path,
+                       config.model_seed,
+                       static_cast<int32_t>(config.torch_threads)));
   Log()->info("policy: {}", model.description);
   ASSIGN_OR_RETURN(
       trainer->grpo_,
@@ -200,9 +200,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
       std::shared_ptr<model::ModelWeights> reference,
       LoadReferencePolicy(config, model.decoder->weights()->config()));
   if (reference == nullptr && !config.reference_model.empty()) {
-    Log()->warn("training.reference_model {} is not loaded: training.kl_beta "
-                "is 0",
-                config.reference_model);
+    Log()->warn(
+        "training.reference_model {} is not loaded: training.kl_beta "
+        "is 0",
+        config.reference_model);
   }
   if (reference != nullptr) {
     RETURN_IF_ERROR(trainer->grpo_->SetReferencePolicy(*reference));
@@ -270,9 +271,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     ASSIGN_OR_RETURN(trainer->evaluator_,
                      HeldoutEvaluator::Create(config.eval));
     const CheckpointPolicy policy = ToCheckpointPolicy(config);
-    trainer->best_policy_ = std::make_unique<BestPolicyKeeper>(
-        BestPolicyOptions{policy.dir, policy.tokenizer_dir,
-                          policy.builtin_tokenizer});
+    trainer->best_policy_ =
+        std::make_unique<BestPolicyKeeper>(BestPolicyOptions{
+            policy.dir, policy.tokenizer_dir, policy.builtin_tokenizer});
   }
   Trainer* self = trainer.get();
   std::map<std::string, std::string> capabilities;
@@ -284,11 +285,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
             : config.weight_store_host;
     broadcast.store_port = static_cast<uint16_t>(config.weight_store_port);
     broadcast.bind_host = broadcast.store_host;
-    broadcast.timeout =
-        absl::Milliseconds(config.weight_broadcast_timeout_ms);
-    ASSIGN_OR_RETURN(trainer->publisher_,
-                     WeightPublisher::Create(broadcast, &trainer->store_,
-                                             trainer->weight_sync_metrics_.get()));
+    broadcast.timeout = absl::Milliseconds(config.weight_broadcast_timeout_ms);
+    ASSIGN_OR_RETURN(
+        trainer->publisher_,
+        WeightPublisher::Create(broadcast, &trainer->store_,
+                                trainer->weight_sync_metrics_.get()));
     capabilities["weight_broadcast_store"] =
         trainer->publisher_->store_address();
     Log()->info("weight broadcast rendezvous store on {}",
@@ -421,10 +422,10 @@ absl::Status Trainer::TrainOnce() {
       "{:.3f}, loss {:.4f}, clip {:.3f}, kl {:.4g}, grad norm {:.3f}, "
       "lr {:.3g}, {:.2f}s",
       stats.policy_version, batch.batch_id(), groups.size(),
-      stats.uniform_groups, stats.dropped_uniform_groups,
-      stats.trained_tokens, stats.skipped_sequences, stats.reward_mean,
-      stats.loss.loss, stats.loss.clip_fraction, stats.loss.kl_mean,
-      stats.grad_norm, stats.lr, stats.step_seconds);
+      stats.uniform_groups, stats.dropped_uniform_groups, stats.trained_tokens,
+      stats.skipped_sequences, stats.reward_mean, stats.loss.loss,
+      stats.loss.clip_fraction, stats.loss.kl_mean, stats.grad_norm, stats.lr,
+      stats.step_seconds);
   absl::MutexLock lock(&mu_);
   status_.set_step(status_.step() + 1);
   status_.set_policy_version(stats.policy_version);
@@ -441,8 +442,8 @@ absl::Status Trainer::TrainOnce() {
       sum += s;
       max = std::max(max, s);
     }
-    status_.set_last_mean_staleness(static_cast<double>(sum) /
-                                    static_cast<double>(stats.staleness.size()));
+    status_.set_last_mean_staleness(
+        static_cast<double>(sum) / static_cast<double>(stats.staleness.size()));
     status_.set_last_max_staleness(static_cast<uint64_t>(max));
   }
   return absl::OkStatus();
@@ -652,8 +653,7 @@ void Trainer::GracefulStop(absl::Duration deadline) {
   // once); what is left of the deadline is the broadcast's drain, less
   // the checkpoint and the gRPC shutdown after it.
   if (training_thread_.joinable()) training_thread_.join();
-  StopWithin(std::max(absl::ZeroDuration(),
-                      end - absl::Now() - kStopReserve));
+  StopWithin(std::max(absl::ZeroDuration(), end - absl::Now() - kStopReserve));
 }
 
 void Trainer::Stop() { StopWithin(absl::ZeroDuration()); }

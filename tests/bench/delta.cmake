@@ -4,9 +4,7 @@ add_executable(delta_bench ${CMAKE_CURRENT_SOURCE_DIR}/delta_bench.cc)
 target_link_libraries(delta_bench PRIVATE tandem_kernels absl::strings
   absl::str_format)
 
-if(TARGET torch)
-  add_executable(delta_adamw_bench ${CMAKE_CURRENT_SOURCE_DIR}/delta_adamw_bench.cc)
-  target_link_libraries(delta_adamw_bench PRIVATE tandem_kernels
-    absl::str_format torch c10)
-endif()
+add_executable(delta_adamw_bench ${CMAKE_CURRENT_SOURCE_DIR}/delta_adamw_bench.cc)
+target_link_libraries(delta_adamw_bench PRIVATE tandem_kernels
+  absl::str_format torch c10)
 

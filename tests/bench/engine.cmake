@@ -1,6 +1,4 @@
 # Rollout engine throughput: static vs continuous batching, drain vs
 # inflight weight updates (the Olmo 3 table), on the built-in tiny model.
-if(TARGET tandem_rollout_torch)
-  add_executable(engine_bench ${CMAKE_CURRENT_SOURCE_DIR}/engine_bench.cc)
-  target_link_libraries(engine_bench PRIVATE tandem_rollout_torch)
-endif()
+add_executable(engine_bench ${CMAKE_CURRENT_SOURCE_DIR}/engine_bench.cc)
+target_link_libraries(engine_bench PRIVATE tandem_rollout_weights)

@@ -35,11 +35,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/time/clock.h"
 #include "common/model/decoder_model.h"
+#include "common/model/model_loader.h"
 #include "common/model/model_weights.h"
-#include "services/rollout/engine/engine.h"
-#include "services/rollout/torch_engine_model.h"
+#include "engine/engine.h"
+#include "engine/torch_engine_model.h"
+#include "services/rollout/weight_update_sources.h"
 
-namespace tandem::rollout {
+namespace tandem::engine {
 namespace {
 
 struct Flags {
@@ -105,7 +107,7 @@ std::vector<int> LongTailLengths(int n, int max_tokens, uint64_t seed) {
 }
 
 Result RunOnce(
-    const LoadedModel& loaded,
+    const model::LoadedModel& loaded,
     const std::vector<std::shared_ptr<model::ModelWeights>>& versions,
     const Flags& flags, const std::vector<int>& lengths, bool static_batching,
     bool drain, bool updates) {
@@ -119,7 +121,7 @@ Result RunOnce(
                            absl::Milliseconds(flags.flat_step_ms));
   EngineModel* engine_model = &torch_model;
   if (flags.flat_step_ms > 0) engine_model = &flat_model;
-  StagedWeightSource source(decoder);
+  rollout::StagedWeightSource source(decoder);
   EngineOptions options;
   options.limits.max_num_seqs = flags.batch;
   options.limits.max_batched_tokens = 4096;
@@ -208,7 +210,7 @@ int Main(int argc, char** argv) {
     }
     *target = v;
   }
-  auto loaded = LoadModel("", 1, flags.threads);
+  auto loaded = model::LoadModel("", 1, flags.threads);
   if (!loaded.ok()) {
     std::fprintf(stderr, "%s\n", loaded.status().ToString().c_str());
     return 1;
@@ -296,6 +298,6 @@ int Main(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace tandem::rollout
+}  // namespace tandem::engine
 
-int main(int argc, char** argv) { return tandem::rollout::Main(argc, argv); }
+int main(int argc, char** argv) { return tandem::engine::Main(argc, argv); }

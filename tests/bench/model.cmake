@@ -1,7 +1,4 @@
 # DecoderModel prefill/decode throughput (see model_bench.cc for flags).
-if(NOT TARGET tandem_model)
-  return()
-endif()
 add_executable(model_bench ${CMAKE_CURRENT_SOURCE_DIR}/model_bench.cc)
 target_link_libraries(model_bench PRIVATE tandem_model)
 target_precompile_headers(model_bench PRIVATE <ATen/ATen.h>)

@@ -1,10 +1,8 @@
 # Transport throughput (pull and Gloo broadcast) against a raw socket copy.
-if(TARGET tandem_weights_gloo)
-  add_executable(weights_transport_bench
-    ${CMAKE_CURRENT_SOURCE_DIR}/weights_transport_bench.cc)
-  target_link_libraries(weights_transport_bench PRIVATE tandem_weights_gloo
-    tandem_weights_grpc)
-endif()
+add_executable(weights_transport_bench
+  ${CMAKE_CURRENT_SOURCE_DIR}/weights_transport_bench.cc)
+target_link_libraries(weights_transport_bench PRIVATE tandem_weights_gloo
+  tandem_weights_grpc)
 
 # Cost of the finite check on received weights against copy and CRC-32C.
 add_executable(finite_scan_bench

@@ -19,7 +19,7 @@ import common  # noqa: E402
 from check_dockerfiles import ignored, read_ignore  # noqa: E402
 
 TARGETS = ("tandem-coordinator", "tandem-rollout", "tandem-verifier",
-           "tandem-trainer", "tandemctl", "tandem-local")
+           "tandem-trainer", "tandemctl", "tandem-model", "tandem-local")
 
 
 def context_files(patterns):

@@ -164,7 +164,7 @@ def check_runtime_libraries(fail, apt_cache):
     bin_dir = os.environ.get("TANDEM_BIN_DIR", "")
     binaries = [os.path.join(bin_dir, b) for b in
                 ("tandem-coordinator", "tandem-rollout", "tandem-verifier",
-                 "tandem-trainer", "tandemctl", "tandem-local")]
+                 "tandem-trainer", "tandemctl", "tandem-model", "tandem-local")]
     if not apt_cache or not shutil.which("dpkg") or \
             not all(os.access(b, os.X_OK) for b in binaries):
         print("runtime libraries: skipped (no binaries in TANDEM_BIN_DIR "

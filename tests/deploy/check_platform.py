@@ -2,6 +2,8 @@
 build: tandem-rollout and tandem-trainer load libtorch_cuda and libc10_cuda
 from the wheel of the venv that runs this script, and every process loads
 exactly one CUDA runtime and one NCCL, the wheel's (docs/platform.md).
+The tools and daemons that hold no tensors (tandemctl, tandem-local,
+tandem-coordinator, tandem-verifier) load no LibTorch and no CUDA at all.
 
     .venv/bin/python check_platform.py    (TANDEM_BIN_DIR: the build's bin/)"""
 
@@ -14,6 +16,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 DAEMONS = ("tandem-rollout", "tandem-trainer")
+NO_TORCH = ("tandemctl", "tandem-local", "tandem-coordinator",
+            "tandem-verifier")
+TORCH_OR_CUDA = ("libtorch", "libc10", "libcudart", "libnccl")
 ONE_COPY = ("libcudart.so", "libnccl.so", "libtorch_cpu.so", "libc10.so")
 
 
@@ -48,6 +53,15 @@ def check(fail, binary, torch_dir):
           f"{libs.get('libtorch_cuda.so')}")
 
 
+def check_no_torch(fail, binary):
+    libs = loaded(binary)
+    name = os.path.basename(binary)
+    heavy = sorted(s for s in libs if s.startswith(TORCH_OR_CUDA))
+    fail.check(not heavy, f"{name}: must not link LibTorch or CUDA, loads "
+               f"{heavy}")
+    print(f"{name}: {len(libs)} libraries, no LibTorch")
+
+
 def main():
     import torch  # the wheel of this venv
     torch_dir = os.path.realpath(os.path.dirname(torch.__file__))
@@ -63,6 +77,15 @@ def main():
         if not fail.check(os.access(path, os.X_OK), f"{path} missing"):
             continue
         check(fail, path, torch_dir)
+    # Self-check: a binary that links LibTorch must fail the other check.
+    probe = common.Failures()
+    check_no_torch(probe, os.path.join(bin_dir, DAEMONS[0]))
+    fail.check(probe.messages, "self-check: tandem-rollout passed the "
+               "no-LibTorch check")
+    for tool in NO_TORCH:
+        path = os.path.join(bin_dir, tool)
+        if fail.check(os.access(path, os.X_OK), f"{path} missing"):
+            check_no_torch(fail, path)
     fail.exit("platform libraries")
 
 

@@ -13,8 +13,8 @@
 #include "common/base/status_macros.h"
 #include "common/model/decoder_model.h"
 #include "common/model/model_weights.h"
-#include "services/rollout/engine/engine.h"
-#include "services/rollout/torch_engine_model.h"
+#include "engine/engine.h"
+#include "engine/torch_engine_model.h"
 #include "services/trainer/rl/grpo_trainer.h"
 
 namespace tandem::trainer::testing {
@@ -35,10 +35,10 @@ inline absl::StatusOr<std::vector<ScoredPromptGroup>> SampleScoredGroups(
     const std::vector<std::vector<int32_t>>& prompts,
     const SampleOptions& options) {
   auto decoder = std::make_shared<model::DecoderModel>(std::move(weights));
-  rollout::TorchEngineModel engine_model(decoder, options.max_context);
-  rollout::Engine engine({}, &engine_model, nullptr, 0);
+  engine::TorchEngineModel engine_model(decoder, options.max_context);
+  engine::Engine engine({}, &engine_model, nullptr, 0);
   for (size_t p = 0; p < prompts.size(); ++p) {
-    rollout::SamplingParams params;
+    engine::SamplingParams params;
     params.n = options.n;
     params.max_tokens = options.max_tokens;
     params.seed = options.seed + 100 * p;

@@ -1,7 +1,4 @@
 # Model core unit tests (common/model). Tiny random models only.
-if(NOT TARGET tandem_model)
-  return()
-endif()
 tandem_add_test(model_test
   SOURCES
     ${CMAKE_CURRENT_SOURCE_DIR}/model_test.cc

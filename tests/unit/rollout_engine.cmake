@@ -1,3 +1,3 @@
 tandem_add_test(rollout_engine_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/rollout_engine_test.cc
-  LIBS tandem_rollout_engine)
+  LIBS tandem_engine)

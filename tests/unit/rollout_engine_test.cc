@@ -3,11 +3,11 @@
 #include <map>
 #include <set>
 
-#include "services/rollout/engine/engine.h"
-#include "services/rollout/engine/sampler.h"
+#include "engine/engine.h"
+#include "engine/sampler.h"
 #include "tests/unit/toy_engine_model.h"
 
-namespace tandem::rollout {
+namespace tandem::engine {
 namespace {
 
 constexpr int32_t kVocab = 32;
@@ -283,4 +283,4 @@ TEST_CASE(
 }
 
 }  // namespace
-}  // namespace tandem::rollout
+}  // namespace tandem::engine

@@ -17,8 +17,9 @@
 #include "common/model/decoder_model.h"
 #include "common/model/model_weights.h"
 #include "common/weights/model_flattening.h"
-#include "services/rollout/engine/engine.h"
-#include "services/rollout/torch_engine_model.h"
+#include "engine/engine.h"
+#include "engine/torch_engine_model.h"
+#include "services/rollout/weight_update_sources.h"
 #include "tests/unit/model_test_util.h"
 
 // Last: glog (through LibTorch) defines a CHECK macro of its own.
@@ -85,8 +86,8 @@ absl::Status Receive(weights::StagingWeights* staging,
   return staging->Commit().status();
 }
 
-EngineOptions Options() {
-  EngineOptions options;
+engine::EngineOptions Options() {
+  engine::EngineOptions options;
   options.limits.max_num_seqs = 4;
   options.limits.max_batched_tokens = 64;
   options.num_kv_blocks = 256;
@@ -135,11 +136,11 @@ TEST_CASE(
     CHECK(torch::equal(live->tensors().at(name), tensor));
   }
 
-  TorchEngineModel engine_model(decoder, 256);
-  EngineOptions options = Options();
-  options.kv_policy = EngineOptions::KvPolicy::kRecompute;
-  Engine engine(options, &engine_model, source->get(), 0);
-  SamplingParams params;
+  engine::TorchEngineModel engine_model(decoder, 256);
+  engine::EngineOptions options = Options();
+  options.kv_policy = engine::EngineOptions::KvPolicy::kRecompute;
+  engine::Engine engine(options, &engine_model, source->get(), 0);
+  engine::SamplingParams params;
   params.seed = 5;
   params.max_tokens = 10;
   const std::vector<int32_t> prompt = {9, 14, 27, 3, 60, 41};
@@ -152,7 +153,7 @@ TEST_CASE(
   REQUIRE(Receive(staging, *next, 1).ok());
   CHECK((*source)->ReadyVersion(0) == 1);
   bool committed = false;
-  std::map<std::string, FinishedSample> done;
+  std::map<std::string, engine::FinishedSample> done;
   for (int i = 0; i < 1000 && !engine.idle(); ++i) {
     auto step = engine.Step();
     REQUIRE(step.ok());
@@ -179,7 +180,7 @@ TEST_CASE(
 
   // Tokens 0-3 came from version 0, the rest from version 1, and each
   // log-prob is its version's.
-  const FinishedSample& s = done.at("a");
+  const engine::FinishedSample& s = done.at("a");
   REQUIRE(s.output.size() == 10);
   REQUIRE(s.spans.size() == 2);
   CHECK(s.spans[0].policy_version == 0);
@@ -207,12 +208,12 @@ TEST_CASE(
 
   // A request that starts after the update generates under the new weights.
   REQUIRE(engine.Add("b", prompt, params).ok());
-  std::map<std::string, FinishedSample> after;
+  std::map<std::string, engine::FinishedSample> after;
   for (int i = 0; i < 1000 && !engine.idle(); ++i) {
     REQUIRE(engine.Step().ok());
     for (auto& f : engine.TakeFinished()) after[f.request_id] = f;
   }
-  const FinishedSample& b = after.at("b");
+  const engine::FinishedSample& b = after.at("b");
   REQUIRE(b.spans.size() == 1);
   CHECK(b.spans[0].policy_version == 1);
   const auto b_lp = FullForwardLogProbs(next, prompt, b.output);
@@ -234,9 +235,9 @@ TEST_CASE(
   REQUIRE(source.ok());
   weights::StagingWeights* staging = (*source)->staging().get();
   REQUIRE(staging->layout().num_buckets() >= 3);
-  TorchEngineModel engine_model(decoder, 256);
-  Engine engine(Options(), &engine_model, source->get(), 0);
-  SamplingParams params;
+  engine::TorchEngineModel engine_model(decoder, 256);
+  engine::Engine engine(Options(), &engine_model, source->get(), 0);
+  engine::SamplingParams params;
   params.seed = 11;
   params.max_tokens = 12;
   const std::vector<int32_t> prompt = {4, 8, 15, 16, 23, 42};
@@ -256,7 +257,7 @@ TEST_CASE(
   // The next step parks at its boundary and stays parked: no token, no
   // forward pass with the half-written weights.
   std::atomic<bool> returned{false};
-  absl::StatusOr<StepStats> parked_step;
+  absl::StatusOr<engine::StepStats> parked_step;
   std::thread engine_thread([&] {
     parked_step = engine.Step();
     returned = true;
@@ -276,13 +277,13 @@ TEST_CASE(
   CHECK(engine.policy_version() == 2);
   CHECK(!staging->live_lost());
 
-  std::map<std::string, FinishedSample> done;
+  std::map<std::string, engine::FinishedSample> done;
   for (auto& f : engine.TakeFinished()) done[f.request_id] = f;
   for (int i = 0; i < 1000 && !engine.idle(); ++i) {
     REQUIRE(engine.Step().ok());
     for (auto& f : engine.TakeFinished()) done[f.request_id] = f;
   }
-  const FinishedSample& s = done.at("a");
+  const engine::FinishedSample& s = done.at("a");
   REQUIRE(s.spans.size() == 2);
   CHECK(s.spans[0].policy_version == 0);
   CHECK(s.spans[0].num_tokens == 3);
@@ -298,7 +299,7 @@ TEST_CASE(
     REQUIRE(engine.Step().ok());
     for (auto& f : engine.TakeFinished()) done[f.request_id] = f;
   }
-  const FinishedSample& b = done.at("b");
+  const engine::FinishedSample& b = done.at("b");
   REQUIRE(b.spans.size() == 1);
   CHECK(b.spans[0].policy_version == 2);
   const auto b_lp = FullForwardLogProbs(good, prompt, b.output);
@@ -309,12 +310,12 @@ TEST_CASE(
 }
 
 // Counts forward passes begun and ended around the real model.
-class CountingModel : public EngineModel {
+class CountingModel : public engine::EngineModel {
  public:
-  explicit CountingModel(EngineModel* inner) : inner_(inner) {}
+  explicit CountingModel(engine::EngineModel* inner) : inner_(inner) {}
   int32_t vocab_size() const override { return inner_->vocab_size(); }
   absl::StatusOr<std::vector<float>> Forward(
-      const std::vector<ForwardChunk>& chunks) override {
+      const std::vector<engine::ForwardChunk>& chunks) override {
     ++begun;
     auto out = inner_->Forward(chunks);
     ++ended;
@@ -328,7 +329,7 @@ class CountingModel : public EngineModel {
   std::atomic<int64_t> begun{0}, ended{0};
 
  private:
-  EngineModel* const inner_;
+  engine::EngineModel* const inner_;
 };
 
 TEST_CASE(
@@ -339,9 +340,9 @@ TEST_CASE(
   auto source = InplaceWeightSource::Create(decoder, 0);
   REQUIRE(source.ok());
   weights::StagingWeights* staging = (*source)->staging().get();
-  TorchEngineModel torch_model(decoder, 256);
+  engine::TorchEngineModel torch_model(decoder, 256);
   CountingModel counting(&torch_model);
-  Engine engine(Options(), &counting, source->get(), 0);
+  engine::Engine engine(Options(), &counting, source->get(), 0);
   std::atomic<bool> stop{false};
   std::atomic<bool> failed{false};
   std::atomic<uint64_t> last_version{0};
@@ -350,7 +351,7 @@ TEST_CASE(
     int request = 0;
     while (!stop && !failed) {
       if (engine.idle()) {
-        SamplingParams params;
+        engine::SamplingParams params;
         params.seed = 1 + request;
         params.max_tokens = 40;
         params.n = 4;
@@ -415,14 +416,14 @@ TEST_CASE(
   auto source = InplaceWeightSource::Create(decoder, 0);
   REQUIRE(source.ok());
   weights::StagingWeights* staging = (*source)->staging().get();
-  TorchEngineModel engine_model(decoder, 256);
-  Engine engine(Options(), &engine_model, source->get(), 0);
-  SamplingParams params;
+  engine::TorchEngineModel engine_model(decoder, 256);
+  engine::Engine engine(Options(), &engine_model, source->get(), 0);
+  engine::SamplingParams params;
   params.max_tokens = 4;
   REQUIRE(engine.Add("a", {1, 2, 3}, params).ok());
   REQUIRE(Receive(staging, *Weights(2, model::WeightDType::kFloat32), 1, 0)
               .code() == absl::StatusCode::kDataLoss);
-  absl::StatusOr<StepStats> step;
+  absl::StatusOr<engine::StepStats> step;
   std::thread engine_thread([&] { step = engine.Step(); });
   absl::SleepFor(absl::Milliseconds(100));
   (*source)->Shutdown();

@@ -9,14 +9,15 @@
 
 #include "common/model/decoder_model.h"
 #include "common/model/model_weights.h"
-#include "services/rollout/engine/engine.h"
-#include "services/rollout/torch_engine_model.h"
+#include "engine/engine.h"
+#include "engine/torch_engine_model.h"
+#include "services/rollout/weight_update_sources.h"
 #include "tests/unit/model_test_util.h"
 
 // Last: glog (through LibTorch) defines a CHECK macro of its own.
 #include <catch2/catch.hpp>
 
-namespace tandem::rollout {
+namespace tandem::engine {
 namespace {
 
 std::shared_ptr<model::ModelWeights> Weights(uint64_t seed) {
@@ -82,7 +83,7 @@ TEST_CASE(
     "torch engine: inflight swap with recompute matches the new weights") {
   auto decoder = std::make_shared<model::DecoderModel>(Weights(1));
   TorchEngineModel m(decoder, 256);
-  StagedWeightSource source(decoder);
+  rollout::StagedWeightSource source(decoder);
   EngineOptions options = Options(4);
   options.kv_policy = EngineOptions::KvPolicy::kRecompute;
   Engine e(options, &m, &source, 0);
@@ -123,4 +124,4 @@ TEST_CASE(
 }
 
 }  // namespace
-}  // namespace tandem::rollout
+}  // namespace tandem::engine

@@ -14,7 +14,8 @@
 #include "common/weights/model_flattening.h"
 #include "common/weights/weight_server.h"
 #include "common/weights/weight_store.h"
-#include "services/rollout/engine/engine.h"
+#include "engine/engine.h"
+#include "engine/torch_engine_model.h"
 #include "services/rollout/weight_subscriber.h"
 #include "tests/unit/model_test_util.h"
 
@@ -44,8 +45,8 @@ TEST_CASE(
   REQUIRE(initial.ok());
   auto decoder = std::make_shared<model::DecoderModel>(*initial);
   StagedWeightSource source(decoder);
-  TorchEngineModel engine_model(decoder, 256);
-  Engine engine({}, &engine_model, &source, 0);
+  engine::TorchEngineModel engine_model(decoder, 256);
+  engine::Engine engine({}, &engine_model, &source, 0);
 
   weights::WeightStore store(4);
   weights::WeightServerService service(&store, {});
@@ -74,7 +75,7 @@ TEST_CASE(
       absl::SleepFor(absl::Milliseconds(20));
     }
     REQUIRE(source.ReadyVersion(engine.policy_version()) == version);
-    SamplingParams params;
+    engine::SamplingParams params;
     params.max_tokens = 2;
     REQUIRE(engine.Add("r" + std::to_string(version), {2, 3, 4}, params).ok());
     while (!engine.idle()) REQUIRE(engine.Step().ok());

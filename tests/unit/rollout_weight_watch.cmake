@@ -1,6 +1,4 @@
-if(TARGET tandem_rollout_weights AND TARGET tandem_coordinator_lib)
-  tandem_add_test(rollout_weight_subscriber_watch_test
-    SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/rollout_weight_subscriber_watch_test.cc
-    LIBS tandem_rollout_weights tandem_coordinator_lib
-    TIMEOUT 120)
-endif()
+tandem_add_test(rollout_weight_subscriber_watch_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/rollout_weight_subscriber_watch_test.cc
+  LIBS tandem_rollout_weights tandem_coordinator_lib
+  TIMEOUT 120)

@@ -1,5 +1,3 @@
-if(TARGET tandem_rollout_weights)
-  tandem_add_test(rollout_weight_subscriber_test
-    SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/rollout_weight_subscriber_test.cc
-    LIBS tandem_rollout_weights)
-endif()
+tandem_add_test(rollout_weight_subscriber_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/rollout_weight_subscriber_test.cc
+  LIBS tandem_rollout_weights)

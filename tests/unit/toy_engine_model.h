@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "services/rollout/engine/engine_model.h"
+#include "engine/engine_model.h"
 
-namespace tandem::rollout {
+namespace tandem::engine {
 
 class ToyModel : public EngineModel, public WeightUpdateSource {
  public:
@@ -114,4 +114,4 @@ class ToyModel : public EngineModel, public WeightUpdateSource {
   std::map<uint64_t, std::vector<uint64_t>> caches_;
 };
 
-}  // namespace tandem::rollout
+}  // namespace tandem::engine

@@ -1,8 +1,5 @@
 # A bfloat16 Hugging Face checkpoint trains and is published in bfloat16
 # (services/trainer/trainer.cc, the trainer daemon's publish dtype).
-if(NOT TARGET tandem_trainer_lib)
-  return()
-endif()
 tandem_add_test(trainer_bf16_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/trainer_bf16_test.cc
   LIBS tandem_trainer_lib

@@ -1,8 +1,5 @@
 # Trainer checkpoints, resume and Hugging Face export
 # (services/trainer/checkpoint*).
-if(NOT TARGET tandem_trainer_lib)
-  return()
-endif()
 tandem_add_test(trainer_checkpoint_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/trainer_checkpoint_test.cc
   LIBS tandem_trainer_lib

@@ -1,8 +1,5 @@
 # The trainer's configuration keys (services/trainer/trainer_config) and
 # the best held-out policy it keeps (services/trainer/best_policy).
-if(NOT TARGET tandem_trainer_lib)
-  return()
-endif()
 tandem_add_test(trainer_config_test
   SOURCES
     ${CMAKE_CURRENT_SOURCE_DIR}/trainer_config_test.cc

@@ -1,8 +1,5 @@
 # GRPO with an in-process rollout learns the built-in task (issue 6): a
 # warm start, then a few hundred RL steps; the slowest unit test (minutes).
-if(NOT TARGET tandem_trainer_lib)
-  return()
-endif()
 tandem_add_test(trainer_inprocess_rl_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/trainer_inprocess_rl_test.cc
   LIBS tandem_trainer_lib

@@ -14,8 +14,8 @@
 #include "common/config/config_schema.h"
 #include "common/model/decoder_model.h"
 #include "common/model/hf_checkpoint.h"
+#include "common/model/model_loader.h"
 #include "common/model/model_weights.h"
-#include "services/rollout/torch_engine_model.h"
 #include "services/trainer/reference_policy.h"
 #include "services/trainer/rl/grpo_trainer.h"
 #include "services/trainer/trainer.h"
@@ -203,7 +203,7 @@ TEST_CASE("the reference policy is loaded only when kl_beta > 0") {
     config.kl_beta = 0.1;
     config.reference_model.clear();
     config.model_seed = 9;
-    auto builtin = rollout::LoadModel("", 9, 0);
+    auto builtin = model::LoadModel("", 9, 0);
     REQUIRE(builtin.ok());
     const auto& expected = *builtin->decoder->weights();
     auto loaded = LoadReferencePolicy(config, expected.config());

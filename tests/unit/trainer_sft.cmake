@@ -1,8 +1,5 @@
 # Supervised warm start (services/trainer/sft): a small variant of the
 # built-in task that trains in the unit-test budget.
-if(NOT TARGET tandem_trainer_sft)
-  return()
-endif()
 tandem_add_test(trainer_sft_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/trainer_sft_test.cc
   LIBS tandem_trainer_sft

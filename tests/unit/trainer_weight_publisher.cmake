@@ -1,8 +1,5 @@
 # The trainer's WeightPublisher (services/trainer/weight_publisher.h):
 # broadcast and the re-send protocol, and its shutdown.
-if(NOT TARGET tandem_trainer_lib)
-  return()
-endif()
 tandem_add_test(trainer_weight_publisher_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/trainer_weight_publisher_test.cc
   LIBS tandem_trainer_lib

@@ -10,13 +10,11 @@ tandem_add_test(weights_pull_test
 tandem_add_test(weights_shm_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_shm_test.cc
   LIBS tandem_weights_grpc)
-if(TARGET tandem_weights_gloo)
-  tandem_add_test(weights_gloo_test
-    SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_gloo_test.cc
-    LIBS tandem_weights_gloo
-    TIMEOUT 120)
-  tandem_add_test(weights_store_client_test
-    SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_store_client_test.cc
-    LIBS tandem_weights_gloo
-    TIMEOUT 120)
-endif()
+tandem_add_test(weights_gloo_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_gloo_test.cc
+  LIBS tandem_weights_gloo
+  TIMEOUT 120)
+tandem_add_test(weights_store_client_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_store_client_test.cc
+  LIBS tandem_weights_gloo
+  TIMEOUT 120)

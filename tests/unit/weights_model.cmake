@@ -1,5 +1,3 @@
-if(TARGET tandem_weights_model)
-  tandem_add_test(weights_model_test
-    SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_model_test.cc
-    LIBS tandem_weights_model tandem_weights_grpc)
-endif()
+tandem_add_test(weights_model_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_model_test.cc
+  LIBS tandem_weights_model tandem_weights_grpc)

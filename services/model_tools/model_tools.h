@@ -1,7 +1,7 @@
 #pragma once
 
-// tandemctl's model tools, for checking a checkpoint against other
-// implementations:
+// The model tools of tandem-model (services/model_tools/main.cc), for checking
+// a checkpoint against other implementations:
 //   tokenize  text lines in, one JSON array of token ids per line out
 //   logprobs  {"tokens":[...]} lines in, {"logprobs":[...]} out: the
 //             log-probability of each token after the first given the ones
@@ -19,7 +19,7 @@
 
 #include "absl/status/status.h"
 
-namespace tandem::ctl {
+namespace tandem::model_tools {
 
 absl::Status Tokenize(const std::string& model_dir, std::istream& in,
                       std::ostream& out);
@@ -41,4 +41,4 @@ absl::Status Generate(const std::string& model_dir,
 // tokenizer.json for the built-in model).
 absl::Status Export(const std::string& model_dir, const std::string& out_dir);
 
-}  // namespace tandem::ctl
+}  // namespace tandem::model_tools

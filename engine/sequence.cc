@@ -1,6 +1,6 @@
-#include "services/rollout/engine/sequence.h"
+#include "engine/sequence.h"
 
-namespace tandem::rollout {
+namespace tandem::engine {
 
 const char* FinishReasonName(FinishReason reason) {
   switch (reason) {
@@ -24,4 +24,4 @@ void Sequence::Append(int32_t token, float logprob, uint64_t version) {
   ++spans.back().num_tokens;
 }
 
-}  // namespace tandem::rollout
+}  // namespace tandem::engine

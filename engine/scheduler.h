@@ -14,10 +14,10 @@
 #include <functional>
 #include <vector>
 
-#include "services/rollout/engine/block_manager.h"
-#include "services/rollout/engine/sequence.h"
+#include "engine/block_manager.h"
+#include "engine/sequence.h"
 
-namespace tandem::rollout {
+namespace tandem::engine {
 
 struct SchedulerLimits {
   int32_t max_num_seqs = 64;
@@ -79,4 +79,4 @@ class Scheduler {
   uint64_t next_admission_ = 1;
 };
 
-}  // namespace tandem::rollout
+}  // namespace tandem::engine

@@ -7,10 +7,10 @@
 
 #include "tandem/v1/coordinator.pb.h"
 
-namespace tandem::ctl {
+namespace tandem::cluster {
 
 // A human-readable table: one line per member, then queue depths.
 std::string FormatClusterStatus(
     const tandem::v1::GetClusterStatusResponse& status, int64_t now_unix_ms);
 
-}  // namespace tandem::ctl
+}  // namespace tandem::cluster

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace tandem::rollout {
+namespace tandem::engine {
 
 class BlockManager {
  public:
@@ -38,4 +38,4 @@ class BlockManager {
   std::vector<int32_t> free_;
 };
 
-}  // namespace tandem::rollout
+}  // namespace tandem::engine

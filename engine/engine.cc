@@ -1,13 +1,13 @@
-#include "services/rollout/engine/engine.h"
+#include "engine/engine.h"
 
 #include <algorithm>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
-#include "services/rollout/engine/sampler.h"
+#include "engine/sampler.h"
 
-namespace tandem::rollout {
+namespace tandem::engine {
 
 Engine::Engine(EngineOptions options, EngineModel* model,
                WeightUpdateSource* weights, uint64_t initial_version)
@@ -246,4 +246,4 @@ EngineSnapshot Engine::Snapshot() const {
   return s;
 }
 
-}  // namespace tandem::rollout
+}  // namespace tandem::engine

@@ -12,9 +12,9 @@
 #include <cstdint>
 #include <random>
 
-#include "services/rollout/engine/sequence.h"
+#include "engine/sequence.h"
 
-namespace tandem::rollout {
+namespace tandem::engine {
 
 struct SampledToken {
   int32_t token = 0;
@@ -26,4 +26,4 @@ struct SampledToken {
 SampledToken SampleToken(const float* logits, int32_t vocab_size,
                          const SamplingParams& params, std::mt19937_64* rng);
 
-}  // namespace tandem::rollout
+}  // namespace tandem::engine

@@ -1,4 +1,4 @@
-#include "services/tandemctl/cluster_status.h"
+#include "common/cluster/cluster_status.h"
 
 #include <cstdio>
 
@@ -6,7 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "common/cluster/member_names.h"
 
-namespace tandem::ctl {
+namespace tandem::cluster {
 namespace {
 
 using cluster::MemberStateName;
@@ -43,13 +43,12 @@ std::string FormatClusterStatus(
                 q.ready_groups(), q.training_groups()));
   const auto& c = status.counters();
   absl::StrAppend(
-      &out,
-      absl::StrFormat("groups: trained %d  dropped stale %d  requeued %d  "
-                      "lost %d; batches released %d\n",
-                      c.groups_trained(), c.groups_dropped_stale(),
-                      c.groups_requeued(), c.groups_lost(),
-                      c.batches_released()));
+      &out, absl::StrFormat(
+                "groups: trained %d  dropped stale %d  requeued %d  "
+                "lost %d; batches released %d\n",
+                c.groups_trained(), c.groups_dropped_stale(),
+                c.groups_requeued(), c.groups_lost(), c.batches_released()));
   return out;
 }
 
-}  // namespace tandem::ctl
+}  // namespace tandem::cluster

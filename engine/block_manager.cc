@@ -1,6 +1,6 @@
-#include "services/rollout/engine/block_manager.h"
+#include "engine/block_manager.h"
 
-namespace tandem::rollout {
+namespace tandem::engine {
 
 BlockManager::BlockManager(int32_t num_blocks, int32_t block_size)
     : num_blocks_(num_blocks), block_size_(block_size) {
@@ -26,4 +26,4 @@ void BlockManager::Release(std::vector<int32_t>* blocks) {
   blocks->clear();
 }
 
-}  // namespace tandem::rollout
+}  // namespace tandem::engine

@@ -17,11 +17,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "services/rollout/engine/block_manager.h"
-#include "services/rollout/engine/engine_model.h"
-#include "services/rollout/engine/scheduler.h"
+#include "engine/block_manager.h"
+#include "engine/engine_model.h"
+#include "engine/scheduler.h"
 
-namespace tandem::rollout {
+namespace tandem::engine {
 
 struct EngineOptions {
   SchedulerLimits limits;
@@ -124,4 +124,4 @@ class Engine {
   std::vector<FinishedSample> finished_;
 };
 
-}  // namespace tandem::rollout
+}  // namespace tandem::engine

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "services/rollout/engine/sequence.h"
+#include "engine/sequence.h"
 
-namespace tandem::rollout {
+namespace tandem::engine {
 
 struct ForwardChunk {
   // Compute tokens [start, end) of `seq`, appending their keys and values
@@ -62,4 +62,4 @@ class WeightUpdateSource {
   virtual void StepDone() {}
 };
 
-}  // namespace tandem::rollout
+}  // namespace tandem::engine

@@ -1,4 +1,4 @@
-#include "services/tandemctl/model_tools.h"
+#include "services/model_tools/model_tools.h"
 
 #include <torch/torch.h>
 
@@ -10,24 +10,25 @@
 #include "common/base/status_macros.h"
 #include "common/model/decoder_model.h"
 #include "common/model/hf_checkpoint.h"
+#include "common/model/model_loader.h"
 #include "common/model/torch_status.h"
 #include "common/task/arith_tokenizer.h"
 #include "common/tokenizer/tokenizer.h"
-#include "services/rollout/engine/engine.h"
-#include "services/rollout/torch_engine_model.h"
+#include "engine/engine.h"
+#include "engine/torch_engine_model.h"
 
-namespace tandem::ctl {
+namespace tandem::model_tools {
 namespace {
 
-absl::StatusOr<rollout::LoadedModel> Load(const std::string& dir) {
-  return rollout::LoadModel(dir, /*seed=*/1, /*torch_threads=*/0);
+absl::StatusOr<model::LoadedModel> Load(const std::string& dir) {
+  return model::LoadModel(dir, /*seed=*/1, /*torch_threads=*/0);
 }
 
 }  // namespace
 
 absl::Status Tokenize(const std::string& model_dir, std::istream& in,
                       std::ostream& out) {
-  ASSIGN_OR_RETURN(rollout::LoadedModel model, Load(model_dir));
+  ASSIGN_OR_RETURN(model::LoadedModel model, Load(model_dir));
   std::string line;
   while (std::getline(in, line)) {
     out << nlohmann::json(model.tokenizer->Encode(line)).dump() << "\n";
@@ -37,7 +38,7 @@ absl::Status Tokenize(const std::string& model_dir, std::istream& in,
 
 absl::Status LogProbs(const std::string& model_dir, std::istream& in,
                       std::ostream& out) {
-  ASSIGN_OR_RETURN(rollout::LoadedModel model, Load(model_dir));
+  ASSIGN_OR_RETURN(model::LoadedModel model, Load(model_dir));
   const int64_t vocab = model.decoder->weights()->config().vocab_size;
   std::string line;
   for (int line_no = 1; std::getline(in, line); ++line_no) {
@@ -85,13 +86,13 @@ absl::Status LogProbs(const std::string& model_dir, std::istream& in,
 
 absl::Status Generate(const std::string& model_dir,
                       const GenerateOptions& options, std::ostream& out) {
-  ASSIGN_OR_RETURN(rollout::LoadedModel model, Load(model_dir));
-  rollout::TorchEngineModel engine_model(model.decoder, model.max_tokens);
-  rollout::EngineOptions engine_options;
+  ASSIGN_OR_RETURN(model::LoadedModel model, Load(model_dir));
+  engine::TorchEngineModel engine_model(model.decoder, model.max_tokens);
+  engine::EngineOptions engine_options;
   engine_options.eos_token_ids = model.eos_token_ids;
-  rollout::Engine engine(engine_options, &engine_model, nullptr, 0);
+  engine::Engine engine(engine_options, &engine_model, nullptr, 0);
   std::vector<int32_t> prompt = model.tokenizer->Encode(options.prompt);
-  rollout::SamplingParams params;
+  engine::SamplingParams params;
   params.temperature = options.temperature;
   params.seed = options.seed;
   params.max_tokens =
@@ -105,7 +106,7 @@ absl::Status Generate(const std::string& model_dir,
                           {"tokens", sample.output},
                           {"logprobs", sample.logprobs},
                           {"finish_reason",
-                           rollout::FinishReasonName(sample.finish_reason)}}
+                           engine::FinishReasonName(sample.finish_reason)}}
                .dump()
         << "\n";
   }
@@ -113,7 +114,7 @@ absl::Status Generate(const std::string& model_dir,
 }
 
 absl::Status Export(const std::string& model_dir, const std::string& out_dir) {
-  ASSIGN_OR_RETURN(rollout::LoadedModel model, Load(model_dir));
+  ASSIGN_OR_RETURN(model::LoadedModel model, Load(model_dir));
   model::SaveOptions save;
   save.tokenizer_dir = model_dir;
   RETURN_IF_ERROR(model::SaveHfModel(*model.decoder->weights(), out_dir, save));
@@ -123,4 +124,4 @@ absl::Status Export(const std::string& model_dir, const std::string& out_dir) {
   return absl::OkStatus();
 }
 
-}  // namespace tandem::ctl
+}  // namespace tandem::model_tools

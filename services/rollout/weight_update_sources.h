@@ -1,80 +1,33 @@
 #pragma once
 
-// The engine's view of the shared LibTorch decoder (common/model/): an
-// EngineModel that keeps one ContiguousKvCache per sequence and runs each
-// engine step as one DecoderModel::ForwardWithCache call, and the two
-// WeightUpdateSources that bring new weights into that decoder (staged:
-// swap a second copy in; inplace: one copy, written while the engine is
-// parked). LibTorch stays behind these classes: this header includes none
-// of it.
+// The two engine::WeightUpdateSources through which a rollout worker brings
+// new weights into its decoder (common/model/): staged (a second copy,
+// swapped in at a step boundary) and inplace (one copy, written while the
+// engine is parked). LibTorch stays behind these classes: this header
+// includes none of it.
 
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <string>
-#include <vector>
+#include <optional>
 
 #include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
 #include "common/weights/flat_weight_layout.h"
 #include "common/weights/staging_weights.h"
-#include "services/rollout/engine/engine_model.h"
-
-namespace tandem::tokenizer {
-class Tokenizer;
-}  // namespace tandem::tokenizer
+#include "engine/engine_model.h"
 
 namespace tandem::model {
 class DecoderModel;
-class KvCache;
 class ModelWeights;
 }  // namespace tandem::model
 
 namespace tandem::rollout {
-
-// A decoder ready to generate, with its tokenizer.
-struct LoadedModel {
-  std::shared_ptr<model::DecoderModel> decoder;
-  std::shared_ptr<tokenizer::Tokenizer> tokenizer;
-  std::vector<int32_t> eos_token_ids;
-  // Longest sequence the model supports (max_position_embeddings).
-  int64_t max_tokens = 0;
-  std::string description;
-};
-
-// Loads a Hugging Face model directory (config.json, *.safetensors,
-// tokenizer.json). An empty `path` gives the built-in tiny model of the
-// arithmetic task (BuiltinTinyModelConfig) with random weights from `seed`
-// and the task's character tokenizer. `torch_threads` > 0 sets LibTorch's
-// intra-op threads for this process.
-absl::StatusOr<LoadedModel> LoadModel(const std::string& path, uint64_t seed,
-                                      int32_t torch_threads);
-
-class TorchEngineModel : public EngineModel {
- public:
-  // `max_tokens` bounds any one sequence (prompt + generated).
-  TorchEngineModel(std::shared_ptr<model::DecoderModel> model,
-                   int64_t max_tokens);
-  ~TorchEngineModel() override;
-
-  int32_t vocab_size() const override;
-  absl::StatusOr<std::vector<float>> Forward(
-      const std::vector<ForwardChunk>& chunks) override;
-  bool ForkCache(uint64_t src, uint64_t dst, int32_t num_tokens) override;
-  void ReleaseCache(uint64_t seq_id) override;
-
- private:
-  std::shared_ptr<model::DecoderModel> model_;
-  const int64_t max_tokens_;
-  std::map<uint64_t, std::unique_ptr<model::KvCache>> caches_;
-};
 
 // Weights staged by a transport (any thread) and committed by the engine
 // thread at a step boundary: Commit swaps pointers, so the pause does not
 // depend on model size. Memory: the live weights, the transport's staging
 // buffer (two flat copies when it double-buffers) and the staged
 // ModelWeights. For one copy, see InplaceWeightSource.
-class StagedWeightSource : public WeightUpdateSource {
+class StagedWeightSource : public engine::WeightUpdateSource {
  public:
   explicit StagedWeightSource(std::shared_ptr<model::DecoderModel> model);
   ~StagedWeightSource() override;
@@ -115,7 +68,7 @@ class StagedWeightSource : public WeightUpdateSource {
 // Thread-safety: the engine thread calls the WeightUpdateSource methods,
 // one receiving thread the gate methods (through StagingWeights); other
 // methods from any thread.
-class InplaceWeightSource : public WeightUpdateSource,
+class InplaceWeightSource : public engine::WeightUpdateSource,
                             public weights::InplaceWriteGate {
  public:
   // Copies `model`'s live weights into a new flat buffer (the layout of

@@ -4,6 +4,8 @@
 // one packed forward over the same tokens; `export` writes back what it
 // loaded.
 
+#include "services/model_tools/model_tools.h"
+
 #include <ATen/ATen.h>
 
 #include <filesystem>
@@ -13,13 +15,12 @@
 #include "common/model/hf_checkpoint.h"
 #include "common/model/model_weights.h"
 #include "common/task/arith_tokenizer.h"
-#include "services/tandemctl/model_tools.h"
 #include "tests/unit/model_test_util.h"
 
 // Last: glog (through LibTorch) defines a CHECK macro of its own.
 #include <catch2/catch.hpp>
 
-namespace tandem::ctl {
+namespace tandem::model_tools {
 namespace {
 
 namespace fs = std::filesystem;
@@ -123,4 +124,4 @@ TEST_CASE("export of the built-in model writes its tokenizer") {
 }
 
 }  // namespace
-}  // namespace tandem::ctl
+}  // namespace tandem::model_tools

@@ -1,4 +1,4 @@
-#include "services/rollout/engine/sampler.h"
+#include "engine/sampler.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include <numeric>
 #include <vector>
 
-namespace tandem::rollout {
+namespace tandem::engine {
 
 SampledToken SampleToken(const float* logits, int32_t vocab_size,
                          const SamplingParams& params, std::mt19937_64* rng) {
@@ -77,4 +77,4 @@ SampledToken SampleToken(const float* logits, int32_t vocab_size,
   return {order.front(), logprob_of(order.front())};
 }
 
-}  // namespace tandem::rollout
+}  // namespace tandem::engine

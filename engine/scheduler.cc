@@ -1,10 +1,10 @@
-#include "services/rollout/engine/scheduler.h"
+#include "engine/scheduler.h"
 
 #include <algorithm>
 
 #include "absl/time/clock.h"
 
-namespace tandem::rollout {
+namespace tandem::engine {
 
 Scheduler::Scheduler(SchedulerLimits limits, BlockManager* blocks)
     : limits_(limits), blocks_(blocks) {}
@@ -109,4 +109,4 @@ std::vector<Sequence*> Scheduler::RecomputeAll() {
   return dropped;
 }
 
-}  // namespace tandem::rollout
+}  // namespace tandem::engine

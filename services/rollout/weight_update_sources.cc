@@ -1,119 +1,16 @@
-#include "services/rollout/torch_engine_model.h"
+#include "services/rollout/weight_update_sources.h"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
 
-#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/model/decoder_model.h"
-#include "common/model/hf_checkpoint.h"
-#include "common/model/kv_cache.h"
-#include "common/model/model_config.h"
 #include "common/model/model_weights.h"
-#include "common/task/arith_tokenizer.h"
-#include "common/tokenizer/tokenizer.h"
 #include "common/weights/model_flattening.h"
 
 namespace tandem::rollout {
-
-absl::StatusOr<LoadedModel> LoadModel(const std::string& path, uint64_t seed,
-                                      int32_t torch_threads) {
-  if (torch_threads > 0) torch::set_num_threads(torch_threads);
-  LoadedModel loaded;
-  std::shared_ptr<model::ModelWeights> weights;
-  if (path.empty()) {
-    ASSIGN_OR_RETURN(auto tokenizer, task::LoadArithTokenizer());
-    loaded.tokenizer = std::move(tokenizer);
-    model::ModelConfig config =
-        model::BuiltinTinyModelConfig(loaded.tokenizer->vocab_size());
-    if (auto eos = loaded.tokenizer->TokenId("<|eos|>")) {
-      config.eos_token_ids = {*eos};
-    }
-    ASSIGN_OR_RETURN(weights, model::RandomInit(config, seed));
-    loaded.description =
-        absl::StrCat("built-in tiny model (random init, seed ", seed, ")");
-  } else {
-    ASSIGN_OR_RETURN(weights, model::LoadHfModel(path));
-    ASSIGN_OR_RETURN(auto tokenizer,
-                     tokenizer::Tokenizer::FromFile(path + "/tokenizer.json"));
-    loaded.tokenizer = std::move(tokenizer);
-    loaded.description = path;
-  }
-  for (int64_t id : weights->config().eos_token_ids) {
-    loaded.eos_token_ids.push_back(static_cast<int32_t>(id));
-  }
-  loaded.max_tokens = weights->config().max_position_embeddings;
-  loaded.decoder = std::make_shared<model::DecoderModel>(std::move(weights));
-  return loaded;
-}
-
-TorchEngineModel::TorchEngineModel(std::shared_ptr<model::DecoderModel> model,
-                                   int64_t max_tokens)
-    : model_(std::move(model)), max_tokens_(max_tokens) {}
-
-TorchEngineModel::~TorchEngineModel() = default;
-
-int32_t TorchEngineModel::vocab_size() const {
-  return static_cast<int32_t>(model_->weights()->config().vocab_size);
-}
-
-absl::StatusOr<std::vector<float>> TorchEngineModel::Forward(
-    const std::vector<ForwardChunk>& chunks) {
-  std::vector<std::vector<int32_t>> tokens(chunks.size());
-  std::vector<model::SequenceStep> steps(chunks.size());
-  const auto weights = model_->weights();
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    const ForwardChunk& c = chunks[i];
-    auto& cache = caches_[c.seq->id];
-    if (cache == nullptr) {
-      ASSIGN_OR_RETURN(
-          cache,
-          model::ContiguousKvCache::Create(
-              weights->config(), weights->dtype(), weights->device(),
-              max_tokens_, c.seq->prompt.size() + c.seq->params.max_tokens));
-    }
-    if (cache->num_tokens() != c.start) {
-      return absl::InternalError(absl::StrCat(
-          "sequence ", c.seq->id, ": cache holds ", cache->num_tokens(),
-          " tokens, step starts at ", c.start));
-    }
-    tokens[i].reserve(c.end - c.start);
-    for (int32_t t = c.start; t < c.end; ++t) {
-      tokens[i].push_back(c.seq->token_at(t));
-    }
-    steps[i].tokens = tokens[i];
-    steps[i].cache = cache.get();
-  }
-  ASSIGN_OR_RETURN(at::Tensor logits, model_->ForwardWithCache(steps));
-  logits = logits.to(at::kFloat).contiguous();
-  const int64_t vocab = logits.size(1);
-  std::vector<float> out;
-  const float* data = logits.data_ptr<float>();
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    if (!chunks[i].wants_logits) continue;
-    out.insert(out.end(), data + i * vocab, data + (i + 1) * vocab);
-  }
-  return out;
-}
-
-bool TorchEngineModel::ForkCache(uint64_t src, uint64_t dst,
-                                 int32_t num_tokens) {
-  auto it = caches_.find(src);
-  if (it == caches_.end() || it->second->num_tokens() < num_tokens) {
-    return false;
-  }
-  auto* contiguous = dynamic_cast<model::ContiguousKvCache*>(it->second.get());
-  if (contiguous == nullptr) return false;
-  auto fork = contiguous->Fork();
-  if (!fork.ok()) return false;
-  (*fork)->Truncate(num_tokens);
-  caches_[dst] = std::move(fork).value();
-  return true;
-}
-
-void TorchEngineModel::ReleaseCache(uint64_t seq_id) { caches_.erase(seq_id); }
 
 StagedWeightSource::StagedWeightSource(
     std::shared_ptr<model::DecoderModel> model)
@@ -179,7 +76,7 @@ InplaceWeightSource::Create(std::shared_ptr<model::DecoderModel> model,
       std::memcpy(data, cpu.data_ptr(), placement.info.byte_size);
       // Every view owns a reference to the buffer: the weights stay valid
       // for as long as any tensor of the model exists.
-      views.emplace(name, torch::from_blob(
+      views.emplace(name, at::from_blob(
                               data, tensor.sizes(), [staging](void*) {},
                               at::TensorOptions(tensor.scalar_type())));
     }

@@ -12,7 +12,7 @@
 
 #include "absl/time/time.h"
 
-namespace tandem::rollout {
+namespace tandem::engine {
 
 struct SamplingParams {
   // 0 = greedy.
@@ -81,4 +81,4 @@ struct Sequence {
   void Append(int32_t token, float logprob, uint64_t version);
 };
 
-}  // namespace tandem::rollout
+}  // namespace tandem::engine
