@@ -145,12 +145,16 @@ def make_samples(lease, worker_id, correct=lambda index: index % 2 == 0,
 
 
 def pull_groups(client, trainer_id, want, version=0, timeout=20):
-    """Pulls until `want` groups arrived; returns [(batch_id, group)]."""
+    """Pulls until `want` groups arrived; returns [(batch_id, group)]. Every
+    pull asks for `want` groups, as a trainer asks for its batch size each
+    time: the coordinator takes the last pull's max_groups as the groups
+    trained per version, which bounds the groups it dispatches (max_lag
+    versions' worth), and a pull is answered as soon as a group is ready."""
     got = []
     deadline = time.monotonic() + timeout
     while len(got) < want and time.monotonic() < deadline:
         response = client.call("PullTrainingBatch", pb.PullTrainingBatchRequest(
-            member_id=trainer_id, max_groups=want - len(got),
+            member_id=trainer_id, max_groups=want,
             trainer_policy_version=version, wait_ms=1000), timeout=5)
         got += [(response.batch_id, g) for g in response.groups]
     return got
