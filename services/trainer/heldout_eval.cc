@@ -6,7 +6,7 @@
 #include "common/model/decoder_model.h"
 #include "common/task/arith_tokenizer.h"
 #include "common/tokenizer/tokenizer.h"
-#include "services/trainer/sft/sft_eval.h"
+#include "services/trainer/tools/sft/sft_eval.h"
 
 namespace tandem::trainer {
 

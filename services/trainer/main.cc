@@ -6,9 +6,9 @@
 #include <cstring>
 
 #include "common/daemon/daemon_main.h"
-#include "services/trainer/checkpoint_export.h"
-#include "services/trainer/inprocess_rl.h"
-#include "services/trainer/sft/sft_command.h"
+#include "services/trainer/tools/checkpoint_export.h"
+#include "services/trainer/tools/inprocess_rl.h"
+#include "services/trainer/tools/sft/sft_command.h"
 #include "services/trainer/trainer.h"
 
 int main(int argc, char** argv) {

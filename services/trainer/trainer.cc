@@ -85,85 +85,7 @@ GrpoTrainerOptions ToOptions(const TrainerConfig& c) {
 Trainer::Trainer(const TrainerConfig& config)
     : config_(config),
       registry_(std::make_shared<prometheus::Registry>()),
-      policy_version_(prometheus::BuildGauge()
-                          .Name("tandem_policy_version")
-                          .Help("Policy version of the trainer's weights.")
-                          .Register(*registry_)
-                          .Add({})),
-      trained_tokens_(prometheus::BuildCounter()
-                          .Name("tandem_trainer_trained_tokens_total")
-                          .Help("Completion tokens trained on.")
-                          .Register(*registry_)
-                          .Add({})),
-      loss_(prometheus::BuildGauge()
-                .Name("tandem_trainer_loss")
-                .Help("Policy loss of the last step.")
-                .Register(*registry_)
-                .Add({})),
-      reward_mean_(prometheus::BuildGauge()
-                       .Name("tandem_trainer_reward_mean")
-                       .Help("Mean reward of the last trained batch.")
-                       .Register(*registry_)
-                       .Add({})),
-      step_seconds_(
-          prometheus::BuildHistogram()
-              .Name("tandem_trainer_step_seconds")
-              .Help("Duration of one optimizer step.")
-              .Register(*registry_)
-              .Add({},
-                   prometheus::Histogram::BucketBoundaries{
-                       0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30})),
-      staleness_(
-          prometheus::BuildHistogram()
-              .Name("tandem_trainer_staleness_versions")
-              .Help("Versions between the trainer and the oldest "
-                    "token of each trained sample.")
-              .Register(*registry_)
-              .Add({}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 3, 4, 6,
-                                                               8, 16})),
-      heldout_accuracy_(
-          prometheus::BuildGauge()
-              .Name("tandem_trainer_heldout_accuracy")
-              .Help("Greedy exact-match accuracy on the built-in task's "
-                    "held-out problems at the last evaluation (eval.*).")
-              .Register(*registry_)
-              .Add({})),
-      heldout_version_(prometheus::BuildGauge()
-                           .Name("tandem_trainer_heldout_policy_version")
-                           .Help("Policy version of the last held-out "
-                                 "evaluation.")
-                           .Register(*registry_)
-                           .Add({})),
-      publish_retries_(&prometheus::BuildCounter()
-                            .Name("tandem_trainer_publish_retries_total")
-                            .Help("PublishPolicyVersion calls sent again "
-                                  "after a transport error (the coordinator "
-                                  "unreachable or restarting).")
-                            .Register(*registry_)
-                            .Add({})),
-      publishes_refused_(
-          &prometheus::BuildCounter()
-               .Name("tandem_trainer_publishes_refused_total")
-               .Help("Versions the coordinator refused (the trainer then "
-                     "adopted the coordinator's numbering).")
-               .Register(*registry_)
-               .Add({})),
-      resume_groups_requeued_(
-          &prometheus::BuildGauge()
-               .Name("tandem_trainer_resume_groups_requeued")
-               .Help("At this trainer's start: groups trained after the "
-                     "checkpoint it resumed from, queued again.")
-               .Register(*registry_)
-               .Add({})),
-      resume_groups_lost_(
-          &prometheus::BuildGauge()
-               .Name("tandem_trainer_resume_groups_lost")
-               .Help("At this trainer's start: groups trained after the "
-                     "checkpoint it resumed from and too stale to train "
-                     "again (lost from the weights).")
-               .Register(*registry_)
-               .Add({})),
-      step_metrics_(*registry_),
+      metrics_(*registry_),
       // With shared memory on, each FULL version is copied into its
       // /dev/shm segment when it is published (on the training thread), so
       // serving a same-host pull copies nothing (weight_store.h).
@@ -217,11 +139,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   if (resumed) {
     RETURN_IF_ERROR(
         trainer->checkpoints_->Restore(*resumed, trainer->grpo_.get()));
-    absl::MutexLock lock(&trainer->mu_);
-    trainer->status_.set_step(static_cast<uint64_t>(trainer->grpo_->step()));
-    trainer->status_.set_policy_version(trainer->grpo_->policy_version());
-    trainer->status_.set_last_checkpoint(resumed->path);
-    trainer->policy_version_.Set(
+    trainer->status_.Update([&](tandem::v1::TrainerStatus& s) {
+      s.set_step(static_cast<uint64_t>(trainer->grpo_->step()));
+      s.set_policy_version(trainer->grpo_->policy_version());
+      s.set_last_checkpoint(resumed->path);
+    });
+    trainer->metrics_.policy_version.Set(
         static_cast<double>(trainer->grpo_->policy_version()));
   }
   // Rollout workers load model.path in its own dtype (e.g. bfloat16) and
@@ -276,6 +199,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
             policy.dir, policy.tokenizer_dir, policy.builtin_tokenizer});
   }
   Trainer* self = trainer.get();
+  trainer->service_ = std::make_unique<TrainerService>(
+      &trainer->status_, &trainer->checkpoint_requests_, config.train, [self] {
+        return self->member_ != nullptr ? self->member_->session().member_id()
+                                        : std::string();
+      });
   std::map<std::string, std::string> capabilities;
   if (config.weight_broadcast) {
     weights::BroadcastSenderOptions broadcast;
@@ -299,7 +227,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
                    cluster::MemberDaemon::Create(
                        "trainer", tandem::v1::ROLE_TRAINER, config.server,
                        config.coordinator_address, trainer->registry_,
-                       {self, trainer->weight_server_.get()},
+                       {trainer->service_.get(), trainer->weight_server_.get()},
                        [self](tandem::v1::HeartbeatRequest* r) {
                          r->set_policy_version(self->grpo_->policy_version());
                          if (self->stopping_) {
@@ -321,10 +249,7 @@ absl::Status Trainer::Start() {
   }
   RETURN_IF_ERROR(member_->Start());
   if (config_.train) {
-    {
-      absl::MutexLock lock(&checkpoint_mu_);
-      accepting_checkpoint_requests_ = true;
-    }
+    checkpoint_requests_.SetAccepting(true);
     training_thread_ = std::thread([this] { TrainingLoop(); });
   }
   return absl::OkStatus();
@@ -357,7 +282,7 @@ absl::Status Trainer::TrainOnce() {
   ConvertedBatch converted = ConvertTrainingBatch(
       batch, grpo_->policy().weights()->config().vocab_size);
   for (const std::string& reason : converted.refused) {
-    step_metrics_.RecordRefusedGroup();
+    metrics_.step.RecordRefusedGroup();
     Log()->error("batch {}: left out of the step: {}", batch.batch_id(),
                  reason);
   }
@@ -375,7 +300,7 @@ absl::Status Trainer::TrainOnce() {
     // Nothing was trained: no version to publish and no batch to commit.
     // The batch goes back at once (its groups are handed out again, or
     // dropped as stale).
-    step_metrics_.RecordNonFinite(stats);
+    metrics_.step.RecordNonFinite(stats);
     Log()->warn(
         "optimizer step {} skipped: its {} is not finite (loss {}, grad norm "
         "{}); batch {} ({} groups) not trained and not committed; policy "
@@ -409,13 +334,7 @@ absl::Status Trainer::TrainOnce() {
     stats.policy_version = grpo_->policy_version();
   }
   unacknowledged_step_ = false;
-  policy_version_.Set(static_cast<double>(stats.policy_version));
-  trained_tokens_.Increment(static_cast<double>(stats.trained_tokens));
-  loss_.Set(stats.loss.loss);
-  reward_mean_.Set(stats.reward_mean);
-  step_seconds_.Observe(stats.step_seconds);
-  step_metrics_.Record(stats);
-  for (int64_t s : stats.staleness) staleness_.Observe(static_cast<double>(s));
+  metrics_.RecordStep(stats);
   Log()->info(
       "version {}: batch {}, {} groups ({} uniform, {} of them dropped), {} "
       "tokens ({} completions with zero advantage not forwarded), reward "
@@ -426,26 +345,26 @@ absl::Status Trainer::TrainOnce() {
       stats.skipped_sequences, stats.reward_mean, stats.loss.loss,
       stats.loss.clip_fraction, stats.loss.kl_mean, stats.grad_norm, stats.lr,
       stats.step_seconds);
-  absl::MutexLock lock(&mu_);
-  status_.set_step(status_.step() + 1);
-  status_.set_policy_version(stats.policy_version);
-  status_.set_trained_tokens_total(status_.trained_tokens_total() +
-                                   stats.trained_tokens);
-  status_.set_last_loss(stats.loss.loss);
-  status_.set_last_reward_mean(stats.reward_mean);
-  status_.set_last_step_seconds(stats.step_seconds);
-  status_.set_tokens_per_second(TrainerStepMetrics::TokensPerSecond(stats));
-  if (!stats.staleness.empty()) {
-    int64_t sum = 0;
-    int64_t max = 0;
-    for (int64_t s : stats.staleness) {
-      sum += s;
-      max = std::max(max, s);
+  status_.Update([&](tandem::v1::TrainerStatus& s) {
+    s.set_step(s.step() + 1);
+    s.set_policy_version(stats.policy_version);
+    s.set_trained_tokens_total(s.trained_tokens_total() + stats.trained_tokens);
+    s.set_last_loss(stats.loss.loss);
+    s.set_last_reward_mean(stats.reward_mean);
+    s.set_last_step_seconds(stats.step_seconds);
+    s.set_tokens_per_second(TrainerStepMetrics::TokensPerSecond(stats));
+    if (!stats.staleness.empty()) {
+      int64_t sum = 0;
+      int64_t max = 0;
+      for (int64_t s : stats.staleness) {
+        sum += s;
+        max = std::max(max, s);
+      }
+      s.set_last_mean_staleness(static_cast<double>(sum) /
+                                static_cast<double>(stats.staleness.size()));
+      s.set_last_max_staleness(static_cast<uint64_t>(max));
     }
-    status_.set_last_mean_staleness(
-        static_cast<double>(sum) / static_cast<double>(stats.staleness.size()));
-    status_.set_last_max_staleness(static_cast<uint64_t>(max));
-  }
+  });
   return absl::OkStatus();
 }
 
@@ -498,8 +417,7 @@ void Trainer::MaybeEvaluate(bool initial) {
                 result.status().ToString());
     return;
   }
-  heldout_accuracy_.Set(result->accuracy());
-  heldout_version_.Set(static_cast<double>(version));
+  metrics_.RecordHeldout(result->accuracy(), version);
   recent_heldout_.push_back(result->accuracy());
   while (recent_heldout_.size() > kHeldoutSmoothingWindow) {
     recent_heldout_.pop_front();
@@ -532,25 +450,26 @@ void Trainer::MaybeEvaluate(bool initial) {
     }
     best = best_policy_->best();
   }
-  absl::MutexLock lock(&mu_);
-  status_.set_heldout_smoothed_accuracy(smoothed);
-  status_.set_heldout_smoothed_window(
-      static_cast<uint32_t>(recent_heldout_.size()));
-  if (best.has_value()) {
-    status_.set_heldout_best_accuracy(best->accuracy);
-    status_.set_heldout_best_policy_version(best->policy_version);
-    status_.set_heldout_best_path(
-        (std::filesystem::path(config_.checkpoint_dir) / kBestPolicyLink)
-            .string());
-  }
-  if (!status_.heldout_evaluated()) {
-    status_.set_initial_heldout_accuracy(result->accuracy());
-    status_.set_initial_heldout_policy_version(version);
-  }
-  status_.set_heldout_evaluated(true);
-  status_.set_heldout_accuracy(result->accuracy());
-  status_.set_heldout_policy_version(version);
-  status_.set_heldout_problems(static_cast<uint32_t>(result->total));
+  status_.Update([&](tandem::v1::TrainerStatus& s) {
+    s.set_heldout_smoothed_accuracy(smoothed);
+    s.set_heldout_smoothed_window(
+        static_cast<uint32_t>(recent_heldout_.size()));
+    if (best.has_value()) {
+      s.set_heldout_best_accuracy(best->accuracy);
+      s.set_heldout_best_policy_version(best->policy_version);
+      s.set_heldout_best_path(
+          (std::filesystem::path(config_.checkpoint_dir) / kBestPolicyLink)
+              .string());
+    }
+    if (!s.heldout_evaluated()) {
+      s.set_initial_heldout_accuracy(result->accuracy());
+      s.set_initial_heldout_policy_version(version);
+    }
+    s.set_heldout_evaluated(true);
+    s.set_heldout_accuracy(result->accuracy());
+    s.set_heldout_policy_version(version);
+    s.set_heldout_problems(static_cast<uint32_t>(result->total));
+  });
 }
 
 void Trainer::TrainingLoop() {
@@ -571,46 +490,10 @@ void Trainer::TrainingLoop() {
   }
 }
 
-grpc::ServerUnaryReactor* Trainer::GetStatus(
-    grpc::CallbackServerContext* context,
-    const tandem::v1::GetTrainerStatusRequest* request,
-    tandem::v1::TrainerStatus* response) {
-  {
-    absl::MutexLock lock(&mu_);
-    *response = status_;
-  }
-  response->set_member_id(member_->session().member_id());
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
-}
-
-grpc::ServerUnaryReactor* Trainer::SaveCheckpoint(
-    grpc::CallbackServerContext* context,
-    const tandem::v1::SaveCheckpointRequest* request,
-    tandem::v1::SaveCheckpointResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  {
-    // The training thread owns the GrpoTrainer: it writes the checkpoint
-    // between steps and finishes the call (ServeCheckpointRequests).
-    absl::MutexLock lock(&checkpoint_mu_);
-    if (accepting_checkpoint_requests_) {
-      checkpoint_requests_.push_back({reactor, response});
-      return reactor;
-    }
-  }
-  reactor->Finish(grpc::Status(
-      config_.train ? grpc::StatusCode::UNAVAILABLE
-                    : grpc::StatusCode::FAILED_PRECONDITION,
-      config_.train ? "the trainer is stopping"
-                    : "training is disabled (training.enabled: false): "
-                      "nothing to checkpoint"));
-  return reactor;
-}
-
 void Trainer::RecordCheckpoint(const WrittenCheckpoint& written) {
-  absl::MutexLock lock(&mu_);
-  status_.set_last_checkpoint(written.path);
+  status_.Update([&](tandem::v1::TrainerStatus& s) {
+    s.set_last_checkpoint(written.path);
+  });
 }
 
 absl::Status Trainer::MaybeCheckpoint() {
@@ -621,11 +504,8 @@ absl::Status Trainer::MaybeCheckpoint() {
 }
 
 void Trainer::ServeCheckpointRequests() {
-  std::vector<CheckpointRequest> requests;
-  {
-    absl::MutexLock lock(&checkpoint_mu_);
-    requests.swap(checkpoint_requests_);
-  }
+  std::vector<CheckpointRequestQueue::Request> requests =
+      checkpoint_requests_.TakeAll();
   if (requests.empty()) return;
   absl::StatusOr<WrittenCheckpoint> written = absl::UnavailableError(
       absl::StrCat("version ", grpo_->policy_version(),
@@ -635,7 +515,7 @@ void Trainer::ServeCheckpointRequests() {
     written = checkpoints_->Save(*grpo_, "requested by the SaveCheckpoint RPC");
   }
   if (written.ok()) RecordCheckpoint(*written);
-  for (CheckpointRequest& r : requests) {
+  for (CheckpointRequestQueue::Request& r : requests) {
     if (written.ok()) {
       r.response->set_path(written->path);
       r.response->set_step(static_cast<uint64_t>(written->step));
@@ -670,10 +550,7 @@ void Trainer::StopWithin(absl::Duration broadcast_drain) {
   if (grpo_ != nullptr && checkpoints_ != nullptr) {
     // The training thread has stopped: checkpoint what it trained, then
     // answer SaveCheckpoint calls that arrived meanwhile.
-    {
-      absl::MutexLock lock(&checkpoint_mu_);
-      accepting_checkpoint_requests_ = false;
-    }
+    checkpoint_requests_.SetAccepting(false);
     absl::StatusOr<std::optional<WrittenCheckpoint>> written =
         std::optional<WrittenCheckpoint>();
     if (unacknowledged_step_) {

@@ -37,16 +37,21 @@
 #include "services/trainer/rl/grpo_trainer.h"
 #include "services/trainer/trainer_config.h"
 #include "services/trainer/trainer_metrics.h"
+#include "services/trainer/trainer_service.h"
 #include "services/trainer/weight_publisher.h"
 #include "tandem/v1/trainer.grpc.pb.h"
 
 namespace tandem::trainer {
 
-class Trainer : public tandem::v1::Trainer::CallbackService {
+// The trainer daemon: owns the policy, the training thread (pull, step,
+// publish, checkpoint, evaluate), the weight store and server, the
+// WeightPublisher and the gRPC service (TrainerService), and stops them in
+// order.
+class Trainer {
  public:
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(
       const TrainerConfig& config);
-  ~Trainer() override;
+  ~Trainer();
 
   absl::Status Start();
   // Stops within `deadline` (drain_timeout_ms): a weight broadcast under way
@@ -54,18 +59,6 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
   // aborted; every thread is joined.
   void GracefulStop(absl::Duration deadline);
   void Stop();
-
-  // tandem.v1.Trainer
-  grpc::ServerUnaryReactor* GetStatus(
-      grpc::CallbackServerContext* context,
-      const tandem::v1::GetTrainerStatusRequest* request,
-      tandem::v1::TrainerStatus* response) override;
-  // Writes a checkpoint between two steps (on the training thread) and
-  // answers with its path; FAILED_PRECONDITION when training is disabled.
-  grpc::ServerUnaryReactor* SaveCheckpoint(
-      grpc::CallbackServerContext* context,
-      const tandem::v1::SaveCheckpointRequest* request,
-      tandem::v1::SaveCheckpointResponse* response) override;
 
   // Test hooks, usable without Start() and without a coordinator: one
   // training step on `groups` whose new version is stored for the weight
@@ -122,19 +115,7 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
 
   const TrainerConfig config_;
   std::shared_ptr<prometheus::Registry> registry_;
-  prometheus::Gauge& policy_version_;
-  prometheus::Counter& trained_tokens_;
-  prometheus::Gauge& loss_;
-  prometheus::Gauge& reward_mean_;
-  prometheus::Histogram& step_seconds_;
-  prometheus::Histogram& staleness_;
-  prometheus::Gauge& heldout_accuracy_;
-  prometheus::Gauge& heldout_version_;
-  prometheus::Counter* publish_retries_ = nullptr;
-  prometheus::Counter* publishes_refused_ = nullptr;
-  prometheus::Gauge* resume_groups_requeued_ = nullptr;
-  prometheus::Gauge* resume_groups_lost_ = nullptr;
-  TrainerStepMetrics step_metrics_;
+  TrainerMetrics metrics_;
   std::unique_ptr<HeldoutEvaluator> evaluator_;
   model::WeightDType publish_dtype_ = model::WeightDType::kFloat32;
   int64_t last_evaluated_version_ = -1;  // training thread only
@@ -152,14 +133,11 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
   // trainer stopped while retrying): it must not be checkpointed. Written
   // by the training thread, read by Stop() after joining it.
   bool unacknowledged_step_ = false;
-  struct CheckpointRequest {
-    grpc::ServerUnaryReactor* reactor;
-    tandem::v1::SaveCheckpointResponse* response;
-  };
-  absl::Mutex checkpoint_mu_;
-  std::vector<CheckpointRequest> checkpoint_requests_
-      ABSL_GUARDED_BY(checkpoint_mu_);
-  bool accepting_checkpoint_requests_ ABSL_GUARDED_BY(checkpoint_mu_) = false;
+  // SaveCheckpoint calls for the training thread; the status it keeps
+  // current; the gRPC service that reads both.
+  CheckpointRequestQueue checkpoint_requests_;
+  TrainerStatusBoard status_;
+  std::unique_ptr<TrainerService> service_;
   std::unique_ptr<weights::FlatWeightLayout> layout_;
   // Full anchor or sparse delta per version (training thread only).
   std::optional<weights::DeltaPublisher> delta_publisher_;
@@ -177,9 +155,6 @@ class Trainer : public tandem::v1::Trainer::CallbackService {
   std::thread training_thread_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> stopped_{false};
-
-  absl::Mutex mu_;
-  tandem::v1::TrainerStatus status_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::trainer

@@ -106,4 +106,100 @@ void TrainerStepMetrics::Record(const GrpoStepStats& stats) {
   uniform_dropped_.Increment(static_cast<double>(stats.dropped_uniform_groups));
 }
 
+TrainerMetrics::TrainerMetrics(prometheus::Registry& registry)
+    : policy_version(prometheus::BuildGauge()
+                         .Name("tandem_policy_version")
+                         .Help("Policy version of the trainer's weights.")
+                         .Register(registry)
+                         .Add({})),
+      publish_retries(prometheus::BuildCounter()
+                          .Name("tandem_trainer_publish_retries_total")
+                          .Help("PublishPolicyVersion calls sent again "
+                                "after a transport error (the coordinator "
+                                "unreachable or restarting).")
+                          .Register(registry)
+                          .Add({})),
+      publishes_refused(
+          prometheus::BuildCounter()
+              .Name("tandem_trainer_publishes_refused_total")
+              .Help("Versions the coordinator refused (the trainer then "
+                    "adopted the coordinator's numbering).")
+              .Register(registry)
+              .Add({})),
+      resume_groups_requeued(
+          prometheus::BuildGauge()
+              .Name("tandem_trainer_resume_groups_requeued")
+              .Help("At this trainer's start: groups trained after the "
+                    "checkpoint it resumed from, queued again.")
+              .Register(registry)
+              .Add({})),
+      resume_groups_lost(
+          prometheus::BuildGauge()
+              .Name("tandem_trainer_resume_groups_lost")
+              .Help("At this trainer's start: groups trained after the "
+                    "checkpoint it resumed from and too stale to train "
+                    "again (lost from the weights).")
+              .Register(registry)
+              .Add({})),
+      step(registry),
+      trained_tokens_(prometheus::BuildCounter()
+                          .Name("tandem_trainer_trained_tokens_total")
+                          .Help("Completion tokens trained on.")
+                          .Register(registry)
+                          .Add({})),
+      loss_(prometheus::BuildGauge()
+                .Name("tandem_trainer_loss")
+                .Help("Policy loss of the last step.")
+                .Register(registry)
+                .Add({})),
+      reward_mean_(prometheus::BuildGauge()
+                       .Name("tandem_trainer_reward_mean")
+                       .Help("Mean reward of the last trained batch.")
+                       .Register(registry)
+                       .Add({})),
+      step_seconds_(
+          prometheus::BuildHistogram()
+              .Name("tandem_trainer_step_seconds")
+              .Help("Duration of one optimizer step.")
+              .Register(registry)
+              .Add({},
+                   prometheus::Histogram::BucketBoundaries{
+                       0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30})),
+      staleness_(
+          prometheus::BuildHistogram()
+              .Name("tandem_trainer_staleness_versions")
+              .Help("Versions between the trainer and the oldest "
+                    "token of each trained sample.")
+              .Register(registry)
+              .Add({}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 3, 4, 6,
+                                                               8, 16})),
+      heldout_accuracy_(
+          prometheus::BuildGauge()
+              .Name("tandem_trainer_heldout_accuracy")
+              .Help("Greedy exact-match accuracy on the built-in task's "
+                    "held-out problems at the last evaluation (eval.*).")
+              .Register(registry)
+              .Add({})),
+      heldout_version_(prometheus::BuildGauge()
+                           .Name("tandem_trainer_heldout_policy_version")
+                           .Help("Policy version of the last held-out "
+                                 "evaluation.")
+                           .Register(registry)
+                           .Add({})) {}
+
+void TrainerMetrics::RecordStep(const GrpoStepStats& stats) {
+  policy_version.Set(static_cast<double>(stats.policy_version));
+  trained_tokens_.Increment(static_cast<double>(stats.trained_tokens));
+  loss_.Set(stats.loss.loss);
+  reward_mean_.Set(stats.reward_mean);
+  step_seconds_.Observe(stats.step_seconds);
+  step.Record(stats);
+  for (int64_t s : stats.staleness) staleness_.Observe(static_cast<double>(s));
+}
+
+void TrainerMetrics::RecordHeldout(double accuracy, uint64_t version) {
+  heldout_accuracy_.Set(accuracy);
+  heldout_version_.Set(static_cast<double>(version));
+}
+
 }  // namespace tandem::trainer

@@ -1,12 +1,15 @@
 #pragma once
 
-// Metric families of one optimizer step of the trainer daemon (the
-// GrpoStepStats a GrpoTrainer returns). Gauges hold the last step's value.
-// Thread-safe as the prometheus-cpp metrics it holds.
+// The trainer daemon's metric families, declared once here: TrainerMetrics
+// (versions, trained tokens, loss and reward, step time, staleness, held-out
+// accuracy, the publish protocol and resumes) holds TrainerStepMetrics (the
+// rest of one optimizer step's GrpoStepStats). Gauges hold the last step's
+// value. Thread-safe as the prometheus-cpp metrics they hold.
 
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "services/trainer/rl/grpo_trainer.h"
 
@@ -47,6 +50,38 @@ class TrainerStepMetrics {
   prometheus::Family<prometheus::Counter>& uniform_groups_;
   prometheus::Counter& uniform_trained_;
   prometheus::Counter& uniform_dropped_;
+};
+
+class TrainerMetrics {
+ public:
+  // Registers the families in `registry`, which must outlive this object.
+  explicit TrainerMetrics(prometheus::Registry& registry);
+
+  // A step whose version the coordinator acknowledged: the version, tokens,
+  // loss, reward, step time, staleness and the step's own families.
+  void RecordStep(const GrpoStepStats& stats);
+  // A held-out evaluation of `version`.
+  void RecordHeldout(double accuracy, uint64_t version);
+
+  prometheus::Gauge& policy_version;
+  // PublishPolicyVersion calls sent again after a transport error; versions
+  // the coordinator refused.
+  prometheus::Counter& publish_retries;
+  prometheus::Counter& publishes_refused;
+  // At the trainer's start (ResumeTraining): groups trained after the
+  // checkpoint it resumed from, queued again or lost.
+  prometheus::Gauge& resume_groups_requeued;
+  prometheus::Gauge& resume_groups_lost;
+  TrainerStepMetrics step;
+
+ private:
+  prometheus::Counter& trained_tokens_;
+  prometheus::Gauge& loss_;
+  prometheus::Gauge& reward_mean_;
+  prometheus::Histogram& step_seconds_;
+  prometheus::Histogram& staleness_;
+  prometheus::Gauge& heldout_accuracy_;
+  prometheus::Gauge& heldout_version_;
 };
 
 }  // namespace tandem::trainer

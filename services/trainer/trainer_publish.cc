@@ -126,7 +126,7 @@ absl::Status Trainer::Publish(uint64_t version, const std::string& batch_id) {
           "stopping with version ", version, " (batch ", batch_id,
           ") not acknowledged by the coordinator: ", status.error_message()));
     }
-    publish_retries_->Increment();
+    metrics_.publish_retries.Increment();
     if (attempt == 0 || attempt % 20 == 0) {
       Log()->warn(
           "publishing version {} (batch {}) failed: {}; retrying the same "
@@ -144,7 +144,7 @@ absl::Status Trainer::Publish(uint64_t version, const std::string& batch_id) {
 }
 
 absl::Status Trainer::AdoptCoordinatorVersion(const absl::Status& refusal) {
-  publishes_refused_->Increment();
+  metrics_.publishes_refused.Increment();
   const uint64_t ours = grpo_->policy_version();
   // The coordinator's latest version, as its heartbeat answers report it.
   const uint64_t theirs = member_->session().cluster_policy_version();
@@ -179,8 +179,8 @@ bool Trainer::ReconcileVersionOnce() {
     return false;
   }
   version_reconciled_ = true;
-  resume_groups_requeued_->Set(response.groups_requeued());
-  resume_groups_lost_->Set(response.groups_lost());
+  metrics_.resume_groups_requeued.Set(response.groups_requeued());
+  metrics_.resume_groups_lost.Set(response.groups_lost());
   if (response.groups_requeued() + response.groups_lost() > 0) {
     Log()->warn(
         "resuming at policy version {} while the coordinator is at {}: {} "
@@ -191,8 +191,9 @@ bool Trainer::ReconcileVersionOnce() {
   }
   checkpoints_->ReconcileVersion(response.policy_version(), resumed_,
                                  grpo_.get());
-  absl::MutexLock lock(&mu_);
-  status_.set_policy_version(grpo_->policy_version());
+  status_.Update([&](tandem::v1::TrainerStatus& s) {
+    s.set_policy_version(grpo_->policy_version());
+  });
   return true;
 }
 

@@ -145,16 +145,12 @@ def make_samples(lease, worker_id, correct=lambda index: index % 2 == 0,
 
 
 def pull_groups(client, trainer_id, want, version=0, timeout=20):
-    """Pulls until `want` groups arrived; returns [(batch_id, group)]. Every
-    pull asks for `want` groups, as a trainer asks for its batch size each
-    time: the coordinator takes the last pull's max_groups as the groups
-    trained per version, which bounds the groups it dispatches (max_lag
-    versions' worth), and a pull is answered as soon as a group is ready."""
+    """Pulls until `want` groups arrived; returns [(batch_id, group)]."""
     got = []
     deadline = time.monotonic() + timeout
     while len(got) < want and time.monotonic() < deadline:
         response = client.call("PullTrainingBatch", pb.PullTrainingBatchRequest(
-            member_id=trainer_id, max_groups=want,
+            member_id=trainer_id, max_groups=want - len(got),
             trainer_policy_version=version, wait_ms=1000), timeout=5)
         got += [(response.batch_id, g) for g in response.groups]
     return got
@@ -186,7 +182,7 @@ class CoordinatorWorkTest(unittest.TestCase):
             f.write(f"""heartbeat_interval_ms: {HEARTBEAT_MS}
 heartbeat_timeout_ms: {HEARTBEAT_TIMEOUT_MS}
 group_size: {GROUP_SIZE}
-max_lag: 2
+max_lag: 4
 lease_timeout_ms: 30000
 dataset:
   kind: builtin_arith
@@ -353,6 +349,10 @@ scoring:
             trainer.close()
 
     def test_2_killed_worker_leases_are_re_leased_and_trained_once(self):
+        # The coordinator dispatches at most max_lag versions' worth of
+        # groups, a version being the last pull's max_groups: test 1's last
+        # pull may have asked for 1 (its pulls are answered at the first
+        # ready group), so max_lag is 4 for the victim's 4 leases.
         trainer = Member(self.client, common.ROLE_TRAINER)
         worker_b = Member(self.client, common.ROLE_ROLLOUT)
         child = subprocess.Popen(

@@ -2,5 +2,5 @@
 # (services/trainer/checkpoint*).
 tandem_add_test(trainer_checkpoint_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/trainer_checkpoint_test.cc
-  LIBS tandem_trainer_lib
+  LIBS tandem_trainer_tools
   TIMEOUT 180)

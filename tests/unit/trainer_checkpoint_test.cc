@@ -21,7 +21,7 @@
 #include "common/model/model_weights.h"
 #include "prometheus/registry.h"
 #include "services/trainer/checkpoint.h"
-#include "services/trainer/checkpoint_export.h"
+#include "services/trainer/tools/checkpoint_export.h"
 #include "services/trainer/checkpoint_manager.h"
 #include "services/trainer/rl/grpo_trainer.h"
 #include "tests/unit/model_test_util.h"

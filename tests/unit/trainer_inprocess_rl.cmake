@@ -2,5 +2,5 @@
 # warm start, then a few hundred RL steps; the slowest unit test (minutes).
 tandem_add_test(trainer_inprocess_rl_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/trainer_inprocess_rl_test.cc
-  LIBS tandem_trainer_lib
+  LIBS tandem_trainer_tools
   TIMEOUT 1200)

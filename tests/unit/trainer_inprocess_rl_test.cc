@@ -14,8 +14,8 @@
 #include <filesystem>
 #include <string>
 
-#include "services/trainer/inprocess_rl.h"
-#include "services/trainer/sft/sft_trainer.h"
+#include "services/trainer/tools/inprocess_rl.h"
+#include "services/trainer/tools/sft/sft_trainer.h"
 
 namespace tandem::trainer {
 namespace {

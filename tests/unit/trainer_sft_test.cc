@@ -12,9 +12,9 @@
 #include "common/model/hf_checkpoint.h"
 #include "common/task/arith_task.h"
 #include "common/task/arith_tokenizer.h"
-#include "services/trainer/sft/sft_data.h"
-#include "services/trainer/sft/sft_eval.h"
-#include "services/trainer/sft/sft_trainer.h"
+#include "services/trainer/tools/sft/sft_data.h"
+#include "services/trainer/tools/sft/sft_eval.h"
+#include "services/trainer/tools/sft/sft_trainer.h"
 
 namespace tandem::trainer::sft {
 namespace {

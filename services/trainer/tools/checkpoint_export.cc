@@ -1,4 +1,4 @@
-#include "services/trainer/checkpoint_export.h"
+#include "services/trainer/tools/checkpoint_export.h"
 
 #include <filesystem>
 #include <iostream>

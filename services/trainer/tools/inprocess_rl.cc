@@ -1,4 +1,4 @@
-#include "services/trainer/inprocess_rl.h"
+#include "services/trainer/tools/inprocess_rl.h"
 
 #include <cstdio>
 #include <memory>
@@ -15,7 +15,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "engine/engine.h"
 #include "engine/torch_engine_model.h"
-#include "services/trainer/sft/sft_eval.h"
+#include "services/trainer/tools/sft/sft_eval.h"
 
 namespace tandem::trainer {
 namespace {

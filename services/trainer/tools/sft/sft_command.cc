@@ -1,4 +1,4 @@
-#include "services/trainer/sft/sft_command.h"
+#include "services/trainer/tools/sft/sft_command.h"
 
 #include <cmath>
 #include <cstdio>
@@ -7,7 +7,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
-#include "services/trainer/sft/sft_trainer.h"
+#include "services/trainer/tools/sft/sft_trainer.h"
 
 namespace tandem::trainer::sft {
 

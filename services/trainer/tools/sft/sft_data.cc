@@ -1,4 +1,4 @@
-#include "services/trainer/sft/sft_data.h"
+#include "services/trainer/tools/sft/sft_data.h"
 
 #include <torch/torch.h>
 

@@ -1,4 +1,4 @@
-#include "services/trainer/sft/sft_eval.h"
+#include "services/trainer/tools/sft/sft_eval.h"
 
 #include <torch/torch.h>
 
@@ -11,7 +11,7 @@
 #include "common/model/kv_cache.h"
 #include "common/model/torch_status.h"
 #include "common/task/arith_tokenizer.h"
-#include "services/trainer/sft/sft_data.h"
+#include "services/trainer/tools/sft/sft_data.h"
 
 namespace tandem::trainer::sft {
 namespace {

@@ -1,4 +1,4 @@
-#include "services/trainer/sft/sft_trainer.h"
+#include "services/trainer/tools/sft/sft_trainer.h"
 
 #include <torch/torch.h>
 
@@ -24,8 +24,8 @@
 #include "common/task/arith_task.h"
 #include "common/task/arith_tokenizer.h"
 #include "nlohmann/json.hpp"
-#include "services/trainer/sft/sft_data.h"
-#include "services/trainer/sft/sft_eval.h"
+#include "services/trainer/tools/sft/sft_data.h"
+#include "services/trainer/tools/sft/sft_eval.h"
 
 namespace tandem::trainer::sft {
 namespace {

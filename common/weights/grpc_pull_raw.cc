@@ -1,0 +1,367 @@
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+#include "common/weights/grpc_pull_receiver.h"
+#include "common/weights/grpc_pull_receiver_internal.h"
+#include "common/weights/shared_weight_segment.h"
+#include "common/weights/weight_server.h"
+#include "kernels/crc32c.h"
+
+// GrpcPullReceiver's two data paths that bypass gRPC for the bytes: the raw
+// TCP stream from the weight server's data port, and the copy out of a
+// shared-memory segment on the same host (grpc_pull_receiver.cc has the
+// planning, the long poll and the gRPC stream).
+
+namespace tandem::weights {
+namespace {
+
+using pull_internal::CancelledStatus;
+using pull_internal::IsFull;
+using pull_internal::kRawPieceBytes;
+using pull_internal::ResumeRequest;
+
+// Milliseconds to wait in one poll: until `deadline`, at most 200 ms so
+// cancellation is noticed.
+int PollMillis(absl::Time deadline) {
+  const absl::Duration left = deadline - absl::Now();
+  return static_cast<int>(
+      std::clamp<int64_t>(absl::ToInt64Milliseconds(left) + 1, 0, 200));
+}
+
+// Connects to host:port before `deadline` (at most 5 s); -1 with errno set
+// when it cannot.
+int ConnectWithin(const std::string& host, uint16_t port, absl::Time deadline) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+    errno = EINVAL;
+    return -1;
+  }
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return -1;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    if (errno != EINPROGRESS) {
+      const int e = errno;
+      close(fd);
+      errno = e;
+      return -1;
+    }
+    const absl::Time until = std::min(deadline, absl::Now() + absl::Seconds(5));
+    const int ms = static_cast<int>(
+        std::max<int64_t>(absl::ToInt64Milliseconds(until - absl::Now()), 0));
+    pollfd p{fd, POLLOUT, 0};
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (poll(&p, 1, ms) != 1 ||
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+      close(fd);
+      errno = err != 0 ? err : ETIMEDOUT;
+      return -1;
+    }
+  }
+  const int flags = fcntl(fd, F_GETFL);
+  fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return fd;
+}
+
+}  // namespace
+
+absl::Status GrpcPullReceiver::RawRead(int fd, void* dst, size_t n,
+                                       absl::Time deadline) {
+  auto* p = static_cast<uint8_t*>(dst);
+  while (n > 0) {
+    if (cancelled()) return CancelledStatus();
+    const int ms = PollMillis(deadline);
+    if (ms == 0) {
+      return absl::DeadlineExceededError(
+          "raw weight stream: deadline passed while reading");
+    }
+    pollfd pfd{fd, POLLIN, 0};
+    const int ready = poll(&pfd, 1, ms);
+    if (ready < 0 && errno != EINTR) {
+      return absl::UnavailableError(
+          absl::StrCat("raw weight stream: poll: ", std::strerror(errno)));
+    }
+    if (ready <= 0) continue;
+    const ssize_t got = recv(fd, p, n, 0);
+    if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (got <= 0) {
+      if (cancelled()) return CancelledStatus();
+      return absl::UnavailableError(absl::StrCat(
+          "raw weight stream: ",
+          got == 0 ? "connection closed early" : std::strerror(errno)));
+    }
+    p += got;
+    n -= static_cast<size_t>(got);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GrpcPullReceiver::ReadRawStream(
+    StagingWeights* staging, const v1::WeightManifest& manifest,
+    absl::Time deadline, uint32_t* bucket, uint64_t* offset,
+    std::vector<uint8_t>* delta,
+    std::optional<v1::SharedWeightSegment>* segment, bool* connected) {
+  *connected = false;
+  std::string host;
+  uint16_t port = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    host = data_host_;
+    port = data_port_;
+  }
+  if (port == 0) return absl::OkStatus();
+  const int fd = ConnectWithin(host, port, deadline);
+  if (fd < 0) {
+    // Not reachable from here (e.g. bound to the trainer's loopback):
+    // FetchWeights carries this and later streams of the version.
+    absl::MutexLock lock(&mu_);
+    data_port_ = 0;
+    return absl::OkStatus();
+  }
+  *connected = true;
+  {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_) {
+      close(fd);
+      return CancelledStatus();
+    }
+    active_fd_ = fd;
+    ++stats_.raw_streams;
+  }
+  absl::Status result = [&]() -> absl::Status {
+    v1::FetchWeightsRequest request =
+        ResumeRequest(manifest, *bucket, *offset, options_.raw_chunk_bytes);
+    request.set_shared_memory(segment != nullptr);
+    const std::string serialized = request.SerializeAsString();
+    std::string out(8, '\0');
+    const uint32_t head[2] = {kRawMagic,
+                              static_cast<uint32_t>(serialized.size())};
+    std::memcpy(out.data(), head, sizeof(head));
+    out += serialized;
+    if (send(fd, out.data(), out.size(), MSG_NOSIGNAL) !=
+        static_cast<ssize_t>(out.size())) {
+      return absl::UnavailableError(
+          absl::StrCat("raw weight stream: sending the request to ", host, ":",
+                       port, " failed: ", std::strerror(errno)));
+    }
+    uint32_t status[3] = {0, 0, 0};
+    if (absl::Status s = RawRead(fd, status, sizeof(status), deadline);
+        !s.ok()) {
+      return s;
+    }
+    if (status[0] != kRawMagic || status[2] > (1u << 16)) {
+      return absl::UnavailableError(
+          absl::StrCat("raw weight stream from ", host, ":", port,
+                       ": not a weight data server (bad magic)"));
+    }
+    if (status[1] != 0) {
+      std::string message(status[2], '\0');
+      if (absl::Status s =
+              RawRead(fd, message.data(), message.size(), deadline);
+          !s.ok()) {
+        return s;
+      }
+      return absl::Status(static_cast<absl::StatusCode>(status[1]),
+                          absl::StrCat("FetchWeights (raw): ", message));
+    }
+    const bool full = IsFull(manifest);
+    const uint32_t num_buckets =
+        full ? static_cast<uint32_t>(manifest.buckets_size()) : 1;
+    absl::Span<uint8_t> dst;  // the current bucket in staging (FULL)
+    while (*bucket < num_buckets) {
+      RawChunkHeader h{};
+      if (absl::Status s = RawRead(fd, &h, sizeof(h), deadline); !s.ok()) {
+        return s;
+      }
+      if (h.flags & kRawEnd) {
+        return absl::UnavailableError("raw weight stream ended early");
+      }
+      if (h.flags & kRawSharedSegment) {
+        std::string m(std::min<uint32_t>(h.size, 1u << 16), '\0');
+        if (segment == nullptr || h.size != m.size()) {
+          return absl::AbortedError(
+              absl::StrCat("weights v", manifest.policy_version(),
+                           ": unexpected shared-memory segment offer"));
+        }
+        if (absl::Status s = RawRead(fd, m.data(), m.size(), deadline);
+            !s.ok()) {
+          return s;
+        }
+        v1::SharedWeightSegment offer;
+        if (kernels::Crc32c(m.data(), m.size()) != h.crc32c ||
+            !offer.ParseFromString(m)) {
+          return absl::AbortedError(
+              absl::StrCat("weights v", manifest.policy_version(),
+                           ": garbled shared-memory segment offer"));
+        }
+        *segment = std::move(offer);
+        return absl::OkStatus();
+      }
+      const uint64_t bucket_size =
+          full ? manifest.buckets(static_cast<int>(*bucket)).byte_size()
+               : manifest.total_bytes();
+      // An encoded delta is far smaller than the full buffer; the bound
+      // only keeps a confused server from making us allocate without limit.
+      const uint64_t delta_limit = 2 * manifest.total_bytes() + (1u << 20);
+      if (h.bucket != *bucket || h.offset != *offset ||
+          (full && h.size > bucket_size - *offset) ||
+          (!full && *offset + h.size > delta_limit)) {
+        // Aborted (not DataLoss): the stream is retried from the resume
+        // point.
+        return absl::AbortedError(absl::StrCat(
+            "weights v", manifest.policy_version(), ": raw chunk at (bucket ",
+            h.bucket, ", offset ", h.offset, ", ", h.size,
+            " bytes), expected (", *bucket, ", ", *offset, ")"));
+      }
+      uint8_t* into = nullptr;
+      if (full) {
+        if (dst.empty()) {
+          absl::StatusOr<absl::Span<uint8_t>> b =
+              staging->MutableBucket(*bucket);
+          if (!b.ok()) return b.status();
+          dst = *b;
+        }
+        into = dst.data() + *offset;
+      } else {
+        delta->resize(*offset + h.size);
+        into = delta->data() + *offset;
+      }
+      // A whole bucket is verified once, by FinishBucket below, against
+      // the manifest; it is read in pieces, each checksummed while still in
+      // cache, so FinishBucket has nothing left to read.
+      const bool whole_bucket = full && *offset == 0 && h.size == bucket_size;
+      const uint64_t piece = whole_bucket ? kRawPieceBytes : h.size;
+      uint64_t k = 0;
+      do {
+        const uint64_t n = std::min(piece, h.size - k);
+        if (absl::Status s = RawRead(fd, into + k, n, deadline); !s.ok()) {
+          if (!full) delta->resize(*offset);
+          return s;
+        }
+        if (whole_bucket) {
+          if (absl::Status s = staging->ChecksumBucketPiece(*bucket, k, n);
+              !s.ok()) {
+            return s;
+          }
+        }
+        k += n;
+      } while (k < h.size);
+      if (!whole_bucket && kernels::Crc32c(into, h.size) != h.crc32c) {
+        if (!full) delta->resize(*offset);
+        absl::MutexLock lock(&mu_);
+        ++stats_.chunk_crc_errors;
+        return absl::AbortedError(absl::StrCat(
+            "weights v", manifest.policy_version(), " bucket ", *bucket,
+            " offset ", *offset, ": chunk crc32c mismatch"));
+      }
+      *offset += h.size;
+      {
+        absl::MutexLock lock(&mu_);
+        stats_.bytes += h.size;
+      }
+      if (h.flags & kRawBucketComplete) {
+        if (full) {
+          if (*offset != bucket_size) {
+            return absl::AbortedError(absl::StrCat(
+                "weights v", manifest.policy_version(), " bucket ", *bucket,
+                " complete at ", *offset, " of ", bucket_size, " bytes"));
+          }
+          // A bad bucket means the server's copy is bad: DataLoss, not
+          // retried.
+          if (absl::Status s = staging->FinishBucket(*bucket); !s.ok()) {
+            return s;
+          }
+          dst = {};
+        }
+        ++*bucket;
+        *offset = 0;
+      }
+    }
+    return absl::OkStatus();
+  }();
+  absl::MutexLock lock(&mu_);
+  active_fd_ = -1;
+  close(fd);
+  return result;
+}
+
+absl::Status GrpcPullReceiver::CopySharedSegment(
+    StagingWeights* staging, const v1::WeightManifest& manifest,
+    const v1::SharedWeightSegment& segment, absl::Time deadline,
+    uint32_t* bucket, uint64_t* offset, bool* opened) {
+  *opened = false;
+  absl::StatusOr<std::unique_ptr<MappedWeightSegment>> mapped =
+      MappedWeightSegment::Open(segment.name(), segment.size(), segment.token(),
+                                manifest.policy_version(),
+                                manifest.total_bytes());
+  if (!mapped.ok()) return mapped.status();
+  *opened = true;
+  const absl::Span<const uint8_t> payload = (*mapped)->payload();
+  const auto num_buckets = static_cast<uint32_t>(manifest.buckets_size());
+  while (*bucket < num_buckets) {
+    if (cancelled()) return CancelledStatus();
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          "shared-memory weight copy: deadline passed");
+    }
+    const v1::BucketSpec& b = manifest.buckets(static_cast<int>(*bucket));
+    if (b.byte_offset() + b.byte_size() > payload.size() ||
+        *offset > b.byte_size()) {
+      return absl::DataLossError(
+          absl::StrCat("weights v", manifest.policy_version(), " bucket ",
+                       *bucket, " lies outside the shared-memory segment"));
+    }
+    const absl::Span<const uint8_t> rest =
+        payload.subspan(b.byte_offset() + *offset, b.byte_size() - *offset);
+    // Copied in pieces, each checksummed while still in cache (as on the
+    // raw path), so FinishBucket has nothing left to read; a bucket resumed
+    // mid-way is checksummed whole by FinishBucket.
+    const bool pieces = *offset == 0;
+    for (uint64_t k = 0; k < rest.size();) {
+      const uint64_t n = std::min<uint64_t>(kRawPieceBytes, rest.size() - k);
+      if (absl::Status s = staging->WriteBucketChunk(*bucket, *offset + k,
+                                                     rest.subspan(k, n));
+          !s.ok()) {
+        return s;
+      }
+      if (pieces) {
+        if (absl::Status s = staging->ChecksumBucketPiece(*bucket, k, n);
+            !s.ok()) {
+          return s;
+        }
+      }
+      k += n;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      stats_.bytes += rest.size();
+      stats_.shm_bytes += rest.size();
+    }
+    // A bad bucket means the segment (the server's copy) is bad: DataLoss
+    // rejects the version, as on the socket paths.
+    if (absl::Status s = staging->FinishBucket(*bucket); !s.ok()) return s;
+    ++*bucket;
+    *offset = 0;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tandem::weights
