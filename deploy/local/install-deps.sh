@@ -20,6 +20,8 @@ PACKAGES=(
   libpcre2-dev libutf8proc-dev
   # tests: unit framework, independent gRPC client, real Prometheus server
   catch2 python3 python3-venv python3-grpcio prometheus
+  # memory errors of the trainer's shutdown (tests/valgrind)
+  valgrind
   # the chaos soak's network faults (tests/integration/test_chaos.py --net)
   iproute2 nftables
   # deployment checks: compose file validation (kubectl is preinstalled)
