@@ -445,7 +445,8 @@ def try_async(args):
         where = [l.strip() for l in lines if "/trl/" in l and "File " in l]
         where = re.sub(r'File ".*/site-packages/', "", where[-1]) if where \
             else ""
-        verdict = (f"fails ({where}): {lines[-1] if lines else ''}"
+        error = lines[-1].split(". ")[0] if lines else ""
+        verdict = (f"fails in {where}: {error}"
                    if proc.returncode else "ran 2 steps")
     except subprocess.TimeoutExpired:
         verdict = "no step within 90 s (killed)"
@@ -545,8 +546,9 @@ def write_report(args, rows, stats, start_accuracy, async_verdict):
         else:
             ratio_lines.append(
                 f"- Time for Tandem to reach TRL's final "
-                f"{100 * trl_final:.1f}%: {t:.0f} s (its first saved policy "
-                f"at or above it) / TRL's {trl_time:.0f} s = "
+                f"{100 * trl_final:.1f}%: at most {t:.0f} s (its first "
+                f"policy saved at or above it; policies are saved once a "
+                f"minute) / TRL's {trl_time:.0f} s = at most "
                 f"{t / trl_time:.2f} (target <= 0.33).")
         pairs = list(zip(by["tandem"], by["trl"]))
         ahead = [a["accuracy"] > b["accuracy"] for a, b in pairs]
