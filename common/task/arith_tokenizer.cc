@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
 
 namespace tandem::task {
 namespace {
@@ -60,7 +61,11 @@ std::string ArithTokenizerJson() {
   return json.dump(2) + "\n";
 }
 
-absl::Status WriteArithTokenizer(const std::string& path) {
+namespace {
+
+// Replaces `path` with `text` through a temporary file in its directory.
+absl::Status WriteFileAtomically(const std::string& path,
+                                 const std::string& text) {
   const std::string tmp = absl::StrCat(path, ".tmp");
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
@@ -68,7 +73,7 @@ absl::Status WriteArithTokenizer(const std::string& path) {
       return absl::InternalError(
           absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));
     }
-    out << ArithTokenizerJson();
+    out << text;
     out.flush();
     if (!out) {
       return absl::InternalError(
@@ -80,6 +85,27 @@ absl::Status WriteArithTokenizer(const std::string& path) {
                                             ": ", std::strerror(errno)));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status WriteArithTokenizer(const std::string& path) {
+  return WriteFileAtomically(path, ArithTokenizerJson());
+}
+
+std::string ArithTokenizerConfigJson() {
+  const Json json = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+                     {"bos_token", kArithBosToken},
+                     {"eos_token", kArithEosToken},
+                     {"pad_token", kArithPadToken},
+                     {"clean_up_tokenization_spaces", false}};
+  return json.dump(2) + "\n";
+}
+
+absl::Status WriteArithTokenizerFiles(const std::string& dir) {
+  RETURN_IF_ERROR(WriteArithTokenizer(dir + "/tokenizer.json"));
+  return WriteFileAtomically(dir + "/tokenizer_config.json",
+                             ArithTokenizerConfigJson());
 }
 
 absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> LoadArithTokenizer() {

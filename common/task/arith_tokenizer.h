@@ -33,6 +33,18 @@ std::string ArithTokenizerJson();
 // temporary file in the same directory). Errors name the path.
 absl::Status WriteArithTokenizer(const std::string& path);
 
+// The tokenizer_config.json that goes with it: tokenizer_class
+// PreTrainedTokenizerFast and the roles of the special tokens (bos_token
+// <|bos|>, eos_token <|eos|>, pad_token <|pad|>). Without it `transformers`
+// loads tokenizer.json with no eos or pad token, which generation and
+// padding (e.g. TRL's GRPOTrainer) need.
+std::string ArithTokenizerConfigJson();
+
+// Writes tokenizer.json and tokenizer_config.json into the existing
+// directory `dir`, each replaced atomically. Every Hugging Face directory
+// Tandem writes for the built-in model carries both.
+absl::Status WriteArithTokenizerFiles(const std::string& dir);
+
 // The tokenizer parsed from ArithTokenizerJson().
 absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> LoadArithTokenizer();
 

@@ -7,6 +7,8 @@
 //   tandem-model generate --model DIR --prompt TEXT [--max-tokens N]
 //                         [--temperature T] [--seed S]
 //   tandem-model export --model DIR --output DIR
+//   tandem-model task --split train|heldout [--count N] [--seed S]
+//                     [--digits D] [--subtraction true|false]
 
 #include <fstream>
 #include <iostream>
@@ -14,6 +16,7 @@
 
 #include "CLI/CLI.hpp"
 #include "services/model_tools/model_tools.h"
+#include "services/model_tools/task_export.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -50,6 +53,20 @@ int main(int argc, char** argv) {
                            "Hugging Face model directory (empty: built-in)");
   export_model->add_option("--output", output, "Output directory")->required();
 
+  tandem::model_tools::TaskExportOptions task_options;
+  CLI::App* task = app.add_subcommand(
+      "task",
+      "The built-in arithmetic task's train or held-out problems as JSONL "
+      "({\"prompt\",\"answer\",\"id\"} lines, in stream order)");
+  task->add_option("--split", task_options.split, "train or heldout")
+      ->required();
+  task->add_option("--count", task_options.count, "Problems to write");
+  task->add_option("--seed", task_options.seed,
+                   "Task seed (dataset.seed, eval.seed)");
+  task->add_option("--digits", task_options.digits, "Operand digits");
+  task->add_option("--subtraction", task_options.subtraction,
+                   "Include subtraction problems");
+
   CLI11_PARSE(app, argc, argv);
   auto report = [](const absl::Status& status) {
     if (status.ok()) return 0;
@@ -73,6 +90,9 @@ int main(int argc, char** argv) {
   }
   if (export_model->parsed()) {
     return report(tools::Export(model_dir, output));
+  }
+  if (task->parsed()) {
+    return report(tools::ExportTask(task_options, std::cout));
   }
   return 2;
 }

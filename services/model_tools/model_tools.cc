@@ -119,7 +119,7 @@ absl::Status Export(const std::string& model_dir, const std::string& out_dir) {
   save.tokenizer_dir = model_dir;
   RETURN_IF_ERROR(model::SaveHfModel(*model.decoder->weights(), out_dir, save));
   if (model_dir.empty()) {
-    RETURN_IF_ERROR(task::WriteArithTokenizer(out_dir + "/tokenizer.json"));
+    RETURN_IF_ERROR(task::WriteArithTokenizerFiles(out_dir));
   }
   return absl::OkStatus();
 }

@@ -104,8 +104,7 @@ absl::StatusOr<std::optional<BestPolicy>> BestPolicyKeeper::Offer(
   save.tokenizer_dir = options_.tokenizer_dir;
   RETURN_IF_ERROR(model::SaveHfModel(weights, tmp.string(), save));
   if (options_.builtin_tokenizer) {
-    RETURN_IF_ERROR(
-        task::WriteArithTokenizer((tmp / "tokenizer.json").string()));
+    RETURN_IF_ERROR(task::WriteArithTokenizerFiles(tmp.string()));
   }
   BestPolicy best;
   best.policy_version = result.policy_version;

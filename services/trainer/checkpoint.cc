@@ -269,7 +269,7 @@ absl::StatusOr<WrittenCheckpoint> WriteCheckpoint(
   const std::string hf = (tmp / kCheckpointHfDir).string();
   RETURN_IF_ERROR(model::SaveHfModel(*weights, hf, save));
   if (options.builtin_tokenizer) {
-    RETURN_IF_ERROR(task::WriteArithTokenizer(hf + "/tokenizer.json"));
+    RETURN_IF_ERROR(task::WriteArithTokenizerFiles(hf));
   }
   ASSIGN_OR_RETURN(GrpoTrainerState state, trainer.CaptureState());
   RETURN_IF_ERROR(

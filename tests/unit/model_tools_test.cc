@@ -5,15 +5,20 @@
 // loaded.
 
 #include "services/model_tools/model_tools.h"
+#include "services/model_tools/task_export.h"
 
 #include <ATen/ATen.h>
 
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "common/model/hf_checkpoint.h"
 #include "common/model/model_weights.h"
+#include "common/task/arith_task.h"
 #include "common/task/arith_tokenizer.h"
 #include "tests/unit/model_test_util.h"
 
@@ -119,8 +124,63 @@ TEST_CASE("export of the built-in model writes its tokenizer") {
                        ("tandemctl_export_" + std::to_string(getpid()));
   REQUIRE(Export("", out.string()).ok());
   CHECK(fs::exists(out / "tokenizer.json"));
+  // transformers needs the special tokens' roles (eos, pad) from here.
+  std::ifstream config_file(out / "tokenizer_config.json");
+  REQUIRE(config_file);
+  const nlohmann::json config = nlohmann::json::parse(config_file);
+  CHECK(config["tokenizer_class"] == "PreTrainedTokenizerFast");
+  CHECK(config["bos_token"] == task::kArithBosToken);
+  CHECK(config["eos_token"] == task::kArithEosToken);
+  CHECK(config["pad_token"] == task::kArithPadToken);
   CHECK(LogProbsOf(out.string()) == LogProbsOf(""));
   fs::remove_all(out);
+}
+
+// The lines of `tandem-model task` with these options, parsed.
+std::vector<nlohmann::json> TaskLines(const TaskExportOptions& options) {
+  std::ostringstream out;
+  REQUIRE(ExportTask(options, out).ok());
+  std::vector<nlohmann::json> lines;
+  std::istringstream in(out.str());
+  std::string line;
+  while (std::getline(in, line)) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+TEST_CASE("task exports the problems the trainer evaluates and trains on") {
+  task::ArithTaskOptions task_options;
+  task_options.digits = 3;
+  task_options.subtraction = false;
+  task_options.seed = 7;
+  auto task = task::ArithTask::Create(task_options);
+  REQUIRE(task.ok());
+  for (task::Split split : {task::Split::kHeldOut, task::Split::kTrain}) {
+    TaskExportOptions options;
+    options.split = split == task::Split::kTrain ? "train" : "heldout";
+    options.count = 300;
+    options.seed = 7;
+    const std::vector<nlohmann::json> lines = TaskLines(options);
+    // The held-out evaluator scores Take(kHeldOut, eval.problems); the
+    // coordinator hands out Sample(kTrain, 0), Sample(kTrain, 1), ...
+    const std::vector<task::ArithProblem> want = task->Take(split, 300);
+    REQUIRE(lines.size() == want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      INFO(options.split << " line " << i);
+      CHECK(lines[i]["prompt"] == want[i].prompt);
+      CHECK(lines[i]["answer"] == want[i].answer);
+      CHECK(lines[i]["id"] == want[i].id);
+      CHECK(task->SplitOf(want[i]) == split);
+    }
+  }
+}
+
+TEST_CASE("task names a bad split") {
+  TaskExportOptions options;
+  options.split = "test";
+  std::ostringstream out;
+  const absl::Status status = ExportTask(options, out);
+  CHECK(absl::IsInvalidArgument(status));
+  CHECK(std::string(status.message()).find("'test'") != std::string::npos);
 }
 
 }  // namespace

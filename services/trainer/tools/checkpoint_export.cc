@@ -31,8 +31,7 @@ absl::StatusOr<std::string> ExportCheckpoint(const ExportOptions& options) {
     save.dtype = dtype;
     RETURN_IF_ERROR(
         model::SaveHfModel(*builtin.decoder->weights(), options.output, save));
-    RETURN_IF_ERROR(
-        task::WriteArithTokenizer(options.output + "/tokenizer.json"));
+    RETURN_IF_ERROR(task::WriteArithTokenizerFiles(options.output));
     return builtin.description;
   }
   std::string path = options.checkpoint;

@@ -134,7 +134,7 @@ absl::Status SaveOutputs(const SftOptions& options,
                                   absl::StrCat("sft step ", best.step)));
   const fs::path dir(options.output_dir);
   RETURN_IF_ERROR(model::SaveHfModel(*weights, dir.string()));
-  RETURN_IF_ERROR(task::WriteArithTokenizer((dir / "tokenizer.json").string()));
+  RETURN_IF_ERROR(task::WriteArithTokenizerFiles(dir.string()));
   std::string csv = "step,loss,heldout_accuracy,seconds\n";
   for (const SftCurvePoint& p : result.curve) {
     absl::StrAppendFormat(&csv, "%d,%.6f,%.4f,%.2f\n", p.step, p.loss,
@@ -300,6 +300,9 @@ absl::StatusOr<SftResult> RunSft(
     const std::function<void(const SftCurvePoint&)>& on_eval) {
   RETURN_IF_ERROR(ValidateSftOptions(options));
   if (std::optional<SftResult> cached = CachedResult(options)) {
+    // Caches written before tokenizer_config.json existed get it now, so
+    // that `transformers` finds the special tokens in every cached start.
+    RETURN_IF_ERROR(task::WriteArithTokenizerFiles(options.output_dir));
     return *std::move(cached);
   }
   // A stale meta must not vouch for a half-rewritten directory.
