@@ -31,7 +31,7 @@ Run (from the repository root, after building generate_bench):
   bash tests/bench/peer_engines.sh            # installs the peers, then runs
   python tests/bench/peer_engines.py [--layers 2] [--dtypes float32]
       [--batches 1,8] [--prompt-tokens 32] [--new-tokens 32] [--repeat 2]
-      [--threads 2] [--no-docs]
+      [--threads 2] [--no-docs] [--table-from build/peer_engines/results-24l.json]
 --layers N makes a smaller model of the same width (for trying the script
 out); docs/benchmarks.md is only written for the full 24-layer model.
 """
@@ -405,7 +405,7 @@ def ratio(a, b):
     return a / b if a and b else float("nan")
 
 
-def table(results, args, loads, command):
+def table(results, args, loads, command, started):
     def tps(engine, dtype, case, batch):
         for r in results:
             if (r["engine"], r["dtype"], r["case"], r["batch"]) == (
@@ -414,7 +414,7 @@ def table(results, args, loads, command):
         return None
 
     lines = []
-    lines.append(f"Measured {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC "
+    lines.append(f"Measured {started} UTC "
                  f"on {cpu_name()}, {os.cpu_count()} cores, "
                  f"{args.threads} threads for every engine; "
                  f"prompt {args.prompt_tokens} tokens, {args.new_tokens} new tokens "
@@ -456,6 +456,9 @@ def table(results, args, loads, command):
                 ("Tandem/transformers decode batch 32",
                  ratio(tps("tandem", dtype, "decode", 32),
                        tps("transformers", dtype, "decode", 32)), 3.0)):
+            if value != value:  # nan: a case not measured
+                summary.append(f"- {dtype}: {name}: not measured")
+                continue
             met = "met" if value >= target else "NOT met"
             summary.append(f"- {dtype}: {name} = {value:.2f} "
                            f"(target >= {target:.1f}: {met})")
@@ -497,6 +500,8 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--workdir", default=os.path.join(ROOT, "build", "peer_engines"))
     ap.add_argument("--no-docs", action="store_true")
+    ap.add_argument("--table-from", help="results JSON of an earlier run: "
+                    "print (and write) its table without measuring")
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
     if args.worker == "llama":
@@ -506,6 +511,24 @@ def main():
 
     args.dtypes = args.dtypes.split(",")
     engines = args.engines.split(",")
+    results_path = os.path.join(args.workdir, f"results-{args.layers}l.json")
+    if args.table_from:
+        # Only the table, from a results file of an earlier run (same flags).
+        with open(args.table_from) as f:
+            saved = json.load(f)
+        for key, value in saved.get("flags", {}).items():
+            setattr(args, key, value)
+        args.dtypes = [d for d in args.dtypes
+                       if any(r["dtype"] == d for r in saved["results"])]
+        command = "bash tests/bench/peer_engines.sh " + " ".join(
+            a for a in sys.argv[1:] if not a.startswith("--table-from")
+            and a != args.table_from)
+        text = table(saved["results"], args, saved["loads"], command.strip(),
+                     saved["started"])
+        print(text)
+        if not args.no_docs and args.layers == 24:
+            write_docs(text)
+        return
     model_dir = os.path.join(args.workdir, f"qwen2.5-0.5b-random-{args.layers}l")
     print(f"model: {model_dir}", flush=True)
     make_model(model_dir, args.layers)
@@ -519,6 +542,10 @@ def main():
               "--repeat", str(args.repeat), "--threads", str(args.threads)]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     results, loads = [], {}
+    started = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}"
+    flags = {k: getattr(args, k) for k in (
+        "layers", "batches", "prompt_tokens", "new_tokens", "prefill_tokens",
+        "repeat", "threads")}
     for dtype in args.dtypes:
         gguf_path = os.path.join(model_dir, f"model-{dtype}.gguf")
         if "llama.cpp" in engines:
@@ -543,10 +570,12 @@ def main():
             records, load = run_engine(cmd, env)
             results.extend(records)
             loads[f"{engine} {dtype}"] = load
-    with open(os.path.join(args.workdir, f"results-{args.layers}l.json"), "w") as f:
-        json.dump({"results": results, "loads": loads}, f, indent=1)
+            # Saved after every engine, so a cut run keeps what it measured.
+            with open(results_path, "w") as f:
+                json.dump({"started": started, "flags": flags,
+                           "results": results, "loads": loads}, f, indent=1)
     command = "bash tests/bench/peer_engines.sh " + " ".join(sys.argv[1:])
-    text = table(results, args, loads, command.strip())
+    text = table(results, args, loads, command.strip(), started)
     print()
     print(text)
     if not args.no_docs and args.layers == 24:
