@@ -443,8 +443,8 @@ def try_async(args):
         lines = (proc.stdout + proc.stderr).strip().splitlines()
         # The innermost TRL frame and the error it led to.
         where = [l.strip() for l in lines if "/trl/" in l and "File " in l]
-        where = re.sub(r'File ".*/site-packages/', "", where[-1]) if where \
-            else ""
+        where = re.sub(r'File ".*/site-packages/(.*)", line (\d+), in (\S+)',
+                       r"\3 (\1:\2)", where[-1]) if where else ""
         error = lines[-1].split(". ")[0] if lines else ""
         verdict = (f"fails in {where}: {error}"
                    if proc.returncode else "ran 2 steps")

@@ -124,7 +124,8 @@ TEST_CASE(
   CHECK(result->reached_target);
   CHECK(result->saved_accuracy >= options.target_accuracy);
   for (const char* file : {"config.json", "model.safetensors", "tokenizer.json",
-                           "sft_curve.csv", "sft_meta.json"}) {
+                           "tokenizer_config.json", "sft_curve.csv",
+                           "sft_meta.json"}) {
     CHECK(fs::exists(fs::path(dir.path()) / file));
   }
 
@@ -149,7 +150,9 @@ TEST_CASE(
   REQUIRE(eval.ok());
   CHECK(eval->accuracy() == result->saved_accuracy);
 
-  // A second call with the same options reuses the directory.
+  // A second call with the same options reuses the directory (and writes
+  // tokenizer_config.json into a cache made before it existed).
+  fs::remove(fs::path(dir.path()) / "tokenizer_config.json");
   const auto start = std::chrono::steady_clock::now();
   auto again = RunSft(options);
   REQUIRE(again.ok());
@@ -157,6 +160,7 @@ TEST_CASE(
   CHECK(again->saved_step == result->saved_step);
   CHECK(again->saved_accuracy == result->saved_accuracy);
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(2));
+  CHECK(fs::exists(fs::path(dir.path()) / "tokenizer_config.json"));
 
   // Other options do not match the cache: training runs again.
   SftOptions changed = options;
