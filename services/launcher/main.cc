@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/base/executable_dir.h"
 #include "common/cluster/cluster_status.h"
 #include "common/rpc/grpc_client.h"
 #include "services/launcher/embedded_config.h"
@@ -63,12 +64,6 @@ void Event(const std::string& line) {
   const std::string stamp =
       absl::FormatTime("%H:%M:%S", absl::Now(), absl::LocalTimeZone());
   std::cout << "\r\033[K[" << stamp << "] " << line << std::endl;
-}
-
-std::string ExeDir() {
-  std::error_code ec;
-  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? "." : exe.parent_path().string();
 }
 
 // Reads {"grpc_address": ...} from a ready file; empty until it exists.
@@ -394,7 +389,7 @@ class Launcher {
 int main(int argc, char** argv) {
   using tandem::launcher::Options;
   Options options;
-  options.bin_dir = tandem::launcher::ExeDir();
+  options.bin_dir = tandem::ExecutableDir();
   CLI::App app{
       "tandem-local: run a Tandem cluster (coordinator, trainer, verifier, N "
       "rollout workers) as local processes"};

@@ -22,6 +22,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/time/clock.h"
+#include "common/base/executable_dir.h"
 #include "common/cluster/cluster_status.h"
 #include "common/rpc/grpc_client.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -179,15 +180,7 @@ bool IsModelTool(const char* name) {
 }
 
 int RunModelTool(int argc, char** argv) {
-  std::string self(4096, '\0');
-  const ssize_t n = readlink("/proc/self/exe", self.data(), self.size() - 1);
-  std::string dir = ".";
-  if (n > 0) {
-    self.resize(static_cast<size_t>(n));
-    const size_t slash = self.rfind('/');
-    if (slash != std::string::npos) dir = self.substr(0, slash);
-  }
-  const std::string tool = dir + "/tandem-model";
+  const std::string tool = tandem::ExecutableDir() + "/tandem-model";
   std::vector<char*> args;
   args.push_back(const_cast<char*>(tool.c_str()));
   for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
