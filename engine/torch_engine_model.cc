@@ -48,14 +48,27 @@ absl::StatusOr<std::vector<float>> TorchEngineModel::Forward(
     steps[i].cache = cache.get();
   }
   ASSIGN_OR_RETURN(at::Tensor logits, model_->ForwardWithCache(steps));
-  logits = logits.to(at::kFloat).contiguous();
-  const int64_t vocab = logits.size(1);
-  std::vector<float> out;
-  const float* data = logits.data_ptr<float>();
+  std::vector<int64_t> wanted;
   for (size_t i = 0; i < chunks.size(); ++i) {
-    if (!chunks[i].wants_logits) continue;
-    out.insert(out.end(), data + i * vocab, data + (i + 1) * vocab);
+    if (chunks[i].wants_logits) wanted.push_back(static_cast<int64_t>(i));
   }
+  std::vector<float> out;
+  if (wanted.empty()) return out;
+  try {
+    // Only the rows the sampler needs cross to the host (one copy from a
+    // GPU).
+    if (wanted.size() != chunks.size()) {
+      logits = logits.index_select(
+          0, at::tensor(wanted, at::TensorOptions().dtype(at::kLong))
+                 .to(logits.device()));
+    }
+    logits = logits.to(at::kCPU, at::kFloat).contiguous();
+  } catch (const std::exception& e) {
+    return absl::InternalError(
+        absl::StrCat("copying logits to the host: ", e.what()));
+  }
+  const float* data = logits.data_ptr<float>();
+  out.assign(data, data + logits.numel());
   return out;
 }
 

@@ -46,6 +46,26 @@ absl::StatusOr<FlatWeightLayout> LayoutForModel(
   return FlatWeightLayout::Create(std::move(infos), options);
 }
 
+absl::StatusOr<FlatWeightLayout> LayoutForConfig(
+    const model::ModelConfig& config, const LayoutOptions& options) {
+  const bool bf16 = config.dtype == model::WeightDType::kBFloat16;
+  // ModelWeights::tensors() is a name-ordered map; so is this.
+  std::map<std::string, TensorInfo> by_name;
+  for (const model::ExpectedTensor& expected : model::ExpectedTensors(config)) {
+    TensorInfo info;
+    info.name = expected.name;
+    info.dtype = bf16 ? v1::DTYPE_BF16 : v1::DTYPE_F32;
+    info.shape = expected.shape;
+    uint64_t numel = 1;
+    for (int64_t d : expected.shape) numel *= static_cast<uint64_t>(d);
+    info.byte_size = numel * (bf16 ? 2 : 4);
+    by_name.emplace(expected.name, std::move(info));
+  }
+  std::vector<TensorInfo> infos;
+  for (auto& [name, info] : by_name) infos.push_back(std::move(info));
+  return FlatWeightLayout::Create(std::move(infos), options);
+}
+
 absl::StatusOr<std::shared_ptr<std::vector<uint8_t>>> FlattenModel(
     const model::ModelWeights& weights, const FlatWeightLayout& layout) {
   auto flat = std::make_shared<std::vector<uint8_t>>(layout.total_bytes(), 0);

@@ -26,6 +26,11 @@ namespace tandem::weights {
 absl::StatusOr<FlatWeightLayout> LayoutForModel(
     const model::ModelWeights& weights, const LayoutOptions& options = {});
 
+// The layout of weights for `config` in config.dtype, without the weights:
+// the same as LayoutForModel of such weights on any device.
+absl::StatusOr<FlatWeightLayout> LayoutForConfig(
+    const model::ModelConfig& config, const LayoutOptions& options = {});
+
 // A new flat buffer holding every tensor's bytes at its layout offset
 // (padding zeroed). REQUIRES: `layout` is LayoutForModel of compatible
 // weights; InvalidArgument names a tensor that does not fit.

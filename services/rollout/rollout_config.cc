@@ -1,7 +1,9 @@
 #include "services/rollout/rollout_config.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
 #include "common/cluster/member_daemon.h"
+#include "common/model/device.h"
 
 namespace tandem::rollout {
 
@@ -16,6 +18,16 @@ void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config) {
                  "Seed of the built-in model's random initial weights.");
   schema->AddInt("model.torch_threads", &config->torch_threads, 0, 1024,
                  "LibTorch intra-op threads; 0 = LibTorch's default.");
+  schema->AddString("model.device", &config->device,
+                    "Where the weights, the KV cache and the forward pass "
+                    "live: cpu, cuda (the first visible GPU) or cuda:N. A "
+                    "device this process cannot use stops the start (exit "
+                    "2) with the reason; there is no silent fallback.");
+  schema->AddString("model.dtype", &config->dtype,
+                    "Weight and compute dtype: auto (bfloat16 on a GPU, "
+                    "the checkpoint's own dtype on the CPU), float32 or "
+                    "bfloat16. Versions from the trainer are converted to "
+                    "it.");
   schema->AddInt("engine.max_num_seqs", &config->max_num_seqs, 1, 65536,
                  "Most sequences decoded together in one batch.");
   schema->AddInt("engine.max_batched_tokens", &config->max_batched_tokens, 1,
@@ -81,6 +93,16 @@ void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config) {
 }
 
 absl::Status Validate(const RolloutConfig& config) {
+  RETURN_IF_ERROR(model::CheckDeviceUsable("model.device", config.device));
+  if (config.update_mode == "inplace" && config.device != "cpu") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "engine.update_mode inplace needs model.device cpu, got ",
+        config.device,
+        ": the in-place receive buffer is host memory; use "
+        "engine.update_mode staged on a GPU"));
+  }
+  RETURN_IF_ERROR(
+      model::ParseDTypeName("model.dtype", config.dtype).status());
   if (config.update_mode == "inplace" && config.update_policy != "inflight") {
     return absl::InvalidArgumentError(absl::StrCat(
         "engine.update_mode inplace needs engine.update_policy inflight, got ",

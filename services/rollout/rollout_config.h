@@ -17,6 +17,10 @@ struct RolloutConfig {
   int64_t model_seed = 1;
   // LibTorch intra-op threads (0 = LibTorch's default).
   int64_t torch_threads = 1;
+  // Where the weights, KV cache and activations live (common/model/device.h):
+  // cpu | cuda | cuda:N; and their dtype: auto | float32 | bfloat16.
+  std::string device = "cpu";
+  std::string dtype = "auto";
   int64_t max_num_seqs = 64;
   int64_t max_batched_tokens = 4096;
   int64_t num_kv_blocks = 4096;

@@ -99,7 +99,8 @@ absl::Status RolloutWorker::LoadModelAndEngine() {
     ASSIGN_OR_RETURN(
         w->model_,
         model::LoadModel(config.model_path, config.model_seed,
-                         static_cast<int32_t>(config.torch_threads)));
+                         static_cast<int32_t>(config.torch_threads),
+                         {.device = config.device, .dtype = config.dtype}));
   }
   Log()->info("model: {}", w->model_.description);
   w->engine_model_ = std::make_unique<engine::TorchEngineModel>(
@@ -138,6 +139,10 @@ absl::Status RolloutWorker::LoadModelAndEngine() {
   sync.watch_poll_interval =
       absl::Milliseconds(config.weight_sync_poll_interval_ms);
   sync.pull_shared_memory = config.weight_sync_shared_memory;
+  // The trainer publishes in the checkpoint's dtype; a worker computing in
+  // another one (model.dtype) or on a GPU converts each version on the
+  // receiver thread.
+  sync.wire_dtype = w->model_.stored_dtype;
   if (sync.mode == WeightSyncOptions::Mode::kBroadcast &&
       config.weight_sync_watch) {
     w->watcher_ = std::make_unique<cluster::ClusterWatcher>(

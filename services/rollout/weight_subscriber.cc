@@ -56,8 +56,11 @@ absl::StatusOr<std::unique_ptr<WeightSubscriber>> WeightSubscriber::Create(
     s->staging_ = s->options_.inplace_staging;
     return s;
   }
+  s->wire_config_ = s->model_->weights()->config();
+  s->wire_config_.dtype =
+      s->options_.wire_dtype.value_or(s->wire_config_.dtype);
   ASSIGN_OR_RETURN(weights::FlatWeightLayout layout,
-                   weights::LayoutForModel(*s->model_->weights()));
+                   weights::LayoutForConfig(s->wire_config_));
   ASSIGN_OR_RETURN(s->staging_,
                    weights::StagingWeights::Create(
                        std::move(layout), weights::StagingMode::kDoubleBuffer));
@@ -493,10 +496,15 @@ void WeightSubscriber::Deliver(uint64_t version,
   absl::StatusOr<std::shared_ptr<model::ModelWeights>> weights = nullptr;
   // Inplace: the commit released the engine; nothing to stage.
   if (status.ok() && staging_->mode() != weights::StagingMode::kInplace) {
-    weights =
-        weights::UnflattenModel(model_->weights()->config(), staging_->layout(),
-                                staging_->live().bytes);
+    weights = weights::UnflattenModel(wire_config_, staging_->layout(),
+                                      staging_->live().bytes);
     status = weights.status();
+    if (status.ok()) {
+      // To the live weights' device and dtype (a no-op for a CPU worker
+      // computing in the published dtype).
+      weights = MatchLiveWeights(*model_, *std::move(weights));
+      status = weights.status();
+    }
   }
   if (!status.ok()) {
     if (options_.metrics != nullptr)

@@ -52,11 +52,13 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/model/model_config.h"
 #include "common/weights/staging_weights.h"
 #include "common/weights/weight_sync_metrics.h"
 #include "services/rollout/weight_update_sources.h"
@@ -115,6 +117,12 @@ struct WeightSyncOptions {
   // may be null). A version lost half-written is replaced by pulling a
   // full copy at once (RecoverLostWeights).
   std::shared_ptr<weights::StagingWeights> inplace_staging;
+  // The dtype versions arrive in (the checkpoint's, which the trainer
+  // publishes); unset = the live weights' dtype. A version received in
+  // another dtype than the live weights', or for weights on a GPU, is
+  // converted and moved to the live weights' dtype and device on this
+  // thread before it is staged, so the engine's swap stays a pointer swap.
+  std::optional<model::WeightDType> wire_dtype;
 };
 
 // What the subscriber holds, for status output.
@@ -197,6 +205,8 @@ class WeightSubscriber {
                absl::Time started, uint64_t bytes_before);
 
   std::shared_ptr<model::DecoderModel> model_;
+  // The live config with the dtype versions arrive in.
+  model::ModelConfig wire_config_;
   StagedWeightSource* source_ = nullptr;
   std::function<std::string()> address_;
   WeightSyncOptions options_;

@@ -12,6 +12,17 @@
 
 namespace tandem::rollout {
 
+absl::StatusOr<std::shared_ptr<model::ModelWeights>> MatchLiveWeights(
+    const model::DecoderModel& model,
+    std::shared_ptr<model::ModelWeights> received) {
+  const std::shared_ptr<model::ModelWeights> live = model.weights();
+  if (received->device() == live->device() &&
+      received->config().dtype == live->config().dtype) {
+    return received;
+  }
+  return received->To(live->device(), live->config().dtype);
+}
+
 StagedWeightSource::StagedWeightSource(
     std::shared_ptr<model::DecoderModel> model)
     : model_(std::move(model)) {}

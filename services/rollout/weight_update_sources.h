@@ -22,6 +22,12 @@ class ModelWeights;
 
 namespace tandem::rollout {
 
+// `received` converted to the device and dtype of `model`'s live weights
+// (itself when they already match), so that staging it is a pointer swap.
+absl::StatusOr<std::shared_ptr<model::ModelWeights>> MatchLiveWeights(
+    const model::DecoderModel& model,
+    std::shared_ptr<model::ModelWeights> received);
+
 // Weights staged by a transport (any thread) and committed by the engine
 // thread at a step boundary: Commit swaps pointers, so the pause does not
 // depend on model size. Memory: the live weights, the transport's staging

@@ -4,11 +4,13 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
 #include "common/model/decoder_model.h"
+#include "common/model/device.h"
 #include "common/model/model_loader.h"
 #include "common/model/model_weights.h"
 #include "common/rpc/grpc_client.h"
@@ -111,11 +113,24 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
       model::LoadedModel model,
       model::LoadModel(resumed ? resumed->hf_dir : config.model_path,
                        config.model_seed,
-                       static_cast<int32_t>(config.torch_threads)));
-  Log()->info("policy: {}", model.description);
-  ASSIGN_OR_RETURN(
-      trainer->grpo_,
-      GrpoTrainer::Create(*model.decoder->weights(), 0, ToOptions(config)));
+                       static_cast<int32_t>(config.torch_threads),
+                       // The float32 master weights, on the device.
+                       {.device = config.device, .dtype = "float32"}));
+  ASSIGN_OR_RETURN(const model::DeviceName device,
+                   model::ParseDeviceName("model.device", config.device));
+  ASSIGN_OR_RETURN(const std::optional<model::WeightDType> requested,
+                   model::ParseDTypeName("model.dtype", config.dtype));
+  GrpoTrainerOptions options = ToOptions(config);
+  options.compute_dtype =
+      model::ResolveDType(requested, device, model::WeightDType::kFloat32);
+  Log()->info("policy: {}; forward and backward in {}{}", model.description,
+              std::string(model::WeightDTypeName(options.compute_dtype)),
+              options.compute_dtype == model::WeightDType::kFloat32
+                  ? ""
+                  : " (mixed precision: float32 master weights and AdamW "
+                    "state)");
+  ASSIGN_OR_RETURN(trainer->grpo_,
+                   GrpoTrainer::Create(*model.decoder->weights(), 0, options));
   // The KL reference is the starting policy (or training.reference_model),
   // also when the trained policy resumes from a checkpoint.
   ASSIGN_OR_RETURN(
@@ -150,7 +165,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   // Rollout workers load model.path in its own dtype (e.g. bfloat16) and
   // receive versions in that layout; the trainer keeps fp32 master weights
   // (and a resumed checkpoint stores them), so it publishes converted.
-  trainer->publish_dtype_ = model.decoder->weights()->config().dtype;
+  trainer->publish_dtype_ = model.stored_dtype;
   if (resumed && !config.model_path.empty()) {
     ASSIGN_OR_RETURN(model::ModelConfig original,
                      model::ReadModelConfig(config.model_path));

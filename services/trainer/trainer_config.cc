@@ -4,7 +4,9 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
 #include "common/cluster/member_daemon.h"
+#include "common/model/device.h"
 
 namespace tandem::trainer {
 
@@ -38,6 +40,18 @@ void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config) {
                  "Seed of the built-in model's random initial weights.");
   schema->AddInt("model.torch_threads", &config->torch_threads, 0, 1024,
                  "LibTorch intra-op threads; 0 = LibTorch's default.");
+  schema->AddString("model.device", &config->device,
+                    "Where the policy, its float32 master weights, the "
+                    "AdamW state, the reference policy and the loss live: "
+                    "cpu, cuda (the first visible GPU) or cuda:N. A device "
+                    "this process cannot use stops the start (exit 2) with "
+                    "the reason; there is no silent fallback.");
+  schema->AddString("model.dtype", &config->dtype,
+                    "Dtype of the forward and backward pass: auto "
+                    "(bfloat16 on a GPU, float32 on the CPU), float32 or "
+                    "bfloat16. The master weights and the optimizer state "
+                    "stay float32; published versions keep the dtype of "
+                    "model.path.");
   schema->AddBool("training.enabled", &config->train,
                   "Pull scored groups, train and publish new versions.");
   schema->AddDouble("training.lr", &config->lr, 0, 1, "AdamW learning rate.");
@@ -183,6 +197,9 @@ std::string TrainingConfigJson(const TrainerConfig& c) {
 }
 
 absl::Status Validate(const TrainerConfig& config) {
+  RETURN_IF_ERROR(model::CheckDeviceUsable("model.device", config.device));
+  RETURN_IF_ERROR(
+      model::ParseDTypeName("model.dtype", config.dtype).status());
   if (config.checkpoint_dir.empty()) {
     return absl::InvalidArgumentError("checkpoint_dir must not be empty");
   }

@@ -24,6 +24,13 @@ struct TrainerConfig {
   std::string model_path;
   int64_t model_seed = 1;
   int64_t torch_threads = 1;
+  // Where the policy, its optimizer state, the reference policy and the
+  // loss live (common/model/device.h): cpu | cuda | cuda:N. dtype is the
+  // dtype of the forward and backward pass: auto (bfloat16 on CUDA, float32
+  // on the CPU) | float32 | bfloat16; the master weights and AdamW state are
+  // float32 either way.
+  std::string device = "cpu";
+  std::string dtype = "auto";
   // Training.
   bool train = true;
   double lr = 1e-4;

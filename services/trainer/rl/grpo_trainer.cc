@@ -17,7 +17,12 @@ namespace tandem::trainer {
 
 struct GrpoTrainer::Optimizer {
   std::vector<std::string> names;  // parallel to `parameters`
+  // The float32 master tensors AdamW updates.
   std::vector<at::Tensor> parameters;
+  // Parallel to `parameters`: the tensors the loss is computed with (the
+  // same tensors in float32; bfloat16 copies with mixed precision).
+  std::vector<at::Tensor> compute;
+  bool mixed = false;
   std::unique_ptr<torch::optim::AdamW> adamw;
 };
 
@@ -66,7 +71,7 @@ at::Tensor AtSamplingTemperature(const at::Tensor& selected,
     return selected;
   }
   return selected * torch::tensor(inv_temperatures, torch::kFloat)
-                        .to(selected.dtype())
+                        .to(selected.device(), selected.dtype())
                         .unsqueeze(1);
 }
 
@@ -105,12 +110,22 @@ absl::StatusOr<std::unique_ptr<GrpoTrainer>> GrpoTrainer::Create(
     ASSIGN_OR_RETURN(
         master, initial.To(initial.device(), model::WeightDType::kFloat32));
   }
+  std::shared_ptr<model::ModelWeights> compute = master;
+  const bool mixed = options.compute_dtype != model::WeightDType::kFloat32;
+  if (mixed) {
+    torch::NoGradGuard no_grad;
+    ASSIGN_OR_RETURN(compute,
+                     master->To(master->device(), options.compute_dtype));
+  }
   trainer->optimizer_ = std::make_unique<Optimizer>();
+  trainer->optimizer_->mixed = mixed;
   try {
     for (const auto& [name, tensor] : master->tensors()) {
-      tensor.requires_grad_(true);
+      const at::Tensor& computed = compute->tensors().at(name);
+      computed.requires_grad_(true);
       trainer->optimizer_->names.push_back(name);
       trainer->optimizer_->parameters.push_back(tensor);
+      trainer->optimizer_->compute.push_back(computed);
     }
     trainer->optimizer_->adamw = std::make_unique<torch::optim::AdamW>(
         trainer->optimizer_->parameters,
@@ -120,8 +135,35 @@ absl::StatusOr<std::unique_ptr<GrpoTrainer>> GrpoTrainer::Create(
   } catch (const std::exception& e) {
     return model::internal::TorchErrorToStatus("creating the optimizer", e);
   }
-  trainer->policy_ = std::make_shared<model::DecoderModel>(std::move(master));
+  trainer->master_ = std::move(master);
+  trainer->policy_ = std::make_shared<model::DecoderModel>(std::move(compute));
   return trainer;
+}
+
+void GrpoTrainer::ZeroGradients() {
+  optimizer_->adamw->zero_grad();
+  if (!optimizer_->mixed) return;
+  for (at::Tensor& t : optimizer_->compute) {
+    if (t.grad().defined()) t.mutable_grad().reset();
+  }
+}
+
+void GrpoTrainer::GradientsToMaster() {
+  if (!optimizer_->mixed) return;
+  for (size_t i = 0; i < optimizer_->parameters.size(); ++i) {
+    const at::Tensor& grad = optimizer_->compute[i].grad();
+    if (!grad.defined()) continue;
+    optimizer_->parameters[i].mutable_grad() = grad.detach().to(at::kFloat);
+    optimizer_->compute[i].mutable_grad().reset();
+  }
+}
+
+void GrpoTrainer::MasterToCompute() {
+  if (!optimizer_->mixed) return;
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < optimizer_->parameters.size(); ++i) {
+    optimizer_->compute[i].copy_(optimizer_->parameters[i]);
+  }
 }
 
 absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
@@ -199,7 +241,7 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
   if (!std::all_of(rewards.begin(), rewards.end(),
                    [](float r) { return std::isfinite(r); })) {
     // Its group's advantages, and so the loss, would be NaN.
-    optimizer_->adamw->zero_grad();
+    ZeroGradients();
     stats.nonfinite = "reward";
     stats.policy_version = version_.load();
     return stats;
@@ -227,6 +269,9 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
                stats.reward_mean * stats.reward_mean));
 
   const auto weights = policy_->weights();
+  // Everything the loss reads lives on the policy's device; the batch is
+  // assembled on the host and copied once per micro-batch.
+  const at::Device device = weights->device();
   try {
     const at::Tensor reward_tensor = torch::tensor(rewards, torch::kFloat);
     const at::Tensor group_tensor = torch::tensor(group_ids, torch::kLong);
@@ -262,8 +307,9 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
     stats.skipped_sequences =
         static_cast<int64_t>(sequences.size() - active.size());
     const at::Tensor active_advantages =
-        advantages.index_select(0, torch::tensor(active_index, torch::kLong));
-    optimizer_->adamw->zero_grad();
+        advantages.index_select(0, torch::tensor(active_index, torch::kLong))
+            .to(device);
+    ZeroGradients();
     // The whole batch, detached, for the statistics; gradients accumulate
     // over the micro-batches.
     std::vector<at::Tensor> new_logprobs, entropies, reference_logprobs;
@@ -309,8 +355,9 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
       const at::Tensor cu_seqlens_tensor =
           torch::tensor(cu_seqlens, torch::kLong);
       const at::Tensor predict_tensor =
-          torch::tensor(predict_rows, torch::kLong);
-      const at::Tensor target_tensor = torch::tensor(targets, torch::kLong);
+          torch::tensor(predict_rows, torch::kLong).to(device);
+      const at::Tensor target_tensor =
+          torch::tensor(targets, torch::kLong).to(device);
       ASSIGN_OR_RETURN(at::Tensor hidden,
                        policy_->ForwardPackedHidden(
                            input_tensor, position_tensor, cu_seqlens_tensor));
@@ -343,11 +390,12 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
       }
       PackedPolicyBatch micro;
       micro.new_logprobs = logprobs.logprobs;
-      micro.behavior_logprobs = torch::tensor(micro_behavior, torch::kFloat);
+      micro.behavior_logprobs =
+          torch::tensor(micro_behavior, torch::kFloat).to(device);
       micro.reference_logprobs = micro_reference;
-      micro.mask =
-          torch::ones({static_cast<int64_t>(targets.size())}, torch::kFloat);
-      micro.sequence_ids = torch::tensor(local_ids, torch::kLong);
+      micro.mask = torch::ones({static_cast<int64_t>(targets.size())},
+                               at::TensorOptions(torch::kFloat).device(device));
+      micro.sequence_ids = torch::tensor(local_ids, torch::kLong).to(device);
       micro.advantages = active_advantages.slice(0, static_cast<int64_t>(begin),
                                                  static_cast<int64_t>(end));
       // Denominators of the whole batch, skipped sequences included (every
@@ -370,10 +418,11 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
       torch::NoGradGuard no_grad;
       PackedPolicyBatch batch;
       batch.new_logprobs = torch::cat(new_logprobs);
-      batch.behavior_logprobs = torch::tensor(behavior, torch::kFloat);
-      batch.mask =
-          torch::ones({static_cast<int64_t>(behavior.size())}, torch::kFloat);
-      batch.sequence_ids = torch::tensor(sequence_ids, torch::kLong);
+      batch.behavior_logprobs =
+          torch::tensor(behavior, torch::kFloat).to(device);
+      batch.mask = torch::ones({static_cast<int64_t>(behavior.size())},
+                               at::TensorOptions(torch::kFloat).device(device));
+      batch.sequence_ids = torch::tensor(sequence_ids, torch::kLong).to(device);
       batch.advantages = active_advantages;
       batch.total_tokens = stats.trained_tokens;
       batch.total_sequences = static_cast<int64_t>(sequences.size());
@@ -387,6 +436,7 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
                        ComputeGrpoLoss(batch, options_.loss));
       stats.loss = whole.stats;
     }
+    GradientsToMaster();
     stats.grad_norm = torch::nn::utils::clip_grad_norm_(optimizer_->parameters,
                                                         options_.max_grad_norm);
     if (!std::isfinite(stats.loss.loss)) {
@@ -396,12 +446,13 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
     }
     if (stats.skipped()) {
       // One NaN would spread to every weight through AdamW's moments.
-      optimizer_->adamw->zero_grad();
+      ZeroGradients();
       stats.policy_version = version_.load();
       stats.step_seconds = absl::ToDoubleSeconds(absl::Now() - start);
       return stats;
     }
     optimizer_->adamw->step();
+    MasterToCompute();
     ++step_;
   } catch (const std::exception& e) {
     return model::internal::TorchErrorToStatus("GRPO step", e);
@@ -532,7 +583,7 @@ absl::Status GrpoTrainer::SetReferencePolicy(
   {
     torch::NoGradGuard no_grad;
     ASSIGN_OR_RETURN(frozen, reference.To(policy_->weights()->device(),
-                                          model::WeightDType::kFloat32));
+                                          options_.compute_dtype));
   }
   reference_ = std::make_shared<model::DecoderModel>(std::move(frozen));
   return absl::OkStatus();
@@ -541,9 +592,8 @@ absl::Status GrpoTrainer::SetReferencePolicy(
 absl::StatusOr<std::shared_ptr<model::ModelWeights>>
 GrpoTrainer::SnapshotWeights() const {
   torch::NoGradGuard no_grad;
-  const auto weights = policy_->weights();
   ASSIGN_OR_RETURN(std::shared_ptr<model::ModelWeights> copy,
-                   weights->To(weights->device(), weights->config().dtype));
+                   master_->To(master_->device(), master_->config().dtype));
   RETURN_IF_ERROR(CheckFiniteWeights(*copy));
   return copy;
 }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/model/model_config.h"
 #include "services/trainer/loss/chunked_logprobs.h"
 #include "services/trainer/loss/grpo_loss.h"
 
@@ -100,6 +101,14 @@ struct GrpoTrainerOptions {
   // way). Off: uniform groups count in the denominators (their sequences
   // are still not forwarded, see skip_zero_advantage).
   bool drop_uniform_groups = false;
+  // Dtype of the forward and backward pass. kFloat32: the master weights
+  // themselves. kBFloat16: mixed precision — a bfloat16 copy of the float32
+  // master weights computes the loss and its gradient, the gradient is
+  // accumulated into the float32 master (clipped there) and AdamW updates
+  // the master, which is then copied back into the bfloat16 copy. The
+  // master weights and the AdamW moments are float32 either way; the
+  // reference policy (SetReferencePolicy) is kept in this dtype.
+  model::WeightDType compute_dtype = model::WeightDType::kFloat32;
 };
 
 struct GrpoStepStats {
@@ -155,7 +164,9 @@ struct GrpoTrainerState {
 
 class GrpoTrainer {
  public:
-  // Takes the initial weights (any dtype; training runs on an fp32 copy).
+  // Takes the initial weights (any dtype and device; training runs on an
+  // fp32 master copy on the same device, computing in
+  // options.compute_dtype).
   // InvalidArgument names the option when `options` are inconsistent.
   static absl::StatusOr<std::unique_ptr<GrpoTrainer>> Create(
       const model::ModelWeights& initial, uint64_t initial_version,
@@ -189,6 +200,7 @@ class GrpoTrainer {
   absl::StatusOr<std::shared_ptr<model::ModelWeights>> SnapshotWeights() const;
   // Safe to call from any thread (the trainer daemon's heartbeat reads it).
   uint64_t policy_version() const { return version_.load(); }
+  // The policy in the compute dtype (what the loss is computed with).
   const model::DecoderModel& policy() const { return *policy_; }
   int64_t step() const { return step_; }
   const GrpoTrainerOptions& options() const { return options_; }
@@ -217,9 +229,18 @@ class GrpoTrainer {
   GrpoTrainer() = default;
   struct Optimizer;
 
+  void ZeroGradients();
+  // Mixed precision: the compute copy's gradients become the master's.
+  void GradientsToMaster();
+  // Mixed precision: the updated master values into the compute copy.
+  void MasterToCompute();
+
   GrpoTrainerOptions options_;
+  // Computes the loss; its weights are master_ itself in float32.
   std::shared_ptr<model::DecoderModel> policy_;
-  // Frozen (float32, no grad); null unless SetReferencePolicy was called.
+  // The float32 master weights AdamW updates.
+  std::shared_ptr<model::ModelWeights> master_;
+  // Frozen (compute dtype, no grad); null unless SetReferencePolicy was called.
   std::shared_ptr<model::DecoderModel> reference_;
   std::unique_ptr<Optimizer> optimizer_;
   std::atomic<uint64_t> version_{0};
