@@ -7,6 +7,7 @@
 //    "seconds":...,"tokens_per_second":...,"runs":[...]}
 //
 //   generate_bench --model DIR [--dtype float32|bfloat16] [--threads T]
+//                  [--device cpu|cuda|cuda:N]
 //                  [--batch B[,B...]] [--prompt-tokens P] [--new-tokens C]
 //                  [--prefill-tokens N] [--repeat R] [--prompt-ids a,b,...]
 //
@@ -38,6 +39,7 @@
 #include "absl/time/clock.h"
 #include "common/base/status_macros.h"
 #include "common/model/decoder_model.h"
+#include "common/model/device.h"
 #include "common/model/hf_checkpoint.h"
 #include "common/model/model_weights.h"
 #include "engine/engine.h"
@@ -49,6 +51,7 @@ namespace {
 struct Flags {
   std::string model;
   std::string dtype = "float32";
+  std::string device = "cpu";
   int threads = 2;
   std::vector<int> batches = {1, 8, 32};
   int prompt_tokens = 32;
@@ -150,10 +153,11 @@ void PrintCase(const Flags& flags, const char* name, int batch, int prompt,
     each.push_back(absl::StrCat(r.tokens_per_second()));
   }
   std::printf(
-      "{\"engine\":\"tandem\",\"case\":\"%s\",\"dtype\":\"%s\",\"batch\":%d,"
+      "{\"engine\":\"tandem\",\"case\":\"%s\",\"device\":\"%s\","
+      "\"dtype\":\"%s\",\"batch\":%d,"
       "\"prompt_tokens\":%d,\"new_tokens\":%d,\"threads\":%d,\"tokens\":%llu,"
       "\"seconds\":%.6f,\"tokens_per_second\":%.3f,\"runs\":[%s]}\n",
-      name, flags.dtype.c_str(), batch, prompt, new_tokens, flags.threads,
+      name, flags.device.c_str(), flags.dtype.c_str(), batch, prompt, new_tokens, flags.threads,
       static_cast<unsigned long long>(best.tokens), best.seconds,
       best.tokens_per_second(), absl::StrJoin(each, ",").c_str());
   std::fflush(stdout);
@@ -179,6 +183,13 @@ absl::Status Main(const Flags& flags) {
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         "--dtype must be float32 or bfloat16, got '", flags.dtype, "'"));
+  }
+  RETURN_IF_ERROR(model::CheckDeviceUsable("--device", flags.device));
+  ASSIGN_OR_RETURN(const model::DeviceName device,
+                   model::ParseDeviceName("--device", flags.device));
+  if (device.cuda) {
+    load.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(
+                                            std::max(device.index, 0)));
   }
   ASSIGN_OR_RETURN(std::shared_ptr<model::ModelWeights> weights,
                    model::LoadHfModel(flags.model, load));
@@ -230,6 +241,8 @@ int ParseAndRun(int argc, char** argv) {
       flags.model = v;
     } else if (f == "--dtype") {
       flags.dtype = v;
+    } else if (f == "--device") {
+      flags.device = v;
     } else if (f == "--batch") {
       ok = ParseInts(v, &flags.batches);
     } else if (f == "--prompt-ids") {
