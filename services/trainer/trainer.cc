@@ -79,6 +79,9 @@ GrpoTrainerOptions ToOptions(const TrainerConfig& c) {
       : c.aggregation == "pipelinerl" ? LossAggregation::kSumOverSequences
                                       : LossAggregation::kTokenMean;
   o.drop_uniform_groups = c.dynamic_sampling;
+  o.logprobs.kernel = c.logprobs_kernel == "cuda"   ? TokenLogProbsKernel::kCuda
+                      : c.logprobs_kernel == "aten" ? TokenLogProbsKernel::kAten
+                                                    : TokenLogProbsKernel::kAuto;
   return o;
 }
 

@@ -52,6 +52,12 @@ void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config) {
                     "bfloat16. The master weights and the optimizer state "
                     "stay float32; published versions keep the dtype of "
                     "model.path.");
+  schema->AddEnum("training.logprobs_kernel", &config->logprobs_kernel,
+                  {"auto", "aten", "cuda"},
+                  "Per-token log-probs of the loss: auto = the fused CUDA "
+                  "kernel (kernels/cuda) when model.device is a GPU, the "
+                  "chunked ATen code on the CPU; aten = the chunked ATen "
+                  "code everywhere; cuda = the kernel (needs a GPU).");
   schema->AddBool("training.enabled", &config->train,
                   "Pull scored groups, train and publish new versions.");
   schema->AddDouble("training.lr", &config->lr, 0, 1, "AdamW learning rate.");
@@ -200,6 +206,11 @@ absl::Status Validate(const TrainerConfig& config) {
   RETURN_IF_ERROR(model::CheckDeviceUsable("model.device", config.device));
   RETURN_IF_ERROR(
       model::ParseDTypeName("model.dtype", config.dtype).status());
+  if (config.logprobs_kernel == "cuda" && config.device == "cpu") {
+    return absl::InvalidArgumentError(
+        "training.logprobs_kernel cuda needs model.device cuda or cuda:N, "
+        "got cpu");
+  }
   if (config.checkpoint_dir.empty()) {
     return absl::InvalidArgumentError("checkpoint_dir must not be empty");
   }

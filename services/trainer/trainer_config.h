@@ -31,6 +31,9 @@ struct TrainerConfig {
   // float32 either way.
   std::string device = "cpu";
   std::string dtype = "auto";
+  // Per-token log-probs: auto (the fused CUDA kernel on a GPU, the chunked
+  // ATen code on the CPU) | aten | cuda.
+  std::string logprobs_kernel = "auto";
   // Training.
   bool train = true;
   double lr = 1e-4;

@@ -12,6 +12,14 @@
 //                [--max-tokens M] [--threads T] [--repeat R]
 //                [--attention 0|1|2]  (auto, per-sequence, padded)
 //                [--flat-step-ms F]
+//                [--model DIR] [--device cpu|cuda|cuda:N]
+//                [--dtype auto|float32|bfloat16]
+//
+// --model DIR runs a Hugging Face model directory (config.json and
+// safetensors; no tokenizer needed: the prompts are token ids) instead of
+// the built-in tiny model; the weight versions are random draws of its
+// shape. --device / --dtype place the model as model.device / model.dtype
+// do in the daemons (tests/gpu/run.sh runs the table on a GPU this way).
 //
 // --flat-step-ms F emulates the cost model of a memory-bound accelerator,
 // where a decode step costs about the same whatever the batch size: every
@@ -27,14 +35,20 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
 #include "absl/time/clock.h"
 #include "common/model/decoder_model.h"
+#include "common/model/device.h"
+#include "common/model/hf_checkpoint.h"
 #include "common/model/model_loader.h"
 #include "common/model/model_weights.h"
 #include "engine/engine.h"
@@ -54,6 +68,9 @@ struct Flags {
   // 0 auto, 1 per-sequence, 2 padded attention.
   int attention = 0;
   int flat_step_ms = 0;  // 0: real step times
+  std::string model;
+  std::string device = "cpu";
+  std::string dtype = "auto";
 };
 
 // The real model, each Forward() padded to a fixed duration (see above).
@@ -172,6 +189,38 @@ Result RunOnce(
   return result;
 }
 
+// The built-in model, or --model DIR without its tokenizer, placed as
+// --device / --dtype say.
+absl::StatusOr<model::LoadedModel> Load(const Flags& flags) {
+  if (flags.model.empty()) {
+    return model::LoadModel("", 1, flags.threads,
+                            {.device = flags.device, .dtype = flags.dtype});
+  }
+  at::set_num_threads(flags.threads);
+  RETURN_IF_ERROR(model::CheckDeviceUsable("--device", flags.device));
+  ASSIGN_OR_RETURN(const model::DeviceName device,
+                   model::ParseDeviceName("--device", flags.device));
+  ASSIGN_OR_RETURN(const std::optional<model::WeightDType> dtype,
+                   model::ParseDTypeName("--dtype", flags.dtype));
+  model::LoadOptions options;
+  if (device.cuda) {
+    options.device = at::Device(
+        at::kCUDA, static_cast<c10::DeviceIndex>(std::max(device.index, 0)));
+    options.dtype = model::ResolveDType(dtype, device,
+                                        model::WeightDType::kFloat32);
+  } else {
+    options.dtype = dtype;
+  }
+  ASSIGN_OR_RETURN(auto weights, model::LoadHfModel(flags.model, options));
+  model::LoadedModel loaded;
+  loaded.max_tokens = weights->config().max_position_embeddings;
+  loaded.description = absl::StrCat(
+      flags.model, " on ", device.ToString(), " in ",
+      model::WeightDTypeName(weights->config().dtype));
+  loaded.decoder = std::make_shared<model::DecoderModel>(std::move(weights));
+  return loaded;
+}
+
 double Percentile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -189,8 +238,24 @@ int Main(int argc, char** argv) {
       {"--repeat", &flags.repeat},
       {"--attention", &flags.attention},
       {"--flat-step-ms", &flags.flat_step_ms}};
+  const std::pair<const char*, std::string*> text[] = {
+      {"--model", &flags.model},
+      {"--device", &flags.device},
+      {"--dtype", &flags.dtype}};
   for (int i = 1; i < argc; i += 2) {
     const std::string f = argv[i];
+    std::string* text_target = nullptr;
+    for (const auto& [name, field] : text) {
+      if (f == name) text_target = field;
+    }
+    if (text_target != nullptr) {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", f.c_str());
+        return 2;
+      }
+      *text_target = argv[i + 1];
+      continue;
+    }
     int* target = nullptr;
     for (const auto& [name, field] : known) {
       if (f == name) target = field;
@@ -210,15 +275,21 @@ int Main(int argc, char** argv) {
     }
     *target = v;
   }
-  auto loaded = model::LoadModel("", 1, flags.threads);
+  auto loaded = Load(flags);
   if (!loaded.ok()) {
     std::fprintf(stderr, "%s\n", loaded.status().ToString().c_str());
     return 1;
   }
   std::vector<std::shared_ptr<model::ModelWeights>> versions;
+  const auto live = loaded->decoder->weights();
   for (uint64_t seed : {1, 2, 3}) {
-    versions.push_back(
-        *model::RandomInit(loaded->decoder->weights()->config(), seed));
+    auto version = model::RandomInit(live->config(), seed,
+                                     {.device = live->device()});
+    if (!version.ok()) {
+      std::fprintf(stderr, "%s\n", version.status().ToString().c_str());
+      return 1;
+    }
+    versions.push_back(*std::move(version));
   }
   const std::vector<int> lengths =
       LongTailLengths(flags.requests, flags.max_tokens, 7);

@@ -5,6 +5,8 @@
 //  * forward pass, packed (training) and cached (generation), float32 and
 //    bfloat16, CUDA vs CPU within stated tolerances;
 //  * greedy generation on CUDA picks the CPU's tokens (float32);
+//  * the fused CUDA log-prob kernel (the trainer's default on a GPU) equals
+//    the chunked ATen path, values and gradients;
 //  * one GRPO step on CUDA equals the CPU step (float32), and the mixed
 //    precision (bf16 compute, fp32 master) step moves the weights the way
 //    the fp32 one does;
@@ -30,6 +32,7 @@
 #include "common/model/model_loader.h"
 #include "common/model/model_weights.h"
 #include "services/rollout/weight_update_sources.h"
+#include "services/trainer/loss/chunked_logprobs.h"
 #include "services/trainer/rl/grpo_trainer.h"
 #include "tests/unit/grpo_test_util.h"
 #include "tests/unit/model_test_util.h"
@@ -208,6 +211,36 @@ TEST_CASE("a mixed-precision GRPO step on CUDA follows the fp32 CPU step",
       (x * y).sum().item<double>() / (x.norm() * y.norm()).item<double>();
   INFO("cosine " << cosine);
   CHECK(cosine > 0.95);
+}
+
+TEST_CASE("the CUDA log-prob kernel equals the chunked ATen path on CUDA",
+          "[gpu][trainer][logprobs]") {
+  torch::manual_seed(7);
+  const auto opts = torch::TensorOptions().device(kCuda);
+  const at::Tensor hidden0 = torch::randn({67, 64}, opts);
+  const at::Tensor head0 = torch::randn({1003, 64}, opts) * 0.3;
+  const at::Tensor targets = torch::randint(0, 1003, {67}, opts.dtype(at::kLong));
+  const at::Tensor weights = torch::randn({67}, opts);
+  std::vector<at::Tensor> lp, gh, gw;
+  for (const auto kernel :
+       {trainer::TokenLogProbsKernel::kCuda, trainer::TokenLogProbsKernel::kAten}) {
+    at::Tensor hidden = hidden0.clone().requires_grad_(true);
+    at::Tensor head = head0.clone().requires_grad_(true);
+    trainer::TokenLogProbsOptions options;
+    options.kernel = kernel;
+    options.temperature = 0.8;
+    options.chunk_vocab = 256;
+    auto out = trainer::ComputeTokenLogProbs(hidden, head, targets, options);
+    REQUIRE(out.ok());
+    CHECK(out->entropy.defined());
+    (out->logprobs * weights).sum().backward();
+    lp.push_back(out->logprobs.detach());
+    gh.push_back(hidden.grad());
+    gw.push_back(head.grad());
+  }
+  CHECK(RelativeError(lp[0], lp[1]) < 1e-4);
+  CHECK(RelativeError(gh[0], gh[1]) < 1e-4);
+  CHECK(RelativeError(gw[0], gw[1]) < 1e-4);
 }
 
 TEST_CASE("LoadModel places the weights; received versions follow them",

@@ -13,8 +13,9 @@
 #      bfloat16 at batch 1/8/64/256, next to the GPU's memory-bandwidth
 #      bound for the same work (weights + KV cache read per step / measured
 #      device-to-device copy bandwidth);
-#   3. the engine's Olmo 3 table and CUDA IPC sync: listed as NOT BUILT
-#      while they are (docs/gpu.md says what is missing);
+#   3. the engine's Olmo 3 table (static + drain, continuous + drain,
+#      continuous + inflight, no updates) on the same model, batch 64,
+#      long-tailed lengths (mean/max 0.44); and what is not built yet;
 #   4. an end-to-end run (coordinator, verifier, trainer and two rollout
 #      workers on GPU 0) for M minutes (default 5) with its held-out curve.
 # DIR is a build directory (default: build/ next to this script's
@@ -213,17 +214,28 @@ else
 fi
 echo >>"$report"
 
-# ---- 3. What is not built yet ----
+# ---- 3. The Olmo 3 table on the GPU ----
+echo "## 3. The engine's Olmo 3 table on the GPU (same model, bf16)" >>"$report"
+echo >>"$report"
+if [[ -f "$model/config.json" ]]; then
+  run_bin timeout 1200 "$bin/engine_bench" --model "$model" --device cuda \
+    --dtype bfloat16 --batch 64 --requests 512 --max-tokens 256 \
+    --update-every 8 --repeat 2 --threads 4 >"$work/olmo3.txt" 2>&1
+  rc=$?
+  [[ $rc -ne 0 ]] && { status=1; echo "FAIL: engine_bench exit $rc"; } >>"$report"
+  { echo '```'; tail -n 12 "$work/olmo3.txt"; echo '```'; echo;
+    echo "Targets (issue 22): (c)/(a) >= 2.0, (c)/(d) >= 0.9, inflight pause p99 <= 1 ms."; } >>"$report"
+else
+  echo "NOT RUN: no model (section 2 failed)." >>"$report"
+fi
+echo >>"$report"
 cat >>"$report" <<'EOF'
-## 3. Not built yet (issue 22, docs/gpu.md)
-
-- NOT BUILT: the engine's Olmo 3 table on the GPU (engine_bench runs the
-  built-in model and has no device option yet; sampling still happens on the
-  host).
-- NOT BUILT: CUDA IPC weight sync (publish-to-live for 1 GiB); workers on
-  the trainer's GPU receive versions through the host (Gloo or pull).
-- NOT BUILT: NCCL broadcast GB/s against a device-to-device copy (the NCCL
-  transport sends host buffers; its bit-exactness test is in section 1).
+Not built yet (issue 22, docs/gpu.md): sampling on the device (the engine
+copies the sampled rows' logits to the host and samples there); CUDA IPC
+weight sync (workers on the trainer's GPU receive versions through the host,
+by Gloo or pull); NCCL broadcast from device buffers and its GB/s against a
+device-to-device copy (the NCCL transport sends host buffers; its
+bit-exactness test is in section 1).
 
 EOF
 

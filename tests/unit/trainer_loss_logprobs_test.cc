@@ -159,5 +159,27 @@ TEST_CASE("Chunked log-probs reject bad shapes, targets and options",
               .code() == absl::StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("the CUDA log-prob kernel is refused for CPU tensors; auto and "
+          "aten agree on the CPU",
+          "[trainer][logprobs]") {
+  torch::manual_seed(3);
+  const at::Tensor hidden = torch::randn({9, 16});
+  const at::Tensor lm_head = torch::randn({40, 16});
+  const at::Tensor targets = torch::randint(0, 40, {9}, torch::kLong);
+  TokenLogProbsOptions options;
+  options.kernel = TokenLogProbsKernel::kCuda;
+  const auto refused = ComputeTokenLogProbs(hidden, lm_head, targets, options);
+  CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(refused.status().message().find("tensors on cpu") !=
+        std::string::npos);
+  options.kernel = TokenLogProbsKernel::kAuto;
+  const auto automatic = ComputeTokenLogProbs(hidden, lm_head, targets, options);
+  options.kernel = TokenLogProbsKernel::kAten;
+  const auto aten = ComputeTokenLogProbs(hidden, lm_head, targets, options);
+  REQUIRE(automatic.ok());
+  REQUIRE(aten.ok());
+  CHECK(torch::equal(automatic->logprobs, aten->logprobs));
+}
+
 }  // namespace
 }  // namespace tandem::trainer

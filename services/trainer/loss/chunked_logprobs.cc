@@ -10,6 +10,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/model/torch_status.h"
+#if TANDEM_ENABLE_CUDA
+#include "kernels/cuda/token_logprobs_cuda.h"
+#endif
 
 namespace tandem::trainer {
 namespace {
@@ -157,6 +160,59 @@ class ChunkedTokenLogProbs
   }
 };
 
+#if TANDEM_ENABLE_CUDA
+// The fused CUDA kernels (kernels/cuda/token_logprobs_cuda.h) as an
+// autograd function: float32 copies of hidden and lm_head are saved with
+// the log-sum-exp; gradients come back in the inputs' dtypes.
+class CudaTokenLogProbs : public torch::autograd::Function<CudaTokenLogProbs> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& hidden,
+                               const at::Tensor& lm_head,
+                               const at::Tensor& targets, double temperature) {
+    const at::Tensor h = hidden.detach().to(at::kFloat).contiguous();
+    const at::Tensor w = lm_head.detach().to(at::kFloat).contiguous();
+    const at::Tensor t = targets.to(at::kLong).contiguous();
+    const int64_t n = h.size(0);
+    at::Tensor logprobs = at::empty({n}, h.options());
+    at::Tensor lse = at::empty({n}, h.options());
+    const absl::Status status = kernels::cuda::TokenLogProbsForward(
+        h.data_ptr<float>(), w.data_ptr<float>(), t.data_ptr<int64_t>(), n,
+        h.size(1), w.size(0), static_cast<float>(temperature),
+        logprobs.data_ptr<float>(), lse.data_ptr<float>());
+    TORCH_CHECK(status.ok(), "CUDA token log-probs: ", status.ToString());
+    ctx->save_for_backward({h, w, t, lse});
+    ctx->saved_data["temperature"] = temperature;
+    ctx->saved_data["hidden_dtype"] = static_cast<int64_t>(hidden.scalar_type());
+    ctx->saved_data["head_dtype"] = static_cast<int64_t>(lm_head.scalar_type());
+    return {logprobs};
+  }
+
+  static variable_list backward(AutogradContext* ctx,
+                                variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& h = saved[0];
+    const at::Tensor& w = saved[1];
+    const at::Tensor& t = saved[2];
+    const at::Tensor& lse = saved[3];
+    const at::Tensor g = grad_outputs[0].to(at::kFloat).contiguous();
+    at::Tensor grad_hidden = at::empty_like(h);
+    at::Tensor grad_head = at::empty_like(w);
+    const absl::Status status = kernels::cuda::TokenLogProbsBackward(
+        h.data_ptr<float>(), w.data_ptr<float>(), t.data_ptr<int64_t>(),
+        lse.data_ptr<float>(), g.data_ptr<float>(), h.size(0), h.size(1),
+        w.size(0), static_cast<float>(ctx->saved_data["temperature"].toDouble()),
+        grad_hidden.data_ptr<float>(), grad_head.data_ptr<float>());
+    TORCH_CHECK(status.ok(), "CUDA token log-probs backward: ",
+                status.ToString());
+    const auto dtype = [&](const char* key) {
+      return static_cast<at::ScalarType>(ctx->saved_data[key].toInt());
+    };
+    return {grad_hidden.to(dtype("hidden_dtype")),
+            grad_head.to(dtype("head_dtype")), at::Tensor(), at::Tensor()};
+  }
+};
+#endif
+
 absl::Status ValidateInputs(const at::Tensor& hidden, const at::Tensor& lm_head,
                             const at::Tensor& targets,
                             const TokenLogProbsOptions& options) {
@@ -207,6 +263,34 @@ absl::StatusOr<TokenLogProbs> ComputeTokenLogProbs(
     const at::Tensor& targets, const TokenLogProbsOptions& options) {
   absl::Status valid = ValidateInputs(hidden, lm_head, targets, options);
   if (!valid.ok()) return valid;
+  const bool on_cuda = hidden.is_cuda() && lm_head.is_cuda();
+  if (options.kernel == TokenLogProbsKernel::kCuda &&
+      !(on_cuda && TANDEM_ENABLE_CUDA)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "token log-probs: the CUDA kernel needs CUDA tensors and a build "
+        "with CUDA (tensors on ",
+        hidden.device().str(), ", CUDA build: ",
+        TANDEM_ENABLE_CUDA ? "yes" : "no", ")"));
+  }
+#if TANDEM_ENABLE_CUDA
+  if (on_cuda && options.kernel != TokenLogProbsKernel::kAten) {
+    try {
+      TokenLogProbs result;
+      result.logprobs = CudaTokenLogProbs::apply(
+          hidden, lm_head, targets, options.temperature)[0];
+      if (options.compute_entropy) {
+        torch::NoGradGuard no_grad;
+        result.entropy = ChunkedTokenLogProbs::apply(
+            hidden.detach(), lm_head.detach(), targets.to(at::kLong),
+            options.chunk_tokens, options.chunk_vocab, options.temperature,
+            true)[1];
+      }
+      return result;
+    } catch (const std::exception& e) {
+      return model::internal::TorchErrorToStatus("CUDA token log-probs", e);
+    }
+  }
+#endif
   try {
     variable_list out = ChunkedTokenLogProbs::apply(
         hidden, lm_head, targets.to(at::kLong), options.chunk_tokens,

@@ -10,8 +10,12 @@
 // blocks of chunk_tokens x chunk_vocab floats plus the float32 gradient
 // accumulators, independent of T x vocab.
 //
-// CPU always. The ops are device-generic ATen calls, so CUDA tensors work,
-// but the fused CUDA kernel belongs to kernels/ and is not used here.
+// The ops are device-generic ATen calls, so CUDA tensors work. On a CUDA
+// device the fused kernel of kernels/cuda (online log-sum-exp over the
+// vocabulary, backward from the saved log-sum-exp) computes the log-probs
+// and their gradients instead, when the build has CUDA
+// (TokenLogProbsKernel::kAuto); the entropy statistic, when asked for,
+// then comes from one extra no-grad pass of the chunked ATen forward.
 
 #include <ATen/core/Tensor.h>
 
@@ -21,7 +25,17 @@
 
 namespace tandem::trainer {
 
+enum class TokenLogProbsKernel {
+  // kCuda for CUDA tensors in a build with CUDA, kAten otherwise.
+  kAuto,
+  // The chunked ATen implementation (any device).
+  kAten,
+  // kernels/cuda (CUDA tensors only; FailedPrecondition otherwise).
+  kCuda,
+};
+
 struct TokenLogProbsOptions {
+  TokenLogProbsKernel kernel = TokenLogProbsKernel::kAuto;
   // Tokens per block; > 0. Need not divide T. The default block of 2048 x
   // 8192 float32 logits is 64 MiB; the forward and backward passes hold
   // about three such blocks at a time.
