@@ -105,6 +105,26 @@ absl::Status Engine::MaybeCommitUpdate(StepStats* stats) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<SampledToken>> EngineModel::ForwardSample(
+    const std::vector<ForwardChunk>& chunks,
+    const std::vector<SampleRequest>& requests) {
+  ASSIGN_OR_RETURN(std::vector<float> logits, Forward(chunks));
+  const int32_t vocab = vocab_size();
+  if (logits.size() != requests.size() * static_cast<size_t>(vocab)) {
+    return absl::InternalError(
+        absl::StrCat("Forward returned ", logits.size(), " logits for ",
+                     requests.size(), " sampled rows of ", vocab));
+  }
+  std::vector<SampledToken> out;
+  out.reserve(requests.size());
+  for (size_t row = 0; row < requests.size(); ++row) {
+    out.push_back(SampleTokenWithUniform(logits.data() + row * vocab, vocab,
+                                         *requests[row].params,
+                                         requests[row].uniform));
+  }
+  return out;
+}
+
 absl::StatusOr<StepStats> Engine::Step() {
   const absl::Time step_start = absl::Now();
   StepStats stats;
@@ -130,11 +150,28 @@ absl::StatusOr<StepStats> Engine::Step() {
   for (const ScheduledChunk& c : plan.chunks) {
     chunks.push_back({c.seq, c.start, c.end, c.samples()});
   }
-  absl::StatusOr<std::vector<float>> forward = model_->Forward(chunks);
-  // Sampling reads only the logits: the weights are free from here on.
+  // One uniform draw per sampled row from the sequence's own generator
+  // (none when greedy), in chunk order, wherever the model samples.
+  std::vector<SampleRequest> requests;
+  for (const ScheduledChunk& c : plan.chunks) {
+    if (!c.samples()) continue;
+    SampleRequest r;
+    r.params = &c.seq->params;
+    if (c.seq->params.temperature > 0.0f) {
+      r.uniform = std::uniform_real_distribution<double>(0.0, 1.0)(c.seq->rng);
+    }
+    requests.push_back(r);
+  }
+  absl::StatusOr<std::vector<SampledToken>> forward =
+      model_->ForwardSample(chunks, requests);
+  // The weights are free from here on.
   if (weights_ != nullptr) weights_->StepDone();
-  ASSIGN_OR_RETURN(std::vector<float> logits, std::move(forward));
-  const int32_t vocab = model_->vocab_size();
+  ASSIGN_OR_RETURN(std::vector<SampledToken> sampled_rows, std::move(forward));
+  if (sampled_rows.size() != requests.size()) {
+    return absl::InternalError(
+        absl::StrCat("the model sampled ", sampled_rows.size(), " tokens for ",
+                     requests.size(), " rows"));
+  }
   const absl::Time now = absl::Now();
   size_t row = 0;
   std::vector<Sequence*> done;
@@ -149,8 +186,7 @@ absl::StatusOr<StepStats> Engine::Step() {
     if (c.end - c.start > 1 || seq->output.empty()) {
       stats.prefill_tokens += c.end - c.start;
     }
-    const SampledToken sampled =
-        SampleToken(logits.data() + row * vocab, vocab, seq->params, &seq->rng);
+    const SampledToken sampled = sampled_rows[row];
     ++row;
     seq->Append(sampled.token, sampled.logprob, version_);
     ++generated_tokens_;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/sampler.h"
 #include "engine/sequence.h"
 
 namespace tandem::engine {
@@ -22,6 +23,14 @@ struct ForwardChunk {
   bool wants_logits = false;
 };
 
+// How to sample one chunk's next token: its sampling parameters and the
+// uniform draw in [0, 1) the engine made for it from the sequence's own
+// generator (unused when greedy).
+struct SampleRequest {
+  const SamplingParams* params = nullptr;
+  double uniform = 0.0;
+};
+
 class EngineModel {
  public:
   virtual ~EngineModel() = default;
@@ -30,6 +39,14 @@ class EngineModel {
   // with wants_logits, in chunk order.
   virtual absl::StatusOr<std::vector<float>> Forward(
       const std::vector<ForwardChunk>& chunks) = 0;
+  // Runs one step and samples the next token of every chunk with
+  // wants_logits (requests[i] for the i-th of them), by
+  // SampleTokenWithUniform's rule. The default runs Forward() and samples
+  // on the host; a model whose logits live on a GPU samples there, so only
+  // the chosen ids and their log-probs cross to the host.
+  virtual absl::StatusOr<std::vector<SampledToken>> ForwardSample(
+      const std::vector<ForwardChunk>& chunks,
+      const std::vector<SampleRequest>& requests);
   // Copies the first `num_tokens` cached tokens of `src` into `dst`'s
   // (empty) cache. Returns false when `src` does not hold them.
   virtual bool ForkCache(uint64_t src, uint64_t dst, int32_t num_tokens) = 0;

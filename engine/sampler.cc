@@ -10,6 +10,15 @@ namespace tandem::engine {
 
 SampledToken SampleToken(const float* logits, int32_t vocab_size,
                          const SamplingParams& params, std::mt19937_64* rng) {
+  double u = 0.0;
+  if (params.temperature > 0.0f) {
+    u = std::uniform_real_distribution<double>(0.0, 1.0)(*rng);
+  }
+  return SampleTokenWithUniform(logits, vocab_size, params, u);
+}
+
+SampledToken SampleTokenWithUniform(const float* logits, int32_t vocab_size,
+                                    const SamplingParams& params, double u) {
   const bool greedy = params.temperature <= 0.0f;
   const double inv_t = greedy ? 1.0 : 1.0 / params.temperature;
   // log-sum-exp of the scaled logits, for the log-probability.
@@ -34,13 +43,12 @@ SampledToken SampleToken(const float* logits, int32_t vocab_size,
 
   const bool truncate =
       (params.top_k > 0 && params.top_k < vocab_size) || params.top_p < 1.0f;
-  std::uniform_real_distribution<double> uniform(0.0, 1.0);
   if (!truncate) {
     // Inverse-CDF over the full distribution.
-    double u = uniform(*rng) * sum;
+    double left = u * sum;
     for (int32_t i = 0; i < vocab_size; ++i) {
-      u -= std::exp(logits[i] * inv_t - max_scaled);
-      if (u <= 0.0) return {i, logprob_of(i)};
+      left -= std::exp(logits[i] * inv_t - max_scaled);
+      if (left <= 0.0) return {i, logprob_of(i)};
     }
     return {argmax, logprob_of(argmax)};
   }
@@ -69,10 +77,10 @@ SampledToken SampleToken(const float* logits, int32_t vocab_size,
     order.resize(keep);
   }
   const double total = std::accumulate(probs.begin(), probs.end(), 0.0);
-  double u = uniform(*rng) * total;
+  double left = u * total;
   for (size_t i = 0; i < probs.size(); ++i) {
-    u -= probs[i];
-    if (u <= 0.0) return {order[i], logprob_of(order[i])};
+    left -= probs[i];
+    if (left <= 0.0) return {order[i], logprob_of(order[i])};
   }
   return {order.front(), logprob_of(order.front())};
 }

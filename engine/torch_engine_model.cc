@@ -1,5 +1,7 @@
 #include "engine/torch_engine_model.h"
 
+#include "engine/torch_sampler.h"
+
 #include <ATen/ATen.h>
 
 #include "absl/strings/str_cat.h"
@@ -11,8 +13,9 @@
 namespace tandem::engine {
 
 TorchEngineModel::TorchEngineModel(std::shared_ptr<model::DecoderModel> model,
-                                   int64_t max_tokens)
-    : model_(std::move(model)), max_tokens_(max_tokens) {}
+                                   int64_t max_tokens,
+                                   TorchEngineModelOptions options)
+    : model_(std::move(model)), options_(options), max_tokens_(max_tokens) {}
 
 TorchEngineModel::~TorchEngineModel() = default;
 
@@ -20,8 +23,8 @@ int32_t TorchEngineModel::vocab_size() const {
   return static_cast<int32_t>(model_->weights()->config().vocab_size);
 }
 
-absl::StatusOr<std::vector<float>> TorchEngineModel::Forward(
-    const std::vector<ForwardChunk>& chunks) {
+absl::Status TorchEngineModel::RunStep(const std::vector<ForwardChunk>& chunks,
+                                       at::Tensor* logits) {
   std::vector<std::vector<int32_t>> tokens(chunks.size());
   std::vector<model::SequenceStep> steps(chunks.size());
   const auto weights = model_->weights();
@@ -47,28 +50,134 @@ absl::StatusOr<std::vector<float>> TorchEngineModel::Forward(
     steps[i].tokens = tokens[i];
     steps[i].cache = cache.get();
   }
-  ASSIGN_OR_RETURN(at::Tensor logits, model_->ForwardWithCache(steps));
+  ASSIGN_OR_RETURN(at::Tensor all, model_->ForwardWithCache(steps));
   std::vector<int64_t> wanted;
   for (size_t i = 0; i < chunks.size(); ++i) {
     if (chunks[i].wants_logits) wanted.push_back(static_cast<int64_t>(i));
   }
-  std::vector<float> out;
-  if (wanted.empty()) return out;
   try {
-    // Only the rows the sampler needs cross to the host (one copy from a
-    // GPU).
     if (wanted.size() != chunks.size()) {
-      logits = logits.index_select(
+      all = all.index_select(
           0, at::tensor(wanted, at::TensorOptions().dtype(at::kLong))
-                 .to(logits.device()));
+                 .to(all.device()));
     }
-    logits = logits.to(at::kCPU, at::kFloat).contiguous();
+    *logits = all.to(at::kFloat);
+  } catch (const std::exception& e) {
+    return absl::InternalError(
+        absl::StrCat("selecting the sampled rows' logits: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> TorchEngineModel::Forward(
+    const std::vector<ForwardChunk>& chunks) {
+  at::Tensor logits;
+  RETURN_IF_ERROR(RunStep(chunks, &logits));
+  std::vector<float> out;
+  if (logits.numel() == 0) return out;
+  try {
+    // Only the rows the sampler needs cross to the host.
+    logits = logits.to(at::kCPU).contiguous();
   } catch (const std::exception& e) {
     return absl::InternalError(
         absl::StrCat("copying logits to the host: ", e.what()));
   }
   const float* data = logits.data_ptr<float>();
   out.assign(data, data + logits.numel());
+  return out;
+}
+
+absl::StatusOr<std::vector<SampledToken>> TorchEngineModel::ForwardSample(
+    const std::vector<ForwardChunk>& chunks,
+    const std::vector<SampleRequest>& requests) {
+  const bool on_device =
+      options_.sampling == SampleWhere::kDevice ||
+      (options_.sampling == SampleWhere::kAuto &&
+       model_->weights()->device().is_cuda());
+  if (!on_device) return EngineModel::ForwardSample(chunks, requests);
+  at::Tensor logits;
+  RETURN_IF_ERROR(RunStep(chunks, &logits));
+  return SampleRows(logits, requests);
+}
+
+absl::StatusOr<std::vector<SampledToken>> SampleRows(
+    const at::Tensor& logits, const std::vector<SampleRequest>& requests) {
+  const int64_t rows = static_cast<int64_t>(requests.size());
+  std::vector<SampledToken> out(requests.size());
+  if (rows == 0) return out;
+  if (logits.dim() != 2 || logits.size(0) != rows) {
+    return absl::InternalError(
+        absl::StrCat("sampling ", rows, " rows from logits of shape ",
+                     c10::str(logits.sizes())));
+  }
+  try {
+    c10::InferenceMode inference_mode;
+    const at::Device device = logits.device();
+    const int64_t vocab = logits.size(1);
+    std::vector<float> inv_t(rows);
+    std::vector<double> uniform(rows);
+    std::vector<uint8_t> greedy(rows);
+    std::vector<int64_t> truncated;
+    for (int64_t r = 0; r < rows; ++r) {
+      const SamplingParams& p = *requests[r].params;
+      greedy[r] = p.temperature <= 0.0f;
+      inv_t[r] = greedy[r] ? 1.0f : 1.0f / p.temperature;
+      uniform[r] = requests[r].uniform;
+      if (!greedy[r] && ((p.top_k > 0 && p.top_k < vocab) || p.top_p < 1.0f)) {
+        truncated.push_back(r);
+      }
+    }
+    const auto to_device = [&](auto& v, at::ScalarType type) {
+      return at::tensor(v, at::TensorOptions().dtype(type)).to(device);
+    };
+    const at::Tensor scaled =
+        logits.to(at::kFloat) * to_device(inv_t, at::kFloat).unsqueeze(1);
+    const at::Tensor log_z = at::logsumexp(scaled, 1);
+    const at::Tensor u = to_device(uniform, at::kDouble);
+    // Inverse CDF over the whole vocabulary (in double, as the host does).
+    const at::Tensor cdf =
+        (scaled - log_z.unsqueeze(1)).exp().to(at::kDouble).cumsum(1);
+    const at::Tensor target = (u * cdf.select(1, vocab - 1)).unsqueeze(1);
+    at::Tensor token =
+        at::searchsorted(cdf, target).squeeze(1).clamp_max(vocab - 1);
+    token = at::where(to_device(greedy, at::kByte).to(at::kBool),
+                      scaled.argmax(1), token);
+    // Top-k / top-p rows (rare in RL): candidates sorted by logit (ties by
+    // id), cut, then the same inverse CDF.
+    for (int64_t r : truncated) {
+      const SamplingParams& p = *requests[r].params;
+      const auto [values, order] =
+          scaled[r].sort(/*stable=*/true, /*dim=*/0, /*descending=*/true);
+      const int64_t k =
+          p.top_k > 0 ? std::min<int64_t>(p.top_k, vocab) : vocab;
+      at::Tensor probs =
+          (values.narrow(0, 0, k) - log_z[r]).exp().to(at::kDouble);
+      int64_t keep = k;
+      if (p.top_p < 1.0f) {
+        const at::Tensor below = probs.cumsum(0) < static_cast<double>(p.top_p);
+        keep = std::min<int64_t>(k, below.sum().item<int64_t>() + 1);
+      }
+      const at::Tensor c = probs.narrow(0, 0, keep).cumsum(0);
+      const at::Tensor pick =
+          at::searchsorted(c, (c[keep - 1] * uniform[r]).reshape({1}))
+              .clamp_max(keep - 1);
+      token[r] = order.index_select(0, pick).squeeze(0);
+    }
+    const at::Tensor logprob =
+        scaled.gather(1, token.unsqueeze(1)).squeeze(1) - log_z;
+    // The only copy to the host: ids and log-probs.
+    const at::Tensor host =
+        at::stack({token.to(at::kDouble), logprob.to(at::kDouble)})
+            .to(at::kCPU)
+            .contiguous();
+    const double* data = host.data_ptr<double>();
+    for (int64_t r = 0; r < rows; ++r) {
+      out[r].token = static_cast<int32_t>(data[r]);
+      out[r].logprob = static_cast<float>(data[rows + r]);
+    }
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("sampling on the device: ", e.what()));
+  }
   return out;
 }
 

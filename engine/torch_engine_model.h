@@ -12,6 +12,10 @@
 
 #include "engine/engine_model.h"
 
+namespace at {
+class Tensor;
+}  // namespace at
+
 namespace tandem::model {
 class DecoderModel;
 class KvCache;
@@ -19,21 +23,40 @@ class KvCache;
 
 namespace tandem::engine {
 
+// Where ForwardSample samples: kAuto = on the weights' device when it is a
+// GPU (only ids and log-probs cross to the host), on the host otherwise
+// (the exact double-precision sampler); kDevice forces the tensor sampler
+// also on the CPU (tests compare the two).
+enum class SampleWhere { kAuto, kHost, kDevice };
+
+struct TorchEngineModelOptions {
+  SampleWhere sampling = SampleWhere::kAuto;
+};
+
 class TorchEngineModel : public EngineModel {
  public:
   // `max_tokens` bounds any one sequence (prompt + generated).
   TorchEngineModel(std::shared_ptr<model::DecoderModel> model,
-                   int64_t max_tokens);
+                   int64_t max_tokens, TorchEngineModelOptions options = {});
   ~TorchEngineModel() override;
 
   int32_t vocab_size() const override;
   absl::StatusOr<std::vector<float>> Forward(
       const std::vector<ForwardChunk>& chunks) override;
+  absl::StatusOr<std::vector<SampledToken>> ForwardSample(
+      const std::vector<ForwardChunk>& chunks,
+      const std::vector<SampleRequest>& requests) override;
   bool ForkCache(uint64_t src, uint64_t dst, int32_t num_tokens) override;
   void ReleaseCache(uint64_t seq_id) override;
 
  private:
+  // The step's forward pass; *logits = float32 rows of the chunks with
+  // wants_logits, in order, on the weights' device.
+  absl::Status RunStep(const std::vector<ForwardChunk>& chunks,
+                       at::Tensor* logits);
+
   std::shared_ptr<model::DecoderModel> model_;
+  const TorchEngineModelOptions options_;
   const int64_t max_tokens_;
   std::map<uint64_t, std::unique_ptr<model::KvCache>> caches_;
 };

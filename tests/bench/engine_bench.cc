@@ -88,6 +88,16 @@ class FlatStepModel : public EngineModel {
     absl::SleepFor(step_ - took);
     return out;
   }
+  absl::StatusOr<std::vector<SampledToken>> ForwardSample(
+      const std::vector<ForwardChunk>& chunks,
+      const std::vector<SampleRequest>& requests) override {
+    const absl::Time start = absl::Now();
+    auto out = inner_->ForwardSample(chunks, requests);
+    const absl::Duration took = absl::Now() - start;
+    if (took > step_) ++overruns_;
+    absl::SleepFor(step_ - took);
+    return out;
+  }
   bool ForkCache(uint64_t src, uint64_t dst, int32_t num_tokens) override {
     return inner_->ForkCache(src, dst, num_tokens);
   }

@@ -268,12 +268,19 @@ def check_overlay(overlay, objects, keys, fail):
                        f"{overlay}: {name} requests no GPU")
             fail.check(c["image"].endswith(":cuda"),
                        f"{overlay}: {name} image {c['image']}")
+            fail.check(env.get("TANDEM_MODEL_DEVICE", {}).get("value") ==
+                       "cuda",
+                       f"{overlay}: {name} gets a GPU but does not run on "
+                       "it (TANDEM_MODEL_DEVICE)")
         if overlay == "cpu":
             fail.check(c["image"] == "tandem:cpu",
                        f"{overlay}: {name} image {c['image']}")
             fail.check("nvidia.com/gpu" not in
                        c.get("resources", {}).get("limits", {}),
                        f"{overlay}: {name} requests a GPU")
+            fail.check(env.get("TANDEM_MODEL_DEVICE", {}).get("value",
+                                                            "cpu") == "cpu",
+                       f"{overlay}: {name} asks for a GPU device")
 
     for name in ("rollout", "verifier", "trainer"):
         s = services.get(name)

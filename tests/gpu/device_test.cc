@@ -4,7 +4,8 @@
 //
 //  * forward pass, packed (training) and cached (generation), float32 and
 //    bfloat16, CUDA vs CPU within stated tolerances;
-//  * greedy generation on CUDA picks the CPU's tokens (float32);
+//  * greedy generation on CUDA picks the CPU's tokens (float32), and
+//    sampling on the GPU (engine/torch_sampler.h) the host sampler's;
 //  * the fused CUDA log-prob kernel (the trainer's default on a GPU) equals
 //    the chunked ATen path, values and gradients;
 //  * one GRPO step on CUDA equals the CPU step (float32), and the mixed
@@ -23,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,8 @@
 #include "common/model/kv_cache.h"
 #include "common/model/model_loader.h"
 #include "common/model/model_weights.h"
+#include "engine/sampler.h"
+#include "engine/torch_sampler.h"
 #include "services/rollout/weight_update_sources.h"
 #include "services/trainer/loss/chunked_logprobs.h"
 #include "services/trainer/rl/grpo_trainer.h"
@@ -241,6 +245,45 @@ TEST_CASE("the CUDA log-prob kernel equals the chunked ATen path on CUDA",
   CHECK(RelativeError(lp[0], lp[1]) < 1e-4);
   CHECK(RelativeError(gh[0], gh[1]) < 1e-4);
   CHECK(RelativeError(gw[0], gw[1]) < 1e-4);
+}
+
+TEST_CASE("sampling on the GPU picks the host sampler's tokens",
+          "[gpu][sampler]") {
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  std::vector<engine::SamplingParams> kinds;
+  for (float t : {0.0f, 0.7f, 1.0f}) {
+    for (int32_t k : {0, 20}) {
+      for (float p : {1.0f, 0.9f}) {
+        engine::SamplingParams s;
+        s.temperature = t;
+        s.top_k = k;
+        s.top_p = p;
+        kinds.push_back(s);
+      }
+    }
+  }
+  const int64_t rows = 1024, vocab = 151936;  // Qwen2.5's vocabulary
+  torch::manual_seed(5);
+  const at::Tensor logits = torch::randn({rows, vocab}) * 4.0;
+  std::vector<engine::SampleRequest> requests(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    requests[r] = {&kinds[r % kinds.size()], uniform(rng)};
+  }
+  auto on_gpu = engine::SampleRows(logits.to(kCuda), requests);
+  REQUIRE(on_gpu.ok());
+  int same = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const engine::SampledToken host = engine::SampleTokenWithUniform(
+        logits[r].data_ptr<float>(), static_cast<int32_t>(vocab),
+        *requests[r].params, requests[r].uniform);
+    if (host.token == (*on_gpu)[r].token) {
+      ++same;
+      CHECK(std::abs(host.logprob - (*on_gpu)[r].logprob) < 1e-3);
+    }
+  }
+  INFO(same << " of " << rows << " equal");
+  CHECK(same >= rows - 2);
 }
 
 TEST_CASE("LoadModel places the weights; received versions follow them",
