@@ -41,6 +41,10 @@ Steps, each printed with its time:
    container, pod or network of the project is left, and the API socket is
    stopped if this test started it. Steps 3-8 run under try/finally.
 
+With TANDEM_COMPOSE_IMAGE=NAME the stack runs that image instead (one that
+carries LibTorch, e.g. docker/Dockerfile's tandem:cpu; tests/deploy/
+test_image_full.py does so): no prebuilt image, nothing mounted.
+
 Skips (exit 77, ctest's SKIP_RETURN_CODE) with a one-line reason when not
 root or podman/docker-compose/debootstrap are missing. Exit 0 on success,
 1 on a failed check (the last logs of every service are printed)."""
@@ -124,10 +128,11 @@ def libtorch_dirs(binary):
 
 
 class Stack:
-    def __init__(self, tmp):
+    def __init__(self, tmp, image):
         self.tmp = tmp
+        self.image = image
         self.env = dict(os.environ, DOCKER_HOST=f"unix://{SOCKET}",
-                        TANDEM_IMAGE=IMAGE, PROMETHEUS_IMAGE=PROM_IMAGE,
+                        TANDEM_IMAGE=image, PROMETHEUS_IMAGE=PROM_IMAGE,
                         COMPOSE_PROJECT_NAME=PROJECT)
         self.override = os.path.join(tmp, "docker-compose.ctest.yml")
         self.stop_health = threading.Event()
@@ -226,7 +231,10 @@ def setup():
         return int(f.read())
 
 
-def build_images(tmp):
+def build_images(tmp, prebuilt):
+    if not prebuilt:
+        build_prometheus_image()
+        return
     stage = os.path.join(tmp, "image")
     os.makedirs(os.path.join(stage, "bin"))
     for p in PROGRAMS:
@@ -244,6 +252,10 @@ def build_images(tmp):
     log(f"image {IMAGE}: {time.monotonic() - t:.0f} s, "
         f"{int(run('podman', 'image', 'inspect', '--format', '{{.Size}}', IMAGE).stdout) >> 20} MiB "
         f"(LibTorch mounted, not included)")
+    build_prometheus_image()
+
+
+def build_prometheus_image():
     t = time.monotonic()
     run("podman", "build", "-q", "-f",
         os.path.join(REPO, "docker", "Dockerfile.prometheus"), "-t",
@@ -252,10 +264,13 @@ def build_images(tmp):
 
 
 def write_override(stack):
-    mounts = [f"{d}:{d}:ro" for d in
-              libtorch_dirs(os.path.join(bin_dir(), "tandem-trainer"))]
-    if not mounts:
-        raise AssertionError("no LibTorch directory in tandem-trainer's RUNPATH")
+    mounts = []
+    if stack.image == IMAGE:
+        mounts = [f"{d}:{d}:ro" for d in
+                  libtorch_dirs(os.path.join(bin_dir(), "tandem-trainer"))]
+        if not mounts:
+            raise AssertionError("no LibTorch directory in tandem-trainer's "
+                                 "RUNPATH")
     services = {s: {"volumes": mounts} for s in
                 ("coordinator", "trainer", "verifier", "rollout")}
     services["trainer"]["environment"] = {"TANDEM_LOG_LEVEL": "debug"}
@@ -354,12 +369,14 @@ def scenario(stack, tmp, counts):
         log(f"prometheus {expr} = {float(result[0]['value'][1]):.3g}")
 
     # Counts.
+    # The trainer frozen (as test_chaos.py's SIGSTOP) while the status and
+    # its log are read, so that both describe the same versions.
     trainer = stack.containers("trainer")[0][0]
-    trainer_log = run("podman", "logs", trainer).stderr + \
-        run("podman", "logs", trainer).stdout
     run("podman", "pause", trainer)
     try:
         s = status()
+        out = run("podman", "logs", trainer)
+        trainer_log = out.stdout + out.stderr
     finally:
         run("podman", "unpause", trainer)
     c = counters(s)
@@ -453,15 +470,16 @@ def main():
                   "deploy/local/install-deps.sh installs it)")
             return SKIP
     tmp = tempfile.mkdtemp(prefix="tandem-compose-")
-    stack = Stack(tmp)
+    image = os.environ.get("TANDEM_COMPOSE_IMAGE") or IMAGE
+    stack = Stack(tmp, image)
     counts = {}
     service_pid = None
     failed = None
     try:
         service_pid = setup()
         log("podman ready")
-        build_images(tmp)
         write_override(stack)
+        build_images(tmp, image == IMAGE)
         scenario(stack, tmp, counts)
     except Exception as e:  # noqa: BLE001 - reported, then teardown
         failed = e
