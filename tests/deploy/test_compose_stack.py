@@ -199,7 +199,18 @@ def tandemctl(*args, timeout=15):
 
 
 def status():
-    return tandemctl("status", "--coordinator", "127.0.0.1:50051")
+    """The coordinator's status; a failed call (issue 24 saw one
+    GetClusterStatus Deadline Exceeded right after scaling) is printed and
+    tried again, up to 3 times."""
+    for attempt in range(1, 4):
+        try:
+            return tandemctl("status", "--coordinator", "127.0.0.1:50051")
+        except (AssertionError, subprocess.TimeoutExpired) as e:
+            if attempt == 3:
+                raise
+            log(f"tandemctl status failed (attempt {attempt}): "
+                f"{str(e).strip()[-200:]}")
+            time.sleep(1)
 
 
 def version():
@@ -423,6 +434,31 @@ def scenario(stack, tmp, counts):
         raise AssertionError("; ".join(problems))
 
 
+def remove_leftovers():
+    """Removes the project's containers, networks and volumes (and any
+    pod); returns what it found, one line per kind."""
+    found = []
+    label = f"label=com.docker.compose.project={PROJECT}"
+    left = run("podman", "ps", "-aq", "--filter", label, check=False).stdout.split()
+    if left:
+        found.append(f"containers left: {left}")
+        run("podman", "rm", "-f", *left, check=False)
+    pods = run("podman", "pod", "ps", "-q", check=False).stdout.split()
+    if pods:
+        found.append(f"pods left: {pods}")
+    nets = [n for n in run("podman", "network", "ls", "--format", "{{.Name}}",
+                           check=False).stdout.split() if n.startswith(PROJECT)]
+    if nets:
+        found.append(f"networks left: {nets}")
+        run("podman", "network", "rm", "-f", *nets, check=False)
+    vols = [v for v in run("podman", "volume", "ls", "--format", "{{.Name}}",
+                           check=False).stdout.split() if v.startswith(PROJECT)]
+    if vols:
+        found.append(f"volumes left: {vols}")
+        run("podman", "volume", "rm", "-f", *vols, check=False)
+    return found
+
+
 def teardown(stack, service_pid):
     """Everything the test started goes, whatever happened."""
     failures = []
@@ -434,24 +470,7 @@ def teardown(stack, service_pid):
             failures.append(f"down exited {out.returncode}: {out.stderr[-1000:]}")
     finally:
         stack.stop_healthchecks()
-    label = f"label=com.docker.compose.project={PROJECT}"
-    left = run("podman", "ps", "-aq", "--filter", label, check=False).stdout.split()
-    if left:
-        failures.append(f"containers left: {left}")
-        run("podman", "rm", "-f", *left, check=False)
-    pods = run("podman", "pod", "ps", "-q", check=False).stdout.split()
-    if pods:
-        failures.append(f"pods left: {pods}")
-    nets = [n for n in run("podman", "network", "ls", "--format", "{{.Name}}",
-                           check=False).stdout.split() if n.startswith(PROJECT)]
-    if nets:
-        failures.append(f"networks left: {nets}")
-        run("podman", "network", "rm", "-f", *nets, check=False)
-    vols = [v for v in run("podman", "volume", "ls", "--format", "{{.Name}}",
-                           check=False).stdout.split() if v.startswith(PROJECT)]
-    if vols:
-        failures.append(f"volumes left: {vols}")
-        run("podman", "volume", "rm", "-f", *vols, check=False)
+    failures += remove_leftovers()
     if service_pid:
         try:
             os.kill(service_pid, 15)
@@ -493,6 +512,9 @@ def main():
     failed = None
     try:
         service_pid = setup()
+        # A run killed by ctest's timeout could not tear down.
+        for line in remove_leftovers():
+            log(f"removed from an earlier run: {line}")
         log("podman ready")
         write_override(stack)
         build_images(tmp, image == IMAGE)

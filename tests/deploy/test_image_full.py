@@ -29,6 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 IMAGE = "tandem:cpu"
 SKIP = 77
+MIN_FREE_GIB = 15
 
 
 def main():
@@ -42,6 +43,16 @@ def main():
     if not shutil.which("podman"):
         print("SKIP: podman is missing (deploy/local/install-deps.sh)")
         return SKIP
+    # The builder stage holds the torch wheel with its CUDA libraries
+    # (5.1 GB installed, as the project venv), the runtime stage a copy,
+    # and committing a layer stages it under /var/tmp first.
+    for path in ("/var/lib/containers", "/var/tmp"):
+        st = os.statvfs(path)
+        free = st.f_bavail * st.f_frsize / 2**30
+        if free < MIN_FREE_GIB:
+            print(f"SKIP: {path} has {free:.1f} GiB free; the full image build "
+                  f"needs about {MIN_FREE_GIB} GiB")
+            return SKIP
     subprocess.run(["bash", os.path.join(REPO, "deploy", "compose",
                                          "podman-setup.sh")], check=True)
     jobs = os.environ.get("TANDEM_IMAGE_BUILD_JOBS", str(os.cpu_count() or 2))
