@@ -33,7 +33,8 @@ Steps, each printed with its time:
    Docker API socket; Podman's restart policy may bring it back); `up --scale rollout=1`: the removed workers leave, and the
    version still advances.
 6. Prometheus's HTTP API: every daemon's target up through compose DNS,
-   data for the staleness histograms and the throughput series.
+   the removed workers' targets dropped (not left down), data for the
+   staleness histograms and the throughput series.
 7. Counts like tests/integration/test_chaos.py's: groups lost (the
    coordinator's groupsLost), groups trained twice (group ids in more than
    one of the trainer's steps), and groups in = groups out
@@ -383,6 +384,14 @@ def scenario(stack, tmp, counts):
                             "rollout")) else None
     jobs = wait_for(scraped, 90, "Prometheus scraping every daemon", 3)
     log(f"Prometheus targets up by job: {dict(jobs)}")
+    # DNS discovery drops the removed and the killed workers' targets (no
+    # up == 0 is left behind: why TandemDaemonDown cannot fire here).
+    t = time.monotonic()
+    wait_for(lambda: [r["value"][1] for r in prometheus(
+        'up{job="tandem-rollout"}')] == ["1"], 60,
+        "Prometheus to scrape exactly the 1 remaining rollout worker", 2)
+    log(f"Prometheus: 1 rollout target left, no up == 0, "
+        f"{time.monotonic() - t:.0f} s after the first check")
     for expr in ("sum(rate(tandem_coordinator_trained_staleness_versions_count[1m]))",
                  "histogram_quantile(0.9, sum by (le) (rate("
                  "tandem_trainer_staleness_versions_bucket[1m])))",
