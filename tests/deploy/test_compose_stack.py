@@ -401,6 +401,14 @@ def scenario(stack, tmp, counts):
         result = wait_for(lambda: prometheus(expr), 60, f"data for {expr}", 3)
         log(f"prometheus {expr} = {float(result[0]['value'][1]):.3g}")
 
+    # Issue 24 saw Prometheus's DNS discovery fail for ~25 s at start.
+    prom = stack.containers("prometheus")[0][0]
+    out = run("podman", "logs", prom)
+    dns = [line for line in (out.stdout + out.stderr).splitlines()
+           if "DNS resolution failed" in line]
+    log(f"Prometheus logged {len(dns)} DNS resolution failures"
+        + (f", the last: {dns[-1][:200]}" if dns else ""))
+
     # Counts.
     # The trainer frozen (as test_chaos.py's SIGSTOP) while the status and
     # its log are read, so that both describe the same versions.
