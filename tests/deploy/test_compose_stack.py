@@ -495,8 +495,9 @@ def teardown(stack, service_pid):
                      "the API service to stop", 0.2)
         except ProcessLookupError:
             pass
-        if os.path.exists(SOCKET):
-            os.unlink(SOCKET)
+        for path in (SOCKET, "/run/podman/tandem-service.pid"):
+            if os.path.exists(path):
+                os.unlink(path)
         log("API socket stopped")
     return failures
 
