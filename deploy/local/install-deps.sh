@@ -26,6 +26,11 @@ PACKAGES=(
   iproute2 nftables
   # deployment checks: compose file validation (kubectl is preinstalled)
   docker-compose python3-yaml
+  # the compose stack in real containers (tests/deploy/test_compose_stack.py,
+  # deploy/compose/podman-setup.sh): rootful Podman with runc, service-name
+  # DNS on its CNI networks (dnsname), the debootstrap base image, curl for
+  # the Docker API socket
+  podman runc golang-github-containernetworking-plugin-dnsname debootstrap curl
 )
 
 missing=()

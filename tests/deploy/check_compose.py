@@ -28,7 +28,8 @@ def main():
     resolved = yaml.safe_load(common.run(
         [compose, "-f", COMPOSE_FILE, "config"], env=env))
     services = resolved["services"]
-    fail.check(set(services) == set(common.DAEMONS) | {"prometheus", "grafana"},
+    fail.check(set(services) == set(common.DAEMONS) |
+               {"warm-start", "prometheus", "grafana"},
                f"services: {sorted(services)}")
     keys = common.config_keys()
     images = set()

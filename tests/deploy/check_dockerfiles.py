@@ -25,6 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 DOCKERFILES = ("Dockerfile", "Dockerfile.cuda")
+# Single-stage images of tests/deploy/test_compose_stack.py: hadolint only.
+LINTED_ONLY = ("Dockerfile.prebuilt", "Dockerfile.prometheus")
 HADOLINT_CONFIG = os.path.join(common.REPO, ".hadolint.yaml")
 
 
@@ -241,13 +243,23 @@ def main():
     fail = common.Failures()
     self_test_hadolint(exe, fail)
     rc, findings = hadolint(exe, common.REPO,
-                            [f"docker/{d}" for d in DOCKERFILES])
+                            [f"docker/{d}" for d in DOCKERFILES + LINTED_ONLY])
     for f in findings or []:
         print(f)
     fail.check(rc == 0 and findings == [],
                f"hadolint: {len(findings or [])} finding(s), exit {rc}")
     if rc == 0 and findings == []:
-        print(f"hadolint: {', '.join(DOCKERFILES)} clean")
+        print(f"hadolint: {', '.join(DOCKERFILES + LINTED_ONLY)} clean")
+
+    # Without BuildKit (docker-compose 1.29's default builder) only the
+    # context root's .dockerignore is read: it must exclude what
+    # docker/Dockerfile.dockerignore does, or build/ and .venv are sent.
+    root_ignore = os.path.join(common.REPO, ".dockerignore")
+    fail.check(os.path.exists(root_ignore) and
+               sorted(read_ignore(root_ignore)) == sorted(read_ignore(
+                   os.path.join(common.DOCKER_DIR, "Dockerfile.dockerignore"))),
+               ".dockerignore (repository root) differs from "
+               "docker/Dockerfile.dockerignore")
 
     libraries = install_deps_libraries()
     fail.check(libraries, "could not read the library list of install-deps.sh")
