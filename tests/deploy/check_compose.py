@@ -119,7 +119,40 @@ def main():
             fail.check(sd.get("names") == [name] and sd.get("port") == 9400,
                        f"prometheus.yml: tandem-{name} does not resolve "
                        f"service {name} on port 9400")
+    check_gpu_variant(compose, env, fail)
     fail.exit("compose")
+
+
+def check_gpu_variant(compose, env, fail):
+    """docker-compose.gpu.yml on top of the base file: the trainer and every
+    rollout worker reserve one NVIDIA GPU, use the CUDA image and run on the
+    GPU (TANDEM_MODEL_DEVICE); the other services stay as they were."""
+    gpu_file = os.path.join(os.path.dirname(COMPOSE_FILE),
+                            "docker-compose.gpu.yml")
+    files = [compose, "-f", COMPOSE_FILE, "-f", gpu_file]
+    common.run(files + ["config", "-q"], env=env)
+    services = yaml.safe_load(common.run(files + ["config"], env=env))[
+        "services"]
+    for name in ("trainer", "rollout"):
+        s = services[name]
+        devices = (s.get("deploy", {}).get("resources", {})
+                   .get("reservations", {}).get("devices", []))
+        fail.check(len(devices) == 1 and devices[0].get("driver") == "nvidia"
+                   and devices[0].get("count") == 1
+                   and "gpu" in devices[0].get("capabilities", []),
+                   f"gpu: {name} reserves no single NVIDIA GPU: {devices}")
+        fail.check(s["environment"].get("TANDEM_MODEL_DEVICE") == "cuda",
+                   f"gpu: {name} does not run on its GPU")
+        fail.check(s["image"].endswith(":cuda"), f"gpu: {name} image "
+                   f"{s['image']}")
+        # The override adds to the base environment, it does not replace it.
+        fail.check("TANDEM_COORDINATOR_ADDRESS" in s["environment"],
+                   f"gpu: {name} lost its base environment")
+    for name in ("coordinator", "verifier"):
+        fail.check("deploy" not in services[name] and
+                   "TANDEM_MODEL_DEVICE" not in
+                   services[name].get("environment", {}),
+                   f"gpu: {name} should not get a GPU")
 
 
 if __name__ == "__main__":
