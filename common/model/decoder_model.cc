@@ -320,8 +320,13 @@ absl::StatusOr<at::Tensor> DecoderModel::ForwardWithCache(
   const int64_t total = starts[num_seqs];
   try {
     c10::InferenceMode inference_mode;
-    at::Tensor ids = at::empty({total}, at::kLong);
-    at::Tensor positions = at::empty({total}, at::kLong);
+    // On a GPU the host side is pinned and the copies asynchronous (the
+    // caching host allocator keeps the buffers until the copies are done).
+    const bool to_gpu = w->device().is_cuda();
+    const auto host_options =
+        at::TensorOptions().dtype(at::kLong).pinned_memory(to_gpu);
+    at::Tensor ids = at::empty({total}, host_options);
+    at::Tensor positions = at::empty({total}, host_options);
     int64_t* id_data = ids.data_ptr<int64_t>();
     int64_t* pos_data = positions.data_ptr<int64_t>();
     for (int64_t b = 0; b < num_seqs; ++b) {
@@ -330,8 +335,8 @@ absl::StatusOr<at::Tensor> DecoderModel::ForwardWithCache(
         pos_data[starts[b] + j] = cached[b] + static_cast<int64_t>(j);
       }
     }
-    ids = ids.to(w->device());
-    positions = positions.to(w->device());
+    ids = ids.to(w->device(), /*non_blocking=*/to_gpu);
+    positions = positions.to(w->device(), /*non_blocking=*/to_gpu);
     std::vector<int64_t> n(num_seqs), lengths(num_seqs);
     for (int64_t b = 0; b < num_seqs; ++b) {
       n[b] = starts[b + 1] - starts[b];
