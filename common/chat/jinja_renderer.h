@@ -1,0 +1,28 @@
+#pragma once
+
+// Renders a parsed chat template against a context of global variables.
+// Rendering is bounded: output size, evaluation steps and macro call depth
+// have limits, so no template or context can hang or exhaust memory.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "common/chat/jinja_ast.h"
+#include "common/chat/value.h"
+
+namespace tandem::chat {
+
+struct RenderLimits {
+  size_t max_output_bytes = 16u << 20;
+  int64_t max_steps = 20'000'000;
+  int max_call_depth = 64;
+};
+
+// `globals` must be a dict. Errors name `template_name`, line and column.
+absl::StatusOr<std::string> RenderTemplate(const NodeList& nodes, const Value& globals,
+                                           std::string_view template_name,
+                                           const RenderLimits& limits);
+
+}  // namespace tandem::chat
