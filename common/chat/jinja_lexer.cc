@@ -153,13 +153,15 @@ class Lexer {
   absl::StatusOr<size_t> LexTag(size_t tag, size_t i, bool variable) {
     Emit(variable ? Token::Type::kVarBegin : Token::Type::kBlockBegin, "", tag);
     const char close = variable ? '}' : '%';
-    int depth = 0;
+    std::string open;  // Unclosed brackets, innermost last.
     while (true) {
       while (i < src_.size() && IsSpace(src_[i])) ++i;
       if (i >= src_.size()) {
-        return Error(tag, variable ? "unclosed '{{' (missing '}}')" : "unclosed '{%' (missing '%}')");
+        std::string what = variable ? "unclosed '{{' (missing '}}')" : "unclosed '{%' (missing '%}')";
+        if (!open.empty()) absl::StrAppend(&what, "; '", open.substr(open.size() - 1), "' still open inside it");
+        return Error(tag, what);
       }
-      if (depth == 0) {
+      if (open.empty()) {
         size_t j = i;
         if (src_[j] == '-' || (src_[j] == '+' && !variable)) ++j;
         if (j + 1 < src_.size() && src_[j] == close && src_[j + 1] == '}' &&
@@ -194,8 +196,9 @@ class Lexer {
           }
           op = src_.substr(i, 1);
         }
-        if (op == "(" || op == "[" || op == "{") ++depth;
-        if ((op == ")" || op == "]" || op == "}") && depth > 0) --depth;
+        if (op == "(" || op == "[" || op == "{") open += op[0];
+        char closer_of = op == ")" ? '(' : op == "]" ? '[' : op == "}" ? '{' : '\0';
+        if (closer_of != '\0' && !open.empty() && open.back() == closer_of) open.pop_back();
         Emit(Token::Type::kOperator, std::string(op), i);
         i += op.size();
       }

@@ -85,7 +85,9 @@ class Parser {
       const Token& t = Cur();
       if (t.type == T::kEnd) {
         if (!end_tags.empty()) {
-          Fail(absl::StrCat("unclosed block: expected '{% ", std::string(end_tags.back()), " %}' before the end of the template"));
+          const auto& [word, pos] = open_blocks_.back();
+          Fail(pos, absl::StrCat("unclosed '{% ", word, " %}': expected '{% ",
+                                 std::string(end_tags.back()), " %}' before the end of the template"));
         }
         return nodes;
       }
@@ -129,6 +131,11 @@ class Parser {
     auto node = std::make_unique<Node>();
     node->pos = keyword.pos;
     std::string word = Next().text;
+    open_blocks_.emplace_back(word, node->pos);
+    struct PopOnExit {
+      ~PopOnExit() { blocks->pop_back(); }
+      std::vector<std::pair<std::string, SourcePos>>* blocks;
+    } pop_on_exit{&open_blocks_};
     if (word == "if") {
       node->type = Node::Type::kIf;
       ExprPtr cond = ParseExpression();
@@ -543,7 +550,8 @@ class Parser {
         }
         node = std::move(e);
       } else if (IsOp("(")) {
-        ExprPtr e = Make(Expr::Type::kCall, pos);
+        // Calls are reported at the callee ("raise_exception(...)").
+        ExprPtr e = Make(Expr::Type::kCall, node->pos);
         e->args.push_back(std::move(node));
         ParseCallArgs(e.get());
         node = std::move(e);
@@ -600,6 +608,8 @@ class Parser {
   const std::vector<Token>& tokens_;
   size_t pos_ = 0;
   int depth_ = 0;
+  // Block statements being parsed (keyword, position), innermost last.
+  std::vector<std::pair<std::string, SourcePos>> open_blocks_;
 };
 
 }  // namespace

@@ -155,6 +155,7 @@ class Renderer {
     if (node.cond) {
       std::vector<Value> kept;
       for (const Value& item : items) {
+        Step(node.pos);
         scopes_.emplace_back();
         Assign(node.targets, item, node.pos);
         bool keep = Eval(*node.cond).Truthy();
@@ -166,6 +167,7 @@ class Renderer {
     if (items.empty()) return RenderNodes(node.else_body, out);
     const int64_t n = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < n; ++i) {
+      Step(node.pos);  // Empty bodies still cost: nested loops stay bounded.
       scopes_.emplace_back();
       Assign(node.targets, items[i], node.pos);
       ValueDict loop = {
