@@ -10,7 +10,8 @@
 //   tandem-chat-template --batch cases.jsonl
 //       one JSON object per line: {"id", "template_file" | "tokenizer_dir",
 //       "name"?, "context" | "inputs"}; writes one line per case:
-//       {"id", "output"} or {"id", "error"}.
+//       {"id", "output"} or {"id", "error"}. Each template file is parsed
+//       once per batch.
 //
 // Exit status: 0 rendered, 1 render or parse error (message on stderr),
 // 2 usage error.
@@ -60,14 +61,23 @@ absl::StatusOr<tandem::chat::ChatTemplateInputs> ParseInputs(const json& j) {
   return inputs;
 }
 
+// Parsed templates by file and name, so a batch parses each template once.
+using TemplateCache = std::map<std::pair<std::string, std::string>, ChatTemplate>;
+
 // Renders one case described by `spec` (the batch line or the flags).
-absl::StatusOr<std::string> RenderCase(const json& spec) {
+absl::StatusOr<std::string> RenderCase(const json& spec, TemplateCache* cache) {
   if (spec.contains("template_file")) {
-    auto source = ReadAll(spec["template_file"].get<std::string>());
-    if (!source.ok()) return source.status();
-    std::string name = spec.value("name", spec["template_file"].get<std::string>());
-    auto tmpl = ChatTemplate::Parse(*source, name);
-    if (!tmpl.ok()) return tmpl.status();
+    std::string path = spec["template_file"].get<std::string>();
+    std::string name = spec.value("name", path);
+    auto cached = cache->find({path, name});
+    if (cached == cache->end()) {
+      auto source = ReadAll(path);
+      if (!source.ok()) return source.status();
+      auto parsed = ChatTemplate::Parse(*source, name);
+      if (!parsed.ok()) return parsed.status();
+      cached = cache->emplace(std::make_pair(path, name), *std::move(parsed)).first;
+    }
+    const ChatTemplate* tmpl = &cached->second;
     if (spec.contains("inputs")) {
       auto inputs = ParseInputs(spec["inputs"]);
       if (!inputs.ok()) return inputs.status();
@@ -100,7 +110,7 @@ int RunBatch(const std::string& path) {
     return 2;
   }
   std::string line;
-  int failures = 0;
+  TemplateCache cache;
   while (std::getline(in, line)) {
     if (line.empty()) continue;
     json spec = json::parse(line, nullptr, /*allow_exceptions=*/false);
@@ -109,12 +119,11 @@ int RunBatch(const std::string& path) {
       out["error"] = "invalid JSON line";
     } else {
       out["id"] = spec.value("id", json());
-      auto rendered = RenderCase(spec);
+      auto rendered = RenderCase(spec, &cache);
       if (rendered.ok()) {
         out["output"] = *rendered;
       } else {
         out["error"] = std::string(rendered.status().message());
-        ++failures;
       }
     }
     std::cout << out.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
@@ -161,7 +170,8 @@ int main(int argc, char** argv) {
     }
     spec["inputs"] = *inputs;
   }
-  auto rendered = RenderCase(spec);
+  TemplateCache cache;
+  auto rendered = RenderCase(spec, &cache);
   if (!rendered.ok()) {
     std::cerr << rendered.status().message() << "\n";
     return 1;
