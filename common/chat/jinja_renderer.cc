@@ -204,11 +204,16 @@ class Renderer {
 
   Value Eval(const Expr& e) {
     Step(e.pos);
+    Value v;
     try {
-      return EvalInner(e);
+      v = EvalInner(e);
     } catch (const BuiltinError& err) {
       Fail(e.pos, err.what);
     }
+    if (v.depth() > limits_.max_value_depth) {
+      Fail(e.pos, absl::StrCat("value nested deeper than ", limits_.max_value_depth, " levels"));
+    }
+    return v;
   }
 
   Value EvalInner(const Expr& e) {
@@ -406,6 +411,10 @@ absl::StatusOr<std::string> RenderTemplate(const NodeList& nodes, const Value& g
                                            std::string_view template_name,
                                            const RenderLimits& limits) {
   if (!globals.is_dict()) return absl::InvalidArgumentError("render context must be a JSON object");
+  if (globals.depth() > limits.max_value_depth) {
+    return absl::InvalidArgumentError(absl::StrCat("render context is nested deeper than ",
+                                                   limits.max_value_depth, " levels"));
+  }
   try {
     Renderer renderer(globals, limits);
     return renderer.Run(nodes);

@@ -18,6 +18,9 @@ struct RenderLimits {
   size_t max_output_bytes = 16u << 20;
   int64_t max_steps = 20'000'000;
   int max_call_depth = 64;
+  // Lists and dicts nested deeper than this (in the context or built by the
+  // template) are an error: printing and freeing them recurse.
+  int max_value_depth = 256;
 };
 
 // `globals` must be a dict. Errors name `template_name`, line and column.

@@ -31,6 +31,8 @@ Value::Value(std::string s)
 Value Value::List(ValueList items) {
   Value v;
   v.kind_ = Kind::kList;
+  for (const Value& item : items) v.depth_ = std::max(v.depth_, item.depth_);
+  ++v.depth_;
   v.list_ = std::make_shared<ValueList>(std::move(items));
   return v;
 }
@@ -38,6 +40,8 @@ Value Value::List(ValueList items) {
 Value Value::Dict(ValueDict items) {
   Value v;
   v.kind_ = Kind::kDict;
+  for (const auto& item : items) v.depth_ = std::max(v.depth_, item.second.depth_);
+  ++v.depth_;
   v.dict_ = std::make_shared<ValueDict>(std::move(items));
   return v;
 }
@@ -45,6 +49,7 @@ Value Value::Dict(ValueDict items) {
 Value Value::Namespace(ValueDict items) {
   Value v = Dict(std::move(items));
   v.kind_ = Kind::kNamespace;
+  v.depth_ = 0;  // Mutable: its contents are checked when they are made.
   return v;
 }
 

@@ -82,6 +82,9 @@ class Value {
   const ValueDict& as_dict() const { return *dict_; }
   ValueDict& mutable_dict() { return *dict_; }
   const Macro& as_macro() const { return *macro_; }
+  // Nesting depth of lists and dicts (0 for scalars and namespaces), so
+  // renderers can refuse values too deep to print or destroy recursively.
+  int depth() const { return depth_; }
   // For Undefined: what was looked up, for error messages.
   const std::string& undefined_hint() const;
 
@@ -107,6 +110,7 @@ class Value {
 
  private:
   Kind kind_ = Kind::kUndefined;
+  int depth_ = 0;
   bool b_ = false;
   int64_t i_ = 0;
   double d_ = 0;

@@ -184,6 +184,15 @@ TEST_CASE("ChatTemplateRejectsHostileInputWithinLimits", "[chat]") {
   auto slow = Render("{% for i in range(1000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}", "{}", few_steps);
   REQUIRE_FALSE(slow.ok());
   CHECK(std::string(slow.status().message()).find("evaluation steps") != std::string::npos);
+  // Values too deep to print or free recursively are refused, whether the
+  // template builds them or the context brings them.
+  auto nested = Render("{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}", "{}");
+  REQUIRE_FALSE(nested.ok());
+  CHECK(std::string(nested.status().message()).find("value nested deeper than 256 levels") != std::string::npos);
+  std::string deep_json = std::string(300, '[') + std::string(300, ']');
+  auto deep_context = Render("x", R"({"a": )" + deep_json + "}");
+  REQUIRE_FALSE(deep_context.ok());
+  CHECK(std::string(deep_context.status().message()) == "render context is nested deeper than 256 levels");
   // Unbounded macro recursion stops at the call-depth limit.
   auto rec = Render("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "{}");
   REQUIRE_FALSE(rec.ok());
