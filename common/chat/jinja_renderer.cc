@@ -78,6 +78,7 @@ class Renderer {
 
   Flow RenderNode(const Node& node, std::string* out) {
     Step(node.pos);
+    EvalDepthGuard guard(this, node.pos);
     switch (node.type) {
       case Node::Type::kText:
         Append(out, node.text, node.pos);
@@ -202,8 +203,21 @@ class Renderer {
     if (v.is_undefined()) Fail(pos, v.undefined_hint().empty() ? "value is undefined" : v.undefined_hint());
   }
 
+  // Counts nested Eval/RenderNode frames; see RenderLimits::max_eval_depth.
+  struct EvalDepthGuard {
+    EvalDepthGuard(Renderer* r, SourcePos pos) : r(r) {
+      if (++r->eval_depth_ > r->limits_.max_eval_depth) {
+        Fail(pos, absl::StrCat("evaluation nested deeper than ", r->limits_.max_eval_depth,
+                               " levels (recursive macros?)"));
+      }
+    }
+    ~EvalDepthGuard() { --r->eval_depth_; }
+    Renderer* r;
+  };
+
   Value Eval(const Expr& e) {
     Step(e.pos);
+    EvalDepthGuard guard(this, e.pos);
     Value v;
     try {
       v = EvalInner(e);
@@ -403,6 +417,7 @@ class Renderer {
   size_t floor_ = 1;  // Scopes below this (except 0) are invisible here.
   int64_t steps_ = 0;
   int call_depth_ = 0;
+  int eval_depth_ = 0;
 };
 
 }  // namespace

@@ -18,6 +18,9 @@ struct RenderLimits {
   size_t max_output_bytes = 16u << 20;
   int64_t max_steps = 20'000'000;
   int max_call_depth = 64;
+  // Nested evaluations (expressions, blocks, macro bodies) at once: bounds
+  // the renderer's stack use (about 1 MiB at this limit) on any thread.
+  int max_eval_depth = 1000;
   // Lists and dicts nested deeper than this (in the context or built by the
   // template) are an error: printing and freeing them recurse.
   int max_value_depth = 256;

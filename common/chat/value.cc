@@ -60,7 +60,20 @@ Value Value::FromMacro(std::shared_ptr<const Macro> macro) {
   return v;
 }
 
-Value Value::FromJson(const nlohmann::ordered_json& json) {
+namespace {
+// JSON nested deeper than this is not converted (the recursion would be
+// unbounded); the result reports this depth so renderers refuse it.
+constexpr int kMaxFromJsonDepth = 1000;
+}  // namespace
+
+Value Value::FromJson(const nlohmann::ordered_json& json) { return FromJsonAt(json, 0); }
+
+Value Value::FromJsonAt(const nlohmann::ordered_json& json, int depth) {
+  if (depth >= kMaxFromJsonDepth && (json.is_array() || json.is_object())) {
+    Value v = List();
+    v.depth_ = kMaxFromJsonDepth + 1;
+    return v;
+  }
   switch (json.type()) {
     case nlohmann::ordered_json::value_t::null:
       return None();
@@ -80,13 +93,13 @@ Value Value::FromJson(const nlohmann::ordered_json& json) {
     case nlohmann::ordered_json::value_t::array: {
       ValueList items;
       items.reserve(json.size());
-      for (const auto& item : json) items.push_back(FromJson(item));
+      for (const auto& item : json) items.push_back(FromJsonAt(item, depth + 1));
       return List(std::move(items));
     }
     case nlohmann::ordered_json::value_t::object: {
       ValueDict items;
       items.reserve(json.size());
-      for (const auto& [key, item] : json.items()) items.emplace_back(key, FromJson(item));
+      for (const auto& [key, item] : json.items()) items.emplace_back(key, FromJsonAt(item, depth + 1));
       return Dict(std::move(items));
     }
     default:

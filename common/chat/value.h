@@ -57,6 +57,8 @@ class Value {
   static Value Dict(ValueDict items = {});
   static Value Namespace(ValueDict items = {});
   static Value FromMacro(std::shared_ptr<const Macro> macro);
+  // JSON nested deeper than 1000 levels is cut off and reported through
+  // depth(), so the renderer's depth limit refuses it.
   static Value FromJson(const nlohmann::ordered_json& json);
 
   Kind kind() const { return kind_; }
@@ -109,6 +111,8 @@ class Value {
   std::string TypeName() const;
 
  private:
+  static Value FromJsonAt(const nlohmann::ordered_json& json, int depth);
+
   Kind kind_ = Kind::kUndefined;
   int depth_ = 0;
   bool b_ = false;

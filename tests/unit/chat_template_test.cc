@@ -193,10 +193,19 @@ TEST_CASE("ChatTemplateRejectsHostileInputWithinLimits", "[chat]") {
   auto deep_context = Render("x", R"({"a": )" + deep_json + "}");
   REQUIRE_FALSE(deep_context.ok());
   CHECK(std::string(deep_context.status().message()) == "render context is nested deeper than 256 levels");
+  std::string very_deep = std::string(100000, '[') + std::string(100000, ']');
+  CHECK_FALSE(Render("x", R"({"a": )" + very_deep + "}").ok());
   // Unbounded macro recursion stops at the call-depth limit.
   auto rec = Render("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "{}");
   REQUIRE_FALSE(rec.ok());
   CHECK(std::string(rec.status().message()).find("macro calls nested deeper") != std::string::npos);
+  // Deep expressions inside recursive macros stop at the evaluation depth
+  // limit, so the stack stays small on any thread.
+  std::string deep_macro = "{% macro f(n) %}{% if n > 0 %}{{ " + std::string(190, '-') +
+                           "f(n - 1)|length }}{% endif %}{% endmacro %}{{ f(1000) }}";
+  auto deep_rec = Render(deep_macro, "{}");
+  REQUIRE_FALSE(deep_rec.ok());
+  CHECK(std::string(deep_rec.status().message()).find("evaluation nested deeper than 1000 levels") != std::string::npos);
 }
 
 TEST_CASE("ApplyChatTemplateBuildsTransformersContext", "[chat]") {
