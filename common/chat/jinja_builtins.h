@@ -42,6 +42,18 @@ Value BinaryOp(const std::string& op, const Value& lhs, const Value& rhs,
 // obj[key] the way jinja2's getitem works (undefined when absent).
 Value GetItem(const Value& obj, const Value& key);
 Value Slice(const Value& obj, const Value& start, const Value& stop, const Value& step);
+// Python str methods (jinja_strings.cc). Case changes are ASCII-only.
+bool IsPySpace(char c);
+std::string Strip(const std::string& s, const Value& chars, bool left, bool right);
+Value Split(const std::string& s, const Value& sep, int64_t maxsplit);
+std::string Replace(const std::string& s, const std::string& from, const std::string& to,
+                    int64_t count, const BuiltinLimits& limits);
+std::string AsciiCase(std::string s, bool upper);
+std::string Capitalize(const std::string& s);
+std::string Title(const std::string& s);
+// json.dumps(ensure_ascii=True)'s \uXXXX escaping of non-ASCII code points.
+std::string EscapeNonAscii(const std::string& s);
+
 // Iterates like Python: list items, dict keys, string characters.
 std::vector<Value> Iterate(const Value& v);
 
