@@ -8,24 +8,14 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/posix.h"
 
 namespace tandem::safetensors {
 namespace {
 
 absl::Status ErrnoError(int error, absl::string_view path,
                         absl::string_view action) {
-  std::string message =
-      absl::StrCat(path, ": ", action, " failed: ", std::strerror(error));
-  if (error == ENOENT || error == ENOTDIR) {
-    return absl::NotFoundError(message);
-  }
-  if (error == EACCES || error == EPERM || error == EROFS) {
-    return absl::PermissionDeniedError(message);
-  }
-  if (error == ENOSPC || error == EDQUOT) {
-    return absl::ResourceExhaustedError(message);
-  }
-  return absl::InternalError(message);
+  return PosixError(error, absl::StrCat(path, ": ", action, " failed"));
 }
 
 absl::Status WriteAll(int fd, const std::string& path,

@@ -10,24 +10,14 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/posix.h"
 
 namespace tandem::safetensors {
 namespace {
 
-absl::Status ErrnoError(int error, const std::string& path,
+absl::Status ErrnoError(int error, absl::string_view path,
                         absl::string_view action) {
-  std::string message =
-      absl::StrCat(path, ": ", action, " failed: ", std::strerror(error));
-  switch (error) {
-    case ENOENT:
-    case ENOTDIR:
-      return absl::NotFoundError(message);
-    case EACCES:
-    case EPERM:
-      return absl::PermissionDeniedError(message);
-    default:
-      return absl::InternalError(message);
-  }
+  return PosixError(error, absl::StrCat(path, ": ", action, " failed"));
 }
 
 }  // namespace

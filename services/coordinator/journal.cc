@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/posix.h"
 #include "common/base/status_macros.h"
 #include "absl/time/clock.h"
 
@@ -50,8 +51,7 @@ uint32_t GetU32(const char* p) {
 }
 
 absl::Status Errno(const std::string& what, const std::string& path) {
-  return absl::InternalError(absl::StrCat("journal: cannot ", what, " ", path,
-                                          ": ", std::strerror(errno)));
+  return PosixError(errno, absl::StrCat("journal: cannot ", what, " ", path));
 }
 
 // Writes `data` at `offset` of `fd`.

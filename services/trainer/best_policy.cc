@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
+#include "common/base/posix.h"
 #include "common/base/status_macros.h"
 #include "common/model/hf_checkpoint.h"
 #include "common/model/model_weights.h"
@@ -26,28 +27,6 @@ using json = nlohmann::json;
 constexpr char kBestPrefix[] = "best-v";
 
 auto Log() { return ComponentLogger("trainer"); }
-
-absl::Status FsError(const std::error_code& ec, const std::string& path,
-                     absl::string_view what) {
-  return absl::InternalError(
-      absl::StrCat(path, ": ", what, ": ", ec.message()));
-}
-
-absl::Status SyncDirectory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) {
-    return absl::InternalError(
-        absl::StrCat(dir, ": open directory: ", std::strerror(errno)));
-  }
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) {
-    return absl::InternalError(
-        absl::StrCat(dir, ": fsync directory: ", std::strerror(err)));
-  }
-  return absl::OkStatus();
-}
 
 std::optional<BestPolicy> ReadBest(const fs::path& dir) {
   const fs::path info = dir / kBestPolicyLink / kBestPolicyInfoFile;
@@ -96,10 +75,10 @@ absl::StatusOr<std::optional<BestPolicy>> BestPolicyKeeper::Offer(
   const fs::path tmp = dir / absl::StrCat(".", name, ".tmp");
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) return FsError(ec, dir.string(), "create directory");
+  if (ec) return FilesystemError(ec, dir.string(), "create directory");
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp, ec);
-  if (ec) return FsError(ec, tmp.string(), "create directory");
+  if (ec) return FilesystemError(ec, tmp.string(), "create directory");
   model::SaveOptions save;
   save.tokenizer_dir = options_.tokenizer_dir;
   RETURN_IF_ERROR(model::SaveHfModel(weights, tmp.string(), save));
@@ -127,14 +106,14 @@ absl::StatusOr<std::optional<BestPolicy>> BestPolicyKeeper::Offer(
   RETURN_IF_ERROR(SyncDirectory(tmp.string()));
   fs::remove_all(final_path, ec);
   fs::rename(tmp, final_path, ec);
-  if (ec) return FsError(ec, final_path.string(), "rename");
+  if (ec) return FilesystemError(ec, final_path.string(), "rename");
   const fs::path link = dir / kBestPolicyLink;
   const fs::path tmp_link = dir / ".best.tmp";
   fs::remove(tmp_link, ec);
   fs::create_directory_symlink(name, tmp_link, ec);
-  if (ec) return FsError(ec, tmp_link.string(), "create symlink");
+  if (ec) return FilesystemError(ec, tmp_link.string(), "create symlink");
   fs::rename(tmp_link, link, ec);
-  if (ec) return FsError(ec, link.string(), "replace symlink");
+  if (ec) return FilesystemError(ec, link.string(), "replace symlink");
   RETURN_IF_ERROR(SyncDirectory(dir.string()));
   // The previous best (and any other left by a crash) goes only now that
   // the link names the new one.

@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/base/logging.h"
+#include "common/base/posix.h"
 #include "common/base/status_macros.h"
 #include "common/model/decoder_model.h"
 #include "common/model/hf_checkpoint.h"
@@ -49,28 +50,6 @@ constexpr char kTmpPrefix[] = "tmp-";
 constexpr char kPinnedPrefix[] = "pinned-";
 
 auto Log() { return ComponentLogger("trainer"); }
-
-absl::Status FsError(const std::error_code& ec, const std::string& path,
-                     absl::string_view what) {
-  return absl::InternalError(
-      absl::StrCat(path, ": ", what, ": ", ec.message()));
-}
-
-absl::Status SyncDirectory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) {
-    return absl::InternalError(
-        absl::StrCat(dir, ": open directory: ", std::strerror(errno)));
-  }
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) {
-    return absl::InternalError(
-        absl::StrCat(dir, ": fsync directory: ", std::strerror(err)));
-  }
-  return absl::OkStatus();
-}
 
 // Step number of a "step-<N>" directory name, or -1.
 int64_t StepOfName(const std::string& name) {
@@ -190,7 +169,7 @@ absl::StatusOr<std::vector<std::string>> ListFiles(const std::string& root) {
       files.push_back(fs::relative(it->path(), root).string());
     }
   }
-  if (ec) return FsError(ec, root, "list");
+  if (ec) return FilesystemError(ec, root, "list");
   std::sort(files.begin(), files.end());
   return files;
 }
@@ -227,9 +206,9 @@ absl::Status PointLatest(const std::string& dir, const std::string& target) {
   std::error_code ec;
   fs::remove(tmp, ec);
   fs::create_directory_symlink(target, tmp, ec);
-  if (ec) return FsError(ec, tmp.string(), "create symlink");
+  if (ec) return FilesystemError(ec, tmp.string(), "create symlink");
   fs::rename(tmp, link, ec);
-  if (ec) return FsError(ec, link.string(), "replace symlink");
+  if (ec) return FilesystemError(ec, link.string(), "replace symlink");
   return SyncDirectory(dir);
 }
 
@@ -256,11 +235,11 @@ absl::StatusOr<WrittenCheckpoint> WriteCheckpoint(
   written.path = final_path.string();
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) return FsError(ec, dir.string(), "create directory");
+  if (ec) return FilesystemError(ec, dir.string(), "create directory");
   const fs::path tmp = dir / absl::StrCat(kTmpPrefix, trainer.step());
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp / kCheckpointHfDir, ec);
-  if (ec) return FsError(ec, tmp.string(), "create directory");
+  if (ec) return FilesystemError(ec, tmp.string(), "create directory");
 
   ASSIGN_OR_RETURN(std::shared_ptr<model::ModelWeights> weights,
                    trainer.SnapshotWeights());
@@ -281,7 +260,7 @@ absl::StatusOr<WrittenCheckpoint> WriteCheckpoint(
     const std::string full = (tmp / file).string();
     ASSIGN_OR_RETURN(uint32_t crc, FileCrc32c(full));
     const uint64_t size = fs::file_size(full, ec);
-    if (ec) return FsError(ec, full, "stat");
+    if (ec) return FilesystemError(ec, full, "stat");
     files[file] = {{"bytes", size}, {"crc32c", crc}};
     written.bytes += size;
   }
@@ -324,7 +303,10 @@ absl::StatusOr<WrittenCheckpoint> WriteCheckpoint(
     const fs::path kept = dir / absl::StrCat(kPinnedPrefix, name, "-",
                                              absl::ToUnixMillis(absl::Now()));
     fs::rename(final_path, kept, ec);
-    if (ec) return FsError(ec, final_path.string(), "move pinned checkpoint");
+    if (ec) {
+      return FilesystemError(ec, final_path.string(),
+                             "move pinned checkpoint");
+    }
     Log()->warn(
         "{} was pinned and is replaced by a new checkpoint of the same "
         "step: the pinned one is kept as {}",
@@ -335,11 +317,11 @@ absl::StatusOr<WrittenCheckpoint> WriteCheckpoint(
   if (fs::exists(final_path, ec)) {
     fs::remove_all(replaced, ec);
     fs::rename(final_path, replaced, ec);
-    if (ec) return FsError(ec, final_path.string(), "move aside");
+    if (ec) return FilesystemError(ec, final_path.string(), "move aside");
   }
   fs::rename(tmp, final_path, ec);
   if (ec)
-    return FsError(ec, final_path.string(), "rename from " + tmp.string());
+    return FilesystemError(ec, final_path.string(), "rename from " + tmp.string());
   RETURN_IF_ERROR(SyncDirectory(dir.string()));
   RETURN_IF_ERROR(PointLatest(dir.string(), name));
   Prune(dir.string(), options.keep, final_path);
@@ -371,7 +353,7 @@ absl::StatusOr<std::string> FindLatestCheckpoint(const std::string& dir) {
   }
   if (fs::is_symlink(status)) {
     const fs::path target = fs::read_symlink(link, ec);
-    if (ec) return FsError(ec, link.string(), "read symlink");
+    if (ec) return FilesystemError(ec, link.string(), "read symlink");
     const fs::path resolved =
         target.is_absolute() ? target : fs::path(dir) / target;
     if (!fs::is_directory(resolved, ec)) {

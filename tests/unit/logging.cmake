@@ -1,2 +1,5 @@
 tandem_add_test(logging_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/logging_test.cc
   LIBS tandem_base nlohmann_json::nlohmann_json)
+# common/base/posix.h: errno and filesystem errors as statuses.
+tandem_add_test(posix_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/posix_test.cc
+  LIBS tandem_base)

@@ -23,6 +23,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/posix.h"
 #include "common/base/status_macros.h"
 #include "services/verifier/scoring/sandbox_child.h"
 
@@ -61,8 +62,7 @@ class UniqueFd {
 };
 
 absl::Status ErrnoStatus(absl::string_view what) {
-  const int error = errno;
-  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(error)));
+  return PosixError(errno, what);
 }
 
 // Removes a directory tree that an untrusted program wrote into. When not
