@@ -44,9 +44,13 @@ int CudaDeviceCount() {
 
 absl::Status CheckDeviceUsable(absl::string_view key,
                                absl::string_view value) {
+  return ResolveDevice(key, value).status();
+}
+
+absl::StatusOr<DeviceName> ResolveDevice(absl::string_view key,
+                                         absl::string_view value) {
   auto device = ParseDeviceName(key, value);
-  if (!device.ok()) return device.status();
-  if (!device->cuda) return absl::OkStatus();
+  if (!device.ok() || !device->cuda) return device;
   const at::CUDAHooksInterface& hooks = at::detail::getCUDAHooks();
   if (!hooks.hasCUDART()) {
     return absl::FailedPreconditionError(
@@ -74,7 +78,7 @@ absl::Status CheckDeviceUsable(absl::string_view key,
                      count > 1 ? absl::StrCat("..cuda:", count - 1) : "",
                      ")"));
   }
-  return absl::OkStatus();
+  return *device;
 }
 
 absl::StatusOr<std::optional<WeightDType>> ParseDTypeName(

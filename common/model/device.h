@@ -35,6 +35,10 @@ absl::StatusOr<DeviceName> ParseDeviceName(absl::string_view key,
 // FailedPrecondition naming the key and value when LibTorch was built
 // without CUDA, no CUDA device is visible (no driver, no GPU,
 // CUDA_VISIBLE_DEVICES empty), or the index is out of range.
+absl::StatusOr<DeviceName> ResolveDevice(absl::string_view key,
+                                         absl::string_view value);
+
+// ResolveDevice's verdict only (configuration validation).
 absl::Status CheckDeviceUsable(absl::string_view key, absl::string_view value);
 
 // How many CUDA devices this process sees (0 without CUDA).

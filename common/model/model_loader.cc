@@ -9,6 +9,7 @@
 #include "common/base/status_macros.h"
 #include "common/model/decoder_model.h"
 #include "common/model/device.h"
+#include "common/model/torch_device.h"
 #include "common/model/hf_checkpoint.h"
 #include "common/model/model_config.h"
 #include "common/model/model_weights.h"
@@ -22,16 +23,12 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path, uint64_t seed,
                                       const ModelPlacement& placement) {
   if (torch_threads > 0) at::set_num_threads(torch_threads);
   const std::string device_key = absl::StrCat(placement.key, ".device");
-  RETURN_IF_ERROR(CheckDeviceUsable(device_key, placement.device));
   ASSIGN_OR_RETURN(const DeviceName device,
-                   ParseDeviceName(device_key, placement.device));
+                   ResolveDevice(device_key, placement.device));
   ASSIGN_OR_RETURN(
       const std::optional<WeightDType> requested_dtype,
       ParseDTypeName(absl::StrCat(placement.key, ".dtype"), placement.dtype));
-  const at::Device torch_device =
-      device.cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(
-                                              std::max(device.index, 0)))
-                  : at::Device(at::kCPU);
+  const at::Device torch_device = TorchDevice(device);
   LoadedModel loaded;
   std::shared_ptr<ModelWeights> weights;
   if (path.empty()) {

@@ -17,6 +17,7 @@
 // journal, run on a small pool.
 
 #include <atomic>
+#include <functional>
 #include <boost/asio/thread_pool.hpp>
 #include <memory>
 #include <string>
@@ -151,6 +152,12 @@ class Coordinator : public tandem::v1::Coordinator::CallbackService {
   void ServeParkedPulls(bool finish_all);
   // ServeParkedPulls(false) on sync_pool_, the thread that parks pulls.
   void PostServeParkedPulls();
+  // For the RPCs that sync the journal, which never runs on a reactor:
+  // runs `work` on sync_pool_, finishes the call with the status it
+  // returns, then runs `then` (when set) on the same thread.
+  grpc::ServerUnaryReactor* FinishOffReactor(
+      grpc::CallbackServerContext* context, std::function<grpc::Status()> work,
+      std::function<void()> then = nullptr);
   // Tries one pull; true when it has groups (the response is filled).
   bool TryPull(const tandem::v1::PullTrainingBatchRequest& request,
                tandem::v1::PullTrainingBatchResponse* response,

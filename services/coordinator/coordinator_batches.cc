@@ -107,22 +107,17 @@ grpc::ServerUnaryReactor* Coordinator::CommitTrainingBatch(
   if (request->batch_id().empty()) {
     return Finish(context, Invalid("batch_id is empty"));
   }
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  // The commit syncs the journal: off the reactor.
-  boost::asio::post(*sync_pool_, [this, reactor, request, response] {
+  // The commit syncs the journal.
+  return FinishOffReactor(context, [this, request, response] {
     absl::StatusOr<CommitResult> result =
         ledger_->Commit(request->batch_id(), request->policy_version());
-    if (!result.ok()) {
-      reactor->Finish(rpc::ToGrpcStatus(result.status()));
-      return;
-    }
+    if (!result.ok()) return rpc::ToGrpcStatus(result.status());
     for (uint64_t staleness : result->staleness) {
       metrics_.ObserveTrainedStaleness(staleness);
     }
     response->set_groups_committed(result->groups);
-    reactor->Finish(grpc::Status::OK);
+    return grpc::Status::OK;
   });
-  return reactor;
 }
 
 grpc::ServerUnaryReactor* Coordinator::ReleaseTrainingBatch(
@@ -136,25 +131,36 @@ grpc::ServerUnaryReactor* Coordinator::ReleaseTrainingBatch(
   if (request->batch_id().empty()) {
     return Finish(context, Invalid("batch_id is empty"));
   }
+  // Serving the waiting pulls syncs the journal.
+  return FinishOffReactor(
+      context,
+      [this, request, response] {
+        absl::StatusOr<uint32_t> released =
+            ledger_->ReleaseBatch(request->member_id(), request->batch_id());
+        if (!released.ok()) {
+          Log()->warn("ReleaseTrainingBatch from {}: {}", request->member_id(),
+                      released.status().ToString());
+          return rpc::ToGrpcStatus(released.status());
+        }
+        Log()->warn(
+            "training batch {} ({} groups) handed back by {}: {}",
+            request->batch_id(), *released, request->member_id(),
+            request->reason().empty() ? "no reason given" : request->reason());
+        response->set_groups_released(*released);
+        return grpc::Status::OK;
+      },
+      // Its groups are ready again.
+      [this] { ServeParkedPulls(/*finish_all=*/false); });
+}
+
+grpc::ServerUnaryReactor* Coordinator::FinishOffReactor(
+    grpc::CallbackServerContext* context, std::function<grpc::Status()> work,
+    std::function<void()> then) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  // Serving the waiting pulls syncs the journal: off the reactor.
-  boost::asio::post(*sync_pool_, [this, reactor, request, response] {
-    absl::StatusOr<uint32_t> released =
-        ledger_->ReleaseBatch(request->member_id(), request->batch_id());
-    if (!released.ok()) {
-      Log()->warn("ReleaseTrainingBatch from {}: {}", request->member_id(),
-                  released.status().ToString());
-      reactor->Finish(rpc::ToGrpcStatus(released.status()));
-      return;
-    }
-    Log()->warn(
-        "training batch {} ({} groups) handed back by {}: {}",
-        request->batch_id(), *released, request->member_id(),
-        request->reason().empty() ? "no reason given" : request->reason());
-    response->set_groups_released(*released);
-    reactor->Finish(grpc::Status::OK);
-    // Its groups are ready again.
-    ServeParkedPulls(/*finish_all=*/false);
+  boost::asio::post(*sync_pool_, [reactor, work = std::move(work),
+                                  then = std::move(then)] {
+    reactor->Finish(work());
+    if (then) then();
   });
   return reactor;
 }

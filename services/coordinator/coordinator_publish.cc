@@ -48,9 +48,8 @@ grpc::ServerUnaryReactor* Coordinator::PublishPolicyVersion(
   if (!request->has_manifest()) {
     return Finish(context, Invalid("manifest is required"));
   }
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  // Publishing syncs the journal: off the reactor.
-  boost::asio::post(*sync_pool_, [this, reactor, request, response] {
+  // Publishing syncs the journal.
+  return FinishOffReactor(context, [this, request, response] {
     const uint64_t version = request->manifest().policy_version();
     absl::StatusOr<PublishResult> published = ledger_->PublishTrainedVersion(
         request->manifest(), request->weight_server_address(),
@@ -63,8 +62,7 @@ grpc::ServerUnaryReactor* Coordinator::PublishPolicyVersion(
           "policy version {} (batch {}) published again by {}: already "
           "recorded, acknowledged",
           version, request->batch_id(), request->member_id());
-      reactor->Finish(grpc::Status::OK);
-      return;
+      return grpc::Status::OK;
     }
     absl::Status status = published.status();
     if (status.ok()) {
@@ -101,9 +99,8 @@ grpc::ServerUnaryReactor* Coordinator::PublishPolicyVersion(
       Log()->warn("refused policy version {} from {}: {}", version,
                   request->member_id(), status.ToString());
     }
-    reactor->Finish(rpc::ToGrpcStatus(status));
+    return rpc::ToGrpcStatus(status);
   });
-  return reactor;
 }
 
 grpc::ServerUnaryReactor* Coordinator::ResumeTraining(
@@ -122,15 +119,11 @@ grpc::ServerUnaryReactor* Coordinator::ResumeTraining(
                                             "' is not registered or was "
                                             "declared dead; register again")));
   }
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  // Syncs the journal: off the reactor.
-  boost::asio::post(*sync_pool_, [this, reactor, request, response] {
+  // Resuming syncs the journal.
+  return FinishOffReactor(context, [this, request, response] {
     absl::StatusOr<ResumeResult> result =
         ledger_->Resume(request->member_id(), request->policy_version());
-    if (!result.ok()) {
-      reactor->Finish(rpc::ToGrpcStatus(result.status()));
-      return;
-    }
+    if (!result.ok()) return rpc::ToGrpcStatus(result.status());
     response->set_policy_version(result->policy_version);
     response->set_groups_requeued(result->groups_requeued);
     response->set_groups_lost(result->groups_lost);
@@ -153,9 +146,9 @@ grpc::ServerUnaryReactor* Coordinator::ResumeTraining(
           result->policy_version, result->batches_released);
     }
     UpdateWorkMetrics();
-    reactor->Finish(grpc::Status::OK);
+    return grpc::Status::OK;
   });
-  return reactor;
 }
+
 
 }  // namespace tandem::coordinator

@@ -48,6 +48,7 @@
 #include "absl/time/clock.h"
 #include "common/model/decoder_model.h"
 #include "common/model/device.h"
+#include "common/model/torch_device.h"
 #include "common/model/hf_checkpoint.h"
 #include "common/model/model_loader.h"
 #include "common/model/model_weights.h"
@@ -207,20 +208,16 @@ absl::StatusOr<model::LoadedModel> Load(const Flags& flags) {
                             {.device = flags.device, .dtype = flags.dtype});
   }
   at::set_num_threads(flags.threads);
-  RETURN_IF_ERROR(model::CheckDeviceUsable("--device", flags.device));
   ASSIGN_OR_RETURN(const model::DeviceName device,
-                   model::ParseDeviceName("--device", flags.device));
+                   model::ResolveDevice("--device", flags.device));
   ASSIGN_OR_RETURN(const std::optional<model::WeightDType> dtype,
                    model::ParseDTypeName("--dtype", flags.dtype));
   model::LoadOptions options;
-  if (device.cuda) {
-    options.device = at::Device(
-        at::kCUDA, static_cast<c10::DeviceIndex>(std::max(device.index, 0)));
-    options.dtype = model::ResolveDType(dtype, device,
-                                        model::WeightDType::kFloat32);
-  } else {
-    options.dtype = dtype;
-  }
+  options.device = model::TorchDevice(device);
+  // auto: bfloat16 on a GPU, the checkpoint's own dtype on the CPU.
+  options.dtype = device.cuda ? std::optional(model::ResolveDType(
+                                    dtype, device, model::WeightDType::kFloat32))
+                              : dtype;
   ASSIGN_OR_RETURN(auto weights, model::LoadHfModel(flags.model, options));
   model::LoadedModel loaded;
   loaded.max_tokens = weights->config().max_position_embeddings;

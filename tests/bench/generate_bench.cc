@@ -40,6 +40,7 @@
 #include "common/base/status_macros.h"
 #include "common/model/decoder_model.h"
 #include "common/model/device.h"
+#include "common/model/torch_device.h"
 #include "common/model/hf_checkpoint.h"
 #include "common/model/model_weights.h"
 #include "engine/engine.h"
@@ -184,13 +185,9 @@ absl::Status Main(const Flags& flags) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--dtype must be float32 or bfloat16, got '", flags.dtype, "'"));
   }
-  RETURN_IF_ERROR(model::CheckDeviceUsable("--device", flags.device));
   ASSIGN_OR_RETURN(const model::DeviceName device,
-                   model::ParseDeviceName("--device", flags.device));
-  if (device.cuda) {
-    load.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(
-                                            std::max(device.index, 0)));
-  }
+                   model::ResolveDevice("--device", flags.device));
+  load.device = model::TorchDevice(device);
   ASSIGN_OR_RETURN(std::shared_ptr<model::ModelWeights> weights,
                    model::LoadHfModel(flags.model, load));
   const int vocab = static_cast<int>(weights->config().vocab_size);
