@@ -65,7 +65,11 @@ TEST_CASE("GRPO with an in-process rollout raises held-out accuracy above "
   // Measured (docs/demo.md): 50.6% -> 56.2, 56.6, 58.4, 57.4% at steps
   // 50..200. Evaluations move by a few points (512 problems, and the policy
   // itself moves), so: the last two evaluations average at least 2 points
-  // above the start and the best is at least 4 points above it.
+  // above the start and the best is at least 4 points above it. Margins
+  // in that run: +7.3 points against 2 for the average (5.3 to spare), +7.8
+  // against 4 for the best (3.8 to spare, about 1.7 standard errors of a
+  // 512-problem evaluation); another CPU's kernels change the trajectory,
+  // so these bounds sit well under what was measured rather than near it.
   const size_t n = result->curve.size();
   CHECK((result->curve[n - 1].heldout_accuracy +
          result->curve[n - 2].heldout_accuracy) / 2 >= start + 0.02);
