@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -91,21 +92,31 @@ bool GlooAbort(const c10d::ProcessGroupGloo& group, const std::string& why) {
   return interrupted;
 }
 
-// The rendezvous store of a group whose rendezvous another thread may end
-// (BroadcastGroupConfig::cancelled): waits are cut into short slices that
+// The rendezvous store of one group: every wait ends at the rendezvous
+// deadline (the group's timeout, counted from Create), whatever timeout
+// Gloo asks for, and, when another thread may end the rendezvous
+// (BroadcastGroupConfig::cancelled), waits are cut into short slices that
 // check the flag, so Gloo's rendezvous (store gets and waits inside the
 // ProcessGroupGloo constructor) throws soon after the flag is set rather
-// than at the rendezvous deadline. Everything else goes to `inner`.
-class CancellableStore : public c10d::Store {
+// than at the deadline. Everything else goes to `inner`.
+//
+// Why the store keeps its own deadline: Gloo gives each pair's connect
+// kGlooConnectAttempts tries of the context timeout, so Create hands Gloo
+// a context timeout of timeout / kGlooConnectAttempts (see there), and the
+// waits for the other members' addresses must not shrink with it.
+class RendezvousStore : public c10d::Store {
  public:
-  CancellableStore(c10::intrusive_ptr<c10d::Store> inner,
-                   const std::atomic<bool>* cancelled)
+  RendezvousStore(c10::intrusive_ptr<c10d::Store> inner,
+                  std::chrono::steady_clock::time_point deadline,
+                  const std::atomic<bool>* cancelled)
       : c10d::Store(inner->getTimeout()),
         inner_(std::move(inner)),
+        deadline_(deadline),
         cancelled_(cancelled) {}
 
   c10::intrusive_ptr<c10d::Store> clone() override {
-    return c10::make_intrusive<CancellableStore>(inner_->clone(), cancelled_);
+    return c10::make_intrusive<RendezvousStore>(inner_->clone(), deadline_,
+                                                cancelled_);
   }
   void set(const std::string& key, const std::vector<uint8_t>& value) override {
     inner_->set(key, value);
@@ -133,15 +144,14 @@ class CancellableStore : public c10d::Store {
     wait(keys, timeout_);
   }
   void wait(const std::vector<std::string>& keys,
-            const std::chrono::milliseconds& timeout) override {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+            const std::chrono::milliseconds& /*gloo's timeout*/) override {
     while (!inner_->check(keys)) {
-      if (cancelled_->load()) {
+      if (cancelled_ != nullptr && cancelled_->load()) {
         throw std::runtime_error("rendezvous cancelled (the member is stopping)");
       }
-      if (std::chrono::steady_clock::now() >= deadline) {
-        throw std::runtime_error(absl::StrCat(
-            "rendezvous keys not set within ", timeout.count(), " ms"));
+      if (std::chrono::steady_clock::now() >= deadline_) {
+        throw std::runtime_error(
+            "rendezvous keys not set by the rendezvous deadline");
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
@@ -163,8 +173,16 @@ class CancellableStore : public c10d::Store {
 
  private:
   const c10::intrusive_ptr<c10d::Store> inner_;
-  const std::atomic<bool>* const cancelled_;
+  const std::chrono::steady_clock::time_point deadline_;
+  const std::atomic<bool>* const cancelled_;  // may be null
 };
+
+// How many times Gloo's full-mesh connect (LibTorch 2.11's Gloo) tries a
+// pair, each try bounded by the context timeout: measured, a member killed
+// after it published its address in the store made the others' connect
+// fail after 5.0-5.2 x the context timeout
+// (tests/unit/weights_gloo_dying_peer_test.cc, 15.4 s at 3 s).
+constexpr int kGlooConnectAttempts = 5;
 
 }  // namespace
 
@@ -224,6 +242,10 @@ absl::StatusOr<std::unique_ptr<GlooBroadcastGroup>> GlooBroadcastGroup::Create(
       absl::StrCat("gloo group ", config.key_prefix, " rank ", config.rank, "/",
                    config.world_size, " (store ", config.store_host, ":",
                    config.store_port, ")");
+  // The rendezvous (addresses in the store, then the pairs' connects) ends
+  // by this deadline, plus at most one timeout when the last address came
+  // just before it.
+  const auto deadline = std::chrono::steady_clock::now() + ToMillis(config.timeout);
   try {
     if (server != nullptr) {
       impl->store = server->impl_->store;
@@ -245,18 +267,22 @@ absl::StatusOr<std::unique_ptr<GlooBroadcastGroup>> GlooBroadcastGroup::Create(
       }
       impl->store = *std::move(client);
     }
-    c10::intrusive_ptr<c10d::Store> prefixed =
-        c10::make_intrusive<c10d::PrefixStore>(config.key_prefix, impl->store);
-    if (config.cancelled != nullptr) {
-      if (config.cancelled->load()) {
-        return absl::CancelledError(
-            absl::StrCat(where, ": rendezvous cancelled before it started"));
-      }
-      prefixed = c10::make_intrusive<CancellableStore>(std::move(prefixed),
-                                                       config.cancelled);
+    if (config.cancelled != nullptr && config.cancelled->load()) {
+      return absl::CancelledError(
+          absl::StrCat(where, ": rendezvous cancelled before it started"));
     }
-    auto options =
-        c10d::ProcessGroupGloo::Options::create(ToMillis(config.timeout));
+    c10::intrusive_ptr<c10d::Store> prefixed =
+        c10::make_intrusive<RendezvousStore>(
+            c10::make_intrusive<c10d::PrefixStore>(config.key_prefix,
+                                                   impl->store),
+            deadline, config.cancelled);
+    // The context timeout bounds each of Gloo's connect tries (and nothing
+    // else here: every broadcast passes its own timeout), so a member that
+    // died after publishing its address fails the others' connect within
+    // about one timeout rather than kGlooConnectAttempts of them.
+    auto options = c10d::ProcessGroupGloo::Options::create(
+        std::max(std::chrono::milliseconds(100),
+                 ToMillis(config.timeout / kGlooConnectAttempts)));
     options->devices.push_back(
         c10d::ProcessGroupGloo::createDeviceForHostname(config.bind_host));
     options->threads = 1;

@@ -14,6 +14,10 @@ tandem_add_test(weights_gloo_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_gloo_test.cc
   LIBS tandem_weights_gloo
   TIMEOUT 120)
+tandem_add_test(weights_gloo_dying_peer_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_gloo_dying_peer_test.cc
+  LIBS tandem_weights_gloo
+  TIMEOUT 120)
 tandem_add_test(weights_store_client_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_store_client_test.cc
   LIBS tandem_weights_gloo
