@@ -30,8 +30,8 @@ Run by ctest: SHORT_ROUNDS rounds, every victim at least once. The soak
   /usr/bin/python3 tests/integration/test_chaos.py --soak-minutes 30 \\
       [--net] [--seed N]
 
---net runs the second rollout worker in its own network namespace behind
-a veth pair and adds a network fault to half of the rounds, held through
+--net runs the second rollout worker on a network namespace of its own
+(a node on a bridge, tests/integration/netns.py) and adds a network fault to half of the rounds, held through
 the kill, the restart and the recovery (the versions must advance with
 that worker slow, lossy or cut off): a slow link, packet loss, or a
 partition (link down). After each round, with the fault healed, both
@@ -53,6 +53,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+import netns  # noqa: E402
 
 HEARTBEAT_TIMEOUT_S = 1.5
 # From a daemon's restart to two more published versions. A round's worst
@@ -65,7 +66,7 @@ MAX_LAG = 8
 SHORT_ROUNDS = 6
 VICTIMS = ("coordinator", "trainer", "verifier", "rollout-0", "rollout-1")
 MOMENTS = ("random", "publish", "broadcast")
-NET_FAULTS = ("slow", "loss", "partition")
+NET_FAULTS = netns.FAULTS
 STEP = re.compile(r"stepped to version (\d+) on batch (\S+): groups (\S*)")
 RESUMED = re.compile(r"resumed from \S+: step \d+, policy version (\d+)")
 PUBLISHED = re.compile(r"policy version (\d+) published by (\S+) "
@@ -75,9 +76,10 @@ PUBLISHED_AGAIN = re.compile(r"policy version (\d+) \(batch (\S+)\) "
 COUNTERS = ("groupsDispatched", "groupsCompleted", "groupsTrained",
             "groupsDroppedStale", "samplesReceived", "groupsRequeued",
             "groupsLost", "batchesReleased")
-NS = "tandem-chaos"
-NS_HOST = "10.231.0.1"    # the host's end of the veth pair
-NS_WORKER = "10.231.0.2"  # the namespaced worker's address
+# --net: rollout-1 on a node of its own (tests/integration/netns.py); the
+# other daemons on the bridge's address, in the root namespace.
+NET_NODE = "rollout-1"
+NET_SUBNET = "10.235.0"
 
 
 def steps_of(log):
@@ -87,69 +89,13 @@ def steps_of(log):
             for m in STEP.finditer(log)]
 
 
-def sh(*args):
-    subprocess.run(args, check=True, capture_output=True, text=True)
-
-
-class Netns:
-    """A network namespace joined to the host by a veth pair, with faults
-    on the host's end: `slow` (tc tbf at 2 Mbit/s, so a broadcast of the
-    weights crawls and queues delay), `loss` (nftables drops 20% of the
-    packets both ways) and `partition` (the link down). These machines'
-    kernel has no sch_netem, so delay comes from the rate limit."""
-
-    def __init__(self):
-        self.host_link = "tchaos0"
-        self.teardown()
-        sh("ip", "netns", "add", NS)
-        sh("ip", "link", "add", self.host_link, "type", "veth", "peer",
-           "name", "tchaos1")
-        sh("ip", "link", "set", "tchaos1", "netns", NS)
-        sh("ip", "addr", "add", f"{NS_HOST}/24", "dev", self.host_link)
-        sh("ip", "link", "set", self.host_link, "up")
-        sh("ip", "netns", "exec", NS, "ip", "addr", "add",
-           f"{NS_WORKER}/24", "dev", "tchaos1")
-        sh("ip", "netns", "exec", NS, "ip", "link", "set", "tchaos1", "up")
-        sh("ip", "netns", "exec", NS, "ip", "link", "set", "lo", "up")
-
-    def fault(self, kind):
-        if kind == "partition":
-            sh("ip", "link", "set", self.host_link, "down")
-        elif kind == "slow":
-            sh("tc", "qdisc", "replace", "dev", self.host_link, "root",
-               "tbf", "rate", "2mbit", "burst", "32kbit", "latency", "400ms")
-        else:
-            sh("nft", "add", "table", "inet", NS)
-            for chain, hook, way in (("out", "output", "oifname"),
-                                     ("in", "input", "iifname")):
-                sh("nft", "add", "chain", "inet", NS, chain,
-                   f"{{ type filter hook {hook} priority 0; }}")
-                sh("nft", "add", "rule", "inet", NS, chain, way,
-                   self.host_link, "numgen", "random", "mod", "100", "<",
-                   "20", "drop")
-
-    def heal(self):
-        subprocess.run(["tc", "qdisc", "del", "dev", self.host_link, "root"],
-                       capture_output=True)
-        subprocess.run(["nft", "delete", "table", "inet", NS],
-                       capture_output=True)
-        sh("ip", "link", "set", self.host_link, "up")
-
-    def teardown(self):
-        subprocess.run(["nft", "delete", "table", "inet", NS],
-                       capture_output=True)
-        subprocess.run(["ip", "link", "del", self.host_link],
-                       capture_output=True)
-        subprocess.run(["ip", "netns", "del", NS], capture_output=True)
-
-
 class Cluster:
     """The real daemons, restarted under new log names after each kill."""
 
-    def __init__(self, tmp, netns=None):
+    def __init__(self, tmp, lan=None):
         self.tmp = tmp
-        self.netns = netns
-        self.host = NS_HOST if netns else "127.0.0.1"
+        self.netns = lan
+        self.host = lan.host_address if lan else "127.0.0.1"
         self.port = harness.free_port()
         self.address = f"{self.host}:{self.port}"
         self.coordinator_config = os.path.join(tmp, "coordinator.yaml")
@@ -191,9 +137,9 @@ journal:
         else:
             args = ["--config", os.path.join(
                 os.path.dirname(__file__), "config", "rollout.yaml"), *member]
-            if role == "rollout-1" and self.netns:
-                kwargs["host"] = NS_WORKER
-                kwargs["prefix"] = ["ip", "netns", "exec", NS]
+            if role == NET_NODE and self.netns:
+                kwargs["host"] = self.netns.address(role)
+                kwargs["prefix"] = self.netns.prefix(role)
         d = harness.Daemon(role.split("-")[0], self.tmp, args, name=name,
                            **kwargs)
         self.daemons.append(d)
@@ -275,7 +221,8 @@ class ChaosTest(unittest.TestCase):
               flush=True)
         self.rng = random.Random(seed)
         self.tmp = tempfile.mkdtemp(prefix="tandem-chaos-")
-        self.netns = Netns() if self.use_net else None
+        self.netns = (netns.Lan("tchaos", [NET_NODE], NET_SUBNET)
+                      if self.use_net else None)
         self.cluster = None
         self.addCleanup(self.cleanup)
         self.cluster = Cluster(self.tmp, self.netns)
@@ -349,7 +296,7 @@ class ChaosTest(unittest.TestCase):
         c = self.cluster
         frozen = None
         if fault:
-            self.netns.fault(fault)
+            self.netns.fault(NET_NODE, fault)
             time.sleep(self.rng.uniform(0.5, 3.0))
         if moment == "publish":
             if os.path.exists(c.hold + ".held"):
@@ -378,8 +325,8 @@ class ChaosTest(unittest.TestCase):
         if frozen is not None and frozen is not d:
             frozen.process.send_signal(signal.SIGCONT)
         time.sleep(self.rng.uniform(0.0, 1.0))
-        if fault and victim == "rollout-1":
-            self.netns.heal()  # it could not register to become ready
+        if fault and victim == NET_NODE:
+            self.netns.heal(NET_NODE)  # it could not register to become ready
         c.start(victim)
         started = time.monotonic()
         self.tally[victim] += 1
@@ -398,7 +345,7 @@ class ChaosTest(unittest.TestCase):
             raise
         self.recoveries.append(time.monotonic() - started)
         if fault:
-            self.netns.heal()
+            self.netns.heal(NET_NODE)
         self.check_workers_catch_up(n, victim, moment, fault)
         self.check_invariants(n)
 
