@@ -49,6 +49,7 @@ const absl::flat_hash_map<std::string_view, FieldLimits>& Fields() {
       {"tandem.v1.Sample.completion_token_ids", Entries(kMaxCompletionTokens)},
       {"tandem.v1.Sample.behavior_logprobs", Entries(kMaxCompletionTokens)},
       {"tandem.v1.Sample.version_spans", Entries(kMaxCompletionTokens)},
+      {"tandem.v1.Sample.source_spans", Entries(kMaxCompletionTokens)},
       {"tandem.v1.Sample.completion_text", Bytes(kMaxCompletionTextBytes)},
       {"tandem.v1.Sample.worker_id", Bytes(kMaxIdBytes)},
       // Training batches and versions

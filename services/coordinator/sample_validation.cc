@@ -15,6 +15,49 @@ absl::Status Invalid(SubmitRefusal reason, std::string message) {
   return Refuse(reason, absl::StatusCode::kInvalidArgument, std::move(message));
 }
 
+// Multi-turn episodes: the source spans (if any) cover every completion
+// token, each span is non-empty with a known source, and the model
+// produced at least one token (an episode with nothing to train is not a
+// sample).
+absl::Status ValidateSourceSpans(const tandem::v1::Sample& sample, int i) {
+  if (sample.source_spans_size() == 0) return absl::OkStatus();
+  uint64_t covered = 0, model = 0;
+  for (int s = 0; s < sample.source_spans_size(); ++s) {
+    const tandem::v1::SourceSpan& span = sample.source_spans(s);
+    if (span.num_tokens() == 0) {
+      return Invalid(SubmitRefusal::kSourceSpans,
+                     absl::StrCat("samples[", i, "].source_spans[", s,
+                                  "].num_tokens is 0; spans cover >= 1 token"));
+    }
+    if (span.source() != tandem::v1::TOKEN_SOURCE_MODEL &&
+        span.source() != tandem::v1::TOKEN_SOURCE_ENVIRONMENT) {
+      return Invalid(SubmitRefusal::kSourceSpans,
+                     absl::StrCat("samples[", i, "].source_spans[", s,
+                                  "].source is ", span.source(),
+                                  ", not a known TokenSource"));
+    }
+    covered += span.num_tokens();
+    if (span.source() == tandem::v1::TOKEN_SOURCE_MODEL) {
+      model += span.num_tokens();
+    }
+  }
+  const int tokens = sample.completion_token_ids_size();
+  if (covered != static_cast<uint64_t>(tokens)) {
+    return Invalid(
+        SubmitRefusal::kSourceSpans,
+        absl::StrCat("samples[", i, "].source_spans cover ", covered,
+                     " tokens, the sample has ", tokens, " completion tokens"));
+  }
+  if (model == 0) {
+    return Invalid(SubmitRefusal::kSourceSpans,
+                   absl::StrCat("samples[", i,
+                                "].source_spans give every token to the "
+                                "environment; a sample needs at least one "
+                                "token of the model"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateSample(const tandem::v1::Sample& sample, int i) {
   if (sample.lease_id().empty()) {
     return Invalid(SubmitRefusal::kMissingLease,
@@ -68,7 +111,7 @@ absl::Status ValidateSample(const tandem::v1::Sample& sample, int i) {
         absl::StrCat("samples[", i, "].version_spans cover ", covered,
                      " tokens, the sample has ", tokens, " completion tokens"));
   }
-  return absl::OkStatus();
+  return ValidateSourceSpans(sample, i);
 }
 
 }  // namespace
@@ -91,6 +134,8 @@ const char* SubmitRefusalLabel(SubmitRefusal reason) {
       return "version_range";
     case SubmitRefusal::kLeaseNotHeld:
       return "lease_not_held";
+    case SubmitRefusal::kSourceSpans:
+      return "source_spans";
   }
   return "unknown";
 }

@@ -51,15 +51,18 @@ enum class SubmitRefusal {
   kVersionSpans,  // spans malformed: empty, out of order, wrong total
   kVersionRange,  // a span's version outside the allowed range
   kLeaseNotHeld,  // the lease belongs to another member
+  kSourceSpans,   // source spans malformed: empty, unknown source, wrong
+                  // total, or no model token
 };
 inline constexpr SubmitRefusal kAllSubmitRefusals[] = {
     SubmitRefusal::kTooLarge,     SubmitRefusal::kMissingLease,
     SubmitRefusal::kLogprobCount, SubmitRefusal::kLogprobValue,
     SubmitRefusal::kTokenId,      SubmitRefusal::kVersionSpans,
-    SubmitRefusal::kVersionRange, SubmitRefusal::kLeaseNotHeld};
+    SubmitRefusal::kVersionRange, SubmitRefusal::kLeaseNotHeld,
+    SubmitRefusal::kSourceSpans};
 
 // The metric label: too_large, missing_lease, logprob_count, logprob_value,
-// token_id, version_spans, version_range, lease_not_held.
+// token_id, version_spans, version_range, lease_not_held, source_spans.
 const char* SubmitRefusalLabel(SubmitRefusal reason);
 
 // A status of `code` with `message` that carries `reason`.

@@ -60,6 +60,17 @@ ConvertedBatch ConvertTrainingBatch(
         c.min_policy_version =
             std::min(c.min_policy_version, span.policy_version());
       }
+      // Multi-turn: the environment's tokens are context, not loss terms
+      // (the coordinator checked that the spans cover every token).
+      if (s.source_spans_size() > 0) {
+        c.trained.reserve(c.tokens.size());
+        for (const auto& span : s.source_spans()) {
+          c.trained.insert(
+              c.trained.end(), span.num_tokens(),
+              span.source() == tandem::v1::TOKEN_SOURCE_MODEL ? 1 : 0);
+        }
+        c.trained.resize(c.tokens.size(), 0);
+      }
       group.completions.push_back(std::move(c));
     }
     out.groups.push_back(std::move(group));

@@ -192,6 +192,35 @@ std::vector<Poison> Poisons() {
        },
        invalid, "samples[1].version_spans[1].policy_version is 3, older",
        "version_spans"},
+      {"source spans short of the tokens",
+       [](Sample* s) {
+         auto* span = s->add_source_spans();
+         span->set_source(tandem::v1::TOKEN_SOURCE_MODEL);
+         span->set_num_tokens(1);
+       },
+       invalid, "samples[1].source_spans cover 1 tokens, the sample has 2",
+       "source_spans"},
+      {"empty source span",
+       [](Sample* s) {
+         s->add_source_spans()->set_num_tokens(2);
+         s->add_source_spans();
+       },
+       invalid, "samples[1].source_spans[1].num_tokens is 0", "source_spans"},
+      {"unknown token source",
+       [](Sample* s) {
+         auto* span = s->add_source_spans();
+         span->set_source(static_cast<tandem::v1::TokenSource>(7));
+         span->set_num_tokens(2);
+       },
+       invalid, "samples[1].source_spans[0].source is 7", "source_spans"},
+      {"no token of the model",
+       [](Sample* s) {
+         auto* span = s->add_source_spans();
+         span->set_source(tandem::v1::TOKEN_SOURCE_ENVIRONMENT);
+         span->set_num_tokens(2);
+       },
+       invalid, "samples[1].source_spans give every token to the environment",
+       "source_spans"},
       {"no lease id", [](Sample* s) { s->clear_lease_id(); }, invalid,
        "samples[1].lease_id is empty", "missing_lease"},
       {"too many tokens",
@@ -262,6 +291,13 @@ TEST_CASE("submit_refuses_each_poisoned_sample_whole_and_stores_nothing") {
   auto* span = ahead.add_version_spans();
   span->set_policy_version(4);
   span->set_num_tokens(1);
+  // A two-turn episode: the model's token, then the environment's.
+  for (auto source : {tandem::v1::TOKEN_SOURCE_MODEL,
+                      tandem::v1::TOKEN_SOURCE_ENVIRONMENT}) {
+    auto* source_span = ahead.add_source_spans();
+    source_span->set_source(source);
+    source_span->set_num_tokens(1);
+  }
   grpc::Status ok = cluster.Submit(worker, {sample(0), ahead}, &response);
   REQUIRE(ok.ok());
   CHECK(response.accepted() == 2);

@@ -175,6 +175,77 @@ TEST_CASE(
   }
 }
 
+// One step from the same initial weights on `groups`; the weights after.
+std::shared_ptr<model::ModelWeights> StepOnce(
+    const std::vector<ScoredPromptGroup>& groups, int64_t* trained_tokens) {
+  auto initial = model::RandomInit(model::testing::TinyQwen2Config(), 13);
+  REQUIRE(initial.ok());
+  GrpoTrainerOptions options;
+  options.lr = 1e-2;
+  auto trainer = GrpoTrainer::Create(**initial, 0, options);
+  REQUIRE(trainer.ok());
+  auto stats = (*trainer)->Step(groups);
+  REQUIRE(stats.ok());
+  REQUIRE_FALSE(stats->skipped());
+  *trained_tokens = stats->trained_tokens;
+  auto after = (*trainer)->SnapshotWeights();
+  REQUIRE(after.ok());
+  return *after;
+}
+
+bool SameWeights(const model::ModelWeights& a, const model::ModelWeights& b) {
+  for (const auto& [name, tensor] : a.tensors()) {
+    if (!torch::equal(tensor, b.tensors().at(name))) return false;
+  }
+  return true;
+}
+
+TEST_CASE(
+    "an episode's environment tokens are context, never loss terms: their "
+    "behavior log-probs do not move the step") {
+  auto initial = model::RandomInit(model::testing::TinyQwen2Config(), 13);
+  REQUIRE(initial.ok());
+  const std::vector<ScoredPromptGroup> sampled = Generate(*initial, 4, 21);
+  // Tokens 1 and 3 of every completion came from the environment.
+  auto episodes = sampled;
+  for (auto& g : episodes) {
+    for (auto& c : g.completions) c.trained = {1, 0, 1, 0};
+  }
+  // The same episodes with other behavior log-probs on those tokens.
+  auto perturbed = episodes;
+  for (auto& g : perturbed) {
+    for (auto& c : g.completions) {
+      c.behavior_logprobs[1] = -7.5f;
+      c.behavior_logprobs[3] = -0.01f;
+    }
+  }
+  int64_t trained = 0, trained_perturbed = 0;
+  auto a = StepOnce(episodes, &trained);
+  auto b = StepOnce(perturbed, &trained_perturbed);
+  CHECK(trained == 4 * 4 * 2);
+  CHECK(trained_perturbed == trained);
+  CHECK(SameWeights(*a, *b));
+  // The same perturbation on tokens the model produced does move the step
+  // (so the check above can fail).
+  auto single_turn = perturbed;
+  for (auto& g : single_turn) {
+    for (auto& c : g.completions) c.trained.clear();
+  }
+  int64_t all_tokens = 0;
+  auto c = StepOnce(single_turn, &all_tokens);
+  CHECK(all_tokens == 4 * 4 * 4);
+  CHECK_FALSE(SameWeights(*a, *c));
+  // A flag per token is required.
+  auto wrong = episodes;
+  wrong[0].completions[0].trained = {1, 0};
+  auto trainer = GrpoTrainer::Create(**initial, 0, GrpoTrainerOptions());
+  REQUIRE(trainer.ok());
+  auto refused = (*trainer)->Step(wrong);
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(std::string(refused.status().message()),
+             Catch::Contains("4 tokens but 2 trained flags"));
+}
+
 TEST_CASE("groups with equal rewards leave the weights unchanged") {
   auto initial = model::RandomInit(model::testing::TinyQwen2Config(), 12);
   REQUIRE(initial.ok());

@@ -69,5 +69,27 @@ TEST_CASE(
             "outside the policy's vocabulary [0, 100)"});
 }
 
+TEST_CASE("an_episode's_environment_tokens_are_marked_not_trained") {
+  tandem::v1::PullTrainingBatchResponse batch;
+  tandem::v1::ScoredGroup episode = Group("episode");
+  // Sample 1: the model's token, then the environment's.
+  tandem::v1::Sample* sample = episode.mutable_samples(1)->mutable_sample();
+  for (auto source : {tandem::v1::TOKEN_SOURCE_MODEL,
+                      tandem::v1::TOKEN_SOURCE_ENVIRONMENT}) {
+    tandem::v1::SourceSpan* span = sample->add_source_spans();
+    span->set_source(source);
+    span->set_num_tokens(1);
+  }
+  *batch.add_groups() = episode;
+  const ConvertedBatch converted = ConvertTrainingBatch(batch, kVocab);
+  REQUIRE(converted.groups.size() == 1);
+  const auto& completions = converted.groups[0].completions;
+  REQUIRE(completions.size() == 2);
+  CHECK(completions[0].trained.empty());  // single turn: all the model's
+  CHECK(completions[0].trained_tokens() == 2);
+  CHECK(completions[1].trained == std::vector<uint8_t>{1, 0});
+  CHECK(completions[1].trained_tokens() == 1);
+}
+
 }  // namespace
 }  // namespace tandem::trainer

@@ -179,7 +179,7 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
     bool seen = false, same = true;
     double first = 0.0;
     for (const ScoredCompletion& c : groups[g].completions) {
-      if (c.tokens.empty()) continue;
+      if (c.trained_tokens() == 0) continue;
       if (!seen) {
         first = c.reward;
         seen = true;
@@ -201,7 +201,7 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
                                        group.completions.begin(),
                                        group.completions.end(),
                                        [](const ScoredCompletion& c) {
-                                         return !c.tokens.empty();
+                                         return c.trained_tokens() > 0;
                                        });
                                  }));
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -218,12 +218,17 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
       continue;
     }
     for (const ScoredCompletion& c : group.completions) {
-      if (c.tokens.empty()) continue;
       if (c.behavior_logprobs.size() != c.tokens.size()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "group ", g, ": completion has ", c.tokens.size(), " tokens but ",
             c.behavior_logprobs.size(), " behavior log-probs"));
       }
+      if (!c.trained.empty() && c.trained.size() != c.tokens.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "group ", g, ": completion has ", c.tokens.size(),
+            " tokens but ", c.trained.size(), " trained flags"));
+      }
+      if (c.trained_tokens() == 0) continue;
       sequences.push_back(
           {&group.prompt, &c,
            static_cast<int64_t>(group.prompt.size() + c.tokens.size()),
@@ -232,7 +237,7 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
       group_ids.push_back(static_cast<int64_t>(g));
       stats.staleness.push_back(static_cast<int64_t>(version_.load()) -
                                 static_cast<int64_t>(c.min_policy_version));
-      stats.trained_tokens += static_cast<int64_t>(c.tokens.size());
+      stats.trained_tokens += c.trained_tokens();
     }
   }
   if (sequences.empty()) {
@@ -257,7 +262,7 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
   int64_t scored = 0;
   for (const ScoredPromptGroup& group : groups) {
     for (const ScoredCompletion& c : group.completions) {
-      if (c.tokens.empty()) continue;
+      if (c.trained_tokens() == 0) continue;
       sum += c.reward;
       sum_sq += c.reward * c.reward;
       ++scored;
@@ -313,7 +318,7 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
     // The whole batch, detached, for the statistics; gradients accumulate
     // over the micro-batches.
     std::vector<at::Tensor> new_logprobs, entropies, reference_logprobs;
-    std::vector<float> behavior;
+    std::vector<float> behavior, mask;
     std::vector<int64_t> sequence_ids;
     const auto micro_batches =
         SplitMicroBatches(active, options_.micro_batch_tokens);
@@ -323,7 +328,7 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
       // positions that predict completion tokens.
       std::vector<int64_t> input_ids, position_ids, cu_seqlens = {0};
       std::vector<int64_t> predict_rows, targets, local_ids;
-      std::vector<float> micro_behavior, inv_temperatures;
+      std::vector<float> micro_behavior, micro_mask, inv_temperatures;
       for (size_t i = begin; i < end; ++i) {
         const std::vector<int32_t>& prompt = *active[i].prompt;
         const ScoredCompletion& c = *active[i].completion;
@@ -344,6 +349,7 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
               static_cast<float>(active[i].inv_temperature));
           local_ids.push_back(static_cast<int64_t>(i - begin));
           sequence_ids.push_back(static_cast<int64_t>(i));
+          micro_mask.push_back(c.trained.empty() || c.trained[k] ? 1.0f : 0.0f);
         }
         micro_behavior.insert(micro_behavior.end(), c.behavior_logprobs.begin(),
                               c.behavior_logprobs.end());
@@ -393,13 +399,12 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
       micro.behavior_logprobs =
           torch::tensor(micro_behavior, torch::kFloat).to(device);
       micro.reference_logprobs = micro_reference;
-      micro.mask = torch::ones({static_cast<int64_t>(targets.size())},
-                               at::TensorOptions(torch::kFloat).device(device));
+      micro.mask = torch::tensor(micro_mask, torch::kFloat).to(device);
       micro.sequence_ids = torch::tensor(local_ids, torch::kLong).to(device);
       micro.advantages = active_advantages.slice(0, static_cast<int64_t>(begin),
                                                  static_cast<int64_t>(end));
       // Denominators of the whole batch, skipped sequences included (every
-      // sequence has completion tokens).
+      // sequence has tokens in the loss).
       micro.total_tokens = stats.trained_tokens;
       micro.total_sequences = static_cast<int64_t>(sequences.size());
       ASSIGN_OR_RETURN(GrpoLossResult loss,
@@ -411,6 +416,7 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
       }
       behavior.insert(behavior.end(), micro_behavior.begin(),
                       micro_behavior.end());
+      mask.insert(mask.end(), micro_mask.begin(), micro_mask.end());
     }
     {
       // Statistics of the forwarded sequences, with the whole batch's
@@ -420,8 +426,7 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
       batch.new_logprobs = torch::cat(new_logprobs);
       batch.behavior_logprobs =
           torch::tensor(behavior, torch::kFloat).to(device);
-      batch.mask = torch::ones({static_cast<int64_t>(behavior.size())},
-                               at::TensorOptions(torch::kFloat).device(device));
+      batch.mask = torch::tensor(mask, torch::kFloat).to(device);
       batch.sequence_ids = torch::tensor(sequence_ids, torch::kLong).to(device);
       batch.advantages = active_advantages;
       batch.total_tokens = stats.trained_tokens;
@@ -460,6 +465,12 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
   stats.policy_version = ++version_;
   stats.step_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   return stats;
+}
+
+int64_t ScoredCompletion::trained_tokens() const {
+  if (trained.empty()) return static_cast<int64_t>(tokens.size());
+  return std::count_if(trained.begin(), trained.end(),
+                       [](uint8_t flag) { return flag != 0; });
 }
 
 double GrpoTrainer::LearningRate(int64_t step) const {

@@ -37,6 +37,14 @@ struct ScoredCompletion {
   double reward = 0.0;
   // Oldest policy version that produced any of its tokens.
   uint64_t min_policy_version = 0;
+  // Multi-turn episodes: per token, 1 when the model produced it (in the
+  // loss) and 0 when the environment did (context for the tokens after it,
+  // never a loss term, its behavior log-prob ignored). Empty: every token
+  // is the model's. Otherwise one per token.
+  std::vector<uint8_t> trained;
+
+  // Tokens in the loss.
+  int64_t trained_tokens() const;
 };
 
 struct ScoredPromptGroup {
