@@ -16,8 +16,8 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -103,8 +103,8 @@ class ConfigSchema {
                          const std::string& source);
   bool IsPrefix(const std::string& prefix) const;
 
-  std::vector<Field> fields_;              // in registration order
-  std::map<std::string, size_t> by_path_;  // path -> index in fields_
+  std::vector<Field> fields_;                   // in registration order
+  std::map<std::string, size_t> by_path_;       // path -> index in fields_
   std::map<std::string, std::string> origins_;  // path -> where it was set
   std::vector<std::pair<std::string, std::function<absl::Status()>>> checks_;
 };

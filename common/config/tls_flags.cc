@@ -11,7 +11,7 @@ extern char** environ;
 namespace tandem::config {
 namespace {
 
-constexpr const char* kKeys[] = {"mode", "cert", "key",
+constexpr const char* kKeys[] = {"mode", "cert",        "key",
                                  "ca",   "server_name", "refresh_s"};
 
 std::string FlagName(const std::string& key) {
@@ -27,10 +27,11 @@ std::string FlagName(const std::string& key) {
 void TlsFlags::AddTo(CLI::App* app) {
   for (const char* key : kKeys) {
     std::string& value = values_[key];
-    app->add_option(FlagName(key), value,
-                    absl::StrCat("tls.", key, " (env ",
-                                 ConfigSchema::EnvName(absl::StrCat("tls.", key)),
-                                 "); see docs/operations.md, TLS"));
+    app->add_option(
+        FlagName(key), value,
+        absl::StrCat("tls.", key, " (env ",
+                     ConfigSchema::EnvName(absl::StrCat("tls.", key)),
+                     "); see docs/operations.md, TLS"));
   }
 }
 
@@ -50,7 +51,8 @@ absl::StatusOr<rpc::TlsOptions> TlsFlags::Resolve() const {
   }
   auto mode = values_.find("mode");
   if (file_given && (mode == values_.end() || mode->second.empty())) {
-    tls.mode = "mtls";
+    RETURN_IF_ERROR(schema.SetFromText(
+        "tls.mode", "mtls", "--tls-cert/--tls-key/--tls-ca (imply mtls)"));
   }
   RETURN_IF_ERROR(schema.Check());
   return tls;

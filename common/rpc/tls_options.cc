@@ -36,14 +36,14 @@ using PkeyPtr = std::unique_ptr<EVP_PKEY, PkeyFree>;
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    return absl::NotFoundError(absl::StrCat("cannot read '", path,
-                                            "': ", std::strerror(errno)));
+    return absl::NotFoundError(
+        absl::StrCat("cannot read '", path, "': ", std::strerror(errno)));
   }
   std::stringstream buffer;
   buffer << in.rdbuf();
   if (in.bad()) {
-    return absl::NotFoundError(absl::StrCat("cannot read '", path,
-                                            "': ", std::strerror(errno)));
+    return absl::NotFoundError(
+        absl::StrCat("cannot read '", path, "': ", std::strerror(errno)));
   }
   return buffer.str();
 }
@@ -74,8 +74,8 @@ absl::StatusOr<PkeyPtr> PrivateKey(const std::string& path) {
                                       const_cast<char*>("")));
   ERR_clear_error();
   if (key == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "'", path, "' holds no unencrypted PEM private key"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", path, "' holds no unencrypted PEM private key"));
   }
   return key;
 }
@@ -94,10 +94,9 @@ absl::Status CheckKeyMatchesCert(const std::string& key_path,
   const int match = X509_check_private_key(cert.get(), key.get());
   ERR_clear_error();
   if (match != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the private key in '", key_path,
-                     "' does not belong to the certificate in '", cert_path,
-                     "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the private key in '", key_path,
+        "' does not belong to the certificate in '", cert_path, "'"));
   }
   return absl::OkStatus();
 }
@@ -121,9 +120,8 @@ absl::Status CheckTlsOptions(const TlsOptions& options) {
   for (int i = 0; i < 3; ++i) {
     if (absl::Status s = CheckTlsFile(kinds[i].first, *files[i].second);
         !s.ok()) {
-      return absl::Status(s.code(),
-                          absl::StrCat("tls.", kinds[i].second, ": ",
-                                       s.message()));
+      return absl::Status(
+          s.code(), absl::StrCat("tls.", kinds[i].second, ": ", s.message()));
     }
   }
   if (absl::Status s = CheckKeyMatchesCert(options.key, options.cert);

@@ -70,7 +70,8 @@ class VerifierClient {
 class GrpcVerifierClient : public VerifierClient {
  public:
   // `tls` secures every channel to a verifier (the coordinator's own).
-  explicit GrpcVerifierClient(rpc::TlsOptions tls = {}) : tls_(std::move(tls)) {}
+  explicit GrpcVerifierClient(rpc::TlsOptions tls = {})
+      : tls_(std::move(tls)) {}
   absl::StatusOr<tandem::v1::ScoreBatchResponse> ScoreBatch(
       const std::string& address, const tandem::v1::ScoreBatchRequest& request,
       absl::Duration timeout) override;

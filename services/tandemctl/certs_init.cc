@@ -114,8 +114,8 @@ absl::Status AddExtension(X509* cert, X509V3_CTX* ctx, int nid,
   X509_EXTENSION* ext =
       X509V3_EXT_conf_nid(nullptr, ctx, nid, const_cast<char*>(value.c_str()));
   if (ext == nullptr) {
-    return OpenSslError(absl::StrCat("extension ", OBJ_nid2sn(nid), " = ",
-                                     value));
+    return OpenSslError(
+        absl::StrCat("extension ", OBJ_nid2sn(nid), " = ", value));
   }
   const int added = X509_add_ext(cert, ext, -1);
   X509_EXTENSION_free(ext);
@@ -174,8 +174,8 @@ absl::StatusOr<Authority> MakeAuthority(int days) {
                                "critical,CA:TRUE,pathlen:0"));
   RETURN_IF_ERROR(AddExtension(ca.cert.get(), &ctx, NID_key_usage,
                                "critical,keyCertSign,cRLSign"));
-  RETURN_IF_ERROR(AddExtension(ca.cert.get(), &ctx, NID_subject_key_identifier,
-                               "hash"));
+  RETURN_IF_ERROR(
+      AddExtension(ca.cert.get(), &ctx, NID_subject_key_identifier, "hash"));
   if (X509_sign(ca.cert.get(), ca.key.get(), EVP_sha256()) == 0) {
     return OpenSslError("sign the CA certificate");
   }
@@ -196,13 +196,13 @@ absl::StatusOr<Authority> LoadAuthority(const std::string& cert_path,
     std::unique_ptr<FILE, decltype(&fclose)> f(fopen(key_path.c_str(), "r"),
                                                fclose);
     if (f == nullptr) return PosixError(errno, "open " + key_path);
-    ca.key.reset(PEM_read_PrivateKey(f.get(), nullptr, nullptr,
-                                     const_cast<char*>("")));
+    ca.key.reset(
+        PEM_read_PrivateKey(f.get(), nullptr, nullptr, const_cast<char*>("")));
     if (ca.key == nullptr) return OpenSslError("read " + key_path);
   }
   if (X509_check_private_key(ca.cert.get(), ca.key.get()) != 1) {
-    return OpenSslError(absl::StrCat(key_path, " does not belong to ",
-                                     cert_path));
+    return OpenSslError(
+        absl::StrCat(key_path, " does not belong to ", cert_path));
   }
   return ca;
 }
@@ -224,26 +224,26 @@ std::string SubjectAltNames(const std::string& role, const std::string& name,
 absl::Status IssueRole(const Authority& ca, const std::string& role,
                        const CertsInitOptions& options) {
   ASSIGN_OR_RETURN(PkeyPtr key, NewKey());
-  ASSIGN_OR_RETURN(X509Ptr cert,
-                   NewCertificate(key.get(), absl::StrCat("tandem-", role),
-                                  options.days));
+  ASSIGN_OR_RETURN(
+      X509Ptr cert,
+      NewCertificate(key.get(), absl::StrCat("tandem-", role), options.days));
   X509_set_issuer_name(cert.get(), X509_get_subject_name(ca.cert.get()));
   X509V3_CTX ctx;
   X509V3_set_ctx_nodb(&ctx);
   X509V3_set_ctx(&ctx, ca.cert.get(), cert.get(), nullptr, nullptr, 0);
-  RETURN_IF_ERROR(
-      AddExtension(cert.get(), &ctx, NID_basic_constraints, "critical,CA:FALSE"));
+  RETURN_IF_ERROR(AddExtension(cert.get(), &ctx, NID_basic_constraints,
+                               "critical,CA:FALSE"));
   RETURN_IF_ERROR(AddExtension(cert.get(), &ctx, NID_key_usage,
                                "critical,digitalSignature,keyAgreement"));
   RETURN_IF_ERROR(AddExtension(cert.get(), &ctx, NID_ext_key_usage,
                                "serverAuth,clientAuth"));
-  RETURN_IF_ERROR(AddExtension(
-      cert.get(), &ctx, NID_subject_alt_name,
-      SubjectAltNames(role, options.name, options.hosts)));
+  RETURN_IF_ERROR(
+      AddExtension(cert.get(), &ctx, NID_subject_alt_name,
+                   SubjectAltNames(role, options.name, options.hosts)));
   RETURN_IF_ERROR(
       AddExtension(cert.get(), &ctx, NID_subject_key_identifier, "hash"));
-  RETURN_IF_ERROR(AddExtension(cert.get(), &ctx,
-                               NID_authority_key_identifier, "keyid:always"));
+  RETURN_IF_ERROR(AddExtension(cert.get(), &ctx, NID_authority_key_identifier,
+                               "keyid:always"));
   if (X509_sign(cert.get(), ca.key.get(), EVP_sha256()) == 0) {
     return OpenSslError(absl::StrCat("sign the ", role, " certificate"));
   }
@@ -252,17 +252,16 @@ absl::Status IssueRole(const Authority& ca, const std::string& role,
   ASSIGN_OR_RETURN(std::string cert_pem, CertPem(cert.get()));
   // The key first: a watcher that reads the pair between the two renames
   // sees the new key with the old certificate for one refresh at most.
-  RETURN_IF_ERROR(
-      WriteFileAtomically((dir / (role + std::string(".key"))).string(),
-                          key_pem, 0600));
-  RETURN_IF_ERROR(
-      WriteFileAtomically((dir / (role + std::string(".pem"))).string(),
-                          cert_pem, 0644));
+  RETURN_IF_ERROR(WriteFileAtomically(
+      (dir / (role + std::string(".key"))).string(), key_pem, 0600));
+  RETURN_IF_ERROR(WriteFileAtomically(
+      (dir / (role + std::string(".pem"))).string(), cert_pem, 0644));
   return absl::OkStatus();
 }
 
-absl::Status CertsInit(const CertsInitOptions& options) {
-  if (options.dir.empty()) return absl::InvalidArgumentError("--dir is required");
+absl::Status CertsInit(const CertsInitOptions& options, std::ostream& out) {
+  if (options.dir.empty())
+    return absl::InvalidArgumentError("--dir is required");
   if (options.days < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--days must be at least 1, got ", options.days));
@@ -275,23 +274,23 @@ absl::Status CertsInit(const CertsInitOptions& options) {
   std::filesystem::create_directories(options.dir, ec);
   if (ec) return FilesystemError(ec, options.dir, "create directory");
   const std::filesystem::path ca_dir(options.ca_dir.empty() ? options.dir
-                                                             : options.ca_dir);
+                                                            : options.ca_dir);
   const std::string ca_cert = (ca_dir / "ca.pem").string();
   const std::string ca_key = (ca_dir / "ca.key").string();
   Authority ca;
   if (std::filesystem::exists(ca_cert) && std::filesystem::exists(ca_key)) {
     ASSIGN_OR_RETURN(ca, LoadAuthority(ca_cert, ca_key));
-    std::cout << "using the CA in " << ca_cert << "\n";
+    out << "using the CA in " << ca_cert << "\n";
   } else if (!options.ca_dir.empty()) {
-    return absl::NotFoundError(absl::StrCat(
-        "--ca-dir ", options.ca_dir, " has no ca.pem and ca.key"));
+    return absl::NotFoundError(
+        absl::StrCat("--ca-dir ", options.ca_dir, " has no ca.pem and ca.key"));
   } else {
     ASSIGN_OR_RETURN(ca, MakeAuthority(options.days * 10));
     ASSIGN_OR_RETURN(std::string key_pem, KeyPem(ca.key.get()));
     ASSIGN_OR_RETURN(std::string cert_pem, CertPem(ca.cert.get()));
     RETURN_IF_ERROR(WriteFileAtomically(ca_key, key_pem, 0600));
     RETURN_IF_ERROR(WriteFileAtomically(ca_cert, cert_pem, 0644));
-    std::cout << "wrote a new CA: " << ca_cert << ", " << ca_key << "\n";
+    out << "wrote a new CA: " << ca_cert << ", " << ca_key << "\n";
   }
   if (ca_dir != std::filesystem::path(options.dir)) {
     // The daemons' tls.ca is D/ca.pem whichever directory signed.
@@ -302,15 +301,20 @@ absl::Status CertsInit(const CertsInitOptions& options) {
   }
   for (const char* role : kRoles) {
     RETURN_IF_ERROR(IssueRole(ca, role, options));
-    std::cout << "wrote " << options.dir << "/" << role << ".pem and " << role
-              << ".key (spiffe://tandem/" << role << "/" << options.name
-              << "; " << absl::StrJoin(options.hosts, ", ") << "; "
-              << options.days << " days)\n";
+    out << "wrote " << options.dir << "/" << role << ".pem and " << role
+        << ".key (spiffe://tandem/" << role << "/" << options.name << "; "
+        << absl::StrJoin(options.hosts, ", ") << "; " << options.days
+        << " days)\n";
   }
   return absl::OkStatus();
 }
 
 }  // namespace
+
+absl::Status WriteDevCertificates(const CertsInitOptions& options) {
+  std::ostringstream quiet;
+  return CertsInit(options, quiet);
+}
 
 void AddCertsInitFlags(CLI::App* app, CertsInitOptions* options) {
   app->add_option("--dir", options->dir,
@@ -329,7 +333,7 @@ void AddCertsInitFlags(CLI::App* app, CertsInitOptions* options) {
 }
 
 int RunCertsInit(const CertsInitOptions& options) {
-  if (absl::Status s = CertsInit(options); !s.ok()) {
+  if (absl::Status s = CertsInit(options, std::cout); !s.ok()) {
     std::cerr << "tandemctl certs init: " << s.message() << "\n";
     return 1;
   }

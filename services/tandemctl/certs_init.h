@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+
 namespace CLI {
 class App;
 }  // namespace CLI
@@ -37,6 +39,9 @@ struct CertsInitOptions {
   // The <name> of each SAN URI.
   std::string name = "dev";
 };
+
+// Writes the files (quietly). Errors name the file or the OpenSSL step.
+absl::Status WriteDevCertificates(const CertsInitOptions& options);
 
 // Registers --dir, --ca-dir, --days, --hosts and --name on `app`.
 void AddCertsInitFlags(CLI::App* app, CertsInitOptions* options);

@@ -66,8 +66,8 @@ int Fail(const std::string& what, const std::string& address,
 
 int RunStatus(const std::string& coordinator, bool json, double timeout_s,
               const tandem::rpc::TlsOptions& tls) {
-  auto stub =
-      tandem::v1::Coordinator::NewStub(tandem::rpc::MakeChannel(coordinator, tls));
+  auto stub = tandem::v1::Coordinator::NewStub(
+      tandem::rpc::MakeChannel(coordinator, tls));
   tandem::v1::GetClusterStatusResponse response;
   absl::Status status = tandem::rpc::CallWithRetry(
       "GetClusterStatus", Policy(timeout_s), [&](grpc::ClientContext* c) {
@@ -86,8 +86,8 @@ int RunStatus(const std::string& coordinator, bool json, double timeout_s,
 // a graceful stop), 1 on an error. Interrupt to stop watching.
 int RunWatch(const std::string& coordinator, const std::string& member_id,
              const tandem::rpc::TlsOptions& tls) {
-  auto stub =
-      tandem::v1::Coordinator::NewStub(tandem::rpc::MakeChannel(coordinator, tls));
+  auto stub = tandem::v1::Coordinator::NewStub(
+      tandem::rpc::MakeChannel(coordinator, tls));
   grpc::ClientContext context;
   tandem::v1::WatchClusterRequest request;
   request.set_member_id(member_id);
@@ -111,8 +111,8 @@ int RunWatch(const std::string& coordinator, const std::string& member_id,
 // Exit code 0 when SERVING, 1 otherwise: usable as a container healthcheck.
 int RunHealth(const std::string& address, const std::string& service,
               double timeout_s, const tandem::rpc::TlsOptions& tls) {
-  auto stub =
-      grpc::health::v1::Health::NewStub(tandem::rpc::MakeChannel(address, tls));
+  auto stub = grpc::health::v1::Health::NewStub(
+      tandem::rpc::MakeChannel(address, tls));
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(service);
   grpc::health::v1::HealthCheckResponse response;
@@ -134,8 +134,8 @@ int RunHealth(const std::string& address, const std::string& service,
 
 int RunWorker(const std::string& action, const std::string& address, bool json,
               double timeout_s, const tandem::rpc::TlsOptions& tls) {
-  auto stub =
-      tandem::v1::RolloutWorker::NewStub(tandem::rpc::MakeChannel(address, tls));
+  auto stub = tandem::v1::RolloutWorker::NewStub(
+      tandem::rpc::MakeChannel(address, tls));
   tandem::v1::RolloutStatus response;
   std::function<grpc::Status(grpc::ClientContext*)> call;
   if (action == "status") {

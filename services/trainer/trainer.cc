@@ -32,7 +32,8 @@ constexpr absl::Duration kStopReserve = absl::Seconds(2);
 // The coordinator's latest policy version (one short retried call).
 absl::StatusOr<uint64_t> CoordinatorPolicyVersion(
     const std::string& address, const rpc::TlsOptions& tls) {
-  auto stub = tandem::v1::Coordinator::NewStub(rpc::MakeChannel(address, tls));
+  auto stub =
+      tandem::v1::Coordinator::NewStub(rpc::MakeChannel(address, tls));
   rpc::RetryPolicy retry;
   retry.attempt_timeout = absl::Seconds(2);
   retry.total_timeout = absl::Seconds(5);
