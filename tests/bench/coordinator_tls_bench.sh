@@ -20,6 +20,7 @@ c=$tmp/certs
 
 run() {  # run MODE: one coordinator, one bench; prints samples/s
   local mode=$1 tls_set=() tls_flags=()
+  shift
   if [ "$mode" = mtls ]; then
     tls_set=(--set tls.mode=mtls --set "tls.cert=$c/coordinator.pem"
              --set "tls.key=$c/coordinator.key" --set "tls.ca=$c/ca.pem")
@@ -36,10 +37,14 @@ run() {  # run MODE: one coordinator, one bench; prints samples/s
   local address
   address=$(sed -n 's/.*"grpc_address": "\([^"]*\)".*/\1/p' "$tmp/ready.json")
   "$build/bin/coordinator_bench" --coordinator "$address" "$@" \
-    "${tls_flags[@]}" >"$tmp/bench.out"
+    "${tls_flags[@]}" >"$tmp/bench.out" 2>"$tmp/bench.err" || true
   kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""
   local rate
   rate=$(sed -n 's/.*(\([0-9]*\) samples\/s).*/\1/p' "$tmp/bench.out")
+  if [ -z "$rate" ]; then
+    cat "$tmp/bench.out" "$tmp/bench.err" "$tmp/coordinator-$mode.log" >&2
+    exit 1
+  fi
   echo "$(date -u +%H:%M:%S) $mode $rate samples/s, load $(cut -d' ' -f1-3 /proc/loadavg) | $(grep -h 'p50' "$tmp/bench.out" | tr '\n' ' ')" >&2
   echo "$rate"
 }
