@@ -3,7 +3,9 @@
 `tandemctl certs init` makes a development CA and per-role certificates; the
 launcher runs the integration cluster (coordinator, trainer, verifier, two
 rollout workers) with `tls.mode: mtls` in every daemon's config and polls
-status with the admin certificate. Then, with Debian's python3-grpcio and
+status with the admin certificate. A daemon with a bad tls section exits 2 naming the file, line, key and
+value, and one serving plaintext on a non-loopback address warns. Then,
+with Debian's python3-grpcio and
 Python's ssl module as independent clients:
 
   * the cluster trains: the policy version advances and workers follow;
@@ -172,6 +174,28 @@ class TlsClusterTest(unittest.TestCase):
             print(self.launcher.launcher_output()[-3000:])
             print(self.launcher.log("trainer")[-3000:])
             raise
+
+    def test_0_bad_tls_config_exits_2_naming_file_line_key_and_value(self):
+        bad = os.path.join(self.tmp, "bad.yaml")
+        with open(bad, "w") as f:
+            f.write(f"tls:\n  mode: mtls\n  cert: {self.certs}/coordinator.pem\n"
+                    f"  key: {self.tmp}/missing.key\n"
+                    f"  ca: {self.certs}/ca.pem\n")
+        out = subprocess.run(
+            [harness.binary("tandem-coordinator"), "--config", bad],
+            capture_output=True, text=True, timeout=15)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertIn(f"{bad}:4: tls.key cannot read '{self.tmp}/missing.key'",
+                      out.stderr)
+        # A daemon on a non-loopback address without TLS says so once.
+        daemon = harness.Daemon("coordinator", self.tmp, host="0.0.0.0",
+                                name="plaintext-coordinator")
+        try:
+            daemon.wait_ready()
+        finally:
+            daemon.stop()
+        self.assertEqual(daemon.output().count("in plaintext (tls.mode: off)"),
+                         1, daemon.output())
 
     def test_1_cluster_trains_over_mtls(self):
         version = self.wait_version_above(2, 180)
