@@ -93,6 +93,12 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
+  if (tls.enabled()) {
+    // Config loading checks these already; a caller that builds TlsOptions
+    // itself gets the same message instead of a server whose every
+    // handshake fails.
+    if (absl::Status s = CheckTlsOptions(tls); !s.ok()) return s;
+  }
   if (!tls.enabled() && !IsLoopbackHost(host)) {
     ComponentLogger("grpc")->warn(
         "serving gRPC on {} in plaintext (tls.mode: off): anyone who can "

@@ -34,7 +34,8 @@ class GrpcServer {
   // Binds `address` (host:port; port 0 picks a free port) and starts
   // serving `services`, which must outlive the server. With tls.mode mtls
   // every connection must present a client certificate that chains to
-  // tls.ca (common/rpc/tls_credentials.h); with TLS off on an address that
+  // tls.ca (common/rpc/tls_credentials.h), and unreadable or mismatched
+  // files are an InvalidArgument error; with TLS off on an address that
   // is not loopback, logs one warning that anyone who can reach the port
   // may call every RPC.
   static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(

@@ -230,6 +230,18 @@ TEST_CASE("an mtls server serves only clients with a certificate of its CA") {
         grpc::StatusCode::OK);
 }
 
+TEST_CASE("GrpcServer::Start refuses mtls with files that do not load") {
+  auto dir = IssuedCertificates();
+  rpc::TlsOptions tls = RoleTls(*dir, "coordinator");
+  tls.key = dir->File("trainer.key");
+  auto server = rpc::GrpcServer::Start("127.0.0.1:0", {}, tls);
+  REQUIRE_FALSE(server.ok());
+  CHECK(server.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(server.status().message())
+            .find("tls.key: the private "
+                  "key in") == 0);
+}
+
 TEST_CASE("an mtls server picks up a new CA and certificate from disk") {
   auto served = IssuedCertificates();  // the server's files, rewritten below
   auto next = IssuedCertificates();    // a second CA and its certificates
