@@ -26,6 +26,7 @@ absl::StatusOr<std::unique_ptr<MemberDaemon>> MemberDaemon::Create(
                        name, server, std::move(registry), services));
   MemberSessionOptions options;
   options.coordinator_address = coordinator_address;
+  options.tls = server.tls;
   options.role = role;
   options.grpc_address = member->runtime_->grpc_address();
   options.metrics_address = member->runtime_->metrics_address();

@@ -24,7 +24,7 @@ MemberSession::MemberSession(MemberSessionOptions options,
     : options_(std::move(options)),
       filler_(std::move(filler)),
       stub_(tandem::v1::Coordinator::NewStub(
-          rpc::MakeChannel(options_.coordinator_address))) {}
+          rpc::MakeChannel(options_.coordinator_address, options_.tls))) {}
 
 MemberSession::~MemberSession() { Stop(false, "destroyed"); }
 

@@ -15,12 +15,15 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/rpc/tls_options.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 
 namespace tandem::cluster {
 
 struct MemberSessionOptions {
   std::string coordinator_address;
+  // TLS of the channel to the coordinator (the daemon's tls section).
+  rpc::TlsOptions tls;
   tandem::v1::Role role = tandem::v1::ROLE_UNSPECIFIED;
   std::string grpc_address;
   std::string metrics_address;

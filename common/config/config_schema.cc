@@ -257,6 +257,7 @@ absl::Status ConfigSchema::ApplyNode(const YAML::Node& node,
                           absl::StrCat(NodeLocation(source, value), ": ", path,
                                        " ", status.message()));
     }
+    origins_[path] = NodeLocation(source, value);
   }
   return absl::OkStatus();
 }
@@ -336,7 +337,29 @@ absl::Status ConfigSchema::SetFromText(const std::string& path,
     return absl::Status(
         status.code(), absl::StrCat(source, ": ", path, " ", status.message()));
   }
+  origins_[path] = source;
   return absl::OkStatus();
+}
+
+void ConfigSchema::AddCheck(const std::string& path,
+                            std::function<absl::Status()> check) {
+  checks_.emplace_back(path, std::move(check));
+}
+
+absl::Status ConfigSchema::Check() const {
+  for (const auto& [path, check] : checks_) {
+    absl::Status status = check();
+    if (!status.ok()) {
+      return absl::Status(status.code(), absl::StrCat(Origin(path), ": ", path,
+                                                      " ", status.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string ConfigSchema::Origin(const std::string& path) const {
+  auto it = origins_.find(path);
+  return it == origins_.end() ? "default" : it->second;
 }
 
 absl::Status ConfigSchema::ApplyOverride(const std::string& assignment) {

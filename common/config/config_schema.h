@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -65,6 +66,19 @@ class ConfigSchema {
   absl::Status SetFromText(const std::string& path, const std::string& value,
                            const std::string& source);
 
+  // Registers a check of the final value of `path` (and of fields it
+  // depends on), run by Check() once every layer is applied. `check`
+  // returns an error message without location or key; Check() prefixes
+  // where the value of `path` came from and the key, like every other
+  // config error.
+  void AddCheck(const std::string& path, std::function<absl::Status()> check);
+  // Runs the checks in registration order; returns the first error.
+  absl::Status Check() const;
+
+  // Where the current value of `path` came from: "file.yaml:12",
+  // "environment TANDEM_X", "--set x=1", "flag for x", or "default".
+  std::string Origin(const std::string& path) const;
+
   // The effective configuration as YAML, with each field's help as a
   // comment. Parsing the output with ApplyYamlText reproduces the values.
   std::string ToYaml() const;
@@ -89,8 +103,10 @@ class ConfigSchema {
                          const std::string& source);
   bool IsPrefix(const std::string& prefix) const;
 
-  std::vector<Field> fields_;              // in registration order
-  std::map<std::string, size_t> by_path_;  // path -> index in fields_
+  std::vector<Field> fields_;                   // in registration order
+  std::map<std::string, size_t> by_path_;       // path -> index in fields_
+  std::map<std::string, std::string> origins_;  // path -> where it was set
+  std::vector<std::pair<std::string, std::function<absl::Status()>>> checks_;
 };
 
 }  // namespace tandem::config

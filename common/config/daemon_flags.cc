@@ -53,6 +53,55 @@ void AddServerOptions(ConfigSchema* schema, ServerOptions* options) {
   schema->AddInt("drain_timeout_ms", &options->drain_timeout_ms, 0, 3'600'000,
                  "On SIGTERM, how long in-flight work may drain before the "
                  "daemon stops anyway.");
+  AddTlsOptions(schema, &options->tls);
+}
+
+void AddTlsOptions(ConfigSchema* schema, rpc::TlsOptions* tls) {
+  schema->AddEnum("tls.mode", &tls->mode, {"off", "mtls"},
+                  "TLS of every gRPC server and client of this process: off "
+                  "(plaintext) or mtls (both sides present a certificate "
+                  "signed by tls.ca).");
+  schema->AddString("tls.cert", &tls->cert,
+                    "PEM certificate chain this process presents (mtls).");
+  schema->AddString("tls.key", &tls->key,
+                    "PEM private key of tls.cert (mtls).");
+  schema->AddString("tls.ca", &tls->ca,
+                    "PEM CA bundle peers' certificates must chain to (mtls).");
+  schema->AddString(
+      "tls.server_name", &tls->server_name,
+      "Name checked against servers' certificates (DNS or IP SAN) instead "
+      "of the host dialled; empty = the host dialled.");
+  schema->AddInt("tls.refresh_s", &tls->refresh_s, 1, 86400,
+                 "Seconds between re-reads of tls.cert, tls.key and tls.ca: "
+                 "rotated files are used by new connections within this "
+                 "time.");
+  const std::pair<const char*, const std::string*> required[] = {
+      {"tls.cert", &tls->cert}, {"tls.key", &tls->key}, {"tls.ca", &tls->ca}};
+  for (const auto& [key, path] : required) {
+    schema->AddCheck("tls.mode", [tls, key = std::string(key), path] {
+      if (!tls->enabled() || !path->empty()) return absl::OkStatus();
+      return absl::InvalidArgumentError(
+          absl::StrCat("is mtls but ", key,
+                       " is not set (mutual TLS needs tls.cert, tls.key and "
+                       "tls.ca)"));
+    });
+  }
+  const std::pair<const char*, rpc::TlsFile> files[] = {
+      {"tls.cert", rpc::TlsFile::kCert},
+      {"tls.key", rpc::TlsFile::kKey},
+      {"tls.ca", rpc::TlsFile::kCa}};
+  for (int i = 0; i < 3; ++i) {
+    const std::string* path = required[i].second;
+    const rpc::TlsFile kind = files[i].second;
+    schema->AddCheck(files[i].first, [tls, path, kind] {
+      if (!tls->enabled()) return absl::OkStatus();
+      return rpc::CheckTlsFile(kind, *path);
+    });
+  }
+  schema->AddCheck("tls.key", [tls] {
+    if (!tls->enabled()) return absl::OkStatus();
+    return rpc::CheckKeyMatchesCert(tls->key, tls->cert);
+  });
 }
 
 namespace {
@@ -108,6 +157,7 @@ CommandLineResult LoadDaemonConfig(
 
   absl::Status status =
       ApplyLayers(schema, config_file, overrides, flag_values);
+  if (status.ok()) status = schema->Check();
   if (status.ok()) status = validate();
   if (!status.ok()) {
     std::cerr << daemon_name << ": configuration error: " << status.message()

@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/config/config_schema.h"
+#include "common/rpc/tls_options.h"
 
 namespace tandem::config {
 
@@ -32,11 +33,19 @@ struct ServerOptions {
   std::string log_format = "text";
   // How long SIGTERM waits for in-flight work before forcing shutdown.
   int64_t drain_timeout_ms = 10000;
+  // TLS of the gRPC server and of every gRPC client of the daemon.
+  rpc::TlsOptions tls;
 };
 
 // Registers the ServerOptions keys (grpc_address, metrics_address,
-// ready_file, log.level, log.format, drain_timeout_ms).
+// ready_file, log.level, log.format, drain_timeout_ms, tls.*).
 void AddServerOptions(ConfigSchema* schema, ServerOptions* options);
+
+// Registers tls.mode, tls.cert, tls.key, tls.ca, tls.server_name and
+// tls.refresh_s (environment TANDEM_TLS_MODE, TANDEM_TLS_CERT, ...) and the
+// checks ConfigSchema::Check runs on them: with mode mtls, cert, key and ca
+// are set, readable, parse as PEM, and the key belongs to the certificate.
+void AddTlsOptions(ConfigSchema* schema, rpc::TlsOptions* tls);
 
 // The host part of a host:port address ("0.0.0.0:50051" -> "0.0.0.0",
 // "[::]:0" -> "::"); the whole string when it has no port.

@@ -19,8 +19,9 @@ absl::StatusOr<std::unique_ptr<DaemonRuntime>> DaemonRuntime::Create(
   ASSIGN_OR_RETURN(runtime->metrics_, metrics::MetricsServer::Create(
                                           options.metrics_address, daemon_name,
                                           std::move(registry)));
-  ASSIGN_OR_RETURN(runtime->grpc_,
-                   rpc::GrpcServer::Start(options.grpc_address, services));
+  ASSIGN_OR_RETURN(
+      runtime->grpc_,
+      rpc::GrpcServer::Start(options.grpc_address, services, options.tls));
   ComponentLogger(daemon_name)
       ->info("serving gRPC on {} and metrics on {}", runtime->grpc_address(),
              runtime->metrics_address().empty() ? "(disabled)"

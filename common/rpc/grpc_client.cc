@@ -4,6 +4,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/tls_credentials.h"
 
 namespace tandem::rpc {
 
@@ -18,7 +19,8 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
                       std::string(status.message()));
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
+                                           const TlsOptions& tls) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
@@ -26,8 +28,8 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   args.SetMaxReceiveMessageSize(64 << 20);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                   args);
+  ApplyTargetNameOverride(tls, &args);
+  return grpc::CreateCustomChannel(address, MakeChannelCredentials(tls), args);
 }
 
 absl::Status CallWithRetry(

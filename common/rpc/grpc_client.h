@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/rpc/tls_options.h"
 
 namespace tandem::rpc {
 
@@ -31,9 +32,11 @@ absl::Status CallWithRetry(
     const std::string& what, const RetryPolicy& policy,
     const std::function<grpc::Status(grpc::ClientContext*)>& call);
 
-// An insecure channel to host:port with keepalive suited to the control
-// plane.
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+// A channel to host:port with keepalive suited to the control plane:
+// plaintext when tls.mode is off, else mutual TLS with tls's certificate
+// (common/rpc/tls_credentials.h says what is verified).
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
+                                           const TlsOptions& tls);
 
 absl::Status ToAbslStatus(const grpc::Status& status);
 grpc::Status ToGrpcStatus(const absl::Status& status);

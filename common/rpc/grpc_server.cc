@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/base/logging.h"
+#include "common/rpc/tls_credentials.h"
 
 namespace tandem::rpc {
 
@@ -81,17 +82,35 @@ class GrpcServer::CountingInterceptorFactory
 };
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
-    const std::string& address, const std::vector<grpc::Service*>& services) {
+    const std::string& address, const std::vector<grpc::Service*>& services,
+    const TlsOptions& tls) {
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat("grpc_address must be host:port, got '", address, "'"));
   }
+  std::string host = address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (tls.enabled()) {
+    // Config loading checks these already; a caller that builds TlsOptions
+    // itself gets the same message instead of a server whose every
+    // handshake fails.
+    if (absl::Status s = CheckTlsOptions(tls); !s.ok()) return s;
+  }
+  if (!tls.enabled() && !IsLoopbackHost(host)) {
+    ComponentLogger("grpc")->warn(
+        "serving gRPC on {} in plaintext (tls.mode: off): anyone who can "
+        "reach this address can call every RPC; set tls.mode: mtls "
+        "(docs/operations.md, TLS)",
+        address);
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(address, MakeServerCredentials(tls), &port);
   for (grpc::Service* service : services) builder.RegisterService(service);
   builder.SetMaxReceiveMessageSize(64 << 20);
   std::unique_ptr<GrpcServer> server(new GrpcServer());

@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/rpc/tls_options.h"
 
 namespace grpc {
 class Server;
@@ -31,9 +32,15 @@ namespace tandem::rpc {
 class GrpcServer {
  public:
   // Binds `address` (host:port; port 0 picks a free port) and starts
-  // serving `services`, which must outlive the server.
+  // serving `services`, which must outlive the server. With tls.mode mtls
+  // every connection must present a client certificate that chains to
+  // tls.ca (common/rpc/tls_credentials.h), and unreadable or mismatched
+  // files are an InvalidArgument error; with TLS off on an address that
+  // is not loopback, logs one warning that anyone who can reach the port
+  // may call every RPC.
   static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(
-      const std::string& address, const std::vector<grpc::Service*>& services);
+      const std::string& address, const std::vector<grpc::Service*>& services,
+      const TlsOptions& tls = TlsOptions());
   ~GrpcServer();
 
   // host:port actually bound.

@@ -18,6 +18,8 @@ PACKAGES=(
   libabsl-dev libboost-dev libyaml-cpp-dev prometheus-cpp-dev
   nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
   libpcre2-dev libutf8proc-dev
+  # TLS: PEM checks and tandemctl certs init (gRPC links it too)
+  libssl-dev
   # tests: unit framework, independent gRPC client, real Prometheus server
   catch2 python3 python3-venv python3-grpcio prometheus
   # memory errors of the trainer's shutdown (tests/valgrind)

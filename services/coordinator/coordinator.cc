@@ -67,6 +67,7 @@ Coordinator::Coordinator(const CoordinatorConfig& config)
       metrics_(*registry_),
       members_(absl::Milliseconds(config.heartbeat_timeout_ms),
                NewIncarnationTag()),
+      verifier_client_(config.server.tls),
       started_(absl::Now()) {}
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(

@@ -23,7 +23,9 @@ absl::StatusOr<tandem::v1::ScoreBatchResponse> GrpcVerifierClient::ScoreBatch(
   {
     absl::MutexLock lock(&mu_);
     auto& slot = stubs_[address];
-    if (!slot) slot = tandem::v1::Verifier::NewStub(rpc::MakeChannel(address));
+    if (!slot) {
+      slot = tandem::v1::Verifier::NewStub(rpc::MakeChannel(address, tls_));
+    }
     stub = slot.get();
   }
   grpc::ClientContext context;

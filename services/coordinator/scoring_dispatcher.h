@@ -51,6 +51,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/rpc/tls_options.h"
 #include "services/coordinator/group_ledger.h"
 #include "tandem/v1/verifier.grpc.pb.h"
 
@@ -68,11 +69,15 @@ class VerifierClient {
 // gRPC client with one channel per verifier address.
 class GrpcVerifierClient : public VerifierClient {
  public:
+  // `tls` secures every channel to a verifier (the coordinator's own).
+  explicit GrpcVerifierClient(rpc::TlsOptions tls = {})
+      : tls_(std::move(tls)) {}
   absl::StatusOr<tandem::v1::ScoreBatchResponse> ScoreBatch(
       const std::string& address, const tandem::v1::ScoreBatchRequest& request,
       absl::Duration timeout) override;
 
  private:
+  const rpc::TlsOptions tls_;
   absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<tandem::v1::Verifier::Stub>> stubs_
       ABSL_GUARDED_BY(mu_);

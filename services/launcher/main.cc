@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "common/base/executable_dir.h"
 #include "common/cluster/cluster_status.h"
+#include "common/config/tls_flags.h"
 #include "common/rpc/grpc_client.h"
 #include "services/launcher/embedded_config.h"
 #include "services/launcher/process_supervisor.h"
@@ -50,6 +51,9 @@ struct Options {
   // auto: on unless --config-dir is given.
   std::string warm_start = "auto";
   std::string cache_dir;
+  // TLS of the launcher's own status polls (the daemons take theirs from
+  // their config files).
+  rpc::TlsOptions tls;
 };
 
 // The warm start of the embedded default task (3-digit addition) is
@@ -250,7 +254,7 @@ class Launcher {
                                                    coordinator_address_));
         Event(absl::StrCat("coordinator serving on ", coordinator_address_));
         stub_ = tandem::v1::Coordinator::NewStub(
-            rpc::MakeChannel(coordinator_address_));
+            rpc::MakeChannel(coordinator_address_, options_.tls));
         return true;
       }
       supervisor_.Poll();
@@ -319,7 +323,7 @@ class Launcher {
 
   std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
     auto& channel = channels_[address];
-    if (channel == nullptr) channel = rpc::MakeChannel(address);
+    if (channel == nullptr) channel = rpc::MakeChannel(address, options_.tls);
     return channel;
   }
 
@@ -418,7 +422,15 @@ int main(int argc, char** argv) {
                  "Where the warm start is cached (default "
                  "$TANDEM_CACHE_DIR, $XDG_CACHE_HOME/tandem or "
                  "~/.cache/tandem)");
+  tandem::config::TlsFlags tls_flags;
+  tls_flags.AddTo(&app);
   CLI11_PARSE(app, argc, argv);
+  absl::StatusOr<tandem::rpc::TlsOptions> tls = tls_flags.Resolve();
+  if (!tls.ok()) {
+    std::cerr << "tandem-local: " << tls.status().message() << "\n";
+    return 2;
+  }
+  options.tls = *tls;
   if (options.cache_dir.empty()) {
     options.cache_dir = tandem::launcher::DefaultCacheRoot();
   }

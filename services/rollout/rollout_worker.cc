@@ -139,6 +139,7 @@ absl::Status RolloutWorker::LoadModelAndEngine() {
   sync.watch_poll_interval =
       absl::Milliseconds(config.weight_sync_poll_interval_ms);
   sync.pull_shared_memory = config.weight_sync_shared_memory;
+  sync.tls = config.server.tls;
   // The trainer publishes in the checkpoint's dtype; a worker computing in
   // another one (model.dtype) or on a GPU converts each version on the
   // receiver thread.

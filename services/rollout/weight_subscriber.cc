@@ -398,7 +398,7 @@ void WeightSubscriber::PullOnce(const std::string& address,
   if (address != pull_address_ || pull_ == nullptr) {
     pull_address_ = address;
     auto receiver = std::make_unique<weights::GrpcPullReceiver>(
-        rpc::MakeChannel(address),
+        rpc::MakeChannel(address, options_.tls),
         weights::PullOptions{.shared_memory = options_.pull_shared_memory});
     absl::MutexLock lock(&mu_);
     receiver_ = receiver.get();

@@ -59,6 +59,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/model/model_config.h"
+#include "common/rpc/tls_options.h"
 #include "common/weights/staging_weights.h"
 #include "common/weights/weight_sync_metrics.h"
 #include "services/rollout/weight_update_sources.h"
@@ -109,6 +110,8 @@ struct WeightSyncOptions {
   // Pulls ask for a same-host shared-memory segment (PullOptions); a
   // version copied from one is counted under transport "shm".
   bool pull_shared_memory = true;
+  // TLS of the gRPC pull channel to the trainer (the worker's tls section).
+  rpc::TlsOptions tls;
   // Optional metrics (must outlive the subscriber).
   weights::WeightSyncMetrics* metrics = nullptr;
   // engine.update_mode inplace: receive straight into this kInplace

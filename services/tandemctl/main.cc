@@ -4,6 +4,9 @@
 //   tandemctl watch [--coordinator HOST:PORT] [--member-id ID]
 //   tandemctl health --address HOST:PORT [--service NAME]
 //   tandemctl worker (status|pause|resume|drain) --address HOST:PORT [--json]
+//   tandemctl certs init --dir D [--days N] [--hosts h1,h2]
+//   (the commands that dial take --tls-cert/--tls-key/--tls-ca/--tls-mode/
+//   --tls-server-name, or TANDEM_TLS_*: docs/operations.md, TLS)
 //   tandemctl (tokenize|logprobs|generate|export) ...
 //       model tools: run by the tandem-model binary next to tandemctl with
 //       the same arguments (tandemctl itself links no LibTorch)
@@ -24,7 +27,9 @@
 #include "absl/time/clock.h"
 #include "common/base/executable_dir.h"
 #include "common/cluster/cluster_status.h"
+#include "common/config/tls_flags.h"
 #include "common/rpc/grpc_client.h"
+#include "services/tandemctl/certs_init.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 #include "tandem/v1/rollout.grpc.pb.h"
@@ -59,9 +64,10 @@ int Fail(const std::string& what, const std::string& address,
   return 1;
 }
 
-int RunStatus(const std::string& coordinator, bool json, double timeout_s) {
-  auto stub =
-      tandem::v1::Coordinator::NewStub(tandem::rpc::MakeChannel(coordinator));
+int RunStatus(const std::string& coordinator, bool json, double timeout_s,
+              const tandem::rpc::TlsOptions& tls) {
+  auto stub = tandem::v1::Coordinator::NewStub(
+      tandem::rpc::MakeChannel(coordinator, tls));
   tandem::v1::GetClusterStatusResponse response;
   absl::Status status = tandem::rpc::CallWithRetry(
       "GetClusterStatus", Policy(timeout_s), [&](grpc::ClientContext* c) {
@@ -78,9 +84,10 @@ int RunStatus(const std::string& coordinator, bool json, double timeout_s) {
 // Prints every ClusterEvent as one JSON line (snapshot first) until the
 // stream ends: exit 0 when the coordinator ends it (after ShutdownEvent on
 // a graceful stop), 1 on an error. Interrupt to stop watching.
-int RunWatch(const std::string& coordinator, const std::string& member_id) {
-  auto stub =
-      tandem::v1::Coordinator::NewStub(tandem::rpc::MakeChannel(coordinator));
+int RunWatch(const std::string& coordinator, const std::string& member_id,
+             const tandem::rpc::TlsOptions& tls) {
+  auto stub = tandem::v1::Coordinator::NewStub(
+      tandem::rpc::MakeChannel(coordinator, tls));
   grpc::ClientContext context;
   tandem::v1::WatchClusterRequest request;
   request.set_member_id(member_id);
@@ -103,9 +110,9 @@ int RunWatch(const std::string& coordinator, const std::string& member_id) {
 
 // Exit code 0 when SERVING, 1 otherwise: usable as a container healthcheck.
 int RunHealth(const std::string& address, const std::string& service,
-              double timeout_s) {
-  auto stub =
-      grpc::health::v1::Health::NewStub(tandem::rpc::MakeChannel(address));
+              double timeout_s, const tandem::rpc::TlsOptions& tls) {
+  auto stub = grpc::health::v1::Health::NewStub(
+      tandem::rpc::MakeChannel(address, tls));
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(service);
   grpc::health::v1::HealthCheckResponse response;
@@ -126,9 +133,9 @@ int RunHealth(const std::string& address, const std::string& service,
 }
 
 int RunWorker(const std::string& action, const std::string& address, bool json,
-              double timeout_s) {
-  auto stub =
-      tandem::v1::RolloutWorker::NewStub(tandem::rpc::MakeChannel(address));
+              double timeout_s, const tandem::rpc::TlsOptions& tls) {
+  auto stub = tandem::v1::RolloutWorker::NewStub(
+      tandem::rpc::MakeChannel(address, tls));
   tandem::v1::RolloutStatus response;
   std::function<grpc::Status(grpc::ClientContext*)> call;
   if (action == "status") {
@@ -236,15 +243,38 @@ int main(int argc, char** argv) {
   worker->add_flag("--json", json, "Print the raw status as JSON");
   worker->add_option("--timeout", timeout_s, "Seconds to wait for an answer");
 
+  tandem::config::TlsFlags tls_flags;
+  for (CLI::App* dialer : {status, watch, health, worker}) {
+    tls_flags.AddTo(dialer);
+  }
+
+  tandem::certs::CertsInitOptions certs_options;
+  CLI::App* certs = app.add_subcommand(
+      "certs", "Development certificates for mutual TLS");
+  certs->require_subcommand(1);
+  CLI::App* certs_init = certs->add_subcommand(
+      "init",
+      "Write a development CA and a key and certificate per role "
+      "(coordinator, trainer, rollout, verifier, admin) into --dir");
+  tandem::certs::AddCertsInitFlags(certs_init, &certs_options);
+
   app.footer(
       "Model tools: tandemctl tokenize|logprobs|generate|export ... runs "
       "tandem-model (next to tandemctl) with the same arguments; see "
       "tandem-model --help.");
 
   CLI11_PARSE(app, argc, argv);
-  if (status->parsed()) return RunStatus(coordinator, json, timeout_s);
-  if (watch->parsed()) return RunWatch(coordinator, member_id);
-  if (health->parsed()) return RunHealth(address, service, timeout_s);
-  if (worker->parsed()) return RunWorker(action, address, json, timeout_s);
+  if (certs_init->parsed()) return tandem::certs::RunCertsInit(certs_options);
+  absl::StatusOr<tandem::rpc::TlsOptions> tls = tls_flags.Resolve();
+  if (!tls.ok()) {
+    std::cerr << "tandemctl: " << tls.status().message() << "\n";
+    return 2;
+  }
+  if (status->parsed()) return RunStatus(coordinator, json, timeout_s, *tls);
+  if (watch->parsed()) return RunWatch(coordinator, member_id, *tls);
+  if (health->parsed()) return RunHealth(address, service, timeout_s, *tls);
+  if (worker->parsed()) {
+    return RunWorker(action, address, json, timeout_s, *tls);
+  }
   return 2;
 }

@@ -30,8 +30,10 @@ auto Log() { return ComponentLogger("trainer"); }
 constexpr absl::Duration kStopReserve = absl::Seconds(2);
 
 // The coordinator's latest policy version (one short retried call).
-absl::StatusOr<uint64_t> CoordinatorPolicyVersion(const std::string& address) {
-  auto stub = tandem::v1::Coordinator::NewStub(rpc::MakeChannel(address));
+absl::StatusOr<uint64_t> CoordinatorPolicyVersion(
+    const std::string& address, const rpc::TlsOptions& tls) {
+  auto stub =
+      tandem::v1::Coordinator::NewStub(rpc::MakeChannel(address, tls));
   rpc::RetryPolicy retry;
   retry.attempt_timeout = absl::Seconds(2);
   retry.total_timeout = absl::Seconds(5);
@@ -109,7 +111,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   ASSIGN_OR_RETURN(
       std::optional<LoadedCheckpoint> resumed,
       trainer->checkpoints_->FindResumePoint([&config] {
-        return CoordinatorPolicyVersion(config.coordinator_address);
+        return CoordinatorPolicyVersion(config.coordinator_address,
+                                        config.server.tls);
       }));
   trainer->resumed_ = resumed.has_value();
   ASSIGN_OR_RETURN(

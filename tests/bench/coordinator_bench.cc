@@ -10,6 +10,7 @@
 //
 //   coordinator_bench --coordinator HOST:PORT [--workers 16] [--seconds 10]
 //                     [--tokens 16] [--batch 64] [--trainer 0|1]
+//                     [--tls-cert F --tls-key F --tls-ca F]  (mutual TLS)
 
 #include <grpcpp/grpcpp.h>
 
@@ -37,6 +38,7 @@ struct Flags {
   int tokens = 16;
   int batch = 64;
   int trainer = 0;
+  tandem::rpc::TlsOptions tls;
 };
 
 struct Latencies {
@@ -68,7 +70,7 @@ void Worker(const Flags& flags, std::atomic<bool>* stop,
             std::atomic<uint64_t>* accepted, std::atomic<uint64_t>* rejected,
             Latencies* latencies) {
   auto stub = tandem::v1::Coordinator::NewStub(
-      tandem::rpc::MakeChannel(flags.coordinator));
+      tandem::rpc::MakeChannel(flags.coordinator, flags.tls));
   const std::string id = Register(*stub, tandem::v1::ROLE_ROLLOUT);
   std::vector<double> submit_ms, lease_ms;
   auto last_heartbeat = Clock::now();
@@ -154,7 +156,7 @@ void Worker(const Flags& flags, std::atomic<bool>* stop,
 // a version, and syncs the journal) until `stop`; returns how many.
 uint64_t Trainer(const Flags& flags, const std::atomic<bool>* stop) {
   auto stub = tandem::v1::Coordinator::NewStub(
-      tandem::rpc::MakeChannel(flags.coordinator));
+      tandem::rpc::MakeChannel(flags.coordinator, flags.tls));
   const std::string member_id = Register(*stub, tandem::v1::ROLE_TRAINER);
   uint64_t version = 0;
   auto last_heartbeat = Clock::now();
@@ -199,6 +201,12 @@ int main(int argc, char** argv) {
       flags.batch = std::atoi(argv[i + 1]);
     else if (f == "--trainer")
       flags.trainer = std::atoi(argv[i + 1]);
+    else if (f == "--tls-cert")
+      flags.tls.cert = argv[i + 1];
+    else if (f == "--tls-key")
+      flags.tls.key = argv[i + 1];
+    else if (f == "--tls-ca")
+      flags.tls.ca = argv[i + 1];
     else {
       std::fprintf(stderr, "unknown flag %s\n", f.c_str());
       return 2;
@@ -207,6 +215,13 @@ int main(int argc, char** argv) {
   if (flags.coordinator.empty()) {
     std::fprintf(stderr, "--coordinator HOST:PORT is required\n");
     return 2;
+  }
+  if (!flags.tls.cert.empty()) {
+    flags.tls.mode = "mtls";
+    if (absl::Status s = tandem::rpc::CheckTlsOptions(flags.tls); !s.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+      return 2;
+    }
   }
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> accepted{0}, rejected{0};

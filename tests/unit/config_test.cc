@@ -232,5 +232,24 @@ TEST_CASE("ReachableHostOf replaces a wildcard host by loopback") {
   CHECK(ReachableHostOf(":50054") == "127.0.0.1");
 }
 
+TEST_CASE("checks run on final values and name where the value came from") {
+  TestConfig config;
+  ConfigSchema schema;
+  Bind(&schema, &config);
+  schema.AddCheck("name", [&config]() {
+    return config.name == "bad" ? absl::InvalidArgumentError("is bad")
+                                : absl::OkStatus();
+  });
+  CHECK(schema.Origin("name") == "default");
+  REQUIRE(schema.ApplyYamlText("enabled: true\nname: bad\n", "t.yaml").ok());
+  CHECK(schema.Origin("name") == "t.yaml:2");
+  CHECK(Message(schema.Check()) == "t.yaml:2: name is bad");
+  // A later layer replaces the value and where it came from.
+  REQUIRE(schema.ApplyOverride("name=good").ok());
+  CHECK(schema.Check().ok());
+  REQUIRE(schema.ApplyOverride("name=bad").ok());
+  CHECK(Message(schema.Check()) == "--set name=bad: name is bad");
+}
+
 }  // namespace
 }  // namespace tandem::config

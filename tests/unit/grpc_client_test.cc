@@ -45,7 +45,7 @@ TEST_CASE("CallWithRetry retries UNAVAILABLE until the server comes up") {
     server = std::move(created).value();
     REQUIRE(server->Start().ok());
   });
-  auto stub = tandem::v1::Coordinator::NewStub(rpc::MakeChannel(address));
+  auto stub = tandem::v1::Coordinator::NewStub(rpc::MakeChannel(address, {}));
   int attempts = 0;
   rpc::RetryPolicy policy;
   policy.attempt_timeout = absl::Milliseconds(200);
@@ -70,7 +70,7 @@ TEST_CASE("CallWithRetry returns a non-retryable error after one attempt") {
   auto server = std::move(created).value();
   REQUIRE(server->Start().ok());
   auto stub = tandem::v1::Coordinator::NewStub(
-      rpc::MakeChannel(server->grpc_address()));
+      rpc::MakeChannel(server->grpc_address(), {}));
   int attempts = 0;
   tandem::v1::RegisterResponse response;
   absl::Status status = rpc::CallWithRetry(
@@ -90,7 +90,7 @@ TEST_CASE("CallWithRetry returns a non-retryable error after one attempt") {
 
 TEST_CASE("CallWithRetry gives up within its total budget") {
   const std::string address = "127.0.0.1:" + std::to_string(FreePort());
-  auto stub = tandem::v1::Coordinator::NewStub(rpc::MakeChannel(address));
+  auto stub = tandem::v1::Coordinator::NewStub(rpc::MakeChannel(address, {}));
   rpc::RetryPolicy policy;
   policy.attempt_timeout = absl::Milliseconds(100);
   policy.total_timeout = absl::Milliseconds(600);

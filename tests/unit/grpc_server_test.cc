@@ -79,7 +79,7 @@ TEST_CASE("GrpcServer::Shutdown does not wait for an idle client connection") {
   auto server = rpc::GrpcServer::Start("127.0.0.1:0", {&service});
   REQUIRE(server.ok());
   // A client that made a call and stays connected.
-  auto channel = rpc::MakeChannel((*server)->bound_address());
+  auto channel = rpc::MakeChannel((*server)->bound_address(), {});
   auto stub = tandem::v1::RolloutWorker::NewStub(channel);
   grpc::ClientContext context;
   tandem::v1::RolloutStatus status;
@@ -109,7 +109,7 @@ ParkedShutdown ShutdownWithParkedCall(absl::Duration release_after,
   auto server = rpc::GrpcServer::Start("127.0.0.1:0", {&service});
   REQUIRE(server.ok());
   auto stub = tandem::v1::RolloutWorker::NewStub(
-      rpc::MakeChannel((*server)->bound_address()));
+      rpc::MakeChannel((*server)->bound_address(), {}));
   ParkedShutdown result;
   std::thread caller([&] {
     grpc::ClientContext context;

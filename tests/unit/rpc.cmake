@@ -5,3 +5,9 @@ tandem_add_test(grpc_client_test
 tandem_add_test(grpc_server_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/grpc_server_test.cc
   LIBS tandem_rpc tandem_proto)
+
+# tls.* config checks, the --tls-* flags, and an mtls GrpcServer
+# (certificates from tandemctl's certs library).
+tandem_add_test(tls_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/tls_test.cc
+  LIBS tandem_rpc tandem_config tandem_certs tandem_health_proto)

@@ -1,0 +1,303 @@
+"""Mutual TLS on a real cluster (issue 25, stage 1).
+
+`tandemctl certs init` makes a development CA and per-role certificates; the
+launcher runs the integration cluster (coordinator, trainer, verifier, two
+rollout workers) with `tls.mode: mtls` in every daemon's config and polls
+status with the admin certificate. A daemon with a bad tls section exits 2 naming the file, line, key and
+value, and one serving plaintext on a non-loopback address warns. Then,
+with Debian's python3-grpcio and
+Python's ssl module as independent clients:
+
+  * the cluster trains: the policy version advances and workers follow;
+  * a plaintext client, a TLS client without a client certificate and a
+    client whose certificate comes from another CA are all refused;
+  * a client with a valid certificate reads GetClusterStatus;
+  * `tandemctl status` works with --tls-* flags and fails without them;
+  * every certificate and key is replaced on disk by a newly issued pair of
+    the same CA while the cluster runs: new connections are served with the
+    new certificate (read from the handshake) and the cluster keeps
+    advancing.
+
+Run: TANDEM_BIN_DIR=build/bin /usr/bin/python3 tests/integration/test_tls.py
+(ctest -R integration_tls). The tests share one cluster and run in order."""
+
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import unittest
+
+import grpc
+
+import harness
+
+CONFIG_DIR = os.path.join(os.path.dirname(__file__), "config")
+ROLES = {"coordinator": "coordinator", "trainer": "trainer",
+         "verifier": "verifier", "rollout": "rollout"}
+REFRESH_S = 1  # tls.refresh_s of every daemon
+
+
+def read(path, mode="r"):
+    with open(path, mode) as f:
+        return f.read()
+
+
+def certs_init(directory, *extra):
+    subprocess.run([harness.binary("tandemctl"), "certs", "init", "--dir",
+                    directory, *extra], check=True, capture_output=True,
+                   timeout=30)
+
+
+def tls_flags(certs, role="admin"):
+    return ["--tls-cert", os.path.join(certs, f"{role}.pem"),
+            "--tls-key", os.path.join(certs, f"{role}.key"),
+            "--tls-ca", os.path.join(certs, "ca.pem")]
+
+
+def grpc_credentials(ca_dir, cert_dir=None, role="admin"):
+    """Python grpcio TLS credentials: the CA of `ca_dir`, and the client
+    certificate of `role` from `cert_dir` (none when cert_dir is None)."""
+    if cert_dir is None:
+        return grpc.ssl_channel_credentials(
+            root_certificates=read(os.path.join(ca_dir, "ca.pem"), "rb"))
+    return grpc.ssl_channel_credentials(
+        root_certificates=read(os.path.join(ca_dir, "ca.pem"), "rb"),
+        private_key=read(os.path.join(cert_dir, f"{role}.key"), "rb"),
+        certificate_chain=read(os.path.join(cert_dir, f"{role}.pem"), "rb"))
+
+
+def get_cluster_status(channel, timeout=5):
+    """Raw /tandem.v1.Coordinator/GetClusterStatus (empty request): the
+    serialized response bytes. Raises grpc.RpcError."""
+    call = channel.unary_unary("/tandem.v1.Coordinator/GetClusterStatus",
+                               request_serializer=None,
+                               response_deserializer=None)
+    return call(b"", timeout=timeout)
+
+
+def refused_code(channel):
+    """The status code of a GetClusterStatus through `channel`, which must
+    fail (None if it succeeded)."""
+    try:
+        get_cluster_status(channel, timeout=3)
+    except grpc.RpcError as e:
+        return e.code()
+    return None
+
+
+def served_certificate(address, certs):
+    """DER of the certificate the server at host:port presents to a new
+    TLS connection (Python's ssl module, with the admin certificate)."""
+    host, port = address.rsplit(":", 1)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.load_verify_locations(os.path.join(certs, "ca.pem"))
+    context.load_cert_chain(os.path.join(certs, "admin.pem"),
+                            os.path.join(certs, "admin.key"))
+    context.set_alpn_protocols(["h2"])
+    with socket.create_connection((host, int(port)), timeout=5) as raw:
+        with context.wrap_socket(raw, server_hostname=host) as tls:
+            return tls.getpeercert(binary_form=True)
+
+
+def serves(address, certs, cert_path):
+    """True once the server at `address` presents the certificate in
+    `cert_path` to a new connection (False on a failed handshake too, e.g.
+    while a key and certificate are being replaced)."""
+    try:
+        return served_certificate(address, certs) == ssl.PEM_cert_to_DER_cert(
+            read(cert_path))
+    except (OSError, ssl.SSLError):
+        return False
+
+
+class TlsClusterTest(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="tandem-tls-")
+        cls.certs = os.path.join(cls.tmp, "certs")
+        cls.other = os.path.join(cls.tmp, "other-ca")
+        certs_init(cls.certs)
+        certs_init(cls.other)
+        cls.config_dir = os.path.join(cls.tmp, "config")
+        os.makedirs(cls.config_dir)
+        for daemon, role in ROLES.items():
+            text = read(os.path.join(CONFIG_DIR, f"{daemon}.yaml"))
+            text += (f"tls:\n  mode: mtls\n"
+                     f"  cert: {cls.certs}/{role}.pem\n"
+                     f"  key: {cls.certs}/{role}.key\n"
+                     f"  ca: {cls.certs}/ca.pem\n"
+                     f"  refresh_s: {REFRESH_S}\n")
+            with open(os.path.join(cls.config_dir, f"{daemon}.yaml"),
+                      "w") as f:
+                f.write(text)
+        cls.launcher = harness.Launcher(
+            rollout_workers=2, config_dir=cls.config_dir,
+            extra_args=tls_flags(cls.certs))
+        cls.ready = cls.launcher.wait_all_ready()
+        cls.coordinator = cls.ready["coordinator"]["grpc_address"]
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            cls.launcher.shutdown()
+        finally:
+            shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def status(self):
+        out = subprocess.run(
+            [harness.binary("tandemctl"), "status", "--coordinator",
+             self.coordinator, "--json", *tls_flags(self.certs)],
+            capture_output=True, text=True, timeout=15)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        return json.loads(out.stdout)
+
+    def wait_version_above(self, version, timeout):
+        def advanced():
+            status = self.status()
+            v = int(status.get("policyVersion", 0))
+            workers = [m for m in status.get("members", [])
+                       if m["role"] == "ROLE_ROLLOUT" and
+                       m.get("state") == "MEMBER_STATE_ALIVE"]
+            if v > version and len(workers) == 2:
+                return v
+            return None
+        try:
+            return harness.wait_for(advanced, timeout,
+                                    f"policy version > {version}",
+                                    interval=0.5)
+        except AssertionError:
+            print(self.launcher.launcher_output()[-3000:])
+            print(self.launcher.log("trainer")[-3000:])
+            raise
+
+    def test_0_bad_tls_config_exits_2_naming_file_line_key_and_value(self):
+        bad = os.path.join(self.tmp, "bad.yaml")
+        with open(bad, "w") as f:
+            f.write(f"tls:\n  mode: mtls\n  cert: {self.certs}/coordinator.pem\n"
+                    f"  key: {self.tmp}/missing.key\n"
+                    f"  ca: {self.certs}/ca.pem\n")
+        out = subprocess.run(
+            [harness.binary("tandem-coordinator"), "--config", bad],
+            capture_output=True, text=True, timeout=15)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertIn(f"{bad}:4: tls.key cannot read '{self.tmp}/missing.key'",
+                      out.stderr)
+        # A daemon on a non-loopback address without TLS says so once.
+        daemon = harness.Daemon("coordinator", self.tmp, host="0.0.0.0",
+                                name="plaintext-coordinator")
+        try:
+            daemon.wait_ready()
+        finally:
+            daemon.stop()
+        self.assertEqual(daemon.output().count("in plaintext (tls.mode: off)"),
+                         1, daemon.output())
+
+    def test_1_cluster_trains_over_mtls(self):
+        version = self.wait_version_above(2, 180)
+        self.assertGreaterEqual(version, 3)
+        members = self.status()["members"]
+        self.assertEqual(
+            sorted(m["role"] for m in members
+                   if m.get("state") == "MEMBER_STATE_ALIVE"),
+            ["ROLE_ROLLOUT", "ROLE_ROLLOUT", "ROLE_TRAINER", "ROLE_VERIFIER"])
+        self.assertNotIn("coordinator unreachable",
+                         self.launcher.launcher_output())
+
+    def test_2_plaintext_client_is_refused(self):
+        for name, info in self.ready.items():
+            with self.subTest(daemon=name):
+                with grpc.insecure_channel(info["grpc_address"]) as channel:
+                    self.assertEqual(refused_code(channel),
+                                     grpc.StatusCode.UNAVAILABLE)
+
+    def test_3_tls_client_without_certificate_is_refused(self):
+        with grpc.secure_channel(self.coordinator,
+                                 grpc_credentials(self.certs)) as channel:
+            self.assertEqual(refused_code(channel),
+                             grpc.StatusCode.UNAVAILABLE)
+
+    def test_4_certificate_of_another_ca_is_refused(self):
+        # Trusting the cluster's CA but presenting the other CA's admin
+        # certificate: the server refuses it.
+        creds = grpc_credentials(self.certs, cert_dir=self.other)
+        with grpc.secure_channel(self.coordinator, creds) as channel:
+            self.assertEqual(refused_code(channel),
+                             grpc.StatusCode.UNAVAILABLE)
+        # Trusting only the other CA: the client refuses the server.
+        creds = grpc_credentials(self.other, cert_dir=self.other)
+        with grpc.secure_channel(self.coordinator, creds) as channel:
+            self.assertEqual(refused_code(channel),
+                             grpc.StatusCode.UNAVAILABLE)
+
+    def test_5_valid_certificate_reads_cluster_status(self):
+        creds = grpc_credentials(self.certs, cert_dir=self.certs)
+        with grpc.secure_channel(self.coordinator, creds) as channel:
+            response = get_cluster_status(channel)
+        self.assertGreater(len(response), 0)
+        # Any role's certificate is accepted in this stage (no per-role
+        # authorization yet).
+        creds = grpc_credentials(self.certs, cert_dir=self.certs,
+                                 role="rollout")
+        with grpc.secure_channel(self.coordinator, creds) as channel:
+            self.assertGreater(len(get_cluster_status(channel)), 0)
+
+    def test_6_tandemctl_needs_its_tls_flags(self):
+        self.assertIn("members", self.status())
+        out = subprocess.run(
+            [harness.binary("tandemctl"), "status", "--coordinator",
+             self.coordinator, "--timeout", "2"],
+            capture_output=True, text=True, timeout=15)
+        self.assertEqual(out.returncode, 1, out.stdout)
+        health = subprocess.run(
+            [harness.binary("tandemctl"), "health", "--address",
+             self.ready["verifier"]["grpc_address"], *tls_flags(self.certs)],
+            capture_output=True, text=True, timeout=15)
+        self.assertEqual(health.stdout.strip(), "SERVING", health.stderr)
+
+    def test_7_rotated_certificates_are_used_without_a_restart(self):
+        before = served_certificate(self.coordinator, self.certs)
+        self.assertEqual(before, ssl.PEM_cert_to_DER_cert(
+            read(os.path.join(self.certs, "coordinator.pem"))))
+        version = int(self.status().get("policyVersion", 0))
+        fresh = os.path.join(self.tmp, "fresh")
+        certs_init(fresh, "--ca-dir", self.certs)
+        # Replace each pair by rename, key first (what a secret mount or a
+        # cert-manager update does, file by file).
+        for role in [*ROLES.values(), "admin"]:
+            for ext in ("key", "pem"):
+                staged = os.path.join(self.certs, f".{role}.{ext}.new")
+                shutil.copyfile(os.path.join(fresh, f"{role}.{ext}"), staged)
+                os.replace(staged, os.path.join(self.certs, f"{role}.{ext}"))
+        new = ssl.PEM_cert_to_DER_cert(
+            read(os.path.join(self.certs, "coordinator.pem")))
+        self.assertNotEqual(new, before)
+        harness.wait_for(
+            lambda: serves(self.coordinator, self.certs,
+                           os.path.join(self.certs, "coordinator.pem")),
+            REFRESH_S + 10, "the coordinator to serve the new certificate",
+            interval=0.2)
+        # A new client connection with the new admin certificate works.
+        creds = grpc_credentials(self.certs, cert_dir=self.certs)
+        with grpc.secure_channel(self.coordinator, creds) as channel:
+            self.assertGreater(len(get_cluster_status(channel)), 0)
+        # And the cluster keeps training on the rotated certificates.
+        self.wait_version_above(version + 1, 120)
+        for name, info in self.ready.items():
+            if name == "coordinator":
+                continue
+            cert = os.path.join(self.certs,
+                                f"{ROLES[name.split('-')[0]]}.pem")
+            with self.subTest(daemon=name):
+                self.assertTrue(harness.wait_for(
+                    lambda: serves(info["grpc_address"], self.certs, cert),
+                    REFRESH_S + 10, f"{name} to serve its new certificate",
+                    interval=0.2))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
