@@ -185,6 +185,10 @@ void RolloutWorker::LoadAndStart() {
   loaded_ = true;
   Log()->info("model loaded in {}",
               absl::FormatDuration(absl::Now() - load_start));
+  if (absl::Status status = StartOpenAIServer(); !status.ok()) {
+    Log()->critical("cannot start the OpenAI endpoint: {}", status.ToString());
+    return;
+  }
   if (absl::Status status = member_->Start(); !status.ok()) {
     Log()->critical("cannot start serving: {}", status.ToString());
     return;
@@ -194,6 +198,73 @@ void RolloutWorker::LoadAndStart() {
   if (watcher_) watcher_->Start();
   subscriber_->Start();
   generation_thread_ = std::thread([this] { GenerationLoop(); });
+}
+
+absl::Status RolloutWorker::StartOpenAIServer() {
+  if (config_.openai_listen.empty()) return absl::OkStatus();
+  OpenAIServerOptions o;
+  o.listen = config_.openai_listen;
+  o.model_id = config_.openai_model_name;
+  if (o.model_id.empty() && config_.model_path.empty()) {
+    o.model_id = "tandem-arith";
+  } else if (o.model_id.empty()) {
+    std::filesystem::path dir(config_.model_path);
+    if (!dir.has_filename()) dir = dir.parent_path();  // a trailing '/'
+    o.model_id = dir.filename().string();
+  }
+  o.context_tokens = model_.max_tokens;
+  o.vocab_size = engine_model_->vocab_size();
+  o.default_max_tokens = config_.openai_default_max_tokens;
+  o.max_connections = static_cast<int32_t>(config_.openai_max_connections);
+  o.max_body_bytes = static_cast<size_t>(config_.openai_max_body_bytes);
+  o.request_timeout = absl::Seconds(config_.openai_request_timeout_s);
+  o.limits.max_n = static_cast<int32_t>(config_.openai_max_n);
+  std::shared_ptr<const chat::LoadedChatTemplates> templates;
+  std::string no_chat_reason;
+  if (config_.model_path.empty()) {
+    no_chat_reason =
+        "the built-in arithmetic model has no chat template; use "
+        "/v1/completions with a plain prompt";
+  } else {
+    absl::StatusOr<chat::LoadedChatTemplates> loaded =
+        chat::LoadChatTemplates(config_.model_path);
+    if (loaded.ok() && loaded->Get().ok()) {
+      templates =
+          std::make_shared<const chat::LoadedChatTemplates>(*std::move(loaded));
+    } else {
+      no_chat_reason = absl::StrCat(
+          "model '", o.model_id, "' has no usable chat template (",
+          loaded.ok() ? loaded->Get().status().message()
+                      : loaded.status().message(),
+          "); use /v1/completions");
+    }
+  }
+  ASSIGN_OR_RETURN(
+      openai_server_,
+      OpenAIServer::Create(
+          std::move(o), model_.tokenizer.get(), std::move(templates),
+          std::move(no_chat_reason), &serving_, [this] {
+            absl::MutexLock lock(&mu_);
+            return snapshot_.policy_version;
+          }));
+  Log()->info("OpenAI endpoint on http://{}/v1 (chat {})",
+              openai_server_->bound_address(),
+              no_chat_reason.empty() ? "on" : "off");
+  return absl::OkStatus();
+}
+
+void RolloutWorker::AbortAllWork(const std::string& reason,
+                                 const absl::Status& status) {
+  std::vector<std::string> aborted = engine_->AbortAll();
+  serving_.FailAdmitted(status);
+  // Served requests are no leases: only the leases go back.
+  aborted.erase(std::remove_if(aborted.begin(), aborted.end(),
+                               [this](const std::string& id) {
+                                 return leases_.count(id) == 0;
+                               }),
+                aborted.end());
+  leases_.clear();
+  prefetcher_->Return(aborted, reason);
 }
 
 void RolloutWorker::AdmitLeases() {
@@ -339,7 +410,10 @@ void RolloutWorker::GenerationLoop() {
       generating = state_ == tandem::v1::ROLLOUT_STATE_RUNNING;
       if (!runnable()) continue;
     }
-    if (generating) AdmitLeases();
+    if (generating) {
+      AdmitLeases();
+      serving_.AdmitTo(engine_.get());
+    }
     const bool idle = engine_->idle();
     // An idle engine still steps: that is where a staged weight version is
     // committed, and a worker too stale to get prompts must catch up.
@@ -353,8 +427,9 @@ void RolloutWorker::GenerationLoop() {
       if (stopping_) break;  // e.g. parked for an in-place update
       Log()->error("engine step failed: {}; returning in-flight leases",
                    step.status().ToString());
-      prefetcher_->Return(engine_->AbortAll(), "engine error");
-      leases_.clear();
+      AbortAllWork("engine error",
+                   absl::UnavailableError(absl::StrCat(
+                       "the engine failed: ", step.status().message())));
       absl::SleepFor(absl::Seconds(1));
       continue;
     }
@@ -364,14 +439,15 @@ void RolloutWorker::GenerationLoop() {
       absl::MutexLock lock(&mu_);
       last_pause_seconds_ = step->pause_seconds;
     }
-    for (engine::FinishedSample& f : engine_->TakeFinished())
-      Deliver(std::move(f));
+    serving_.Dispatch(engine_->TakeTokenEvents());
+    for (engine::FinishedSample& f : engine_->TakeFinished()) {
+      if (!serving_.Dispatch(f)) Deliver(std::move(f));
+    }
     PublishStatus();
   }
   // Unfinished work goes back to the coordinator for other workers.
-  std::vector<std::string> aborted = engine_->AbortAll();
-  leases_.clear();
-  prefetcher_->Return(aborted, "shutdown");
+  AbortAllWork("shutdown", absl::UnavailableError(
+                               "the rollout worker is shutting down"));
 }
 
 std::string RolloutWorker::TrainerAddress() {
@@ -576,7 +652,10 @@ void RolloutWorker::Stop(absl::Duration deadline) {
   if (loader_thread_.joinable()) loader_thread_.join();
   // An engine parked for an in-place update must not wait for the weights.
   if (inplace_source_) inplace_source_->Shutdown();
+  serving_.Close(absl::UnavailableError("the rollout worker is shutting down"));
   if (generation_thread_.joinable()) generation_thread_.join();
+  // Its sessions' requests were failed by the generation thread.
+  openai_server_.reset();
   AnswerDrainWaiters(/*all=*/true);
   const double generation_s = phase();
   if (subscriber_) subscriber_->Stop();
