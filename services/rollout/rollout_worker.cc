@@ -239,6 +239,7 @@ absl::Status RolloutWorker::StartOpenAIServer() {
           "); use /v1/completions");
     }
   }
+  const bool chat = templates != nullptr;
   ASSIGN_OR_RETURN(
       openai_server_,
       OpenAIServer::Create(
@@ -248,8 +249,7 @@ absl::Status RolloutWorker::StartOpenAIServer() {
             return snapshot_.policy_version;
           }));
   Log()->info("OpenAI endpoint on http://{}/v1 (chat {})",
-              openai_server_->bound_address(),
-              no_chat_reason.empty() ? "on" : "off");
+              openai_server_->bound_address(), chat ? "on" : "off");
   return absl::OkStatus();
 }
 
