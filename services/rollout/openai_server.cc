@@ -319,8 +319,12 @@ class Session : public std::enable_shared_from_this<Session> {
                 .param = "prompt",
                 .code = "context_length_exceeded"});
     }
-    int64_t max_tokens = std::min(o.default_max_tokens,
-                                  o.context_tokens - prompt_len);
+    // Completions default to openai.default_max_tokens (OpenAI's 16); chat
+    // to whatever the context leaves, as OpenAI's chat does.
+    int64_t max_tokens =
+        request.endpoint == openai::Endpoint::kChatCompletions
+            ? o.context_tokens - prompt_len
+            : std::min(o.default_max_tokens, o.context_tokens - prompt_len);
     if (request.max_tokens) {
       if (prompt_len + *request.max_tokens > o.context_tokens) {
         return WriteError(
@@ -351,6 +355,11 @@ class Session : public std::enable_shared_from_this<Session> {
     header_.id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", number);
     header_.created = absl::ToUnixSeconds(absl::Now());
     header_.model = server_->options.model_id;
+    // A connection's previous request leaves nothing behind.
+    final_sent_.clear();
+    outbox_.clear();
+    stream_done_ = false;
+    max_stop_bytes_ = 0;
     for (const std::string& s : request.stop) {
       max_stop_bytes_ = std::max(max_stop_bytes_, s.size());
     }
@@ -395,8 +404,8 @@ class Session : public std::enable_shared_from_this<Session> {
           const size_t n = self->stream_.socket().receive(
               asio::buffer(&c, 1), tcp::socket::message_peek, peek_error);
           if (e || peek_error || n == 0) {
-            Log()->debug("client closed {} mid-generation; cancelled",
-                         self->header_.id);
+            Log()->info("client closed {} mid-generation; cancelled",
+                        self->header_.id);
             self->Abandon();
           }
         });
@@ -638,6 +647,9 @@ class Session : public std::enable_shared_from_this<Session> {
     writing_ = false;
     if (error) {
       // The client is gone mid-stream: stop its sequences.
+      if (request_) {
+        Log()->info("client closed {} mid-stream; cancelled", header_.id);
+      }
       Abandon();
       return;
     }

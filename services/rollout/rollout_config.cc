@@ -112,8 +112,9 @@ void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config) {
                  "(504).");
   schema->AddInt("openai.default_max_tokens",
                  &config->openai_default_max_tokens, 1, 1 << 24,
-                 "max_tokens of a request that leaves it out (capped by "
-                 "what the context leaves).");
+                 "max_tokens of a completions request that leaves it out "
+                 "(capped by what the context leaves); chat requests "
+                 "default to the whole context left.");
   schema->AddInt("openai.max_n", &config->openai_max_n, 1, 1024,
                  "Largest n (samples per request).");
 }

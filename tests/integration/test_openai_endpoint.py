@@ -183,12 +183,15 @@ class ServeTest(unittest.TestCase):
         prompt = a["prompt_token_ids"]
         completion = a["choices"][0]["token_ids"]
         self.assertEqual(set(a["choices"][0]["policy_versions"]), {0})
-        reference = model_logprobs(prompt + completion)
-        for j, (got, want) in enumerate(zip(
-                a["choices"][0]["behavior_logprobs"],
-                reference[len(prompt) - 1:])):
+        reference = model_logprobs(prompt + completion)[len(prompt) - 1:]
+        served = a["choices"][0]["behavior_logprobs"]
+        self.assertEqual(len(served), len(reference))
+        for j, (got, want) in enumerate(zip(served, reference)):
             self.assertAlmostEqual(got, want, delta=2e-3,
                                    msg=f"completion token {j}")
+        print(f"\n  {len(served)} greedy tokens: max |served - tandemctl "
+              f"logprobs| = {max(abs(g - w) for g, w in zip(served, reference)):.2e}",
+              file=sys.stderr)
 
     def test_prompt_as_token_ids_equals_prompt_as_text(self):
         text = extras(self.complete(prompt="3+4="))
@@ -303,13 +306,17 @@ class ServeTest(unittest.TestCase):
         self.assertEqual(text, r.choices[0].message.content)
 
     def test_client_closing_a_stream_leaves_the_worker_serving(self):
-        body = json.dumps({"prompt": "1+1=", "max_tokens": 50,
+        body = json.dumps({"prompt": "1+1=", "max_tokens": 59, "n": 16,
                            "stream": True}).encode()
         with socket.create_connection(("127.0.0.1", self.port)) as s:
             s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
                       b"Content-Type: application/json\r\nContent-Length: " +
                       str(len(body)).encode() + b"\r\n\r\n" + body)
             self.assertIn(b"200 OK", s.recv(4096))
+        harness.wait_for(
+            lambda: re.search(r"client closed cmpl-\d+ mid-(generation|stream)"
+                              r"; cancelled", self.worker.output()),
+            10, "the worker to log the cancellation")
         r = self.complete(max_tokens=3)
         self.assertEqual(len(extras(r.choices[0])["token_ids"]), 3)
         status = harness.worker_status(self.worker_address)
