@@ -16,9 +16,12 @@ tandem-model and generate_bench; the openai client pinned in
 tests/integration/requirements-openai.txt in the venv):
     .venv/bin/python tests/bench/openai_bench.py --bin-dir build/bin
 
-Prints one line per concurrency (requests/s, completion tokens/s, mean
-latency) for the endpoint, generate_bench's JSON lines, and the ratios;
-also the load average before and after.
+Prints the time of a GET /v1/models through the client (HTTP and client
+cost without the engine), one line per concurrency (requests/s, completion
+tokens/s, mean latency) for the endpoint, generate_bench's JSON lines, and
+the ratios; also the load average before and after. On a shared machine
+run it with OMP_WAIT_POLICY=PASSIVE (LibTorch's OpenMP threads otherwise
+spin and lose their cores to other processes, for 10-100x slower steps).
 """
 
 import argparse
@@ -104,6 +107,17 @@ def main():
         while generated() != last:
             last = generated()
             time.sleep(2)
+        # The HTTP + client cost alone: GET /v1/models never touches the
+        # engine.
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1",
+                          api_key="unused", max_retries=0)
+        c.models.list()
+        start = time.perf_counter()
+        for _ in range(args.requests):
+            c.models.list()
+        models_ms = 1000 * (time.perf_counter() - start) / args.requests
+        print(f"GET /v1/models through the openai client: "
+              f"{models_ms:.2f} ms per request", flush=True)
         prompt = [1, 2, 10, 3, 4, 12] * 3  # "12+34=" x3: 18 tokens
         results = []
         for c in [int(x) for x in args.concurrency.split(",")]:
