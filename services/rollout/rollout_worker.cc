@@ -420,7 +420,14 @@ void RolloutWorker::GenerationLoop() {
     absl::StatusOr<engine::StepStats> step = engine_->Step();
     if (idle && step.ok() && !step->committed_update) {
       PublishStatus();
-      absl::SleepFor(absl::Milliseconds(5));
+      // While running, a served request wakes the loop at once (draining
+      // admits none: it would spin); leases and weight versions are
+      // looked for every 5 ms.
+      if (generating) {
+        serving_.WaitForWork(absl::Milliseconds(5));
+      } else {
+        absl::SleepFor(absl::Milliseconds(5));
+      }
       continue;
     }
     if (!step.ok()) {

@@ -68,6 +68,14 @@ void ServingQueue::Cancel(const std::string& request_id, int32_t sample_index) {
   cancels_.emplace_back(request_id, sample_index);
 }
 
+void ServingQueue::WaitForWork(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto has_work = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return !submitted_.empty() || !cancels_.empty();
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&has_work), timeout);
+}
+
 void ServingQueue::AdmitTo(engine::Engine* engine) {
   std::vector<std::shared_ptr<ServedRequest>> submitted;
   std::vector<std::pair<std::string, int32_t>> cancels;

@@ -83,6 +83,9 @@ class ServingQueue {
   // ignored. Any thread.
   void Cancel(const std::string& request_id, int32_t sample_index = -1);
 
+  // Engine thread, when its engine is idle: returns as soon as a request
+  // or a cancellation is queued, or after `timeout`.
+  void WaitForWork(absl::Duration timeout);
   // Engine thread: adds the submitted requests to `engine` (a refusal fails
   // that request with the engine's message) and applies cancellations.
   void AdmitTo(engine::Engine* engine);
