@@ -12,14 +12,13 @@
 #include <deque>
 #include <exception>
 #include <optional>
-#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/base/logging.h"
 #include "common/tokenizer/tokenizer.h"
-#include "common/tokenizer/utf8.h"
+#include "services/rollout/openai_choices.h"
 
 namespace tandem::rollout {
 namespace {
@@ -35,33 +34,6 @@ auto Log() { return ComponentLogger("openai"); }
 
 constexpr std::chrono::seconds kHeaderTimeout(60);
 constexpr std::chrono::seconds kWriteTimeout(30);
-
-// Length of the longest prefix of `s` that does not end inside a UTF-8
-// sequence.
-size_t CompleteUtf8Prefix(const std::string& s) {
-  const size_t n = s.size();
-  for (size_t back = 1; back <= 4 && back <= n; ++back) {
-    const unsigned char c = static_cast<unsigned char>(s[n - back]);
-    if ((c & 0xC0) == 0x80) continue;  // continuation byte
-    size_t need = 1;
-    if ((c & 0xE0) == 0xC0) need = 2;
-    else if ((c & 0xF0) == 0xE0) need = 3;
-    else if ((c & 0xF8) == 0xF0) need = 4;
-    return back < need ? n - back : n;
-  }
-  return n;
-}
-
-const char* FinishReasonText(engine::FinishReason reason) {
-  switch (reason) {
-    case engine::FinishReason::kStop:
-      return "stop";
-    case engine::FinishReason::kLength:
-      return "length";
-    default:
-      return "abort";
-  }
-}
 
 int HttpStatusOf(const absl::Status& status) {
   switch (status.code()) {
@@ -200,15 +172,6 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
  private:
-  struct Choice {
-    openai::ChoiceResult result;
-    std::string bytes;  // decoded so far (may end inside a character)
-    size_t sent_tokens = 0;
-    size_t sent_bytes = 0;
-    bool sent_any = false;
-    bool done = false;
-  };
-
   void OnRead(beast::error_code error) {
     if (error == http::error::body_limit) {
       keep_alive_ = false;
@@ -356,15 +319,9 @@ class Session : public std::enable_shared_from_this<Session> {
     header_.created = absl::ToUnixSeconds(absl::Now());
     header_.model = server_->options.model_id;
     // A connection's previous request leaves nothing behind.
-    final_sent_.clear();
     outbox_.clear();
     stream_done_ = false;
-    max_stop_bytes_ = 0;
-    for (const std::string& s : request.stop) {
-      max_stop_bytes_ = std::max(max_stop_bytes_, s.size());
-    }
-    choices_.assign(request.n, Choice{});
-    for (int32_t i = 0; i < request.n; ++i) choices_[i].result.index = i;
+    choices_.emplace(server_->tokenizer, request.n, request.stop);
     prompt_ = prompt;
     api_request_ = std::move(request);
 
@@ -444,35 +401,6 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_.socket().close(ignored);
   }
 
-  // Appends sampled tokens to a choice; ends it at a stop string.
-  void Absorb(int32_t index, const std::vector<ServedToken>& tokens) {
-    Choice& c = choices_[index];
-    const tokenizer::Tokenizer& tok = *server_->tokenizer;
-    for (const ServedToken& t : tokens) {
-      if (c.done) return;
-      c.result.token_ids.push_back(t.token);
-      c.result.logprobs.push_back(t.logprob);
-      c.result.policy_versions.push_back(t.policy_version);
-      c.result.token_strings.push_back(
-          tok.TokenString(t.token).value_or(std::string()));
-      const size_t before = c.bytes.size();
-      if (!tok.IsSpecial(t.token)) c.bytes += tok.TokenBytes(t.token);
-      if (max_stop_bytes_ == 0) continue;
-      const size_t from = before >= max_stop_bytes_ ? before - max_stop_bytes_ + 1 : 0;
-      size_t cut = std::string::npos;
-      for (const std::string& s : api_request_.stop) {
-        const size_t at = c.bytes.find(s, from);
-        if (at != std::string::npos) cut = std::min(cut, at);
-      }
-      if (cut != std::string::npos) {
-        c.bytes.resize(cut);
-        c.done = true;
-        c.result.finish_reason = "stop";
-        server_->queue->Cancel(request_->request_id(), index);
-      }
-    }
-  }
-
   void OnProgress() {
     if (!request_) return;
     ServedRequest::Progress p = request_->Take();
@@ -499,29 +427,31 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       return;
     }
-    bool all_done = true;
     std::string events;
-    for (size_t i = 0; i < choices_.size(); ++i) {
-      Choice& c = choices_[i];
-      Absorb(static_cast<int32_t>(i), p.tokens[i]);
-      if (!c.done && p.finished[i] != engine::FinishReason::kNone) {
-        c.done = true;
-        c.result.finish_reason = FinishReasonText(p.finished[i]);
+    for (size_t i = 0; i < p.tokens.size(); ++i) {
+      const int32_t index = static_cast<int32_t>(i);
+      if (choices_->Absorb(index, p.tokens[i])) {
+        server_->queue->Cancel(request_->request_id(), index);  // stop string
       }
-      all_done = all_done && c.done;
-      if (api_request_.stream) events += StreamDelta(&c);
+      choices_->Finish(index, p.finished[i]);
+      if (!api_request_.stream) continue;
+      bool first = false;
+      if (std::optional<openai::ChoiceResult> delta =
+              choices_->TakeDelta(index, &first)) {
+        absl::StrAppend(&events, "data: ",
+                        openai::Dump(openai::StreamChunk(
+                            api_request_, header_, prompt_, *delta, first)),
+                        "\n\n");
+      }
     }
     if (api_request_.stream && !events.empty()) QueueChunk(std::move(events));
-    if (!all_done) return;
+    if (!choices_->all_done()) return;
     request_.reset();
     timer_.cancel();
     if (api_request_.stream) {
       std::string tail;
       if (api_request_.include_usage) {
-        int64_t completion = 0;
-        for (const Choice& c : choices_) {
-          completion += static_cast<int64_t>(c.result.token_ids.size());
-        }
+        const int64_t completion = choices_->completion_tokens();
         tail = absl::StrCat(
             "data: ",
             openai::Dump(openai::UsageChunk(
@@ -533,56 +463,8 @@ class Session : public std::enable_shared_from_this<Session> {
       EndStream();
       return;
     }
-    std::vector<openai::ChoiceResult> results;
-    for (Choice& c : choices_) {
-      c.result.text = tokenizer::ToValidUtf8(c.bytes);
-      results.push_back(std::move(c.result));
-    }
     WriteJson(200, openai::CompletionResponse(api_request_, header_, prompt_,
-                                              results));
-  }
-
-  // The SSE event for a choice's new tokens and text, or "" when nothing is
-  // new. Text is held back while it may be the start of a stop string or
-  // ends inside a UTF-8 character.
-  std::string StreamDelta(Choice* c) {
-    size_t safe = c->bytes.size();
-    if (!c->done) {
-      safe = safe >= max_stop_bytes_ ? safe - (max_stop_bytes_ > 0 ? max_stop_bytes_ - 1 : 0) : 0;
-      safe = std::max(safe, c->sent_bytes);
-      safe = CompleteUtf8Prefix(c->bytes.substr(0, safe));
-      safe = std::max(safe, c->sent_bytes);
-    }
-    const size_t new_tokens = c->result.token_ids.size() - c->sent_tokens;
-    const bool finishing = c->done && !c->result.finish_reason.empty() &&
-                           c->sent_tokens <= c->result.token_ids.size() &&
-                           !final_sent_.count(c->result.index);
-    if (new_tokens == 0 && safe == c->sent_bytes && !finishing) return "";
-    openai::ChoiceResult delta;
-    delta.index = c->result.index;
-    delta.text = tokenizer::ToValidUtf8(
-        c->bytes.substr(c->sent_bytes, safe - c->sent_bytes));
-    auto tail = [c](const auto& v) {
-      using V = std::decay_t<decltype(v)>;
-      return V(v.begin() + static_cast<long>(c->sent_tokens), v.end());
-    };
-    delta.token_ids = tail(c->result.token_ids);
-    delta.logprobs = tail(c->result.logprobs);
-    delta.policy_versions = tail(c->result.policy_versions);
-    delta.token_strings = tail(c->result.token_strings);
-    if (c->done) {
-      delta.finish_reason = c->result.finish_reason;
-      final_sent_.insert(c->result.index);
-    }
-    const bool first = !c->sent_any;
-    c->sent_any = true;
-    c->sent_tokens = c->result.token_ids.size();
-    c->sent_bytes = safe;
-    return absl::StrCat(
-        "data: ",
-        openai::Dump(openai::StreamChunk(api_request_, header_, prompt_, delta,
-                                         first)),
-        "\n\n");
+                                              choices_->Results()));
   }
 
   // ---- Streaming: chunked transfer encoding, one write at a time. ----
@@ -696,9 +578,7 @@ class Session : public std::enable_shared_from_this<Session> {
   openai::CompletionRequest api_request_;
   openai::ResponseHeader header_;
   std::vector<int32_t> prompt_;
-  std::vector<Choice> choices_;
-  std::set<int32_t> final_sent_;
-  size_t max_stop_bytes_ = 0;
+  std::optional<openai::ChoiceAssembler> choices_;
   std::shared_ptr<http::response<http::empty_body>> stream_header_;
   std::deque<std::string> outbox_;
   bool writing_ = false;
