@@ -294,9 +294,8 @@ int32_t Engine::Abort(const std::string& request_id, int32_t sample_index) {
     auto leader = leaders_.find(request_id);
     const bool leader_aborted =
         leader != leaders_.end() &&
-        std::any_of(victims.begin(), victims.end(), [&](Sequence* s) {
-          return s->id == leader->second;
-        });
+        std::any_of(victims.begin(), victims.end(),
+                    [&](Sequence* s) { return s->id == leader->second; });
     if (leader_aborted || pending->second.empty()) {
       for (auto it = pending->second.rbegin(); it != pending->second.rend();
            ++it) {

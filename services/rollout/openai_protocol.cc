@@ -65,7 +65,8 @@ class Fields {
     const Json& v = At(key);
     if (!v.is_number_integer()) {
       // 3.0 is an integer to Python clients that build bodies from floats.
-      if (v.is_number_float() && std::trunc(v.get<double>()) == v.get<double>() &&
+      if (v.is_number_float() &&
+          std::trunc(v.get<double>()) == v.get<double>() &&
           std::abs(v.get<double>()) < 9e15) {
         return InRange(key, static_cast<int64_t>(v.get<double>()), lo, hi, out);
       }
@@ -113,8 +114,8 @@ class Fields {
       return;
     }
     if (v.get<double>() != neutral) {
-      Fail(key, absl::StrCat("'", key, "' ", Show(v),
-                             " is not supported: ", why));
+      Fail(key,
+           absl::StrCat("'", key, "' ", Show(v), " is not supported: ", why));
     }
   }
 
@@ -207,8 +208,8 @@ void ParseMessages(Fields* f, CompletionRequest* r) {
       return;
     }
     auto content = m[i].find("content");
-    if (content != m[i].end() && !content->is_null() &&
-        !content->is_string() && !content->is_array()) {
+    if (content != m[i].end() && !content->is_null() && !content->is_string() &&
+        !content->is_array()) {
       f->Fail(param + ".content",
               absl::StrCat("'", param,
                            ".content' must be a string or an array of parts, "
@@ -254,9 +255,9 @@ void ParseStop(Fields* f, CompletionRequest* r, const RequestLimits& limits) {
     return;
   }
   if (static_cast<int32_t>(stops.size()) > limits.max_stop_strings) {
-    f->Fail("stop", absl::StrCat("'stop' has ", stops.size(),
-                                 " strings; the limit is ",
-                                 limits.max_stop_strings));
+    f->Fail("stop",
+            absl::StrCat("'stop' has ", stops.size(), " strings; the limit is ",
+                         limits.max_stop_strings));
     return;
   }
   for (const std::string& x : stops) {
@@ -289,8 +290,8 @@ std::optional<CompletionRequest> ParseCompletionRequest(
   }
   if (!json.is_object()) {
     error->http_status = 400;
-    error->message = absl::StrCat("the request body must be a JSON object, got ",
-                                  Show(json));
+    error->message = absl::StrCat(
+        "the request body must be a JSON object, got ", Show(json));
     return std::nullopt;
   }
   CompletionRequest r;
@@ -511,15 +512,15 @@ Json StreamChunk(const CompletionRequest& request, const ResponseHeader& header,
 Json UsageChunk(const CompletionRequest& request, const ResponseHeader& header,
                 int64_t prompt_tokens, int64_t completion_tokens) {
   const bool chat = request.endpoint == Endpoint::kChatCompletions;
-  return Json{{"id", header.id},
-              {"object", chat ? "chat.completion.chunk" : "text_completion"},
-              {"created", header.created},
-              {"model", header.model},
-              {"choices", Json::array()},
-              {"usage", Json{{"prompt_tokens", prompt_tokens},
-                             {"completion_tokens", completion_tokens},
-                             {"total_tokens",
-                              prompt_tokens + completion_tokens}}}};
+  return Json{
+      {"id", header.id},
+      {"object", chat ? "chat.completion.chunk" : "text_completion"},
+      {"created", header.created},
+      {"model", header.model},
+      {"choices", Json::array()},
+      {"usage", Json{{"prompt_tokens", prompt_tokens},
+                     {"completion_tokens", completion_tokens},
+                     {"total_tokens", prompt_tokens + completion_tokens}}}};
 }
 
 Json ModelList(const std::string& model_id, int64_t created,

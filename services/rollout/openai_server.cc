@@ -1,5 +1,6 @@
 #include "services/rollout/openai_server.h"
 
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
@@ -7,7 +8,6 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <exception>
@@ -164,11 +164,11 @@ class Session : public std::enable_shared_from_this<Session> {
   // Answers 503 and closes: the connection cap is reached.
   void Refuse() {
     keep_alive_ = false;
-    WriteError(503, {.http_status = 503,
-                     .message = absl::StrCat(
-                         "too many connections (the limit is ",
-                         server_->options.max_connections, ")"),
-                     .type = "server_error"});
+    WriteError(503,
+               {.http_status = 503,
+                .message = absl::StrCat("too many connections (the limit is ",
+                                        server_->options.max_connections, ")"),
+                .type = "server_error"});
   }
 
  private:
@@ -176,9 +176,9 @@ class Session : public std::enable_shared_from_this<Session> {
     if (error == http::error::body_limit) {
       keep_alive_ = false;
       WriteError(413, {.http_status = 413,
-                       .message = absl::StrCat(
-                           "the request body exceeds ",
-                           server_->options.max_body_bytes, " bytes")});
+                       .message = absl::StrCat("the request body exceeds ",
+                                               server_->options.max_body_bytes,
+                                               " bytes")});
       return;
     }
     if (error) return;  // closed, timed out, or malformed: drop
@@ -188,10 +188,10 @@ class Session : public std::enable_shared_from_this<Session> {
     const std::string_view path = target.substr(0, target.find('?'));
     if (path == "/v1/models" || path == "/models") {
       if (req.method() != http::verb::get) return MethodNotAllowed("GET");
-      WriteJson(200, openai::ModelList(server_->options.model_id,
-                                       server_->created,
-                                       server_->policy_version(),
-                                       server_->options.context_tokens));
+      WriteJson(200,
+                openai::ModelList(server_->options.model_id, server_->created,
+                                  server_->policy_version(),
+                                  server_->options.context_tokens));
       return;
     }
     openai::Endpoint endpoint;
@@ -227,8 +227,8 @@ class Session : public std::enable_shared_from_this<Session> {
     std::vector<int32_t> prompt;
     if (request.endpoint == openai::Endpoint::kChatCompletions) {
       if (!server_->templates) {
-        return WriteError(400, {.message = server_->no_chat_reason,
-                                .param = "messages"});
+        return WriteError(
+            400, {.message = server_->no_chat_reason, .param = "messages"});
       }
       absl::StatusOr<const chat::ChatTemplate*> tmpl =
           server_->templates->Get();
@@ -327,13 +327,14 @@ class Session : public std::enable_shared_from_this<Session> {
 
     std::weak_ptr<Session> weak = weak_from_this();
     std::shared_ptr<Poster> poster = server_->poster;
-    request_ = std::make_shared<ServedRequest>(
-        absl::StrCat("oai-", number), std::move(prompt), params,
-        [weak, poster] {
-          poster->Post([weak] {
-            if (auto self = weak.lock()) self->OnProgress();
-          });
-        });
+    request_ = std::make_shared<ServedRequest>(absl::StrCat("oai-", number),
+                                               std::move(prompt), params,
+                                               [weak, poster] {
+                                                 poster->Post([weak] {
+                                                   if (auto self = weak.lock())
+                                                     self->OnProgress();
+                                                 });
+                                               });
     if (absl::Status s = server_->queue->Submit(request_); !s.ok()) {
       request_.reset();
       return WriteError(503, {.http_status = 503,
@@ -370,24 +371,23 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void OnTimeout() {
     if (!request_) return;
-    const std::string message = absl::StrCat(
-        "the generation did not finish within ",
-        absl::FormatDuration(server_->options.request_timeout),
-        " (openai.request_timeout_s)");
+    const std::string message =
+        absl::StrCat("the generation did not finish within ",
+                     absl::FormatDuration(server_->options.request_timeout),
+                     " (openai.request_timeout_s)");
     server_->queue->Cancel(request_->request_id());
     request_.reset();
     keep_alive_ = false;
     if (api_request_.stream) {
       QueueChunk(absl::StrCat(
           "data: ",
-          openai::Dump(openai::ErrorBody({.http_status = 504,
-                                          .message = message,
-                                          .type = "timeout"})),
+          openai::Dump(openai::ErrorBody(
+              {.http_status = 504, .message = message, .type = "timeout"})),
           "\n\n"));
       EndStream();
     } else {
-      WriteError(504, {.http_status = 504, .message = message,
-                       .type = "timeout"});
+      WriteError(504,
+                 {.http_status = 504, .message = message, .type = "timeout"});
     }
   }
 
@@ -409,13 +409,12 @@ class Session : public std::enable_shared_from_this<Session> {
       request_.reset();
       timer_.cancel();
       if (api_request_.stream) {
-        QueueChunk(absl::StrCat(
-            "data: ",
-            openai::Dump(openai::ErrorBody(
-                {.http_status = HttpStatusOf(error),
-                 .message = std::string(error.message()),
-                 .type = "server_error"})),
-            "\n\n"));
+        QueueChunk(absl::StrCat("data: ",
+                                openai::Dump(openai::ErrorBody(
+                                    {.http_status = HttpStatusOf(error),
+                                     .message = std::string(error.message()),
+                                     .type = "server_error"})),
+                                "\n\n"));
         keep_alive_ = false;
         EndStream();
       } else {
@@ -452,12 +451,12 @@ class Session : public std::enable_shared_from_this<Session> {
       std::string tail;
       if (api_request_.include_usage) {
         const int64_t completion = choices_->completion_tokens();
-        tail = absl::StrCat(
-            "data: ",
-            openai::Dump(openai::UsageChunk(
-                api_request_, header_, static_cast<int64_t>(prompt_.size()),
-                completion)),
-            "\n\n");
+        tail =
+            absl::StrCat("data: ",
+                         openai::Dump(openai::UsageChunk(
+                             api_request_, header_,
+                             static_cast<int64_t>(prompt_.size()), completion)),
+                         "\n\n");
       }
       QueueChunk(tail + "data: [DONE]\n\n");
       EndStream();
@@ -505,24 +504,24 @@ class Session : public std::enable_shared_from_this<Session> {
       stream_done_ = false;
       writing_ = true;
       stream_.expires_after(kWriteTimeout);
-      asio::async_write(stream_, http::make_chunk_last(),
-                        [self = shared_from_this()](beast::error_code e,
-                                                    size_t) {
-                          self->writing_ = false;
-                          if (e || !self->keep_alive_) return self->Close();
-                          self->Read();
-                        });
+      asio::async_write(
+          stream_, http::make_chunk_last(),
+          [self = shared_from_this()](beast::error_code e, size_t) {
+            self->writing_ = false;
+            if (e || !self->keep_alive_) return self->Close();
+            self->Read();
+          });
       return;
     }
     auto data = std::make_shared<std::string>(std::move(outbox_.front()));
     outbox_.pop_front();
     writing_ = true;
     stream_.expires_after(kWriteTimeout);
-    asio::async_write(stream_, http::make_chunk(asio::buffer(*data)),
-                      [self = shared_from_this(), data](beast::error_code e,
-                                                        size_t) {
-                        self->OnStreamWrite(e);
-                      });
+    asio::async_write(
+        stream_, http::make_chunk(asio::buffer(*data)),
+        [self = shared_from_this(), data](beast::error_code e, size_t) {
+          self->OnStreamWrite(e);
+        });
   }
 
   void OnStreamWrite(beast::error_code error) {
@@ -554,12 +553,12 @@ class Session : public std::enable_shared_from_this<Session> {
     response->body() = openai::Dump(body);
     response->prepare_payload();
     stream_.expires_after(kWriteTimeout);
-    http::async_write(stream_, *response,
-                      [self = shared_from_this(), response](
-                          beast::error_code e, size_t) {
-                        if (e || !response->keep_alive()) return self->Close();
-                        self->Read();
-                      });
+    http::async_write(
+        stream_, *response,
+        [self = shared_from_this(), response](beast::error_code e, size_t) {
+          if (e || !response->keep_alive()) return self->Close();
+          self->Read();
+        });
   }
 
   void Close() {
@@ -634,9 +633,9 @@ absl::StatusOr<std::unique_ptr<OpenAIServer>> OpenAIServer::Create(
     return absl::UnavailableError(absl::StrCat(
         "cannot serve the OpenAI endpoint on ", address, ": ", e.what()));
   }
-  server->bound_address_ = absl::StrCat(
-      address.substr(0, colon), ":",
-      server->impl_->acceptor->local_endpoint().port());
+  server->bound_address_ =
+      absl::StrCat(address.substr(0, colon), ":",
+                   server->impl_->acceptor->local_endpoint().port());
   return server;
 }
 

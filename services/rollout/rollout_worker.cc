@@ -400,8 +400,8 @@ void RolloutWorker::GenerationLoop() {
     PublishStatus();
   }
   // Unfinished work goes back to the coordinator for other workers.
-  AbortAllWork("shutdown", absl::UnavailableError(
-                               "the rollout worker is shutting down"));
+  AbortAllWork("shutdown",
+               absl::UnavailableError("the rollout worker is shutting down"));
 }
 
 std::string RolloutWorker::TrainerAddress() {

@@ -43,24 +43,25 @@ absl::Status RolloutWorker::StartOpenAIServer() {
       templates =
           std::make_shared<const chat::LoadedChatTemplates>(*std::move(loaded));
     } else {
-      no_chat_reason = absl::StrCat(
-          "model '", o.model_id, "' has no usable chat template (",
-          loaded.ok() ? loaded->Get().status().message()
-                      : loaded.status().message(),
-          "); use /v1/completions");
+      no_chat_reason =
+          absl::StrCat("model '", o.model_id, "' has no usable chat template (",
+                       loaded.ok() ? loaded->Get().status().message()
+                                   : loaded.status().message(),
+                       "); use /v1/completions");
     }
   }
   const bool chat = templates != nullptr;
   ASSIGN_OR_RETURN(
       openai_server_,
-      OpenAIServer::Create(
-          std::move(o), model_.tokenizer.get(), std::move(templates),
-          std::move(no_chat_reason), &serving_, [this] {
-            absl::MutexLock lock(&mu_);
-            return snapshot_.policy_version;
-          }));
+      OpenAIServer::Create(std::move(o), model_.tokenizer.get(),
+                           std::move(templates), std::move(no_chat_reason),
+                           &serving_, [this] {
+                             absl::MutexLock lock(&mu_);
+                             return snapshot_.policy_version;
+                           }));
   ComponentLogger("rollout")->info("OpenAI endpoint on http://{}/v1 (chat {})",
-              openai_server_->bound_address(), chat ? "on" : "off");
+                                   openai_server_->bound_address(),
+                                   chat ? "on" : "off");
   return absl::OkStatus();
 }
 

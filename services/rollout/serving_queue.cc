@@ -115,8 +115,8 @@ void ServingQueue::Dispatch(const std::vector<engine::TokenEvent>& events) {
   for (const engine::TokenEvent& e : events) {
     auto it = admitted_.find(e.request_id);
     if (it == admitted_.end()) continue;
-    it->second.request->AddToken(
-        e.sample_index, {e.token, e.logprob, e.policy_version});
+    it->second.request->AddToken(e.sample_index,
+                                 {e.token, e.logprob, e.policy_version});
     touched.insert(it->second.request.get());
   }
   for (ServedRequest* request : touched) request->Notify();

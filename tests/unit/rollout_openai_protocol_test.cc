@@ -109,8 +109,7 @@ TEST_CASE("logprobs: the sampled tokens' yes, top alternatives refused") {
   CHECK(Refused(R"({"prompt": "x", "logprobs": true})").param == "logprobs");
   const auto chat = Endpoint::kChatCompletions;
   const std::string msgs = R"("messages": [{"role": "user", "content": "hi"}])";
-  CHECK(Accepted("{" + msgs + R"(, "logprobs": true, "top_logprobs": 0})",
-                 chat)
+  CHECK(Accepted("{" + msgs + R"(, "logprobs": true, "top_logprobs": 0})", chat)
             .want_logprobs);
   CHECK(Refused("{" + msgs + R"(, "logprobs": true, "top_logprobs": 2})", chat)
             .param == "top_logprobs");
@@ -126,8 +125,9 @@ TEST_CASE("chat messages must be objects with a string role") {
         "messages[0].role");
   CHECK(Refused(R"({"messages": [{"role": "user", "content": 5}]})", chat)
             .param == "messages[0].content");
-  CHECK(Refused(R"({"messages": [{"role": "user"}], "tools": {}})", chat)
-            .param == "tools");
+  CHECK(
+      Refused(R"({"messages": [{"role": "user"}], "tools": {}})", chat).param ==
+      "tools");
   const CompletionRequest r = Accepted(
       R"({"messages": [{"role": "user", "content": "hi"}],
           "max_completion_tokens": 7,
@@ -137,7 +137,8 @@ TEST_CASE("chat messages must be objects with a string role") {
   CHECK(r.tools.size() == 1);
 }
 
-TEST_CASE("fields clients commonly send are accepted; unsupported ones say so") {
+TEST_CASE(
+    "fields clients commonly send are accepted; unsupported ones say so") {
   const CompletionRequest r = Accepted(
       R"({"prompt": "x", "model": "whatever", "user": "u", "stream": false,
           "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {},
@@ -174,8 +175,8 @@ TEST_CASE("responses carry the extension fields; invalid UTF-8 is replaced") {
   c.policy_versions = {3, 4};
   c.token_strings = {"a", "b"};
   c.finish_reason = "length";
-  const Json body = CompletionResponse(request, {"cmpl-1", 5, "m"}, {7, 8},
-                                       {c});
+  const Json body =
+      CompletionResponse(request, {"cmpl-1", 5, "m"}, {7, 8}, {c});
   const Json& choice = body["choices"][0];
   CHECK(choice["token_ids"] == Json({1, 2}));
   CHECK(choice["policy_versions"] == Json({3, 4}));

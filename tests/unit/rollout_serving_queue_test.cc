@@ -1,5 +1,5 @@
-#include <catch2/catch.hpp>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <memory>
 
 #include "engine/engine.h"
@@ -52,9 +52,9 @@ TEST_CASE("served requests share the batch with rollouts and get every token") {
   engine::Engine e(Options(), &model, &model, 0);
   ServingQueue q;
   std::atomic<int> notified{0};
-  auto served = std::make_shared<ServedRequest>(
-      "oai-1", std::vector<int32_t>{1, 2, 3}, Served(2, 6),
-      [&] { ++notified; });
+  auto served =
+      std::make_shared<ServedRequest>("oai-1", std::vector<int32_t>{1, 2, 3},
+                                      Served(2, 6), [&] { ++notified; });
   REQUIRE(q.Submit(served).ok());
   engine::SamplingParams rollout;
   rollout.max_tokens = 6;
