@@ -412,15 +412,12 @@ void AddExtensions(const ChoiceResult& c, const std::vector<int32_t>* prompt,
   if (prompt != nullptr) (*choice)["prompt_token_ids"] = *prompt;
 }
 
-Json CompletionLogprobs(const ChoiceResult& c, int64_t text_offset) {
-  Json offsets = Json::array();
-  for (size_t i = 0; i < c.token_strings.size(); ++i) {
-    offsets.push_back(text_offset);  // per-token offsets: not tracked
-  }
+// text_offset is null: offsets of tokens in the text are not tracked.
+Json CompletionLogprobs(const ChoiceResult& c) {
   return Json{{"tokens", c.token_strings},
               {"token_logprobs", c.logprobs},
               {"top_logprobs", nullptr},
-              {"text_offset", offsets}};
+              {"text_offset", nullptr}};
 }
 
 Json ChatLogprobs(const ChoiceResult& c) {
@@ -465,7 +462,7 @@ Json CompletionResponse(const CompletionRequest& request,
     } else {
       choice["text"] = c.text;
       choice["logprobs"] =
-          request.want_logprobs ? CompletionLogprobs(c, 0) : Json();
+          request.want_logprobs ? CompletionLogprobs(c) : Json();
     }
     choice["finish_reason"] = FinishReason(c);
     AddExtensions(c, nullptr, &choice);
@@ -501,7 +498,7 @@ Json StreamChunk(const CompletionRequest& request, const ResponseHeader& header,
   } else {
     choice["text"] = delta.text;
     choice["logprobs"] =
-        request.want_logprobs ? CompletionLogprobs(delta, 0) : Json();
+        request.want_logprobs ? CompletionLogprobs(delta) : Json();
   }
   choice["finish_reason"] = FinishReason(delta);
   AddExtensions(delta, first ? &prompt_ids : nullptr, &choice);
