@@ -1,6 +1,7 @@
 #include "services/rollout/openai_server.h"
 
 #include <algorithm>
+#include <array>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
@@ -34,6 +35,7 @@ auto Log() { return ComponentLogger("openai"); }
 
 constexpr std::chrono::seconds kHeaderTimeout(60);
 constexpr std::chrono::seconds kWriteTimeout(30);
+constexpr std::chrono::seconds kLingerTimeout(5);
 
 int HttpStatusOf(const absl::Status& status) {
   switch (status.code()) {
@@ -561,9 +563,24 @@ class Session : public std::enable_shared_from_this<Session> {
         });
   }
 
+  // Ends the response side, then reads and discards what the client still
+  // sends (an oversized body, say) until it closes, for at most
+  // kLingerTimeout: closing with unread input would reset the connection
+  // and the client could lose the response it has not read yet.
   void Close() {
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    stream_.expires_after(kLingerTimeout);
+    Discard();
+  }
+
+  void Discard() {
+    auto sink = std::make_shared<std::array<char, 16384>>();
+    stream_.async_read_some(
+        asio::buffer(*sink),
+        [self = shared_from_this(), sink](beast::error_code e, size_t) {
+          if (!e) self->Discard();
+        });
   }
 
   beast::tcp_stream stream_;

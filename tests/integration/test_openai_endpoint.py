@@ -13,7 +13,8 @@ What it checks:
     consistent; greedy deterministic across calls; the log-probs equal to
     `tandemctl logprobs` on the same prompt + completion; bad requests
     (out-of-range max_tokens, a prompt longer than the context, chat without
-    a chat template) raise openai.BadRequestError with our message; a chat
+    a chat template) raise openai.BadRequestError with our message; an
+    oversized body is 413, an unknown route 404, bad JSON 400; a chat
     request through a second worker whose model directory (the built-in
     model exported with `tandemctl export`) has a chat template; a client
     that closes a stream mid-way does not hurt the worker.
@@ -36,6 +37,8 @@ import sys
 import tempfile
 import time
 import unittest
+import urllib.error
+import urllib.request
 
 import harness
 
@@ -304,6 +307,26 @@ class ServeTest(unittest.TestCase):
             for choice in chunk.choices:
                 text += choice.delta.content or ""
         self.assertEqual(text, r.choices[0].message.content)
+
+    def test_oversized_body_and_unknown_route_get_clear_errors(self):
+        def post(path, body):
+            request = urllib.request.Request(
+                f"http://{self.address}{path}", data=body,
+                headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=30) as r:
+                    return r.status, json.loads(r.read())
+            except urllib.error.HTTPError as e:
+                return e.code, json.loads(e.read())
+        code, body = post("/v1/completions", b"{" + b" " * (5 << 20) + b"}")
+        self.assertEqual(code, 413)
+        self.assertIn("exceeds 4194304 bytes", body["error"]["message"])
+        code, body = post("/v1/embeddings", b"{}")
+        self.assertEqual(code, 404)
+        self.assertIn("/v1/completions", body["error"]["message"])
+        code, body = post("/v1/completions", b"{not json")
+        self.assertEqual(code, 400)
+        self.assertIn("not valid JSON", body["error"]["message"])
 
     def test_client_closing_a_stream_leaves_the_worker_serving(self):
         body = json.dumps({"prompt": "1+1=", "max_tokens": 59, "n": 16,
