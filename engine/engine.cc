@@ -189,6 +189,10 @@ absl::StatusOr<StepStats> Engine::Step() {
     const SampledToken sampled = sampled_rows[row];
     ++row;
     seq->Append(sampled.token, sampled.logprob, version_);
+    if (seq->params.report_tokens) {
+      token_events_.push_back({seq->request_id, seq->sample_index,
+                               sampled.token, sampled.logprob, version_});
+    }
     ++generated_tokens_;
     ++stats.decode_tokens;
     if (seq->output.size() == 1) {
@@ -265,6 +269,49 @@ std::vector<std::string> Engine::AbortAll() {
   leaders_.clear();
   pending_siblings_.clear();
   return requests;
+}
+
+int32_t Engine::Abort(const std::string& request_id, int32_t sample_index) {
+  std::vector<Sequence*> victims;
+  for (auto& [id, seq] : sequences_) {
+    if (seq->request_id == request_id &&
+        (sample_index < 0 || seq->sample_index == sample_index)) {
+      victims.push_back(seq.get());
+    }
+  }
+  auto pending = pending_siblings_.find(request_id);
+  for (Sequence* seq : victims) {
+    if (pending != pending_siblings_.end()) {
+      auto& waiting = pending->second;
+      waiting.erase(std::remove(waiting.begin(), waiting.end(), seq),
+                    waiting.end());
+    }
+    scheduler_.Remove(seq);
+  }
+  // Siblings still waiting for an aborted leader's prompt cache prefill it
+  // themselves.
+  if (pending != pending_siblings_.end()) {
+    auto leader = leaders_.find(request_id);
+    const bool leader_aborted =
+        leader != leaders_.end() &&
+        std::any_of(victims.begin(), victims.end(),
+                    [&](Sequence* s) { return s->id == leader->second; });
+    if (leader_aborted || pending->second.empty()) {
+      for (auto it = pending->second.rbegin(); it != pending->second.rend();
+           ++it) {
+        scheduler_.AddWaitingFront(*it);
+      }
+      pending_siblings_.erase(pending);
+    }
+  }
+  for (Sequence* seq : victims) Retire(seq, FinishReason::kAborted);
+  return static_cast<int32_t>(victims.size());
+}
+
+std::vector<TokenEvent> Engine::TakeTokenEvents() {
+  std::vector<TokenEvent> out;
+  out.swap(token_events_);
+  return out;
 }
 
 EngineSnapshot Engine::Snapshot() const {

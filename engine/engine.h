@@ -55,6 +55,15 @@ struct FinishedSample {
   absl::Time admitted, first_token, finished;
 };
 
+// One token sampled for a sequence whose params.report_tokens is set.
+struct TokenEvent {
+  std::string request_id;
+  int32_t sample_index = 0;
+  int32_t token = 0;
+  float logprob = 0.0f;
+  uint64_t policy_version = 0;
+};
+
 // What one step did; the service layer turns it into metrics.
 struct StepStats {
   int32_t prefill_tokens = 0;
@@ -95,6 +104,13 @@ class Engine {
   std::vector<FinishedSample> TakeFinished();
   // Aborts every unfinished sample and returns their request ids.
   std::vector<std::string> AbortAll();
+  // Aborts the unfinished samples of `request_id` (only sample
+  // `sample_index` when it is >= 0): they go to TakeFinished with reason
+  // kAborted and the tokens they had. Returns how many were aborted.
+  int32_t Abort(const std::string& request_id, int32_t sample_index = -1);
+  // Tokens sampled since the last call for sequences that asked for them
+  // (SamplingParams::report_tokens), in the order they were sampled.
+  std::vector<TokenEvent> TakeTokenEvents();
 
   bool idle() const { return scheduler_.idle() && pending_siblings_.empty(); }
   EngineSnapshot Snapshot() const;
@@ -122,6 +138,7 @@ class Engine {
   // cached, then join the queue and copy that cache instead of prefilling.
   std::map<std::string, std::vector<Sequence*>> pending_siblings_;
   std::vector<FinishedSample> finished_;
+  std::vector<TokenEvent> token_events_;
 };
 
 }  // namespace tandem::engine

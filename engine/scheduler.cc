@@ -96,6 +96,12 @@ void Scheduler::Finish(Sequence* seq) {
   seq->status = SequenceStatus::kFinished;
 }
 
+void Scheduler::Remove(Sequence* seq) {
+  auto it = std::find(waiting_.begin(), waiting_.end(), seq);
+  if (it != waiting_.end()) waiting_.erase(it);
+  Finish(seq);
+}
+
 std::vector<Sequence*> Scheduler::RecomputeAll() {
   std::vector<Sequence*> dropped(running_.begin(), running_.end());
   for (auto it = running_.rbegin(); it != running_.rend(); ++it) {

@@ -61,6 +61,8 @@ class Scheduler {
                         const std::function<int32_t(Sequence*)>& fork_ready);
   // Removes a finished sequence from the running set and frees its blocks.
   void Finish(Sequence* seq);
+  // Forgets a waiting or running sequence (an abort) and frees its blocks.
+  void Remove(Sequence* seq);
   // Moves every running sequence back to the waiting queue front with its
   // cache dropped (kv_policy recompute after a weight update).
   std::vector<Sequence*> RecomputeAll();

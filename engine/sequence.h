@@ -29,6 +29,9 @@ struct SamplingParams {
   uint64_t seed = 0;
   // Samples per prompt; they share the prompt's prefill.
   int32_t n = 1;
+  // Report every sampled token through Engine::TakeTokenEvents as it is
+  // produced (the OpenAI endpoint streams them); rollouts leave it off.
+  bool report_tokens = false;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAborted };

@@ -90,6 +90,33 @@ void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config) {
                  "weight_sync.report_timeout_ms. Without a stream (watch "
                  "false, or a coordinator that does not serve it) it is "
                  "asked every 50 ms.");
+
+  // OpenAI-compatible endpoint.
+  schema->AddString("openai.listen", &config->openai_listen,
+                    "host:port of the OpenAI-compatible HTTP endpoint "
+                    "(/v1/models, /v1/completions, /v1/chat/completions; "
+                    "docs/openai-endpoint.md); port 0 picks a free one; "
+                    "empty = off.");
+  schema->AddString("openai.model_name", &config->openai_model_name,
+                    "Model id the endpoint reports; empty = the name of "
+                    "model.path's directory (tandem-arith for the built-in "
+                    "model).");
+  schema->AddInt("openai.max_connections", &config->openai_max_connections, 1,
+                 65536,
+                 "Most open HTTP connections; one more is answered 503.");
+  schema->AddInt("openai.max_body_bytes", &config->openai_max_body_bytes, 1024,
+                 1 << 30, "Largest request body (bytes); larger is 413.");
+  schema->AddInt("openai.request_timeout_s", &config->openai_request_timeout_s,
+                 1, 86400,
+                 "A generation not finished after this long is cancelled "
+                 "(504).");
+  schema->AddInt("openai.default_max_tokens",
+                 &config->openai_default_max_tokens, 1, 1 << 24,
+                 "max_tokens of a completions request that leaves it out "
+                 "(capped by what the context leaves); chat requests "
+                 "default to the whole context left.");
+  schema->AddInt("openai.max_n", &config->openai_max_n, 1, 1024,
+                 "Largest n (samples per request).");
 }
 
 absl::Status Validate(const RolloutConfig& config) {

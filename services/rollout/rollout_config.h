@@ -48,6 +48,17 @@ struct RolloutConfig {
   int64_t weight_sync_poll_interval_ms = 1000;
   // Pulls ask for a same-host shared-memory segment of a full version.
   bool weight_sync_shared_memory = true;
+  // ---- OpenAI-compatible endpoint (openai.*, docs/openai-endpoint.md) ----
+  // host:port of the HTTP endpoint; empty = off.
+  std::string openai_listen;
+  // Model id in /v1/models and responses; empty = the model directory's
+  // name ("tandem-arith" for the built-in model).
+  std::string openai_model_name;
+  int64_t openai_max_connections = 64;
+  int64_t openai_max_body_bytes = 4 << 20;
+  int64_t openai_request_timeout_s = 600;
+  int64_t openai_default_max_tokens = 16;
+  int64_t openai_max_n = 16;
 };
 
 void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config);

@@ -186,6 +186,10 @@ void RolloutWorker::LoadAndStart() {
   loaded_ = true;
   Log()->info("model loaded in {}",
               absl::FormatDuration(absl::Now() - load_start));
+  if (absl::Status status = StartOpenAIServer(); !status.ok()) {
+    Log()->critical("cannot start the OpenAI endpoint: {}", status.ToString());
+    return;
+  }
   if (absl::Status status = member_->Start(); !status.ok()) {
     Log()->critical("cannot start serving: {}", status.ToString());
     return;
@@ -195,6 +199,20 @@ void RolloutWorker::LoadAndStart() {
   if (watcher_) watcher_->Start();
   subscriber_->Start();
   generation_thread_ = std::thread([this] { GenerationLoop(); });
+}
+
+void RolloutWorker::AbortAllWork(const std::string& reason,
+                                 const absl::Status& status) {
+  std::vector<std::string> aborted = engine_->AbortAll();
+  serving_.FailAdmitted(status);
+  // Served requests are no leases: only the leases go back.
+  aborted.erase(std::remove_if(aborted.begin(), aborted.end(),
+                               [this](const std::string& id) {
+                                 return leases_.count(id) == 0;
+                               }),
+                aborted.end());
+  leases_.clear();
+  prefetcher_->Return(aborted, reason);
 }
 
 void RolloutWorker::AdmitLeases() {
@@ -340,22 +358,33 @@ void RolloutWorker::GenerationLoop() {
       generating = state_ == tandem::v1::ROLLOUT_STATE_RUNNING;
       if (!runnable()) continue;
     }
-    if (generating) AdmitLeases();
+    if (generating) {
+      AdmitLeases();
+      serving_.AdmitTo(engine_.get());
+    }
     const bool idle = engine_->idle();
     // An idle engine still steps: that is where a staged weight version is
     // committed, and a worker too stale to get prompts must catch up.
     absl::StatusOr<engine::StepStats> step = engine_->Step();
     if (idle && step.ok() && !step->committed_update) {
       PublishStatus();
-      absl::SleepFor(absl::Milliseconds(5));
+      // While running, a served request wakes the loop at once (draining
+      // admits none: it would spin); leases and weight versions are
+      // looked for every 5 ms.
+      if (generating) {
+        serving_.WaitForWork(absl::Milliseconds(5));
+      } else {
+        absl::SleepFor(absl::Milliseconds(5));
+      }
       continue;
     }
     if (!step.ok()) {
       if (stopping_) break;  // e.g. parked for an in-place update
       Log()->error("engine step failed: {}; returning in-flight leases",
                    step.status().ToString());
-      prefetcher_->Return(engine_->AbortAll(), "engine error");
-      leases_.clear();
+      AbortAllWork("engine error",
+                   absl::UnavailableError(absl::StrCat(
+                       "the engine failed: ", step.status().message())));
       absl::SleepFor(absl::Seconds(1));
       continue;
     }
@@ -365,14 +394,15 @@ void RolloutWorker::GenerationLoop() {
       absl::MutexLock lock(&mu_);
       last_pause_seconds_ = step->pause_seconds;
     }
-    for (engine::FinishedSample& f : engine_->TakeFinished())
-      Deliver(std::move(f));
+    serving_.Dispatch(engine_->TakeTokenEvents());
+    for (engine::FinishedSample& f : engine_->TakeFinished()) {
+      if (!serving_.Dispatch(f)) Deliver(std::move(f));
+    }
     PublishStatus();
   }
   // Unfinished work goes back to the coordinator for other workers.
-  std::vector<std::string> aborted = engine_->AbortAll();
-  leases_.clear();
-  prefetcher_->Return(aborted, "shutdown");
+  AbortAllWork("shutdown",
+               absl::UnavailableError("the rollout worker is shutting down"));
 }
 
 std::string RolloutWorker::TrainerAddress() {
@@ -577,7 +607,10 @@ void RolloutWorker::Stop(absl::Duration deadline) {
   if (loader_thread_.joinable()) loader_thread_.join();
   // An engine parked for an in-place update must not wait for the weights.
   if (inplace_source_) inplace_source_->Shutdown();
+  serving_.Close(absl::UnavailableError("the rollout worker is shutting down"));
   if (generation_thread_.joinable()) generation_thread_.join();
+  // Its sessions' requests were failed by the generation thread.
+  openai_server_.reset();
   AnswerDrainWaiters(/*all=*/true);
   const double generation_s = phase();
   if (subscriber_) subscriber_->Stop();

@@ -25,10 +25,12 @@
 #include "common/model/model_loader.h"
 #include "engine/engine.h"
 #include "engine/torch_engine_model.h"
+#include "services/rollout/openai_server.h"
 #include "services/rollout/prompt_prefetcher.h"
 #include "services/rollout/rollout_config.h"
 #include "services/rollout/rollout_metrics.h"
 #include "services/rollout/sample_submitter.h"
+#include "services/rollout/serving_queue.h"
 #include "services/rollout/weight_subscriber.h"
 #include "services/rollout/weight_update_sources.h"
 #include "tandem/v1/rollout.grpc.pb.h"
@@ -108,6 +110,11 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
   // Answers the Drain calls that are done waiting (all of them if `all`).
   void AnswerDrainWaiters(bool all);
   void GenerationLoop();
+  // Starts the OpenAI endpoint (openai.listen) once the model is loaded.
+  absl::Status StartOpenAIServer();
+  // Aborts everything in the engine: leases go back to the coordinator,
+  // served requests fail with `status`.
+  void AbortAllWork(const std::string& reason, const absl::Status& status);
   void AdmitLeases();
   void Deliver(engine::FinishedSample sample);
   void PublishStatus();
@@ -127,6 +134,10 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
   std::unique_ptr<InplaceWeightSource> inplace_source_;
   std::unique_ptr<engine::Engine> engine_;    // generation thread only
   std::map<std::string, LeaseState> leases_;  // generation thread only
+  // The engine's second source of sequences: OpenAI endpoint requests.
+  ServingQueue serving_;
+  // Declared after serving_: its sessions cancel into it when destroyed.
+  std::unique_ptr<OpenAIServer> openai_server_;
   std::unique_ptr<cluster::MemberDaemon> member_;
   std::unique_ptr<PromptPrefetcher> prefetcher_;
   std::unique_ptr<SampleSubmitter> submitter_;

@@ -189,6 +189,57 @@ TEST_CASE("n samples share one prompt prefill and differ by seed") {
   CHECK(distinct.size() > 1);
 }
 
+TEST_CASE("report_tokens streams every sampled token in order, others none") {
+  ToyModel model(kVocab);
+  Engine engine(Options(), &model, nullptr, 0);
+  SamplingParams served = Greedy(5);
+  served.report_tokens = true;
+  served.n = 2;
+  REQUIRE(engine.Add("served", Prompt(1, 6), served).ok());
+  REQUIRE(engine.Add("rollout", Prompt(2, 6), Greedy(5)).ok());
+  std::map<int32_t, std::vector<int32_t>> streamed;
+  std::map<std::string, std::vector<FinishedSample>> done;
+  while (!engine.idle()) {
+    REQUIRE(engine.Step().ok());
+    for (const TokenEvent& e : engine.TakeTokenEvents()) {
+      REQUIRE(e.request_id == "served");
+      streamed[e.sample_index].push_back(e.token);
+    }
+    for (auto& s : engine.TakeFinished()) done[s.request_id].push_back(s);
+  }
+  REQUIRE(done["served"].size() == 2);
+  for (const FinishedSample& s : done["served"]) {
+    CHECK(streamed[s.sample_index] == s.output);
+  }
+}
+
+TEST_CASE("Abort ends one sample or a whole request, siblings still run") {
+  ToyModel model(kVocab);
+  Engine engine(Options(), &model, nullptr, 0);
+  SamplingParams params = Greedy(50);
+  params.n = 3;
+  REQUIRE(engine.Add("r", Prompt(4, 8), params).ok());
+  REQUIRE(engine.Add("other", Prompt(5, 8), Greedy(4)).ok());
+  // Abort the leader before it prefilled: its waiting siblings prefill
+  // themselves instead of waiting forever for its cache.
+  CHECK(engine.Abort("r", 0) == 1);
+  CHECK(engine.Abort("missing") == 0);
+  for (int i = 0; i < 3; ++i) REQUIRE(engine.Step().ok());
+  CHECK(engine.Abort("r", 1) == 1);
+  auto done = RunToEnd(&engine);
+  REQUIRE(done["r"].size() == 3);
+  std::map<int32_t, const FinishedSample*> by_index;
+  for (const FinishedSample& s : done["r"]) by_index[s.sample_index] = &s;
+  CHECK(by_index[0]->finish_reason == FinishReason::kAborted);
+  CHECK(by_index[0]->output.empty());
+  CHECK(by_index[1]->finish_reason == FinishReason::kAborted);
+  CHECK(by_index[1]->output.size() < 50);
+  CHECK(by_index[2]->finish_reason == FinishReason::kLength);
+  CHECK(by_index[2]->output.size() == 50);
+  CHECK(done["other"].size() == 1);
+  CHECK(engine.Snapshot().kv_blocks_used == 0);
+}
+
 TEST_CASE("stop tokens end a sample with reason stop") {
   ToyModel model(kVocab);
   EngineOptions options = Options();

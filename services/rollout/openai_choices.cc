@@ -1,0 +1,152 @@
+#include "services/rollout/openai_choices.h"
+
+#include <algorithm>
+
+#include "common/tokenizer/tokenizer.h"
+#include "common/tokenizer/utf8.h"
+
+namespace tandem::rollout::openai {
+namespace {
+
+// Length of the longest prefix of `s` that does not end inside a UTF-8
+// sequence.
+size_t CompleteUtf8Prefix(const std::string& s, size_t n) {
+  for (size_t back = 1; back <= 4 && back <= n; ++back) {
+    const unsigned char c = static_cast<unsigned char>(s[n - back]);
+    if ((c & 0xC0) == 0x80) continue;  // continuation byte
+    size_t need = 1;
+    if ((c & 0xE0) == 0xC0) {
+      need = 2;
+    } else if ((c & 0xF0) == 0xE0) {
+      need = 3;
+    } else if ((c & 0xF8) == 0xF0) {
+      need = 4;
+    }
+    return back < need ? n - back : n;
+  }
+  return n;
+}
+
+template <typename T>
+std::vector<T> From(const std::vector<T>& v, size_t start) {
+  return std::vector<T>(v.begin() + static_cast<long>(start), v.end());
+}
+
+}  // namespace
+
+const char* FinishReasonText(engine::FinishReason reason) {
+  switch (reason) {
+    case engine::FinishReason::kStop:
+      return "stop";
+    case engine::FinishReason::kLength:
+      return "length";
+    default:
+      return "abort";
+  }
+}
+
+ChoiceAssembler::ChoiceAssembler(const tokenizer::Tokenizer* tokenizer,
+                                 int32_t n, std::vector<std::string> stop)
+    : tokenizer_(tokenizer), stop_(std::move(stop)), choices_(n) {
+  for (const std::string& s : stop_) {
+    max_stop_bytes_ = std::max(max_stop_bytes_, s.size());
+  }
+  for (int32_t i = 0; i < n; ++i) choices_[i].result.index = i;
+}
+
+bool ChoiceAssembler::Absorb(int32_t index,
+                             const std::vector<ServedToken>& tokens) {
+  Choice& c = choices_[index];
+  for (const ServedToken& t : tokens) {
+    if (c.done) return false;
+    c.result.token_ids.push_back(t.token);
+    c.result.logprobs.push_back(t.logprob);
+    c.result.policy_versions.push_back(t.policy_version);
+    c.result.token_strings.push_back(
+        tokenizer_->TokenString(t.token).value_or(std::string()));
+    const size_t before = c.bytes.size();
+    if (!tokenizer_->IsSpecial(t.token)) {
+      c.bytes += tokenizer_->TokenBytes(t.token);
+    }
+    if (max_stop_bytes_ == 0) continue;
+    // A new match ends in the new bytes, so starts at most
+    // max_stop_bytes_ - 1 bytes before them.
+    const size_t from =
+        before >= max_stop_bytes_ ? before - max_stop_bytes_ + 1 : 0;
+    size_t cut = std::string::npos;
+    for (const std::string& s : stop_) {
+      const size_t at = c.bytes.find(s, from);
+      if (at != std::string::npos) cut = std::min(cut, at);
+    }
+    if (cut != std::string::npos) {
+      c.bytes.resize(cut);
+      c.done = true;
+      c.result.finish_reason = "stop";
+      return true;
+    }
+  }
+  return false;
+}
+
+void ChoiceAssembler::Finish(int32_t index, engine::FinishReason reason) {
+  Choice& c = choices_[index];
+  if (c.done || reason == engine::FinishReason::kNone) return;
+  c.done = true;
+  c.result.finish_reason = FinishReasonText(reason);
+}
+
+bool ChoiceAssembler::all_done() const {
+  return std::all_of(choices_.begin(), choices_.end(),
+                     [](const Choice& c) { return c.done; });
+}
+
+int64_t ChoiceAssembler::completion_tokens() const {
+  int64_t n = 0;
+  for (const Choice& c : choices_) {
+    n += static_cast<int64_t>(c.result.token_ids.size());
+  }
+  return n;
+}
+
+std::optional<ChoiceResult> ChoiceAssembler::TakeDelta(int32_t index,
+                                                       bool* first) {
+  Choice& c = choices_[index];
+  size_t safe = c.bytes.size();
+  if (!c.done) {
+    const size_t hold = max_stop_bytes_ > 0 ? max_stop_bytes_ - 1 : 0;
+    safe = safe > hold ? safe - hold : 0;
+    safe = std::max(CompleteUtf8Prefix(c.bytes, std::max(safe, c.sent_bytes)),
+                    c.sent_bytes);
+  }
+  const bool new_tokens = c.result.token_ids.size() > c.sent_tokens;
+  const bool finishing = c.done && !c.sent_final;
+  if (!new_tokens && safe == c.sent_bytes && !finishing) return std::nullopt;
+  ChoiceResult delta;
+  delta.index = c.result.index;
+  delta.text = tokenizer::ToValidUtf8(
+      absl::string_view(c.bytes).substr(c.sent_bytes, safe - c.sent_bytes));
+  delta.token_ids = From(c.result.token_ids, c.sent_tokens);
+  delta.logprobs = From(c.result.logprobs, c.sent_tokens);
+  delta.policy_versions = From(c.result.policy_versions, c.sent_tokens);
+  delta.token_strings = From(c.result.token_strings, c.sent_tokens);
+  if (c.done) {
+    delta.finish_reason = c.result.finish_reason;
+    c.sent_final = true;
+  }
+  *first = !c.sent_any;
+  c.sent_any = true;
+  c.sent_tokens = c.result.token_ids.size();
+  c.sent_bytes = safe;
+  return delta;
+}
+
+std::vector<ChoiceResult> ChoiceAssembler::Results() const {
+  std::vector<ChoiceResult> out;
+  for (const Choice& c : choices_) {
+    out.push_back(c.result);
+    out.back().text = tokenizer::ToValidUtf8(c.bytes);
+  }
+  return out;
+}
+
+}  // namespace tandem::rollout::openai

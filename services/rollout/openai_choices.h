@@ -1,0 +1,72 @@
+#pragma once
+
+// ChoiceAssembler turns the tokens a served request's samples receive into
+// OpenAI choices: token ids, behaviour log-probs and policy versions, the
+// decoded text (special tokens skipped), stop strings (the text ends before
+// the first match; the sample is to be cancelled), and, for streams, the
+// deltas not yet sent. Text is held back in a stream while it could be the
+// start of a stop string or ends inside a UTF-8 character, so the
+// concatenated deltas equal the non-streaming text.
+//
+// Not thread-safe: the HTTP session that owns it uses it from its one
+// thread.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/sequence.h"
+#include "services/rollout/openai_protocol.h"
+#include "services/rollout/serving_queue.h"
+
+namespace tandem::tokenizer {
+class Tokenizer;
+}  // namespace tandem::tokenizer
+
+namespace tandem::rollout::openai {
+
+class ChoiceAssembler {
+ public:
+  // `tokenizer` must outlive the assembler.
+  ChoiceAssembler(const tokenizer::Tokenizer* tokenizer, int32_t n,
+                  std::vector<std::string> stop);
+
+  // Appends sampled tokens to choice `index`. Returns true when a stop
+  // string ended it now (the caller cancels that sample in the engine);
+  // tokens after that are ignored.
+  bool Absorb(int32_t index, const std::vector<ServedToken>& tokens);
+  // The engine finished sample `index` (ignored once a stop string did).
+  void Finish(int32_t index, engine::FinishReason reason);
+
+  bool all_done() const;
+  int64_t completion_tokens() const;
+
+  // What choice `index` has that no earlier delta carried, or nullopt when
+  // nothing (the last delta of a choice carries its finish_reason).
+  // `first` is set on a choice's first delta.
+  std::optional<ChoiceResult> TakeDelta(int32_t index, bool* first);
+  // Every choice, whole (for a non-streaming response).
+  std::vector<ChoiceResult> Results() const;
+
+ private:
+  struct Choice {
+    ChoiceResult result;
+    std::string bytes;  // decoded so far (may end inside a character)
+    size_t sent_tokens = 0;
+    size_t sent_bytes = 0;
+    bool sent_any = false;
+    bool sent_final = false;
+    bool done = false;
+  };
+
+  const tokenizer::Tokenizer* const tokenizer_;
+  const std::vector<std::string> stop_;
+  size_t max_stop_bytes_ = 0;
+  std::vector<Choice> choices_;
+};
+
+// "stop", "length" or "abort".
+const char* FinishReasonText(engine::FinishReason reason);
+
+}  // namespace tandem::rollout::openai

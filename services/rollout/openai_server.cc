@@ -1,0 +1,661 @@
+#include "services/rollout/openai_server.h"
+
+#include <algorithm>
+#include <array>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
+#include <deque>
+#include <exception>
+#include <optional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/base/logging.h"
+#include "common/tokenizer/tokenizer.h"
+#include "services/rollout/openai_choices.h"
+
+namespace tandem::rollout {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using openai::ApiError;
+using openai::Json;
+
+auto Log() { return ComponentLogger("openai"); }
+
+constexpr std::chrono::seconds kHeaderTimeout(60);
+constexpr std::chrono::seconds kWriteTimeout(30);
+constexpr std::chrono::seconds kLingerTimeout(5);
+
+int HttpStatusOf(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+      return 400;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kCancelled:
+      return 503;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 504;
+    default:
+      return 500;
+  }
+}
+
+}  // namespace
+
+namespace {
+
+class Session;
+
+// Posts callbacks into the server's io_context from other threads, until
+// the server detaches it (a callback after that is dropped).
+class Poster {
+ public:
+  explicit Poster(asio::io_context* io) : io_(io) {}
+  void Post(std::function<void()> f) {
+    absl::MutexLock lock(&mu_);
+    if (io_ != nullptr) asio::post(*io_, std::move(f));
+  }
+  void Detach() {
+    absl::MutexLock lock(&mu_);
+    io_ = nullptr;
+  }
+
+ private:
+  absl::Mutex mu_;
+  asio::io_context* io_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+// State shared by the listener and its sessions; io thread only, except
+// the immutable parts.
+class OpenAIServer::Impl {
+ public:
+  Impl(OpenAIServerOptions options, const tokenizer::Tokenizer* tokenizer,
+       std::shared_ptr<const chat::LoadedChatTemplates> templates,
+       std::string no_chat_reason, ServingQueue* queue,
+       std::function<uint64_t()> policy_version)
+      : options(std::move(options)),
+        tokenizer(tokenizer),
+        templates(std::move(templates)),
+        no_chat_reason(std::move(no_chat_reason)),
+        queue(queue),
+        policy_version(std::move(policy_version)),
+        io(std::make_unique<asio::io_context>()),
+        poster(std::make_shared<Poster>(io.get())),
+        acceptor(std::make_unique<tcp::acceptor>(*io)),
+        created(absl::ToUnixSeconds(absl::Now())) {}
+
+  // Stops the thread, then destroys the pending handlers (and with them
+  // every session, which cancels its request) while this object is whole.
+  ~Impl() {
+    io->stop();
+    if (thread.joinable()) thread.join();
+    poster->Detach();
+    acceptor.reset();
+    io.reset();
+  }
+
+  void Start(const std::string& host, const std::string& port) {
+    tcp::resolver resolver(*io);
+    const auto endpoints = resolver.resolve(host, port, tcp::resolver::passive);
+    const tcp::endpoint endpoint = endpoints.begin()->endpoint();
+    acceptor->open(endpoint.protocol());
+    acceptor->set_option(tcp::acceptor::reuse_address(true));
+    acceptor->bind(endpoint);
+    acceptor->listen(asio::socket_base::max_listen_connections);
+    Accept();
+    thread = std::thread([this] { io->run(); });
+  }
+
+  void Accept();
+
+  const OpenAIServerOptions options;
+  const tokenizer::Tokenizer* const tokenizer;
+  const std::shared_ptr<const chat::LoadedChatTemplates> templates;
+  const std::string no_chat_reason;
+  ServingQueue* const queue;
+  const std::function<uint64_t()> policy_version;
+  std::unique_ptr<asio::io_context> io;
+  // The engine thread's way into `io`; it may outlive the server.
+  std::shared_ptr<Poster> poster;
+  std::unique_ptr<tcp::acceptor> acceptor;
+  const int64_t created;
+  int32_t open_sessions = 0;  // io thread
+  uint64_t next_request = 1;  // io thread
+  std::thread thread;
+};
+
+namespace {
+
+// One HTTP/1.1 connection: reads a request, answers it (possibly after a
+// generation, possibly as a stream), and reads the next until the peer
+// closes. Owned by its pending handlers; io thread only.
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, OpenAIServer::Impl* server)
+      : stream_(std::move(socket)), server_(server), timer_(*server->io) {
+    ++server_->open_sessions;
+  }
+  ~Session() {
+    if (request_) server_->queue->Cancel(request_->request_id());
+    --server_->open_sessions;
+  }
+
+  void Read() {
+    parser_.emplace();
+    parser_->body_limit(server_->options.max_body_bytes);
+    stream_.expires_after(kHeaderTimeout);
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = shared_from_this()](beast::error_code e, size_t) {
+                       self->OnRead(e);
+                     });
+  }
+
+  // Answers 503 and closes: the connection cap is reached.
+  void Refuse() {
+    keep_alive_ = false;
+    WriteError(503,
+               {.http_status = 503,
+                .message = absl::StrCat("too many connections (the limit is ",
+                                        server_->options.max_connections, ")"),
+                .type = "server_error"});
+  }
+
+ private:
+  void OnRead(beast::error_code error) {
+    if (error == http::error::body_limit) {
+      keep_alive_ = false;
+      WriteError(413, {.http_status = 413,
+                       .message = absl::StrCat("the request body exceeds ",
+                                               server_->options.max_body_bytes,
+                                               " bytes")});
+      return;
+    }
+    if (error) return;  // closed, timed out, or malformed: drop
+    const auto& req = parser_->get();
+    keep_alive_ = req.keep_alive();
+    const std::string_view target(req.target().data(), req.target().size());
+    const std::string_view path = target.substr(0, target.find('?'));
+    if (path == "/v1/models" || path == "/models") {
+      if (req.method() != http::verb::get) return MethodNotAllowed("GET");
+      WriteJson(200,
+                openai::ModelList(server_->options.model_id, server_->created,
+                                  server_->policy_version(),
+                                  server_->options.context_tokens));
+      return;
+    }
+    openai::Endpoint endpoint;
+    if (path == "/v1/completions") {
+      endpoint = openai::Endpoint::kCompletions;
+    } else if (path == "/v1/chat/completions") {
+      endpoint = openai::Endpoint::kChatCompletions;
+    } else {
+      WriteError(404, {.http_status = 404,
+                       .message = absl::StrCat(
+                           "no route ", std::string(path),
+                           "; this server has /v1/models, /v1/completions "
+                           "and /v1/chat/completions")});
+      return;
+    }
+    if (req.method() != http::verb::post) return MethodNotAllowed("POST");
+    ApiError api_error;
+    std::optional<openai::CompletionRequest> parsed =
+        openai::ParseCompletionRequest(endpoint, req.body(),
+                                       server_->options.limits, &api_error);
+    if (!parsed) return WriteError(api_error.http_status, api_error);
+    Start(std::move(*parsed));
+  }
+
+  void MethodNotAllowed(const char* allowed) {
+    WriteError(405, {.http_status = 405,
+                     .message = absl::StrCat("use ", allowed, " here")});
+  }
+
+  // Tokenizes, checks the context, and submits to the engine.
+  void Start(openai::CompletionRequest request) {
+    const OpenAIServerOptions& o = server_->options;
+    std::vector<int32_t> prompt;
+    if (request.endpoint == openai::Endpoint::kChatCompletions) {
+      if (!server_->templates) {
+        return WriteError(
+            400, {.message = server_->no_chat_reason, .param = "messages"});
+      }
+      absl::StatusOr<const chat::ChatTemplate*> tmpl =
+          server_->templates->Get();
+      if (!tmpl.ok()) {
+        return WriteError(400, {.message = std::string(tmpl.status().message()),
+                                .param = "messages"});
+      }
+      chat::ChatTemplateInputs inputs;
+      inputs.messages = request.messages;
+      inputs.tools = request.tools;
+      inputs.add_generation_prompt = request.add_generation_prompt;
+      inputs.extra = request.chat_template_kwargs;
+      absl::StatusOr<std::string> text = chat::ApplyChatTemplate(
+          **tmpl, inputs, server_->templates->special_tokens);
+      if (!text.ok()) {
+        return WriteError(
+            400, {.message = absl::StrCat("the chat template failed on these "
+                                          "messages: ",
+                                          text.status().message()),
+                  .param = "messages"});
+      }
+      prompt = server_->tokenizer->Encode(*text, /*parse_special=*/true);
+    } else if (request.prompt_is_ids) {
+      prompt = request.prompt_ids;
+      for (size_t i = 0; i < prompt.size(); ++i) {
+        if (prompt[i] >= o.vocab_size) {
+          return WriteError(
+              400, {.message = absl::StrCat("prompt[", i, "] = ", prompt[i],
+                                            " is not a token id of this model "
+                                            "(vocabulary of ",
+                                            o.vocab_size, ")"),
+                    .param = "prompt"});
+        }
+      }
+    } else {
+      prompt = server_->tokenizer->Encode(request.prompt_text,
+                                          /*parse_special=*/true);
+    }
+    const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+    if (prompt_len == 0) {
+      return WriteError(400, {.message = "the prompt encodes to no tokens",
+                              .param = "prompt"});
+    }
+    if (prompt_len >= o.context_tokens) {
+      return WriteError(
+          400, {.message = absl::StrCat("the prompt is ", prompt_len,
+                                        " tokens; this model's context is ",
+                                        o.context_tokens,
+                                        " tokens, which leaves no room for "
+                                        "a completion"),
+                .param = "prompt",
+                .code = "context_length_exceeded"});
+    }
+    // Completions default to openai.default_max_tokens (OpenAI's 16); chat
+    // to whatever the context leaves, as OpenAI's chat does.
+    int64_t max_tokens =
+        request.endpoint == openai::Endpoint::kChatCompletions
+            ? o.context_tokens - prompt_len
+            : std::min(o.default_max_tokens, o.context_tokens - prompt_len);
+    if (request.max_tokens) {
+      if (prompt_len + *request.max_tokens > o.context_tokens) {
+        return WriteError(
+            400, {.message = absl::StrCat(
+                      "the prompt (", prompt_len, " tokens) plus max_tokens (",
+                      *request.max_tokens, ") exceeds this model's context of ",
+                      o.context_tokens, " tokens"),
+                  .param = "max_tokens",
+                  .code = "context_length_exceeded"});
+      }
+      max_tokens = *request.max_tokens;
+    }
+    engine::SamplingParams params;
+    params.temperature = static_cast<float>(request.temperature);
+    params.top_p = static_cast<float>(request.top_p);
+    params.top_k = request.top_k;
+    params.max_tokens = static_cast<int32_t>(max_tokens);
+    params.stop_token_ids = request.stop_token_ids;
+    // The engine takes seed 0 as "draw one"; any given seed is fixed.
+    if (request.seed) {
+      params.seed = *request.seed == 0 ? 0x9E3779B97F4A7C15ull : *request.seed;
+    }
+    params.n = request.n;
+    params.report_tokens = true;
+
+    const bool chat = request.endpoint == openai::Endpoint::kChatCompletions;
+    const uint64_t number = server_->next_request++;
+    header_.id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", number);
+    header_.created = absl::ToUnixSeconds(absl::Now());
+    header_.model = server_->options.model_id;
+    // A connection's previous request leaves nothing behind.
+    outbox_.clear();
+    stream_done_ = false;
+    choices_.emplace(server_->tokenizer, request.n, request.stop);
+    prompt_ = prompt;
+    api_request_ = std::move(request);
+
+    std::weak_ptr<Session> weak = weak_from_this();
+    std::shared_ptr<Poster> poster = server_->poster;
+    request_ = std::make_shared<ServedRequest>(absl::StrCat("oai-", number),
+                                               std::move(prompt), params,
+                                               [weak, poster] {
+                                                 poster->Post([weak] {
+                                                   if (auto self = weak.lock())
+                                                     self->OnProgress();
+                                                 });
+                                               });
+    if (absl::Status s = server_->queue->Submit(request_); !s.ok()) {
+      request_.reset();
+      return WriteError(503, {.http_status = 503,
+                              .message = std::string(s.message()),
+                              .type = "server_error"});
+    }
+    timer_.expires_after(std::chrono::milliseconds(
+        absl::ToInt64Milliseconds(server_->options.request_timeout)));
+    timer_.async_wait([self = shared_from_this()](beast::error_code e) {
+      if (!e) self->OnTimeout();
+    });
+    WatchForClose();
+    if (api_request_.stream) StartStream();
+  }
+
+  // Learns that the peer closed while it waits for the engine: the socket
+  // turns readable and a peek reads nothing.
+  void WatchForClose() {
+    stream_.socket().async_wait(
+        tcp::socket::wait_read,
+        [self = shared_from_this(), request = request_](beast::error_code e) {
+          if (request != self->request_) return;  // a finished request
+          char c;
+          beast::error_code peek_error;
+          const size_t n = self->stream_.socket().receive(
+              asio::buffer(&c, 1), tcp::socket::message_peek, peek_error);
+          if (e || peek_error || n == 0) {
+            Log()->info("client closed {} mid-generation; cancelled",
+                        self->header_.id);
+            self->Abandon();
+          }
+        });
+  }
+
+  void OnTimeout() {
+    if (!request_) return;
+    const std::string message =
+        absl::StrCat("the generation did not finish within ",
+                     absl::FormatDuration(server_->options.request_timeout),
+                     " (openai.request_timeout_s)");
+    server_->queue->Cancel(request_->request_id());
+    request_.reset();
+    keep_alive_ = false;
+    if (api_request_.stream) {
+      QueueChunk(absl::StrCat(
+          "data: ",
+          openai::Dump(openai::ErrorBody(
+              {.http_status = 504, .message = message, .type = "timeout"})),
+          "\n\n"));
+      EndStream();
+    } else {
+      WriteError(504,
+                 {.http_status = 504, .message = message, .type = "timeout"});
+    }
+  }
+
+  // The client went away: cancel, and let the handlers release the session.
+  void Abandon() {
+    if (request_) server_->queue->Cancel(request_->request_id());
+    request_.reset();
+    timer_.cancel();
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.socket().close(ignored);
+  }
+
+  void OnProgress() {
+    if (!request_) return;
+    ServedRequest::Progress p = request_->Take();
+    if (!p.error.ok()) {
+      const absl::Status error = p.error;
+      request_.reset();
+      timer_.cancel();
+      if (api_request_.stream) {
+        QueueChunk(absl::StrCat("data: ",
+                                openai::Dump(openai::ErrorBody(
+                                    {.http_status = HttpStatusOf(error),
+                                     .message = std::string(error.message()),
+                                     .type = "server_error"})),
+                                "\n\n"));
+        keep_alive_ = false;
+        EndStream();
+      } else {
+        const int status = HttpStatusOf(error);
+        WriteError(status, {.http_status = status,
+                            .message = std::string(error.message()),
+                            .type = status == 400 ? "invalid_request_error"
+                                                  : "server_error"});
+      }
+      return;
+    }
+    std::string events;
+    for (size_t i = 0; i < p.tokens.size(); ++i) {
+      const int32_t index = static_cast<int32_t>(i);
+      if (choices_->Absorb(index, p.tokens[i])) {
+        server_->queue->Cancel(request_->request_id(), index);  // stop string
+      }
+      choices_->Finish(index, p.finished[i]);
+      if (!api_request_.stream) continue;
+      bool first = false;
+      if (std::optional<openai::ChoiceResult> delta =
+              choices_->TakeDelta(index, &first)) {
+        absl::StrAppend(&events, "data: ",
+                        openai::Dump(openai::StreamChunk(
+                            api_request_, header_, prompt_, *delta, first)),
+                        "\n\n");
+      }
+    }
+    if (api_request_.stream && !events.empty()) QueueChunk(std::move(events));
+    if (!choices_->all_done()) return;
+    request_.reset();
+    timer_.cancel();
+    if (api_request_.stream) {
+      std::string tail;
+      if (api_request_.include_usage) {
+        const int64_t completion = choices_->completion_tokens();
+        tail =
+            absl::StrCat("data: ",
+                         openai::Dump(openai::UsageChunk(
+                             api_request_, header_,
+                             static_cast<int64_t>(prompt_.size()), completion)),
+                         "\n\n");
+      }
+      QueueChunk(tail + "data: [DONE]\n\n");
+      EndStream();
+      return;
+    }
+    WriteJson(200, openai::CompletionResponse(api_request_, header_, prompt_,
+                                              choices_->Results()));
+  }
+
+  // ---- Streaming: chunked transfer encoding, one write at a time. ----
+
+  void StartStream() {
+    stream_header_ = std::make_shared<http::response<http::empty_body>>(
+        http::status::ok, 11);
+    stream_header_->set(http::field::server, "tandem");
+    stream_header_->set(http::field::content_type, "text/event-stream");
+    stream_header_->set(http::field::cache_control, "no-cache");
+    stream_header_->keep_alive(keep_alive_);
+    stream_header_->chunked(true);
+    auto serializer =
+        std::make_shared<http::response_serializer<http::empty_body>>(
+            *stream_header_);
+    writing_ = true;
+    stream_.expires_after(kWriteTimeout);
+    http::async_write_header(
+        stream_, *serializer,
+        [self = shared_from_this(), serializer](beast::error_code e, size_t) {
+          self->OnStreamWrite(e);
+        });
+  }
+
+  void QueueChunk(std::string data) {
+    outbox_.push_back(std::move(data));
+    if (!writing_) FlushStream();
+  }
+
+  void EndStream() {
+    stream_done_ = true;
+    if (!writing_) FlushStream();
+  }
+
+  void FlushStream() {
+    if (outbox_.empty()) {
+      if (!stream_done_) return;
+      stream_done_ = false;
+      writing_ = true;
+      stream_.expires_after(kWriteTimeout);
+      asio::async_write(
+          stream_, http::make_chunk_last(),
+          [self = shared_from_this()](beast::error_code e, size_t) {
+            self->writing_ = false;
+            if (e || !self->keep_alive_) return self->Close();
+            self->Read();
+          });
+      return;
+    }
+    auto data = std::make_shared<std::string>(std::move(outbox_.front()));
+    outbox_.pop_front();
+    writing_ = true;
+    stream_.expires_after(kWriteTimeout);
+    asio::async_write(
+        stream_, http::make_chunk(asio::buffer(*data)),
+        [self = shared_from_this(), data](beast::error_code e, size_t) {
+          self->OnStreamWrite(e);
+        });
+  }
+
+  void OnStreamWrite(beast::error_code error) {
+    writing_ = false;
+    if (error) {
+      // The client is gone mid-stream: stop its sequences.
+      if (request_) {
+        Log()->info("client closed {} mid-stream; cancelled", header_.id);
+      }
+      Abandon();
+      return;
+    }
+    stream_.expires_never();
+    FlushStream();
+  }
+
+  // ---- Plain responses. ----
+
+  void WriteError(int status, const ApiError& error) {
+    WriteJson(status, openai::ErrorBody(error));
+  }
+
+  void WriteJson(int status, const Json& body) {
+    auto response = std::make_shared<http::response<http::string_body>>(
+        static_cast<http::status>(status), 11);
+    response->set(http::field::server, "tandem");
+    response->set(http::field::content_type, "application/json");
+    response->keep_alive(keep_alive_);
+    response->body() = openai::Dump(body);
+    response->prepare_payload();
+    stream_.expires_after(kWriteTimeout);
+    http::async_write(
+        stream_, *response,
+        [self = shared_from_this(), response](beast::error_code e, size_t) {
+          if (e || !response->keep_alive()) return self->Close();
+          self->Read();
+        });
+  }
+
+  // Ends the response side, then reads and discards what the client still
+  // sends (an oversized body, say) until it closes, for at most
+  // kLingerTimeout: closing with unread input would reset the connection
+  // and the client could lose the response it has not read yet.
+  void Close() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    stream_.expires_after(kLingerTimeout);
+    Discard();
+  }
+
+  void Discard() {
+    auto sink = std::make_shared<std::array<char, 16384>>();
+    stream_.async_read_some(
+        asio::buffer(*sink),
+        [self = shared_from_this(), sink](beast::error_code e, size_t) {
+          if (!e) self->Discard();
+        });
+  }
+
+  beast::tcp_stream stream_;
+  OpenAIServer::Impl* const server_;
+  asio::steady_timer timer_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  bool keep_alive_ = true;
+  // The request being generated (null between requests).
+  std::shared_ptr<ServedRequest> request_;
+  openai::CompletionRequest api_request_;
+  openai::ResponseHeader header_;
+  std::vector<int32_t> prompt_;
+  std::optional<openai::ChoiceAssembler> choices_;
+  std::shared_ptr<http::response<http::empty_body>> stream_header_;
+  std::deque<std::string> outbox_;
+  bool writing_ = false;
+  bool stream_done_ = false;
+};
+
+}  // namespace
+
+void OpenAIServer::Impl::Accept() {
+  acceptor->async_accept([this](beast::error_code error, tcp::socket socket) {
+    if (error == asio::error::operation_aborted) return;
+    if (error) {
+      // Out of descriptors or similar: try again shortly, never spin.
+      auto timer = std::make_shared<asio::steady_timer>(*io);
+      timer->expires_after(std::chrono::milliseconds(100));
+      timer->async_wait([this, timer](beast::error_code) { Accept(); });
+      return;
+    }
+    auto session = std::make_shared<Session>(std::move(socket), this);
+    if (open_sessions > options.max_connections) {
+      session->Refuse();
+    } else {
+      session->Read();
+    }
+    Accept();
+  });
+}
+
+absl::StatusOr<std::unique_ptr<OpenAIServer>> OpenAIServer::Create(
+    OpenAIServerOptions options, const tokenizer::Tokenizer* tokenizer,
+    std::shared_ptr<const chat::LoadedChatTemplates> templates,
+    std::string no_chat_reason, ServingQueue* queue,
+    std::function<uint64_t()> policy_version) {
+  const std::string address = options.listen;
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("openai.listen must be host:port, got '", address, "'"));
+  }
+  std::string host = address.substr(0, colon);
+  const std::string port = address.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host.empty()) host = "0.0.0.0";
+  std::unique_ptr<OpenAIServer> server(new OpenAIServer());
+  server->impl_ = std::make_unique<Impl>(
+      std::move(options), tokenizer, std::move(templates),
+      std::move(no_chat_reason), queue, std::move(policy_version));
+  try {
+    server->impl_->Start(host, port);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot serve the OpenAI endpoint on ", address, ": ", e.what()));
+  }
+  server->bound_address_ =
+      absl::StrCat(address.substr(0, colon), ":",
+                   server->impl_->acceptor->local_endpoint().port());
+  return server;
+}
+
+OpenAIServer::~OpenAIServer() = default;
+
+}  // namespace tandem::rollout

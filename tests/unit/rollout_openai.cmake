@@ -1,0 +1,11 @@
+# The OpenAI endpoint's request parsing and validation (no I/O): malformed
+# JSON, wrong types, out-of-range values, stop lists, refused fields.
+tandem_add_test(rollout_openai_protocol_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/rollout_openai_protocol_test.cc
+  LIBS tandem_rollout_openai)
+
+# ServingQueue: served requests through a real Engine (toy model) beside
+# rollout requests; tokens, versions, cancellation, refusal, shutdown.
+tandem_add_test(rollout_serving_queue_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/rollout_serving_queue_test.cc
+  LIBS tandem_rollout_openai)
