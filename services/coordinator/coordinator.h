@@ -131,6 +131,7 @@ class Coordinator : public tandem::v1::Coordinator::CallbackService {
     tandem::v1::PullTrainingBatchResponse* response;
     absl::Time deadline;
     uint32_t dropped = 0;
+    absl::Time parked_at;  // for tandem_coordinator_trainer_wait_seconds_total
   };
 
   explicit Coordinator(const CoordinatorConfig& config);

@@ -67,8 +67,8 @@ grpc::ServerUnaryReactor* Coordinator::PullTrainingBatch(
         // Answer (empty) before the caller's own deadline runs out.
         const absl::Time deadline = std::min(
             absl::Now() + wait, caller_deadline - absl::Milliseconds(50));
-        parked_pulls_.push_back(
-            ParkedPull{reactor, request, response, deadline, dropped});
+        parked_pulls_.push_back(ParkedPull{reactor, request, response,
+                                           deadline, dropped, absl::Now()});
       });
   return reactor;
 }
@@ -90,6 +90,7 @@ void Coordinator::ServeParkedPulls(bool finish_all) {
   std::erase_if(parked_pulls_, [&](ParkedPull& pull) {
     const bool served = TryPull(*pull.request, pull.response, &pull.dropped);
     if (!served && !finish_all && now < pull.deadline) return false;
+    metrics_.AddTrainerWait(now - pull.parked_at);
     pull.response->set_dropped_stale_groups(pull.dropped);
     pull.reactor->Finish(grpc::Status::OK);
     return true;

@@ -1,5 +1,7 @@
 #include "services/coordinator/coordinator_metrics.h"
 
+#include <algorithm>
+
 #include "services/coordinator/member_registry.h"
 
 namespace tandem::coordinator {
@@ -146,6 +148,15 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
                      "latest version when it leased prompts.")
                .Register(registry)
                .Add({}, StalenessBuckets())),
+      trainer_wait_(
+          &prometheus::BuildCounter()
+               .Name("tandem_coordinator_trainer_wait_seconds_total")
+               .Help("Seconds PullTrainingBatch calls spent parked waiting "
+                     "for ready groups: its rate is the fraction of time the "
+                     "trainer starves for rollouts (the rollout autoscaling "
+                     "signal, deploy/k8s/components/autoscaling).")
+               .Register(registry)
+               .Add({})),
       cluster_watchers_(&prometheus::BuildGauge()
                              .Name("tandem_coordinator_cluster_watchers")
                              .Help("Open WatchCluster streams (members and "
@@ -247,6 +258,10 @@ void CoordinatorMetrics::Update(const LedgerStats& ledger,
   }
   last_ledger_ = ledger;
   last_scoring_ = scoring;
+}
+
+void CoordinatorMetrics::AddTrainerWait(absl::Duration parked) {
+  trainer_wait_->Increment(std::max(0.0, absl::ToDoubleSeconds(parked)));
 }
 
 void CoordinatorMetrics::ObserveTrainedStaleness(uint64_t versions) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -50,6 +51,9 @@ class CoordinatorMetrics {
   // Versions a worker lagged behind the latest version when it was leased
   // prompts.
   void ObserveDispatchStaleness(uint64_t versions);
+  // Time one PullTrainingBatch call spent parked, waiting for ready groups:
+  // the trainer starving for rollouts.
+  void AddTrainerWait(absl::Duration parked);
 
  private:
   prometheus::Family<prometheus::Gauge>& members_;
@@ -86,6 +90,7 @@ class CoordinatorMetrics {
   prometheus::Counter* journal_sync_seconds_;
   prometheus::Histogram* trained_staleness_;
   prometheus::Histogram* dispatch_staleness_;
+  prometheus::Counter* trainer_wait_;
   prometheus::Gauge* cluster_watchers_;
   prometheus::Counter* weight_group_syncs_;
   prometheus::Family<prometheus::Counter>& submit_refusals_;

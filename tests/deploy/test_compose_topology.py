@@ -431,6 +431,23 @@ class ComposeTopologyTest(unittest.TestCase):
         for g in data["groups"]:
             for r in g["rules"]:
                 self.assertEqual(r["health"], "ok", r["name"])
+        # Each prometheus-adapter rule's query (what the adapter sends for
+        # an HPA's metric, its templates filled for this namespace) selects
+        # series of the scraped pods.
+        with open(os.path.join(common.REPO, "deploy", "k8s", "components",
+                               "autoscaling",
+                               "prometheus-adapter-rules.yaml")) as f:
+            adapter = yaml.safe_load(yaml.safe_load(f)["data"]["config.yaml"])
+        for rule in adapter["rules"]:
+            series = rule["seriesQuery"].strip("'").split("{")[0]
+            query = (rule["metricsQuery"].replace("<<.Series>>", series)
+                     .replace("<<.LabelMatchers>>", 'namespace="tandem"')
+                     .replace("<<.GroupBy>>", "pod"))
+            result = harness.wait_for(
+                lambda: self.k8s_prometheus.query(query), 60,
+                f"prometheus-adapter query {query}", interval=1)
+            self.assertTrue(all(s["metric"].get("pod") for s in result),
+                            result)
 
     def test_3_rules_load_and_evaluate(self):
         with open(os.path.join(common.PROM_DIR, "rules",

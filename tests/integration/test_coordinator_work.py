@@ -425,12 +425,24 @@ scoring:
                                      member_id=trainer.member_id,
                                      batch_id=batch_id, policy_version=2))
             # Nothing else is waiting: each prompt was trained exactly once.
+            metrics_address = self.wait_ready("coordinator")[
+                "metrics_address"]
+            waited_before = harness.metric_sum(
+                harness.scrape_metrics(metrics_address),
+                "tandem_coordinator_trainer_wait_seconds_total")
             empty = self.client.call("PullTrainingBatch",
                                      pb.PullTrainingBatchRequest(
                                          member_id=trainer.member_id,
                                          trainer_policy_version=1,
                                          wait_ms=300))
             self.assertEqual(len(empty.groups), 0)
+            # The pull was parked the whole 300 ms: the trainer starved
+            # (the rollout autoscaling signal).
+            waited = harness.metric_sum(
+                harness.scrape_metrics(metrics_address),
+                "tandem_coordinator_trainer_wait_seconds_total") - waited_before
+            self.assertGreaterEqual(waited, 0.25)
+            self.assertLess(waited, 5.0)
             status = self.status()
             self.assertEqual(status.counters.groups_trained, 3 + 4)
             self.assertGreaterEqual(status.counters.members_expired, 1)
