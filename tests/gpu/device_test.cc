@@ -144,8 +144,7 @@ TEST_CASE("bfloat16 forward on CUDA is within bf16 rounding of the CPU's",
 std::vector<trainer::ScoredPromptGroup> Groups(uint64_t seed) {
   auto groups = trainer::testing::SampleScoredGroups(
       Weights(model::WeightDType::kFloat32, at::kCPU, 11),
-      {{2, 5, 7}, {3, 9, 11, 4}, {8, 1}, {6, 6, 6, 20}},
-      {.n = 8, .seed = seed});
+      trainer::testing::FourPrompts(), {.n = 8, .seed = seed});
   REQUIRE(groups.ok());
   return *std::move(groups);
 }

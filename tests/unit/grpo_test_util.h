@@ -19,6 +19,11 @@
 
 namespace tandem::trainer::testing {
 
+// Four prompts of different lengths, shared by the GRPO tests.
+inline std::vector<std::vector<int32_t>> FourPrompts() {
+  return {{2, 5, 7}, {3, 9, 11, 4}, {8, 1}, {6, 6, 6, 20}};
+}
+
 struct SampleOptions {
   int n = 4;          // samples per prompt
   uint64_t seed = 1;  // prompt p uses seed + 100 * p

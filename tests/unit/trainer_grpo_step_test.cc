@@ -24,9 +24,7 @@
 namespace tandem::trainer {
 namespace {
 
-std::vector<std::vector<int32_t>> Prompts() {
-  return {{2, 5, 7}, {3, 9, 11, 4}, {8, 1}, {6, 6, 6, 20}};
-}
+std::vector<std::vector<int32_t>> Prompts() { return testing::FourPrompts(); }
 
 // Generates `n` samples per prompt with the engine on `weights`.
 std::vector<ScoredPromptGroup> Generate(

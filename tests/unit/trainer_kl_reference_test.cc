@@ -31,9 +31,7 @@ namespace {
 
 using ::Catch::Matchers::Contains;
 
-std::vector<std::vector<int32_t>> Prompts() {
-  return {{2, 5, 7}, {3, 9, 11, 4}, {8, 1}, {6, 6, 6, 20}};
-}
+std::vector<std::vector<int32_t>> Prompts() { return testing::FourPrompts(); }
 
 // `n` samples per prompt from `weights`; reward 1 for an even first token.
 std::vector<ScoredPromptGroup> Generate(

@@ -35,8 +35,7 @@ namespace {
 std::vector<ScoredPromptGroup> Groups(std::shared_ptr<model::ModelWeights> w,
                                       uint64_t seed) {
   auto groups = testing::SampleScoredGroups(
-      std::move(w), {{2, 5, 7}, {3, 9, 11, 4}, {8, 1}, {6, 6, 6, 20}},
-      {.n = 8, .seed = seed});
+      std::move(w), testing::FourPrompts(), {.n = 8, .seed = seed});
   REQUIRE(groups.ok());
   return *std::move(groups);
 }
