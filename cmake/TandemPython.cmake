@@ -56,6 +56,35 @@ foreach(_pair "TORCH_LIBRARY=torch" "c10_LIBRARY=c10"
   endif()
   set(${_var} "${_path}" CACHE FILEPATH "" FORCE)
 endforeach()
+# Torch's CMake config enables the CUDA language, so it needs nvcc and the
+# CUDA headers even where no GPU is. A CUDA toolkit at TANDEM_CUDA_ROOT
+# (/usr/local/cuda) serves; a machine without one uses the compiler wheels
+# pinned next to torch (nvidia-cuda-nvcc, -crt, -nvvm: the same 13.0 as the
+# wheel's runtime), which install into the wheel's nvidia/cu13 beside its
+# headers and libraries. deploy/local/install-deps.sh adds the two links
+# nvcc's linker flags and FindCUDA look for there (lib64 -> lib,
+# libcudart.so -> libcudart.so.13). docs/platform.md, "CUDA compiler".
+if(NOT EXISTS "${TANDEM_CUDA_ROOT}/bin/nvcc")
+  get_filename_component(_tandem_wheel_toolkit
+    "${TANDEM_TORCH_DIR}/../nvidia/cu13" ABSOLUTE)
+  foreach(_path bin/nvcc nvvm/bin/cicc include/crt/host_config.h lib64
+                lib/libcudart.so)
+    if(NOT EXISTS "${_tandem_wheel_toolkit}/${_path}")
+      message(FATAL_ERROR "No CUDA toolkit at TANDEM_CUDA_ROOT="
+        "${TANDEM_CUDA_ROOT}, and the torch wheel's CUDA compiler is "
+        "incomplete: ${_tandem_wheel_toolkit}/${_path} is missing. Run "
+        "deploy/local/install-deps.sh (it installs nvidia-cuda-nvcc, "
+        "nvidia-cuda-crt and nvidia-nvvm from deploy/local/requirements.txt "
+        "and adds the links), or pass -DTANDEM_CUDA_ROOT=<toolkit>.")
+    endif()
+  endforeach()
+  set(CUDA_TOOLKIT_ROOT_DIR "${_tandem_wheel_toolkit}" CACHE PATH
+    "CUDA toolkit for Torch's CMake config (the torch wheel's)" FORCE)
+  set(CMAKE_CUDA_COMPILER "${_tandem_wheel_toolkit}/bin/nvcc" CACHE FILEPATH
+    "" FORCE)
+  message(STATUS "Tandem: no CUDA toolkit at ${TANDEM_CUDA_ROOT}; Torch's "
+    "CMake config uses the wheel's nvcc (${_tandem_wheel_toolkit})")
+endif()
 find_package(Torch REQUIRED)
 # Imported targets are directory-scoped; make Torch's (and the CUDA ones it
 # pulls in) global so that every directory links the same targets.

@@ -58,7 +58,19 @@ fi
 venv=${TANDEM_VENV:-$PWD/.venv}
 requirements=deploy/local/requirements.txt
 stamp="$venv/.tandem-requirements"
+# nvcc from the wheels links with -L<toolkit>/lib64, and CMake's FindCUDA
+# looks for an unversioned libcudart.so: the wheels ship lib/ and
+# libcudart.so.13 only (cmake/TandemPython.cmake).
+link_wheel_toolkit() {
+  local toolkit
+  toolkit=$("$venv/bin/python" -c 'import os, nvidia; print(os.path.join(list(nvidia.__path__)[0], "cu13"))' 2>/dev/null) \
+    || return 0
+  [ -d "$toolkit/lib" ] || return 0
+  [ -e "$toolkit/lib64" ] || ln -s lib "$toolkit/lib64"
+  [ -e "$toolkit/lib/libcudart.so" ] || ln -s libcudart.so.13 "$toolkit/lib/libcudart.so"
+}
 if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && cmp -s "$requirements" "$stamp"; then
+  link_wheel_toolkit
   echo "install-deps: Python environment $venv up to date"
   exit 0
 fi
@@ -69,5 +81,6 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
   --progress-bar off -r "$requirements"
+link_wheel_toolkit
 cp "$requirements" "$stamp"
 echo "install-deps: Python environment $venv ready"
