@@ -20,6 +20,7 @@
 #include "common/base/logging.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/rollout/openai_choices.h"
+#include "services/rollout/openai_prompt.h"
 
 namespace tandem::rollout {
 namespace {
@@ -226,94 +227,19 @@ class Session : public std::enable_shared_from_this<Session> {
   // Tokenizes, checks the context, and submits to the engine.
   void Start(openai::CompletionRequest request) {
     const OpenAIServerOptions& o = server_->options;
-    std::vector<int32_t> prompt;
-    if (request.endpoint == openai::Endpoint::kChatCompletions) {
-      if (!server_->templates) {
-        return WriteError(
-            400, {.message = server_->no_chat_reason, .param = "messages"});
-      }
-      absl::StatusOr<const chat::ChatTemplate*> tmpl =
-          server_->templates->Get();
-      if (!tmpl.ok()) {
-        return WriteError(400, {.message = std::string(tmpl.status().message()),
-                                .param = "messages"});
-      }
-      chat::ChatTemplateInputs inputs;
-      inputs.messages = request.messages;
-      inputs.tools = request.tools;
-      inputs.add_generation_prompt = request.add_generation_prompt;
-      inputs.extra = request.chat_template_kwargs;
-      absl::StatusOr<std::string> text = chat::ApplyChatTemplate(
-          **tmpl, inputs, server_->templates->special_tokens);
-      if (!text.ok()) {
-        return WriteError(
-            400, {.message = absl::StrCat("the chat template failed on these "
-                                          "messages: ",
-                                          text.status().message()),
-                  .param = "messages"});
-      }
-      prompt = server_->tokenizer->Encode(*text, /*parse_special=*/true);
-    } else if (request.prompt_is_ids) {
-      prompt = request.prompt_ids;
-      for (size_t i = 0; i < prompt.size(); ++i) {
-        if (prompt[i] >= o.vocab_size) {
-          return WriteError(
-              400, {.message = absl::StrCat("prompt[", i, "] = ", prompt[i],
-                                            " is not a token id of this model "
-                                            "(vocabulary of ",
-                                            o.vocab_size, ")"),
-                    .param = "prompt"});
-        }
-      }
-    } else {
-      prompt = server_->tokenizer->Encode(request.prompt_text,
-                                          /*parse_special=*/true);
+    auto prepared =
+        PrepareRequest(request, *server_->tokenizer, server_->templates.get(),
+                       server_->no_chat_reason,
+                       {.context_tokens = o.context_tokens,
+                        .vocab_size = o.vocab_size,
+                        .default_max_tokens = o.default_max_tokens});
+    if (const auto* error = std::get_if<openai::ApiError>(&prepared)) {
+      return WriteError(error->http_status, *error);
     }
-    const int64_t prompt_len = static_cast<int64_t>(prompt.size());
-    if (prompt_len == 0) {
-      return WriteError(400, {.message = "the prompt encodes to no tokens",
-                              .param = "prompt"});
-    }
-    if (prompt_len >= o.context_tokens) {
-      return WriteError(
-          400, {.message = absl::StrCat("the prompt is ", prompt_len,
-                                        " tokens; this model's context is ",
-                                        o.context_tokens,
-                                        " tokens, which leaves no room for "
-                                        "a completion"),
-                .param = "prompt",
-                .code = "context_length_exceeded"});
-    }
-    // Completions default to openai.default_max_tokens (OpenAI's 16); chat
-    // to whatever the context leaves, as OpenAI's chat does.
-    int64_t max_tokens =
-        request.endpoint == openai::Endpoint::kChatCompletions
-            ? o.context_tokens - prompt_len
-            : std::min(o.default_max_tokens, o.context_tokens - prompt_len);
-    if (request.max_tokens) {
-      if (prompt_len + *request.max_tokens > o.context_tokens) {
-        return WriteError(
-            400, {.message = absl::StrCat(
-                      "the prompt (", prompt_len, " tokens) plus max_tokens (",
-                      *request.max_tokens, ") exceeds this model's context of ",
-                      o.context_tokens, " tokens"),
-                  .param = "max_tokens",
-                  .code = "context_length_exceeded"});
-      }
-      max_tokens = *request.max_tokens;
-    }
-    engine::SamplingParams params;
-    params.temperature = static_cast<float>(request.temperature);
-    params.top_p = static_cast<float>(request.top_p);
-    params.top_k = request.top_k;
-    params.max_tokens = static_cast<int32_t>(max_tokens);
-    params.stop_token_ids = request.stop_token_ids;
-    // The engine takes seed 0 as "draw one"; any given seed is fixed.
-    if (request.seed) {
-      params.seed = *request.seed == 0 ? 0x9E3779B97F4A7C15ull : *request.seed;
-    }
-    params.n = request.n;
-    params.report_tokens = true;
+    std::vector<int32_t> prompt =
+        std::move(std::get<PreparedRequest>(prepared).prompt);
+    const engine::SamplingParams params =
+        std::get<PreparedRequest>(prepared).params;
 
     const bool chat = request.endpoint == openai::Endpoint::kChatCompletions;
     const uint64_t number = server_->next_request++;

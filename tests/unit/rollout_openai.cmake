@@ -9,3 +9,9 @@ tandem_add_test(rollout_openai_protocol_test
 tandem_add_test(rollout_serving_queue_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/rollout_serving_queue_test.cc
   LIBS tandem_rollout_openai)
+
+# PrepareRequest: prompt encoding, token id and context checks, sampling
+# parameters (no I/O, the built-in tokenizer).
+tandem_add_test(rollout_openai_prompt_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/rollout_openai_prompt_test.cc
+  LIBS tandem_rollout_openai tandem_task)
