@@ -439,6 +439,39 @@ Json FinishReason(const ChoiceResult& c) {
   return c.finish_reason.empty() ? Json(nullptr) : Json(c.finish_reason);
 }
 
+// The fields every response and chunk starts with; `object` names its kind.
+Json Envelope(const ResponseHeader& header, const char* object) {
+  Json out = Json::object();
+  out["id"] = header.id;
+  out["object"] = object;
+  out["created"] = header.created;
+  out["model"] = header.model;
+  return out;
+}
+
+Json Usage(int64_t prompt_tokens, int64_t completion_tokens) {
+  return Json{{"prompt_tokens", prompt_tokens},
+              {"completion_tokens", completion_tokens},
+              {"total_tokens", prompt_tokens + completion_tokens}};
+}
+
+// A choice's text and logprobs: `text` (completions) or `message`/`delta`
+// (chat: `role` in the message and in a stream's first delta only).
+void AddContent(const CompletionRequest& request, const ChoiceResult& c,
+                const char* chat_key, bool with_role, Json* choice) {
+  if (request.endpoint == Endpoint::kChatCompletions) {
+    Json m = Json::object();
+    if (with_role) m["role"] = "assistant";
+    m["content"] = c.text;
+    (*choice)[chat_key] = std::move(m);
+    (*choice)["logprobs"] = request.want_logprobs ? ChatLogprobs(c) : Json();
+  } else {
+    (*choice)["text"] = c.text;
+    (*choice)["logprobs"] =
+        request.want_logprobs ? CompletionLogprobs(c) : Json();
+  }
+}
+
 }  // namespace
 
 Json CompletionResponse(const CompletionRequest& request,
@@ -446,34 +479,21 @@ Json CompletionResponse(const CompletionRequest& request,
                         const std::vector<int32_t>& prompt_ids,
                         const std::vector<ChoiceResult>& choices) {
   const bool chat = request.endpoint == Endpoint::kChatCompletions;
-  Json out = Json::object();
-  out["id"] = header.id;
-  out["object"] = chat ? "chat.completion" : "text_completion";
-  out["created"] = header.created;
-  out["model"] = header.model;
+  Json out = Envelope(header, chat ? "chat.completion" : "text_completion");
   Json list = Json::array();
   int64_t completion_tokens = 0;
   for (const ChoiceResult& c : choices) {
     Json choice = Json::object();
     choice["index"] = c.index;
-    if (chat) {
-      choice["message"] = Json{{"role", "assistant"}, {"content", c.text}};
-      choice["logprobs"] = request.want_logprobs ? ChatLogprobs(c) : Json();
-    } else {
-      choice["text"] = c.text;
-      choice["logprobs"] =
-          request.want_logprobs ? CompletionLogprobs(c) : Json();
-    }
+    AddContent(request, c, "message", /*with_role=*/true, &choice);
     choice["finish_reason"] = FinishReason(c);
     AddExtensions(c, nullptr, &choice);
     completion_tokens += static_cast<int64_t>(c.token_ids.size());
     list.push_back(std::move(choice));
   }
   out["choices"] = std::move(list);
-  const int64_t prompt_tokens = static_cast<int64_t>(prompt_ids.size());
-  out["usage"] = Json{{"prompt_tokens", prompt_tokens},
-                      {"completion_tokens", completion_tokens},
-                      {"total_tokens", prompt_tokens + completion_tokens}};
+  out["usage"] =
+      Usage(static_cast<int64_t>(prompt_ids.size()), completion_tokens);
   out["prompt_token_ids"] = prompt_ids;
   return out;
 }
@@ -482,24 +502,11 @@ Json StreamChunk(const CompletionRequest& request, const ResponseHeader& header,
                  const std::vector<int32_t>& prompt_ids,
                  const ChoiceResult& delta, bool first) {
   const bool chat = request.endpoint == Endpoint::kChatCompletions;
-  Json out = Json::object();
-  out["id"] = header.id;
-  out["object"] = chat ? "chat.completion.chunk" : "text_completion";
-  out["created"] = header.created;
-  out["model"] = header.model;
+  Json out =
+      Envelope(header, chat ? "chat.completion.chunk" : "text_completion");
   Json choice = Json::object();
   choice["index"] = delta.index;
-  if (chat) {
-    Json d = Json::object();
-    if (first) d["role"] = "assistant";
-    d["content"] = delta.text;
-    choice["delta"] = std::move(d);
-    choice["logprobs"] = request.want_logprobs ? ChatLogprobs(delta) : Json();
-  } else {
-    choice["text"] = delta.text;
-    choice["logprobs"] =
-        request.want_logprobs ? CompletionLogprobs(delta) : Json();
-  }
+  AddContent(request, delta, "delta", /*with_role=*/first, &choice);
   choice["finish_reason"] = FinishReason(delta);
   AddExtensions(delta, first ? &prompt_ids : nullptr, &choice);
   out["choices"] = Json::array({std::move(choice)});
@@ -509,15 +516,11 @@ Json StreamChunk(const CompletionRequest& request, const ResponseHeader& header,
 Json UsageChunk(const CompletionRequest& request, const ResponseHeader& header,
                 int64_t prompt_tokens, int64_t completion_tokens) {
   const bool chat = request.endpoint == Endpoint::kChatCompletions;
-  return Json{
-      {"id", header.id},
-      {"object", chat ? "chat.completion.chunk" : "text_completion"},
-      {"created", header.created},
-      {"model", header.model},
-      {"choices", Json::array()},
-      {"usage", Json{{"prompt_tokens", prompt_tokens},
-                     {"completion_tokens", completion_tokens},
-                     {"total_tokens", prompt_tokens + completion_tokens}}}};
+  Json out =
+      Envelope(header, chat ? "chat.completion.chunk" : "text_completion");
+  out["choices"] = Json::array();
+  out["usage"] = Usage(prompt_tokens, completion_tokens);
+  return out;
 }
 
 Json ModelList(const std::string& model_id, int64_t created,
