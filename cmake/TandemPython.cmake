@@ -82,6 +82,10 @@ if(NOT EXISTS "${TANDEM_CUDA_ROOT}/bin/nvcc")
     "CUDA toolkit for Torch's CMake config (the torch wheel's)" FORCE)
   set(CMAKE_CUDA_COMPILER "${_tandem_wheel_toolkit}/bin/nvcc" CACHE FILEPATH
     "" FORCE)
+  # Torch's targets link CUDA::nvrtc, which FindCUDAToolkit looks for by its
+  # unversioned name; the wheel has the versioned one only.
+  set(CUDA_nvrtc_LIBRARY "${_tandem_wheel_toolkit}/lib/libnvrtc.so.13" CACHE
+    FILEPATH "" FORCE)
   message(STATUS "Tandem: no CUDA toolkit at ${TANDEM_CUDA_ROOT}; Torch's "
     "CMake config uses the wheel's nvcc (${_tandem_wheel_toolkit})")
 endif()
