@@ -110,6 +110,24 @@ def free_port():
         return s.getsockname()[1]
 
 
+# The trainer's log line for each optimizer step (services/trainer/trainer.cc).
+TRAINER_STEP = re.compile(
+    r"stepped to version (\d+) on batch (\S+): groups (\S*)")
+
+
+def steps_of(log):
+    """[(version, batch id, [group ids])] in the order a trainer's log took
+    them."""
+    return [(int(m.group(1)), m.group(2),
+             m.group(3).split(",") if m.group(3) else [])
+            for m in TRAINER_STEP.finditer(log)]
+
+
+def group_ids(steps):
+    """Every group id the steps trained, repeats kept."""
+    return [g for _, _, groups in steps for g in groups]
+
+
 class Daemon:
     """One daemon binary on ephemeral loopback ports (of `host`, any
     127.x.y.z address), logging to a file. `prefix` runs it under another
@@ -147,6 +165,22 @@ class Daemon:
         code = stop_process(self.process, sig, timeout)
         self.log.close()
         return code
+
+
+def start_without_trainer(tmp, config_dir):
+    """A coordinator from `config_dir`/coordinator.yaml that no trainer
+    consumes from (so the staleness throttle never stops dispatch) and a
+    verifier registered with it. Returns (coordinator, verifier, member):
+    `member` is the --set a rollout worker needs to join them."""
+    coordinator = Daemon(
+        "coordinator", tmp,
+        ["--config", os.path.join(config_dir, "coordinator.yaml"),
+         "--set", "training.groups_per_version=100000"])
+    address = coordinator.wait_ready()["grpc_address"]
+    member = ["--set", f"coordinator_address={address}"]
+    verifier = Daemon("verifier", tmp, member)
+    verifier.wait_ready()
+    return coordinator, verifier, member
 
 
 def tandemctl_json(*args, timeout=15):

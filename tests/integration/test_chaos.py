@@ -67,7 +67,6 @@ SHORT_ROUNDS = 6
 VICTIMS = ("coordinator", "trainer", "verifier", "rollout-0", "rollout-1")
 MOMENTS = ("random", "publish", "broadcast")
 NET_FAULTS = netns.FAULTS
-STEP = re.compile(r"stepped to version (\d+) on batch (\S+): groups (\S*)")
 RESUMED = re.compile(r"resumed from \S+: step \d+, policy version (\d+)")
 PUBLISHED = re.compile(r"policy version (\d+) published by (\S+) "
                        r"\(batch (\S+), (\d+) groups\)")
@@ -82,11 +81,7 @@ NET_NODE = "rollout-1"
 NET_SUBNET = "10.235.0"
 
 
-def steps_of(log):
-    """[(version, batch id, [group ids])] in the order a trainer took them."""
-    return [(int(m.group(1)), m.group(2),
-             m.group(3).split(",") if m.group(3) else [])
-            for m in STEP.finditer(log)]
+steps_of = harness.steps_of
 
 
 class Cluster:

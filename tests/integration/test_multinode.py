@@ -23,7 +23,6 @@ otherwise). Run by ctest as integration_multinode; alone:
 
 import collections
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -37,9 +36,6 @@ CONFIG = os.path.join(os.path.dirname(__file__), "config")
 NODES = ("coordinator", "verifier", "trainer", "rollout-0", "rollout-1")
 SUBNET = "10.234.0"
 BROADCAST_TIMEOUT_MS = 4000
-STEP = re.compile(r"stepped to version (\d+) on batch \S+: groups (\S*)")
-
-
 class MultiNodeTest(unittest.TestCase):
 
     @classmethod
@@ -187,8 +183,8 @@ class MultiNodeTest(unittest.TestCase):
               flush=True)
 
         # 4. Exactly once: no group in two steps, none counted lost.
-        steps = STEP.findall(self.daemons["trainer"].output())
-        groups = [g for _, gs in steps for g in gs.split(",") if g]
+        groups = harness.group_ids(
+            harness.steps_of(self.daemons["trainer"].output()))
         twice = [g for g, k in collections.Counter(groups).items() if k > 1]
         counters = self.status().get("counters", {})
         print(f"groups trained {len(groups)}, trained twice {len(twice)}, "

@@ -93,14 +93,8 @@ class ServeTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="tandem-openai-")
-        cls.coordinator = harness.Daemon(
-            "coordinator", cls.tmp,
-            ["--config", os.path.join(CONFIG, "coordinator.yaml"),
-             "--set", "training.groups_per_version=100000"])
-        address = cls.coordinator.wait_ready()["grpc_address"]
-        member = ["--set", f"coordinator_address={address}"]
-        cls.verifier = harness.Daemon("verifier", cls.tmp, member)
-        cls.verifier.wait_ready()
+        cls.coordinator, cls.verifier, member = harness.start_without_trainer(
+            cls.tmp, CONFIG)
         cls.port = harness.free_port()
         cls.worker = harness.Daemon(
             "rollout", cls.tmp,

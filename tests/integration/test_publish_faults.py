@@ -44,19 +44,8 @@ CHECKPOINT_EVERY = 3
 # the groups too stale for that).
 MAX_LAG = 16
 KILLED_AT_VERSION = 3
-STEP = re.compile(r"stepped to version (\d+) on batch (\S+): groups (\S*)")
-
-
-def steps_of(log):
-    """[(version, batch id, [group ids])] in the order the trainer took
-    them."""
-    return [(int(m.group(1)), m.group(2),
-             m.group(3).split(",") if m.group(3) else [])
-            for m in STEP.finditer(log)]
-
-
-def group_ids(steps):
-    return [g for _, _, groups in steps for g in groups]
+steps_of = harness.steps_of
+group_ids = harness.group_ids
 
 
 class PublishFaultTest(unittest.TestCase):

@@ -19,16 +19,9 @@ class RolloutWorkerTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="tandem-rollout-")
-        cls.coordinator = harness.Daemon(
-            "coordinator", cls.tmp,
-            ["--config", os.path.join(CONFIG, "coordinator.yaml"),
-             # No trainer consumes groups here: keep the staleness throttle
-             # from stopping dispatch during the test.
-             "--set", "training.groups_per_version=100000"])
+        cls.coordinator, cls.verifier, member = harness.start_without_trainer(
+            cls.tmp, CONFIG)
         cls.address = cls.coordinator.wait_ready()["grpc_address"]
-        member = ["--set", f"coordinator_address={cls.address}"]
-        cls.verifier = harness.Daemon("verifier", cls.tmp, member)
-        cls.verifier.wait_ready()
         cls.worker = harness.Daemon(
             "rollout", cls.tmp,
             ["--config", os.path.join(CONFIG, "rollout.yaml"), *member])
