@@ -129,7 +129,7 @@ absl::Status RolloutWorker::LoadModelAndEngine() {
   sync.mode = config.weight_sync == "pull"
                   ? WeightSyncOptions::Mode::kPull
                   : WeightSyncOptions::Mode::kBroadcast;
-  sync.coordinator = session->stub();
+  sync.sync_weight_group = SyncWeightGroupVia(session->stub());
   sync.member_id = member_id;
   sync.bind_host = config.weight_sync_bind_host.empty()
                        ? config::ReachableHostOf(config.server.grpc_address)
@@ -154,9 +154,8 @@ absl::Status RolloutWorker::LoadModelAndEngine() {
   if (w->inplace_source_) sync.inplace_staging = w->inplace_source_->staging();
   ASSIGN_OR_RETURN(
       w->subscriber_,
-      WeightSubscriber::Create(
-          w->model_.decoder, w->weight_source_.get(),
-          [self] { return self->TrainerAddress(); }, 0, std::move(sync)));
+      WeightSubscriber::Create(w->model_.decoder, w->weight_source_.get(), 0,
+                               std::move(sync)));
   return absl::OkStatus();
 }
 
@@ -380,31 +379,6 @@ void RolloutWorker::GenerationLoop() {
   // Unfinished work goes back to the coordinator for other workers.
   AbortAllWork("shutdown",
                absl::UnavailableError("the rollout worker is shutting down"));
-}
-
-std::string RolloutWorker::TrainerAddress() {
-  {
-    absl::MutexLock lock(&mu_);
-    if (absl::Now() - trainer_address_checked_ < absl::Seconds(2)) {
-      return trainer_address_;
-    }
-    trainer_address_checked_ = absl::Now();
-  }
-  tandem::v1::GetClusterStatusResponse status;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-  std::string address;
-  if (member_->session().stub()->GetClusterStatus(&context, {}, &status).ok()) {
-    for (const auto& m : status.members()) {
-      if (m.role() == tandem::v1::ROLE_TRAINER &&
-          m.state() == tandem::v1::MEMBER_STATE_ALIVE) {
-        address = m.grpc_address();
-      }
-    }
-  }
-  absl::MutexLock lock(&mu_);
-  trainer_address_ = address;
-  return address;
 }
 
 void RolloutWorker::GracefulStop(absl::Duration deadline) {

@@ -120,9 +120,6 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
   void PublishStatus();
   void FillStatus(tandem::v1::RolloutStatus* status);
   void FillHeartbeat(tandem::v1::HeartbeatRequest* request);
-  // gRPC address of an alive trainer (its WeightServer), from the
-  // coordinator's member list, refreshed at most every 2 s.
-  std::string TrainerAddress();
 
   const RolloutConfig config_;
   std::shared_ptr<prometheus::Registry> registry_;
@@ -165,8 +162,6 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
   double last_pause_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t rate_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time rate_since_ ABSL_GUARDED_BY(mu_);
-  std::string trainer_address_ ABSL_GUARDED_BY(mu_);
-  absl::Time trainer_address_checked_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::rollout

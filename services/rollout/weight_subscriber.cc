@@ -35,20 +35,28 @@ bool SplitHostPort(const std::string& address, std::string* host,
 
 }  // namespace
 
+std::function<grpc::Status(const tandem::v1::SyncWeightGroupRequest&,
+                           tandem::v1::SyncWeightGroupResponse*)>
+SyncWeightGroupVia(tandem::v1::Coordinator::Stub* stub) {
+  return [stub](const tandem::v1::SyncWeightGroupRequest& request,
+                tandem::v1::SyncWeightGroupResponse* response) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    return stub->SyncWeightGroup(&context, request, response);
+  };
+}
+
 absl::StatusOr<std::unique_ptr<WeightSubscriber>> WeightSubscriber::Create(
     std::shared_ptr<model::DecoderModel> model, StagedWeightSource* source,
-    std::function<std::string()> weight_server_address, uint64_t live_version,
-    WeightSyncOptions options) {
-  if (options.mode == WeightSyncOptions::Mode::kBroadcast &&
-      (options.coordinator == nullptr || !options.member_id)) {
+    uint64_t live_version, WeightSyncOptions options) {
+  if (!options.sync_weight_group || !options.member_id) {
     return absl::InvalidArgumentError(
-        "weight sync by broadcast needs the coordinator client and the "
-        "member id");
+        "weight sync needs the coordinator (sync_weight_group) and the "
+        "member id: the coordinator names the trainer to pull from");
   }
   std::unique_ptr<WeightSubscriber> s(new WeightSubscriber());
   s->model_ = std::move(model);
   s->source_ = source;
-  s->address_ = std::move(weight_server_address);
   s->options_ = std::move(options);
   s->received_version_ = live_version;
   s->status_.received_version = live_version;
@@ -180,7 +188,9 @@ void WeightSubscriber::Run() {
       continue;
     }
     ClusterView view;
-    if (broadcast && Poll(&view)) {
+    // Both modes ask the coordinator, which names the trainer; only
+    // broadcast mode joins its groups.
+    if (Poll(&view) && broadcast) {
       const int rank = RankIn(view.group);
       if (rank > 0) {
         BroadcastStep(view, rank);
@@ -199,13 +209,13 @@ void WeightSubscriber::Run() {
       }
     }
     LeaveGroup();
-    std::string address = view.weight_server_address;
-    if (address.empty()) address = address_();
-    if (address.empty()) {
+    // The coordinator's answer, or while it cannot be asked the trainer it
+    // last named.
+    if (trainer_address_.empty()) {
       absl::SleepFor(absl::Milliseconds(200));
       continue;
     }
-    PullOnce(address, absl::Now() + PullWait(broadcast));
+    PullOnce(trainer_address_, absl::Now() + PullWait(broadcast));
   }
   LeaveGroup();
   absl::MutexLock lock(&mu_);
@@ -218,7 +228,8 @@ bool WeightSubscriber::Poll(ClusterView* view) {
   tandem::v1::SyncWeightGroupRequest request;
   request.set_member_id(member_id);
   request.set_policy_version(received_version());
-  request.set_broadcast(broadcast_off_.ok());
+  request.set_broadcast(options_.mode == WeightSyncOptions::Mode::kBroadcast &&
+                        broadcast_off_.ok());
   if (group_ != nullptr) {
     absl::MutexLock lock(&mu_);
     request.set_joined_epoch(status_.epoch);
@@ -228,17 +239,16 @@ bool WeightSubscriber::Poll(ClusterView* view) {
     request.set_failure(failure_);
   }
   tandem::v1::SyncWeightGroupResponse response;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-  grpc::Status status =
-      options_.coordinator->SyncWeightGroup(&context, request, &response);
-  if (!status.ok()) return false;
+  if (!options_.sync_weight_group(request, &response).ok()) return false;
   failed_epoch_ = 0;
   failure_.clear();
   report_timeout_ = absl::Milliseconds(response.report_timeout_ms());
   view->policy_version = response.policy_version();
   view->group = response.group();
   view->weight_server_address = response.weight_server_address();
+  if (!view->weight_server_address.empty()) {
+    trainer_address_ = view->weight_server_address;
+  }
   return true;
 }
 
@@ -357,8 +367,8 @@ void WeightSubscriber::BroadcastStep(const ClusterView& view, int rank) {
   Log()->warn("broadcast version {} rejected: {}; pulling it instead",
               group_receiver_->last_round_version(),
               version.status().ToString());
-  if (!view.weight_server_address.empty()) {
-    PullOnce(view.weight_server_address, absl::Now() + absl::Seconds(2));
+  if (!trainer_address_.empty()) {
+    PullOnce(trainer_address_, absl::Now() + absl::Seconds(2));
   }
 }
 
@@ -473,8 +483,9 @@ void WeightSubscriber::CountNonFinite(uint64_t before,
 }
 
 void WeightSubscriber::RecoverLostWeights() {
-  std::string address = address_();
-  if (address.empty()) address = pull_address_;
+  ClusterView view;
+  Poll(&view);
+  const std::string address = trainer_address_;
   if (address.empty()) {
     absl::SleepFor(absl::Milliseconds(200));
     return;

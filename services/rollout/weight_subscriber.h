@@ -9,7 +9,9 @@
 //
 // Transports:
 //   pull       every version is pulled from the trainer's WeightServer (the
-//              catch-up path: chunked, CRC-checked, resumable).
+//              catch-up path: chunked, CRC-checked, resumable); the thread
+//              asks the coordinator (SyncWeightGroup, broadcast = false)
+//              before each pull, which names the trainer.
 //   broadcast  the thread polls the coordinator (SyncWeightGroup) with what
 //              it holds: when the ClusterWatcher reports an event (a new
 //              version or epoch), else every watch_poll_interval (every
@@ -80,9 +82,17 @@ namespace tandem::rollout {
 struct WeightSyncOptions {
   enum class Mode { kBroadcast, kPull };
   Mode mode = Mode::kPull;
-  // Broadcast mode: the coordinator client and this worker's member id (""
-  // while unregistered, which means pull for now).
-  tandem::v1::Coordinator::Stub* coordinator = nullptr;
+  // How the subscriber asks the coordinator what to hold (SyncWeightGroup:
+  // the latest version, the broadcast group, and the address of the
+  // trainer's weight server, which is how both modes find the trainer) —
+  // SyncWeightGroupVia(stub) in the worker, a function of their own in
+  // unit tests. Null: never asked, so nothing is received. A failed ask
+  // leaves the last known trainer address in use, so a worker keeps
+  // pulling while the coordinator restarts.
+  std::function<grpc::Status(const tandem::v1::SyncWeightGroupRequest&,
+                             tandem::v1::SyncWeightGroupResponse*)>
+      sync_weight_group;
+  // This worker's member id ("" while unregistered: not asked yet).
   std::function<std::string()> member_id;
   // Address Gloo binds for its pairs on this host.
   std::string bind_host = "127.0.0.1";
@@ -128,6 +138,12 @@ struct WeightSyncOptions {
   std::optional<model::WeightDType> wire_dtype;
 };
 
+// WeightSyncOptions::sync_weight_group through a coordinator stub (each
+// call with a 2 s deadline). `stub` must outlive the subscriber.
+std::function<grpc::Status(const tandem::v1::SyncWeightGroupRequest&,
+                           tandem::v1::SyncWeightGroupResponse*)>
+SyncWeightGroupVia(tandem::v1::Coordinator::Stub* stub);
+
 // What the subscriber holds, for status output.
 struct WeightSyncStatus {
   uint64_t received_version = 0;
@@ -138,13 +154,11 @@ struct WeightSyncStatus {
 
 class WeightSubscriber {
  public:
-  // `weight_server_address` returns the trainer's gRPC address ("" while
-  // unknown). `model` is the worker's decoder (its live weights define the
-  // layout every version must have).
+  // `model` is the worker's decoder (its live weights define the layout
+  // every version must have).
   static absl::StatusOr<std::unique_ptr<WeightSubscriber>> Create(
       std::shared_ptr<model::DecoderModel> model, StagedWeightSource* source,
-      std::function<std::string()> weight_server_address, uint64_t live_version,
-      WeightSyncOptions options = {});
+      uint64_t live_version, WeightSyncOptions options);
   ~WeightSubscriber();
 
   void Start();
@@ -173,8 +187,10 @@ class WeightSubscriber {
   // the poll interval that applies (see WeightSyncOptions); `recovering`
   // (just left a failed epoch) always uses the short poll_interval.
   void WaitForCluster(bool recovering = false);
-  // Reports to the coordinator and reads the current group. False when the
-  // coordinator could not be asked (the caller pulls meanwhile).
+  // Reports to the coordinator and reads the current group and the
+  // trainer's address (remembered in trainer_address_). False when the
+  // coordinator could not be asked (the caller pulls meanwhile, from the
+  // last known trainer).
   bool Poll(ClusterView* view);
   // watch_poll_interval, capped at half the coordinator's report timeout.
   absl::Duration WatchInterval() const;
@@ -211,7 +227,9 @@ class WeightSubscriber {
   // The live config with the dtype versions arrive in.
   model::ModelConfig wire_config_;
   StagedWeightSource* source_ = nullptr;
-  std::function<std::string()> address_;
+  // The trainer's weight server, as the coordinator last said (subscriber
+  // thread only).
+  std::string trainer_address_;
   WeightSyncOptions options_;
   std::shared_ptr<weights::StagingWeights> staging_;
   std::thread thread_;

@@ -1,7 +1,9 @@
 // A rollout worker's WeightSubscriber follows a trainer's WeightServer: each
 // published version is pulled in the background, staged, and committed by
 // the engine at a step boundary; the decoder then holds exactly the
-// published weights and tokens carry the new version.
+// published weights and tokens carry the new version. The coordinator
+// (here a function answering SyncWeightGroup) names the trainer; while it
+// is down the subscriber pulls from the trainer it last named.
 
 #include <ATen/ATen.h>
 #include <grpcpp/grpcpp.h>
@@ -57,10 +59,27 @@ TEST_CASE(
   builder.RegisterService(&service);
   auto server = builder.BuildAndStart();
   REQUIRE(server != nullptr);
-  std::atomic<bool> known{false};
+  // The coordinator's side of SyncWeightGroup: no trainer before the first
+  // publish, then the trainer's address. It stops answering after version
+  // 1; the subscriber keeps pulling from the trainer it was told.
+  std::atomic<bool> published_any{false};
+  std::atomic<bool> coordinator_up{true};
+  std::atomic<bool> asked_broadcast{false};
+  std::atomic<int> asked{0};
   const std::string address = absl::StrCat("127.0.0.1:", port);
-  auto subscriber = WeightSubscriber::Create(
-      decoder, &source, [&] { return known ? address : std::string(); }, 0);
+  WeightSyncOptions options;
+  options.member_id = [] { return std::string("worker-1"); };
+  options.sync_weight_group = [&](const v1::SyncWeightGroupRequest& request,
+                                  v1::SyncWeightGroupResponse* response) {
+    ++asked;
+    if (request.broadcast()) asked_broadcast = true;
+    if (!coordinator_up) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator down");
+    }
+    if (published_any) response->set_weight_server_address(address);
+    return grpc::Status::OK;
+  };
+  auto subscriber = WeightSubscriber::Create(decoder, &source, 0, options);
   REQUIRE(subscriber.ok());
   (*subscriber)->Start();
 
@@ -68,7 +87,8 @@ TEST_CASE(
     auto published = model::RandomInit(config, 10 + version);
     REQUIRE(published.ok());
     Publish(&store, **published, version);
-    known = true;
+    published_any = true;
+    coordinator_up = version == 1;
     const absl::Time give_up = absl::Now() + absl::Seconds(20);
     while (source.ReadyVersion(engine.policy_version()) != version &&
            absl::Now() < give_up) {
@@ -91,6 +111,8 @@ TEST_CASE(
     }
   }
   CHECK((*subscriber)->versions_received() == 2);
+  CHECK(asked > 0);
+  CHECK_FALSE(asked_broadcast);  // pull mode never offers to join a group
   (*subscriber)->Stop();
   server->Shutdown();
 }

@@ -24,8 +24,8 @@
 #include "common/weights/weight_store.h"
 #include "services/coordinator/coordinator.h"
 #include "services/rollout/weight_subscriber.h"
-#include "tests/unit/silent_port.h"
 #include "tests/unit/model_test_util.h"
+#include "tests/unit/silent_port.h"
 #include "tests/unit/weight_server_test_util.h"
 
 // Last: glog (through LibTorch) defines a CHECK macro of its own.
@@ -124,20 +124,19 @@ class OutsideGroup {
     watcher_->Start();
     WeightSyncOptions options;
     options.mode = WeightSyncOptions::Mode::kBroadcast;
-    options.coordinator = stub_.get();
+    options.sync_weight_group = SyncWeightGroupVia(stub_.get());
     options.member_id = [this] { return worker_id_; };
     options.watcher = watcher_.get();
     options.watch_poll_interval = absl::Seconds(60);
     options.timeout = absl::Seconds(3);
-    auto subscriber = WeightSubscriber::Create(
-        decoder_, source_.get(), [] { return std::string(); }, 0, options);
+    auto subscriber =
+        WeightSubscriber::Create(decoder_, source_.get(), 0, options);
     REQUIRE(subscriber.ok());
     subscriber_ = *std::move(subscriber);
     subscriber_->Start();
     REQUIRE(WaitFor([&] { return watcher_->watching(); }, absl::Seconds(10)));
-    REQUIRE(WaitFor(
-        [&] { return subscriber_->received_version() == version; },
-        absl::Seconds(20)));
+    REQUIRE(WaitFor([&] { return subscriber_->received_version() == version; },
+                    absl::Seconds(20)));
   }
 
   WeightSubscriber& subscriber() { return *subscriber_; }
@@ -164,8 +163,7 @@ class OutsideGroup {
   std::string trainer_id_, worker_id_;
   weights::WeightStore store_{4};
   weights::testing::WeightServerLoopback server_{&store_};
-  const model::ModelConfig model_config_ =
-      model::testing::TinyQwen2Config();
+  const model::ModelConfig model_config_ = model::testing::TinyQwen2Config();
   std::map<uint64_t, v1::WeightManifest> manifests_;
   std::shared_ptr<model::DecoderModel> decoder_;
   std::unique_ptr<StagedWeightSource> source_;
