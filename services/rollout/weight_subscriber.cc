@@ -9,9 +9,9 @@
 #include "common/model/decoder_model.h"
 #include "common/model/model_weights.h"
 #include "common/rpc/grpc_client.h"
-#include "common/weights/broadcast_group.h"
+#include "common/weights/broadcast/broadcast_group.h"
 #include "common/weights/flat_weight_layout.h"
-#include "common/weights/grpc_pull_receiver.h"
+#include "common/weights/pull/grpc_pull_receiver.h"
 #include "common/weights/model_flattening.h"
 
 namespace tandem::rollout {

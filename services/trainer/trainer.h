@@ -25,7 +25,7 @@
 #include "common/model/model_config.h"
 #include "common/weights/delta_publisher.h"
 #include "common/weights/flat_weight_layout.h"
-#include "common/weights/weight_server.h"
+#include "common/weights/pull/weight_server.h"
 #include "common/weights/weight_store.h"
 #include "common/weights/weight_sync_metrics.h"
 #include "prometheus/counter.h"

@@ -32,7 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/cluster/cluster_watcher.h"
-#include "common/weights/broadcast_sender.h"
+#include "common/weights/broadcast/broadcast_sender.h"
 #include "common/weights/delta_publisher.h"
 #include "common/weights/weight_store.h"
 #include "common/weights/weight_sync_metrics.h"

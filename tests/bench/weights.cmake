@@ -7,4 +7,5 @@ target_link_libraries(weights_transport_bench PRIVATE tandem_weights_gloo
 # Cost of the finite check on received weights against copy and CRC-32C.
 add_executable(finite_scan_bench
   ${CMAKE_CURRENT_SOURCE_DIR}/finite_scan_bench.cc)
-target_link_libraries(finite_scan_bench PRIVATE tandem_weights)
+target_link_libraries(finite_scan_bench PRIVATE tandem_weights
+  tandem_weights_testing)

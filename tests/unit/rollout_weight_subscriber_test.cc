@@ -14,7 +14,7 @@
 #include "common/model/decoder_model.h"
 #include "common/model/model_weights.h"
 #include "common/weights/model_flattening.h"
-#include "common/weights/weight_server.h"
+#include "common/weights/pull/weight_server.h"
 #include "common/weights/weight_store.h"
 #include "engine/engine.h"
 #include "engine/torch_engine_model.h"

@@ -20,7 +20,7 @@
 #include "common/model/decoder_model.h"
 #include "common/model/model_weights.h"
 #include "common/weights/model_flattening.h"
-#include "common/weights/weight_server.h"
+#include "common/weights/pull/weight_server.h"
 #include "common/weights/weight_store.h"
 #include "services/coordinator/coordinator.h"
 #include "services/rollout/weight_subscriber.h"

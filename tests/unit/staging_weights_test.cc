@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/weights/background_receiver.h"
-#include "common/weights/in_process_transport.h"
+#include "tests/support/in_process_transport.h"
 #include "kernels/anchor_policy.h"
 #include "kernels/bf16_change.h"
 #include "kernels/bf16_delta.h"

@@ -13,7 +13,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "absl/types/span.h"
-#include "common/weights/gloo_broadcast_transport.h"
+#include "common/weights/broadcast/gloo_broadcast_transport.h"
 #include "prometheus/registry.h"
 #include "services/trainer/weight_publisher.h"
 #include "weights_test_util.h"

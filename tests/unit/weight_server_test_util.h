@@ -10,7 +10,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "common/weights/weight_server.h"
+#include "common/weights/pull/weight_server.h"
 #include "common/weights/weight_store.h"
 
 namespace tandem::weights::testing {

@@ -15,11 +15,11 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "common/weights/broadcast_group.h"
-#include "common/weights/broadcast_sender.h"
-#include "common/weights/gloo_broadcast_transport.h"
+#include "common/weights/broadcast/broadcast_group.h"
+#include "common/weights/broadcast/broadcast_sender.h"
+#include "common/weights/broadcast/gloo_broadcast_transport.h"
 #if TANDEM_ENABLE_NCCL
-#include "common/weights/nccl_broadcast_transport.h"
+#include "common/weights/broadcast/nccl_broadcast_transport.h"
 #endif
 #include "weights_test_util.h"
 

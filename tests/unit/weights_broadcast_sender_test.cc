@@ -12,7 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/types/span.h"
-#include "common/weights/broadcast_sender.h"
+#include "common/weights/broadcast/broadcast_sender.h"
 #include "common/weights/delta_publisher.h"
 #include "weights_test_util.h"
 

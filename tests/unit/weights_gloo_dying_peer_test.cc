@@ -32,7 +32,7 @@
 #include "absl/types/span.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "common/weights/gloo_broadcast_transport.h"
+#include "common/weights/broadcast/gloo_broadcast_transport.h"
 #include "weights_test_util.h"
 
 extern char** environ;

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/weights/gloo_broadcast_transport.h"
+#include "common/weights/broadcast/gloo_broadcast_transport.h"
 #include "kernels/anchor_policy.h"
 #include "kernels/bf16_change.h"
 #include "kernels/bf16_delta.h"

@@ -15,8 +15,8 @@
 #include <string>
 #include <thread>
 
-#include "common/weights/grpc_pull_receiver.h"
-#include "common/weights/weight_server.h"
+#include "common/weights/pull/grpc_pull_receiver.h"
+#include "common/weights/pull/weight_server.h"
 #include "common/weights/weight_store.h"
 #include "common/weights/weight_sync_metrics.h"
 #include "prometheus/registry.h"

@@ -11,10 +11,10 @@
 #include "absl/strings/str_cat.h"
 #include "common/model/decoder_model.h"
 #include "common/model/model_weights.h"
-#include "common/weights/grpc_pull_receiver.h"
+#include "common/weights/pull/grpc_pull_receiver.h"
 #include "common/weights/model_flattening.h"
 #include "common/weights/staging_weights.h"
-#include "common/weights/weight_server.h"
+#include "common/weights/pull/weight_server.h"
 #include "common/weights/weight_store.h"
 #include "tests/unit/model_test_util.h"
 

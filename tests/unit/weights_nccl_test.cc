@@ -10,8 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/weights/gloo_broadcast_transport.h"
-#include "common/weights/nccl_broadcast_transport.h"
+#include "common/weights/broadcast/gloo_broadcast_transport.h"
+#include "common/weights/broadcast/nccl_broadcast_transport.h"
 #include "weights_test_util.h"
 
 namespace tandem::weights {

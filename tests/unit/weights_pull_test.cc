@@ -15,8 +15,8 @@
 #include <random>
 #include <thread>
 
-#include "common/weights/grpc_pull_receiver.h"
-#include "common/weights/weight_server.h"
+#include "common/weights/pull/grpc_pull_receiver.h"
+#include "common/weights/pull/weight_server.h"
 #include "common/weights/weight_store.h"
 #include "kernels/anchor_policy.h"
 #include "kernels/bf16_change.h"

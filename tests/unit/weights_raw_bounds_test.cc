@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "common/weights/grpc_pull_receiver.h"
-#include "common/weights/weight_server.h"
+#include "common/weights/pull/grpc_pull_receiver.h"
+#include "common/weights/pull/weight_server.h"
 #include "common/weights/weight_store.h"
 #include "weight_server_test_util.h"
 #include "weights_test_util.h"

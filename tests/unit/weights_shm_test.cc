@@ -22,9 +22,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/weights/grpc_pull_receiver.h"
+#include "common/weights/pull/grpc_pull_receiver.h"
 #include "common/weights/shared_weight_segment.h"
-#include "common/weights/weight_server.h"
+#include "common/weights/pull/weight_server.h"
 #include "common/weights/weight_store.h"
 #include "weight_server_test_util.h"
 #include "weights_test_util.h"

@@ -1,14 +1,14 @@
 // ConnectStoreClient (common/weights/store_client.h): a client of a c10d
 // TCPStore that returns by its deadline whatever the other end does.
 
-#include "common/weights/store_client.h"
+#include "common/weights/broadcast/store_client.h"
 
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
 
 #include "absl/time/clock.h"
-#include "common/weights/gloo_broadcast_transport.h"
+#include "common/weights/broadcast/gloo_broadcast_transport.h"
 #include "tests/unit/silent_port.h"
 
 namespace tandem::weights {

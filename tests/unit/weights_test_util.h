@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "common/weights/broadcast_group.h"
+#include "common/weights/broadcast/broadcast_group.h"
 #include "common/weights/flat_weight_layout.h"
 #include "common/weights/weight_buffer.h"
 

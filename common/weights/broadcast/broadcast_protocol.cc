@@ -1,4 +1,4 @@
-#include "common/weights/broadcast_protocol.h"
+#include "common/weights/broadcast/broadcast_protocol.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,6 +1,6 @@
-#include "common/weights/broadcast_group.h"
+#include "common/weights/broadcast/broadcast_group.h"
 
-#include "common/weights/broadcast_protocol.h"
+#include "common/weights/broadcast/broadcast_protocol.h"
 
 namespace tandem::weights {
 

@@ -1,4 +1,4 @@
-#include "common/weights/gloo_broadcast_transport.h"
+#include "common/weights/broadcast/gloo_broadcast_transport.h"
 
 #include <dlfcn.h>
 
@@ -15,7 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
-#include "common/weights/store_client.h"
+#include "common/weights/broadcast/store_client.h"
 
 namespace tandem::weights {
 namespace {

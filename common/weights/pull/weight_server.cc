@@ -1,4 +1,4 @@
-#include "common/weights/weight_server.h"
+#include "common/weights/pull/weight_server.h"
 
 #include <algorithm>
 #include <atomic>
@@ -14,7 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "common/weights/weight_server_internal.h"
+#include "common/weights/pull/weight_server_internal.h"
 #include "kernels/crc32c.h"
 
 namespace tandem::weights {

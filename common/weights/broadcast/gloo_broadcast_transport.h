@@ -33,7 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "common/weights/broadcast_group.h"
+#include "common/weights/broadcast/broadcast_group.h"
 
 namespace tandem::weights {
 

@@ -1,4 +1,4 @@
-#include "common/weights/store_client.h"
+#include "common/weights/broadcast/store_client.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/weights/weight_server_internal.h"
+#include "common/weights/pull/weight_server_internal.h"
 #include "kernels/crc32c.h"
 
 namespace tandem::weights {

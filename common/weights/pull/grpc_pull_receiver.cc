@@ -1,4 +1,4 @@
-#include "common/weights/grpc_pull_receiver.h"
+#include "common/weights/pull/grpc_pull_receiver.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -19,9 +19,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
-#include "common/weights/grpc_pull_receiver_internal.h"
+#include "common/weights/pull/grpc_pull_receiver_internal.h"
 #include "common/weights/shared_weight_segment.h"
-#include "common/weights/weight_server.h"
+#include "common/weights/pull/weight_server.h"
 #include "kernels/crc32c.h"
 
 namespace tandem::weights {

@@ -1,4 +1,4 @@
-#include "common/weights/nccl_broadcast_transport.h"
+#include "common/weights/broadcast/nccl_broadcast_transport.h"
 
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -19,7 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "common/weights/store_client.h"
+#include "common/weights/broadcast/store_client.h"
 
 namespace tandem::weights {
 namespace {

@@ -15,10 +15,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
-#include "common/weights/grpc_pull_receiver.h"
-#include "common/weights/grpc_pull_receiver_internal.h"
+#include "common/weights/pull/grpc_pull_receiver.h"
+#include "common/weights/pull/grpc_pull_receiver_internal.h"
 #include "common/weights/shared_weight_segment.h"
-#include "common/weights/weight_server.h"
+#include "common/weights/pull/weight_server.h"
 #include "kernels/crc32c.h"
 
 // GrpcPullReceiver's two data paths that bypass gRPC for the bytes: the raw

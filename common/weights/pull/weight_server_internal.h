@@ -17,7 +17,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/weights/weight_server.h"
+#include "common/weights/pull/weight_server.h"
 
 namespace tandem::weights {
 

@@ -2,10 +2,10 @@
 // BroadcastGroup picks the transport (broadcast_group.h).
 
 #include "absl/strings/str_cat.h"
-#include "common/weights/broadcast_group.h"
-#include "common/weights/gloo_broadcast_transport.h"
+#include "common/weights/broadcast/broadcast_group.h"
+#include "common/weights/broadcast/gloo_broadcast_transport.h"
 #if TANDEM_ENABLE_NCCL
-#include "common/weights/nccl_broadcast_transport.h"
+#include "common/weights/broadcast/nccl_broadcast_transport.h"
 #endif
 
 namespace tandem::weights {

@@ -71,8 +71,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/weights/broadcast_group.h"
-#include "common/weights/gloo_broadcast_transport.h"
+#include "common/weights/broadcast/broadcast_group.h"
+#include "common/weights/broadcast/gloo_broadcast_transport.h"
 #include "common/weights/weight_store.h"
 #include "tandem/v1/common.pb.h"
 

@@ -1,4 +1,4 @@
-#include "common/weights/broadcast_sender.h"
+#include "common/weights/broadcast/broadcast_sender.h"
 
 #include <algorithm>
 
