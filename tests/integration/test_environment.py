@@ -47,7 +47,7 @@ from tandem.v1 import environment_pb2 as pb  # noqa: E402
 MAX_TURNS = 4
 MAX_OBSERVATION_BYTES = 260
 EPISODE_TIMEOUT_MS = 1500
-IDLE_TIMEOUT_MS = 800
+IDLE_TIMEOUT_MS = 1200
 MAX_OPEN = 6
 MAX_ACTION_BYTES = 4096
 
@@ -72,7 +72,9 @@ class Client:
     def open(self, environment="calculator", answer="42", **kw):
         return self.OpenEpisode(pb.OpenEpisodeRequest(
             environment=environment, task_id="t", prompt_text="6 * 7 = ?",
-            verifier="exact", metadata={"answer": answer}, **kw), timeout=10)
+            verifier="exact",
+            metadata={} if answer is None else {"answer": answer}, **kw),
+            timeout=10)
 
     def call(self, episode_id, *calls, text=""):
         action = pb.Action(text=text, tool_calls=[
@@ -165,7 +167,7 @@ environment:
         self.assertIn('"expression"', contents[1])
         self.assertIn("unknown tool 'python'", contents[2])
         self.assertIn("division by zero", contents[3])
-        r = self.client.call(eid, text="The answer is 42")
+        r = self.client.call(eid, text="42")
         self.assertTrue(r.done)
         self.assertEqual(r.end_reason, pb.EPISODE_END_ANSWERED)
         self.assertTrue(r.HasField("reward"))
@@ -219,9 +221,11 @@ environment:
     def test_episode_timeout(self):
         eid = self.client.open().episode_id
         self.client.call(eid, calc("1"))
-        time.sleep(EPISODE_TIMEOUT_MS / 1000 * 0.5)
-        self.client.call(eid, calc("1"))  # Keeps it from being idle.
-        time.sleep(EPISODE_TIMEOUT_MS / 1000 * 0.6)
+        # Two gaps of 0.8 s: past the episode's 1.5 s, each well under the
+        # 1.2 s idle timeout.
+        time.sleep(0.8)
+        self.assertFalse(self.client.call(eid, calc("1")).done)
+        time.sleep(0.8)
         r = self.client.call(eid, text="42")
         self.assertTrue(r.done)
         self.assertEqual(r.end_reason, pb.EPISODE_END_TIMEOUT)
@@ -257,7 +261,7 @@ environment:
         self.assert_code(grpc.StatusCode.INVALID_ARGUMENT, self.client.open,
                          "chess", contains="calculator, single_turn")
         self.assert_code(grpc.StatusCode.INVALID_ARGUMENT, self.client.open,
-                         answer="", contains="metadata.answer")
+                         answer=None, contains="metadata.answer")
         self.assert_code(grpc.StatusCode.NOT_FOUND, self.client.call,
                          "no-such-episode", text="1")
 
