@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "prometheus/registry.h"
 #include "services/verifier/environment/calculator.h"
+#include "services/verifier/environment/environment_request_limits.h"
 #include "services/verifier/environment/episode_table.h"
 #include "services/verifier/scoring/scorer_registry.h"
 
@@ -225,6 +226,19 @@ TEST_CASE("limits end the episode with a reason") {
     CHECK(absl::StrContains(f.table->Open(request).status().message(),
                             "metadata.answer"));
   }
+}
+
+TEST_CASE("every field of every Environment request has a size limit") {
+  int methods = 0;
+  CHECK(rpc::FieldsWithoutLimits("tandem.v1.Environment",
+                                 EnvironmentRequestLimits(), &methods)
+            .empty());
+  CHECK(methods == 4);
+  tandem::v1::StepRequest request;
+  request.set_episode_id(std::string(200, 'e'));
+  absl::Status status = CheckEnvironmentRequestLimits(request);
+  CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(status.message(), "StepRequest.episode_id"));
 }
 
 }  // namespace

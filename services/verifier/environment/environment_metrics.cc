@@ -31,9 +31,18 @@ EnvironmentMetrics::EnvironmentMetrics(prometheus::Registry& registry)
                          "environment.max_open_episodes episodes were held.")
                    .Register(registry)
                    .Add({})) {
+  // The closed label sets, exported at 0 from the start.
   for (absl::string_view reason : kEndReasonLabels) {
     ended_.Add({{"reason", std::string(reason)}});
   }
+  for (const char* environment : {"calculator", "single_turn"}) {
+    opened_.Add({{"environment", environment}});
+  }
+  for (absl::string_view outcome :
+       {kToolOk, kToolBadArguments, kToolError}) {
+    tool_calls_.Add({{"tool", "calculator"}, {"outcome", std::string(outcome)}});
+  }
+  tool_calls_.Add({{"tool", "unknown"}, {"outcome", std::string(kToolUnknown)}});
 }
 
 void EnvironmentMetrics::CountOpened(const std::string& environment) {

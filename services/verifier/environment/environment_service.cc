@@ -4,6 +4,7 @@
 
 #include "boost/asio/post.hpp"
 #include "common/rpc/grpc_client.h"
+#include "services/verifier/environment/environment_request_limits.h"
 
 namespace tandem::verifier {
 
@@ -59,6 +60,11 @@ grpc::ServerUnaryReactor* EnvironmentService::OpenEpisode(
     const tandem::v1::OpenEpisodeRequest* request,
     tandem::v1::OpenEpisodeResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status status = CheckEnvironmentRequestLimits(*request);
+      !status.ok()) {
+    reactor->Finish(rpc::ToGrpcStatus(status));
+    return reactor;
+  }
   absl::StatusOr<tandem::v1::OpenEpisodeResponse> opened =
       table_.Open(*request);
   if (opened.ok()) *response = std::move(*opened);
@@ -71,6 +77,11 @@ grpc::ServerUnaryReactor* EnvironmentService::Step(
     const tandem::v1::StepRequest* request,
     tandem::v1::StepResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status status = CheckEnvironmentRequestLimits(*request);
+      !status.ok()) {
+    reactor->Finish(rpc::ToGrpcStatus(status));
+    return reactor;
+  }
   boost::asio::post(pool_, [this, reactor, request, response] {
     absl::StatusOr<tandem::v1::StepResponse> stepped = table_.Step(*request);
     if (stepped.ok()) *response = std::move(*stepped);
@@ -83,8 +94,13 @@ grpc::ServerUnaryReactor* EnvironmentService::CloseEpisode(
     grpc::CallbackServerContext* context,
     const tandem::v1::CloseEpisodeRequest* request,
     tandem::v1::CloseEpisodeResponse* response) {
-  response->set_existed(table_.Close(request->episode_id()));
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status status = CheckEnvironmentRequestLimits(*request);
+      !status.ok()) {
+    reactor->Finish(rpc::ToGrpcStatus(status));
+    return reactor;
+  }
+  response->set_existed(table_.Close(request->episode_id()));
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
