@@ -99,7 +99,8 @@ absl::StatusOr<std::unique_ptr<Verifier>> Verifier::Create(
   Verifier* self = verifier.get();
   verifier->environment_ = std::make_unique<EnvironmentService>(
       config.environment, &verifier->scorers_, *verifier->registry_,
-      static_cast<int>(config.worker_threads));
+      static_cast<int>(config.worker_threads),
+      absl::Milliseconds(config.item_timeout_ms));
   ASSIGN_OR_RETURN(verifier->member_,
                    cluster::MemberDaemon::Create(
                        "verifier", tandem::v1::ROLE_VERIFIER, config.server,
@@ -353,7 +354,10 @@ void Verifier::Stop() {
   stopping_ = true;
   if (stopped_.exchange(true)) return;
   // Shutting the server down cancels the calls still running, which stops
-  // their items; then the threads have nothing left to do.
+  // their items; then the threads have nothing left to do. Running
+  // episode steps are cancelled first, so the shutdown does not wait for
+  // their programs.
+  if (environment_) environment_->Cancel();
   if (member_) member_->Shutdown(absl::ZeroDuration());
   {
     absl::MutexLock lock(&mu_);

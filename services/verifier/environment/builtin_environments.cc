@@ -1,6 +1,9 @@
 #include "services/verifier/environment/builtin_environments.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "nlohmann/json.hpp"
 #include "services/verifier/environment/calculator.h"
 
@@ -11,7 +14,8 @@ StepResult ScoreAnswer(const EpisodeTask& task, const std::string& text) {
   request.completion_text = text;
   request.prompt_text = task.prompt_text;
   request.metadata = task.metadata;
-  request.deadline = task.deadline;
+  request.deadline = std::min(task.deadline, absl::Now() + task.score_timeout);
+  request.cancelled = task.cancelled;
   ScoreResult score = task.scorer->Score(request);
   StepResult result;
   result.done = true;

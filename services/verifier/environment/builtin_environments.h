@@ -7,6 +7,7 @@
 //   single_turn – the first turn is the answer, scored by the task's
 //                 scorer: every existing task works as an episode.
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <optional>
@@ -27,6 +28,11 @@ struct EpisodeTask {
   Scorer* scorer = nullptr;  // The task's verifier; owned by the Verifier.
   std::map<std::string, std::string> metadata;
   absl::Time deadline = absl::InfiniteFuture();
+  // One scoring's own limit (the verifier's item_timeout_ms): a scorer
+  // gets min(deadline, now + score_timeout).
+  absl::Duration score_timeout = absl::InfiniteDuration();
+  // Set when the server stops: a running program is killed.
+  const std::atomic<bool>* cancelled = nullptr;
 };
 
 // What one step did.

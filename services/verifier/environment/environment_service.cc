@@ -11,10 +11,11 @@ namespace tandem::verifier {
 EnvironmentService::EnvironmentService(
     const EnvironmentConfig& config,
     const std::map<std::string, std::unique_ptr<Scorer>>* scorers,
-    prometheus::Registry& registry, int step_threads)
+    prometheus::Registry& registry, int step_threads,
+    absl::Duration score_timeout)
     : config_(config),
       metrics_(registry),
-      table_(config, scorers, &metrics_),
+      table_(config, scorers, &metrics_, score_timeout),
       pool_(static_cast<size_t>(std::max(1, step_threads))),
       reaper_([this] { ReapLoop(); }) {}
 

@@ -20,9 +20,13 @@ class EnvironmentService : public tandem::v1::Environment::CallbackService {
  public:
   EnvironmentService(const EnvironmentConfig& config,
                      const std::map<std::string, std::unique_ptr<Scorer>>* scorers,
-                     prometheus::Registry& registry, int step_threads);
+                     prometheus::Registry& registry, int step_threads,
+                     absl::Duration score_timeout);
   ~EnvironmentService() override;
 
+  // Kills the programs of running steps, so that they answer at once; call
+  // before shutting the gRPC server down.
+  void Cancel() { table_.Cancel(); }
   // Stops the reaper and waits for running steps. Idempotent; call after
   // the gRPC server has shut down.
   void Stop();

@@ -28,8 +28,9 @@ absl::string_view EndReasonLabel(EpisodeEndReason reason) {
 EpisodeTable::EpisodeTable(
     const EnvironmentConfig& config,
     const std::map<std::string, std::unique_ptr<Scorer>>* scorers,
-    EnvironmentMetrics* metrics)
+    EnvironmentMetrics* metrics, absl::Duration score_timeout)
     : config_(config),
+      score_timeout_(score_timeout),
       scorers_(scorers),
       metrics_(metrics),
       random_(std::random_device{}()) {
@@ -76,6 +77,8 @@ absl::StatusOr<tandem::v1::OpenEpisodeResponse> EpisodeTable::Open(
   episode->task.scorer = scorer->second.get();
   episode->task.metadata.insert(request.metadata().begin(),
                                 request.metadata().end());
+  episode->task.score_timeout = score_timeout_;
+  episode->task.cancelled = &cancelled_;
   {
     ScoreRequest check;
     check.prompt_text = request.prompt_text();

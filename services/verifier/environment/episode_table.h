@@ -11,6 +11,7 @@
 // reaped after idle_timeout_ms without a call. Close and reaping free it;
 // its id then answers NOT_FOUND. Thread-safe.
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <random>
@@ -35,9 +36,15 @@ absl::string_view EndReasonLabel(tandem::v1::EpisodeEndReason reason);
 class EpisodeTable {
  public:
   // `scorers` (the verifier's, by name) and `metrics` outlive the table.
+  // `score_timeout` bounds one scoring (the verifier's item_timeout_ms).
   EpisodeTable(const EnvironmentConfig& config,
                const std::map<std::string, std::unique_ptr<Scorer>>* scorers,
-               EnvironmentMetrics* metrics);
+               EnvironmentMetrics* metrics,
+               absl::Duration score_timeout = absl::InfiniteDuration());
+
+  // Kills the programs of running steps (their scorers return at once) and
+  // makes every later step's scoring stop at once. For shutdown.
+  void Cancel() { cancelled_.store(true); }
 
   std::vector<tandem::v1::EnvironmentInfo> List() const;
   // INVALID_ARGUMENT (unknown environment or verifier, bad metadata),
@@ -73,6 +80,8 @@ class EpisodeTable {
   void UpdateGauge() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const EnvironmentConfig config_;
+  const absl::Duration score_timeout_;
+  std::atomic<bool> cancelled_{false};
   const std::map<std::string, std::unique_ptr<Scorer>>* const scorers_;
   EnvironmentMetrics* const metrics_;
   // Built at construction, read-only afterwards.
