@@ -99,6 +99,7 @@ class EnvironmentServiceTest(unittest.TestCase):
         config = os.path.join(cls.tmp, "verifier.yaml")
         with open(config, "w") as f:
             f.write(f"""coordinator_address: 127.0.0.1:1
+item_timeout_ms: 1500
 environment:
   max_turns: {MAX_TURNS}
   max_observation_bytes: {MAX_OBSERVATION_BYTES}
@@ -193,6 +194,23 @@ environment:
         self.assertTrue(r.done)
         self.assertEqual(r.reward, 0.0)
         self.assertEqual(r.outcome, "incorrect")
+        self.client.close(eid)
+
+    def test_single_turn_code_bounded_by_item_timeout(self):
+        """A code task's program is killed at item_timeout_ms (1.5 s), not
+        at the episode's deadline."""
+        tests = '[{"stdin": "1 2\\n", "expected_stdout": "3\\n"}]'
+        eid = self.client.OpenEpisode(pb.OpenEpisodeRequest(
+            environment="single_turn", task_id="c", verifier="code",
+            metadata={"language": "python", "tests": tests}),
+            timeout=10).episode_id
+        start = time.monotonic()
+        r = self.client.call(eid, text="while True:\n    pass\n")
+        took = time.monotonic() - start
+        self.assertTrue(r.done)
+        self.assertEqual(r.outcome, "timeout")
+        self.assertEqual(r.reward, 0.0)
+        self.assertLess(took, 10)
         self.client.close(eid)
 
     def test_max_turns(self):
