@@ -51,19 +51,21 @@ TEST_CASE("calculator errors say what was wrong") {
 
 TEST_CASE("calculator bounds: length, depth, exponent, overflow") {
   CHECK(absl::StrContains(Eval(std::string(300, '1')), "longer than 256"));
-  CHECK(absl::StrContains(Eval(std::string(40, '(') + "1" +
-                               std::string(40, ')')),
-                          "nesting deeper than 32"));
+  CHECK(
+      absl::StrContains(Eval(std::string(40, '(') + "1" + std::string(40, ')')),
+                        "nesting deeper than 32"));
   CHECK(absl::StrContains(Eval(std::string(100, '-') + "1"),
                           "nesting deeper than 32"));
   CHECK(absl::StrContains(Eval("2 ** 100000"), "larger than 1024"));
-  CHECK(Eval("10 ** 300 * 10 ** 300") == "ERR the result is not a finite number");
+  CHECK(Eval("10 ** 300 * 10 ** 300") ==
+        "ERR the result is not a finite number");
 }
 
 struct Fixture {
   explicit Fixture(EnvironmentConfig config) : metrics(registry) {
     ScorerRegistry scorer_registry;
-    REQUIRE(RegisterBuiltinScorers(BuiltinScorerConfig{}, &scorer_registry).ok());
+    REQUIRE(
+        RegisterBuiltinScorers(BuiltinScorerConfig{}, &scorer_registry).ok());
     scorers["exact"] = *scorer_registry.Create("exact");
     table = std::make_unique<EpisodeTable>(config, &scorers, &metrics);
   }
@@ -78,10 +80,9 @@ struct Fixture {
     REQUIRE(r.ok());
     return r->episode_id();
   }
-  absl::StatusOr<tandem::v1::StepResponse> Call(const std::string& id,
-                                                const std::string& args,
-                                                const std::string& tool =
-                                                    "calculator") {
+  absl::StatusOr<tandem::v1::StepResponse> Call(
+      const std::string& id, const std::string& args,
+      const std::string& tool = "calculator") {
     tandem::v1::StepRequest request;
     request.set_episode_id(id);
     tandem::v1::ToolCall* call = request.mutable_action()->add_tool_calls();

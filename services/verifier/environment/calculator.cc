@@ -147,8 +147,8 @@ class Parser {
     if (number.empty() || number == ".") {
       pos_ = start;
       if (pos_ >= text_.size()) return Error("expected a number");
-      return Error(absl::StrCat("expected a number, got '",
-                                text_.substr(pos_, 1), "'"));
+      return Error(
+          absl::StrCat("expected a number, got '", text_.substr(pos_, 1), "'"));
     }
     if (!dot) {
       errno = 0;
@@ -210,8 +210,8 @@ class Parser {
 
 }  // namespace
 
-absl::StatusOr<std::string> EvaluateCalculator(
-    absl::string_view expression, const CalculatorLimits& limits) {
+absl::StatusOr<std::string> EvaluateCalculator(absl::string_view expression,
+                                               const CalculatorLimits& limits) {
   if (expression.size() > limits.max_chars) {
     return absl::InvalidArgumentError(
         absl::StrCat("expression of ", expression.size(),

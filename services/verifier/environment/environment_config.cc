@@ -15,8 +15,8 @@ void RegisterEnvironmentFields(config::ConfigSchema* schema,
                  10, int64_t{24} * 3600 * 1000,
                  "Life of an episode from OpenEpisode; a step after it ends "
                  "the episode (reason timeout).");
-  schema->AddInt("environment.max_open_episodes", &config->max_open_episodes,
-                 1, 10000000,
+  schema->AddInt("environment.max_open_episodes", &config->max_open_episodes, 1,
+                 10000000,
                  "Episodes held at once (open, or ended and not closed); "
                  "OpenEpisode past it gets RESOURCE_EXHAUSTED.");
   schema->AddInt("environment.idle_timeout_ms", &config->idle_timeout_ms, 10,
@@ -27,8 +27,8 @@ void RegisterEnvironmentFields(config::ConfigSchema* schema,
                  int64_t{1} << 26,
                  "Bytes of one Step's action (text and tool calls); more is "
                  "INVALID_ARGUMENT.");
-  schema->AddInt("environment.max_tool_calls", &config->max_tool_calls, 1,
-                 1024, "Tool calls in one action; more is INVALID_ARGUMENT.");
+  schema->AddInt("environment.max_tool_calls", &config->max_tool_calls, 1, 1024,
+                 "Tool calls in one action; more is INVALID_ARGUMENT.");
 }
 
 }  // namespace tandem::verifier

@@ -38,11 +38,12 @@ EnvironmentMetrics::EnvironmentMetrics(prometheus::Registry& registry)
   for (const char* environment : {"calculator", "single_turn"}) {
     opened_.Add({{"environment", environment}});
   }
-  for (absl::string_view outcome :
-       {kToolOk, kToolBadArguments, kToolError}) {
-    tool_calls_.Add({{"tool", "calculator"}, {"outcome", std::string(outcome)}});
+  for (absl::string_view outcome : {kToolOk, kToolBadArguments, kToolError}) {
+    tool_calls_.Add(
+        {{"tool", "calculator"}, {"outcome", std::string(outcome)}});
   }
-  tool_calls_.Add({{"tool", "unknown"}, {"outcome", std::string(kToolUnknown)}});
+  tool_calls_.Add(
+      {{"tool", "unknown"}, {"outcome", std::string(kToolUnknown)}});
 }
 
 void EnvironmentMetrics::CountOpened(const std::string& environment) {
@@ -55,7 +56,8 @@ void EnvironmentMetrics::CountEnded(absl::string_view reason) {
 
 void EnvironmentMetrics::CountToolCall(absl::string_view tool,
                                        absl::string_view outcome) {
-  tool_calls_.Add({{"tool", std::string(tool)}, {"outcome", std::string(outcome)}})
+  tool_calls_
+      .Add({{"tool", std::string(tool)}, {"outcome", std::string(outcome)}})
       .Increment();
 }
 

@@ -3,9 +3,9 @@
 namespace tandem::verifier {
 namespace {
 
-constexpr size_t kNameBytes = 128;       // Environment, verifier, episode id.
-constexpr size_t kIdBytes = 256;         // Task id, tool call id and name.
-constexpr size_t kTextBytes = 4 << 20;   // Prompt, action text, metadata.
+constexpr size_t kNameBytes = 128;      // Environment, verifier, episode id.
+constexpr size_t kIdBytes = 256;        // Task id, tool call id and name.
+constexpr size_t kTextBytes = 4 << 20;  // Prompt, action text, metadata.
 constexpr size_t kArgumentsBytes = 1 << 20;
 
 }  // namespace

@@ -18,10 +18,11 @@ namespace tandem::verifier {
 
 class EnvironmentService : public tandem::v1::Environment::CallbackService {
  public:
-  EnvironmentService(const EnvironmentConfig& config,
-                     const std::map<std::string, std::unique_ptr<Scorer>>* scorers,
-                     prometheus::Registry& registry, int step_threads,
-                     absl::Duration score_timeout);
+  EnvironmentService(
+      const EnvironmentConfig& config,
+      const std::map<std::string, std::unique_ptr<Scorer>>* scorers,
+      prometheus::Registry& registry, int step_threads,
+      absl::Duration score_timeout);
   ~EnvironmentService() override;
 
   // Kills the programs of running steps, so that they answer at once; call

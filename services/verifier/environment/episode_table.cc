@@ -58,9 +58,10 @@ absl::StatusOr<tandem::v1::OpenEpisodeResponse> EpisodeTable::Open(
   if (env == environments_.end()) {
     std::vector<std::string> known;
     for (const auto& [name, e] : environments_) known.push_back(name);
-    return absl::InvalidArgumentError(absl::StrCat(
-        "environment: unknown environment '", request.environment().substr(0, 64),
-        "' (known: ", absl::StrJoin(known, ", "), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("environment: unknown environment '",
+                     request.environment().substr(0, 64),
+                     "' (known: ", absl::StrJoin(known, ", "), ")"));
   }
   auto scorer = scorers_->find(request.verifier());
   if (scorer == scorers_->end()) {
@@ -91,17 +92,18 @@ absl::StatusOr<tandem::v1::OpenEpisodeResponse> EpisodeTable::Open(
   }
   const absl::Time now = absl::Now();
   episode->last_call = now;
-  episode->task.deadline =
-      now + absl::Milliseconds(config_.episode_timeout_ms);
+  episode->task.deadline = now + absl::Milliseconds(config_.episode_timeout_ms);
   tandem::v1::OpenEpisodeResponse response;
   {
     absl::MutexLock lock(&mu_);
     if (static_cast<int64_t>(episodes_.size()) >= config_.max_open_episodes) {
       metrics_->CountRefused();
-      return absl::ResourceExhaustedError(absl::StrCat(
-          episodes_.size(), " episodes are held, environment.max_open_episodes "
-          "is ", config_.max_open_episodes,
-          "; close finished episodes or retry later"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(episodes_.size(),
+                       " episodes are held, environment.max_open_episodes "
+                       "is ",
+                       config_.max_open_episodes,
+                       "; close finished episodes or retry later"));
     }
     std::string id;
     do {
@@ -130,30 +132,32 @@ absl::StatusOr<tandem::v1::StepResponse> EpisodeTable::Step(
       return absl::NotFoundError(absl::StrCat(
           "episode '", request.episode_id().substr(0, 64),
           "' is not open here (never opened, closed, or reaped after "
-          "environment.idle_timeout_ms of ", config_.idle_timeout_ms, " ms)"));
+          "environment.idle_timeout_ms of ",
+          config_.idle_timeout_ms, " ms)"));
     }
     episode = it->second;
     episode->last_call = absl::Now();
     if (episode->ended != tandem::v1::EPISODE_END_REASON_UNSPECIFIED) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("the episode has ended (", EndReasonLabel(episode->ended),
-                       ": ", episode->end_text, "); close it"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the episode has ended (", EndReasonLabel(episode->ended), ": ",
+          episode->end_text, "); close it"));
     }
     if (episode->busy) {
       return absl::FailedPreconditionError(
           "another Step of this episode is running; steps are sequential");
     }
-    if (static_cast<int64_t>(action.ByteSizeLong()) > config_.max_action_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "action of ", action.ByteSizeLong(),
-          " bytes is over environment.max_action_bytes (",
-          config_.max_action_bytes, ")"));
+    if (static_cast<int64_t>(action.ByteSizeLong()) >
+        config_.max_action_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("action of ", action.ByteSizeLong(),
+                       " bytes is over environment.max_action_bytes (",
+                       config_.max_action_bytes, ")"));
     }
     if (action.tool_calls_size() > config_.max_tool_calls) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "action.tool_calls: ", action.tool_calls_size(),
-          " calls are over environment.max_tool_calls (",
-          config_.max_tool_calls, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("action.tool_calls: ", action.tool_calls_size(),
+                       " calls are over environment.max_tool_calls (",
+                       config_.max_tool_calls, ")"));
     }
     response.set_turn(++episode->turns);
     if (absl::Now() >= episode->task.deadline) {
@@ -186,18 +190,17 @@ absl::StatusOr<tandem::v1::StepResponse> EpisodeTable::Step(
     result = StepResult{};
     result.done = true;
     result.end_reason = tandem::v1::EPISODE_END_OBSERVATION_TOO_LARGE;
-    result.end_text = absl::StrCat(
-        "the step's observations are ", bytes,
-        " bytes, over environment.max_observation_bytes (",
-        config_.max_observation_bytes, ")");
+    result.end_text =
+        absl::StrCat("the step's observations are ", bytes,
+                     " bytes, over environment.max_observation_bytes (",
+                     config_.max_observation_bytes, ")");
   } else if (!result.done && episode->turns >= config_.max_turns) {
     // The observations of this turn are kept: the worker may log them, but
     // the model gets no further turn.
     result.done = true;
     result.end_reason = tandem::v1::EPISODE_END_MAX_TURNS;
-    result.end_text =
-        absl::StrCat("environment.max_turns (", config_.max_turns,
-                     ") turns taken without an answer");
+    result.end_text = absl::StrCat("environment.max_turns (", config_.max_turns,
+                                   ") turns taken without an answer");
   }
   if (result.done) End(*episode, result.end_reason, result.end_text);
   for (tandem::v1::Observation& obs : result.observations) {
