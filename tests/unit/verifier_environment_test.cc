@@ -226,6 +226,9 @@ TEST_CASE("limits end the episode with a reason") {
     request.set_verifier("exact");
     CHECK(absl::StrContains(f.table->Open(request).status().message(),
                             "metadata.answer"));
+    f.table->Cancel();  // Shutting down.
+    CHECK(f.table->Open(request).status().code() ==
+          absl::StatusCode::kUnavailable);
   }
 }
 

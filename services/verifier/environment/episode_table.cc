@@ -54,6 +54,9 @@ std::vector<tandem::v1::EnvironmentInfo> EpisodeTable::List() const {
 
 absl::StatusOr<tandem::v1::OpenEpisodeResponse> EpisodeTable::Open(
     const tandem::v1::OpenEpisodeRequest& request) {
+  if (cancelled_.load()) {
+    return absl::UnavailableError("the verifier is shutting down");
+  }
   auto env = environments_.find(request.environment());
   if (env == environments_.end()) {
     std::vector<std::string> known;

@@ -48,7 +48,7 @@ class EpisodeTable {
 
   std::vector<tandem::v1::EnvironmentInfo> List() const;
   // INVALID_ARGUMENT (unknown environment or verifier, bad metadata),
-  // RESOURCE_EXHAUSTED (max_open_episodes).
+  // RESOURCE_EXHAUSTED (max_open_episodes), UNAVAILABLE after Cancel.
   absl::StatusOr<tandem::v1::OpenEpisodeResponse> Open(
       const tandem::v1::OpenEpisodeRequest& request);
   // Runs one step (blocking: the task's scorer may run a program). The
