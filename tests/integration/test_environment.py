@@ -69,9 +69,9 @@ class Client:
                 request_serializer=req.SerializeToString,
                 response_deserializer=resp.FromString))
 
-    def open(self, environment="calculator", answer="42", **kw):
+    def open(self, environment="calculator", answer="42", task_id="t", **kw):
         return self.OpenEpisode(pb.OpenEpisodeRequest(
-            environment=environment, task_id="t", prompt_text="6 * 7 = ?",
+            environment=environment, task_id=task_id, prompt_text="6 * 7 = ?",
             verifier="exact",
             metadata={} if answer is None else {"answer": answer}, **kw),
             timeout=10)
@@ -282,6 +282,13 @@ environment:
                          answer=None, contains="metadata.answer")
         self.assert_code(grpc.StatusCode.NOT_FOUND, self.client.call,
                          "no-such-episode", text="1")
+        # Field size limits, checked before anything else.
+        self.assert_code(grpc.StatusCode.INVALID_ARGUMENT, self.client.call,
+                         "e" * 1000, text="1",
+                         contains="StepRequest.episode_id")
+        self.assert_code(grpc.StatusCode.INVALID_ARGUMENT, self.client.open,
+                         task_id="t" * 1000,
+                         contains="OpenEpisodeRequest.task_id")
 
 
 class PythonExampleTest(unittest.TestCase):
