@@ -97,10 +97,15 @@ absl::StatusOr<std::unique_ptr<Verifier>> Verifier::Create(
     ASSIGN_OR_RETURN(verifier->scorers_[name], scorer_registry.Create(name));
   }
   Verifier* self = verifier.get();
+  verifier->environment_ = std::make_unique<EnvironmentService>(
+      config.environment, &verifier->scorers_, *verifier->registry_,
+      static_cast<int>(config.worker_threads),
+      absl::Milliseconds(config.item_timeout_ms));
   ASSIGN_OR_RETURN(verifier->member_,
                    cluster::MemberDaemon::Create(
                        "verifier", tandem::v1::ROLE_VERIFIER, config.server,
-                       config.coordinator_address, verifier->registry_, {self},
+                       config.coordinator_address, verifier->registry_,
+                       {self, verifier->environment_.get()},
                        [self](tandem::v1::HeartbeatRequest* r) {
                          r->mutable_load()->set_running(
                              static_cast<uint32_t>(self->inflight_.load()));
@@ -349,7 +354,10 @@ void Verifier::Stop() {
   stopping_ = true;
   if (stopped_.exchange(true)) return;
   // Shutting the server down cancels the calls still running, which stops
-  // their items; then the threads have nothing left to do.
+  // their items; then the threads have nothing left to do. Running
+  // episode steps are cancelled first, so the shutdown does not wait for
+  // their programs.
+  if (environment_) environment_->Cancel();
   if (member_) member_->Shutdown(absl::ZeroDuration());
   {
     absl::MutexLock lock(&mu_);
@@ -359,6 +367,7 @@ void Verifier::Stop() {
     }
   }
   for (std::thread& worker : workers_) worker.join();
+  if (environment_) environment_->Stop();
 }
 
 }  // namespace tandem::verifier

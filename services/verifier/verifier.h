@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/cluster/member_daemon.h"
+#include "services/verifier/environment/environment_service.h"
 #include "services/verifier/scoring/scorer_registry.h"
 #include "services/verifier/verifier_config.h"
 #include "services/verifier/verifier_metrics.h"
@@ -90,6 +91,9 @@ class Verifier : public tandem::v1::Verifier::CallbackService {
   bool workers_stop_ ABSL_GUARDED_BY(mu_) = false;
   int64_t running_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::thread> workers_;
+  // tandem.v1.Environment, served beside the verifier on the same port;
+  // declared before member_ so that it outlives the server.
+  std::unique_ptr<EnvironmentService> environment_;
   std::unique_ptr<cluster::MemberDaemon> member_;
   // Items admitted and not finished.
   std::atomic<int64_t> inflight_{0};

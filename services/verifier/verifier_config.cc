@@ -44,6 +44,7 @@ void RegisterFields(config::ConfigSchema* schema, VerifierConfig* config) {
   schema->AddBool("code.private_filesystem", &config->code_private_filesystem,
                   "Give each run a private read-only filesystem view (mount "
                   "namespace) where the kernel allows it.");
+  RegisterEnvironmentFields(schema, &config->environment);
 }
 
 absl::Status Validate(const VerifierConfig& config) {

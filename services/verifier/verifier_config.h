@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "common/config/config_schema.h"
 #include "common/config/daemon_flags.h"
+#include "services/verifier/environment/environment_config.h"
 
 namespace tandem::verifier {
 
@@ -43,6 +44,8 @@ struct VerifierConfig {
   // A private, read-only filesystem view per run (mount namespace) where
   // the kernel allows it.
   bool code_private_filesystem = true;
+  // Limits of the episodes of the Environment service (environment.*).
+  EnvironmentConfig environment;
 };
 
 void RegisterFields(config::ConfigSchema* schema, VerifierConfig* config);

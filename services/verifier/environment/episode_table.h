@@ -1,0 +1,95 @@
+#pragma once
+
+// The episodes a server holds and the limits on them (EnvironmentConfig),
+// without gRPC: the environment service is a thin adapter over this, and
+// the unit test drives it directly.
+//
+// States: an episode is open from Open until a step ends it (answered,
+// the environment's end, or a limit: max_turns, max_observation_bytes,
+// episode_timeout_ms); an ended episode is held, answering
+// FAILED_PRECONDITION with its end reason, until Close or until it is
+// reaped after idle_timeout_ms without a call. Close and reaping free it;
+// its id then answers NOT_FOUND. Thread-safe.
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "services/verifier/environment/builtin_environments.h"
+#include "services/verifier/environment/environment_config.h"
+#include "services/verifier/environment/environment_metrics.h"
+#include "services/verifier/scoring/scorer.h"
+#include "tandem/v1/environment.pb.h"
+
+namespace tandem::verifier {
+
+// Metric label of an end reason.
+absl::string_view EndReasonLabel(tandem::v1::EpisodeEndReason reason);
+
+class EpisodeTable {
+ public:
+  // `scorers` (the verifier's, by name) and `metrics` outlive the table.
+  // `score_timeout` bounds one scoring (the verifier's item_timeout_ms).
+  EpisodeTable(const EnvironmentConfig& config,
+               const std::map<std::string, std::unique_ptr<Scorer>>* scorers,
+               EnvironmentMetrics* metrics,
+               absl::Duration score_timeout = absl::InfiniteDuration());
+
+  // Kills the programs of running steps (their scorers return at once) and
+  // makes every later step's scoring stop at once. For shutdown.
+  void Cancel() { cancelled_.store(true); }
+
+  std::vector<tandem::v1::EnvironmentInfo> List() const;
+  // INVALID_ARGUMENT (unknown environment or verifier, bad metadata),
+  // RESOURCE_EXHAUSTED (max_open_episodes), UNAVAILABLE after Cancel.
+  absl::StatusOr<tandem::v1::OpenEpisodeResponse> Open(
+      const tandem::v1::OpenEpisodeRequest& request);
+  // Runs one step (blocking: the task's scorer may run a program). The
+  // errors of Environment.Step in environment.proto.
+  absl::StatusOr<tandem::v1::StepResponse> Step(
+      const tandem::v1::StepRequest& request);
+  // True when the id was held.
+  bool Close(const std::string& episode_id);
+  // Frees episodes idle for idle_timeout_ms at `now`; returns how many.
+  int Reap(absl::Time now);
+  // Episodes held.
+  size_t size() const;
+
+ private:
+  struct Episode {
+    BuiltinEnvironment* environment = nullptr;
+    EpisodeTask task;
+    uint32_t turns = 0;
+    bool busy = false;  // A Step runs.
+    absl::Time last_call;
+    tandem::v1::EpisodeEndReason ended =
+        tandem::v1::EPISODE_END_REASON_UNSPECIFIED;
+    std::string end_text;
+  };
+
+  // Ends `episode` (under mu_) and counts it.
+  void End(Episode& episode, tandem::v1::EpisodeEndReason reason,
+           std::string text) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateGauge() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const EnvironmentConfig config_;
+  const absl::Duration score_timeout_;
+  std::atomic<bool> cancelled_{false};
+  const std::map<std::string, std::unique_ptr<Scorer>>* const scorers_;
+  EnvironmentMetrics* const metrics_;
+  // Built at construction, read-only afterwards.
+  std::map<std::string, std::unique_ptr<BuiltinEnvironment>> environments_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Episode>> episodes_
+      ABSL_GUARDED_BY(mu_);
+  std::mt19937_64 random_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tandem::verifier
