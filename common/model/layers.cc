@@ -4,9 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <limits>
-#include <string>
 
 namespace tandem::model::internal {
 
@@ -92,85 +90,10 @@ at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k,
   return out.squeeze(0).permute({1, 0, 2}).reshape({n, heads * dim});
 }
 
-namespace {
-
-// EXPERIMENT: the padded path through SDPA (TANDEM_PADDED_ATTENTION=sdpa).
-at::Tensor PaddedSdpa(const std::vector<at::Tensor>& qs,
-                      const std::vector<at::Tensor>& ks,
-                      const std::vector<at::Tensor>& vs, double scale) {
-  const int64_t batch = static_cast<int64_t>(qs.size());
-  const int64_t heads = qs[0].size(1);
-  const int64_t dim = qs[0].size(2);
-  std::vector<int64_t> n(batch), offset(batch), length(batch);
-  int64_t max_n = 0, max_length = 0;
-  for (int64_t b = 0; b < batch; ++b) {
-    n[b] = qs[b].size(0);
-    length[b] = ks[b].size(0);
-    offset[b] = length[b] - n[b];
-    max_n = std::max(max_n, n[b]);
-    max_length = std::max(max_length, length[b]);
-  }
-  const at::Tensor q =
-      at::pad_sequence(qs, /*batch_first=*/true).permute({0, 2, 1, 3});
-  const at::Tensor k =
-      at::pad_sequence(ks, /*batch_first=*/true).permute({0, 2, 1, 3});
-  const at::Tensor v =
-      at::pad_sequence(vs, /*batch_first=*/true).permute({0, 2, 1, 3});
-  const auto long_options =
-      at::TensorOptions().dtype(at::kLong).device(q.device());
-  const at::Tensor key_pos =
-      at::arange(max_length, long_options).view({1, 1, -1});
-  const at::Tensor query_idx = at::arange(max_n, long_options).view({1, -1, 1});
-  const at::Tensor offsets =
-      at::tensor(offset, at::kLong).to(q.device()).view({-1, 1, 1});
-  const at::Tensor lengths =
-      at::tensor(length, at::kLong).to(q.device()).view({-1, 1, 1});
-  static const std::string variant = [] {
-    const char* e = std::getenv("TANDEM_PADDED_ATTENTION");
-    return std::string(e != nullptr ? e : "");
-  }();
-  // EXPERIMENT, deliberately broken: "sdpa_future" lets each query see one
-  // key ahead; "sdpa_padrows" hides every key from padded query rows.
-  const int64_t ahead = variant == "sdpa_future" ? 1 : 0;
-  at::Tensor visible = (key_pos <= offsets + query_idx + ahead)
-                           .logical_and(key_pos < lengths);
-  if (variant == "sdpa_padrows") {
-    const at::Tensor ns = at::tensor(n, at::kLong).to(q.device()).view({-1, 1, 1});
-    visible = visible.logical_and(query_idx < ns);
-  }
-  visible = visible.unsqueeze(1);  // [B, 1, max_n, max_length]
-  const at::Tensor out =
-      at::scaled_dot_product_attention(q, k, v, visible, /*dropout_p=*/0.0,
-                                       /*is_causal=*/false, scale,
-                                       /*enable_gqa=*/true)
-          .permute({0, 2, 1, 3})  // [B, max_n, heads, dim]
-          .reshape({batch * max_n, heads * dim});
-  bool dense = true;
-  for (int64_t b = 0; b < batch; ++b) dense = dense && n[b] == max_n;
-  if (dense) return out;
-  std::vector<int64_t> rows;
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t i = 0; i < n[b]; ++i) rows.push_back(b * max_n + i);
-  }
-  return out.index_select(0, at::tensor(rows, at::kLong).to(q.device()));
-}
-
-}  // namespace
-
 at::Tensor PaddedCausalAttention(const std::vector<at::Tensor>& qs,
                                  const std::vector<at::Tensor>& ks,
                                  const std::vector<at::Tensor>& vs,
                                  double scale) {
-  // EXPERIMENT: "sdpa" takes PaddedSdpa; "prescale" scales the queries
-  // before the matmul instead of the scores after it (equal in exact
-  // arithmetic, different rounding: a control for how much a 1e-7 change
-  // moves a training run).
-  static const std::string variant = [] {
-    const char* e = std::getenv("TANDEM_PADDED_ATTENTION");
-    return std::string(e != nullptr ? e : "");
-  }();
-  if (variant.rfind("sdpa", 0) == 0) return PaddedSdpa(qs, ks, vs, scale);
-  const bool prescale = variant == "prescale";
   const int64_t batch = static_cast<int64_t>(qs.size());
   const int64_t heads = qs[0].size(1);
   const int64_t dim = qs[0].size(2);
@@ -192,9 +115,7 @@ at::Tensor PaddedCausalAttention(const std::vector<at::Tensor>& qs,
   const at::Tensor qg = q.view({batch, max_n, kv_heads, group, dim})
                             .permute({0, 2, 3, 1, 4})
                             .reshape({batch, kv_heads, group * max_n, dim});
-  at::Tensor scores =
-      prescale ? at::matmul(qg * scale, k.permute({0, 2, 3, 1}))
-               : at::matmul(qg, k.permute({0, 2, 3, 1})) * scale;
+  at::Tensor scores = at::matmul(qg, k.permute({0, 2, 3, 1})) * scale;
   // Key j is visible to query i of sequence b iff j <= offset_b + i and
   // j < length_b; for padded rows (i >= n_b) that is every real key.
   const auto long_options =
