@@ -4,6 +4,7 @@ tandem_add_test(model_test
     ${CMAKE_CURRENT_SOURCE_DIR}/model_test.cc
     ${CMAKE_CURRENT_SOURCE_DIR}/model_checkpoint_test.cc
     ${CMAKE_CURRENT_SOURCE_DIR}/model_reference_test.cc
+    ${CMAKE_CURRENT_SOURCE_DIR}/model_attention_grad_test.cc
   LIBS tandem_model
   TIMEOUT 120)
 target_precompile_headers(model_test PRIVATE <ATen/ATen.h>)
