@@ -243,6 +243,12 @@ void WeightSyncMetrics::RecordShmFallbacks(ShmFallbackReason reason,
       .Increment(count);
 }
 
+void WeightSyncMetrics::ExposeManifestRequests() {
+  for (const char* wait : {"long_poll", "none"}) {
+    manifest_requests_.Add({{"wait", wait}});
+  }
+}
+
 void WeightSyncMetrics::ExposeShmFallbacks() {
   for (ShmFallbackReason reason :
        {ShmFallbackReason::kNotOffered, ShmFallbackReason::kOpenFailed,

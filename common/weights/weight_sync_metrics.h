@@ -97,6 +97,10 @@ class WeightSyncMetrics {
   // Weight server side: a GetManifest call, held as a long poll (wait
   // "long_poll") or answered at once ("none").
   void RecordManifestRequest(bool held);
+  // Weight server side, at start: both waits' series at 0, so the family
+  // is scraped before the first pull (which comes only after the first
+  // publish names the trainer to the workers).
+  void ExposeManifestRequests();
   // Worker side: a version refused for non-finite values.
   void RecordNonFinite(SyncTransport transport);
   // Weight server side: raw data connections open now, and one closed

@@ -237,6 +237,7 @@ void WeightServerService::Shutdown() {
 WeightServerService::WeightServerService(const WeightStore* store,
                                          WeightServerOptions options)
     : store_(store), options_(std::move(options)) {
+  if (options_.metrics != nullptr) options_.metrics->ExposeManifestRequests();
   if (options_.shared_memory) {
     // Segments of a trainer killed with -9 are never unlinked otherwise.
     if (const int n = RemoveStaleWeightSegments(); n > 0) {
