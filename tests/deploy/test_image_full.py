@@ -32,6 +32,23 @@ SKIP = 77
 MIN_FREE_GIB = 15
 
 
+def host_pip_cert_volumes():
+    """`podman build` volumes that give the builder's pip this host's CA
+    bundle when the host's pip is told to use one (PIP_CERT, as where PyPI
+    is reached through a TLS-inspecting proxy): the bundle at a path of its
+    own and a pip.conf naming it, present during RUN steps only, never in
+    the image. Nothing on a host that needs none."""
+    cert = os.environ.get("PIP_CERT", "")
+    if not cert or not os.path.isfile(cert):
+        return []
+    conf = os.path.join(REPO, "build", "tandem-image-pip.conf")
+    os.makedirs(os.path.dirname(conf), exist_ok=True)
+    with open(conf, "w") as f:
+        f.write("[global]\ncert = /etc/tandem-host-ca.crt\n")
+    return ["--volume", f"{os.path.realpath(cert)}:/etc/tandem-host-ca.crt:ro",
+            "--volume", f"{conf}:/etc/pip.conf:ro"]
+
+
 def main():
     if os.environ.get("TANDEM_FULL_IMAGE_BUILD") != "1":
         print("SKIP: the full image build compiles everything (~12 min on 2 "
@@ -59,7 +76,8 @@ def main():
     started = time.monotonic()
     build = subprocess.run(
         ["podman", "build", "-f", "docker/Dockerfile", "-t", IMAGE,
-         "--build-arg", f"BUILD_JOBS={jobs}", "."], cwd=REPO)
+         "--build-arg", f"BUILD_JOBS={jobs}", *host_pip_cert_volumes(), "."],
+        cwd=REPO)
     took = time.monotonic() - started
     if build.returncode != 0:
         print(f"FAIL: podman build -f docker/Dockerfile exited "
