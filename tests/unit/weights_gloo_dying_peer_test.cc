@@ -32,6 +32,7 @@
 #include "absl/types/span.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/weights/broadcast/forwarding_store.h"
 #include "common/weights/broadcast/gloo_broadcast_transport.h"
 #include "weights_test_util.h"
 
@@ -45,41 +46,13 @@ using testing::GroupConfig;
 constexpr char kPeerEnv[] = "TANDEM_TEST_DYING_PEER";  // "port:rank:world:prefix"
 
 // Forwards to `inner`; the first set() is this process's last act.
-class DieAfterSetStore : public c10d::Store {
+class DieAfterSetStore : public ForwardingStore {
  public:
-  explicit DieAfterSetStore(c10::intrusive_ptr<c10d::Store> inner)
-      : c10d::Store(inner->getTimeout()), inner_(std::move(inner)) {}
-  c10::intrusive_ptr<c10d::Store> clone() override { return inner_->clone(); }
+  using ForwardingStore::ForwardingStore;
   void set(const std::string& key, const std::vector<uint8_t>& value) override {
-    inner_->set(key, value);
+    inner()->set(key, value);
     raise(SIGKILL);
   }
-  std::vector<uint8_t> compareSet(const std::string& key,
-                                  const std::vector<uint8_t>& expected,
-                                  const std::vector<uint8_t>& desired) override {
-    return inner_->compareSet(key, expected, desired);
-  }
-  std::vector<uint8_t> get(const std::string& key) override {
-    return inner_->get(key);
-  }
-  int64_t add(const std::string& key, int64_t value) override {
-    return inner_->add(key, value);
-  }
-  bool deleteKey(const std::string& key) override {
-    return inner_->deleteKey(key);
-  }
-  bool check(const std::vector<std::string>& keys) override {
-    return inner_->check(keys);
-  }
-  int64_t getNumKeys() override { return inner_->getNumKeys(); }
-  void wait(const std::vector<std::string>& keys) override { inner_->wait(keys); }
-  void wait(const std::vector<std::string>& keys,
-            const std::chrono::milliseconds& timeout) override {
-    inner_->wait(keys, timeout);
-  }
-
- private:
-  c10::intrusive_ptr<c10d::Store> inner_;
 };
 
 TEST_CASE("(child process) a Gloo peer that dies after publishing its address",

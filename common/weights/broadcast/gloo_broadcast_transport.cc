@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
+#include "common/weights/broadcast/forwarding_store.h"
 #include "common/weights/broadcast/store_client.h"
 
 namespace tandem::weights {
@@ -104,48 +105,29 @@ bool GlooAbort(const c10d::ProcessGroupGloo& group, const std::string& why) {
 // kGlooConnectAttempts tries of the context timeout, so Create hands Gloo
 // a context timeout of timeout / kGlooConnectAttempts (see there), and the
 // waits for the other members' addresses must not shrink with it.
-class RendezvousStore : public c10d::Store {
+class RendezvousStore : public ForwardingStore {
  public:
   RendezvousStore(c10::intrusive_ptr<c10d::Store> inner,
                   std::chrono::steady_clock::time_point deadline,
                   const std::atomic<bool>* cancelled)
-      : c10d::Store(inner->getTimeout()),
-        inner_(std::move(inner)),
+      : ForwardingStore(std::move(inner)),
         deadline_(deadline),
         cancelled_(cancelled) {}
 
   c10::intrusive_ptr<c10d::Store> clone() override {
-    return c10::make_intrusive<RendezvousStore>(inner_->clone(), deadline_,
+    return c10::make_intrusive<RendezvousStore>(inner()->clone(), deadline_,
                                                 cancelled_);
-  }
-  void set(const std::string& key, const std::vector<uint8_t>& value) override {
-    inner_->set(key, value);
-  }
-  std::vector<uint8_t> compareSet(
-      const std::string& key, const std::vector<uint8_t>& expected,
-      const std::vector<uint8_t>& desired) override {
-    return inner_->compareSet(key, expected, desired);
   }
   std::vector<uint8_t> get(const std::string& key) override {
     wait({key});
-    return inner_->get(key);
+    return inner()->get(key);
   }
-  int64_t add(const std::string& key, int64_t value) override {
-    return inner_->add(key, value);
-  }
-  bool deleteKey(const std::string& key) override {
-    return inner_->deleteKey(key);
-  }
-  bool check(const std::vector<std::string>& keys) override {
-    return inner_->check(keys);
-  }
-  int64_t getNumKeys() override { return inner_->getNumKeys(); }
   void wait(const std::vector<std::string>& keys) override {
     wait(keys, timeout_);
   }
   void wait(const std::vector<std::string>& keys,
             const std::chrono::milliseconds& /*gloo's timeout*/) override {
-    while (!inner_->check(keys)) {
+    while (!inner()->check(keys)) {
       if (cancelled_ != nullptr && cancelled_->load()) {
         throw std::runtime_error("rendezvous cancelled (the member is stopping)");
       }
@@ -156,23 +138,13 @@ class RendezvousStore : public c10d::Store {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
-  void append(const std::string& key,
-              const std::vector<uint8_t>& value) override {
-    inner_->append(key, value);
-  }
   std::vector<std::vector<uint8_t>> multiGet(
       const std::vector<std::string>& keys) override {
     wait(keys);
-    return inner_->multiGet(keys);
+    return inner()->multiGet(keys);
   }
-  void multiSet(const std::vector<std::string>& keys,
-                const std::vector<std::vector<uint8_t>>& values) override {
-    inner_->multiSet(keys, values);
-  }
-  bool hasExtendedApi() const override { return inner_->hasExtendedApi(); }
 
  private:
-  const c10::intrusive_ptr<c10d::Store> inner_;
   const std::chrono::steady_clock::time_point deadline_;
   const std::atomic<bool>* const cancelled_;  // may be null
 };
