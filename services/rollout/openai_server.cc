@@ -194,7 +194,7 @@ class Session : public std::enable_shared_from_this<Session> {
       WriteJson(200,
                 openai::ModelList(server_->options.model_id, server_->created,
                                   server_->policy_version(),
-                                  server_->options.context_tokens));
+                                  server_->options.prompt.context_tokens));
       return;
     }
     openai::Endpoint endpoint;
@@ -226,13 +226,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Tokenizes, checks the context, and submits to the engine.
   void Start(openai::CompletionRequest request) {
-    const OpenAIServerOptions& o = server_->options;
     auto prepared =
         PrepareRequest(request, *server_->tokenizer, server_->templates.get(),
-                       server_->no_chat_reason,
-                       {.context_tokens = o.context_tokens,
-                        .vocab_size = o.vocab_size,
-                        .default_max_tokens = o.default_max_tokens});
+                       server_->no_chat_reason, server_->options.prompt);
     if (const auto* error = std::get_if<openai::ApiError>(&prepared)) {
       return WriteError(error->http_status, *error);
     }

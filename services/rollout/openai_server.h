@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/chat/chat_template.h"
+#include "services/rollout/openai_prompt.h"
 #include "services/rollout/openai_protocol.h"
 #include "services/rollout/serving_queue.h"
 
@@ -39,12 +40,8 @@ struct OpenAIServerOptions {
   std::string listen;
   // The id /v1/models lists and responses carry.
   std::string model_id;
-  // Longest prompt + completion, in tokens (the model's context).
-  int64_t context_tokens = 0;
-  int32_t vocab_size = 0;
-  // max_tokens when a request leaves it out (capped by what the context
-  // leaves).
-  int64_t default_max_tokens = 16;
+  // The model's context and vocabulary, and the default max_tokens.
+  PromptLimits prompt;
   int32_t max_connections = 64;
   size_t max_body_bytes = 4 << 20;
   absl::Duration request_timeout = absl::Seconds(600);

@@ -23,9 +23,9 @@ absl::Status RolloutWorker::StartOpenAIServer() {
     if (!dir.has_filename()) dir = dir.parent_path();  // a trailing '/'
     o.model_id = dir.filename().string();
   }
-  o.context_tokens = model_.max_tokens;
-  o.vocab_size = engine_model_->vocab_size();
-  o.default_max_tokens = config_.openai_default_max_tokens;
+  o.prompt = {.context_tokens = model_.max_tokens,
+              .vocab_size = engine_model_->vocab_size(),
+              .default_max_tokens = config_.openai_default_max_tokens};
   o.max_connections = static_cast<int32_t>(config_.openai_max_connections);
   o.max_body_bytes = static_cast<size_t>(config_.openai_max_body_bytes);
   o.request_timeout = absl::Seconds(config_.openai_request_timeout_s);
