@@ -9,6 +9,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.parse
@@ -22,6 +23,28 @@ BIN_DIR = os.environ.get("TANDEM_BIN_DIR", os.path.join(
 # grpc.health.v1.HealthCheckResponse.ServingStatus
 SERVING_STATUS = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING",
                   3: "SERVICE_UNKNOWN"}
+
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def proto_stubs(*names, out_dir=None):
+    """Generates the Python message classes of proto/tandem/v1/<name> for
+    each name (protoc at test time, python3-protobuf), puts the folder on
+    sys.path and returns it. A fresh temporary folder when out_dir is None
+    (the caller removes it); no names: only puts out_dir on the path (a child
+    process reusing its parent's stubs)."""
+    proto_root = os.path.join(REPO, "proto")
+    if out_dir is None:
+        out_dir = tempfile.mkdtemp(prefix="tandem-pb-")
+    if names:
+        subprocess.run(
+            ["protoc", f"--proto_path={proto_root}", f"--python_out={out_dir}",
+             *[os.path.join(proto_root, "tandem", "v1", name)
+               for name in names]], check=True)
+    if out_dir not in sys.path:
+        sys.path.insert(0, out_dir)
+    return out_dir
 
 
 def binary(name):

@@ -37,23 +37,11 @@ CHAR_IDS = {c: i for i, c in enumerate("0123456789+-= ")}
 EOS_ID = 15
 
 
-def generate_stubs(out_dir):
-    proto_root = os.path.join(REPO, "proto")
-    files = [os.path.join(proto_root, "tandem", "v1", name)
-             for name in ("common.proto", "coordinator.proto")]
-    subprocess.run(["protoc", f"--proto_path={proto_root}",
-                    f"--python_out={out_dir}", *files], check=True)
-    sys.path.insert(0, out_dir)
-
-
 # A worker child process reuses its parent's stubs.
 OWN_STUBS = "TANDEM_TEST_STUB_DIR" not in os.environ
-STUB_DIR = os.environ.get("TANDEM_TEST_STUB_DIR") or tempfile.mkdtemp(
-    prefix="tandem-pb-")
-if OWN_STUBS:
-    generate_stubs(STUB_DIR)
-else:
-    sys.path.insert(0, STUB_DIR)
+STUB_DIR = (harness.proto_stubs("common.proto", "coordinator.proto")
+            if OWN_STUBS else
+            harness.proto_stubs(out_dir=os.environ["TANDEM_TEST_STUB_DIR"]))
 from tandem.v1 import common_pb2 as common  # noqa: E402
 from tandem.v1 import coordinator_pb2 as pb  # noqa: E402
 

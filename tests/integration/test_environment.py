@@ -34,14 +34,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 from harness import metric_sum, scrape_metrics  # noqa: E402
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-STUB_DIR = tempfile.mkdtemp(prefix="tandem-pb-")
-subprocess.run(["protoc", f"--proto_path={os.path.join(REPO, 'proto')}",
-                f"--python_out={STUB_DIR}",
-                os.path.join(REPO, "proto", "tandem", "v1",
-                             "environment.proto")],
-               check=True)
-sys.path.insert(0, STUB_DIR)
+REPO = harness.REPO
+STUB_DIR = harness.proto_stubs("environment.proto")
 from tandem.v1 import environment_pb2 as pb  # noqa: E402
 
 MAX_TURNS = 4

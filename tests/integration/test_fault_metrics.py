@@ -17,7 +17,6 @@ test_coordinator_work) and calls the verifier's ScoreBatch directly
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,10 +29,7 @@ import harness  # noqa: E402
 import test_coordinator_work as work  # noqa: E402  (generates the stubs)
 from test_coordinator_work import common, pb  # noqa: E402
 
-subprocess.run(["protoc", f"--proto_path={os.path.join(work.REPO, 'proto')}",
-                f"--python_out={work.STUB_DIR}",
-                os.path.join(work.REPO, "proto", "tandem", "v1",
-                             "verifier.proto")], check=True)
+harness.proto_stubs("verifier.proto", out_dir=work.STUB_DIR)
 from tandem.v1 import verifier_pb2 as vpb  # noqa: E402
 
 LEASE_TIMEOUT_MS = 600

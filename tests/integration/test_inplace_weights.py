@@ -10,7 +10,6 @@ per-token policy versions that never go down.
 The tests share one cluster and run in the order of their names."""
 
 import os
-import subprocess
 import sys
 import tempfile
 import unittest
@@ -21,14 +20,7 @@ from harness import metric_sum, scrape_metrics  # noqa: E402
 
 import grpc  # noqa: E402
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-STUB_DIR = tempfile.mkdtemp(prefix="tandem-pb-inplace-")
-subprocess.run(["protoc", f"--proto_path={os.path.join(REPO, 'proto')}",
-                f"--python_out={STUB_DIR}",
-                *[os.path.join(REPO, "proto", "tandem", "v1", name)
-                  for name in ("common.proto", "coordinator.proto")]],
-               check=True)
-sys.path.insert(0, STUB_DIR)
+STUB_DIR = harness.proto_stubs("common.proto", "coordinator.proto")
 from tandem.v1 import coordinator_pb2 as pb  # noqa: E402
 
 ROLLOUT_INPLACE = """engine:

@@ -19,7 +19,6 @@ and its loss stays finite."""
 import math
 import os
 import shutil
-import subprocess
 import sys
 import time
 import unittest
@@ -32,10 +31,7 @@ from harness import metric_sum, scrape_metrics  # noqa: E402
 import test_coordinator_work as work  # noqa: E402  (generates the stubs)
 from test_coordinator_work import common, pb  # noqa: E402
 
-subprocess.run(["protoc", f"--proto_path={os.path.join(work.REPO, 'proto')}",
-                f"--python_out={work.STUB_DIR}",
-                os.path.join(work.REPO, "proto", "tandem", "v1",
-                             "rollout.proto")], check=True)
+harness.proto_stubs("rollout.proto", out_dir=work.STUB_DIR)
 from tandem.v1 import rollout_pb2 as rpb  # noqa: E402
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "config")

@@ -35,14 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 from harness import metric_sum, scrape_metrics  # noqa: E402
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-STUB_DIR = tempfile.mkdtemp(prefix="tandem-pb-")
-subprocess.run(["protoc", f"--proto_path={os.path.join(REPO, 'proto')}",
-                f"--python_out={STUB_DIR}",
-                *[os.path.join(REPO, "proto", "tandem", "v1", name)
-                  for name in ("common.proto", "verifier.proto")]],
-               check=True)
-sys.path.insert(0, STUB_DIR)
+STUB_DIR = harness.proto_stubs("common.proto", "verifier.proto")
 from tandem.v1 import verifier_pb2 as pb  # noqa: E402
 
 WORKER_THREADS = 2
