@@ -6,3 +6,12 @@ tandem_add_test(rollout_environment_client_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/rollout_environment_client_test.cc
   LIBS tandem_rollout_environment tandem_verifier_lib
   TIMEOUT 120)
+
+# rollout_episode_driver_test: episodes driven on the engine (toy model,
+# scripted turn text) against the real verifier's calculator environment:
+# a parsed tool call and its observation, a weight update mid-episode, a
+# malformed call, the turn limit, a hanging and an unreachable environment.
+tandem_add_test(rollout_episode_driver_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/rollout_episode_driver_test.cc
+  LIBS tandem_rollout_environment tandem_verifier_lib
+  TIMEOUT 120)
