@@ -27,8 +27,8 @@ void Engine::Park(Sequence* seq, FinishReason reason) {
   turn.turn_tokens.assign(seq->output.begin() + seq->turn_start,
                           seq->output.end());
   turn.turn = seq->turns;
-  turn.policy_version = seq->spans.empty() ? version_
-                                           : seq->spans.back().policy_version;
+  turn.policy_version =
+      seq->spans.empty() ? version_ : seq->spans.back().policy_version;
   turn.total_len = seq->total_len();
   parked_.push_back(std::move(turn));
 }
@@ -39,8 +39,7 @@ std::vector<ParkedTurn> Engine::TakeParked() {
   return out;
 }
 
-absl::Status Engine::Resume(const std::string& request_id,
-                            int32_t sample_index,
+absl::Status Engine::Resume(const std::string& request_id, int32_t sample_index,
                             const std::vector<int32_t>& environment_tokens,
                             int32_t max_turn_tokens) {
   absl::StatusOr<Sequence*> found = Find(request_id, sample_index);
@@ -60,12 +59,12 @@ absl::Status Engine::Resume(const std::string& request_id,
                           environment_tokens.size() + max_turn_tokens;
   if (longest > INT32_MAX ||
       blocks_.BlocksFor(static_cast<int32_t>(longest)) > blocks_.num_blocks()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "request ", request_id, " sample ", sample_index, ": ",
-        seq->total_len(), " tokens + ", environment_tokens.size(),
-        " environment tokens + max_turn_tokens (", max_turn_tokens,
-        ") exceed the whole KV cache (", blocks_.num_blocks(), " blocks of ",
-        blocks_.block_size(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("request ", request_id, " sample ", sample_index, ": ",
+                     seq->total_len(), " tokens + ", environment_tokens.size(),
+                     " environment tokens + max_turn_tokens (", max_turn_tokens,
+                     ") exceed the whole KV cache (", blocks_.num_blocks(),
+                     " blocks of ", blocks_.block_size(), ")"));
   }
   seq->AppendEnvironment(environment_tokens);
   seq->turn_start = static_cast<int32_t>(seq->output.size());
@@ -101,8 +100,7 @@ absl::Status Engine::EndTurn(const std::string& request_id,
   }
   const bool active = seq->status == SequenceStatus::kRunning ||
                       seq->status == SequenceStatus::kWaiting;
-  if (!active ||
-      static_cast<int32_t>(seq->output.size()) <= seq->turn_start) {
+  if (!active || static_cast<int32_t>(seq->output.size()) <= seq->turn_start) {
     return absl::FailedPreconditionError(
         absl::StrCat("request ", request_id, " sample ", sample_index,
                      ": EndTurn needs a running turn with at least one token"));

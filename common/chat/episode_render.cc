@@ -10,9 +10,8 @@ absl::StatusOr<std::string> RenderContinuation(
     const nlohmann::ordered_json& extra,
     const std::map<std::string, std::string>& special_tokens) {
   if (!observations.is_array()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("observations must be a JSON array, got ",
-                     observations.type_name()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "observations must be a JSON array, got ", observations.type_name()));
   }
   ChatTemplateInputs before;
   before.messages = nlohmann::ordered_json::array(
@@ -29,7 +28,8 @@ absl::StatusOr<std::string> RenderContinuation(
   absl::StatusOr<std::string> second =
       ApplyChatTemplate(tmpl, after, special_tokens);
   if (!second.ok()) return second.status();
-  const size_t end = turn_end.empty() ? std::string::npos : first->rfind(turn_end);
+  const size_t end =
+      turn_end.empty() ? std::string::npos : first->rfind(turn_end);
   if (end == std::string::npos) {
     return absl::FailedPreconditionError(absl::StrCat(
         "template ", tmpl.name(), ": the end-of-turn text \"", turn_end,

@@ -29,8 +29,7 @@ namespace tandem::chat {
 // (up to `turn_end`), or when `turn_end` is not in the first rendering.
 absl::StatusOr<std::string> RenderContinuation(
     const ChatTemplate& tmpl, const nlohmann::ordered_json& observations,
-    const std::string& turn_end,
-    const nlohmann::ordered_json& tools = nullptr,
+    const std::string& turn_end, const nlohmann::ordered_json& tools = nullptr,
     const nlohmann::ordered_json& extra = nlohmann::ordered_json::object(),
     const std::map<std::string, std::string>& special_tokens = {});
 

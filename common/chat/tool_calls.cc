@@ -19,7 +19,9 @@ using Json = nlohmann::json;
 // Debian's Abseil has its own string_view: these helpers work on the
 // standard one.
 absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
-bool IsSpace(char c) { return absl::ascii_isspace(static_cast<unsigned char>(c)); }
+bool IsSpace(char c) {
+  return absl::ascii_isspace(static_cast<unsigned char>(c));
+}
 std::string_view TrimLeft(std::string_view s) {
   while (!s.empty() && IsSpace(s.front())) s.remove_prefix(1);
   return s;
@@ -44,10 +46,9 @@ absl::StatusOr<Json> ParseJson(std::string_view text, size_t offset,
   try {
     return Json::parse(text.begin(), text.end());
   } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tool call ", index, " at byte ", offset,
-                     ": not valid JSON (", e.what(), "): ",
-                     AV(text.substr(0, 200))));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tool call ", index, " at byte ", offset, ": not valid JSON (",
+        e.what(), "): ", AV(text.substr(0, 200))));
   }
 }
 
@@ -189,8 +190,7 @@ absl::Status ParseLlamaCalls(std::string_view text, size_t begin,
                              const ToolCallLimits& limits, ParsedTurn* out) {
   size_t pos = begin;
   while (true) {
-    while (pos < text.size() &&
-           (IsSpace(text[pos]) || text[pos] == ';')) {
+    while (pos < text.size() && (IsSpace(text[pos]) || text[pos] == ';')) {
       ++pos;
     }
     if (pos >= text.size()) break;
@@ -202,23 +202,24 @@ absl::Status ParseLlamaCalls(std::string_view text, size_t begin,
     }
     const size_t end = ObjectEnd(text, pos);
     if (end == std::string_view::npos) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tool call ", index, " at byte ", pos,
-                       ": the JSON object is never closed: ",
-                       AV(text.substr(pos, 200))));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tool call ", index, " at byte ", pos,
+          ": the JSON object is never closed: ", AV(text.substr(pos, 200))));
     }
     if (absl::Status s = CheckCount(*out, limits); !s.ok()) return s;
-    absl::StatusOr<Json> json = ParseJson(text.substr(pos, end - pos), pos, index);
+    absl::StatusOr<Json> json =
+        ParseJson(text.substr(pos, end - pos), pos, index);
     if (!json.ok()) return json.status();
-    absl::StatusOr<ParsedToolCall> call = CallFromJson(
-        *json, pos, index, id_prefix, {"parameters", "arguments"});
+    absl::StatusOr<ParsedToolCall> call =
+        CallFromJson(*json, pos, index, id_prefix, {"parameters", "arguments"});
     if (!call.ok()) return call.status();
     out->calls.push_back(*std::move(call));
     pos = end;
   }
   if (out->calls.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "no tool call after <|python_tag|> at byte ", begin - kPythonTag.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("no tool call after <|python_tag|> at byte ",
+                     begin - kPythonTag.size()));
   }
   return absl::OkStatus();
 }

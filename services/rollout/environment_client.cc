@@ -95,13 +95,13 @@ void EnvironmentClient::Done(uint64_t id, const grpc::Status& status) {
     const absl::Status converted = rpc::ToAbslStatus(status);
     reply.status = absl::Status(
         converted.code(),
-        absl::StrCat(call.what, " at ", address_, ": ", converted.message(),
-                     status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
-                         ? absl::StrCat(" (no answer after ",
-                                        absl::FormatDuration(absl::Seconds(
-                                            reply.seconds)),
-                                        ")")
-                         : ""));
+        absl::StrCat(
+            call.what, " at ", address_, ": ", converted.message(),
+            status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
+                ? absl::StrCat(
+                      " (no answer after ",
+                      absl::FormatDuration(absl::Seconds(reply.seconds)), ")")
+                : ""));
   }
   completed_.push_back(std::move(reply));
   calls_.erase(it);

@@ -50,8 +50,8 @@ struct EnvironmentReply {
 
 class EnvironmentClient {
  public:
-  EnvironmentClient(std::shared_ptr<grpc::Channel> channel,
-                    std::string address, EnvironmentClientOptions options);
+  EnvironmentClient(std::shared_ptr<grpc::Channel> channel, std::string address,
+                    EnvironmentClientOptions options);
   ~EnvironmentClient();
   EnvironmentClient(const EnvironmentClient&) = delete;
   EnvironmentClient& operator=(const EnvironmentClient&) = delete;

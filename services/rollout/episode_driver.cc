@@ -49,8 +49,7 @@ std::optional<EpisodeDriver::Key> EpisodeDriver::ParseKey(
     const std::string& text) {
   const size_t hash = text.rfind('#');
   if (hash == std::string::npos) return std::nullopt;
-  return Key{text.substr(0, hash),
-             std::atoi(text.c_str() + hash + 1)};
+  return Key{text.substr(0, hash), std::atoi(text.c_str() + hash + 1)};
 }
 
 absl::Status EpisodeDriver::Start(EpisodeTask task) {
@@ -167,8 +166,8 @@ void EpisodeDriver::HandleReply(EnvironmentReply reply) {
     End(e, EndReasonName(step.end_reason()), step.end_text());
     return;
   }
-  std::vector<tandem::v1::Observation> observations(
-      step.observations().begin(), step.observations().end());
+  std::vector<tandem::v1::Observation> observations(step.observations().begin(),
+                                                    step.observations().end());
   absl::StatusOr<std::vector<int32_t>> tokens =
       codec_.render_observations(observations);
   if (!tokens.ok()) {
@@ -188,8 +187,10 @@ void EpisodeDriver::HandleReply(EnvironmentReply reply) {
   if (room < 1) {
     End(e, "token_limit",
         absl::StrCat(e.completion_tokens, " completion tokens + ",
-                     tokens->size(), " observation tokens leave no room in "
-                     "max_episode_tokens ", limits_.max_episode_tokens));
+                     tokens->size(),
+                     " observation tokens leave no room in "
+                     "max_episode_tokens ",
+                     limits_.max_episode_tokens));
     return;
   }
   absl::Status resumed =

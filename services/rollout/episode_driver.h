@@ -106,7 +106,7 @@ class EpisodeDriver {
     // A turn that ended and waits to be sent (the episode is not open yet).
     std::optional<engine::ParkedTurn> pending_turn;
     bool step_in_flight = false;
-    bool ended = false;  // EndEpisode called; waiting for OnFinished
+    bool ended = false;             // EndEpisode called; waiting for OnFinished
     int32_t completion_tokens = 0;  // output tokens at the last park
     int32_t turns = 0;              // model turns taken
     EpisodeResult result;

@@ -39,8 +39,9 @@ ChatTemplate MustParse(const std::string& source) {
   return *t;
 }
 
-TEST_CASE("two tool results render as one grouped user turn and the next "
-          "assistant header, after the cached end-of-turn token") {
+TEST_CASE(
+    "two tool results render as one grouped user turn and the next "
+    "assistant header, after the cached end-of-turn token") {
   const ChatTemplate t = MustParse(kChatMl);
   const Json obs = Json::parse(R"([
     {"role": "tool", "content": "9193", "tool_call_id": "call_1_0", "name": "calculator"},
@@ -55,11 +56,13 @@ TEST_CASE("two tool results render as one grouped user turn and the next "
       t, Json::parse(R"([{"role": "user", "content": "try again"}])"),
       "<|im_end|>");
   REQUIRE(user.ok());
-  CHECK(*user == "\n<|im_start|>user\ntry again<|im_end|>\n<|im_start|>assistant\n");
+  CHECK(*user ==
+        "\n<|im_start|>user\ntry again<|im_end|>\n<|im_start|>assistant\n");
 }
 
-TEST_CASE("a template that re-renders earlier turns, or a wrong end-of-turn "
-          "text, is refused with the reason") {
+TEST_CASE(
+    "a template that re-renders earlier turns, or a wrong end-of-turn "
+    "text, is refused with the reason") {
   const ChatTemplate t = MustParse(kChatMl);
   auto missing = RenderContinuation(
       t, Json::parse(R"([{"role": "user", "content": "x"}])"), "<|eot_id|>");

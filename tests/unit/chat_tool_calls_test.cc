@@ -31,8 +31,10 @@ std::string MustFail(const std::string& turn, ToolCallFormat format,
 
 TEST_CASE("hermes: Qwen2.5's two parallel calls with text before them") {
   const std::string turn =
-      "Let me check both.\n<tool_call>\n{\"name\": \"get_current_temperature\", "
-      "\"arguments\": {\"location\": \"San Francisco, CA, USA\"}}\n</tool_call>\n"
+      "Let me check both.\n<tool_call>\n{\"name\": "
+      "\"get_current_temperature\", "
+      "\"arguments\": {\"location\": \"San Francisco, CA, "
+      "USA\"}}\n</tool_call>\n"
       "<tool_call>\n{\"name\": \"get_temperature_date\", \"arguments\": "
       "{\"location\": \"San Francisco, CA, USA\", \"date\": \"2024-10-01\"}}\n"
       "</tool_call><|im_end|>";
@@ -43,11 +45,13 @@ TEST_CASE("hermes: Qwen2.5's two parallel calls with text before them") {
         ParsedToolCall{"call_0", "get_current_temperature",
                        R"({"location":"San Francisco, CA, USA"})"});
   CHECK(parsed.calls[1] ==
-        ParsedToolCall{"call_1", "get_temperature_date",
-                       R"({"date":"2024-10-01","location":"San Francisco, CA, USA"})"});
+        ParsedToolCall{
+            "call_1", "get_temperature_date",
+            R"({"date":"2024-10-01","location":"San Francisco, CA, USA"})"});
 }
 
-TEST_CASE("hermes: the demo model's calculator call, and a turn without calls") {
+TEST_CASE(
+    "hermes: the demo model's calculator call, and a turn without calls") {
   ParsedTurn call = MustParse(
       "<tool_call>{\"name\": \"calculator\", \"arguments\": {\"expression\": "
       "\"317*29\"}}</tool_call>",
@@ -57,8 +61,8 @@ TEST_CASE("hermes: the demo model's calculator call, and a turn without calls") 
   CHECK(call.calls[0].name == "calculator");
   CHECK(call.calls[0].arguments_json == R"({"expression":"317*29"})");
 
-  ParsedTurn answer = MustParse("The answer is 9193.<|im_end|>",
-                                ToolCallFormat::kHermes);
+  ParsedTurn answer =
+      MustParse("The answer is 9193.<|im_end|>", ToolCallFormat::kHermes);
   CHECK(answer.content == "The answer is 9193.");
   CHECK(answer.calls.empty());
 }
@@ -106,13 +110,13 @@ TEST_CASE("hermes: malformed calls are errors naming the call and the byte") {
       ToolCallFormat::kHermes);
   CHECK_THAT(msg, Catch::Contains("tool call 1 at byte 47"));
   CHECK_THAT(msg, Catch::Contains("\"name\" must be a non-empty string"));
-  msg = MustFail("<tool_call>{\"name\": 7}</tool_call>", ToolCallFormat::kHermes);
+  msg =
+      MustFail("<tool_call>{\"name\": 7}</tool_call>", ToolCallFormat::kHermes);
   CHECK_THAT(msg, Catch::Contains("got 7"));
   msg = MustFail("<tool_call>[1, 2]</tool_call>", ToolCallFormat::kHermes);
   CHECK_THAT(msg, Catch::Contains("expected a JSON object, got array"));
-  msg = MustFail(
-      "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>",
-      ToolCallFormat::kHermes);
+  msg = MustFail("<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>",
+                 ToolCallFormat::kHermes);
   CHECK_THAT(msg, Catch::Contains("\"arguments\" must be a JSON object"));
   msg = MustFail("<tool_call></tool_call>", ToolCallFormat::kHermes);
   CHECK_THAT(msg, Catch::Contains("not valid JSON"));
@@ -120,14 +124,15 @@ TEST_CASE("hermes: malformed calls are errors naming the call and the byte") {
 
 TEST_CASE("hermes: more calls than the limit are refused") {
   std::string turn;
-  for (int i = 0; i < 4; ++i) turn += "<tool_call>{\"name\": \"f\"}</tool_call>";
+  for (int i = 0; i < 4; ++i)
+    turn += "<tool_call>{\"name\": \"f\"}</tool_call>";
   ToolCallLimits limits;
   limits.max_calls = 3;
   CHECK_THAT(MustFail(turn, ToolCallFormat::kHermes, limits),
              Catch::Contains("more than 3 tool calls"));
   limits.max_calls = 4;
-  CHECK(ParseToolCalls(turn, ToolCallFormat::kHermes, "c", limits)->calls.size() ==
-        4);
+  CHECK(ParseToolCalls(turn, ToolCallFormat::kHermes, "c", limits)
+            ->calls.size() == 4);
 }
 
 TEST_CASE("llama3: a JSON turn is a call; parameters become the arguments") {
@@ -138,8 +143,9 @@ TEST_CASE("llama3: a JSON turn is a call; parameters become the arguments") {
   CHECK(parsed.content.empty());
   REQUIRE(parsed.calls.size() == 1);
   CHECK(parsed.calls[0] ==
-        ParsedToolCall{"call_0", "get_current_conditions",
-                       R"({"location":"San Francisco, CA","unit":"Fahrenheit"})"});
+        ParsedToolCall{
+            "call_0", "get_current_conditions",
+            R"({"location":"San Francisco, CA","unit":"Fahrenheit"})"});
 }
 
 TEST_CASE("llama3: <|python_tag|> with text before it and two calls") {

@@ -6,8 +6,8 @@
 // aborted, lose their cache first under memory pressure, and see a weight
 // commit between turns as the next turn's version.
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -120,8 +120,9 @@ void CheckModelTokens(const ToyModel& model, const FinishedSample& s,
   }
 }
 
-TEST_CASE("park/resume keeps the cache: only the environment's tokens are "
-          "prefilled, spans cover every token") {
+TEST_CASE(
+    "park/resume keeps the cache: only the environment's tokens are "
+    "prefilled, spans cover every token") {
   ToyModel model(kVocab);
   Engine engine(Options(), &model, nullptr, 0);
   const std::vector<int32_t> prompt = Prompt(1, 6);
@@ -154,10 +155,10 @@ TEST_CASE("park/resume keeps the cache: only the environment's tokens are "
   REQUIRE(s.output.size() == 10);
   CHECK(std::vector<int32_t>(s.output.begin() + 4, s.output.begin() + 7) ==
         env);
-  CHECK(s.source_spans == std::vector<SourceSpan>{
-                              {TokenSource::kModel, 4},
-                              {TokenSource::kEnvironment, 3},
-                              {TokenSource::kModel, 3}});
+  CHECK(s.source_spans ==
+        std::vector<SourceSpan>{{TokenSource::kModel, 4},
+                                {TokenSource::kEnvironment, 3},
+                                {TokenSource::kModel, 3}});
   CHECK(s.spans == std::vector<VersionSpan>{{0, 10}});
   // Each token was computed once: the earlier turn was never prefilled again.
   CHECK(model.computed_tokens_ == 6 + 10 - 1);
@@ -166,8 +167,9 @@ TEST_CASE("park/resume keeps the cache: only the environment's tokens are "
   CHECK(engine.Snapshot().kv_blocks_used == 0);
 }
 
-TEST_CASE("a stop token parks with reason stop; a single-turn sample has no "
-          "source spans") {
+TEST_CASE(
+    "a stop token parks with reason stop; a single-turn sample has no "
+    "source spans") {
   // Learn the greedy tokens, then make a later one that did not occur
   // before it a stop token.
   ToyModel probe_model(kVocab);
@@ -238,8 +240,9 @@ TEST_CASE("a parked sequence is aborted with its tokens and frees its blocks") {
   CHECK(engine.Resume("a", 0, {1}, 2).code() == absl::StatusCode::kNotFound);
 }
 
-TEST_CASE("a weight commit between turns: the next turn carries the new "
-          "version over the kept cache") {
+TEST_CASE(
+    "a weight commit between turns: the next turn carries the new "
+    "version over the kept cache") {
   ToyModel model(kVocab);
   Engine engine(Options(), &model, &model, 0);
   const std::vector<int32_t> prompt = Prompt(6, 5);
@@ -266,8 +269,9 @@ TEST_CASE("a weight commit between turns: the next turn carries the new "
       [&](size_t i) { return i < prompt.size() + 3 ? 0 : 1; });
 }
 
-TEST_CASE("kv_policy recompute drops a parked cache at a commit and rebuilds "
-          "it under the new weights") {
+TEST_CASE(
+    "kv_policy recompute drops a parked cache at a commit and rebuilds "
+    "it under the new weights") {
   ToyModel model(kVocab);
   EngineOptions o = Options();
   o.kv_policy = EngineOptions::KvPolicy::kRecompute;
@@ -294,8 +298,9 @@ TEST_CASE("kv_policy recompute drops a parked cache at a commit and rebuilds "
       model, s, [](size_t) { return 1; }, [](size_t) { return 1; }, 5, 9);
 }
 
-TEST_CASE("under memory pressure a parked cache is reclaimed first and "
-          "recomputed on resume with the same tokens") {
+TEST_CASE(
+    "under memory pressure a parked cache is reclaimed first and "
+    "recomputed on resume with the same tokens") {
   // Reference: the episode alone, no pressure.
   auto run_episode = [](int32_t blocks, bool with_pressure,
                         uint32_t* preemptions, int64_t* recomputed) {
@@ -345,8 +350,7 @@ TEST_CASE("EndTurn parks a running turn; misuse is a clear error") {
   plain.max_tokens = 10;
   REQUIRE(engine.Add("b", Prompt(11, 4), plain).ok());
   for (int s = 0; s < 3; ++s) REQUIRE(engine.Step().ok());
-  CHECK(engine.EndTurn("b", 0).code() ==
-        absl::StatusCode::kFailedPrecondition);
+  CHECK(engine.EndTurn("b", 0).code() == absl::StatusCode::kFailedPrecondition);
   CHECK(engine.Resume("a", 0, {}, 2).code() ==
         absl::StatusCode::kFailedPrecondition);
   REQUIRE(engine.EndTurn("a", 0).ok());
@@ -354,8 +358,7 @@ TEST_CASE("EndTurn parks a running turn; misuse is a clear error") {
   REQUIRE(parked.size() == 1);
   CHECK(parked[0].reason == FinishReason::kStop);
   CHECK(parked[0].turn_tokens.size() == 3);
-  CHECK(engine.EndTurn("a", 0).code() ==
-        absl::StatusCode::kFailedPrecondition);
+  CHECK(engine.EndTurn("a", 0).code() == absl::StatusCode::kFailedPrecondition);
   absl::Status too_big = engine.Resume("a", 0, {}, 5000);
   CHECK(too_big.code() == absl::StatusCode::kInvalidArgument);
   CHECK_THAT(std::string(too_big.message()),

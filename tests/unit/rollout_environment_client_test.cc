@@ -48,8 +48,8 @@ TEST_CASE("a calculator episode against the real verifier, call by call") {
   std::unique_ptr<verifier::Verifier> daemon = StartVerifier();
   const std::string address = daemon->grpc_address();
   EnvironmentClient client(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()),
-      address, {});
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()), address,
+      {});
   tandem::v1::OpenEpisodeRequest open;
   open.set_environment("calculator");
   open.set_task_id("t1");
@@ -144,8 +144,9 @@ struct HangingServer {
   }
 };
 
-TEST_CASE("an environment that hangs: the Step ends at its deadline, and the "
-          "call never blocks the caller") {
+TEST_CASE(
+    "an environment that hangs: the Step ends at its deadline, and the "
+    "call never blocks the caller") {
   HangingServer hanging;
   EnvironmentClientOptions options;
   options.step_timeout = absl::Milliseconds(300);
@@ -199,9 +200,9 @@ TEST_CASE("Stop cancels a call in flight at once; later calls are refused") {
 TEST_CASE("an address nobody serves is UNAVAILABLE, named in the error") {
   EnvironmentClientOptions options;
   options.open_timeout = absl::Seconds(5);
-  EnvironmentClient client(grpc::CreateChannel(
-                               "127.0.0.1:1", grpc::InsecureChannelCredentials()),
-                           "127.0.0.1:1", options);
+  EnvironmentClient client(
+      grpc::CreateChannel("127.0.0.1:1", grpc::InsecureChannelCredentials()),
+      "127.0.0.1:1", options);
   tandem::v1::OpenEpisodeRequest open;
   open.set_environment("calculator");
   client.Open("k", open);

@@ -61,21 +61,22 @@ struct Rig {
   Rig(const std::string& address, EpisodeLimits limits,
       EnvironmentClientOptions options = {})
       : engine(Options(), &model, &model, 0),
-        channel(grpc::CreateChannel(address, grpc::InsecureChannelCredentials())),
+        channel(
+            grpc::CreateChannel(address, grpc::InsecureChannelCredentials())),
         client(channel, address, options),
         driver(&engine, &client,
-               EpisodeCodec{
-                   [this](const std::vector<int32_t>&) {
-                     decoded.push_back(next_turn < script.size()
-                                           ? script[next_turn]
-                                           : std::string("no more script"));
-                     ++next_turn;
-                     return decoded.back();
-                   },
-                   [](const std::vector<tandem::v1::Observation>& obs)
-                       -> absl::StatusOr<std::vector<int32_t>> {
-                     return Render(obs);
-                   }},
+               EpisodeCodec{[this](const std::vector<int32_t>&) {
+                              decoded.push_back(
+                                  next_turn < script.size()
+                                      ? script[next_turn]
+                                      : std::string("no more script"));
+                              ++next_turn;
+                              return decoded.back();
+                            },
+                            [](const std::vector<tandem::v1::Observation>& obs)
+                                -> absl::StatusOr<std::vector<int32_t>> {
+                              return Render(obs);
+                            }},
                chat::ToolCallFormat::kHermes, limits) {}
 
   static engine::EngineOptions Options() {
@@ -123,8 +124,9 @@ struct Rig {
   }
 };
 
-TEST_CASE("a calculator episode: a real parsed call, its observation as "
-          "environment tokens, a weight update mid-episode, reward 1") {
+TEST_CASE(
+    "a calculator episode: a real parsed call, its observation as "
+    "environment tokens, a weight update mid-episode, reward 1") {
   std::unique_ptr<verifier::Verifier> daemon = StartVerifier();
   EpisodeLimits limits;
   limits.max_turn_tokens = 4;
@@ -157,29 +159,27 @@ TEST_CASE("a calculator episode: a real parsed call, its observation as "
   const engine::FinishedSample& s = r.sample;
   CHECK(s.turns == 2);
   // Turn 1 (4 tokens), the observation "9193" as rendered, turn 2 (4).
-  const std::vector<int32_t> observation =
-      Render({[] {
-        tandem::v1::Observation o;
-        o.set_content("9193");
-        return o;
-      }()});
+  const std::vector<int32_t> observation = Render({[] {
+    tandem::v1::Observation o;
+    o.set_content("9193");
+    return o;
+  }()});
   REQUIRE(s.output.size() == 4 + observation.size() + 4);
   CHECK(std::vector<int32_t>(s.output.begin() + 4,
                              s.output.begin() + 4 + observation.size()) ==
         observation);
   const bool sources_ok =
-      s.source_spans ==
-      std::vector<engine::SourceSpan>{
-          {engine::TokenSource::kModel, 4},
-          {engine::TokenSource::kEnvironment,
-           static_cast<uint32_t>(observation.size())},
-          {engine::TokenSource::kModel, 4}};
+      s.source_spans == std::vector<engine::SourceSpan>{
+                            {engine::TokenSource::kModel, 4},
+                            {engine::TokenSource::kEnvironment,
+                             static_cast<uint32_t>(observation.size())},
+                            {engine::TokenSource::kModel, 4}};
   CHECK(sources_ok);
   // Turn 1 and the observation under v0, turn 2 under v1.
   const bool versions_ok =
-      s.spans == std::vector<engine::VersionSpan>{
-                     {0, static_cast<uint32_t>(4 + observation.size())},
-                     {1, 4}};
+      s.spans ==
+      std::vector<engine::VersionSpan>{
+          {0, static_cast<uint32_t>(4 + observation.size())}, {1, 4}};
   CHECK(versions_ok);
   for (size_t t = 4; t < 4 + observation.size(); ++t) {
     CHECK(s.logprobs[t] == 0.0f);
@@ -191,13 +191,15 @@ TEST_CASE("a calculator episode: a real parsed call, its observation as "
   daemon->GracefulStop(absl::Seconds(10));
 }
 
-TEST_CASE("a malformed call becomes the turn's text; the turn limit ends an "
-          "episode the environment would continue") {
+TEST_CASE(
+    "a malformed call becomes the turn's text; the turn limit ends an "
+    "episode the environment would continue") {
   std::unique_ptr<verifier::Verifier> daemon = StartVerifier();
   {
     Rig rig(daemon->grpc_address(), EpisodeLimits{});
-    rig.script = {"<tool_call>{\"name\": \"calculator\", \"arguments\": "
-                  "{\"expression\"</tool_call>"};
+    rig.script = {
+        "<tool_call>{\"name\": \"calculator\", \"arguments\": "
+        "{\"expression\"</tool_call>"};
     REQUIRE(rig.Start("bad", 3).ok());
     EpisodeResult r = rig.RunOne();
     CHECK(r.malformed_turns == 1);
@@ -212,8 +214,9 @@ TEST_CASE("a malformed call becomes the turn's text; the turn limit ends an "
     EpisodeLimits limits;
     limits.max_turns = 1;
     Rig rig(daemon->grpc_address(), limits);
-    rig.script = {"<tool_call>{\"name\": \"calculator\", \"arguments\": "
-                  "{\"expression\": \"1+1\"}}</tool_call>"};
+    rig.script = {
+        "<tool_call>{\"name\": \"calculator\", \"arguments\": "
+        "{\"expression\": \"1+1\"}}</tool_call>"};
     REQUIRE(rig.Start("limited", 3).ok());
     EpisodeResult r = rig.RunOne();
     CHECK(r.end_reason == "turn_limit");
@@ -249,8 +252,9 @@ class HangingEnvironment : public tandem::v1::Environment::CallbackService {
   }
 };
 
-TEST_CASE("an environment that hangs or is gone ends the episode with a "
-          "reason; the worker keeps generating") {
+TEST_CASE(
+    "an environment that hangs or is gone ends the episode with a "
+    "reason; the worker keeps generating") {
   HangingEnvironment service;
   int port = 0;
   grpc::ServerBuilder builder;
