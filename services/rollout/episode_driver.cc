@@ -136,7 +136,14 @@ void EpisodeDriver::HandleReply(EnvironmentReply reply) {
   std::optional<Key> key = ParseKey(reply.key);
   if (!key) return;
   auto it = episodes_.find(*key);
-  if (it == episodes_.end()) return;
+  if (it == episodes_.end()) {
+    // An episode that opened after its sample was aborted: close it.
+    if (reply.kind == EnvironmentReply::Kind::kOpen &&
+        orphaned_opens_.erase(reply.key) > 0 && reply.status.ok()) {
+      client_->Close(reply.key, reply.open.episode_id());
+    }
+    return;
+  }
   Episode& e = it->second;
   if (e.ended) return;
   if (reply.kind == EnvironmentReply::Kind::kOpen) {
@@ -225,6 +232,8 @@ bool EpisodeDriver::OnFinished(engine::FinishedSample& sample) {
     result.end_reason = "aborted";
     if (!e.episode_id.empty()) {
       client_->Close(KeyText(it->first), e.episode_id);
+    } else if (!e.open_failed) {
+      orphaned_opens_.insert(KeyText(it->first));  // its open is in flight
     }
   }
   result.sample = std::move(sample);

@@ -19,6 +19,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -127,6 +128,9 @@ class EpisodeDriver {
   const chat::ToolCallFormat format_;
   const EpisodeLimits limits_;
   std::map<Key, Episode> episodes_;
+  // Keys of aborted episodes whose OpenEpisode was still in flight: closed
+  // when it answers.
+  std::set<std::string> orphaned_opens_;
   std::vector<EpisodeResult> finished_;
 };
 

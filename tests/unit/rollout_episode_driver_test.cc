@@ -11,7 +11,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -141,7 +143,10 @@ TEST_CASE(
   plain.max_tokens = 40;
   REQUIRE(rig.engine.Add("other", {9, 9, 9}, plain).ok());
   bool staged = false;
+  int32_t steps_with_episode_parked = 0;
   EpisodeResult r = rig.RunOne([&] {
+    const engine::EngineSnapshot snap = rig.engine.Snapshot();
+    if (snap.parked == 1 && snap.running == 1) ++steps_with_episode_parked;
     // The episode's first turn has ended: a new version arrives while it
     // waits for the environment.
     if (!staged && rig.engine.Snapshot().parked == 1) {
@@ -184,7 +189,12 @@ TEST_CASE(
   for (size_t t = 4; t < 4 + observation.size(); ++t) {
     CHECK(s.logprobs[t] == 0.0f);
   }
-  // The other request ran while the episode waited.
+  // The other request decoded while the episode waited, and finishes.
+  CHECK(steps_with_episode_parked > 0);
+  for (int i = 0; i < 100 && rig.others.empty(); ++i) {
+    REQUIRE(rig.engine.Step().ok());
+    for (auto& f : rig.engine.TakeFinished()) rig.others.push_back(f);
+  }
   REQUIRE(rig.others.size() == 1);
   CHECK(rig.others[0].output.size() == 40);
   rig.client.Stop();
@@ -228,6 +238,41 @@ TEST_CASE(
   daemon->GracefulStop(absl::Seconds(10));
 }
 
+TEST_CASE("a group of two samples runs two episodes") {
+  std::unique_ptr<verifier::Verifier> daemon = StartVerifier();
+  EpisodeLimits limits;
+  limits.max_turn_tokens = 3;
+  Rig rig(daemon->grpc_address(), limits);
+  rig.script = {"9193", "9194"};
+  EpisodeTask task;
+  task.request_id = "group";
+  task.prompt = {3, 4, 5};
+  task.params.temperature = 1.0f;
+  task.params.seed = 7;
+  task.params.n = 2;
+  task.open.set_environment("calculator");
+  task.open.set_prompt_text("What is 317*29?");
+  task.open.set_verifier("exact");
+  (*task.open.mutable_metadata())["answer"] = "9193";
+  REQUIRE(rig.driver.Start(task).ok());
+  CHECK(rig.driver.Start(task).code() == absl::StatusCode::kInvalidArgument);
+  std::vector<EpisodeResult> results = {rig.RunOne()};
+  results.push_back(rig.RunOne());
+  std::map<double, int> rewards;
+  for (const EpisodeResult& r : results) {
+    CHECK(r.end_reason == "answered");
+    REQUIRE(r.reward.has_value());
+    ++rewards[*r.reward];
+  }
+  // One sample's turn decoded as the right answer, the other's not.
+  CHECK(rewards == std::map<double, int>{{0.0, 1}, {1.0, 1}});
+  CHECK(results[0].sample.sample_index != results[1].sample.sample_index);
+  CHECK(rig.driver.active() == 0);
+
+  rig.client.Stop();
+  daemon->GracefulStop(absl::Seconds(10));
+}
+
 // Opens episodes, then never answers a Step (until cancelled).
 class HangingEnvironment : public tandem::v1::Environment::CallbackService {
  public:
@@ -240,6 +285,17 @@ class HangingEnvironment : public tandem::v1::Environment::CallbackService {
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
+  grpc::ServerUnaryReactor* CloseEpisode(
+      grpc::CallbackServerContext* context,
+      const tandem::v1::CloseEpisodeRequest* request,
+      tandem::v1::CloseEpisodeResponse* response) override {
+    if (request->episode_id() == "hang-1") ++closes;
+    response->set_existed(true);
+    auto* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  std::atomic<int> closes{0};
   grpc::ServerUnaryReactor* Step(grpc::CallbackServerContext*,
                                  const tandem::v1::StepRequest*,
                                  tandem::v1::StepResponse*) override {
@@ -279,6 +335,25 @@ TEST_CASE(
     CHECK(r.end_reason == "environment_failed");
     CHECK_THAT(r.end_text, Catch::Contains("no answer after"));
     CHECK(rig.others.size() == 1);
+    // The failed episode is closed.
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (service.closes < 1 && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    CHECK(service.closes == 1);
+
+    // Aborted while its open may still be in flight: closed once opened.
+    REQUIRE(rig.Start("aborted", 50).ok());
+    REQUIRE(rig.engine.Step().ok());
+    CHECK(rig.engine.Abort("aborted") == 1);
+    EpisodeResult aborted = rig.RunOne();
+    CHECK(aborted.end_reason == "aborted");
+    const absl::Time give_up2 = absl::Now() + absl::Seconds(10);
+    while (service.closes < 2 && absl::Now() < give_up2) {
+      rig.driver.Poll();
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    CHECK(service.closes == 2);
   }
   {
     Rig rig("127.0.0.1:1", EpisodeLimits{});
