@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -59,6 +60,7 @@ struct Rig {
   std::vector<std::string> decoded;
   EpisodeDriver driver;
   std::vector<engine::FinishedSample> others;
+  std::deque<EpisodeResult> ready;
 
   Rig(const std::string& address, EpisodeLimits limits,
       EnvironmentClientOptions options = {})
@@ -104,20 +106,25 @@ struct Rig {
     return driver.Start(std::move(task));
   }
 
-  // Steps the engine and the driver until an episode finishes.
+  // Steps the engine and the driver until an episode finishes (episodes
+  // that finish in the same step are returned by the next calls).
   EpisodeResult RunOne(const std::function<void()>& on_step = {}) {
     const absl::Time give_up = absl::Now() + absl::Seconds(30);
     while (absl::Now() < give_up) {
+      if (!ready.empty()) {
+        EpisodeResult r = std::move(ready.front());
+        ready.pop_front();
+        return r;
+      }
       REQUIRE(engine.Step().ok());
       driver.Poll();
       for (auto& f : engine.TakeFinished()) {
         if (!driver.OnFinished(f)) others.push_back(std::move(f));
       }
-      std::vector<EpisodeResult> done = driver.TakeFinished();
-      if (!done.empty()) {
-        REQUIRE(done.size() == 1);
-        return std::move(done[0]);
+      for (EpisodeResult& r : driver.TakeFinished()) {
+        ready.push_back(std::move(r));
       }
+      if (!ready.empty()) continue;
       if (on_step) on_step();
       if (engine.idle()) client.WaitForReply(absl::Milliseconds(10));
     }
