@@ -51,6 +51,7 @@ absl::Status Engine::Add(const std::string& request_id,
     seq->sample_index = i;
     seq->prompt = prompt;
     seq->params = params;
+    seq->turn_limit = params.max_tokens;
     seq->rng.seed(params.seed != 0 ? params.seed + i : std::random_device{}());
     seq->arrival = now;
     Sequence* raw = seq.get();
@@ -215,13 +216,18 @@ absl::StatusOr<StepStats> Engine::Step() {
     if (stop) {
       seq->finish_reason = FinishReason::kStop;
       done.push_back(seq);
-    } else if (static_cast<int32_t>(seq->output.size()) >=
-               seq->params.max_tokens) {
+    } else if (static_cast<int32_t>(seq->output.size()) >= seq->turn_limit) {
       seq->finish_reason = FinishReason::kLength;
       done.push_back(seq);
     }
   }
-  for (Sequence* seq : done) Retire(seq, seq->finish_reason);
+  for (Sequence* seq : done) {
+    if (seq->params.park_at_turn_end) {
+      Park(seq, seq->finish_reason);
+    } else {
+      Retire(seq, seq->finish_reason);
+    }
+  }
   stats.finished = static_cast<int32_t>(done.size());
   stats.step_seconds = absl::ToDoubleSeconds(absl::Now() - step_start);
   return stats;
@@ -235,6 +241,8 @@ void Engine::Retire(Sequence* seq, FinishReason reason) {
   sample.output = std::move(seq->output);
   sample.logprobs = std::move(seq->logprobs);
   sample.spans = std::move(seq->spans);
+  sample.source_spans = std::move(seq->sources);
+  sample.turns = seq->turns;
   sample.finish_reason = reason;
   sample.preemptions = seq->preemptions;
   sample.admitted = seq->admitted;
@@ -318,6 +326,7 @@ EngineSnapshot Engine::Snapshot() const {
   EngineSnapshot s;
   s.running = static_cast<int32_t>(scheduler_.running().size());
   s.waiting = static_cast<int32_t>(scheduler_.num_waiting());
+  s.parked = static_cast<int32_t>(scheduler_.num_parked());
   for (const auto& [request, siblings] : pending_siblings_) {
     s.waiting += static_cast<int32_t>(siblings.size());
   }

@@ -9,6 +9,14 @@
 // log-prob and the live policy version, and (5) retires finished samples.
 // Not thread-safe: one thread drives Step(); Add() and TakeFinished() are
 // called from that thread too (the service layer queues work for it).
+//
+// Multi-turn episodes (SamplingParams::park_at_turn_end): a turn that ends
+// parks its sequence with its KV cache (TakeParked reports it); while its
+// environment answers, the other sequences keep the batch. Resume() appends
+// the environment's tokens, which are prefilled as one chunk before
+// decoding continues; a weight commit between turns simply makes the next
+// turn's tokens carry the new version (or, under kRecompute, drops parked
+// caches too). EndEpisode() retires it; Abort() works on parked sequences.
 
 #include <cstdint>
 #include <map>
@@ -50,9 +58,30 @@ struct FinishedSample {
   std::vector<int32_t> output;
   std::vector<float> logprobs;
   std::vector<VersionSpan> spans;
+  // Empty unless the environment wrote tokens (a multi-turn episode); then
+  // covers `output` exactly.
+  std::vector<SourceSpan> source_spans;
+  // Model turns begun (1 for a single-turn sample).
+  int32_t turns = 1;
   FinishReason finish_reason = FinishReason::kNone;
   uint32_t preemptions = 0;
   absl::Time admitted, first_token, finished;
+};
+
+// A model turn that ended; its sequence is parked (park_at_turn_end).
+struct ParkedTurn {
+  std::string request_id;
+  int32_t sample_index = 0;
+  // kStop (stop token, EOS, or EndTurn) or kLength (the turn's budget).
+  FinishReason reason = FinishReason::kNone;
+  // The turn's tokens (its end token included), their first index in the
+  // sample's output, and the version of its last token.
+  std::vector<int32_t> turn_tokens;
+  int32_t turn_start = 0;
+  int32_t turn = 1;
+  uint64_t policy_version = 0;
+  // Prompt plus output so far, for the caller's budget checks.
+  int32_t total_len = 0;
 };
 
 // One token sampled for a sequence whose params.report_tokens is set.
@@ -79,6 +108,7 @@ struct StepStats {
 struct EngineSnapshot {
   int32_t running = 0;
   int32_t waiting = 0;
+  int32_t parked = 0;
   int32_t kv_blocks_used = 0;
   int32_t kv_blocks_total = 0;
   uint64_t policy_version = 0;
@@ -112,6 +142,27 @@ class Engine {
   // (SamplingParams::report_tokens), in the order they were sampled.
   std::vector<TokenEvent> TakeTokenEvents();
 
+  // Turns that ended (sequences parked) since the last call.
+  std::vector<ParkedTurn> TakeParked();
+  // Continues a parked sample: appends `environment_tokens` (may be empty)
+  // as the environment's, then lets the model generate up to
+  // `max_turn_tokens` more. NotFound for an unknown sample,
+  // FailedPrecondition when it is not parked, InvalidArgument when
+  // max_turn_tokens < 1 or the sequence could then outgrow the whole KV
+  // cache (the sample stays parked: end it).
+  absl::Status Resume(const std::string& request_id, int32_t sample_index,
+                      const std::vector<int32_t>& environment_tokens,
+                      int32_t max_turn_tokens);
+  // Retires a parked sample with `reason`: it goes to TakeFinished with
+  // every turn so far. NotFound / FailedPrecondition as for Resume.
+  absl::Status EndEpisode(const std::string& request_id, int32_t sample_index,
+                          FinishReason reason = FinishReason::kStop);
+  // Ends the current model turn of a running or waiting sample that parks
+  // at turn ends, at this step boundary (the caller saw a stop string): it
+  // is parked and reported like a stop token. FailedPrecondition when the
+  // sample does not park at turn ends or has no token of this turn yet.
+  absl::Status EndTurn(const std::string& request_id, int32_t sample_index);
+
   bool idle() const { return scheduler_.idle() && pending_siblings_.empty(); }
   EngineSnapshot Snapshot() const;
   uint64_t policy_version() const { return version_; }
@@ -120,6 +171,10 @@ class Engine {
   absl::Status MaybeCommitUpdate(StepStats* stats);
   int32_t TryFork(Sequence* seq);
   void Retire(Sequence* seq, FinishReason reason);
+  void Park(Sequence* seq, FinishReason reason);
+  // The sample's sequence, or NotFound.
+  absl::StatusOr<Sequence*> Find(const std::string& request_id,
+                                 int32_t sample_index);
 
   const EngineOptions options_;
   EngineModel* const model_;
@@ -139,6 +194,7 @@ class Engine {
   std::map<std::string, std::vector<Sequence*>> pending_siblings_;
   std::vector<FinishedSample> finished_;
   std::vector<TokenEvent> token_events_;
+  std::vector<ParkedTurn> parked_;
 };
 
 }  // namespace tandem::engine

@@ -22,8 +22,47 @@ void Scheduler::AddWaitingFront(Sequence* seq) {
 void Scheduler::Clear() {
   for (Sequence* seq : running_) blocks_->Release(&seq->blocks);
   for (Sequence* seq : waiting_) blocks_->Release(&seq->blocks);
+  for (Sequence* seq : parked_) blocks_->Release(&seq->blocks);
   running_.clear();
   waiting_.clear();
+  parked_.clear();
+  num_resumed_ = 0;
+}
+
+void Scheduler::Park(Sequence* seq) {
+  auto it = std::find(running_.begin(), running_.end(), seq);
+  if (it != running_.end()) running_.erase(it);
+  auto w = std::find(waiting_.begin(), waiting_.end(), seq);
+  if (w != waiting_.end()) waiting_.erase(w);
+  seq->status = SequenceStatus::kParked;
+  seq->resume_ready = false;
+  parked_.push_back(seq);
+}
+
+void Scheduler::Resume(Sequence* seq) {
+  if (seq->status != SequenceStatus::kParked || seq->resume_ready) return;
+  seq->resume_ready = true;
+  ++num_resumed_;
+}
+
+void Scheduler::DropParked(Sequence* seq) {
+  auto it = std::find(parked_.begin(), parked_.end(), seq);
+  if (it == parked_.end()) return;
+  parked_.erase(it);
+  if (seq->resume_ready) --num_resumed_;
+  seq->resume_ready = false;
+}
+
+bool Scheduler::EvictParked(SchedulePlan* plan) {
+  for (Sequence* seq : parked_) {
+    if (seq->blocks.empty()) continue;
+    blocks_->Release(&seq->blocks);
+    seq->num_cached = 0;
+    ++seq->preemptions;
+    plan->preempted.push_back(seq);
+    return true;
+  }
+  return false;
 }
 
 void Scheduler::Preempt(Sequence* seq, SchedulePlan* plan) {
@@ -41,6 +80,27 @@ SchedulePlan Scheduler::Schedule(
   SchedulePlan plan;
   int32_t budget = limits_.max_batched_tokens;
 
+  // 0. Resumed turns re-enter the batch first: they hold (or held) a cache
+  //    and finishing their episodes frees it. Step 1 computes their
+  //    environment tokens like any running sequence's pending tokens.
+  if (admission != Admission::kNone) {
+    for (auto it = parked_.begin();
+         num_resumed_ > 0 && it != parked_.end() &&
+         static_cast<int32_t>(running_.size()) < limits_.max_num_seqs;) {
+      Sequence* seq = *it;
+      if (!seq->resume_ready) {
+        ++it;
+        continue;
+      }
+      it = parked_.erase(it);
+      --num_resumed_;
+      seq->resume_ready = false;
+      seq->status = SequenceStatus::kRunning;
+      seq->admitted_seq = next_admission_++;
+      running_.push_back(seq);
+    }
+  }
+
   // 1. Running sequences, oldest first. Each needs cache slots for what it
   //    computes now; if blocks run out, the newest running sequence is
   //    preempted until the older one fits (or it was the newest itself).
@@ -50,6 +110,7 @@ SchedulePlan Scheduler::Schedule(
     const int32_t end = seq->num_cached + std::min(remaining, budget);
     bool preempted_self = false;
     while (!blocks_->EnsureCapacity(&seq->blocks, end)) {
+      if (EvictParked(&plan)) continue;
       Sequence* victim = running_.back();
       Preempt(victim, &plan);
       if (victim == seq) {
@@ -71,7 +132,10 @@ SchedulePlan Scheduler::Schedule(
     Sequence* seq = waiting_.front();
     // Reserve blocks for the whole known sequence so admission never
     // oversubscribes the cache; decode growth is handled in step 1.
-    if (!blocks_->EnsureCapacity(&seq->blocks, seq->total_len())) break;
+    if (!blocks_->EnsureCapacity(&seq->blocks, seq->total_len())) {
+      if (running_.empty() && EvictParked(&plan)) continue;
+      break;
+    }
     waiting_.pop_front();
     seq->status = SequenceStatus::kRunning;
     seq->admitted_seq = next_admission_++;
@@ -93,6 +157,7 @@ void Scheduler::Finish(Sequence* seq) {
   blocks_->Release(&seq->blocks);
   auto it = std::find(running_.begin(), running_.end(), seq);
   if (it != running_.end()) running_.erase(it);
+  DropParked(seq);
   seq->status = SequenceStatus::kFinished;
 }
 
@@ -112,6 +177,12 @@ std::vector<Sequence*> Scheduler::RecomputeAll() {
     waiting_.push_front(seq);
   }
   running_.clear();
+  for (Sequence* seq : parked_) {
+    if (seq->blocks.empty() && seq->num_cached == 0) continue;
+    blocks_->Release(&seq->blocks);
+    seq->num_cached = 0;
+    dropped.push_back(seq);
+  }
   return dropped;
 }
 

@@ -32,6 +32,12 @@ struct SamplingParams {
   // Report every sampled token through Engine::TakeTokenEvents as it is
   // produced (the OpenAI endpoint streams them); rollouts leave it off.
   bool report_tokens = false;
+  // Multi-turn episodes: when a model turn ends (a stop token, an EOS, or
+  // max_tokens for the turn) the sequence is parked with its KV cache
+  // instead of retired, and reported by Engine::TakeParked; the caller
+  // resumes it with the environment's tokens (Engine::Resume) or ends it
+  // (Engine::EndEpisode). max_tokens is the first turn's budget.
+  bool park_at_turn_end = false;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAborted };
@@ -44,7 +50,21 @@ struct VersionSpan {
   bool operator==(const VersionSpan&) const = default;
 };
 
-enum class SequenceStatus { kWaiting, kRunning, kFinished };
+// Who wrote a completion token: the model (trained) or the environment
+// (context only).
+enum class TokenSource : uint8_t { kModel, kEnvironment };
+
+// Consecutive completion tokens from one source.
+struct SourceSpan {
+  TokenSource source = TokenSource::kModel;
+  uint32_t num_tokens = 0;
+  bool operator==(const SourceSpan&) const = default;
+};
+
+// kParked: a multi-turn sequence between turns, waiting for its
+// environment. It takes no batch slot; it keeps its KV blocks until memory
+// pressure reclaims them (see Scheduler).
+enum class SequenceStatus { kWaiting, kRunning, kParked, kFinished };
 
 struct Sequence {
   uint64_t id = 0;
@@ -55,6 +75,17 @@ struct Sequence {
   std::vector<int32_t> output;
   std::vector<float> logprobs;
   std::vector<VersionSpan> spans;
+  // Empty while every output token is the model's; once the environment
+  // appended tokens, run lengths covering the whole output.
+  std::vector<SourceSpan> sources;
+  // Multi-turn bookkeeping: the current turn's first output token, the
+  // output length at which the turn hits its token budget, turns begun.
+  int32_t turn_start = 0;
+  int32_t turn_limit = 0;
+  int32_t turns = 1;
+  // Parked and resumed: the scheduler moves it back into the batch as soon
+  // as a slot is free.
+  bool resume_ready = false;
   SamplingParams params;
   std::mt19937_64 rng;
 
@@ -82,6 +113,10 @@ struct Sequence {
   }
   // Appends a sampled token under `version`, extending the last span.
   void Append(int32_t token, float logprob, uint64_t version);
+  // Appends environment tokens: log-prob 0 and the version of the turn
+  // before them (the version spans cover every output token), source
+  // kEnvironment. Starts the next model turn after them.
+  void AppendEnvironment(const std::vector<int32_t>& tokens);
 };
 
 }  // namespace tandem::engine

@@ -271,6 +271,14 @@ void RolloutWorker::Deliver(engine::FinishedSample f) {
     out->set_policy_version(span.policy_version);
     out->set_num_tokens(span.num_tokens);
   }
+  // Multi-turn episodes mark the environment's tokens (empty otherwise).
+  for (const engine::SourceSpan& span : f.source_spans) {
+    auto* out = sample.add_source_spans();
+    out->set_source(span.source == engine::TokenSource::kEnvironment
+                        ? tandem::v1::TOKEN_SOURCE_ENVIRONMENT
+                        : tandem::v1::TOKEN_SOURCE_MODEL);
+    out->set_num_tokens(span.num_tokens);
+  }
   sample.set_finish_reason(ToProto(f.finish_reason));
   // Proto strings must be valid UTF-8; a completion may end mid-character.
   sample.set_completion_text(tokenizer::ToValidUtf8(

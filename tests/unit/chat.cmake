@@ -9,6 +9,18 @@ tandem_add_test(chat_template_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/chat_template_test.cc
   LIBS tandem_chat)
 
+# chat_tool_calls_test: tool calls parsed from Qwen/Hermes, Llama 3 and the
+# demo model's turns, malformed ones included (common/chat/tool_calls.h).
+tandem_add_test(chat_tool_calls_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/chat_tool_calls_test.cc
+  LIBS tandem_chat)
+
+# chat_episode_render_test: what an episode appends after a model turn, as
+# the chat template renders it (common/chat/episode_render.h).
+tandem_add_test(chat_episode_render_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/chat_episode_render_test.cc
+  LIBS tandem_chat)
+
 add_test(NAME chat_template_reference
   COMMAND ${TANDEM_PYTHON} -B
     ${CMAKE_CURRENT_SOURCE_DIR}/chat_template_reference/reference.py

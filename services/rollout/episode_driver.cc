@@ -1,0 +1,251 @@
+#include "services/rollout/episode_driver.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
+
+namespace tandem::rollout {
+namespace {
+
+auto Log() { return ComponentLogger("rollout"); }
+
+const char* EndReasonName(tandem::v1::EpisodeEndReason reason) {
+  switch (reason) {
+    case tandem::v1::EPISODE_END_ANSWERED:
+      return "answered";
+    case tandem::v1::EPISODE_END_ENVIRONMENT:
+      return "environment";
+    case tandem::v1::EPISODE_END_MAX_TURNS:
+      return "max_turns";
+    case tandem::v1::EPISODE_END_OBSERVATION_TOO_LARGE:
+      return "observation_too_large";
+    case tandem::v1::EPISODE_END_TIMEOUT:
+      return "timeout";
+    case tandem::v1::EPISODE_END_ERROR:
+      return "error";
+    default:
+      return "unspecified";
+  }
+}
+
+}  // namespace
+
+EpisodeDriver::EpisodeDriver(engine::Engine* engine, EnvironmentClient* client,
+                             EpisodeCodec codec, chat::ToolCallFormat format,
+                             EpisodeLimits limits)
+    : engine_(engine),
+      client_(client),
+      codec_(std::move(codec)),
+      format_(format),
+      limits_(limits) {}
+
+std::string EpisodeDriver::KeyText(const Key& key) {
+  return absl::StrCat(key.first, "#", key.second);
+}
+
+std::optional<EpisodeDriver::Key> EpisodeDriver::ParseKey(
+    const std::string& text) {
+  const size_t hash = text.rfind('#');
+  if (hash == std::string::npos) return std::nullopt;
+  return Key{text.substr(0, hash), std::atoi(text.c_str() + hash + 1)};
+}
+
+absl::Status EpisodeDriver::Start(EpisodeTask task) {
+  for (const auto& [key, e] : episodes_) {
+    if (key.first == task.request_id) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "episode request ", task.request_id, " is already running"));
+    }
+  }
+  task.params.park_at_turn_end = true;
+  task.params.max_tokens =
+      std::min(task.params.max_tokens, limits_.max_turn_tokens);
+  absl::Status added =
+      engine_->Add(task.request_id, std::move(task.prompt), task.params);
+  if (!added.ok()) return added;
+  for (int32_t i = 0; i < task.params.n; ++i) {
+    const Key key{task.request_id, i};
+    Episode& e = episodes_[key];
+    e.request_id = task.request_id;
+    e.sample_index = i;
+    client_->Open(KeyText(key), task.open);
+  }
+  return absl::OkStatus();
+}
+
+void EpisodeDriver::Poll() {
+  for (engine::ParkedTurn& turn : engine_->TakeParked()) {
+    auto it = episodes_.find({turn.request_id, turn.sample_index});
+    if (it == episodes_.end()) continue;  // not an episode of this driver
+    HandleTurn(it->second, std::move(turn));
+  }
+  for (EnvironmentReply& reply : client_->TakeCompleted()) {
+    HandleReply(std::move(reply));
+  }
+}
+
+void EpisodeDriver::HandleTurn(Episode& e, engine::ParkedTurn turn) {
+  e.completion_tokens =
+      turn.turn_start + static_cast<int32_t>(turn.turn_tokens.size());
+  e.turns = turn.turn;
+  if (e.open_failed) {
+    End(e, "environment_failed", e.result.end_text);
+    return;
+  }
+  if (e.episode_id.empty()) {
+    e.pending_turn = std::move(turn);  // sent when the episode is open
+    return;
+  }
+  SendTurn(e, turn);
+}
+
+void EpisodeDriver::SendTurn(Episode& e, const engine::ParkedTurn& turn) {
+  const std::string text = codec_.decode_turn(turn.turn_tokens);
+  tandem::v1::StepRequest step;
+  step.set_episode_id(e.episode_id);
+  absl::StatusOr<chat::ParsedTurn> parsed = chat::ParseToolCalls(
+      text, format_, absl::StrCat("call_", turn.turn, "_"));
+  if (parsed.ok()) {
+    step.mutable_action()->set_text(parsed->content);
+    for (const chat::ParsedToolCall& call : parsed->calls) {
+      tandem::v1::ToolCall* out = step.mutable_action()->add_tool_calls();
+      out->set_id(call.id);
+      out->set_name(call.name);
+      out->set_arguments_json(call.arguments_json);
+    }
+    e.result.tool_calls += static_cast<int32_t>(parsed->calls.size());
+  } else {
+    // The model gets an observation about its malformed call, not a crash.
+    ++e.result.malformed_turns;
+    step.mutable_action()->set_text(
+        absl::StrCat("malformed tool call: ", parsed.status().message()));
+  }
+  e.step_in_flight = true;
+  client_->Step(KeyText({e.request_id, e.sample_index}), std::move(step));
+}
+
+void EpisodeDriver::HandleReply(EnvironmentReply reply) {
+  if (reply.kind == EnvironmentReply::Kind::kClose) {
+    if (!reply.status.ok()) {
+      Log()->warn("{}", std::string(reply.status.message()));
+    }
+    return;
+  }
+  std::optional<Key> key = ParseKey(reply.key);
+  if (!key) return;
+  auto it = episodes_.find(*key);
+  if (it == episodes_.end()) {
+    // An episode that opened after its sample was aborted: close it.
+    if (reply.kind == EnvironmentReply::Kind::kOpen &&
+        orphaned_opens_.erase(reply.key) > 0 && reply.status.ok()) {
+      client_->Close(reply.key, reply.open.episode_id());
+    }
+    return;
+  }
+  Episode& e = it->second;
+  if (e.ended) return;
+  if (reply.kind == EnvironmentReply::Kind::kOpen) {
+    if (!reply.status.ok()) {
+      e.open_failed = true;
+      e.result.end_text = std::string(reply.status.message());
+      if (e.pending_turn) End(e, "environment_failed", e.result.end_text);
+      return;
+    }
+    e.episode_id = reply.open.episode_id();
+    if (e.pending_turn) {
+      engine::ParkedTurn turn = std::move(*e.pending_turn);
+      e.pending_turn.reset();
+      SendTurn(e, turn);
+    }
+    return;
+  }
+  // A Step reply: the sequence is parked.
+  e.step_in_flight = false;
+  if (!reply.status.ok()) {
+    End(e, "environment_failed", std::string(reply.status.message()));
+    return;
+  }
+  const tandem::v1::StepResponse& step = reply.step;
+  if (step.done()) {
+    if (step.has_reward()) e.result.reward = step.reward();
+    End(e, EndReasonName(step.end_reason()), step.end_text());
+    return;
+  }
+  std::vector<tandem::v1::Observation> observations(step.observations().begin(),
+                                                    step.observations().end());
+  absl::StatusOr<std::vector<int32_t>> tokens =
+      codec_.render_observations(observations);
+  if (!tokens.ok()) {
+    End(e, "environment_failed",
+        absl::StrCat("cannot render the observations: ",
+                     tokens.status().message()));
+    return;
+  }
+  if (e.turns >= limits_.max_turns) {
+    End(e, "turn_limit",
+        absl::StrCat("the model took ", e.turns, " turns (max_turns ",
+                     limits_.max_turns, ") without the environment ending"));
+    return;
+  }
+  const int32_t room = limits_.max_episode_tokens - e.completion_tokens -
+                       static_cast<int32_t>(tokens->size());
+  if (room < 1) {
+    End(e, "token_limit",
+        absl::StrCat(e.completion_tokens, " completion tokens + ",
+                     tokens->size(),
+                     " observation tokens leave no room in "
+                     "max_episode_tokens ",
+                     limits_.max_episode_tokens));
+    return;
+  }
+  absl::Status resumed =
+      engine_->Resume(e.request_id, e.sample_index, *tokens,
+                      std::min(room, limits_.max_turn_tokens));
+  if (!resumed.ok()) {
+    End(e, "token_limit", std::string(resumed.message()));
+  }
+}
+
+void EpisodeDriver::End(Episode& e, std::string reason, std::string text) {
+  e.ended = true;
+  e.result.end_reason = std::move(reason);
+  e.result.end_text = std::move(text);
+  if (!e.episode_id.empty()) {
+    client_->Close(KeyText({e.request_id, e.sample_index}), e.episode_id);
+  }
+  absl::Status ended = engine_->EndEpisode(e.request_id, e.sample_index);
+  if (!ended.ok()) {
+    Log()->warn("episode {}#{}: {}", e.request_id, e.sample_index,
+                std::string(ended.message()));
+  }
+}
+
+bool EpisodeDriver::OnFinished(engine::FinishedSample& sample) {
+  auto it = episodes_.find({sample.request_id, sample.sample_index});
+  if (it == episodes_.end()) return false;
+  Episode& e = it->second;
+  EpisodeResult result = std::move(e.result);
+  if (!e.ended) {
+    // Aborted by the engine (shutdown, engine error) or never parked.
+    result.end_reason = "aborted";
+    if (!e.episode_id.empty()) {
+      client_->Close(KeyText(it->first), e.episode_id);
+    } else if (!e.open_failed) {
+      orphaned_opens_.insert(KeyText(it->first));  // its open is in flight
+    }
+  }
+  result.sample = std::move(sample);
+  finished_.push_back(std::move(result));
+  episodes_.erase(it);
+  return true;
+}
+
+std::vector<EpisodeResult> EpisodeDriver::TakeFinished() {
+  std::vector<EpisodeResult> out;
+  out.swap(finished_);
+  return out;
+}
+
+}  // namespace tandem::rollout

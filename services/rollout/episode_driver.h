@@ -1,0 +1,137 @@
+#pragma once
+
+// EpisodeDriver runs multi-turn episodes on the engine thread: for each
+// sample of an episode task it opens an episode on an Environment service,
+// lets the engine generate a turn (the sequence parks with its KV cache),
+// parses the turn's tool calls, sends them with EnvironmentClient (never
+// blocking), and resumes the sequence with the rendered observations until
+// the environment says done or a limit ends the episode. Other sequences
+// keep the batch while an episode waits.
+//
+// The caller (the rollout worker's generation loop, or a test) calls
+// Poll() after every Engine::Step(), and hands every FinishedSample whose
+// request is an episode to OnFinished(), which returns the episode with
+// its reward and end reason through TakeFinished().
+//
+// Not thread-safe: the engine thread owns it, as it owns the Engine.
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/chat/tool_calls.h"
+#include "engine/engine.h"
+#include "services/rollout/environment_client.h"
+
+namespace tandem::rollout {
+
+struct EpisodeLimits {
+  // Model turns per episode; the turn after the last one is not sent.
+  int32_t max_turns = 8;
+  // Generated tokens per model turn (the engine's per-turn budget).
+  int32_t max_turn_tokens = 256;
+  // Completion tokens per episode, the model's and the environment's.
+  int32_t max_episode_tokens = 4096;
+};
+
+// Text in and out of the model's token space.
+struct EpisodeCodec {
+  // A model turn's tokens to text, special tokens kept (the tool-call
+  // parser needs them).
+  std::function<std::string(const std::vector<int32_t>&)> decode_turn;
+  // The tokens to append after a model turn for these observations (the
+  // chat template's rendering of the tool/user messages and of the next
+  // assistant header).
+  std::function<absl::StatusOr<std::vector<int32_t>>(
+      const std::vector<tandem::v1::Observation>&)>
+      render_observations;
+};
+
+// One task: `params.n` samples of `prompt`, each its own episode opened
+// with `open`.
+struct EpisodeTask {
+  std::string request_id;
+  std::vector<int32_t> prompt;
+  engine::SamplingParams params;
+  tandem::v1::OpenEpisodeRequest open;
+};
+
+struct EpisodeResult {
+  engine::FinishedSample sample;
+  // The environment's reward, when it gave one.
+  std::optional<double> reward;
+  // "answered", "environment" (its own end), "max_turns",
+  // "observation_too_large", "timeout", "error" (the environment's end
+  // reasons), or the driver's: "turn_limit", "token_limit",
+  // "environment_failed", "aborted".
+  std::string end_reason;
+  // The environment's end text, or the error that ended the episode.
+  std::string end_text;
+  int32_t tool_calls = 0;
+  int32_t malformed_turns = 0;
+};
+
+class EpisodeDriver {
+ public:
+  // `engine` and `client` must outlive the driver.
+  EpisodeDriver(engine::Engine* engine, EnvironmentClient* client,
+                EpisodeCodec codec, chat::ToolCallFormat format,
+                EpisodeLimits limits);
+
+  // Adds the task's samples to the engine (they park at each turn end) and
+  // opens their episodes. InvalidArgument as Engine::Add, or for a
+  // request id already running.
+  absl::Status Start(EpisodeTask task);
+  // Handles turns that ended and environment replies. Call after every
+  // engine step (and while idle: replies arrive when nothing runs).
+  void Poll();
+  // Takes a finished sample of an episode (false, untouched, for any other
+  // request).
+  bool OnFinished(engine::FinishedSample& sample);
+  std::vector<EpisodeResult> TakeFinished();
+  // Episodes not yet finished.
+  int32_t active() const { return static_cast<int32_t>(episodes_.size()); }
+
+ private:
+  struct Episode {
+    std::string request_id;
+    int32_t sample_index = 0;
+    std::string episode_id;  // empty until opened
+    bool open_failed = false;
+    // A turn that ended and waits to be sent (the episode is not open yet).
+    std::optional<engine::ParkedTurn> pending_turn;
+    bool step_in_flight = false;
+    bool ended = false;             // EndEpisode called; waiting for OnFinished
+    int32_t completion_tokens = 0;  // output tokens at the last park
+    int32_t turns = 0;              // model turns taken
+    EpisodeResult result;
+  };
+  using Key = std::pair<std::string, int32_t>;
+  static std::string KeyText(const Key& key);
+  static std::optional<Key> ParseKey(const std::string& text);
+
+  void HandleTurn(Episode& e, engine::ParkedTurn turn);
+  void SendTurn(Episode& e, const engine::ParkedTurn& turn);
+  void HandleReply(EnvironmentReply reply);
+  // Ends a parked episode with `reason`; its sample comes to OnFinished.
+  void End(Episode& e, std::string reason, std::string text);
+
+  engine::Engine* const engine_;
+  EnvironmentClient* const client_;
+  const EpisodeCodec codec_;
+  const chat::ToolCallFormat format_;
+  const EpisodeLimits limits_;
+  std::map<Key, Episode> episodes_;
+  // Keys of aborted episodes whose OpenEpisode was still in flight: closed
+  // when it answers.
+  std::set<std::string> orphaned_opens_;
+  std::vector<EpisodeResult> finished_;
+};
+
+}  // namespace tandem::rollout

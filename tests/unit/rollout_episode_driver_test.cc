@@ -1,0 +1,378 @@
+// EpisodeDriver (services/rollout/episode_driver.h) on the engine over the
+// deterministic toy model, against the real verifier daemon's calculator
+// environment in process. The toy model's text is scripted through the
+// codec (it cannot write JSON), but the calls are parsed by the real
+// parser and answered by the real environment: a tool call, its
+// observation appended as environment tokens, the answer scored reward 1;
+// a weight update that lands while the episode waits for its environment
+// shows in the version spans; a malformed call becomes an observation; the
+// turn limit; an environment that fails to open and one that hangs end the
+// episode cleanly while another request keeps generating.
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/time/clock.h"
+#include "services/rollout/episode_driver.h"
+#include "services/verifier/verifier.h"
+#include "tests/unit/toy_engine_model.h"
+
+namespace tandem::rollout {
+namespace {
+
+constexpr int32_t kVocab = 64;
+
+std::unique_ptr<verifier::Verifier> StartVerifier() {
+  verifier::VerifierConfig config;
+  config.server.metrics_address = "";
+  config.coordinator_address = "127.0.0.1:1";  // nobody: retried in background
+  config.worker_threads = 2;
+  auto created = verifier::Verifier::Create(config);
+  REQUIRE(created.ok());
+  REQUIRE((*created)->Start().ok());
+  return *std::move(created);
+}
+
+std::vector<int32_t> Render(const std::vector<tandem::v1::Observation>& obs) {
+  std::vector<int32_t> tokens;
+  for (const auto& o : obs) {
+    tokens.push_back(1);  // a stand-in for the tool message header
+    for (unsigned char c : o.content()) tokens.push_back(2 + c % (kVocab - 2));
+  }
+  return tokens;
+}
+
+// The engine, a driver and a scripted codec: the i-th decoded turn is
+// script[i].
+struct Rig {
+  engine::ToyModel model{kVocab};
+  engine::Engine engine;
+  std::shared_ptr<grpc::Channel> channel;
+  EnvironmentClient client;
+  std::vector<std::string> script;
+  size_t next_turn = 0;
+  std::vector<std::string> decoded;
+  EpisodeDriver driver;
+  std::vector<engine::FinishedSample> others;
+  std::deque<EpisodeResult> ready;
+
+  Rig(const std::string& address, EpisodeLimits limits,
+      EnvironmentClientOptions options = {})
+      : engine(Options(), &model, &model, 0),
+        channel(
+            grpc::CreateChannel(address, grpc::InsecureChannelCredentials())),
+        client(channel, address, options),
+        driver(&engine, &client,
+               EpisodeCodec{[this](const std::vector<int32_t>&) {
+                              decoded.push_back(
+                                  next_turn < script.size()
+                                      ? script[next_turn]
+                                      : std::string("no more script"));
+                              ++next_turn;
+                              return decoded.back();
+                            },
+                            [](const std::vector<tandem::v1::Observation>& obs)
+                                -> absl::StatusOr<std::vector<int32_t>> {
+                              return Render(obs);
+                            }},
+               chat::ToolCallFormat::kHermes, limits) {}
+
+  static engine::EngineOptions Options() {
+    engine::EngineOptions o;
+    o.limits.max_num_seqs = 8;
+    o.limits.max_batched_tokens = 64;
+    o.num_kv_blocks = 256;
+    o.block_size = 4;
+    return o;
+  }
+
+  absl::Status Start(const std::string& id, int32_t first_turn_tokens) {
+    EpisodeTask task;
+    task.request_id = id;
+    task.prompt = {3, 4, 5, 6, 7};
+    task.params.temperature = 0;
+    task.params.max_tokens = first_turn_tokens;
+    task.open.set_environment("calculator");
+    task.open.set_task_id(id);
+    task.open.set_prompt_text("What is 317*29?");
+    task.open.set_verifier("exact");
+    (*task.open.mutable_metadata())["answer"] = "9193";
+    return driver.Start(std::move(task));
+  }
+
+  // Steps the engine and the driver until an episode finishes (episodes
+  // that finish in the same step are returned by the next calls).
+  EpisodeResult RunOne(const std::function<void()>& on_step = {}) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < give_up) {
+      if (!ready.empty()) {
+        EpisodeResult r = std::move(ready.front());
+        ready.pop_front();
+        return r;
+      }
+      REQUIRE(engine.Step().ok());
+      driver.Poll();
+      for (auto& f : engine.TakeFinished()) {
+        if (!driver.OnFinished(f)) others.push_back(std::move(f));
+      }
+      for (EpisodeResult& r : driver.TakeFinished()) {
+        ready.push_back(std::move(r));
+      }
+      if (!ready.empty()) continue;
+      if (on_step) on_step();
+      if (engine.idle()) client.WaitForReply(absl::Milliseconds(10));
+    }
+    FAIL("no episode finished in 30 s");
+    return {};
+  }
+};
+
+TEST_CASE(
+    "a calculator episode: a real parsed call, its observation as "
+    "environment tokens, a weight update mid-episode, reward 1") {
+  std::unique_ptr<verifier::Verifier> daemon = StartVerifier();
+  EpisodeLimits limits;
+  limits.max_turn_tokens = 4;
+  Rig rig(daemon->grpc_address(), limits);
+  rig.script = {
+      "Let me compute.\n<tool_call>\n{\"name\": \"calculator\", "
+      "\"arguments\": {\"expression\": \"317*29\"}}\n</tool_call><|im_end|>",
+      "9193<|im_end|>"};
+  REQUIRE(rig.Start("task-1", 4).ok());
+  engine::SamplingParams plain;
+  plain.temperature = 0;
+  plain.max_tokens = 40;
+  REQUIRE(rig.engine.Add("other", {9, 9, 9}, plain).ok());
+  bool staged = false;
+  int32_t steps_with_episode_parked = 0;
+  EpisodeResult r = rig.RunOne([&] {
+    const engine::EngineSnapshot snap = rig.engine.Snapshot();
+    if (snap.parked == 1 && snap.running == 1) ++steps_with_episode_parked;
+    // The episode's first turn has ended: a new version arrives while it
+    // waits for the environment.
+    if (!staged && rig.engine.Snapshot().parked == 1) {
+      rig.model.Stage(1);
+      staged = true;
+    }
+  });
+  CHECK(staged);
+  INFO(r.end_text);
+  CHECK(r.end_reason == "answered");
+  REQUIRE(r.reward.has_value());
+  CHECK(*r.reward == 1.0);
+  CHECK(r.tool_calls == 1);
+  CHECK(r.malformed_turns == 0);
+  const engine::FinishedSample& s = r.sample;
+  CHECK(s.turns == 2);
+  // Turn 1 (4 tokens), the observation "9193" as rendered, turn 2 (4).
+  const std::vector<int32_t> observation = Render({[] {
+    tandem::v1::Observation o;
+    o.set_content("9193");
+    return o;
+  }()});
+  REQUIRE(s.output.size() == 4 + observation.size() + 4);
+  CHECK(std::vector<int32_t>(s.output.begin() + 4,
+                             s.output.begin() + 4 + observation.size()) ==
+        observation);
+  const bool sources_ok =
+      s.source_spans == std::vector<engine::SourceSpan>{
+                            {engine::TokenSource::kModel, 4},
+                            {engine::TokenSource::kEnvironment,
+                             static_cast<uint32_t>(observation.size())},
+                            {engine::TokenSource::kModel, 4}};
+  CHECK(sources_ok);
+  // Turn 1 and the observation under v0, turn 2 under v1.
+  const bool versions_ok =
+      s.spans ==
+      std::vector<engine::VersionSpan>{
+          {0, static_cast<uint32_t>(4 + observation.size())}, {1, 4}};
+  CHECK(versions_ok);
+  for (size_t t = 4; t < 4 + observation.size(); ++t) {
+    CHECK(s.logprobs[t] == 0.0f);
+  }
+  // The other request decoded while the episode waited, and finishes.
+  CHECK(steps_with_episode_parked > 0);
+  for (int i = 0; i < 100 && rig.others.empty(); ++i) {
+    REQUIRE(rig.engine.Step().ok());
+    for (auto& f : rig.engine.TakeFinished()) rig.others.push_back(f);
+  }
+  REQUIRE(rig.others.size() == 1);
+  CHECK(rig.others[0].output.size() == 40);
+  rig.client.Stop();
+  daemon->GracefulStop(absl::Seconds(10));
+}
+
+TEST_CASE(
+    "a malformed call becomes the turn's text; the turn limit ends an "
+    "episode the environment would continue") {
+  std::unique_ptr<verifier::Verifier> daemon = StartVerifier();
+  {
+    Rig rig(daemon->grpc_address(), EpisodeLimits{});
+    rig.script = {
+        "<tool_call>{\"name\": \"calculator\", \"arguments\": "
+        "{\"expression\"</tool_call>"};
+    REQUIRE(rig.Start("bad", 3).ok());
+    EpisodeResult r = rig.RunOne();
+    CHECK(r.malformed_turns == 1);
+    CHECK(r.tool_calls == 0);
+    // The calculator took the error text as the answer and scored it.
+    CHECK(r.end_reason == "answered");
+    REQUIRE(r.reward.has_value());
+    CHECK(*r.reward == 0.0);
+    CHECK(r.sample.turns == 1);
+  }
+  {
+    EpisodeLimits limits;
+    limits.max_turns = 1;
+    Rig rig(daemon->grpc_address(), limits);
+    rig.script = {
+        "<tool_call>{\"name\": \"calculator\", \"arguments\": "
+        "{\"expression\": \"1+1\"}}</tool_call>"};
+    REQUIRE(rig.Start("limited", 3).ok());
+    EpisodeResult r = rig.RunOne();
+    CHECK(r.end_reason == "turn_limit");
+    CHECK_THAT(r.end_text, Catch::Contains("max_turns 1"));
+    CHECK_FALSE(r.reward.has_value());
+    CHECK(r.tool_calls == 1);
+    CHECK(r.sample.source_spans.empty());  // no observation was appended
+  }
+  daemon->GracefulStop(absl::Seconds(10));
+}
+
+TEST_CASE("a group of two samples runs two episodes") {
+  std::unique_ptr<verifier::Verifier> daemon = StartVerifier();
+  EpisodeLimits limits;
+  limits.max_turn_tokens = 3;
+  Rig rig(daemon->grpc_address(), limits);
+  rig.script = {"9193", "9194"};
+  EpisodeTask task;
+  task.request_id = "group";
+  task.prompt = {3, 4, 5};
+  task.params.temperature = 1.0f;
+  task.params.seed = 7;
+  task.params.n = 2;
+  task.open.set_environment("calculator");
+  task.open.set_prompt_text("What is 317*29?");
+  task.open.set_verifier("exact");
+  (*task.open.mutable_metadata())["answer"] = "9193";
+  REQUIRE(rig.driver.Start(task).ok());
+  CHECK(rig.driver.Start(task).code() == absl::StatusCode::kInvalidArgument);
+  std::vector<EpisodeResult> results = {rig.RunOne()};
+  results.push_back(rig.RunOne());
+  std::map<double, int> rewards;
+  for (const EpisodeResult& r : results) {
+    CHECK(r.end_reason == "answered");
+    REQUIRE(r.reward.has_value());
+    ++rewards[*r.reward];
+  }
+  // One sample's turn decoded as the right answer, the other's not.
+  CHECK(rewards == std::map<double, int>{{0.0, 1}, {1.0, 1}});
+  CHECK(results[0].sample.sample_index != results[1].sample.sample_index);
+  CHECK(rig.driver.active() == 0);
+
+  rig.client.Stop();
+  daemon->GracefulStop(absl::Seconds(10));
+}
+
+// Opens episodes, then never answers a Step (until cancelled).
+class HangingEnvironment : public tandem::v1::Environment::CallbackService {
+ public:
+  grpc::ServerUnaryReactor* OpenEpisode(
+      grpc::CallbackServerContext* context,
+      const tandem::v1::OpenEpisodeRequest*,
+      tandem::v1::OpenEpisodeResponse* response) override {
+    response->set_episode_id("hang-1");
+    auto* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  grpc::ServerUnaryReactor* CloseEpisode(
+      grpc::CallbackServerContext* context,
+      const tandem::v1::CloseEpisodeRequest* request,
+      tandem::v1::CloseEpisodeResponse* response) override {
+    if (request->episode_id() == "hang-1") ++closes;
+    response->set_existed(true);
+    auto* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  std::atomic<int> closes{0};
+  grpc::ServerUnaryReactor* Step(grpc::CallbackServerContext*,
+                                 const tandem::v1::StepRequest*,
+                                 tandem::v1::StepResponse*) override {
+    class Hanging : public grpc::ServerUnaryReactor {
+     public:
+      void OnCancel() override { Finish(grpc::Status::CANCELLED); }
+      void OnDone() override { delete this; }
+    };
+    return new Hanging;
+  }
+};
+
+TEST_CASE(
+    "an environment that hangs or is gone ends the episode with a "
+    "reason; the worker keeps generating") {
+  HangingEnvironment service;
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  REQUIRE(server != nullptr);
+  {
+    EnvironmentClientOptions options;
+    options.step_timeout = absl::Milliseconds(300);
+    Rig rig("127.0.0.1:" + std::to_string(port), EpisodeLimits{}, options);
+    rig.script = {"thinking"};
+    REQUIRE(rig.Start("hang", 3).ok());
+    engine::SamplingParams plain;
+    plain.temperature = 0;
+    plain.max_tokens = 30;
+    REQUIRE(rig.engine.Add("other", {9, 9, 9}, plain).ok());
+    const absl::Time start = absl::Now();
+    EpisodeResult r = rig.RunOne();
+    CHECK(absl::Now() - start < absl::Seconds(10));
+    CHECK(r.end_reason == "environment_failed");
+    CHECK_THAT(r.end_text, Catch::Contains("no answer after"));
+    CHECK(rig.others.size() == 1);
+    // The failed episode is closed.
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (service.closes < 1 && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    CHECK(service.closes == 1);
+
+    // Aborted while its open may still be in flight: closed once opened.
+    REQUIRE(rig.Start("aborted", 50).ok());
+    REQUIRE(rig.engine.Step().ok());
+    CHECK(rig.engine.Abort("aborted") == 1);
+    EpisodeResult aborted = rig.RunOne();
+    CHECK(aborted.end_reason == "aborted");
+    const absl::Time give_up2 = absl::Now() + absl::Seconds(10);
+    while (service.closes < 2 && absl::Now() < give_up2) {
+      rig.driver.Poll();
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    CHECK(service.closes == 2);
+  }
+  {
+    Rig rig("127.0.0.1:1", EpisodeLimits{});
+    rig.script = {"thinking"};
+    REQUIRE(rig.Start("gone", 3).ok());
+    EpisodeResult r = rig.RunOne();
+    CHECK(r.end_reason == "environment_failed");
+    CHECK_THAT(r.end_text, Catch::Contains("OpenEpisode of environment"));
+    CHECK(r.sample.output.size() == 3);
+  }
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+}  // namespace
+}  // namespace tandem::rollout
