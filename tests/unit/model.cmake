@@ -7,4 +7,4 @@ tandem_add_test(model_test
     ${CMAKE_CURRENT_SOURCE_DIR}/model_attention_grad_test.cc
   LIBS tandem_model
   TIMEOUT 120)
-target_precompile_headers(model_test PRIVATE <ATen/ATen.h>)
+tandem_use_aten_pch(model_test)

@@ -6,3 +6,5 @@ tandem_add_test(rollout_torch_engine_test
 tandem_add_test(engine_torch_sampler_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/engine_torch_sampler_test.cc
   LIBS tandem_engine_torch)
+# LibTorch test: a shared precompiled header (cmake/TandemTorchPch.cmake).
+tandem_use_torch_pch(engine_torch_sampler_test rollout_torch_engine_test)

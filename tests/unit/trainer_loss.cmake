@@ -6,4 +6,4 @@ tandem_add_test(trainer_loss_test
     ${CMAKE_CURRENT_SOURCE_DIR}/trainer_loss_grpo_test.cc
   LIBS tandem_trainer_loss
   TIMEOUT 120)
-target_precompile_headers(trainer_loss_test PRIVATE <torch/torch.h>)
+tandem_use_torch_pch(trainer_loss_test)

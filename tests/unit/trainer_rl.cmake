@@ -5,3 +5,5 @@ tandem_add_test(trainer_grpo_step_test
 tandem_add_test(trainer_mixed_precision_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/trainer_mixed_precision_test.cc
   LIBS tandem_trainer_rl tandem_engine_torch tandem_rollout_weights)
+# LibTorch test: a shared precompiled header (cmake/TandemTorchPch.cmake).
+tandem_use_torch_pch(trainer_grpo_step_test trainer_mixed_precision_test)

@@ -8,3 +8,5 @@ tandem_add_test(trainer_rl_schedule_test
     ${CMAKE_CURRENT_SOURCE_DIR}/trainer_dynamic_sampling_test.cc
   LIBS tandem_trainer_rl
   TIMEOUT 120)
+# LibTorch test: a shared precompiled header (cmake/TandemTorchPch.cmake).
+tandem_use_torch_pch(trainer_rl_schedule_test)

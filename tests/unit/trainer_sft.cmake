@@ -4,3 +4,5 @@ tandem_add_test(trainer_sft_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/trainer_sft_test.cc
   LIBS tandem_trainer_sft
   TIMEOUT 180)
+# LibTorch test: a shared precompiled header (cmake/TandemTorchPch.cmake).
+tandem_use_aten_pch(trainer_sft_test)
