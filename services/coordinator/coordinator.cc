@@ -10,7 +10,6 @@
 #include "common/base/status_macros.h"
 #include "common/cluster/cluster_watcher.h"
 #include "common/rpc/grpc_client.h"
-#include "common/weights/flat_weight_layout.h"
 #include "prometheus/text_serializer.h"
 #include "services/coordinator/request_limits.h"
 #include "services/coordinator/rpc_replies.h"
@@ -268,6 +267,12 @@ grpc::ServerUnaryReactor* Coordinator::Register(
     grpc::CallbackServerContext* context,
     const tandem::v1::RegisterRequest* request,
     tandem::v1::RegisterResponse* response) {
+  std::string owner;
+  if (grpc::Status auth = Authorize(CoordinatorRpc::kRegister, *context, "",
+                                    &owner, request->role());
+      !auth.ok()) {
+    return Finish(context, auth);
+  }
   if (grpc::Status limits = CheckLimits("Register", *request); !limits.ok()) {
     return Finish(context, limits);
   }
@@ -276,7 +281,7 @@ grpc::ServerUnaryReactor* Coordinator::Register(
     return Finish(context,
                   Invalid("role must be set (rollout, verifier, trainer)"));
   }
-  tandem::v1::MemberInfo info = members_.Register(*request, absl::Now());
+  tandem::v1::MemberInfo info = members_.Register(*request, absl::Now(), owner);
   metrics_.CountRegistration(info.role());
   UpdateMemberGauges();
   Log()->info("registered {} (gRPC {}, metrics {}, pid {}{})", info.member_id(),
@@ -310,6 +315,11 @@ grpc::ServerUnaryReactor* Coordinator::Heartbeat(
     grpc::CallbackServerContext* context,
     const tandem::v1::HeartbeatRequest* request,
     tandem::v1::HeartbeatResponse* response) {
+  if (grpc::Status auth =
+          Authorize(CoordinatorRpc::kHeartbeat, *context, request->member_id());
+      !auth.ok()) {
+    return Finish(context, auth);
+  }
   if (grpc::Status limits = CheckLimits("Heartbeat", *request); !limits.ok()) {
     return Finish(context, limits);
   }
@@ -329,6 +339,11 @@ grpc::ServerUnaryReactor* Coordinator::Deregister(
     grpc::CallbackServerContext* context,
     const tandem::v1::DeregisterRequest* request,
     tandem::v1::DeregisterResponse* response) {
+  if (grpc::Status auth = Authorize(CoordinatorRpc::kDeregister, *context,
+                                    request->member_id());
+      !auth.ok()) {
+    return Finish(context, auth);
+  }
   if (grpc::Status limits = CheckLimits("Deregister", *request); !limits.ok()) {
     return Finish(context, limits);
   }
@@ -348,6 +363,11 @@ grpc::ServerUnaryReactor* Coordinator::LeasePrompts(
     grpc::CallbackServerContext* context,
     const tandem::v1::LeasePromptsRequest* request,
     tandem::v1::LeasePromptsResponse* response) {
+  if (grpc::Status auth = Authorize(CoordinatorRpc::kLeasePrompts, *context,
+                                    request->member_id());
+      !auth.ok()) {
+    return Finish(context, auth);
+  }
   if (grpc::Status limits = CheckLimits("LeasePrompts", *request);
       !limits.ok()) {
     return Finish(context, limits);
@@ -378,6 +398,11 @@ grpc::ServerUnaryReactor* Coordinator::RenewLeases(
     grpc::CallbackServerContext* context,
     const tandem::v1::RenewLeasesRequest* request,
     tandem::v1::RenewLeasesResponse* response) {
+  if (grpc::Status auth = Authorize(CoordinatorRpc::kRenewLeases, *context,
+                                    request->member_id());
+      !auth.ok()) {
+    return Finish(context, auth);
+  }
   if (grpc::Status limits = CheckLimits("RenewLeases", *request);
       !limits.ok()) {
     return Finish(context, limits);
@@ -397,6 +422,11 @@ grpc::ServerUnaryReactor* Coordinator::ReturnLeases(
     grpc::CallbackServerContext* context,
     const tandem::v1::ReturnLeasesRequest* request,
     tandem::v1::ReturnLeasesResponse* response) {
+  if (grpc::Status auth = Authorize(CoordinatorRpc::kReturnLeases, *context,
+                                    request->member_id());
+      !auth.ok()) {
+    return Finish(context, auth);
+  }
   if (grpc::Status limits = CheckLimits("ReturnLeases", *request);
       !limits.ok()) {
     return Finish(context, limits);
@@ -416,6 +446,11 @@ grpc::ServerUnaryReactor* Coordinator::SubmitSamples(
     grpc::CallbackServerContext* context,
     const tandem::v1::SubmitSamplesRequest* request,
     tandem::v1::SubmitSamplesResponse* response) {
+  if (grpc::Status auth = Authorize(CoordinatorRpc::kSubmitSamples, *context,
+                                    request->member_id());
+      !auth.ok()) {
+    return Finish(context, auth);
+  }
   // Every sample is checked before any is stored (sample_validation.h): a
   // refused call changes nothing.
   absl::Status valid = ValidateSubmitRequest(*request);
@@ -444,54 +479,14 @@ grpc::ServerUnaryReactor* Coordinator::SubmitSamples(
   return Finish(context, grpc::Status::OK);
 }
 
-grpc::ServerUnaryReactor* Coordinator::GetClusterStatus(
-    grpc::CallbackServerContext* context,
-    const tandem::v1::GetClusterStatusRequest* request,
-    tandem::v1::GetClusterStatusResponse* response) {
-  // The ledger, not the worker's report, knows which leases a member holds.
-  const std::map<std::string, uint32_t> leases = ledger_->LeasesByMember();
-  for (auto& member : members_.Snapshot()) {
-    auto held = leases.find(member.member_id());
-    member.mutable_load()->set_leases_held(held == leases.end() ? 0
-                                                                : held->second);
-    *response->add_members() = std::move(member);
-  }
-  const LedgerStats stats = ledger_->Stats();
-  response->set_policy_version(stats.policy_version);
-  tandem::v1::QueueDepths* queues = response->mutable_queues();
-  queues->set_pending_prompts(stats.pending_prompts);
-  queues->set_leased_prompts(stats.leased_prompts);
-  queues->set_scoring_samples(stats.scoring_samples);
-  queues->set_ready_groups(stats.ready_groups);
-  queues->set_training_groups(stats.training_groups);
-  tandem::v1::ClusterCounters* counters = response->mutable_counters();
-  counters->set_groups_dispatched(stats.groups_dispatched);
-  counters->set_groups_completed(stats.groups_completed);
-  counters->set_groups_trained(stats.groups_trained);
-  counters->set_groups_dropped_stale(stats.groups_dropped_stale);
-  counters->set_samples_received(stats.samples_received);
-  counters->set_lease_expiries(stats.lease_expiries);
-  counters->set_members_expired(members_expired_);
-  counters->set_groups_requeued(stats.groups_requeued);
-  counters->set_groups_lost(stats.groups_lost);
-  counters->set_batches_released(stats.batches_released);
-  response->set_started_unix_ms(absl::ToUnixMillis(started_));
-  *response->mutable_broadcast_group() = epochs_->Current();
-  response->set_membership_epoch(response->broadcast_group().epoch());
-  {
-    tandem::v1::WeightManifest manifest;
-    std::string weight_server_address;
-    ledger_->LatestVersion(&manifest, &weight_server_address);
-    response->set_weights_digest(weights::ManifestDigest(manifest));
-  }
-  response->set_max_lag(config_.max_lag);
-  response->set_group_size(config_.group_size);
-  return Finish(context, grpc::Status::OK);
-}
-
 grpc::ServerWriteReactor<tandem::v1::ClusterEvent>* Coordinator::WatchCluster(
     grpc::CallbackServerContext* context,
     const tandem::v1::WatchClusterRequest* request) {
+  if (grpc::Status auth = Authorize(CoordinatorRpc::kWatchCluster, *context,
+                                    request->member_id());
+      !auth.ok()) {
+    return ClusterWatchers::Reject(auth);
+  }
   if (draining_) return ClusterWatchers::Reject(Draining());
   if (grpc::Status limits = CheckLimits("WatchCluster", *request);
       !limits.ok()) {
@@ -513,6 +508,11 @@ grpc::ServerUnaryReactor* Coordinator::SyncWeightGroup(
     grpc::CallbackServerContext* context,
     const tandem::v1::SyncWeightGroupRequest* request,
     tandem::v1::SyncWeightGroupResponse* response) {
+  if (grpc::Status auth = Authorize(CoordinatorRpc::kSyncWeightGroup, *context,
+                                    request->member_id());
+      !auth.ok()) {
+    return Finish(context, auth);
+  }
   if (grpc::Status limits = CheckLimits("SyncWeightGroup", *request);
       !limits.ok()) {
     return Finish(context, limits);

@@ -17,8 +17,8 @@
 // journal, run on a small pool.
 
 #include <atomic>
-#include <functional>
 #include <boost/asio/thread_pool.hpp>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -30,6 +30,7 @@
 #include "common/daemon/daemon_runtime.h"
 #include "services/coordinator/broadcast_epochs.h"
 #include "services/coordinator/cluster_watchers.h"
+#include "services/coordinator/coordinator_authz.h"
 #include "services/coordinator/coordinator_config.h"
 #include "services/coordinator/coordinator_metrics.h"
 #include "services/coordinator/group_ledger.h"
@@ -140,6 +141,17 @@ class Coordinator : public tandem::v1::Coordinator::CallbackService {
   // for `rpc`.
   grpc::Status CheckLimits(const char* rpc,
                            const google::protobuf::Message& request);
+  // With tls.mode mtls: OK when the caller's certificate may call `method`
+  // naming `member_id` (the table in coordinator_authz.h; an empty id names
+  // no member), and for Register, when its role is `register_as`'s.
+  // Otherwise UNAUTHENTICATED (no identity) or PERMISSION_DENIED (wrong
+  // role, another identity's member id), counted and logged. `owner`, when
+  // set, receives the caller's identity (its SPIFFE ID). With tls.mode off:
+  // OK, and `owner` is empty.
+  grpc::Status Authorize(
+      CoordinatorRpc method, const grpc::ServerContextBase& context,
+      const std::string& member_id, std::string* owner = nullptr,
+      tandem::v1::Role register_as = tandem::v1::ROLE_UNSPECIFIED);
   void MaintenanceLoop();
   // Forms the re-send epoch after a failed broadcast when due
   // (BroadcastEpochs::Regroup) and logs it.

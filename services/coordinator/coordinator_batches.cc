@@ -41,6 +41,11 @@ grpc::ServerUnaryReactor* Coordinator::PullTrainingBatch(
     grpc::CallbackServerContext* context,
     const tandem::v1::PullTrainingBatchRequest* request,
     tandem::v1::PullTrainingBatchResponse* response) {
+  if (grpc::Status auth = Authorize(CoordinatorRpc::kPullTrainingBatch,
+                                    *context, request->member_id());
+      !auth.ok()) {
+    return Finish(context, auth);
+  }
   if (grpc::Status limits = CheckLimits("PullTrainingBatch", *request);
       !limits.ok()) {
     return Finish(context, limits);
@@ -101,6 +106,11 @@ grpc::ServerUnaryReactor* Coordinator::CommitTrainingBatch(
     grpc::CallbackServerContext* context,
     const tandem::v1::CommitTrainingBatchRequest* request,
     tandem::v1::CommitTrainingBatchResponse* response) {
+  if (grpc::Status auth = Authorize(CoordinatorRpc::kCommitTrainingBatch,
+                                    *context, request->member_id());
+      !auth.ok()) {
+    return Finish(context, auth);
+  }
   if (grpc::Status limits = CheckLimits("CommitTrainingBatch", *request);
       !limits.ok()) {
     return Finish(context, limits);
@@ -125,6 +135,11 @@ grpc::ServerUnaryReactor* Coordinator::ReleaseTrainingBatch(
     grpc::CallbackServerContext* context,
     const tandem::v1::ReleaseTrainingBatchRequest* request,
     tandem::v1::ReleaseTrainingBatchResponse* response) {
+  if (grpc::Status auth = Authorize(CoordinatorRpc::kReleaseTrainingBatch,
+                                    *context, request->member_id());
+      !auth.ok()) {
+    return Finish(context, auth);
+  }
   if (grpc::Status limits = CheckLimits("ReleaseTrainingBatch", *request);
       !limits.ok()) {
     return Finish(context, limits);

@@ -180,7 +180,19 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
               .Name("tandem_coordinator_oversized_requests_total")
               .Help("Calls refused with INVALID_ARGUMENT because a string or "
                     "repeated field was over its size limit, by rpc.")
+              .Register(registry)),
+      auth_refused_(
+          prometheus::BuildCounter()
+              .Name("tandem_coordinator_auth_refused_total")
+              .Help("Calls refused by mutual-TLS authorization, by reason: "
+                    "unauthenticated (the client certificate names no "
+                    "identity), wrong_role (its role may not call the RPC), "
+                    "other_member (the member id belongs to another "
+                    "identity). Always 0 with tls.mode off.")
               .Register(registry)) {
+  for (AuthRefusal reason : kAllAuthRefusals) {
+    auth_refused_.Add({{"reason", AuthRefusalLabel(reason)}});
+  }
   for (SubmitRefusal reason : kAllSubmitRefusals) {
     submit_refusals_.Add({{"reason", SubmitRefusalLabel(reason)}});
   }
@@ -209,6 +221,10 @@ void CoordinatorMetrics::CountExpired(tandem::v1::Role role) {
 
 void CoordinatorMetrics::CountSubmitRefusal(SubmitRefusal reason) {
   submit_refusals_.Add({{"reason", SubmitRefusalLabel(reason)}}).Increment();
+}
+
+void CoordinatorMetrics::CountAuthRefusal(AuthRefusal reason) {
+  auth_refused_.Add({{"reason", AuthRefusalLabel(reason)}}).Increment();
 }
 
 void CoordinatorMetrics::CountOversizedRequest(const char* rpc) {

@@ -2,7 +2,8 @@
 
 // Metric families of the coordinator, declared once. Label sets are bounded:
 // role (3 values), member state (4), queue (5), outcome (2), refusal reason
-// (8, sample_validation.h), rpc (the service's 15 methods).
+// (8, sample_validation.h), rpc (the service's 15 methods), auth refusal
+// reason (3, coordinator_authz.h).
 
 #include <cstdint>
 
@@ -13,6 +14,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "services/coordinator/coordinator_authz.h"
 #include "services/coordinator/group_ledger.h"
 #include "services/coordinator/sample_validation.h"
 #include "services/coordinator/scoring_dispatcher.h"
@@ -41,6 +43,9 @@ class CoordinatorMetrics {
   // One call of `rpc` refused for a field over its size limit
   // (tandem_coordinator_oversized_requests_total).
   void CountOversizedRequest(const char* rpc);
+  // One call refused by authorization (tls.mode mtls only)
+  // (tandem_coordinator_auth_refused_total).
+  void CountAuthRefusal(AuthRefusal reason);
 
   // Brings queue gauges and work counters up to date with the ledger's and
   // the dispatcher's figures (counters advance by the difference since the
@@ -95,6 +100,7 @@ class CoordinatorMetrics {
   prometheus::Counter* weight_group_syncs_;
   prometheus::Family<prometheus::Counter>& submit_refusals_;
   prometheus::Family<prometheus::Counter>& oversized_requests_;
+  prometheus::Family<prometheus::Counter>& auth_refused_;
 
   absl::Mutex mu_;
   // Ledger and dispatcher totals at the previous Update.

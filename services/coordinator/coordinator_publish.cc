@@ -41,6 +41,11 @@ grpc::ServerUnaryReactor* Coordinator::PublishPolicyVersion(
     grpc::CallbackServerContext* context,
     const tandem::v1::PublishPolicyVersionRequest* request,
     tandem::v1::PublishPolicyVersionResponse* response) {
+  if (grpc::Status auth = Authorize(CoordinatorRpc::kPublishPolicyVersion,
+                                    *context, request->member_id());
+      !auth.ok()) {
+    return Finish(context, auth);
+  }
   if (grpc::Status limits = CheckLimits("PublishPolicyVersion", *request);
       !limits.ok()) {
     return Finish(context, limits);
@@ -107,6 +112,11 @@ grpc::ServerUnaryReactor* Coordinator::ResumeTraining(
     grpc::CallbackServerContext* context,
     const tandem::v1::ResumeTrainingRequest* request,
     tandem::v1::ResumeTrainingResponse* response) {
+  if (grpc::Status auth = Authorize(CoordinatorRpc::kResumeTraining, *context,
+                                    request->member_id());
+      !auth.ok()) {
+    return Finish(context, auth);
+  }
   if (grpc::Status limits = CheckLimits("ResumeTraining", *request);
       !limits.ok()) {
     return Finish(context, limits);

@@ -19,7 +19,8 @@ MemberRegistry::MemberRegistry(absl::Duration heartbeat_timeout,
       id_prefix_(incarnation.empty() ? "" : incarnation + "-") {}
 
 tandem::v1::MemberInfo MemberRegistry::Register(
-    const tandem::v1::RegisterRequest& request, absl::Time now) {
+    const tandem::v1::RegisterRequest& request, absl::Time now,
+    const std::string& owner) {
   absl::MutexLock lock(&mu_);
   Entry entry;
   tandem::v1::MemberInfo& info = entry.info;
@@ -47,6 +48,17 @@ tandem::v1::MemberInfo MemberRegistry::Register(
     }
   }
   entry.previous_member_id = request.previous_member_id();
+  if (!owner.empty()) {
+    owners_[info.member_id()] = owner;
+    if (!entry.previous_member_id.empty()) {
+      auto previous = owners_.find(entry.previous_member_id);
+      if (previous == owners_.end()) {
+        owners_[entry.previous_member_id] = owner;
+      } else if (previous->second != owner) {
+        entry.previous_member_id.clear();
+      }
+    }
+  }
   entry.last_seen = now;
   members_[info.member_id()] = entry;
   return info;
@@ -75,6 +87,29 @@ absl::Status MemberRegistry::Heartbeat(
     info.set_state(tandem::v1::MEMBER_STATE_DRAINING);
   }
   *info.mutable_load() = request.load();
+  return absl::OkStatus();
+}
+
+absl::Status MemberRegistry::CheckOwner(const std::string& member_id,
+                                        const std::string& owner) {
+  if (owner.empty()) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  auto it = owners_.find(member_id);
+  if (it != owners_.end()) {
+    if (it->second == owner) return absl::OkStatus();
+    return absl::PermissionDeniedError(
+        absl::StrCat("member '", member_id, "' belongs to ", it->second,
+                     ", not to the caller's identity ", owner));
+  }
+  if (claims_ >= kMaxClaims) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "member '", member_id,
+        "' was not registered with this coordinator "
+        "and ",
+        kMaxClaims, " such ids are claimed already; register again"));
+  }
+  ++claims_;
+  owners_[member_id] = owner;
   return absl::OkStatus();
 }
 

@@ -36,9 +36,26 @@ class MemberRegistry {
   // is empty (tests).
   MemberRegistry(absl::Duration heartbeat_timeout, std::string incarnation);
 
-  // Adds a member and returns its info (with a new member_id).
+  // Adds a member and returns its info (with a new member_id). `owner` is
+  // the caller's certificate identity (a SPIFFE ID) with mutual TLS, empty
+  // without: the new member id belongs to it (CheckOwner). A
+  // previous_member_id that belongs to another identity is not honoured
+  // (its leases are not the new member's); one that belongs to no identity
+  // yet is claimed for `owner`.
   tandem::v1::MemberInfo Register(const tandem::v1::RegisterRequest& request,
-                                  absl::Time now);
+                                  absl::Time now,
+                                  const std::string& owner = "");
+  // OK when `member_id` belongs to `owner` (or `owner` is empty: no TLS).
+  // A member id no identity owns yet (not registered since this coordinator
+  // started: a member of an earlier start whose leases the journal
+  // replayed) is claimed for `owner` by this call, up to kMaxClaims such
+  // ids. PermissionDenied naming the member id and its owner otherwise.
+  absl::Status CheckOwner(const std::string& member_id,
+                          const std::string& owner);
+  // How many member ids that were never registered here CheckOwner claims
+  // before it refuses more (each is a map entry an authenticated caller
+  // could otherwise add without end).
+  static constexpr size_t kMaxClaims = 4096;
   // Records a heartbeat. FailedPrecondition when the member is unknown,
   // dead or gone: it must register again.
   absl::Status Heartbeat(const tandem::v1::HeartbeatRequest& request,
@@ -91,6 +108,11 @@ class MemberRegistry {
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> members_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int> reregistrations_ ABSL_GUARDED_BY(mu_);
+  // Member id -> the certificate identity that registered or claimed it
+  // (mutual TLS only). Kept when Prune forgets the member, so a pruned id
+  // can never be claimed by another identity.
+  std::map<std::string, std::string> owners_ ABSL_GUARDED_BY(mu_);
+  size_t claims_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
 };
 

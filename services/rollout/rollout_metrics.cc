@@ -63,9 +63,19 @@ RolloutMetrics::RolloutMetrics(prometheus::Registry& r)
           r, "tandem_rollout_samples_refused_total",
           "Finished samples the coordinator refused as invalid (sent alone "
           "after the call holding them was refused) and dropped; the other "
-          "samples of that call were delivered.")) {
+          "samples of that call were delivered.")),
+      auth_refused(prometheus::BuildCounter()
+                       .Name("tandem_rollout_auth_refused_total")
+                       .Help("Pause, Resume and Drain calls refused by "
+                             "mutual-TLS authorization (they need the admin "
+                             "role), by reason: unauthenticated, wrong_role. "
+                             "Always 0 with tls.mode off.")
+                       .Register(r)) {
   for (const char* reason : {"stop", "length", "aborted"}) {
     finished.Add({{"reason", reason}});
+  }
+  for (const char* reason : {"unauthenticated", "wrong_role"}) {
+    auth_refused.Add({{"reason", reason}});
   }
 }
 

@@ -34,6 +34,9 @@ struct RolloutMetrics {
   // Samples the coordinator refused (each sent alone after their batch was
   // refused) and that were dropped.
   prometheus::Counter& samples_refused;
+  // Pause, Resume and Drain calls refused by mutual-TLS authorization, by
+  // reason: unauthenticated, wrong_role.
+  prometheus::Family<prometheus::Counter>& auth_refused;
 };
 
 }  // namespace tandem::rollout

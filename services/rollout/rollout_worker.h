@@ -104,6 +104,12 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
   // Loader thread: the model-dependent parts, then the rest of Start.
   absl::Status LoadModelAndEngine();
   void LoadAndStart();
+  // With tls.mode mtls: OK when the caller's certificate has the admin role
+  // (Pause, Resume and Drain stop or start generation; GetStatus is open to
+  // every role); UNAUTHENTICATED or PERMISSION_DENIED otherwise, logged and
+  // counted in tandem_rollout_auth_refused_total. OK with tls.mode off.
+  grpc::Status AuthorizeAdmin(const grpc::CallbackServerContext& context,
+                              const char* method);
   // Moves the worker to `target` (Pause, Resume, Drain). UNAVAILABLE while
   // loading or shutting down.
   grpc::Status Transition(tandem::v1::RolloutState target);

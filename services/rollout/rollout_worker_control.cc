@@ -9,6 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
+#include "common/rpc/grpc_client.h"
+#include "common/rpc/peer_identity.h"
 #include "services/rollout/rollout_worker.h"
 
 namespace tandem::rollout {
@@ -56,6 +58,20 @@ void RolloutWorker::FillStatus(tandem::v1::RolloutStatus* status) {
   }
 }
 
+grpc::Status RolloutWorker::AuthorizeAdmin(
+    const grpc::CallbackServerContext& context, const char* method) {
+  absl::Status status = rpc::AuthorizePeer(
+      context, config_.server.tls.enabled(), method, {rpc::PeerRole::kAdmin});
+  if (status.ok()) return grpc::Status::OK;
+  const char* reason = status.code() == absl::StatusCode::kUnauthenticated
+                           ? "unauthenticated"
+                           : "wrong_role";
+  metrics_.auth_refused.Add({{"reason", reason}}).Increment();
+  Log()->warn("refused {} from {} ({}): {}", method, context.peer(), reason,
+              std::string(status.message()));
+  return rpc::ToGrpcStatus(status);
+}
+
 grpc::Status RolloutWorker::Transition(tandem::v1::RolloutState target) {
   if (stopping_) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE,
@@ -101,6 +117,10 @@ grpc::ServerUnaryReactor* RolloutWorker::Pause(
     const tandem::v1::PauseRequest* request,
     tandem::v1::RolloutStatus* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (grpc::Status auth = AuthorizeAdmin(*context, "Pause"); !auth.ok()) {
+    reactor->Finish(auth);
+    return reactor;
+  }
   grpc::Status status = Transition(tandem::v1::ROLLOUT_STATE_PAUSED);
   if (status.ok()) FillStatus(response);
   reactor->Finish(status);
@@ -112,6 +132,10 @@ grpc::ServerUnaryReactor* RolloutWorker::Resume(
     const tandem::v1::ResumeRequest* request,
     tandem::v1::RolloutStatus* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (grpc::Status auth = AuthorizeAdmin(*context, "Resume"); !auth.ok()) {
+    reactor->Finish(auth);
+    return reactor;
+  }
   grpc::Status status = Transition(tandem::v1::ROLLOUT_STATE_RUNNING);
   if (status.ok()) FillStatus(response);
   reactor->Finish(status);
@@ -123,6 +147,10 @@ grpc::ServerUnaryReactor* RolloutWorker::Drain(
     const tandem::v1::DrainRequest* request,
     tandem::v1::RolloutStatus* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (grpc::Status auth = AuthorizeAdmin(*context, "Drain"); !auth.ok()) {
+    reactor->Finish(auth);
+    return reactor;
+  }
   // The reason goes to the log: bounded like the coordinator's reasons.
   constexpr size_t kMaxReasonBytes = 4096;
   if (request->reason().size() > kMaxReasonBytes) {

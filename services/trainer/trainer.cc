@@ -221,10 +221,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   }
   Trainer* self = trainer.get();
   trainer->service_ = std::make_unique<TrainerService>(
-      &trainer->status_, &trainer->checkpoint_requests_, config.train, [self] {
+      &trainer->status_, &trainer->checkpoint_requests_, config.train,
+      [self] {
         return self->member_ != nullptr ? self->member_->session().member_id()
                                         : std::string();
-      });
+      },
+      config.server.tls.enabled(), &trainer->metrics_.auth_refused);
   std::map<std::string, std::string> capabilities;
   if (config.weight_broadcast) {
     weights::BroadcastSenderOptions broadcast;

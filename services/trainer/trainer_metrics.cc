@@ -141,6 +141,13 @@ TrainerMetrics::TrainerMetrics(prometheus::Registry& registry)
                     "again (lost from the weights).")
               .Register(registry)
               .Add({})),
+      auth_refused(prometheus::BuildCounter()
+                       .Name("tandem_trainer_auth_refused_total")
+                       .Help("SaveCheckpoint calls refused by mutual-TLS "
+                             "authorization (it needs the admin role), by "
+                             "reason: unauthenticated, wrong_role. Always 0 "
+                             "with tls.mode off.")
+                       .Register(registry)),
       step(registry),
       trained_tokens_(prometheus::BuildCounter()
                           .Name("tandem_trainer_trained_tokens_total")
@@ -185,7 +192,11 @@ TrainerMetrics::TrainerMetrics(prometheus::Registry& registry)
                            .Help("Policy version of the last held-out "
                                  "evaluation.")
                            .Register(registry)
-                           .Add({})) {}
+                           .Add({})) {
+  for (const char* reason : {"unauthenticated", "wrong_role"}) {
+    auth_refused.Add({{"reason", reason}});
+  }
+}
 
 void TrainerMetrics::RecordStep(const GrpoStepStats& stats) {
   policy_version.Set(static_cast<double>(stats.policy_version));

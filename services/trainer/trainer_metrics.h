@@ -72,6 +72,9 @@ class TrainerMetrics {
   // checkpoint it resumed from, queued again or lost.
   prometheus::Gauge& resume_groups_requeued;
   prometheus::Gauge& resume_groups_lost;
+  // SaveCheckpoint calls refused by mutual-TLS authorization, by reason:
+  // unauthenticated, wrong_role.
+  prometheus::Family<prometheus::Counter>& auth_refused;
   TrainerStepMetrics step;
 
  private:

@@ -2,6 +2,10 @@
 
 #include <utility>
 
+#include "common/base/logging.h"
+#include "common/rpc/grpc_client.h"
+#include "common/rpc/peer_identity.h"
+
 namespace tandem::trainer {
 
 tandem::v1::TrainerStatus TrainerStatusBoard::Snapshot() const {
@@ -34,14 +38,16 @@ std::vector<CheckpointRequestQueue::Request> CheckpointRequestQueue::TakeAll() {
   return taken;
 }
 
-TrainerService::TrainerService(const TrainerStatusBoard* status,
-                               CheckpointRequestQueue* checkpoints,
-                               bool training_enabled,
-                               std::function<std::string()> member_id)
+TrainerService::TrainerService(
+    const TrainerStatusBoard* status, CheckpointRequestQueue* checkpoints,
+    bool training_enabled, std::function<std::string()> member_id,
+    bool tls_enabled, prometheus::Family<prometheus::Counter>* auth_refused)
     : status_(status),
       checkpoints_(checkpoints),
       training_enabled_(training_enabled),
-      member_id_(std::move(member_id)) {}
+      member_id_(std::move(member_id)),
+      tls_enabled_(tls_enabled),
+      auth_refused_(auth_refused) {}
 
 grpc::ServerUnaryReactor* TrainerService::GetStatus(
     grpc::CallbackServerContext* context,
@@ -59,6 +65,20 @@ grpc::ServerUnaryReactor* TrainerService::SaveCheckpoint(
     const tandem::v1::SaveCheckpointRequest* /*request*/,
     tandem::v1::SaveCheckpointResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // A checkpoint pins the weights on disk: an admin's call.
+  if (absl::Status auth = rpc::AuthorizePeer(
+          *context, tls_enabled_, "SaveCheckpoint", {rpc::PeerRole::kAdmin});
+      !auth.ok()) {
+    const char* reason = auth.code() == absl::StatusCode::kUnauthenticated
+                             ? "unauthenticated"
+                             : "wrong_role";
+    auth_refused_->Add({{"reason", reason}}).Increment();
+    ComponentLogger("trainer")->warn("refused SaveCheckpoint from {} ({}): {}",
+                                     context->peer(), reason,
+                                     std::string(auth.message()));
+    reactor->Finish(rpc::ToGrpcStatus(auth));
+    return reactor;
+  }
   if (checkpoints_->Add({reactor, response})) return reactor;
   reactor->Finish(grpc::Status(
       training_enabled_ ? grpc::StatusCode::UNAVAILABLE

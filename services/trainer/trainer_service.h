@@ -16,6 +16,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
 #include "tandem/v1/trainer.grpc.pb.h"
 
 namespace tandem::trainer {
@@ -59,10 +61,14 @@ class TrainerService : public tandem::v1::Trainer::CallbackService {
   // `status` and `checkpoints` must outlive the service. `training_enabled`
   // says why a SaveCheckpoint that is not accepted is refused (stopping, or
   // training.enabled false); `member_id` gives the trainer's current
-  // member id for GetStatus.
+  // member id for GetStatus. With `tls_enabled` (tls.mode mtls),
+  // SaveCheckpoint needs a certificate of the admin role; its refusals are
+  // counted in `auth_refused` ({reason}: unauthenticated, wrong_role),
+  // which must outlive the service. GetStatus is open to every role.
   TrainerService(const TrainerStatusBoard* status,
                  CheckpointRequestQueue* checkpoints, bool training_enabled,
-                 std::function<std::string()> member_id);
+                 std::function<std::string()> member_id, bool tls_enabled,
+                 prometheus::Family<prometheus::Counter>* auth_refused);
 
   grpc::ServerUnaryReactor* GetStatus(
       grpc::CallbackServerContext* context,
@@ -81,6 +87,8 @@ class TrainerService : public tandem::v1::Trainer::CallbackService {
   CheckpointRequestQueue* const checkpoints_;
   const bool training_enabled_;
   const std::function<std::string()> member_id_;
+  const bool tls_enabled_;
+  prometheus::Family<prometheus::Counter>* const auth_refused_;
 };
 
 }  // namespace tandem::trainer

@@ -8,6 +8,7 @@
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
 #include "common/rpc/grpc_client.h"
+#include "common/rpc/peer_identity.h"
 #include "services/verifier/request_limits.h"
 
 namespace tandem::verifier {
@@ -283,6 +284,19 @@ grpc::ServerUnaryReactor* Verifier::ScoreBatch(
     reactor->Finish(std::move(status));
     return reactor;
   };
+  // Scoring runs candidate code in the sandbox: only the coordinator asks.
+  if (absl::Status auth =
+          rpc::AuthorizePeer(*context, config_.server.tls.enabled(),
+                             "ScoreBatch", {rpc::PeerRole::kCoordinator});
+      !auth.ok()) {
+    const char* reason = auth.code() == absl::StatusCode::kUnauthenticated
+                             ? "unauthenticated"
+                             : "wrong_role";
+    metrics_.CountAuthRefused(reason);
+    Log()->warn("refused ScoreBatch from {} ({}): {}", context->peer(), reason,
+                std::string(auth.message()));
+    return refuse(rpc::ToGrpcStatus(auth));
+  }
   if (stopping_) {
     return refuse(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                "verifier is shutting down"));

@@ -43,7 +43,17 @@ VerifierMetrics::VerifierMetrics(prometheus::Registry& registry)
                          .Name("tandem_verifier_sandbox_kills_total")
                          .Help("Sandboxed runs ended by force, by reason: "
                                "cpu, wall_clock, output, file_size, signal.")
-                         .Register(registry)) {
+                         .Register(registry)),
+      auth_refused_(prometheus::BuildCounter()
+                        .Name("tandem_verifier_auth_refused_total")
+                        .Help("ScoreBatch calls refused by mutual-TLS "
+                              "authorization (it needs the coordinator "
+                              "role), by reason: unauthenticated, "
+                              "wrong_role. Always 0 with tls.mode off.")
+                        .Register(registry)) {
+  for (const char* reason : {"unauthenticated", "wrong_role"}) {
+    auth_refused_.Add({{"reason", reason}});
+  }
   for (absl::string_view reason : kAllKillReasons) {
     sandbox_kills_.Add({{"reason", std::string(reason)}});
   }
@@ -61,6 +71,10 @@ void VerifierMetrics::CountRejected(absl::string_view reason) {
 
 void VerifierMetrics::CountStopped(absl::string_view reason, double items) {
   stopped_.Add({{"reason", std::string(reason)}}).Increment(items);
+}
+
+void VerifierMetrics::CountAuthRefused(absl::string_view reason) {
+  auth_refused_.Add({{"reason", std::string(reason)}}).Increment();
 }
 
 void VerifierMetrics::CountSandboxKill(absl::string_view reason) {

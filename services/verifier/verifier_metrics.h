@@ -50,6 +50,9 @@ class VerifierMetrics {
   // Counts a sandboxed run ended by force; `reason` is one of
   // kAllKillReasons.
   void CountSandboxKill(absl::string_view reason);
+  // A ScoreBatch call refused by mutual-TLS authorization; `reason` is
+  // "unauthenticated" or "wrong_role".
+  void CountAuthRefused(absl::string_view reason);
 
  private:
   prometheus::Family<prometheus::Counter>& requests_;
@@ -59,6 +62,7 @@ class VerifierMetrics {
   prometheus::Family<prometheus::Counter>& rejected_;
   prometheus::Family<prometheus::Counter>& stopped_;
   prometheus::Family<prometheus::Counter>& sandbox_kills_;
+  prometheus::Family<prometheus::Counter>& auth_refused_;
 };
 
 }  // namespace tandem::verifier

@@ -11,6 +11,12 @@
 //   coordinator_bench --coordinator HOST:PORT [--workers 16] [--seconds 10]
 //                     [--tokens 16] [--batch 64] [--trainer 0|1]
 //                     [--tls-cert F --tls-key F --tls-ca F]  (mutual TLS)
+//                     [--tls-trainer-cert F --tls-trainer-key F]
+//
+// With mutual TLS the coordinator checks roles (coordinator_authz.h): the
+// simulated workers present --tls-cert (a rollout certificate), the
+// simulated trainer --tls-trainer-cert (a trainer certificate; default
+// --tls-cert).
 
 #include <grpcpp/grpcpp.h>
 
@@ -39,6 +45,8 @@ struct Flags {
   int batch = 64;
   int trainer = 0;
   tandem::rpc::TlsOptions tls;
+  // The simulated trainer's: `tls` with the trainer's certificate and key.
+  tandem::rpc::TlsOptions trainer_tls;
 };
 
 struct Latencies {
@@ -156,7 +164,7 @@ void Worker(const Flags& flags, std::atomic<bool>* stop,
 // a version, and syncs the journal) until `stop`; returns how many.
 uint64_t Trainer(const Flags& flags, const std::atomic<bool>* stop) {
   auto stub = tandem::v1::Coordinator::NewStub(
-      tandem::rpc::MakeChannel(flags.coordinator, flags.tls));
+      tandem::rpc::MakeChannel(flags.coordinator, flags.trainer_tls));
   const std::string member_id = Register(*stub, tandem::v1::ROLE_TRAINER);
   uint64_t version = 0;
   auto last_heartbeat = Clock::now();
@@ -207,6 +215,10 @@ int main(int argc, char** argv) {
       flags.tls.key = argv[i + 1];
     else if (f == "--tls-ca")
       flags.tls.ca = argv[i + 1];
+    else if (f == "--tls-trainer-cert")
+      flags.trainer_tls.cert = argv[i + 1];
+    else if (f == "--tls-trainer-key")
+      flags.trainer_tls.key = argv[i + 1];
     else {
       std::fprintf(stderr, "unknown flag %s\n", f.c_str());
       return 2;
@@ -220,6 +232,17 @@ int main(int argc, char** argv) {
     flags.tls.mode = "mtls";
     if (absl::Status s = tandem::rpc::CheckTlsOptions(flags.tls); !s.ok()) {
       std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+  }
+  {
+    tandem::rpc::TlsOptions trainer = flags.tls;
+    if (!flags.trainer_tls.cert.empty()) trainer.cert = flags.trainer_tls.cert;
+    if (!flags.trainer_tls.key.empty()) trainer.key = flags.trainer_tls.key;
+    flags.trainer_tls = trainer;
+    if (absl::Status s = tandem::rpc::CheckTlsOptions(flags.trainer_tls);
+        !s.ok()) {
+      std::fprintf(stderr, "trainer: %s\n", std::string(s.message()).c_str());
       return 2;
     }
   }

@@ -2,8 +2,9 @@
 # Control plane with mutual TLS vs plaintext, side by side: issues
 # development certificates (tandemctl certs init), then alternates
 # coordinator_bench runs against a plaintext coordinator and one with
-# tls.mode mtls (the simulated workers and trainer present the admin
-# certificate), ROUNDS times each, so both see the same background load.
+# tls.mode mtls (the simulated workers present the rollout certificate and
+# the simulated trainer the trainer's, as the coordinator's per-role
+# authorization requires), ROUNDS times each, so both see the same background load.
 # Prints every run's accepted samples/s and the ratio of the medians
 # (TLS / plaintext). The issue's target is >= 0.9.
 #   tests/bench/coordinator_tls_bench.sh [BUILD_DIR] [ROUNDS] [bench flags...]
@@ -24,8 +25,9 @@ run() {  # run MODE: one coordinator, one bench; prints samples/s
   if [ "$mode" = mtls ]; then
     tls_set=(--set tls.mode=mtls --set "tls.cert=$c/coordinator.pem"
              --set "tls.key=$c/coordinator.key" --set "tls.ca=$c/ca.pem")
-    tls_flags=(--tls-cert "$c/admin.pem" --tls-key "$c/admin.key"
-               --tls-ca "$c/ca.pem")
+    tls_flags=(--tls-cert "$c/rollout.pem" --tls-key "$c/rollout.key"
+               --tls-ca "$c/ca.pem" --tls-trainer-cert "$c/trainer.pem"
+               --tls-trainer-key "$c/trainer.key")
   fi
   rm -f "$tmp/ready.json"
   "$build/bin/tandem-coordinator" --grpc-address 127.0.0.1:0 \

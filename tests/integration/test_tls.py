@@ -12,6 +12,11 @@ Python's ssl module as independent clients:
   * a plaintext client, a TLS client without a client certificate and a
     client whose certificate comes from another CA are all refused;
   * a client with a valid certificate reads GetClusterStatus;
+  * no call of the cluster's own daemons is refused by the coordinator's
+    per-role authorization (tandem_coordinator_auth_refused_total is 0);
+  * a rollout worker's Pause and the trainer's SaveCheckpoint need the
+    admin certificate, the verifier's ScoreBatch the coordinator's
+    (PERMISSION_DENIED for the others, counted);
   * `tandemctl status` works with --tls-* flags and fails without them;
   * every certificate and key is replaced on disk by a newly issued pair of
     the same CA while the cluster runs: new connections are served with the
@@ -207,6 +212,21 @@ class TlsClusterTest(unittest.TestCase):
             ["ROLE_ROLLOUT", "ROLE_ROLLOUT", "ROLE_TRAINER", "ROLE_VERIFIER"])
         self.assertNotIn("coordinator unreachable",
                          self.launcher.launcher_output())
+        # Every call of the cluster's own daemons passed authorization
+        # (coordinator_authz.h, and the other daemons' admin checks): none
+        # was refused, and the coordinator's scoring calls reached the
+        # verifier.
+        for name, info in self.ready.items():
+            daemon = name.split("-")[0]
+            metrics = harness.scrape_metrics(info["metrics_address"])
+            for reason in ("unauthenticated", "wrong_role", "other_member"):
+                with self.subTest(daemon=name, reason=reason):
+                    self.assertEqual(harness.metric_sum(
+                        metrics, f"tandem_{daemon}_auth_refused_total",
+                        reason=reason), 0)
+            if daemon == "verifier":
+                self.assertGreater(harness.metric_sum(
+                    metrics, "tandem_verifier_requests_total"), 0)
 
     def test_2_plaintext_client_is_refused(self):
         for name, info in self.ready.items():
@@ -239,8 +259,8 @@ class TlsClusterTest(unittest.TestCase):
         with grpc.secure_channel(self.coordinator, creds) as channel:
             response = get_cluster_status(channel)
         self.assertGreater(len(response), 0)
-        # Any role's certificate is accepted in this stage (no per-role
-        # authorization yet).
+        # Every role may read the cluster status (docs/operations.md,
+        # "Roles and authorization"); test_authz.py checks the rest.
         creds = grpc_credentials(self.certs, cert_dir=self.certs,
                                  role="rollout")
         with grpc.secure_channel(self.coordinator, creds) as channel:
@@ -297,6 +317,73 @@ class TlsClusterTest(unittest.TestCase):
                     lambda: serves(info["grpc_address"], self.certs, cert),
                     REFRESH_S + 10, f"{name} to serve its new certificate",
                     interval=0.2))
+
+    def worker(self, action, address, role="admin"):
+        """`tandemctl worker <action>` with `role`'s certificate: (exit
+        code, JSON or None, stderr)."""
+        out = subprocess.run(
+            [harness.binary("tandemctl"), "worker", action, "--address",
+             address, "--json", *tls_flags(self.certs, role)],
+            capture_output=True, text=True, timeout=15)
+        return (out.returncode,
+                json.loads(out.stdout) if out.returncode == 0 else None,
+                out.stderr)
+
+    def test_8_admin_rpcs_of_workers_and_trainer_need_the_admin_role(self):
+        worker = self.ready["rollout-0"]
+        for role in ("rollout", "trainer", "verifier"):
+            with self.subTest(role=role):
+                code, _, err = self.worker("pause", worker["grpc_address"],
+                                           role)
+                self.assertEqual(code, 1, err)
+                self.assertIn("Pause needs the admin role", err)
+                code, status, err = self.worker(
+                    "status", worker["grpc_address"], role)
+                self.assertEqual(code, 0, err)
+                self.assertEqual(status["state"], "ROLLOUT_STATE_RUNNING")
+        self.assertEqual(harness.metric_sum(
+            harness.scrape_metrics(worker["metrics_address"]),
+            "tandem_rollout_auth_refused_total", reason="wrong_role"), 3)
+        # The admin certificate pauses and resumes it.
+        code, status, err = self.worker("pause", worker["grpc_address"])
+        self.assertEqual(code, 0, err)
+        self.assertEqual(status["state"], "ROLLOUT_STATE_PAUSED")
+        code, status, err = self.worker("resume", worker["grpc_address"])
+        self.assertEqual(code, 0, err)
+        self.assertEqual(status["state"], "ROLLOUT_STATE_RUNNING")
+        # SaveCheckpoint pins weights on disk: admin only.
+        trainer = self.ready["trainer"]
+        creds = grpc_credentials(self.certs, cert_dir=self.certs,
+                                 role="rollout")
+        with grpc.secure_channel(trainer["grpc_address"], creds) as channel:
+            save = channel.unary_unary("/tandem.v1.Trainer/SaveCheckpoint",
+                                       request_serializer=None,
+                                       response_deserializer=None)
+            with self.assertRaises(grpc.RpcError) as error:
+                save(b"", timeout=10)
+        self.assertEqual(error.exception.code(),
+                         grpc.StatusCode.PERMISSION_DENIED)
+        self.assertIn("SaveCheckpoint needs the admin role; the caller is "
+                      "rollout 'dev'", error.exception.details())
+        self.assertEqual(harness.metric_sum(
+            harness.scrape_metrics(trainer["metrics_address"]),
+            "tandem_trainer_auth_refused_total", reason="wrong_role"), 1)
+        # ScoreBatch runs candidate code: only the coordinator may ask.
+        verifier = self.ready["verifier"]
+        creds = grpc_credentials(self.certs, cert_dir=self.certs)
+        with grpc.secure_channel(verifier["grpc_address"], creds) as channel:
+            score = channel.unary_unary("/tandem.v1.Verifier/ScoreBatch",
+                                        request_serializer=None,
+                                        response_deserializer=None)
+            with self.assertRaises(grpc.RpcError) as error:
+                score(b"", timeout=10)
+        self.assertEqual(error.exception.code(),
+                         grpc.StatusCode.PERMISSION_DENIED)
+        self.assertIn("ScoreBatch needs the coordinator role; the caller is "
+                      "admin 'dev'", error.exception.details())
+        self.assertEqual(harness.metric_sum(
+            harness.scrape_metrics(verifier["metrics_address"]),
+            "tandem_verifier_auth_refused_total", reason="wrong_role"), 1)
 
 
 if __name__ == "__main__":

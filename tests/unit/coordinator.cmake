@@ -15,3 +15,7 @@ tandem_add_test(coordinator_watch_test
 tandem_add_test(coordinator_validation_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/coordinator_validation_test.cc
   LIBS tandem_coordinator_lib)
+# The coordinator's RPC -> role table (issue 25, authorization).
+tandem_add_test(coordinator_authz_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/coordinator_authz_test.cc
+  LIBS tandem_coordinator_lib)

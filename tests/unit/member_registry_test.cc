@@ -77,5 +77,71 @@ TEST_CASE("ids carry the incarnation tag, so two starts never share one") {
   CHECK(b.member_id() != a.member_id());
 }
 
+TEST_CASE(
+    "a member id belongs to the certificate identity that registered it") {
+  MemberRegistry registry(absl::Seconds(3), "");
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  const std::string dev = "spiffe://tandem/rollout/dev";
+  const std::string other = "spiffe://tandem/rollout/other";
+  auto a = registry.Register(Request(tandem::v1::ROLE_ROLLOUT), t0, dev);
+  CHECK(registry.CheckOwner(a.member_id(), dev).ok());
+  absl::Status refused = registry.CheckOwner(a.member_id(), other);
+  CHECK(refused.code() == absl::StatusCode::kPermissionDenied);
+  CHECK_THAT(std::string(refused.message()), Catch::Contains(a.member_id()) &&
+                                                 Catch::Contains(dev) &&
+                                                 Catch::Contains(other));
+  // Without TLS (no identity) nothing is checked.
+  CHECK(registry.CheckOwner(a.member_id(), "").ok());
+  // Pruned members keep their owner: the id cannot be claimed by another.
+  REQUIRE(registry.Deregister(a.member_id()).ok());
+  registry.Prune(t0 + absl::Hours(1), absl::Seconds(1));
+  CHECK(registry.CheckOwner(a.member_id(), other).code() ==
+        absl::StatusCode::kPermissionDenied);
+}
+
+TEST_CASE("an id never registered here is claimed by its first identity") {
+  MemberRegistry registry(absl::Seconds(3), "");
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  const std::string dev = "spiffe://tandem/rollout/dev";
+  const std::string other = "spiffe://tandem/rollout/other";
+  // A member of an earlier coordinator start, whose leases the journal
+  // replayed, submits under its old id: it becomes that identity's.
+  CHECK(registry.CheckOwner("rollout-old-1", dev).ok());
+  CHECK(registry.CheckOwner("rollout-old-1", dev).ok());
+  CHECK(registry.CheckOwner("rollout-old-1", other).code() ==
+        absl::StatusCode::kPermissionDenied);
+  // Registering again naming it keeps its leases for the same identity...
+  auto again_request = Request(tandem::v1::ROLE_ROLLOUT);
+  again_request.set_previous_member_id("rollout-old-1");
+  auto again = registry.Register(again_request, t0, dev);
+  CHECK(registry.LeaseHolders(again.member_id()) ==
+        std::vector<std::string>{again.member_id(), "rollout-old-1"});
+  // ...but another identity naming it does not inherit them.
+  auto thief = registry.Register(again_request, t0, other);
+  CHECK(registry.LeaseHolders(thief.member_id()) ==
+        std::vector<std::string>{thief.member_id()});
+  // Nor does it inherit the leases of another identity's member that died.
+  auto stolen_request = Request(tandem::v1::ROLE_ROLLOUT);
+  stolen_request.set_previous_member_id(again.member_id());
+  registry.ExpireSilent(t0 + absl::Seconds(10));
+  auto late = registry.Register(stolen_request, t0 + absl::Seconds(10), other);
+  CHECK(registry.LeaseHolders(late.member_id()) ==
+        std::vector<std::string>{late.member_id()});
+}
+
+TEST_CASE("claims of unregistered ids stop at kMaxClaims") {
+  MemberRegistry registry(absl::Seconds(3), "");
+  const std::string dev = "spiffe://tandem/rollout/dev";
+  for (size_t i = 0; i < MemberRegistry::kMaxClaims; ++i) {
+    REQUIRE(registry.CheckOwner("x-" + std::to_string(i), dev).ok());
+  }
+  CHECK(registry.CheckOwner("x-more", dev).code() ==
+        absl::StatusCode::kPermissionDenied);
+  // Registered ids are not claims.
+  auto a = registry.Register(Request(tandem::v1::ROLE_ROLLOUT),
+                             absl::FromUnixSeconds(1000), dev);
+  CHECK(registry.CheckOwner(a.member_id(), dev).ok());
+}
+
 }  // namespace
 }  // namespace tandem::coordinator

@@ -11,3 +11,8 @@ tandem_add_test(grpc_server_test
 tandem_add_test(tls_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/tls_test.cc
   LIBS tandem_rpc tandem_config tandem_certs tandem_health_proto)
+
+# Role and name from a client certificate's SPIFFE ID (issue 25).
+tandem_add_test(peer_identity_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/peer_identity_test.cc
+  LIBS tandem_rpc)
