@@ -37,13 +37,7 @@ GROUP_SIZE = 2
 CHAR_IDS = {c: i for i, c in enumerate("0123456789+-= ")}
 EOS_ID = 15
 
-STUB_DIR = tempfile.mkdtemp(prefix="tandem-authz-pb-")
-subprocess.run(["protoc", f"--proto_path={os.path.join(REPO, 'proto')}",
-                f"--python_out={STUB_DIR}",
-                *[os.path.join(REPO, "proto", "tandem", "v1", name)
-                  for name in ("common.proto", "coordinator.proto")]],
-               check=True)
-sys.path.insert(0, STUB_DIR)
+STUB_DIR = harness.proto_stubs("common.proto", "coordinator.proto")
 from tandem.v1 import common_pb2 as common  # noqa: E402
 from tandem.v1 import coordinator_pb2 as pb  # noqa: E402
 
