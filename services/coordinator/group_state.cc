@@ -10,6 +10,9 @@ tandem::v1::ScoredGroup ToScoredGroup(const GroupState& group) {
   out.set_prompt_id(group.prompt->id);
   out.mutable_prompt_token_ids()->Add(group.prompt->token_ids.begin(),
                                       group.prompt->token_ids.end());
+  out.mutable_reference_completion_ids()->Add(
+      group.prompt->reference_completion_ids.begin(),
+      group.prompt->reference_completion_ids.end());
   for (size_t i = 0; i < group.samples.size(); ++i) {
     tandem::v1::ScoredSample* scored = out.add_samples();
     if (group.samples[i]) *scored->mutable_sample() = *group.samples[i];
@@ -52,6 +55,9 @@ journal::Prompt ToJournal(const Prompt& prompt) {
   for (const auto& [key, value] : prompt.metadata) {
     (*out.mutable_metadata())[key] = value;
   }
+  out.mutable_reference_completion_ids()->Add(
+      prompt.reference_completion_ids.begin(),
+      prompt.reference_completion_ids.end());
   return out;
 }
 
@@ -62,6 +68,9 @@ Prompt FromJournal(const journal::Prompt& prompt) {
   out.token_ids.assign(prompt.token_ids().begin(), prompt.token_ids().end());
   out.verifier = prompt.verifier();
   for (const auto& [key, value] : prompt.metadata()) out.metadata[key] = value;
+  out.reference_completion_ids.assign(
+      prompt.reference_completion_ids().begin(),
+      prompt.reference_completion_ids().end());
   return out;
 }
 

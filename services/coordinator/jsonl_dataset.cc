@@ -98,6 +98,37 @@ std::string ParseLine(const std::string& line,
   } else {
     return "each line needs prompt or prompt_token_ids";
   }
+  if (json.contains("reference_completion_ids")) {
+    const Json& ids = json["reference_completion_ids"];
+    if (!ids.is_array() || ids.empty()) {
+      return "reference_completion_ids must be a non-empty array of token ids";
+    }
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (!ids[i].is_number_integer() || ids[i].get<int64_t>() < 0 ||
+          ids[i].get<int64_t>() > INT32_MAX ||
+          (tokenizer != nullptr &&
+           ids[i].get<int64_t>() >= tokenizer->vocab_size())) {
+        return absl::StrCat("reference_completion_ids[", i,
+                            "] must be a token id of the vocabulary, got ",
+                            ids[i].dump());
+      }
+      prompt->reference_completion_ids.push_back(
+          static_cast<int32_t>(ids[i].get<int64_t>()));
+    }
+  } else if (json.contains("reference_completion")) {
+    if (!json["reference_completion"].is_string()) {
+      return "reference_completion must be a string";
+    }
+    if (tokenizer == nullptr) {
+      return "reference_completion text needs dataset.tokenizer (or give "
+             "reference_completion_ids)";
+    }
+    prompt->reference_completion_ids =
+        tokenizer->Encode(json["reference_completion"].get<std::string>());
+    if (prompt->reference_completion_ids.empty()) {
+      return "reference_completion tokenizes to no tokens";
+    }
+  }
   return "";
 }
 

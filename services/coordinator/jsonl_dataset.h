@@ -6,7 +6,12 @@
 //    "prompt": "What is 2+3?",          text, tokenized with dataset.tokenizer
 //    "prompt_token_ids": [1, 2, 3],     or token ids (used when both given)
 //    "verifier": "math",                required: the verifier's name
-//    "metadata": {"answer": "5"}}       optional; string values only
+//    "metadata": {"answer": "5"},       optional; string values only
+//    "reference_completion": "5"}       optional: a correct completion, as
+//                                       text (needs dataset.tokenizer) or
+//                                       "reference_completion_ids": [...];
+//                                       the trainer's
+//                                       training.guide_failed_groups uses it
 //
 // Other keys are ignored. A malformed line is reported as
 // "<file>:<line>: <what is wrong>"; with bad_lines "skip" it is logged and

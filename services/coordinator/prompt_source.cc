@@ -32,6 +32,8 @@ class ArithPromptSource : public PromptSource {
     prompt.verifier = "arith";
     prompt.metadata["answer"] = problem.answer;
     prompt.metadata["end_marker"] = task::kArithEosToken;
+    prompt.reference_completion_ids = tokenizer_->Encode(problem.answer);
+    prompt.reference_completion_ids.push_back(task::kArithEosId);
     return prompt;
   }
 

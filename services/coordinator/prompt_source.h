@@ -31,6 +31,11 @@ struct Prompt {
   // Verifier name and its inputs (e.g. "answer").
   std::string verifier;
   std::map<std::string, std::string> metadata;
+  // The dataset's reference completion (token ids), if it has one: the
+  // built-in task's answer and end token; a JSONL line's
+  // reference_completion. Handed to the trainer with the scored group
+  // (training.guide_failed_groups).
+  std::vector<int32_t> reference_completion_ids;
 };
 
 class PromptSource {

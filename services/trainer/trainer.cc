@@ -81,6 +81,8 @@ GrpoTrainerOptions ToOptions(const TrainerConfig& c) {
       : c.aggregation == "pipelinerl" ? LossAggregation::kSumOverSequences
                                       : LossAggregation::kTokenMean;
   o.drop_uniform_groups = c.dynamic_sampling;
+  o.reference_guidance = c.guide_failed_groups;
+  o.reference_reward = c.guide_reward;
   o.logprobs.kernel = c.logprobs_kernel == "cuda"   ? TokenLogProbsKernel::kCuda
                       : c.logprobs_kernel == "aten" ? TokenLogProbsKernel::kAten
                                                     : TokenLogProbsKernel::kAuto;
@@ -359,12 +361,13 @@ absl::Status Trainer::TrainOnce() {
   unacknowledged_step_ = false;
   metrics_.RecordStep(stats);
   Log()->info(
-      "version {}: batch {}, {} groups ({} uniform, {} of them dropped), {} "
-      "tokens ({} completions with zero advantage not forwarded), reward "
+      "version {}: batch {}, {} groups ({} uniform, {} of them dropped, {} "
+      "guided), {} tokens ({} completions with zero advantage not forwarded), reward "
       "{:.3f}, loss {:.4f}, clip {:.3f}, kl {:.4g}, grad norm {:.3f}, "
       "lr {:.3g}, {:.2f}s",
       stats.policy_version, batch.batch_id(), groups.size(),
-      stats.uniform_groups, stats.dropped_uniform_groups, stats.trained_tokens,
+      stats.uniform_groups, stats.dropped_uniform_groups, stats.guided_groups,
+      stats.trained_tokens,
       stats.skipped_sequences, stats.reward_mean, stats.loss.loss,
       stats.loss.clip_fraction, stats.loss.kl_mean, stats.grad_norm, stats.lr,
       stats.step_seconds);

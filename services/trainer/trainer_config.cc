@@ -103,6 +103,20 @@ void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config) {
                   "Off: they count in the denominators (token-mean "
                   "aggregation then shrinks the update as more groups are "
                   "solved).");
+  schema->AddBool("training.guide_failed_groups",
+                  &config->guide_failed_groups,
+                  "Reference guidance (mixed-policy GRPO, as LUFFY): a group "
+                  "whose samples all failed (the same reward, below "
+                  "training.guide_reward) and whose prompt has a reference "
+                  "completion from the dataset gets that completion as one "
+                  "more sample with reward training.guide_reward, trained "
+                  "with importance ratio 1, so problems the policy never "
+                  "solves still teach it; counted in "
+                  "tandem_trainer_guided_groups_total.");
+  schema->AddDouble("training.guide_reward", &config->guide_reward, -1e6, 1e6,
+                    "Reward given to a reference completion "
+                    "(training.guide_failed_groups); 1 is a correct answer "
+                    "for every built-in verifier.");
   schema->AddDouble("training.kl_beta", &config->kl_beta, 0, 1e6,
                     "Coefficient of the k3 KL penalty to a frozen reference "
                     "policy (training.reference_model); 0 = no penalty and "
@@ -197,6 +211,8 @@ std::string TrainingConfigJson(const TrainerConfig& c) {
                             {"advantage", c.advantage},
                             {"aggregation", c.aggregation},
                             {"dynamic_sampling", c.dynamic_sampling},
+                            {"guide_failed_groups", c.guide_failed_groups},
+                            {"guide_reward", c.guide_reward},
                             {"kl_beta", c.kl_beta},
                             {"reference_model", c.reference_model}};
   return j.dump();

@@ -50,6 +50,8 @@ struct TrainerConfig {
   std::string aggregation = "token";  // token | sequence | pipelinerl
   // Leave groups whose rewards are all equal out of the step (DAPO).
   bool dynamic_sampling = false;
+  bool guide_failed_groups = false;
+  double guide_reward = 1.0;
   // KL penalty to a frozen reference policy (k3); 0 = none, nothing loaded.
   double kl_beta = 0.0;
   // Hugging Face directory of the reference policy; empty = model.path (the

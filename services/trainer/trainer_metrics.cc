@@ -74,7 +74,15 @@ TrainerStepMetrics::TrainerStepMetrics(prometheus::Registry& registry)
                     "training.dynamic_sampling).")
               .Register(registry)),
       uniform_trained_(uniform_groups_.Add({{"outcome", "trained"}})),
-      uniform_dropped_(uniform_groups_.Add({{"outcome", "dropped"}})) {
+      uniform_dropped_(uniform_groups_.Add({{"outcome", "dropped"}})),
+      guided_groups_(
+          prometheus::BuildCounter()
+              .Name("tandem_trainer_guided_groups_total")
+              .Help("Groups whose samples all failed and that were trained "
+                    "with the dataset's reference completion added "
+                    "(training.guide_failed_groups).")
+              .Register(registry)
+              .Add({})) {
   for (const char* quantity : {"reward", "loss", "grad_norm"}) {
     nonfinite_steps_.Add({{"quantity", quantity}});
   }
@@ -104,6 +112,7 @@ void TrainerStepMetrics::Record(const GrpoStepStats& stats) {
   uniform_trained_.Increment(
       static_cast<double>(stats.uniform_groups - stats.dropped_uniform_groups));
   uniform_dropped_.Increment(static_cast<double>(stats.dropped_uniform_groups));
+  guided_groups_.Increment(static_cast<double>(stats.guided_groups));
 }
 
 TrainerMetrics::TrainerMetrics(prometheus::Registry& registry)

@@ -50,6 +50,8 @@ class TrainerStepMetrics {
   prometheus::Family<prometheus::Counter>& uniform_groups_;
   prometheus::Counter& uniform_trained_;
   prometheus::Counter& uniform_dropped_;
+  // Groups that got their reference completion (training.guide_failed_groups).
+  prometheus::Counter& guided_groups_;
 };
 
 class TrainerMetrics {

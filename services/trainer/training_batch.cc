@@ -37,6 +37,10 @@ ConvertedBatch ConvertTrainingBatch(
                        absl::StrCat("samples[", i, "].completion_token_ids"),
                        vocab_size);
     }
+    if (!bad) {
+      bad = OutOfRange(g.reference_completion_ids(),
+                       "reference_completion_ids", vocab_size);
+    }
     if (bad) {
       out.refused.push_back(absl::StrCat("group ", g.group_id(), ": ", *bad));
       continue;
@@ -47,6 +51,8 @@ ConvertedBatch ConvertTrainingBatch(
     // Log-probs at the temperature the samples were drawn with (0, greedy
     // or unset by an older coordinator, counts as 1).
     group.temperature = g.sampling().temperature();
+    group.reference.assign(g.reference_completion_ids().begin(),
+                           g.reference_completion_ids().end());
     for (const auto& scored : g.samples()) {
       const auto& s = scored.sample();
       ScoredCompletion c;

@@ -4,6 +4,11 @@
 // {informative, uniform} equals the step on {informative} alone; without
 // it the uniform group's tokens dilute the token-mean loss. Both count the
 // uniform group.
+//
+// Reference guidance (reference_guidance, training.guide_failed_groups): a
+// group whose samples all failed gets the dataset's reference completion
+// as one more sample, trained at importance ratio 1; groups that did not
+// all fail, or have no reference, are untouched.
 
 #include <torch/torch.h>
 
@@ -13,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/model/decoder_model.h"
 #include "common/model/model_weights.h"
 #include "services/trainer/rl/grpo_trainer.h"
 #include "tests/unit/model_test_util.h"
@@ -44,18 +50,47 @@ struct Outcome {
   std::map<std::string, at::Tensor> gradients;
 };
 
-Outcome StepOn(const std::vector<ScoredPromptGroup>& groups, bool drop) {
+std::unique_ptr<GrpoTrainer> NewTrainer(bool drop, bool guide) {
   auto initial = model::RandomInit(model::testing::TinyQwen2Config(), 5);
   REQUIRE(initial.ok());
   GrpoTrainerOptions o;
   o.max_grad_norm = 1e9;  // no clipping: compare raw gradients
   o.loss.aggregation = LossAggregation::kTokenMean;
   o.drop_uniform_groups = drop;
+  o.reference_guidance = guide;
   auto trainer = GrpoTrainer::Create(**initial, 0, o);
   REQUIRE(trainer.ok());
-  auto stats = (*trainer)->Step(groups);
+  return *std::move(trainer);
+}
+
+Outcome StepOn(const std::vector<ScoredPromptGroup>& groups, bool drop,
+               bool guide = false) {
+  auto trainer = NewTrainer(drop, guide);
+  auto stats = trainer->Step(groups);
   REQUIRE(stats.ok());
-  return {*stats, (*trainer)->GradientsForTest()};
+  return {*stats, trainer->GradientsForTest()};
+}
+
+// Log-probs of `tokens` after `prompt` under the untrained policy of
+// NewTrainer, one per token.
+std::vector<float> PolicyLogProbs(const std::vector<int32_t>& prompt,
+                                  const std::vector<int32_t>& tokens) {
+  auto trainer = NewTrainer(false, false);
+  torch::NoGradGuard no_grad;
+  std::vector<int64_t> ids(prompt.begin(), prompt.end());
+  ids.insert(ids.end(), tokens.begin(), tokens.end());
+  const int64_t n = static_cast<int64_t>(ids.size());
+  auto logits = trainer->policy().ForwardPacked(
+      torch::tensor(ids, torch::kLong), torch::arange(n, torch::kLong),
+      torch::tensor(std::vector<int64_t>{0, n}, torch::kLong));
+  REQUIRE(logits.ok());
+  const at::Tensor logp = torch::log_softmax(logits->to(torch::kFloat), -1);
+  std::vector<float> out;
+  for (size_t k = 0; k < tokens.size(); ++k) {
+    const int64_t row = static_cast<int64_t>(prompt.size() + k) - 1;
+    out.push_back(logp[row][tokens[k]].item<float>());
+  }
+  return out;
 }
 
 double MaxAbsDifference(const Outcome& a, const Outcome& b) {
@@ -103,6 +138,56 @@ TEST_CASE("dynamic sampling steps a batch of only uniform groups as it is") {
   CHECK(all_uniform.stats.dropped_uniform_groups == 0);
   CHECK(!all_uniform.stats.skipped());
   CHECK(all_uniform.stats.policy_version == 1);
+}
+
+ScoredPromptGroup WithReference(ScoredPromptGroup group,
+                                std::vector<int32_t> reference) {
+  group.reference = std::move(reference);
+  return group;
+}
+
+TEST_CASE("reference guidance trains a failed group's reference at ratio 1") {
+  const ScoredPromptGroup failed =
+      WithReference(Group({0.0, 0.0, 0.0, 0.0}, 10, 3), {40, 41, 42});
+  const Outcome guided = StepOn({failed}, /*drop=*/true, /*guide=*/true);
+  CHECK(guided.stats.guided_groups == 1);
+  CHECK(guided.stats.uniform_groups == 0);
+  CHECK(guided.stats.dropped_uniform_groups == 0);
+  CHECK(guided.stats.trained_tokens == 4 * 3 + 3);
+  CHECK(guided.stats.grad_norm > 0);
+  // The reward statistics are the rollouts' only.
+  CHECK(guided.stats.reward_mean == Approx(0.0));
+
+  // The same step with the reference as a sampled completion whose
+  // behavior log-probs are the policy's own: the same gradient.
+  ScoredPromptGroup by_hand = failed;
+  ScoredCompletion reference;
+  reference.tokens = failed.reference;
+  reference.behavior_logprobs = PolicyLogProbs(failed.prompt, failed.reference);
+  reference.reward = 1.0;
+  by_hand.completions.push_back(reference);
+  const Outcome manual = StepOn({by_hand}, true, /*guide=*/false);
+  CHECK(manual.stats.grad_norm == Approx(guided.stats.grad_norm).epsilon(1e-4));
+  CHECK(MaxAbsDifference(manual, guided) < 1e-5);
+}
+
+TEST_CASE("reference guidance leaves groups that did not all fail alone") {
+  const std::vector<ScoredPromptGroup> groups = {
+      WithReference(kInformative, {40, 41}),
+      WithReference(kUniform, {40, 41}),  // all solved
+      Group({0.0, 0.0, 0.0, 0.0}, 50, 2),  // failed, no reference
+  };
+  const Outcome guided = StepOn(groups, /*drop=*/true, /*guide=*/true);
+  const Outcome plain = StepOn(groups, true, /*guide=*/false);
+  CHECK(guided.stats.guided_groups == 0);
+  CHECK(guided.stats.dropped_uniform_groups == 2);
+  CHECK(guided.stats.grad_norm == Approx(plain.stats.grad_norm).epsilon(1e-6));
+  CHECK(MaxAbsDifference(guided, plain) < 1e-7);
+  // Off: a failed group's reference is ignored.
+  const Outcome off = StepOn(
+      {kInformative, WithReference(Group({0.0, 0.0}, 60, 2), {40})}, true);
+  CHECK(off.stats.guided_groups == 0);
+  CHECK(off.stats.dropped_uniform_groups == 1);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 # GrpoTrainer's learning-rate schedule (warmup + constant / cosine /
-# linear), gradient accumulation over micro-batches and dynamic sampling
-# (services/trainer/rl).
+# linear), gradient accumulation over micro-batches, dynamic sampling and
+# reference guidance (services/trainer/rl).
 tandem_add_test(trainer_rl_schedule_test
   SOURCES
     ${CMAKE_CURRENT_SOURCE_DIR}/trainer_lr_schedule_test.cc

@@ -30,7 +30,41 @@ GrpoTrainer::~GrpoTrainer() = default;
 
 namespace {
 
+// Reference guidance (GrpoTrainerOptions::reference_guidance): appends
+// each group's reference completion where every sampled completion with
+// tokens got the same reward below `reward`; returns how many groups got
+// one.
+int64_t AddReferenceCompletions(double reward, uint64_t version,
+                                std::vector<ScoredPromptGroup>* groups) {
+  int64_t guided = 0;
+  for (ScoredPromptGroup& group : *groups) {
+    if (group.reference.empty()) continue;
+    bool seen = false, failed = true;
+    double first = 0.0;
+    for (const ScoredCompletion& c : group.completions) {
+      if (c.trained_tokens() == 0) continue;
+      if (!seen) first = c.reward;
+      seen = true;
+      if (!(c.reward == first && c.reward < reward)) failed = false;
+    }
+    if (!seen || !failed) continue;
+    ScoredCompletion reference;
+    reference.tokens = group.reference;
+    reference.behavior_logprobs.assign(group.reference.size(), 0.0f);
+    reference.reward = reward;
+    reference.min_policy_version = version;
+    reference.from_reference = true;
+    group.completions.push_back(std::move(reference));
+    ++guided;
+  }
+  return guided;
+}
+
 absl::Status ValidateOptions(const GrpoTrainerOptions& o) {
+  if (!std::isfinite(o.reference_reward)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reference_reward must be finite, got ", o.reference_reward));
+  }
   if (o.warmup_steps < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("warmup_steps must be >= 0, got ", o.warmup_steps));
@@ -167,9 +201,17 @@ void GrpoTrainer::MasterToCompute() {
 }
 
 absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
-    const std::vector<ScoredPromptGroup>& groups) {
+    const std::vector<ScoredPromptGroup>& input_groups) {
   const absl::Time start = absl::Now();
   GrpoStepStats stats;
+  std::vector<ScoredPromptGroup> guided;
+  if (options_.reference_guidance) {
+    guided = input_groups;
+    stats.guided_groups = AddReferenceCompletions(options_.reference_reward,
+                                                  version_.load(), &guided);
+  }
+  const std::vector<ScoredPromptGroup>& groups =
+      options_.reference_guidance ? guided : input_groups;
   std::vector<SequenceRef> sequences;
   std::vector<int64_t> group_ids;
   std::vector<float> rewards;
@@ -262,7 +304,7 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
   int64_t scored = 0;
   for (const ScoredPromptGroup& group : groups) {
     for (const ScoredCompletion& c : group.completions) {
-      if (c.trained_tokens() == 0) continue;
+      if (c.trained_tokens() == 0 || c.from_reference) continue;
       sum += c.reward;
       sum_sq += c.reward * c.reward;
       ++scored;
@@ -317,8 +359,9 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
     ZeroGradients();
     // The whole batch, detached, for the statistics; gradients accumulate
     // over the micro-batches.
-    std::vector<at::Tensor> new_logprobs, entropies, reference_logprobs;
-    std::vector<float> behavior, mask;
+    std::vector<at::Tensor> new_logprobs, entropies, reference_logprobs,
+        behavior;
+    std::vector<float> mask;
     std::vector<int64_t> sequence_ids;
     const auto micro_batches =
         SplitMicroBatches(active, options_.micro_batch_tokens);
@@ -329,6 +372,9 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
       std::vector<int64_t> input_ids, position_ids, cu_seqlens = {0};
       std::vector<int64_t> predict_rows, targets, local_ids;
       std::vector<float> micro_behavior, micro_mask, inv_temperatures;
+      // Per token: its behavior log-prob is the policy's own (a reference
+      // completion, see ScoredCompletion::from_reference).
+      std::vector<uint8_t> micro_own;
       for (size_t i = begin; i < end; ++i) {
         const std::vector<int32_t>& prompt = *active[i].prompt;
         const ScoredCompletion& c = *active[i].completion;
@@ -350,6 +396,7 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
           local_ids.push_back(static_cast<int64_t>(i - begin));
           sequence_ids.push_back(static_cast<int64_t>(i));
           micro_mask.push_back(c.trained.empty() || c.trained[k] ? 1.0f : 0.0f);
+          micro_own.push_back(c.from_reference ? 1 : 0);
         }
         micro_behavior.insert(micro_behavior.end(), c.behavior_logprobs.begin(),
                               c.behavior_logprobs.end());
@@ -398,6 +445,15 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
       micro.new_logprobs = logprobs.logprobs;
       micro.behavior_logprobs =
           torch::tensor(micro_behavior, torch::kFloat).to(device);
+      if (std::find(micro_own.begin(), micro_own.end(), 1) !=
+          micro_own.end()) {
+        micro.behavior_logprobs = torch::where(
+            torch::tensor(at::ArrayRef<uint8_t>(micro_own), torch::kUInt8)
+                .to(device)
+                .to(torch::kBool),
+            logprobs.logprobs.detach().to(torch::kFloat),
+            micro.behavior_logprobs);
+      }
       micro.reference_logprobs = micro_reference;
       micro.mask = torch::tensor(micro_mask, torch::kFloat).to(device);
       micro.sequence_ids = torch::tensor(local_ids, torch::kLong).to(device);
@@ -414,8 +470,7 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
       if (logprobs.entropy.defined()) {
         entropies.push_back(logprobs.entropy.detach());
       }
-      behavior.insert(behavior.end(), micro_behavior.begin(),
-                      micro_behavior.end());
+      behavior.push_back(micro.behavior_logprobs);
       mask.insert(mask.end(), micro_mask.begin(), micro_mask.end());
     }
     {
@@ -424,8 +479,7 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
       torch::NoGradGuard no_grad;
       PackedPolicyBatch batch;
       batch.new_logprobs = torch::cat(new_logprobs);
-      batch.behavior_logprobs =
-          torch::tensor(behavior, torch::kFloat).to(device);
+      batch.behavior_logprobs = torch::cat(behavior);
       batch.mask = torch::tensor(mask, torch::kFloat).to(device);
       batch.sequence_ids = torch::tensor(sequence_ids, torch::kLong).to(device);
       batch.advantages = active_advantages;

@@ -42,6 +42,12 @@ struct ScoredCompletion {
   // never a loss term, its behavior log-prob ignored). Empty: every token
   // is the model's. Otherwise one per token.
   std::vector<uint8_t> trained;
+  // A reference completion added by the trainer (reference_guidance), not
+  // sampled by any rollout worker: it has no behavior log-probs (the
+  // vector is ignored); the loss takes the policy's own detached log-probs
+  // in their place, so its importance ratio is 1 and its term is the
+  // advantage-weighted log-likelihood of the reference.
+  bool from_reference = false;
 
   // Tokens in the loss.
   int64_t trained_tokens() const;
@@ -56,6 +62,10 @@ struct ScoredPromptGroup {
   // log softmax(logits / temperature)). Greedy sampling (0) reports
   // temperature-1 log-probs, so 0 counts as 1. Finite and >= 0.
   double temperature = 1.0;
+  // The dataset's reference completion of the prompt (e.g. the built-in
+  // task's answer and end token), when the coordinator has one; used by
+  // GrpoTrainerOptions::reference_guidance. Empty: none.
+  std::vector<int32_t> reference;
 };
 
 // Learning rate after the warmup.
@@ -109,6 +119,15 @@ struct GrpoTrainerOptions {
   // way). Off: uniform groups count in the denominators (their sequences
   // are still not forwarded, see skip_zero_advantage).
   bool drop_uniform_groups = false;
+  // Reference guidance (mixed-policy GRPO, as LUFFY): a group whose
+  // completions all got the same reward below reference_reward, and whose
+  // prompt has a reference completion, gets that reference as one more
+  // completion with reward reference_reward. The group then carries an
+  // advantage: the reference is pulled up and the failed samples pushed
+  // down, where on-policy sampling alone gives no signal (a problem the
+  // policy never solves). See ScoredCompletion::from_reference.
+  bool reference_guidance = false;
+  double reference_reward = 1.0;
   // Dtype of the forward and backward pass. kFloat32: the master weights
   // themselves. kBFloat16: mixed precision — a bfloat16 copy of the float32
   // master weights computes the loss and its gradient, the gradient is
@@ -142,6 +161,8 @@ struct GrpoStepStats {
   // groups' tokens are not in trained_tokens.
   int64_t uniform_groups = 0;
   int64_t dropped_uniform_groups = 0;
+  // Groups that got their reference completion (reference_guidance).
+  int64_t guided_groups = 0;
   // "reward", "loss" or "grad_norm" when that quantity was not finite (NaN
   // or infinite; a NaN behavior log-prob makes the loss NaN; a reward is
   // checked before anything is computed, since it would make its group's
