@@ -52,6 +52,7 @@ journal::Prompt ToJournal(const Prompt& prompt) {
   for (const auto& [key, value] : prompt.metadata) {
     (*out.mutable_metadata())[key] = value;
   }
+  out.set_environment(prompt.environment);
   return out;
 }
 
@@ -62,6 +63,7 @@ Prompt FromJournal(const journal::Prompt& prompt) {
   out.token_ids.assign(prompt.token_ids().begin(), prompt.token_ids().end());
   out.verifier = prompt.verifier();
   for (const auto& [key, value] : prompt.metadata()) out.metadata[key] = value;
+  out.environment = prompt.environment();
   return out;
 }
 

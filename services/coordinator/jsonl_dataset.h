@@ -6,7 +6,11 @@
 //    "prompt": "What is 2+3?",          text, tokenized with dataset.tokenizer
 //    "prompt_token_ids": [1, 2, 3],     or token ids (used when both given)
 //    "verifier": "math",                required: the verifier's name
-//    "metadata": {"answer": "5"}}       optional; string values only
+//    "metadata": {"answer": "5"},       optional; string values only
+//    "environment": "calculator"}       optional: a multi-turn task whose
+//                                       episodes this environment runs
+//                                       (docs/environments.md); absent or
+//                                       "" = single-turn
 //
 // Other keys are ignored. A malformed line is reported as
 // "<file>:<line>: <what is wrong>"; with bad_lines "skip" it is logged and
