@@ -28,6 +28,13 @@ And a worker without environment.address returns the episode leases it
 gets (its log names the key) instead of dropping them; they are trained by
 the worker that has one.
 
+KillTest: kill -9 of the rollout worker while episodes are open at the
+environment, on a finite dataset (one epoch of 24 prompts): its leases go
+back (groups_abandoned_total), a second worker finishes the dataset, and
+the journal shows every prompt trained exactly once (one group of
+GROUP_SIZE episodes each; none missing, none twice), with episodes of both
+workers among them.
+
 How to run (ctest runs it as integration_episodes):
     TANDEM_BIN_DIR=build/bin .venv/bin/python tests/integration/test_episodes.py
 """
@@ -36,11 +43,11 @@ import collections
 import json
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -98,88 +105,169 @@ def per_token(spans, value_of):
     return out
 
 
+MODEL_DIR = None  # the warm-started model, made once (setUpModule)
+STUB_DIR = None
+journal_pb2 = None
+
+
+def setUpModule():
+    global MODEL_DIR, STUB_DIR, journal_pb2
+    STUB_DIR = tempfile.mkdtemp(prefix="tandem-episodes-model-")
+    journal_pb2 = journal_stubs(STUB_DIR)
+    MODEL_DIR = os.path.join(STUB_DIR, "model")
+    loss = episode_model.make_model(MODEL_DIR, TASKS)
+    assert loss < 0.05, f"the warm start did not converge: loss {loss}"
+
+
+def tearDownModule():
+    if not os.environ.get("TANDEM_KEEP_TMP"):
+        shutil.rmtree(STUB_DIR, ignore_errors=True)
+
+
+def write_dataset(tmp, count):
+    rows = []
+    for i in range(count):
+        expression, answer = TASKS[i % len(TASKS)]
+        text = episode_model.prompt_text(expression)
+        rows.append({"id": f"t{i}", "prompt": text,
+                     "prompt_token_ids": episode_model.encode(text),
+                     "verifier": "exact", "metadata": {"answer": answer},
+                     "environment": "calculator"})
+    path = os.path.join(tmp, "episodes.jsonl")
+    with open(path, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    return path
+
+
+class Cluster:
+    """Coordinator (journal in tmp/journal), verifier (hosting calculator)
+    and trainer on loopback; the tests start the rollout workers."""
+
+    def __init__(self, tmp, dataset, coordinator_extra=()):
+        self.tmp = tmp
+        self.journal_dir = os.path.join(tmp, "journal")
+        self.coordinator = harness.Daemon(
+            "coordinator", tmp,
+            ["--set", "heartbeat_interval_ms=200",
+             "--set", "heartbeat_timeout_ms=3000",
+             "--set", "dataset.kind=jsonl", "--set", f"dataset.path={dataset}",
+             "--set", "dataset.add_bos=false",
+             "--set", f"group_size={GROUP_SIZE}",
+             "--set", "sampling.temperature=0.7",
+             "--set", "sampling.max_tokens=160",
+             "--set", "training.groups_per_version=2",
+             "--set", f"journal.dir={self.journal_dir}",
+             "--set", "journal.compact_bytes=1073741824",
+             *coordinator_extra])
+        ready = self.coordinator.wait_ready()
+        self.address = ready["grpc_address"]
+        self.coordinator_metrics_address = ready["metrics_address"]
+        self.member = ["--set", f"coordinator_address={self.address}"]
+        self.verifier = harness.Daemon("verifier", tmp, self.member)
+        verifier_ready = self.verifier.wait_ready()
+        self.environment_address = verifier_ready["grpc_address"]
+        self.verifier_metrics_address = verifier_ready["metrics_address"]
+        self.trainer = None
+        self.workers = []
+
+    def worker(self, name, environment=True):
+        args = [*self.member, "--set", f"model.path={MODEL_DIR}",
+                "--set", "engine.max_num_seqs=8",
+                "--set", "prefetch_prompts=2"]
+        if environment:
+            args += ["--set",
+                     f"environment.address={self.environment_address}",
+                     "--set", "environment.max_turns=4",
+                     "--set", "environment.max_turn_tokens=64"]
+        daemon = harness.Daemon("rollout", self.tmp, args, name=name)
+        daemon.wait_ready(120)
+        self.workers.append(daemon)
+        return daemon
+
+    def start_trainer(self):
+        self.trainer = harness.Daemon(
+            "trainer", self.tmp,
+            [*self.member, "--set", f"model.path={MODEL_DIR}",
+             "--set", f"checkpoint_dir={os.path.join(self.tmp, 'ckpt')}",
+             "--set", "training.lr=1e-5",
+             "--set", "training.batch_max_groups=2"])
+        self.trainer.wait_ready(120)
+
+    def counter(self, field):
+        status = harness.cluster_status(self.address)
+        return harness.as_int(status.get("counters", {}), field)
+
+    def wait_trained(self, groups, timeout=300):
+        harness.wait_for(lambda: self.counter("groupsTrained") >= groups,
+                         timeout, f"{groups} groups trained", interval=1.0)
+
+    def stop(self):
+        """Stops every daemon still running; returns the journal's
+        records."""
+        for daemon in [self.trainer, *self.workers, self.verifier,
+                       self.coordinator]:
+            if daemon is not None and daemon.process.poll() is None:
+                daemon.stop()
+        return read_journal(os.path.join(self.journal_dir, "journal"),
+                            journal_pb2)
+
+
+def trained_samples(records, test):
+    """(sample, score, the task's answer, prompt id) of every sample in a
+    batch that a published (or committed) version trained."""
+    samples, scores, pulled, answers, prompts = {}, {}, {}, {}, {}
+    trained_batches = []
+    for r in records:
+        kind = r.WhichOneof("record")
+        if kind == "dispatched":
+            group = r.dispatched.group
+            answers[group.group_id] = group.prompt.metadata["answer"]
+            prompts[group.group_id] = group.prompt.id
+        elif kind == "sample":
+            samples[(r.sample.group_id,
+                     r.sample.sample.sample_index)] = r.sample.sample
+        elif kind == "score":
+            scores[(r.score.group_id, r.score.score.index)] = \
+                r.score.score.score
+        elif kind == "pulled":
+            pulled[r.pulled.batch_id] = list(r.pulled.group_ids)
+        elif kind == "committed":
+            trained_batches.append(r.committed.batch_id)
+        elif kind == "published" and r.published.batch_id:
+            trained_batches.append(r.published.batch_id)
+    out = []
+    for batch in dict.fromkeys(trained_batches):  # one batch, one version
+        for group in pulled.get(batch, []):
+            for index in range(GROUP_SIZE):
+                key = (group, index)
+                test.assertIn(key, samples, f"{key} trained, never accepted")
+                out.append((samples[key], scores.get(key), answers[group],
+                            prompts[group]))
+    return out
+
+
 class EpisodesTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="tandem-episodes-")
-        cls.pb = journal_stubs(cls.tmp)
-        cls.model_dir = os.path.join(cls.tmp, "model")
-        loss = episode_model.make_model(cls.model_dir, TASKS)
-        assert loss < 0.05, f"the warm start did not converge: loss {loss}"
-        rows = []
-        for i in range(2 * len(TASKS)):
-            expression, answer = TASKS[i % len(TASKS)]
-            text = episode_model.prompt_text(expression)
-            rows.append({"id": f"t{i}", "prompt": text,
-                         "prompt_token_ids": episode_model.encode(text),
-                         "verifier": "exact",
-                         "metadata": {"answer": answer},
-                         "environment": "calculator"})
-        dataset = os.path.join(cls.tmp, "episodes.jsonl")
-        with open(dataset, "w") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
-        cls.journal_dir = os.path.join(cls.tmp, "journal")
-        cls.coordinator = harness.Daemon(
-            "coordinator", cls.tmp,
-            ["--set", "heartbeat_interval_ms=200",
-             "--set", "heartbeat_timeout_ms=3000",
-             "--set", "dataset.kind=jsonl", "--set", f"dataset.path={dataset}",
-             "--set", "dataset.add_bos=false",
-             "--set", f"group_size={GROUP_SIZE}", "--set", "max_lag=4",
-             "--set", "sampling.temperature=0.7",
-             "--set", "sampling.max_tokens=160",
-             "--set", "training.groups_per_version=2",
-             "--set", f"journal.dir={cls.journal_dir}",
-             "--set", "journal.compact_bytes=1073741824"])
-        cls.coordinator_address = cls.coordinator.wait_ready()["grpc_address"]
-        member = ["--set", f"coordinator_address={cls.coordinator_address}"]
-        cls.verifier = harness.Daemon("verifier", cls.tmp, member)
-        verifier_ready = cls.verifier.wait_ready()
-        cls.environment_address = verifier_ready["grpc_address"]
-        cls.verifier_metrics = verifier_ready["metrics_address"]
-        worker_args = [*member, "--set", f"model.path={cls.model_dir}",
-                       "--set", "engine.max_num_seqs=8",
-                       "--set", "prefetch_prompts=2"]
+        cluster = Cluster(cls.tmp, write_dataset(cls.tmp, 2 * len(TASKS)),
+                          ["--set", "max_lag=4"])
         # A worker that cannot run episodes refuses the leases it gets.
-        cls.plain = harness.Daemon("rollout", cls.tmp, worker_args,
-                                   name="plain-worker")
-        cls.plain.wait_ready(120)
+        cls.plain = cluster.worker("plain-worker", environment=False)
         harness.wait_for(
             lambda: "has no environment.address" in cls.plain.output(), 60,
             "the plain worker refusing an episode lease")
         cls.plain.stop()
-        cls.worker = harness.Daemon(
-            "rollout", cls.tmp,
-            [*worker_args,
-             "--set", f"environment.address={cls.environment_address}",
-             "--set", "environment.max_turns=4",
-             "--set", "environment.max_turn_tokens=64"],
-            name="episode-worker")
-        cls.worker.wait_ready(120)
-        cls.trainer = harness.Daemon(
-            "trainer", cls.tmp,
-            [*member, "--set", f"model.path={cls.model_dir}",
-             "--set", f"checkpoint_dir={os.path.join(cls.tmp, 'ckpt')}",
-             "--set", "training.lr=1e-5",
-             "--set", "training.batch_max_groups=2"])
-        cls.trainer.wait_ready(120)
-
-        def trained():
-            status = harness.cluster_status(cls.coordinator_address)
-            return harness.as_int(status.get("counters", {}),
-                                  "groupsTrained") >= TRAINED_GROUPS
-        harness.wait_for(trained, 300, f"{TRAINED_GROUPS} groups trained",
-                         interval=1.0)
+        cluster.worker("episode-worker")
+        cluster.start_trainer()
+        cluster.wait_trained(TRAINED_GROUPS)
         cls.coordinator_metrics = harness.scrape_metrics(
-            cls.coordinator.wait_ready()["metrics_address"])
-        cls.env_metrics = harness.scrape_metrics(cls.verifier_metrics)
-        for daemon in (cls.trainer, cls.worker, cls.verifier,
-                       cls.coordinator):
-            daemon.stop()
-        cls.records = read_journal(
-            os.path.join(cls.journal_dir, "journal"), cls.pb)
+            cluster.coordinator_metrics_address)
+        cls.env_metrics = harness.scrape_metrics(
+            cluster.verifier_metrics_address)
+        cls.records = cluster.stop()
 
     @classmethod
     def tearDownClass(cls):
@@ -188,46 +276,13 @@ class EpisodesTest(unittest.TestCase):
             return
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
-    def trained_samples(self):
-        """(sample, score, the task's answer) of every sample in a batch that a published
-        version trained."""
-        samples, scores, pulled, answers = {}, {}, {}, {}
-        trained_batches = set()
-        for r in self.records:
-            kind = r.WhichOneof("record")
-            if kind == "dispatched":
-                group = r.dispatched.group
-                answers[group.group_id] = group.prompt.metadata["answer"]
-            elif kind == "sample":
-                samples[(r.sample.group_id,
-                         r.sample.sample.sample_index)] = r.sample.sample
-            elif kind == "score":
-                scores[(r.score.group_id, r.score.score.index)] = \
-                    r.score.score.score
-            elif kind == "pulled":
-                pulled[r.pulled.batch_id] = list(r.pulled.group_ids)
-            elif kind == "committed":
-                trained_batches.add(r.committed.batch_id)
-            elif kind == "published" and r.published.batch_id:
-                trained_batches.add(r.published.batch_id)
-        out = []
-        for batch in trained_batches:
-            for group in pulled.get(batch, []):
-                for index in range(GROUP_SIZE):
-                    key = (group, index)
-                    self.assertIn(key, samples, f"{key} trained, never "
-                                  "accepted")
-                    out.append((samples[key], scores.get(key),
-                                answers[group]))
-        return out
-
     def test_trained_episodes_token_by_token(self):
-        trained = self.trained_samples()
+        trained = trained_samples(self.records, self)
         self.assertGreaterEqual(len(trained), TRAINED_GROUPS * GROUP_SIZE)
         with_calls = 0
         mid_episode_updates = 0
         answered_right = 0
-        for sample, score, answer in trained:
+        for sample, score, answer, _ in trained:
             with self.subTest(sample=sample.sample_id):
                 tokens = list(sample.completion_token_ids)
                 logprobs = list(sample.behavior_logprobs)
@@ -308,6 +363,66 @@ class EpisodesTest(unittest.TestCase):
         self.assertGreater(harness.metric_sum(
             self.coordinator_metrics,
             "tandem_coordinator_groups_abandoned_total"), 0)
+
+
+
+class KillTest(unittest.TestCase):
+    """kill -9 of the rollout worker while episodes are open at the
+    environment: a finite dataset (one epoch) is still trained whole, every
+    prompt exactly once."""
+
+    PROMPTS = 24
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="tandem-episodes-kill-")
+
+    def tearDown(self):
+        if not os.environ.get("TANDEM_KEEP_TMP"):
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def test_kill_9_mid_episode_loses_no_episode_and_trains_none_twice(self):
+        cluster = Cluster(
+            self.tmp, write_dataset(self.tmp, self.PROMPTS),
+            ["--set", "max_lag=8", "--set", "dataset.epochs=1",
+             "--set", "dataset.shuffle=false"])
+        try:
+            cluster.start_trainer()
+            victim = cluster.worker("victim")
+
+            def mid_episode():
+                # Episodes open at the environment, some already delivered.
+                text = harness.scrape_metrics(
+                    cluster.verifier_metrics_address)
+                return (harness.metric_sum(
+                    text, "tandem_verifier_env_episodes_open") > 0 and
+                    cluster.counter("samplesReceived") >= 2 * GROUP_SIZE)
+            harness.wait_for(mid_episode, 120, "episodes open mid-run",
+                             interval=0.02)
+            victim.stop(signal.SIGKILL)
+            received_at_kill = cluster.counter("samplesReceived")
+            self.assertLess(received_at_kill, self.PROMPTS * GROUP_SIZE)
+            cluster.worker("survivor")
+            cluster.wait_trained(self.PROMPTS)
+            metrics = harness.scrape_metrics(
+                cluster.coordinator_metrics_address)
+        finally:
+            records = cluster.stop()
+        # The victim's leases went back (it died holding some).
+        self.assertGreater(harness.metric_sum(
+            metrics, "tandem_coordinator_groups_abandoned_total"), 0)
+        trained = trained_samples(records, self)
+        prompts = collections.Counter(p for _, _, _, p in trained)
+        # Every prompt trained once: GROUP_SIZE samples of one group each.
+        self.assertEqual(sorted(prompts),
+                         sorted(f"t{i}" for i in range(self.PROMPTS)))
+        self.assertEqual(set(prompts.values()), {GROUP_SIZE})
+        workers = collections.Counter(s.worker_id for s, _, _, _ in trained)
+        print(f"trained samples by worker: {dict(workers)}; "
+              f"{received_at_kill} samples received before the kill")
+        self.assertEqual(len(workers), 2, "both workers' episodes trained")
+        for sample, score, _, _ in trained:
+            self.assertTrue(sample.episode_end_reason)
+            self.assertEqual(score.outcome, sample.episode_end_reason)
 
 
 if __name__ == "__main__":
