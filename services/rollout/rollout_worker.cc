@@ -16,6 +16,10 @@ namespace {
 
 auto Log() { return ComponentLogger("rollout"); }
 
+// How long a worker leases nothing after refusing a lease (an episode
+// without environment.address, a prompt too long for its context).
+constexpr absl::Duration kRefusedLeaseBackoff = absl::Seconds(1);
+
 tandem::v1::FinishReason ToProto(engine::FinishReason reason) {
   switch (reason) {
     case engine::FinishReason::kStop:
@@ -264,6 +268,9 @@ void RolloutWorker::AdmitLeases() {
     if (!status.ok()) {
       Log()->warn("lease {} refused: {}", lease.lease_id(),
                   std::string(status.message()));
+      // Whatever this worker cannot run, another may: do not take the
+      // prompt straight back.
+      prefetcher_->Backoff(kRefusedLeaseBackoff);
       prefetcher_->Return(
           {lease.lease_id()},
           std::string(status.message()).substr(0, 1024));

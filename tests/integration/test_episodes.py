@@ -25,8 +25,8 @@ samples, their scores, and the batches the published versions trained):
     the task's answer (end reason answered), and no verifier was asked
     (tandem_coordinator_verifier_* counters stay 0).
 And a worker without environment.address returns the episode leases it
-gets (its log names the key) instead of dropping them; they are trained by
-the worker that has one.
+gets (its log names the key) instead of dropping them, backing off for a
+second after each refusal; they are trained by the worker that has one.
 
 KillTest: kill -9 of the rollout worker while episodes are open at the
 environment, on a finite dataset (one epoch of 24 prompts): its leases go
@@ -48,6 +48,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -213,7 +214,7 @@ class Cluster:
                             journal_pb2)
 
 
-def trained_samples(records, test):
+def trained_samples(records, test=None):
     """(sample, score, the task's answer, prompt id) of every sample in a
     batch that a published (or committed) version trained."""
     samples, scores, pulled, answers, prompts = {}, {}, {}, {}, {}
@@ -241,7 +242,11 @@ def trained_samples(records, test):
         for group in pulled.get(batch, []):
             for index in range(GROUP_SIZE):
                 key = (group, index)
-                test.assertIn(key, samples, f"{key} trained, never accepted")
+                if test is not None:
+                    test.assertIn(key, samples,
+                                  f"{key} trained, never accepted")
+                elif key not in samples:
+                    continue
                 out.append((samples[key], scores.get(key), answers[group],
                             prompts[group]))
     return out
@@ -259,10 +264,26 @@ class EpisodesTest(unittest.TestCase):
         harness.wait_for(
             lambda: "has no environment.address" in cls.plain.output(), 60,
             "the plain worker refusing an episode lease")
+        # It backs off after a refusal rather than leasing and returning
+        # the same prompts in a tight loop.
+        time.sleep(2)
+        cls.plain_refusals = cls.plain.output().count(
+            "has no environment.address")
         cls.plain.stop()
         cluster.worker("episode-worker")
         cluster.start_trainer()
         cluster.wait_trained(TRAINED_GROUPS)
+
+        # Then until a trained episode saw a weight update inside it (the
+        # journal is read while it grows; a torn tail is ignored).
+        def update_inside_an_episode():
+            records = read_journal(
+                os.path.join(cluster.journal_dir, "journal"), journal_pb2)
+            return any(len({s.policy_version for s in sample.version_spans})
+                       > 1 for sample, _, _, _ in trained_samples(records))
+        harness.wait_for(update_inside_an_episode, 300,
+                         "a weight update inside a trained episode",
+                         interval=1.0)
         cls.coordinator_metrics = harness.scrape_metrics(
             cluster.coordinator_metrics_address)
         cls.env_metrics = harness.scrape_metrics(
@@ -360,6 +381,9 @@ class EpisodesTest(unittest.TestCase):
 
     def test_a_worker_without_an_environment_returns_episode_leases(self):
         self.assertIn("environment.address", self.plain.output())
+        # prefetch_prompts 2, a 1 s backoff after each refusal: a few
+        # rounds in 2 s (hundreds without it).
+        self.assertLessEqual(self.plain_refusals, 12)
         self.assertGreater(harness.metric_sum(
             self.coordinator_metrics,
             "tandem_coordinator_groups_abandoned_total"), 0)
