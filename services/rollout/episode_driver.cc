@@ -26,7 +26,9 @@ const char* EndReasonName(tandem::v1::EpisodeEndReason reason) {
     case tandem::v1::EPISODE_END_ERROR:
       return "error";
     default:
-      return "unspecified";
+      // done without a reason: the environment's own end (a bounded label
+      // the coordinator accepts).
+      return "environment";
   }
 }
 

@@ -138,6 +138,8 @@ void RolloutWorker::PollAndDeliver() {
 }
 
 void RolloutWorker::DeliverEpisode(EpisodeResult result) {
+  metrics_.RecordEpisode(result.end_reason, result.tool_calls,
+                         result.malformed_turns);
   if (result.end_reason != "aborted") {
     engine::FinishedSample sample = std::move(result.sample);
     Deliver(std::move(sample), &result);
