@@ -1,6 +1,7 @@
 #include "services/rollout/episode_driver.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -171,7 +172,19 @@ void EpisodeDriver::HandleReply(EnvironmentReply reply) {
   }
   const tandem::v1::StepResponse& step = reply.step;
   if (step.done()) {
-    if (step.has_reward()) e.result.reward = step.reward();
+    if (step.has_reward()) {
+      const double reward = step.reward();
+      if (!std::isfinite(reward) || reward < kEnvironmentRewardMin ||
+          reward > kEnvironmentRewardMax) {
+        End(e, "error",
+            absl::StrCat("the environment's reward ", reward,
+                         " is not finite or outside [", kEnvironmentRewardMin,
+                         ", ", kEnvironmentRewardMax, "]; dropped (",
+                         step.end_text(), ")"));
+        return;
+      }
+      e.result.reward = reward;
+    }
     End(e, EndReasonName(step.end_reason()), step.end_text());
     return;
   }
