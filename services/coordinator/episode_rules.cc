@@ -13,8 +13,8 @@ namespace {
 // episode_driver.h). "aborted" is not here: an aborted episode goes back
 // with its lease, it is never submitted.
 constexpr const char* kEndReasons[] = {
-    "answered",   "environment", "max_turns",          "observation_too_large",
-    "timeout",    "error",       "turn_limit",         "token_limit",
+    "answered",          "environment", "max_turns",  "observation_too_large",
+    "timeout",           "error",       "turn_limit", "token_limit",
     "environment_failed"};
 
 absl::Status Invalid(std::string message) {
@@ -76,28 +76,25 @@ absl::Status ValidateEpisodeForLease(const tandem::v1::Sample& sample,
         "a rollout worker cannot give them a reward"));
   }
   if (!sample.episode_end_reason().empty()) {
-    return Invalid(absl::StrCat(
-        "samples[", index, "].episode_end_reason is '",
-        sample.episode_end_reason(), "' but lease '", sample.lease_id(),
-        "' names no environment"));
+    return Invalid(absl::StrCat("samples[", index, "].episode_end_reason is '",
+                                sample.episode_end_reason(), "' but lease '",
+                                sample.lease_id(), "' names no environment"));
   }
   return absl::OkStatus();
 }
 
 tandem::v1::Score EpisodeScore(const tandem::v1::Sample& sample) {
   tandem::v1::Score score;
-  score.set_reward(sample.has_environment_reward()
-                       ? sample.environment_reward()
-                       : 0.0);
+  score.set_reward(sample.has_environment_reward() ? sample.environment_reward()
+                                                   : 0.0);
   score.set_outcome(sample.episode_end_reason());
-  score.set_reason(
-      sample.has_environment_reward()
-          ? absl::StrCat("the environment's reward (",
-                         sample.episode_end_reason(),
-                         "): ", sample.episode_end_text())
-          : absl::StrCat("the episode ended without a reward (",
-                         sample.episode_end_reason(),
-                         "): ", sample.episode_end_text()));
+  score.set_reason(sample.has_environment_reward()
+                       ? absl::StrCat("the environment's reward (",
+                                      sample.episode_end_reason(),
+                                      "): ", sample.episode_end_text())
+                       : absl::StrCat("the episode ended without a reward (",
+                                      sample.episode_end_reason(),
+                                      "): ", sample.episode_end_text()));
   return score;
 }
 

@@ -37,8 +37,7 @@ bool IsEpisodeEndReason(const std::string& reason);
 // Request-only checks of samples[index]'s episode fields: the reward finite
 // and in range, the end reason known. INVALID_ARGUMENT naming the field
 // and value, refusal reason SubmitRefusal::kEpisode.
-absl::Status ValidateEpisodeFields(const tandem::v1::Sample& sample,
-                                   int index);
+absl::Status ValidateEpisodeFields(const tandem::v1::Sample& sample, int index);
 
 // The checks that need the lease: on a lease with an environment the end
 // reason is required; on one without, neither the reward nor the end

@@ -326,8 +326,8 @@ absl::Status GroupLedger::CheckSubmitLocked(
                                 : 0;
     RETURN_IF_ERROR(ValidateSampleVersions(
         sample, i, oldest, policy_version_ + kVersionsAheadAllowed));
-    RETURN_IF_ERROR(ValidateEpisodeForLease(
-        sample, i, !state.prompt->environment.empty()));
+    RETURN_IF_ERROR(
+        ValidateEpisodeForLease(sample, i, !state.prompt->environment.empty()));
   }
   return absl::OkStatus();
 }

@@ -93,8 +93,8 @@ RolloutMetrics::RolloutMetrics(prometheus::Registry& r)
           "(sent to the environment as text).")) {
   for (const char* reason :
        {"answered", "environment", "max_turns", "observation_too_large",
-        "timeout", "error", "turn_limit", "token_limit",
-        "environment_failed", "aborted"}) {
+        "timeout", "error", "turn_limit", "token_limit", "environment_failed",
+        "aborted"}) {
     episodes_ended.Add({{"reason", reason}});
   }
   for (const char* reason : {"stop", "length", "aborted"}) {

@@ -258,10 +258,9 @@ void RolloutWorker::AdmitLeases() {
                                 lease.prompt_token_ids().end());
     absl::Status status =
         params.max_tokens <= 0
-            ? absl::InvalidArgumentError(
-                  absl::StrCat("prompt of ", lease.prompt_token_ids_size(),
-                               " tokens leaves no room in a context of ",
-                               model_.max_tokens))
+            ? absl::InvalidArgumentError(absl::StrCat(
+                  "prompt of ", lease.prompt_token_ids_size(),
+                  " tokens leaves no room in a context of ", model_.max_tokens))
         : !lease.environment().empty()
             ? StartEpisodeLease(lease, params)
             : engine_->Add(lease.lease_id(), std::move(prompt), params);
@@ -271,9 +270,8 @@ void RolloutWorker::AdmitLeases() {
       // Whatever this worker cannot run, another may: do not take the
       // prompt straight back.
       prefetcher_->Backoff(kRefusedLeaseBackoff);
-      prefetcher_->Return(
-          {lease.lease_id()},
-          std::string(status.message()).substr(0, 1024));
+      prefetcher_->Return({lease.lease_id()},
+                          std::string(status.message()).substr(0, 1024));
       continue;
     }
     const std::string id = lease.lease_id();

@@ -20,8 +20,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/cluster/cluster_watcher.h"
 #include "common/chat/chat_template.h"
+#include "common/cluster/cluster_watcher.h"
 #include "common/cluster/member_daemon.h"
 #include "common/model/model_loader.h"
 #include "engine/engine.h"

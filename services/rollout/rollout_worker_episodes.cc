@@ -33,10 +33,9 @@ absl::Status RolloutWorker::StartEpisodes() {
   ASSIGN_OR_RETURN(chat::LoadedChatTemplates loaded,
                    chat::LoadChatTemplates(config_.model_path));
   if (absl::Status usable = loaded.Get().status(); !usable.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("environment.address is set but model.path '",
-                     config_.model_path,
-                     "' has no usable chat template: ", usable.message()));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "environment.address is set but model.path '", config_.model_path,
+        "' has no usable chat template: ", usable.message()));
   }
   ASSIGN_OR_RETURN(
       chat::ToolCallFormat format,
@@ -64,23 +63,21 @@ absl::Status RolloutWorker::StartEpisodes() {
       episode_templates_;
   const std::string turn_end = config_.environment_turn_end;
   codec.render_observations =
-      [templates, tokenizer, turn_end](
-          const std::vector<tandem::v1::Observation>& observations)
+      [templates, tokenizer,
+       turn_end](const std::vector<tandem::v1::Observation>& observations)
       -> absl::StatusOr<std::vector<int32_t>> {
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();
     for (const tandem::v1::Observation& o : observations) {
-      nlohmann::ordered_json m = {{"role", o.role()},
-                                  {"content", o.content()}};
+      nlohmann::ordered_json m = {{"role", o.role()}, {"content", o.content()}};
       if (!o.tool_call_id().empty()) m["tool_call_id"] = o.tool_call_id();
       if (!o.name().empty()) m["name"] = o.name();
       messages.push_back(std::move(m));
     }
     ASSIGN_OR_RETURN(const chat::ChatTemplate* tmpl, templates->Get());
-    ASSIGN_OR_RETURN(std::string text,
-                     chat::RenderContinuation(*tmpl, messages, turn_end,
-                                              nullptr,
-                                              nlohmann::ordered_json::object(),
-                                              templates->special_tokens));
+    ASSIGN_OR_RETURN(std::string text, chat::RenderContinuation(
+                                           *tmpl, messages, turn_end, nullptr,
+                                           nlohmann::ordered_json::object(),
+                                           templates->special_tokens));
     return tokenizer->Encode(text);
   };
   EpisodeLimits limits;
@@ -89,8 +86,8 @@ absl::Status RolloutWorker::StartEpisodes() {
       static_cast<int32_t>(config_.environment_max_turn_tokens);
   limits.max_episode_tokens =
       static_cast<int32_t>(config_.environment_max_episode_tokens);
-  episodes_ = std::make_unique<EpisodeDriver>(
-      engine_.get(), environment_.get(), std::move(codec), format, limits);
+  episodes_ = std::make_unique<EpisodeDriver>(engine_.get(), environment_.get(),
+                                              std::move(codec), format, limits);
   Log()->info(
       "episodes: environment service at {}, tool calls {}, max_turns {}, "
       "max_turn_tokens {}, max_episode_tokens {}",
@@ -103,8 +100,7 @@ absl::Status RolloutWorker::StartEpisodeLease(
     const tandem::v1::PromptLease& lease, engine::SamplingParams params) {
   if (!episodes_) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "lease ", lease.lease_id(), " names environment '",
-        lease.environment(),
+        "lease ", lease.lease_id(), " names environment '", lease.environment(),
         "' but this worker has no environment.address; returned for a "
         "worker that runs episodes"));
   }

@@ -57,8 +57,8 @@ GroupLedgerOptions Options() {
   return options;
 }
 
-tandem::v1::Sample Episode(const tandem::v1::PromptLease& lease,
-                           uint32_t index, std::optional<double> reward,
+tandem::v1::Sample Episode(const tandem::v1::PromptLease& lease, uint32_t index,
+                           std::optional<double> reward,
                            const std::string& end_reason) {
   tandem::v1::Sample sample =
       MakeSample(lease.lease_id(), lease.group_id(), index, 0, 3);
@@ -98,9 +98,10 @@ std::map<std::string, std::pair<double, std::string>> ReadyScores(
   return scores;
 }
 
-TEST_CASE("an episode lease names its environment and scorer; a single-turn "
-          "lease keeps them at the coordinator",
-          "[coordinator][episodes]") {
+TEST_CASE(
+    "an episode lease names its environment and scorer; a single-turn "
+    "lease keeps them at the coordinator",
+    "[coordinator][episodes]") {
   GroupLedger ledger(Options(), std::make_unique<EpisodePromptSource>());
   const auto leases = ledger.Lease("w", 3, 0, kT0);
   REQUIRE(leases.leases_size() == 3);
@@ -115,9 +116,10 @@ TEST_CASE("an episode lease names its environment and scorer; a single-turn "
   CHECK(single.metadata().empty());
 }
 
-TEST_CASE("the environment's reward is the score without a verifier call; "
-          "no reward scores 0 with the end reason",
-          "[coordinator][episodes]") {
+TEST_CASE(
+    "the environment's reward is the score without a verifier call; "
+    "no reward scores 0 with the end reason",
+    "[coordinator][episodes]") {
   GroupLedger ledger(Options(), std::make_unique<EpisodePromptSource>());
   const auto leases = ledger.Lease("w", 3, 0, kT0);
   const tandem::v1::PromptLease& lease = leases.leases(0);
@@ -133,7 +135,8 @@ TEST_CASE("the environment's reward is the score without a verifier call; "
   auto first = SubmitOne(ledger, Episode(lease, 0, 1.0, "answered"));
   REQUIRE(first.ok());
   CHECK(first->to_score.empty());  // no verifier call
-  auto second = SubmitOne(ledger, Episode(lease, 1, std::nullopt, "turn_limit"));
+  auto second =
+      SubmitOne(ledger, Episode(lease, 1, std::nullopt, "turn_limit"));
   REQUIRE(second.ok());
   CHECK(second->to_score.empty());
   CHECK(ledger.Stats().scoring_samples == 0);
@@ -141,8 +144,8 @@ TEST_CASE("the environment's reward is the score without a verifier call; "
 
   // The single-turn lease's samples still go to the verifier.
   const tandem::v1::PromptLease& single = leases.leases(2);
-  auto scored = SubmitOne(
-      ledger, MakeSample(single.lease_id(), single.group_id(), 0, 0));
+  auto scored =
+      SubmitOne(ledger, MakeSample(single.lease_id(), single.group_id(), 0, 0));
   REQUIRE(scored.ok());
   CHECK(scored->to_score.size() == 1);
 
@@ -154,9 +157,10 @@ TEST_CASE("the environment's reward is the score without a verifier call; "
         std::make_pair(0.0, std::string("turn_limit")));
 }
 
-TEST_CASE("a recovered coordinator gives an episode the same reward, also "
-          "when its Score record was torn off",
-          "[coordinator][episodes][journal]") {
+TEST_CASE(
+    "a recovered coordinator gives an episode the same reward, also "
+    "when its Score record was torn off",
+    "[coordinator][episodes][journal]") {
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() /
       absl::StrCat("tandem_episodes_", ::getpid());

@@ -377,8 +377,7 @@ TEST_CASE(
 }
 
 // Ends every episode at its first Step with `reward` and no end reason.
-class RewardingEnvironment
-    : public tandem::v1::Environment::CallbackService {
+class RewardingEnvironment : public tandem::v1::Environment::CallbackService {
  public:
   grpc::ServerUnaryReactor* OpenEpisode(
       grpc::CallbackServerContext* context,
