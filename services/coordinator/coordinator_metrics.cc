@@ -173,7 +173,7 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
               .Help("SubmitSamples calls refused whole (nothing of them "
                     "stored), by reason: too_large, missing_lease, "
                     "logprob_count, logprob_value, token_id, version_spans, "
-                    "version_range, lease_not_held, source_spans.")
+                    "version_range, lease_not_held, source_spans, episode.")
               .Register(registry)),
       oversized_requests_(
           prometheus::BuildCounter()

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
+#include "services/coordinator/episode_rules.h"
 #include "services/coordinator/sample_validation.h"
 
 namespace tandem::coordinator {
@@ -97,6 +98,15 @@ tandem::v1::LeasePromptsResponse GroupLedger::Lease(
     *lease->mutable_sampling() = options_.sampling;
     lease->set_deadline_unix_ms(absl::ToUnixMillis(group->lease_deadline));
     lease->set_dispatch_policy_version(policy_version_);
+    if (!group->prompt->environment.empty()) {
+      // The environment scores the episode, so the worker passes it the
+      // verifier and its inputs; a single-turn task's stay here.
+      lease->set_environment(group->prompt->environment);
+      lease->set_verifier(group->prompt->verifier);
+      for (const auto& [key, value] : group->prompt->metadata) {
+        (*lease->mutable_metadata())[key] = value;
+      }
+    }
     if (journal_) {
       journal::Record record;
       *record.mutable_dispatched()->mutable_group() = ToJournal(*group);
@@ -276,9 +286,14 @@ absl::StatusOr<SubmitResult> GroupLedger::Submit(
       }
       Record(record);
     }
-    result.to_score.push_back(
-        AcceptSampleLocked(group, sample, request.member_id()));
+    ScoringTask task = AcceptSampleLocked(group, sample, request.member_id());
     response.set_accepted(response.accepted() + 1);
+    if (!group.prompt->environment.empty()) {
+      // An episode: the environment's reward is the score, journaled now.
+      RecordScoreLocked(group_id, index, EpisodeScore(sample));
+    } else {
+      result.to_score.push_back(std::move(task));
+    }
     MaybeReadyLocked(group_id);
   }
   return result;
@@ -311,6 +326,8 @@ absl::Status GroupLedger::CheckSubmitLocked(
                                 : 0;
     RETURN_IF_ERROR(ValidateSampleVersions(
         sample, i, oldest, policy_version_ + kVersionsAheadAllowed));
+    RETURN_IF_ERROR(
+        ValidateEpisodeForLease(sample, i, !state.prompt->environment.empty()));
   }
   return absl::OkStatus();
 }

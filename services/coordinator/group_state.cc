@@ -55,6 +55,7 @@ journal::Prompt ToJournal(const Prompt& prompt) {
   for (const auto& [key, value] : prompt.metadata) {
     (*out.mutable_metadata())[key] = value;
   }
+  out.set_environment(prompt.environment);
   out.mutable_reference_completion_ids()->Add(
       prompt.reference_completion_ids.begin(),
       prompt.reference_completion_ids.end());
@@ -68,6 +69,7 @@ Prompt FromJournal(const journal::Prompt& prompt) {
   out.token_ids.assign(prompt.token_ids().begin(), prompt.token_ids().end());
   out.verifier = prompt.verifier();
   for (const auto& [key, value] : prompt.metadata()) out.metadata[key] = value;
+  out.environment = prompt.environment();
   out.reference_completion_ids.assign(
       prompt.reference_completion_ids().begin(),
       prompt.reference_completion_ids().end());

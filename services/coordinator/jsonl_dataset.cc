@@ -59,6 +59,15 @@ std::string ParseLine(const std::string& line,
       prompt->metadata[key] = value.get<std::string>();
     }
   }
+  if (json.contains("environment")) {
+    if (!json["environment"].is_string()) {
+      return "environment must be a string (e.g. \"calculator\")";
+    }
+    prompt->environment = json["environment"].get<std::string>();
+    if (prompt->environment.size() > 128) {
+      return "environment must be at most 128 bytes";
+    }
+  }
   const bool has_text = json.contains("prompt");
   if (has_text) {
     if (!json["prompt"].is_string()) return "prompt must be a string";

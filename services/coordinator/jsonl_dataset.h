@@ -7,11 +7,15 @@
 //    "prompt_token_ids": [1, 2, 3],     or token ids (used when both given)
 //    "verifier": "math",                required: the verifier's name
 //    "metadata": {"answer": "5"},       optional; string values only
-//    "reference_completion": "5"}       optional: a correct completion, as
+//    "reference_completion": "5",       optional: a correct completion, as
 //                                       text (needs dataset.tokenizer) or
 //                                       "reference_completion_ids": [...];
 //                                       the trainer's
 //                                       training.guide_failed_groups uses it
+//    "environment": "calculator"}       optional: a multi-turn task whose
+//                                       episodes this environment runs
+//                                       (docs/environments.md); absent or
+//                                       "" = single-turn
 //
 // Other keys are ignored. A malformed line is reported as
 // "<file>:<line>: <what is wrong>"; with bad_lines "skip" it is logged and

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
+#include "services/coordinator/episode_rules.h"
 #include "services/coordinator/group_ledger.h"
 
 namespace tandem::coordinator {
@@ -34,6 +35,12 @@ absl::Status GroupLedger::ApplyLocked(const journal::Record& record) {
         return absl::OkStatus();
       }
       AcceptSampleLocked(*it->second, sample, sample.worker_id());
+      if (!it->second->prompt->environment.empty()) {
+        // As Submit did: the score follows from the sample alone, so it is
+        // the same whether or not its Score record survived.
+        RecordScoreLocked(record.sample().group_id(), sample.sample_index(),
+                          EpisodeScore(sample));
+      }
       MaybeReadyLocked(record.sample().group_id());
       return absl::OkStatus();
     }

@@ -31,6 +31,9 @@ struct Prompt {
   // Verifier name and its inputs (e.g. "answer").
   std::string verifier;
   std::map<std::string, std::string> metadata;
+  // Multi-turn tasks: the environment that runs the episodes (empty:
+  // single-turn). The environment's reward is the score (episode_rules.h).
+  std::string environment;
   // The dataset's reference completion (token ids), if it has one: the
   // built-in task's answer and end token; a JSONL line's
   // reference_completion. Handed to the trainer with the scored group

@@ -52,6 +52,8 @@ const absl::flat_hash_map<std::string_view, FieldLimits>& Fields() {
       {"tandem.v1.Sample.source_spans", Entries(kMaxCompletionTokens)},
       {"tandem.v1.Sample.completion_text", Bytes(kMaxCompletionTextBytes)},
       {"tandem.v1.Sample.worker_id", Bytes(kMaxIdBytes)},
+      {"tandem.v1.Sample.episode_end_reason", Bytes(kMaxIdBytes)},
+      {"tandem.v1.Sample.episode_end_text", Bytes(kMaxReasonBytes)},
       // Training batches and versions
       {"tandem.v1.PullTrainingBatchRequest.member_id", Bytes(kMaxIdBytes)},
       {"tandem.v1.CommitTrainingBatchRequest.member_id", Bytes(kMaxIdBytes)},

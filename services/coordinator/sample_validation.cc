@@ -4,6 +4,8 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "services/coordinator/episode_rules.h"
 #include "services/coordinator/request_limits.h"
 
 namespace tandem::coordinator {
@@ -111,7 +113,8 @@ absl::Status ValidateSample(const tandem::v1::Sample& sample, int i) {
         absl::StrCat("samples[", i, "].version_spans cover ", covered,
                      " tokens, the sample has ", tokens, " completion tokens"));
   }
-  return ValidateSourceSpans(sample, i);
+  RETURN_IF_ERROR(ValidateSourceSpans(sample, i));
+  return ValidateEpisodeFields(sample, i);
 }
 
 }  // namespace
@@ -136,6 +139,8 @@ const char* SubmitRefusalLabel(SubmitRefusal reason) {
       return "lease_not_held";
     case SubmitRefusal::kSourceSpans:
       return "source_spans";
+    case SubmitRefusal::kEpisode:
+      return "episode";
   }
   return "unknown";
 }

@@ -53,16 +53,19 @@ enum class SubmitRefusal {
   kLeaseNotHeld,  // the lease belongs to another member
   kSourceSpans,   // source spans malformed: empty, unknown source, wrong
                   // total, or no model token
+  kEpisode,       // environment_reward or episode_end_reason not allowed
+                  // here, out of range, or unknown (episode_rules.h)
 };
 inline constexpr SubmitRefusal kAllSubmitRefusals[] = {
     SubmitRefusal::kTooLarge,     SubmitRefusal::kMissingLease,
     SubmitRefusal::kLogprobCount, SubmitRefusal::kLogprobValue,
     SubmitRefusal::kTokenId,      SubmitRefusal::kVersionSpans,
     SubmitRefusal::kVersionRange, SubmitRefusal::kLeaseNotHeld,
-    SubmitRefusal::kSourceSpans};
+    SubmitRefusal::kSourceSpans,  SubmitRefusal::kEpisode};
 
 // The metric label: too_large, missing_lease, logprob_count, logprob_value,
-// token_id, version_spans, version_range, lease_not_held, source_spans.
+// token_id, version_spans, version_range, lease_not_held, source_spans,
+// episode.
 const char* SubmitRefusalLabel(SubmitRefusal reason);
 
 // A status of `code` with `message` that carries `reason`.

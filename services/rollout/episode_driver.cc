@@ -1,6 +1,7 @@
 #include "services/rollout/episode_driver.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -26,7 +27,9 @@ const char* EndReasonName(tandem::v1::EpisodeEndReason reason) {
     case tandem::v1::EPISODE_END_ERROR:
       return "error";
     default:
-      return "unspecified";
+      // done without a reason: the environment's own end (a bounded label
+      // the coordinator accepts).
+      return "environment";
   }
 }
 
@@ -169,7 +172,19 @@ void EpisodeDriver::HandleReply(EnvironmentReply reply) {
   }
   const tandem::v1::StepResponse& step = reply.step;
   if (step.done()) {
-    if (step.has_reward()) e.result.reward = step.reward();
+    if (step.has_reward()) {
+      const double reward = step.reward();
+      if (!std::isfinite(reward) || reward < kEnvironmentRewardMin ||
+          reward > kEnvironmentRewardMax) {
+        End(e, "error",
+            absl::StrCat("the environment's reward ", reward,
+                         " is not finite or outside [", kEnvironmentRewardMin,
+                         ", ", kEnvironmentRewardMax, "]; dropped (",
+                         step.end_text(), ")"));
+        return;
+      }
+      e.result.reward = reward;
+    }
     End(e, EndReasonName(step.end_reason()), step.end_text());
     return;
   }

@@ -41,6 +41,11 @@ void PromptPrefetcher::SetLeasing(bool enabled) {
   leasing_ = enabled;
 }
 
+void PromptPrefetcher::Backoff(absl::Duration duration) {
+  absl::MutexLock lock(&mu_);
+  backoff_until_ = std::max(backoff_until_, absl::Now() + duration);
+}
+
 std::vector<tandem::v1::PromptLease> PromptPrefetcher::Take(int32_t n) {
   std::vector<tandem::v1::PromptLease> out;
   absl::MutexLock lock(&mu_);
@@ -109,7 +114,7 @@ void PromptPrefetcher::Run() {
       auto stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_; };
       mu_.AwaitWithTimeout(absl::Condition(&stop), wait);
       if (stop_) return;
-      if (leasing_) {
+      if (leasing_ && absl::Now() >= backoff_until_) {
         want = target_depth_ - static_cast<int32_t>(queue_.size());
       }
     }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 
 namespace tandem::rollout {
@@ -32,6 +33,9 @@ class PromptPrefetcher {
   void Stop();
   // Stops or resumes leasing (draining stops it; queued leases stay).
   void SetLeasing(bool enabled);
+  // Leases nothing for `duration` (a worker that had to refuse a lease, so
+  // that it does not lease and return the same prompts in a tight loop).
+  void Backoff(absl::Duration duration);
 
   // Up to `n` queued leases, oldest first; never blocks.
   std::vector<tandem::v1::PromptLease> Take(int32_t n);
@@ -57,6 +61,7 @@ class PromptPrefetcher {
   std::deque<tandem::v1::PromptLease> queue_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool leasing_ ABSL_GUARDED_BY(mu_) = true;
+  absl::Time backoff_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   uint64_t leased_total_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -117,6 +117,48 @@ void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config) {
                  "default to the whole context left.");
   schema->AddInt("openai.max_n", &config->openai_max_n, 1, 1024,
                  "Largest n (samples per request).");
+
+  // Multi-turn episodes.
+  schema->AddString("environment.address", &config->environment_address,
+                    "host:port of the tandem.v1.Environment service (e.g. "
+                    "the verifier's gRPC address) that runs the episodes "
+                    "of leases naming an environment (docs/environments.md); "
+                    "empty = none: such leases are returned to the "
+                    "coordinator, refused with a reason naming this key. "
+                    "Needs a model with a chat template.");
+  schema->AddInt("environment.open_timeout_ms",
+                 &config->environment_open_timeout_ms, 1, 3600000,
+                 "Deadline of an OpenEpisode call (ms); a failed open ends "
+                 "the episode environment_failed.");
+  schema->AddInt("environment.step_timeout_ms",
+                 &config->environment_step_timeout_ms, 1, 3600000,
+                 "Deadline of a Step call (ms); an environment that does "
+                 "not answer in time ends the episode environment_failed.");
+  schema->AddInt("environment.close_timeout_ms",
+                 &config->environment_close_timeout_ms, 1, 3600000,
+                 "Deadline of a CloseEpisode call (ms).");
+  schema->AddInt("environment.max_turns", &config->environment_max_turns, 1,
+                 1 << 20,
+                 "Model turns per episode; an episode the environment has "
+                 "not ended by then ends turn_limit.");
+  schema->AddInt("environment.max_turn_tokens",
+                 &config->environment_max_turn_tokens, 1, 1 << 24,
+                 "Generated tokens per model turn (also capped by the "
+                 "lease's max_tokens).");
+  schema->AddInt("environment.max_episode_tokens",
+                 &config->environment_max_episode_tokens, 1, 1 << 24,
+                 "Completion tokens per episode, the model's and the "
+                 "environment's; more ends it token_limit.");
+  schema->AddEnum("environment.tool_call_format",
+                  &config->environment_tool_call_format,
+                  {"hermes", "qwen", "demo", "llama3"},
+                  "How the model writes tool calls: hermes (<tool_call> "
+                  "JSON blocks; also qwen, demo) or llama3.");
+  schema->AddString("environment.turn_end", &config->environment_turn_end,
+                    "The chat template's end-of-turn text; observations "
+                    "are rendered after its last occurrence (<|im_end|> "
+                    "for Qwen and ChatML templates, <|eot_id|> for Llama "
+                    "3).");
 }
 
 absl::Status Validate(const RolloutConfig& config) {

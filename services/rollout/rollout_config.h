@@ -59,6 +59,23 @@ struct RolloutConfig {
   int64_t openai_request_timeout_s = 600;
   int64_t openai_default_max_tokens = 16;
   int64_t openai_max_n = 16;
+  // ---- Multi-turn episodes (environment.*, docs/environments.md) ----
+  // host:port of the tandem.v1.Environment service that runs the episodes
+  // of leases naming an environment; empty = none (such leases are
+  // returned to the coordinator).
+  std::string environment_address;
+  int64_t environment_open_timeout_ms = 10000;
+  int64_t environment_step_timeout_ms = 30000;
+  int64_t environment_close_timeout_ms = 5000;
+  // EpisodeLimits (services/rollout/episode_driver.h).
+  int64_t environment_max_turns = 8;
+  int64_t environment_max_turn_tokens = 256;
+  int64_t environment_max_episode_tokens = 4096;
+  // How the model writes tool calls: hermes (also qwen, demo) | llama3.
+  std::string environment_tool_call_format = "hermes";
+  // The chat template's end-of-turn text (observations are rendered after
+  // it).
+  std::string environment_turn_end = "<|im_end|>";
 };
 
 void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config);

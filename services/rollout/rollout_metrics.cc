@@ -37,6 +37,10 @@ RolloutMetrics::RolloutMetrics(prometheus::Registry& r)
                     "Sequences in the running batch.")),
       waiting(Gauge(r, "tandem_rollout_waiting_sequences",
                     "Sequences waiting for KV-cache space.")),
+      parked(Gauge(r, "tandem_rollout_parked_sequences",
+                   "Episode sequences parked at a turn end, waiting for "
+                   "their environment (no batch slot; they keep their KV "
+                   "cache).")),
       kv_usage(Gauge(r, "tandem_rollout_kv_cache_usage_ratio",
                      "Fraction of KV-cache blocks in use.")),
       preemptions(Counter(r, "tandem_rollout_preemptions_total",
@@ -70,7 +74,29 @@ RolloutMetrics::RolloutMetrics(prometheus::Registry& r)
                              "mutual-TLS authorization (they need the admin "
                              "role), by reason: unauthenticated, wrong_role. "
                              "Always 0 with tls.mode off.")
-                       .Register(r)) {
+                       .Register(r)),
+      episodes_ended(
+          prometheus::BuildCounter()
+              .Name("tandem_rollout_episodes_ended_total")
+              .Help("Multi-turn episodes finished, by end reason: the "
+                    "environment's (answered, environment, max_turns, "
+                    "observation_too_large, timeout, error) or the "
+                    "worker's (turn_limit, token_limit, environment_failed, "
+                    "aborted; aborted ones are not delivered).")
+              .Register(r)),
+      episode_tool_calls(Counter(
+          r, "tandem_rollout_episode_tool_calls_total",
+          "Tool calls parsed from the model's turns in finished episodes.")),
+      episode_malformed_turns(Counter(
+          r, "tandem_rollout_episode_malformed_turns_total",
+          "Model turns of finished episodes whose tool call did not parse "
+          "(sent to the environment as text).")) {
+  for (const char* reason :
+       {"answered", "environment", "max_turns", "observation_too_large",
+        "timeout", "error", "turn_limit", "token_limit", "environment_failed",
+        "aborted"}) {
+    episodes_ended.Add({{"reason", reason}});
+  }
   for (const char* reason : {"stop", "length", "aborted"}) {
     finished.Add({{"reason", reason}});
   }
@@ -91,11 +117,20 @@ void RolloutMetrics::RecordStep(const engine::StepStats& step,
   if (step.committed_update) pause_seconds.Observe(step.pause_seconds);
   running.Set(snapshot.running);
   waiting.Set(snapshot.waiting);
+  parked.Set(snapshot.parked);
   kv_usage.Set(snapshot.kv_blocks_total == 0
                    ? 0.0
                    : static_cast<double>(snapshot.kv_blocks_used) /
                          snapshot.kv_blocks_total);
   policy_version.Set(static_cast<double>(snapshot.policy_version));
+}
+
+void RolloutMetrics::RecordEpisode(const std::string& end_reason,
+                                   int32_t tool_calls,
+                                   int32_t malformed_turns) {
+  episodes_ended.Add({{"reason", end_reason}}).Increment();
+  episode_tool_calls.Increment(tool_calls);
+  episode_malformed_turns.Increment(malformed_turns);
 }
 
 void RolloutMetrics::RecordFinished(const engine::FinishedSample& sample) {

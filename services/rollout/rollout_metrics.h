@@ -3,6 +3,9 @@
 // Metric families of the rollout worker, declared once. The engine returns
 // plain StepStats; RolloutMetrics::Record turns them into metrics.
 
+#include <cstdint>
+#include <string>
+
 #include "engine/engine.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
@@ -16,6 +19,10 @@ struct RolloutMetrics {
   void RecordStep(const engine::StepStats& step,
                   const engine::EngineSnapshot& snapshot);
   void RecordFinished(const engine::FinishedSample& sample);
+  // One finished episode: its end reason (a label of kEpisodeEndReasons),
+  // tool calls and malformed turns.
+  void RecordEpisode(const std::string& end_reason, int32_t tool_calls,
+                     int32_t malformed_turns);
 
   prometheus::Gauge& policy_version;
   prometheus::Gauge& paused;
@@ -24,6 +31,7 @@ struct RolloutMetrics {
   prometheus::Family<prometheus::Counter>& finished;
   prometheus::Gauge& running;
   prometheus::Gauge& waiting;
+  prometheus::Gauge& parked;
   prometheus::Gauge& kv_usage;
   prometheus::Counter& preemptions;
   prometheus::Histogram& batch_size;
@@ -37,6 +45,10 @@ struct RolloutMetrics {
   // Pause, Resume and Drain calls refused by mutual-TLS authorization, by
   // reason: unauthenticated, wrong_role.
   prometheus::Family<prometheus::Counter>& auth_refused;
+  // Multi-turn episodes (docs/environments.md).
+  prometheus::Family<prometheus::Counter>& episodes_ended;
+  prometheus::Counter& episode_tool_calls;
+  prometheus::Counter& episode_malformed_turns;
 };
 
 }  // namespace tandem::rollout

@@ -16,6 +16,10 @@ namespace {
 
 auto Log() { return ComponentLogger("rollout"); }
 
+// How long a worker leases nothing after refusing a lease (an episode
+// without environment.address, a prompt too long for its context).
+constexpr absl::Duration kRefusedLeaseBackoff = absl::Seconds(1);
+
 tandem::v1::FinishReason ToProto(engine::FinishReason reason) {
   switch (reason) {
     case engine::FinishReason::kStop:
@@ -189,6 +193,10 @@ void RolloutWorker::LoadAndStart() {
     Log()->critical("cannot start the OpenAI endpoint: {}", status.ToString());
     return;
   }
+  if (absl::Status status = StartEpisodes(); !status.ok()) {
+    Log()->critical("cannot run episodes: {}", status.ToString());
+    return;
+  }
   if (absl::Status status = member_->Start(); !status.ok()) {
     Log()->critical("cannot start serving: {}", status.ToString());
     return;
@@ -204,6 +212,15 @@ void RolloutWorker::AbortAllWork(const std::string& reason,
                                  const absl::Status& status) {
   std::vector<std::string> aborted = engine_->AbortAll();
   serving_.FailAdmitted(status);
+  if (episodes_) {
+    // The aborted episodes are closed at their environment; their leases
+    // go back below with the others.
+    for (engine::FinishedSample& f : engine_->TakeFinished()) {
+      // Others are dropped as before: their leases go back below.
+      if (!episodes_->OnFinished(f)) serving_.Dispatch(f);
+    }
+    episodes_->TakeFinished();
+  }
   // Served requests are no leases: only the leases go back.
   aborted.erase(std::remove_if(aborted.begin(), aborted.end(),
                                [this](const std::string& id) {
@@ -216,8 +233,11 @@ void RolloutWorker::AbortAllWork(const std::string& reason,
 
 void RolloutWorker::AdmitLeases() {
   const engine::EngineSnapshot snap = engine_->Snapshot();
-  const int32_t room =
-      static_cast<int32_t>(config_.max_num_seqs) - snap.running - snap.waiting;
+  // Parked sequences (episodes waiting for their environment) take no
+  // batch slot but hold a lease and KV blocks: they count, so a worker
+  // does not take unbounded leases while its episodes wait.
+  const int32_t room = static_cast<int32_t>(config_.max_num_seqs) -
+                       snap.running - snap.waiting - snap.parked;
   if (room <= 0) return;
   for (tandem::v1::PromptLease& lease :
        prefetcher_->Take(std::max(1, room / 4))) {
@@ -237,16 +257,21 @@ void RolloutWorker::AdmitLeases() {
     std::vector<int32_t> prompt(lease.prompt_token_ids().begin(),
                                 lease.prompt_token_ids().end());
     absl::Status status =
-        params.max_tokens > 0
-            ? engine_->Add(lease.lease_id(), std::move(prompt), params)
-            : absl::InvalidArgumentError(
-                  absl::StrCat("prompt of ", lease.prompt_token_ids_size(),
-                               " tokens leaves no room in a context of ",
-                               model_.max_tokens));
+        params.max_tokens <= 0
+            ? absl::InvalidArgumentError(absl::StrCat(
+                  "prompt of ", lease.prompt_token_ids_size(),
+                  " tokens leaves no room in a context of ", model_.max_tokens))
+        : !lease.environment().empty()
+            ? StartEpisodeLease(lease, params)
+            : engine_->Add(lease.lease_id(), std::move(prompt), params);
     if (!status.ok()) {
       Log()->warn("lease {} refused: {}", lease.lease_id(),
                   std::string(status.message()));
-      prefetcher_->Return({lease.lease_id()}, "invalid prompt");
+      // Whatever this worker cannot run, another may: do not take the
+      // prompt straight back.
+      prefetcher_->Backoff(kRefusedLeaseBackoff);
+      prefetcher_->Return({lease.lease_id()},
+                          std::string(status.message()).substr(0, 1024));
       continue;
     }
     const std::string id = lease.lease_id();
@@ -254,7 +279,8 @@ void RolloutWorker::AdmitLeases() {
   }
 }
 
-void RolloutWorker::Deliver(engine::FinishedSample f) {
+void RolloutWorker::Deliver(engine::FinishedSample f,
+                            const EpisodeResult* episode) {
   metrics_.RecordFinished(f);
   auto it = leases_.find(f.request_id);
   if (it == leases_.end()) return;
@@ -289,6 +315,12 @@ void RolloutWorker::Deliver(engine::FinishedSample f) {
   timings->set_finished_unix_ms(absl::ToUnixMillis(f.finished));
   timings->set_preemptions(f.preemptions);
   sample.set_worker_id(member_->session().member_id());
+  if (episode != nullptr) {
+    if (episode->reward) sample.set_environment_reward(*episode->reward);
+    sample.set_episode_end_reason(episode->end_reason);
+    sample.set_episode_end_text(
+        tokenizer::ToValidUtf8(episode->end_text.substr(0, 4000)));
+  }
   submitter_->Enqueue(std::move(sample));
   if (--it->second.remaining == 0) leases_.erase(it);
 }
@@ -311,7 +343,9 @@ void RolloutWorker::PublishStatus() {
       rate_tokens_ = snap.generated_tokens;
       rate_since_ = now;
     }
-    if (state_ == tandem::v1::ROLLOUT_STATE_DRAINING && engine_->idle()) {
+    // Parked episodes leave the engine idle but are not finished.
+    if (state_ == tandem::v1::ROLLOUT_STATE_DRAINING && engine_->idle() &&
+        (!episodes_ || episodes_->active() == 0)) {
       if (nothing_undelivered) {
         state_ = tandem::v1::ROLLOUT_STATE_DRAINED;
         metrics_.paused.Set(1);
@@ -351,11 +385,16 @@ void RolloutWorker::GenerationLoop() {
     // committed, and a worker too stale to get prompts must catch up.
     absl::StatusOr<engine::StepStats> step = engine_->Step();
     if (idle && step.ok() && !step->committed_update) {
+      // Only parked episodes (or nothing) left: their environments' replies
+      // resume or end them.
+      PollAndDeliver();
       PublishStatus();
       // While running, a served request wakes the loop at once (draining
       // admits none: it would spin); leases and weight versions are
       // looked for every 5 ms.
-      if (generating) {
+      if (episodes_ && episodes_->active() > 0) {
+        environment_->WaitForReply(absl::Milliseconds(5));
+      } else if (generating) {
         serving_.WaitForWork(absl::Milliseconds(5));
       } else {
         absl::SleepFor(absl::Milliseconds(5));
@@ -379,9 +418,7 @@ void RolloutWorker::GenerationLoop() {
       last_pause_seconds_ = step->pause_seconds;
     }
     serving_.Dispatch(engine_->TakeTokenEvents());
-    for (engine::FinishedSample& f : engine_->TakeFinished()) {
-      if (!serving_.Dispatch(f)) Deliver(std::move(f));
-    }
+    PollAndDeliver();
     PublishStatus();
   }
   // Unfinished work goes back to the coordinator for other workers.
@@ -422,6 +459,9 @@ void RolloutWorker::Stop(absl::Duration deadline) {
   if (inplace_source_) inplace_source_->Shutdown();
   serving_.Close(absl::UnavailableError("the rollout worker is shutting down"));
   if (generation_thread_.joinable()) generation_thread_.join();
+  // The generation thread closed its episodes; calls still in flight are
+  // cancelled.
+  if (environment_) environment_->Stop();
   // Its sessions' requests were failed by the generation thread.
   openai_server_.reset();
   AnswerDrainWaiters(/*all=*/true);

@@ -20,11 +20,14 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/chat/chat_template.h"
 #include "common/cluster/cluster_watcher.h"
 #include "common/cluster/member_daemon.h"
 #include "common/model/model_loader.h"
 #include "engine/engine.h"
 #include "engine/torch_engine_model.h"
+#include "services/rollout/environment_client.h"
+#include "services/rollout/episode_driver.h"
 #include "services/rollout/openai_server.h"
 #include "services/rollout/prompt_prefetcher.h"
 #include "services/rollout/rollout_config.h"
@@ -122,7 +125,21 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
   // served requests fail with `status`.
   void AbortAllWork(const std::string& reason, const absl::Status& status);
   void AdmitLeases();
-  void Deliver(engine::FinishedSample sample);
+  // Episodes (rollout_worker_episodes.cc). StartEpisodes makes the
+  // environment client and the driver when environment.address is set.
+  absl::Status StartEpisodes();
+  // Starts the episodes of a lease that names an environment; a worker
+  // without environment.address refuses it with the reason.
+  absl::Status StartEpisodeLease(const tandem::v1::PromptLease& lease,
+                                 engine::SamplingParams params);
+  // Polls the driver and delivers the engine's finished samples (episodes
+  // through the driver, served requests to their sessions).
+  void PollAndDeliver();
+  // Aborted episodes of a lease still held give the lease back.
+  void DeliverEpisode(EpisodeResult result);
+  // `episode` (may be null) adds the episode's reward and end reason.
+  void Deliver(engine::FinishedSample sample,
+               const EpisodeResult* episode = nullptr);
   void PublishStatus();
   void FillStatus(tandem::v1::RolloutStatus* status);
   void FillHeartbeat(tandem::v1::HeartbeatRequest* request);
@@ -136,6 +153,12 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
   std::unique_ptr<StagedWeightSource> weight_source_;
   std::unique_ptr<InplaceWeightSource> inplace_source_;
   std::unique_ptr<engine::Engine> engine_;    // generation thread only
+  // With environment.address: the client (thread-safe, stopped after the
+  // generation thread is joined) and the driver (generation thread only).
+  std::unique_ptr<EnvironmentClient> environment_;
+  std::unique_ptr<EpisodeDriver> episodes_;
+  // The model's chat template, kept for the driver's observation codec.
+  std::shared_ptr<const chat::LoadedChatTemplates> episode_templates_;
   std::map<std::string, LeaseState> leases_;  // generation thread only
   // The engine's second source of sequences: OpenAI endpoint requests.
   ServingQueue serving_;

@@ -8,6 +8,7 @@ tandem_add_test(coordinator_test
     ${CMAKE_CURRENT_SOURCE_DIR}/coordinator_scoring_test.cc
     ${CMAKE_CURRENT_SOURCE_DIR}/coordinator_journal_test.cc
     ${CMAKE_CURRENT_SOURCE_DIR}/coordinator_publish_test.cc
+    ${CMAKE_CURRENT_SOURCE_DIR}/coordinator_episodes_test.cc
   LIBS tandem_coordinator_lib)
 tandem_add_test(coordinator_watch_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/coordinator_watch_test.cc

@@ -22,10 +22,11 @@ TEST_CASE("JSONL: prompt text is tokenized, token ids are taken as given",
       R"({"id": "a", "prompt": "1+2=", "verifier": "arith", "metadata": {"answer": "3"}})"
       "\n\n"
       R"({"prompt_token_ids": [1, 10, 2, 12], "verifier": "exact", "extra": 5})"
-      "\r\n";
+      "\r\n"
+      R"({"prompt": "1+2=", "verifier": "exact", "environment": "calculator"})";
   auto dataset = ParseJsonlDataset(text, "d.jsonl", tokenizer.get(), false);
   REQUIRE(dataset.ok());
-  REQUIRE(dataset->prompts.size() == 2);
+  REQUIRE(dataset->prompts.size() == 3);
   const Prompt& a = dataset->prompts[0];
   CHECK(a.id == "a");
   CHECK(a.token_ids == std::vector<int32_t>{1, 10, 2, 12});
@@ -35,6 +36,8 @@ TEST_CASE("JSONL: prompt text is tokenized, token ids are taken as given",
   CHECK(b.id == "d.jsonl:3");
   CHECK(b.text == "1+2=");
   CHECK(b.verifier == "exact");
+  CHECK(a.environment.empty());  // single-turn
+  CHECK(dataset->prompts[2].environment == "calculator");
 }
 
 TEST_CASE("JSONL: malformed lines are reported with file and line",
@@ -50,6 +53,8 @@ TEST_CASE("JSONL: malformed lines are reported with file and line",
       {R"({"prompt": "1+1="})", "verifier must be a non-empty string"},
       {R"({"verifier": "arith"})", "needs prompt or prompt_token_ids"},
       {R"({"prompt": 5, "verifier": "arith"})", "prompt must be a string"},
+      {R"({"prompt": "1=", "verifier": "arith", "environment": 3})",
+       "environment must be a string"},
       {R"({"prompt": "1=", "verifier": "arith", "metadata": {"answer": 2}})",
        "metadata.answer must be a string"},
       {R"({"prompt_token_ids": [1, -2], "verifier": "arith"})",

@@ -221,6 +221,27 @@ std::vector<Poison> Poisons() {
        },
        invalid, "samples[1].source_spans give every token to the environment",
        "source_spans"},
+      {"a NaN environment reward",
+       [](Sample* s) {
+         s->set_environment_reward(std::numeric_limits<double>::quiet_NaN());
+       },
+       invalid, "samples[1].environment_reward is nan", "episode"},
+      {"an environment reward outside [0, 1]",
+       [](Sample* s) { s->set_environment_reward(1.5); }, invalid,
+       "samples[1].environment_reward is 1.5; an environment's reward must "
+       "be finite and in [0, 1]",
+       "episode"},
+      {"an unknown episode end reason",
+       [](Sample* s) { s->set_episode_end_reason("because"); }, invalid,
+       "samples[1].episode_end_reason is 'because', not a known end reason",
+       "episode"},
+      // Issue 25: a worker cannot reward a task that has no environment.
+      {"an environment reward on a lease without an environment",
+       [](Sample* s) {
+         s->set_environment_reward(1.0);
+         s->set_episode_end_reason("answered");
+       },
+       invalid, "samples[1].environment_reward is 1 but lease", "episode"},
       {"no lease id", [](Sample* s) { s->clear_lease_id(); }, invalid,
        "samples[1].lease_id is empty", "missing_lease"},
       {"too many tokens",

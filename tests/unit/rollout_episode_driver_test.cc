@@ -13,11 +13,13 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <deque>
 #include <map>
 #include <memory>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "services/rollout/episode_driver.h"
 #include "services/verifier/verifier.h"
@@ -370,6 +372,78 @@ TEST_CASE(
     CHECK(r.end_reason == "environment_failed");
     CHECK_THAT(r.end_text, Catch::Contains("OpenEpisode of environment"));
     CHECK(r.sample.output.size() == 3);
+  }
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+// Ends every episode at its first Step with `reward` and no end reason.
+class RewardingEnvironment : public tandem::v1::Environment::CallbackService {
+ public:
+  grpc::ServerUnaryReactor* OpenEpisode(
+      grpc::CallbackServerContext* context,
+      const tandem::v1::OpenEpisodeRequest*,
+      tandem::v1::OpenEpisodeResponse* response) override {
+    response->set_episode_id(absl::StrCat("r-", ++opened));
+    auto* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  grpc::ServerUnaryReactor* Step(grpc::CallbackServerContext* context,
+                                 const tandem::v1::StepRequest*,
+                                 tandem::v1::StepResponse* response) override {
+    response->set_done(true);
+    response->set_reward(reward);
+    response->set_end_text("judged");
+    auto* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  grpc::ServerUnaryReactor* CloseEpisode(
+      grpc::CallbackServerContext* context,
+      const tandem::v1::CloseEpisodeRequest*,
+      tandem::v1::CloseEpisodeResponse* response) override {
+    response->set_existed(true);
+    auto* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  std::atomic<int> opened{0};
+  std::atomic<double> reward{0.0};
+};
+
+TEST_CASE(
+    "a reward outside [0, 1] ends the episode 'error' without it; done "
+    "without a reason is the environment's own end") {
+  RewardingEnvironment service;
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  REQUIRE(server != nullptr);
+  {
+    Rig rig("127.0.0.1:" + std::to_string(port), EpisodeLimits{});
+    rig.script = {"7", "7", "7"};
+    service.reward = 7.5;
+    REQUIRE(rig.Start("generous", 3).ok());
+    EpisodeResult made_up = rig.RunOne();
+    CHECK(made_up.end_reason == "error");
+    CHECK_FALSE(made_up.reward.has_value());
+    CHECK_THAT(made_up.end_text,
+               Catch::Contains("the environment's reward 7.5 is not finite "
+                               "or outside [0, 1]; dropped (judged)"));
+    service.reward = std::nan("");
+    REQUIRE(rig.Start("nan", 3).ok());
+    EpisodeResult nan = rig.RunOne();
+    CHECK(nan.end_reason == "error");
+    CHECK_FALSE(nan.reward.has_value());
+    service.reward = 0.5;
+    REQUIRE(rig.Start("fair", 3).ok());
+    EpisodeResult fair = rig.RunOne();
+    CHECK(fair.end_reason == "environment");
+    REQUIRE(fair.reward.has_value());
+    CHECK(*fair.reward == 0.5);
   }
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
