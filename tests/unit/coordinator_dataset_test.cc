@@ -3,6 +3,7 @@
 
 #include "common/task/arith_task.h"
 #include "common/task/arith_tokenizer.h"
+#include "services/coordinator/group_state.h"
 #include "services/coordinator/jsonl_dataset.h"
 #include "services/coordinator/prompt_source.h"
 
@@ -23,10 +24,14 @@ TEST_CASE("JSONL: prompt text is tokenized, token ids are taken as given",
       "\n\n"
       R"({"prompt_token_ids": [1, 10, 2, 12], "verifier": "exact", "extra": 5})"
       "\r\n"
-      R"({"prompt": "1+2=", "verifier": "exact", "environment": "calculator"})";
+      R"({"prompt": "1+2=", "verifier": "exact", "environment": "calculator"})"
+      "\n"
+      R"({"prompt": "1+2=", "verifier": "arith", "reference_completion": "3"})"
+      "\n"
+      R"({"prompt": "1+2=", "verifier": "arith", "reference_completion_ids": [3, 15]})";
   auto dataset = ParseJsonlDataset(text, "d.jsonl", tokenizer.get(), false);
   REQUIRE(dataset.ok());
-  REQUIRE(dataset->prompts.size() == 3);
+  REQUIRE(dataset->prompts.size() == 5);
   const Prompt& a = dataset->prompts[0];
   CHECK(a.id == "a");
   CHECK(a.token_ids == std::vector<int32_t>{1, 10, 2, 12});
@@ -38,6 +43,13 @@ TEST_CASE("JSONL: prompt text is tokenized, token ids are taken as given",
   CHECK(b.verifier == "exact");
   CHECK(a.environment.empty());  // single-turn
   CHECK(dataset->prompts[2].environment == "calculator");
+  // Reference completions (training.guide_failed_groups): none by default,
+  // text tokenized, ids taken as given.
+  CHECK(a.reference_completion_ids.empty());
+  CHECK(dataset->prompts[3].reference_completion_ids ==
+        tokenizer->Encode("3"));
+  CHECK(dataset->prompts[4].reference_completion_ids ==
+        std::vector<int32_t>{3, 15});
 }
 
 TEST_CASE("JSONL: malformed lines are reported with file and line",
@@ -63,6 +75,12 @@ TEST_CASE("JSONL: malformed lines are reported with file and line",
        "outside the tokenizer's vocabulary"},
       {R"({"id": "x", "prompt": "1=", "verifier": "arith"})",
        "duplicate id \"x\""},
+      {R"({"prompt": "1=", "verifier": "arith", "reference_completion": 3})",
+       "reference_completion must be a string"},
+      {R"({"prompt": "1=", "verifier": "arith", "reference_completion_ids": []})",
+       "reference_completion_ids must be a non-empty array"},
+      {R"({"prompt": "1=", "verifier": "arith", "reference_completion_ids": [1, 99]})",
+       "reference_completion_ids[1] must be a token id of the vocabulary, got 99"},
   };
   for (const Case& c : cases) {
     CAPTURE(c.line);
@@ -166,12 +184,38 @@ TEST_CASE(
     auto parsed = task::ParseArithPrompt(prompt->text);
     REQUIRE(parsed.ok());
     CHECK(prompt->metadata.at("answer") == parsed->answer);
+    // The reference completion: the answer and the end token.
+    std::vector<int32_t> reference = tokenizer->Encode(parsed->answer);
+    reference.push_back(task::kArithEosId);
+    CHECK(prompt->reference_completion_ids == reference);
     CHECK(task->SplitOf(*parsed) == task::Split::kTrain);
     ids.insert(prompt->id);
   }
   CHECK(ids.size() == 50);
   CHECK((*source)->stop_token_ids() == std::vector<int32_t>{task::kArithEosId});
   CHECK((*source)->default_max_tokens() == 6);
+}
+
+TEST_CASE("A prompt's reference completion reaches the trainer and survives "
+          "the journal",
+          "[coordinator][dataset]") {
+  auto prompt = std::make_shared<Prompt>();
+  prompt->id = "p";
+  prompt->token_ids = {1, 2};
+  prompt->verifier = "arith";
+  prompt->reference_completion_ids = {3, 15};
+  GroupState group;
+  group.group_id = "g";
+  group.prompt = prompt;
+  group.samples.resize(2);
+  group.scores.resize(2);
+  const tandem::v1::ScoredGroup scored = ToScoredGroup(group);
+  CHECK(std::vector<int32_t>(scored.reference_completion_ids().begin(),
+                             scored.reference_completion_ids().end()) ==
+        std::vector<int32_t>{3, 15});
+  std::unique_ptr<GroupState> replayed = FromJournal(ToJournal(group), 2);
+  CHECK(replayed->prompt->reference_completion_ids ==
+        std::vector<int32_t>{3, 15});
 }
 
 }  // namespace
