@@ -210,7 +210,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
           .data_request_timeout =
               absl::Milliseconds(config.weight_data_request_timeout_ms),
           .data_send_timeout =
-              absl::Milliseconds(config.weight_data_send_timeout_ms)});
+              absl::Milliseconds(config.weight_data_send_timeout_ms),
+          .tls_enabled = config.server.tls.enabled(),
+          .auth_refused = &trainer->metrics_.auth_refused});
   if (config.eval.every_versions > 0) {
     ASSIGN_OR_RETURN(trainer->evaluator_,
                      HeldoutEvaluator::Create(config.eval));
