@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
 
 namespace tandem::weights {
 namespace {
@@ -141,6 +142,26 @@ void DataPlaneKeyHolder::Set(const DataPlaneKey& key) {
 std::optional<DataPlaneKey> DataPlaneKeyHolder::Get() const {
   absl::MutexLock lock(&mu_);
   return key_;
+}
+
+std::function<void(const tandem::v1::DataPlaneSecret&)> DataPlaneSecretSink(
+    std::shared_ptr<DataPlaneKeyHolder> holder, std::string component) {
+  return [holder = std::move(holder), component = std::move(component)](
+             const tandem::v1::DataPlaneSecret& secret) {
+    absl::StatusOr<DataPlaneKey> key = DataPlaneKeyFromBytes(
+        secret.epoch(),
+        absl::MakeConstSpan(
+            reinterpret_cast<const uint8_t*>(secret.secret().data()),
+            secret.secret().size()));
+    if (!key.ok()) {
+      ComponentLogger(component)->error("ignoring the coordinator's {}",
+                                        std::string(key.status().message()));
+      return;
+    }
+    holder->Set(*key);
+    ComponentLogger(component)->info("raw weight data: data-plane epoch {}",
+                                     secret.epoch());
+  };
 }
 
 }  // namespace tandem::weights

@@ -32,13 +32,17 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "tandem/v1/coordinator.pb.h"
 
 namespace tandem::weights {
 
@@ -100,5 +104,11 @@ class DataPlaneKeyHolder {
   mutable absl::Mutex mu_;
   std::optional<DataPlaneKey> key_ ABSL_GUARDED_BY(mu_);
 };
+
+// For cluster::MemberSessionOptions::on_data_plane_secret: sets `holder`
+// to each secret the coordinator hands out (logged as `component`; a
+// secret of the wrong length is logged and ignored).
+std::function<void(const tandem::v1::DataPlaneSecret&)> DataPlaneSecretSink(
+    std::shared_ptr<DataPlaneKeyHolder> holder, std::string component);
 
 }  // namespace tandem::weights
