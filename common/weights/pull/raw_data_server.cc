@@ -352,6 +352,24 @@ void WeightServerService::RawDataServer::AcceptAll(absl::Time now) {
   }
 }
 
+void WeightServerService::RawDataServer::LogRefusal(const std::string& line) {
+  // At most one line a second: a flood of bad connections must not flood
+  // the log (the metric counts every one).
+  const absl::Time now = absl::Now();
+  if (now < next_refusal_log_) {
+    ++refusals_not_logged_;
+    return;
+  }
+  ComponentLogger("weights")->warn(
+      "{}{}", line,
+      refusals_not_logged_ == 0
+          ? std::string()
+          : absl::StrCat(" (and ", refusals_not_logged_,
+                         " more refusals since the last line)"));
+  refusals_not_logged_ = 0;
+  next_refusal_log_ = now + absl::Seconds(1);
+}
+
 const char* WeightServerService::RawDataServer::SendChallenge(
     Pending& pending) {
   pending.key = service_->options_.data_plane_key->Get();
@@ -361,9 +379,8 @@ const char* WeightServerService::RawDataServer::SendChallenge(
                                     "the weight server holds no data-plane "
                                     "epoch secret yet");
   if (!challenge.ok()) {
-    ComponentLogger("weights")->warn(
-        "raw weight data: refused a connection: {}",
-        std::string(challenge.status().message()));
+    LogRefusal(absl::StrCat("raw weight data: refused a connection: ",
+                            challenge.status().message()));
     SendStatusNow(pending.fd, challenge.status());
     return kNoSecret;
   }
@@ -424,8 +441,8 @@ WeightServerService::RawDataServer::ReadProof(Pending& pending) {
                   &reinterpret_cast<sockaddr_in*>(&peer)->sin_addr);
     inet_ntop(peer.ss_family, addr, host, sizeof(host));
   }
-  ComponentLogger("weights")->warn("raw weight data: refused {}: {}", host,
-                                   std::string(verdict.message()));
+  LogRefusal(absl::StrCat("raw weight data: refused ", host, ": ",
+                          verdict.message()));
   SendStatusNow(pending.fd, verdict);
   CountDropped(stale ? kStaleEpoch : kUnauthenticated);
   return ReadResult::kClosed;

@@ -67,7 +67,7 @@
 // request), whose proof is for another epoch (a stale secret), is wrong
 // (garbage) or is cut short (the peer closed) is answered UNAUTHENTICATED
 // in the raw status format and closed at once, logged with the peer's
-// address and counted as tandem_weight_sync_data_connections_dropped_total
+// address (at most one line a second) and counted as tandem_weight_sync_data_connections_dropped_total
 // {reason="unauthenticated"|"stale_epoch"}; a connection that sends part
 // of a proof and stops is closed at data_request_timeout like any idle
 // one. While the holder has no key yet every connection is refused

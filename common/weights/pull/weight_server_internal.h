@@ -116,6 +116,9 @@ class WeightServerService::RawDataServer {
   // when it is good (its bytes consumed), kClosed (refused: answered
   // UNAUTHENTICATED, counted and logged) otherwise.
   ReadResult ReadProof(Pending& pending);
+  // Logs a refused connection, at most one line a second (with how many
+  // were not logged since the last line).
+  void LogRefusal(const std::string& line);
   // Closes a pending connection unserved, counting `reason` (null: the
   // peer left, nothing counted).
   void DropPending(std::list<Pending>::iterator it, const char* reason);
@@ -141,6 +144,8 @@ class WeightServerService::RawDataServer {
   std::list<Pending> pending_;
   absl::Time accept_paused_until_ = absl::InfinitePast();
   absl::Duration accept_backoff_ = absl::ZeroDuration();
+  absl::Time next_refusal_log_ = absl::InfinitePast();
+  uint64_t refusals_not_logged_ = 0;
 
   mutable absl::Mutex mu_;
   std::deque<Ready> ready_ ABSL_GUARDED_BY(mu_);
