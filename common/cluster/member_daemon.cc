@@ -15,7 +15,9 @@ absl::StatusOr<std::unique_ptr<MemberDaemon>> MemberDaemon::Create(
     std::shared_ptr<prometheus::Registry> registry,
     const std::vector<grpc::Service*>& services,
     MemberSession::HeartbeatFiller filler,
-    std::map<std::string, std::string> capabilities) {
+    std::map<std::string, std::string> capabilities,
+    std::function<void(const tandem::v1::DataPlaneSecret&)>
+        on_data_plane_secret) {
   if (coordinator_address.empty()) {
     return absl::InvalidArgumentError("coordinator_address must be set");
   }
@@ -31,6 +33,7 @@ absl::StatusOr<std::unique_ptr<MemberDaemon>> MemberDaemon::Create(
   options.grpc_address = member->runtime_->grpc_address();
   options.metrics_address = member->runtime_->metrics_address();
   options.capabilities = std::move(capabilities);
+  options.on_data_plane_secret = std::move(on_data_plane_secret);
   member->session_ =
       std::make_unique<MemberSession>(std::move(options), std::move(filler));
   return member;

@@ -8,6 +8,7 @@
 // learns of a member that already answers; Shutdown() turns health
 // NOT_SERVING, deregisters, then stops serving within the deadline.
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -33,7 +34,9 @@ class MemberDaemon {
       std::shared_ptr<prometheus::Registry> registry,
       const std::vector<grpc::Service*>& services,
       MemberSession::HeartbeatFiller filler,
-      std::map<std::string, std::string> capabilities = {});
+      std::map<std::string, std::string> capabilities = {},
+      std::function<void(const tandem::v1::DataPlaneSecret&)>
+          on_data_plane_secret = nullptr);
   ~MemberDaemon();
 
   absl::Status Start();

@@ -66,6 +66,7 @@ bool MemberSession::TryRegister() {
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   grpc::Status status = stub_->Register(&context, request, &response);
   if (!status.ok()) return false;
+  TakeDataPlaneSecret(response.data_plane());
   absl::MutexLock lock(&mu_);
   member_id_ = response.member_id();
   previous_member_id_ = response.member_id();
@@ -92,6 +93,7 @@ void MemberSession::Heartbeat() {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   grpc::Status status = stub_->Heartbeat(&context, request, &response);
+  if (status.ok()) TakeDataPlaneSecret(response.data_plane());
   absl::MutexLock lock(&mu_);
   if (status.ok()) {
     cluster_policy_version_ = response.policy_version();
@@ -104,6 +106,13 @@ void MemberSession::Heartbeat() {
                member_id_, status.error_message());
     registered_ = false;
   }
+}
+
+void MemberSession::TakeDataPlaneSecret(
+    const tandem::v1::DataPlaneSecret& secret) {
+  if (secret.epoch() == 0 || secret.epoch() == data_plane_epoch_) return;
+  data_plane_epoch_ = secret.epoch();
+  if (options_.on_data_plane_secret) options_.on_data_plane_secret(secret);
 }
 
 void MemberSession::Run() {

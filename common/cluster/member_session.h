@@ -32,6 +32,10 @@ struct MemberSessionOptions {
   absl::Duration rpc_timeout = absl::Seconds(3);
   // Longest wait between registration attempts.
   absl::Duration max_backoff = absl::Seconds(2);
+  // Told each new data-plane secret the coordinator hands out (in
+  // Register and Heartbeat responses; tls.mode mtls, trainer and rollout
+  // members only), from the session thread. Optional.
+  std::function<void(const tandem::v1::DataPlaneSecret&)> on_data_plane_secret;
 };
 
 class MemberSession {
@@ -76,6 +80,9 @@ class MemberSession {
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
   uint64_t cluster_policy_version_ ABSL_GUARDED_BY(mu_) = 0;
+  // Session thread only: the epoch of the last secret passed on.
+  uint64_t data_plane_epoch_ = 0;
+  void TakeDataPlaneSecret(const tandem::v1::DataPlaneSecret& secret);
 };
 
 }  // namespace tandem::cluster

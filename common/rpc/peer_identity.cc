@@ -173,4 +173,10 @@ absl::Status AuthorizePeer(const grpc::ServerContextBase& context,
   return CheckPeerRole(rpc, allowed, *caller);
 }
 
+const char* AuthRefusalReason(const absl::Status& refused) {
+  return refused.code() == absl::StatusCode::kUnauthenticated
+             ? "unauthenticated"
+             : "wrong_role";
+}
+
 }  // namespace tandem::rpc

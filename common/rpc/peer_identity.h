@@ -108,4 +108,9 @@ absl::Status AuthorizePeer(const grpc::ServerContextBase& context,
                            bool tls_enabled, absl::string_view rpc,
                            PeerRoleSet allowed);
 
+// The `reason` label of a refusal AuthorizePeer returned, for the daemons'
+// tandem_<daemon>_auth_refused_total{reason}: "unauthenticated" for
+// Unauthenticated, "wrong_role" otherwise.
+const char* AuthRefusalReason(const absl::Status& refused);
+
 }  // namespace tandem::rpc

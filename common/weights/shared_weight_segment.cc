@@ -17,6 +17,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 
 namespace tandem::weights {
@@ -72,8 +73,15 @@ absl::StatusOr<std::unique_ptr<SharedWeightSegment>>
 SharedWeightSegment::Create(const std::string& name, uint64_t policy_version,
                             absl::Span<const uint8_t> payload) {
   const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC,
-                          S_IRUSR | S_IWUSR | S_IRGRP | S_IROTH);
+                          S_IRUSR | S_IWUSR);
   if (fd < 0) return absl::UnavailableError(ErrnoText("shm_open", name));
+  // Exactly 0600 whatever the umask (which may only remove bits).
+  if (fchmod(fd, S_IRUSR | S_IWUSR) != 0) {
+    const std::string message = ErrnoText("fchmod 0600", name);
+    close(fd);
+    shm_unlink(name.c_str());
+    return absl::UnavailableError(message);
+  }
   const uint64_t size = kSegmentHeaderBytes + payload.size();
   // A /dev/shm that cannot hold the segment fails before any byte is
   // written: a store that shares every version at publish (kAtPut) would
@@ -155,7 +163,18 @@ absl::StatusOr<std::unique_ptr<MappedWeightSegment>> MappedWeightSegment::Open(
                            : absl::UnavailableError(message);
   }
   struct stat st {};
-  if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != size) {
+  if (fstat(fd, &st) != 0) {
+    const std::string message = ErrnoText("fstat", name);
+    close(fd);
+    return absl::UnavailableError(message);
+  }
+  if (absl::Status access = CheckSegmentOwnerAndMode(
+          SegmentPath(name), st.st_mode, st.st_uid, geteuid());
+      !access.ok()) {
+    close(fd);
+    return access;
+  }
+  if (static_cast<uint64_t>(st.st_size) != size) {
     const std::string message =
         absl::StrCat("weight segment ", name, " holds ", st.st_size,
                      " bytes, offered as ", size);
@@ -184,6 +203,24 @@ absl::StatusOr<std::unique_ptr<MappedWeightSegment>> MappedWeightSegment::Open(
 }
 
 MappedWeightSegment::~MappedWeightSegment() { munmap(map_, size_); }
+
+std::string SegmentPath(absl::string_view name) {
+  // shm_open(3) on Linux: the name (with its leading '/') under /dev/shm.
+  return absl::StrCat("/dev/shm", name);
+}
+
+absl::Status CheckSegmentOwnerAndMode(absl::string_view path, uint32_t mode,
+                                      uint32_t owner_uid,
+                                      uint32_t expected_uid) {
+  const uint32_t bits = mode & 07777;
+  if (bits == (S_IRUSR | S_IWUSR) && owner_uid == expected_uid) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "weight segment %s has mode %04o and owner uid %u; only 0600 and "
+      "owner uid %u (this process's user) are accepted",
+      path, bits, owner_uid, expected_uid));
+}
 
 int RemoveStaleWeightSegments(const std::string& dir) {
   DIR* d = opendir(dir.c_str());

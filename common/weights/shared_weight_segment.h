@@ -16,6 +16,15 @@
 // is never mistaken for it. The payload's buckets are still verified
 // against the manifest's CRC-32C by StagingWeights::FinishBucket.
 //
+// Access: a segment is created mode 0600 (owner read/write only), so only
+// processes of the server's user can map the weights; the trainer and the
+// workers that share its /dev/shm run as one user. A client opens only an
+// object owned by its own effective uid with no group or other bits
+// (CheckSegmentOwnerAndMode): anything else (a segment planted by another
+// user of the host under an offered name, or one made readable to others)
+// is refused with FailedPrecondition naming the path, the mode and the
+// owner, and the client streams the payload instead.
+//
 // Names: /tandem-w-<pid>-<pid namespace inode>-<random>-v<version>. A
 // server may remove segments left by a dead process of its own pid
 // namespace (a trainer killed with -9): RemoveStaleWeightSegments.
@@ -94,6 +103,19 @@ class MappedWeightSegment {
   const uint64_t size_;
   const absl::Span<const uint8_t> payload_;
 };
+
+// The path of segment `name` in the shm mount, for messages:
+// "/dev/shm/tandem-w-...".
+std::string SegmentPath(absl::string_view name);
+
+// The check MappedWeightSegment::Open applies to the object it opened:
+// owned by `expected_uid` (the caller's effective uid) with permission
+// bits exactly 0600. FailedPrecondition otherwise, e.g. "weight segment
+// /dev/shm/tandem-w-1-2-ab-v3 has mode 0644 and owner uid 1001; only 0600
+// and owner uid 1000 (this process's user) are accepted".
+absl::Status CheckSegmentOwnerAndMode(absl::string_view path, uint32_t mode,
+                                      uint32_t owner_uid,
+                                      uint32_t expected_uid);
 
 // Removes the segments under `dir` (the shm mount, /dev/shm) whose name
 // says they were made by a process of this pid namespace that no longer

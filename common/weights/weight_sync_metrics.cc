@@ -158,12 +158,16 @@ WeightSyncMetrics::WeightSyncMetrics(prometheus::Registry& registry)
                     "every slot busy), evicted (idle without a request, "
                     "closed to admit a new connection), request_timeout "
                     "(no complete request in time), send_timeout (the "
-                    "receiver stopped reading).")
+                    "receiver stopped reading), unauthenticated (no or a "
+                    "wrong data-plane proof), stale_epoch (a proof made "
+                    "with another epoch's secret), no_secret (the trainer "
+                    "holds no epoch secret yet; tls.mode mtls only).")
               .Register(registry)) {}
 
 void WeightSyncMetrics::ExposeDataConnectionsDropped() {
   for (const char* reason :
-       {"over_capacity", "evicted", "request_timeout", "send_timeout"}) {
+       {"over_capacity", "evicted", "request_timeout", "send_timeout",
+        "unauthenticated", "stale_epoch", "no_secret"}) {
     data_dropped_.Add({{"reason", reason}});
   }
 }

@@ -74,6 +74,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   RETURN_IF_ERROR(Validate(config));
   std::unique_ptr<Coordinator> coordinator(new Coordinator(config));
   Coordinator* self = coordinator.get();
+  self->RotateDataPlaneSecret("start");
   ASSIGN_OR_RETURN(std::unique_ptr<PromptSource> source,
                    NewPromptSource(config.dataset));
   GroupLedgerOptions ledger_options =
@@ -182,6 +183,7 @@ void Coordinator::MaintenanceLoop() {
           member.pid(), config_.heartbeat_timeout_ms, returned);
       metrics_.CountExpired(member.role());
       epochs_->RemoveMember(member.member_id());
+      RotateDataPlaneSecret(member.member_id() + " was declared dead");
       ++members_expired_;
     }
     members_.Prune(now, absl::Milliseconds(config_.member_retention_ms));
@@ -308,6 +310,7 @@ grpc::ServerUnaryReactor* Coordinator::Register(
     }
   }
   response->set_membership_epoch(epochs_->Current().epoch());
+  FillDataPlaneSecret(info.role(), response->mutable_data_plane());
   return Finish(context, grpc::Status::OK);
 }
 
@@ -331,6 +334,8 @@ grpc::ServerUnaryReactor* Coordinator::Heartbeat(
     response->set_lease_deadline_unix_ms(absl::ToUnixMillis(renewed.deadline));
     response->set_policy_version(ledger_->policy_version());
     response->set_membership_epoch(epochs_->Current().epoch());
+    FillDataPlaneSecret(members_.RoleOf(request->member_id()),
+                        response->mutable_data_plane());
   }
   return Finish(context, rpc::ToGrpcStatus(status));
 }
@@ -352,6 +357,7 @@ grpc::ServerUnaryReactor* Coordinator::Deregister(
     const uint32_t returned = ledger_->ReleaseMember(request->member_id());
     response->set_leases_returned(returned);
     epochs_->RemoveMember(request->member_id());
+    RotateDataPlaneSecret(request->member_id() + " deregistered");
     Log()->info("member {} left ({}); {} leases back in the queue",
                 request->member_id(), request->reason(), returned);
     UpdateMemberGauges();

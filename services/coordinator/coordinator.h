@@ -159,6 +159,12 @@ class Coordinator : public tandem::v1::Coordinator::CallbackService {
   // Pushes `group` to the watchers when it is a formed epoch.
   void AnnounceEpoch(const tandem::v1::BroadcastGroup& group);
   void UpdateMemberGauges();
+  // The data-plane secret (coordinator_data_plane.cc; proto
+  // DataPlaneSecret): a new one with the next epoch when a member leaves;
+  // handed to trainer and rollout members only, with tls.mode mtls only.
+  void RotateDataPlaneSecret(const std::string& why);
+  void FillDataPlaneSecret(tandem::v1::Role role,
+                           tandem::v1::DataPlaneSecret* out);
   void UpdateWorkMetrics();
   // Tries every parked pull; finishes those served, past their deadline, or
   // all of them when `finish_all`.
@@ -197,6 +203,9 @@ class Coordinator : public tandem::v1::Coordinator::CallbackService {
   absl::Notification stop_maintenance_;
   std::thread maintenance_thread_;
   std::atomic<bool> stopped_{false};
+
+  absl::Mutex data_plane_mu_;
+  tandem::v1::DataPlaneSecret data_plane_ ABSL_GUARDED_BY(data_plane_mu_);
 
   absl::Mutex pulls_mu_;
   std::vector<ParkedPull> parked_pulls_ ABSL_GUARDED_BY(pulls_mu_);

@@ -230,4 +230,11 @@ std::map<tandem::v1::Role, int> MemberRegistry::CountAlive() const {
   return counts;
 }
 
+tandem::v1::Role MemberRegistry::RoleOf(const std::string& member_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = members_.find(member_id);
+  return it == members_.end() ? tandem::v1::ROLE_UNSPECIFIED
+                              : it->second.info.role();
+}
+
 }  // namespace tandem::coordinator

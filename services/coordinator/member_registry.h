@@ -77,6 +77,8 @@ class MemberRegistry {
   // longer live (declared dead, left, or unknown since a coordinator
   // restart replayed the leases from its journal), that member.
   std::vector<std::string> LeaseHolders(const std::string& member_id) const;
+  // The role `member_id` registered as; ROLE_UNSPECIFIED when unknown.
+  tandem::v1::Role RoleOf(const std::string& member_id) const;
   // gRPC addresses of alive members of `role`.
   std::vector<std::string> LiveAddresses(tandem::v1::Role role) const;
   // Live members by role.

@@ -68,13 +68,19 @@ absl::StatusOr<std::unique_ptr<RolloutWorker>> RolloutWorker::Create(
         "model_path: no config.json in '", config.model_path, "'"));
   }
   RolloutWorker* self = w.get();
+  if (config.server.tls.enabled()) {
+    w->data_plane_key_ = std::make_shared<weights::DataPlaneKeyHolder>();
+  }
   ASSIGN_OR_RETURN(
       w->member_,
       cluster::MemberDaemon::Create(
           "rollout", tandem::v1::ROLE_ROLLOUT, config.server,
           config.coordinator_address, w->registry_, {self},
           [self](tandem::v1::HeartbeatRequest* r) { self->FillHeartbeat(r); },
-          {{"max_num_seqs", std::to_string(config.max_num_seqs)}}));
+          {{"max_num_seqs", std::to_string(config.max_num_seqs)}},
+          w->data_plane_key_ == nullptr
+              ? nullptr
+              : weights::DataPlaneSecretSink(w->data_plane_key_, "rollout")));
   cluster::MemberSession* session = &w->member_->session();
   auto member_id = [session] { return session->member_id(); };
   w->prefetcher_ = std::make_unique<PromptPrefetcher>(
@@ -144,6 +150,7 @@ absl::Status RolloutWorker::LoadModelAndEngine() {
       absl::Milliseconds(config.weight_sync_poll_interval_ms);
   sync.pull_shared_memory = config.weight_sync_shared_memory;
   sync.tls = config.server.tls;
+  sync.data_plane_key = w->data_plane_key_;
   // The trainer publishes in the checkpoint's dtype; a worker computing in
   // another one (model.dtype) or on a GPU converts each version on the
   // receiver thread.

@@ -164,6 +164,9 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
   ServingQueue serving_;
   // Declared after serving_: its sessions cancel into it when destroyed.
   std::unique_ptr<OpenAIServer> openai_server_;
+  // The raw weight data path's key (tls.mode mtls only; null otherwise),
+  // set by the member session from the coordinator's data-plane secret.
+  std::shared_ptr<weights::DataPlaneKeyHolder> data_plane_key_;
   std::unique_ptr<cluster::MemberDaemon> member_;
   std::unique_ptr<PromptPrefetcher> prefetcher_;
   std::unique_ptr<SampleSubmitter> submitter_;

@@ -63,9 +63,7 @@ grpc::Status RolloutWorker::AuthorizeAdmin(
   absl::Status status = rpc::AuthorizePeer(
       context, config_.server.tls.enabled(), method, {rpc::PeerRole::kAdmin});
   if (status.ok()) return grpc::Status::OK;
-  const char* reason = status.code() == absl::StatusCode::kUnauthenticated
-                           ? "unauthenticated"
-                           : "wrong_role";
+  const char* reason = rpc::AuthRefusalReason(status);
   metrics_.auth_refused.Add({{"reason", reason}}).Increment();
   Log()->warn("refused {} from {} ({}): {}", method, context.peer(), reason,
               std::string(status.message()));

@@ -409,7 +409,8 @@ void WeightSubscriber::PullOnce(const std::string& address,
     pull_address_ = address;
     auto receiver = std::make_unique<weights::GrpcPullReceiver>(
         rpc::MakeChannel(address, options_.tls),
-        weights::PullOptions{.shared_memory = options_.pull_shared_memory});
+        weights::PullOptions{.shared_memory = options_.pull_shared_memory,
+                             .data_plane_key = options_.data_plane_key});
     absl::MutexLock lock(&mu_);
     receiver_ = receiver.get();
     pull_ = std::move(receiver);

@@ -62,6 +62,7 @@
 #include "absl/time/time.h"
 #include "common/model/model_config.h"
 #include "common/rpc/tls_options.h"
+#include "common/weights/pull/data_plane_auth.h"
 #include "common/weights/staging_weights.h"
 #include "common/weights/weight_sync_metrics.h"
 #include "services/rollout/weight_update_sources.h"
@@ -120,6 +121,10 @@ struct WeightSyncOptions {
   // Pulls ask for a same-host shared-memory segment (PullOptions); a
   // version copied from one is counted under transport "shm".
   bool pull_shared_memory = true;
+  // The key that authenticates pulls on the trainer's raw data port
+  // (tls.mode mtls; set by the member session from the coordinator's
+  // data-plane secret). Null: no handshake (tls.mode off).
+  std::shared_ptr<const weights::DataPlaneKeyHolder> data_plane_key;
   // TLS of the gRPC pull channel to the trainer (the worker's tls section).
   rpc::TlsOptions tls;
   // Optional metrics (must outlive the subscriber).

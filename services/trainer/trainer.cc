@@ -197,6 +197,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
               config.weight_anchor_every);
   trainer->weight_sync_metrics_ =
       std::make_unique<weights::WeightSyncMetrics>(*trainer->registry_);
+  if (config.server.tls.enabled()) {
+    trainer->data_plane_key_ = std::make_shared<weights::DataPlaneKeyHolder>();
+  }
   trainer->weight_server_ = std::make_unique<weights::WeightServerService>(
       &trainer->store_,
       weights::WeightServerOptions{
@@ -212,7 +215,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
           .data_request_timeout =
               absl::Milliseconds(config.weight_data_request_timeout_ms),
           .data_send_timeout =
-              absl::Milliseconds(config.weight_data_send_timeout_ms)});
+              absl::Milliseconds(config.weight_data_send_timeout_ms),
+          .tls_enabled = config.server.tls.enabled(),
+          .auth_refused = &trainer->metrics_.auth_refused,
+          // Under mTLS the raw data port admits only holders of the
+          // coordinator's current data-plane secret.
+          .data_plane_key = trainer->data_plane_key_});
   if (config.eval.every_versions > 0) {
     ASSIGN_OR_RETURN(trainer->evaluator_,
                      HeldoutEvaluator::Create(config.eval));
@@ -259,7 +267,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
                            r->set_state(tandem::v1::MEMBER_STATE_DRAINING);
                          }
                        },
-                       std::move(capabilities)));
+                       std::move(capabilities),
+                       trainer->data_plane_key_ == nullptr
+                           ? nullptr
+                           : weights::DataPlaneSecretSink(
+                                 trainer->data_plane_key_, "trainer")));
   return trainer;
 }
 

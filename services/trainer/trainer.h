@@ -144,6 +144,9 @@ class Trainer {
   // Retains 4 versions; shares FULL ones in /dev/shm at publish when
   // weight_sync.shared_memory is on.
   weights::WeightStore store_;
+  // The raw data port's key (tls.mode mtls only; null otherwise), set by
+  // the member session from the coordinator's data-plane secret.
+  std::shared_ptr<weights::DataPlaneKeyHolder> data_plane_key_;
   std::unique_ptr<weights::WeightServerService> weight_server_;
   std::unique_ptr<weights::WeightSyncMetrics> weight_sync_metrics_;
   std::unique_ptr<cluster::MemberDaemon> member_;

@@ -152,8 +152,10 @@ TrainerMetrics::TrainerMetrics(prometheus::Registry& registry)
               .Add({})),
       auth_refused(prometheus::BuildCounter()
                        .Name("tandem_trainer_auth_refused_total")
-                       .Help("SaveCheckpoint calls refused by mutual-TLS "
-                             "authorization (it needs the admin role), by "
+                       .Help("Calls refused by mutual-TLS authorization "
+                             "(SaveCheckpoint needs the admin role; the "
+                             "weight server's GetManifest and FetchWeights "
+                             "the trainer, rollout or admin role), by "
                              "reason: unauthenticated, wrong_role. Always 0 "
                              "with tls.mode off.")
                        .Register(registry)),

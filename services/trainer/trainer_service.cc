@@ -69,9 +69,7 @@ grpc::ServerUnaryReactor* TrainerService::SaveCheckpoint(
   if (absl::Status auth = rpc::AuthorizePeer(
           *context, tls_enabled_, "SaveCheckpoint", {rpc::PeerRole::kAdmin});
       !auth.ok()) {
-    const char* reason = auth.code() == absl::StatusCode::kUnauthenticated
-                             ? "unauthenticated"
-                             : "wrong_role";
+    const char* reason = rpc::AuthRefusalReason(auth);
     auth_refused_->Add({{"reason", reason}}).Increment();
     ComponentLogger("trainer")->warn("refused SaveCheckpoint from {} ({}): {}",
                                      context->peer(), reason,

@@ -5,8 +5,8 @@
 //                           [--receivers=1,2,3] [--columns=C,...]
 //                           [--socket-read-kib=K] [MiB...]
 //       (defaults: 7 rounds, receivers 1,2,3, sizes 64 256 1024, every
-//       column; --columns picks some of grpc, raw, shm, shm-publish,
-//       shm-made, gloo; the baseline's receiver asks each read() for all
+//       column; --columns picks some of grpc, raw, raw-secret, shm,
+//       shm-publish, shm-made, gloo; the baseline's receiver asks each read() for all
 //       that is missing, or for at most K KiB with --socket-read-kib=K)
 //
 // This process is the sender in every row; every receiver is a separate
@@ -34,6 +34,9 @@
 //             pull shm, segment made: kAtPut with the clock started after
 //               the Put: what a worker waits for once the version is
 //               announced (and every worker after the first, either way).
+//             pull raw, epoch secret: the raw data path with a data-plane
+//               key on both ends (tls.mode mtls): every connection first
+//               answers the server's challenge (data_plane_auth.h);
 //   gloo k  c10d ProcessGroupGloo broadcast (GlooWeightSender /
 //           GlooWeightReceiver) into StagingWeights, k receivers; a
 //           receiver checksums each bucket (or piece, --piece-kib=K: the
@@ -75,6 +78,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -186,14 +190,24 @@ void ChildSocket(uint16_t port, uint64_t bytes, uint64_t read_bytes) {
 }
 
 // Pulls a version on every "go" line, until stdin closes.
-void ChildPull(uint16_t port, uint64_t bytes, bool raw, bool shm) {
+void ChildPull(uint16_t port, uint64_t bytes, bool raw, bool shm,
+               const std::string& secret) {
   auto staging =
       StagingWeights::Create(MakeLayout(bytes), StagingMode::kDoubleBuffer);
   if (!staging.ok()) Die(staging.status().ToString());
+  std::shared_ptr<DataPlaneKeyHolder> key;
+  if (!secret.empty()) {
+    auto parsed = DataPlaneKeyFromBytes(
+        1, absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(secret.data()),
+                               secret.size()));
+    if (!parsed.ok()) Die(parsed.status().ToString());
+    key = std::make_shared<DataPlaneKeyHolder>();
+    key->Set(*parsed);
+  }
   GrpcPullReceiver receiver(
       grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
                           grpc::InsecureChannelCredentials()),
-      {.raw_data = raw, .shared_memory = shm});
+      {.raw_data = raw, .shared_memory = shm, .data_plane_key = key});
   Say("ready");
   for (std::string line = ReadLine(stdin); line == "go";
        line = ReadLine(stdin)) {
@@ -206,6 +220,9 @@ void ChildPull(uint16_t port, uint64_t bytes, bool raw, bool shm) {
   const PullStats stats = receiver.stats();
   if ((raw ? stats.raw_streams : stats.grpc_streams) == 0) {
     Die(absl::StrCat("pull did not use the ", raw ? "raw" : "gRPC", " path"));
+  }
+  if (stats.raw_auth_fallbacks != 0) {
+    Die("pull fell back from the raw path: the data-plane proof was refused");
   }
   if (shm != (stats.shm_versions > 0)) {
     Die(absl::StrCat("pull ", shm ? "did not use" : "used",
@@ -390,10 +407,12 @@ struct PullSpec {
   const char* header;
   bool raw;
   ShmColumn shm;
+  bool secret = false;  // a data-plane key on both ends
 };
 constexpr PullSpec kPullColumns[] = {
     {"grpc", "pull gRPC", false, ShmColumn::kOff},
     {"raw", "pull raw", true, ShmColumn::kOff},
+    {"raw-secret", "pull raw, epoch secret", true, ShmColumn::kOff, true},
     {"shm", "pull shm, made on request", true, ShmColumn::kOnRequest},
     {"shm-publish", "pull shm, made at publish", true, ShmColumn::kAtPublish},
     {"shm-made", "pull shm, segment made", true, ShmColumn::kMade},
@@ -406,7 +425,7 @@ class PullColumn : public Column {
  public:
   PullColumn(const v1::WeightManifest& manifest,
              std::shared_ptr<const std::vector<uint8_t>> payload, bool raw,
-             ShmColumn shm_mode = ShmColumn::kOff)
+             ShmColumn shm_mode = ShmColumn::kOff, bool secret = false)
       : manifest_(manifest),
         payload_(std::move(payload)),
         shm_mode_(shm_mode),
@@ -414,12 +433,22 @@ class PullColumn : public Column {
                shm_mode == ShmColumn::kOff || shm_mode == ShmColumn::kOnRequest
                    ? WeightStore::SharedMemory::kOnRequest
                    : WeightStore::SharedMemory::kAtPut),
-        server_(&store_, {.shared_memory = shm_mode != ShmColumn::kOff}) {
+        key_(secret ? NewKey() : nullptr),
+        server_(&store_, {.shared_memory = shm_mode != ShmColumn::kOff,
+                          .data_plane_key = key_}) {
     const bool shm = shm_mode != ShmColumn::kOff;
+    std::string hex;
+    if (key_ != nullptr) {
+      const auto secret_bytes = key_->Get()->secret;
+      hex = absl::BytesToHexString(absl::string_view(
+          reinterpret_cast<const char*>(secret_bytes.data()),
+          secret_bytes.size()));
+    }
     child_ = Spawn({"--child=pull", absl::StrCat("--port=", server_.port()),
                     absl::StrCat("--bytes=", payload_->size()),
                     absl::StrCat("--raw=", raw ? 1 : 0),
-                    absl::StrCat("--shm=", shm ? 1 : 0)});
+                    absl::StrCat("--shm=", shm ? 1 : 0),
+                    absl::StrCat("--secret=", hex)});
     Expect(child_, "ready");
   }
   ~PullColumn() override { Reap(child_); }
@@ -443,8 +472,17 @@ class PullColumn : public Column {
  private:
   const v1::WeightManifest manifest_;
   const std::shared_ptr<const std::vector<uint8_t>> payload_;
+  static std::shared_ptr<DataPlaneKeyHolder> NewKey() {
+    auto key = NewDataPlaneKey(1);
+    if (!key.ok()) Die(key.status().ToString());
+    auto holder = std::make_shared<DataPlaneKeyHolder>();
+    holder->Set(*key);
+    return holder;
+  }
+
   const ShmColumn shm_mode_;
   WeightStore store_;
+  const std::shared_ptr<DataPlaneKeyHolder> key_;
   testing::WeightServerLoopback server_;
   Child child_;
   uint64_t version_ = 0;
@@ -578,7 +616,7 @@ void Run(uint64_t mib, const std::vector<int>& receivers, int rounds,
   };
   for (const PullSpec& spec : kPullColumns) {
     if (!Picked(spec.name)) continue;
-    PullColumn pull(*manifest, payload, spec.raw, spec.shm);
+    PullColumn pull(*manifest, payload, spec.raw, spec.shm, spec.secret);
     cell(pull);
   }
   for (int k : receivers) {
@@ -594,7 +632,7 @@ void Run(uint64_t mib, const std::vector<int>& receivers, int rounds,
 }
 
 int ChildMain(int argc, char** argv) {
-  std::string mode;
+  std::string mode, secret;
   uint64_t bytes = 0, port = 0, read_bytes = 0;
   int rank = 0, world = 0, raw = 1, serial = 0, shm = 0;
   for (int i = 1; i < argc; ++i) {
@@ -619,6 +657,8 @@ int ChildMain(int argc, char** argv) {
       ok = absl::SimpleAtoi(kv.second, &raw);
     } else if (kv.first == "--shm") {
       ok = absl::SimpleAtoi(kv.second, &shm);
+    } else if (kv.first == "--secret") {
+      secret = absl::HexStringToBytes(kv.second);
     } else {
       ok = false;
     }
@@ -628,7 +668,7 @@ int ChildMain(int argc, char** argv) {
   if (mode == "socket") {
     ChildSocket(p, bytes, read_bytes);
   } else if (mode == "pull") {
-    ChildPull(p, bytes, raw != 0, shm != 0);
+    ChildPull(p, bytes, raw != 0, shm != 0, secret);
   } else if (mode == "gloo") {
     ChildGloo(p, bytes, rank, world, serial != 0);
   } else {

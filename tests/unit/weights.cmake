@@ -7,6 +7,16 @@ tandem_add_test(weights_pull_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_pull_test.cc
     ${CMAKE_CURRENT_SOURCE_DIR}/weights_raw_bounds_test.cc
   LIBS tandem_weights_grpc)
+# The weight server's roles under mTLS (issue 25 item 3).
+tandem_add_test(weights_authz_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_authz_test.cc
+  LIBS tandem_weights_grpc tandem_weights_testing tandem_rpc tandem_certs
+    prometheus-cpp::core)
+# The raw data path's per-epoch challenge-response.
+tandem_add_test(weights_data_plane_auth_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_data_plane_auth_test.cc
+    ${CMAKE_CURRENT_SOURCE_DIR}/weights_raw_auth_test.cc
+  LIBS tandem_weights_grpc)
 tandem_add_test(weights_shm_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_shm_test.cc
   LIBS tandem_weights_grpc)

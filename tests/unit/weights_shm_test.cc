@@ -500,3 +500,90 @@ TEST_CASE(
 
 }  // namespace
 }  // namespace tandem::weights
+
+namespace tandem::weights {
+namespace {
+
+// A segment made by Create, with the arguments Open needs.
+struct MadeSegment {
+  std::unique_ptr<SharedWeightSegment> segment;
+  std::vector<uint8_t> payload;
+  std::string path;
+};
+
+MadeSegment MakeSegment(uint64_t version) {
+  MadeSegment made;
+  made.payload.assign(8192, 0x5a);
+  auto segment = SharedWeightSegment::Create(
+      absl::StrCat(SharedWeightSegment::NewNameStem(), "-v", version), version,
+      made.payload);
+  REQUIRE(segment.ok());
+  made.segment = *std::move(segment);
+  made.path = SegmentPath(made.segment->name());
+  return made;
+}
+
+absl::Status OpenMade(const MadeSegment& made, uint64_t version) {
+  return MappedWeightSegment::Open(made.segment->name(), made.segment->size(),
+                                   made.segment->token(), version,
+                                   made.payload.size())
+      .status();
+}
+
+TEST_CASE("Segments are created 0600, owned by this user",
+          "[weights][shm][access]") {
+  MadeSegment made = MakeSegment(3);
+  struct stat st {};
+  REQUIRE(stat(made.path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == 0600);
+  CHECK(st.st_uid == geteuid());
+  CHECK(OpenMade(made, 3).ok());
+}
+
+TEST_CASE("A segment readable by others is refused, naming path and mode",
+          "[weights][shm][access]") {
+  MadeSegment made = MakeSegment(4);
+  for (mode_t mode : {0644, 0640, 0604, 0400, 0700}) {
+    INFO("mode " << std::oct << mode);
+    REQUIRE(chmod(made.path.c_str(), mode) == 0);
+    const absl::Status status = OpenMade(made, 4);
+    CHECK(status.code() == absl::StatusCode::kFailedPrecondition);
+    char octal[8];
+    std::snprintf(octal, sizeof(octal), "%04o", static_cast<unsigned>(mode));
+    CHECK(std::string(status.message()) ==
+          absl::StrCat("weight segment ", made.path, " has mode ", octal,
+                       " and owner uid ", geteuid(), "; only 0600 and owner "
+                       "uid ", geteuid(), " (this process's user) are accepted"));
+  }
+  REQUIRE(chmod(made.path.c_str(), 0600) == 0);
+  CHECK(OpenMade(made, 4).ok());
+}
+
+TEST_CASE("A segment of another owner is refused, naming the owner",
+          "[weights][shm][access]") {
+  // The check itself, for any uid.
+  const absl::Status status =
+      CheckSegmentOwnerAndMode("/dev/shm/tandem-w-x", 0100600, 1234, 1000);
+  CHECK(status.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(status.message()) ==
+        "weight segment /dev/shm/tandem-w-x has mode 0600 and owner uid "
+        "1234; only 0600 and owner uid 1000 (this process's user) are "
+        "accepted");
+  CHECK(CheckSegmentOwnerAndMode("/dev/shm/tandem-w-x", 0100600, 1000, 1000)
+            .ok());
+  // A real object handed to another user: only root can chown it.
+  if (geteuid() != 0) {
+    WARN("not root: the chown half of this test needs root");
+    return;
+  }
+  MadeSegment made = MakeSegment(5);
+  REQUIRE(chown(made.path.c_str(), 65534, 65534) == 0);
+  const absl::Status opened = OpenMade(made, 5);
+  CHECK(opened.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(opened.message()).find("owner uid 65534") !=
+        std::string::npos);
+  CHECK(std::string(opened.message()).find(made.path) != std::string::npos);
+}
+
+}  // namespace
+}  // namespace tandem::weights

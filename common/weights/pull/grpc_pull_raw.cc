@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "absl/cleanup/cleanup.h"
@@ -128,6 +129,16 @@ absl::Status GrpcPullReceiver::ReadRawStream(
     port = data_port_;
   }
   if (port == 0) return absl::OkStatus();
+  std::optional<DataPlaneKey> key;
+  if (options_.data_plane_key != nullptr) {
+    key = options_.data_plane_key->Get();
+    if (!key.has_value()) {
+      // No epoch secret yet: FetchWeights (mTLS) carries this stream.
+      absl::MutexLock lock(&mu_);
+      ++stats_.raw_auth_fallbacks;
+      return absl::OkStatus();
+    }
+  }
   const int fd = ConnectWithin(host, port, deadline);
   if (fd < 0) {
     // Not reachable from here (e.g. bound to the trainer's loopback):
@@ -151,10 +162,57 @@ absl::Status GrpcPullReceiver::ReadRawStream(
         ResumeRequest(manifest, *bucket, *offset, options_.raw_chunk_bytes);
     request.set_shared_memory(segment != nullptr);
     const std::string serialized = request.SerializeAsString();
-    std::string out(8, '\0');
+    std::string out;
+    if (key.has_value()) {
+      // The server speaks first: its challenge, or (no secret there yet)
+      // a refusal in the raw status format.
+      uint8_t challenge[kRawChallengeBytes];
+      if (absl::Status s = RawRead(fd, challenge, 4, deadline); !s.ok()) {
+        return s;
+      }
+      uint32_t magic = 0;
+      std::memcpy(&magic, challenge, 4);
+      if (magic == kRawMagic) {
+        uint32_t tail[2] = {0, 0};
+        if (absl::Status s = RawRead(fd, tail, sizeof(tail), deadline);
+            !s.ok()) {
+          return s;
+        }
+        std::string message(std::min<uint32_t>(tail[1], 1u << 16), '\0');
+        if (absl::Status s =
+                RawRead(fd, message.data(), message.size(), deadline);
+            !s.ok()) {
+          return s;
+        }
+        return absl::UnauthenticatedError(
+            absl::StrCat("raw weight stream from ", host, ":", port,
+                         " refused before the handshake: ", message));
+      }
+      if (magic != kRawAuthMagic) {
+        return absl::UnavailableError(
+            absl::StrCat("raw weight stream from ", host, ":", port,
+                         ": not a weight data server (bad magic)"));
+      }
+      if (absl::Status s =
+              RawRead(fd, challenge + 4, sizeof(challenge) - 4, deadline);
+          !s.ok()) {
+        return s;
+      }
+      // At another epoch (this process's secret is stale, or newer than
+      // the server's), answer for our own epoch anyway: the server then
+      // logs and counts a stale secret, not garbage, and refuses it.
+      std::memcpy(challenge + 4, &key->epoch, sizeof(key->epoch));
+      absl::StatusOr<RawProof> proof = ProveRawChallenge(challenge, *key);
+      if (!proof.ok()) {
+        return absl::UnauthenticatedError(proof.status().message());
+      }
+      out.assign(reinterpret_cast<const char*>(proof->data()), proof->size());
+    }
+    const size_t head_at = out.size();
+    out.resize(head_at + 8);
     const uint32_t head[2] = {kRawMagic,
                               static_cast<uint32_t>(serialized.size())};
-    std::memcpy(out.data(), head, sizeof(head));
+    std::memcpy(out.data() + head_at, head, sizeof(head));
     out += serialized;
     if (send(fd, out.data(), out.size(), MSG_NOSIGNAL) !=
         static_cast<ssize_t>(out.size())) {
@@ -300,6 +358,17 @@ absl::Status GrpcPullReceiver::ReadRawStream(
   absl::MutexLock lock(&mu_);
   active_fd_ = -1;
   close(fd);
+  if (absl::IsUnauthenticated(result)) {
+    // No stale or refused secret stops a pull: FetchWeights (mTLS)
+    // carries the stream; the next one tries the raw path again with
+    // whatever key is current then.
+    ++stats_.raw_auth_fallbacks;
+    --stats_.raw_streams;
+    ComponentLogger("weights")->warn("{}; pulling over FetchWeights",
+                                     std::string(result.message()));
+    *connected = false;
+    return absl::OkStatus();
+  }
   return result;
 }
 

@@ -64,6 +64,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/weights/pull/data_plane_auth.h"
 #include "common/weights/weight_transport.h"
 #include "tandem/v1/trainer.grpc.pb.h"
 
@@ -96,6 +97,14 @@ struct PullOptions {
   // back to the socket paths when the server offers none or it cannot be
   // opened here.
   bool shared_memory = true;
+  // Raw data path authentication (data_plane_auth.h): the key this
+  // process holds now, set by whoever talks to the coordinator. When set,
+  // the receiver answers the server's challenge with a proof before its
+  // request; while it holds no key, or when the server refuses the proof
+  // (a stale epoch) or speaks without a challenge, that stream goes over
+  // FetchWeights instead (gRPC, under mTLS), logged once per cause. Unset:
+  // the raw path as without TLS.
+  std::shared_ptr<const DataPlaneKeyHolder> data_plane_key;
 };
 
 struct PullStats {
@@ -111,6 +120,8 @@ struct PullStats {
   uint64_t shm_open_failures = 0;  // could not be opened (another host)
   uint64_t shm_mismatches = 0;     // not the one offered (size, token)
   uint64_t shm_not_offered = 0;    // asked for, streamed instead
+  uint64_t raw_auth_fallbacks = 0;  // raw streams refused or not tried for
+                                    // want of a good data-plane key
 
   uint64_t shm_fallbacks() const { return shm_open_failures + shm_mismatches; }
 };

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/logging.h"
 #include "common/weights/pull/weight_server_internal.h"
 #include "kernels/crc32c.h"
 
@@ -30,6 +31,9 @@ constexpr char kOverCapacity[] = "over_capacity";
 constexpr char kEvicted[] = "evicted";
 constexpr char kRequestTimeout[] = "request_timeout";
 constexpr char kSendTimeout[] = "send_timeout";
+constexpr char kUnauthenticated[] = "unauthenticated";
+constexpr char kStaleEpoch[] = "stale_epoch";
+constexpr char kNoSecret[] = "no_secret";
 
 constexpr absl::Duration kMinAcceptBackoff = absl::Milliseconds(10);
 constexpr absl::Duration kMaxAcceptBackoff = absl::Seconds(1);
@@ -178,6 +182,7 @@ void WeightServerService::RawDataServer::FillStats(
   stats->data_request_timeouts = request_timeouts_.load();
   stats->data_send_timeouts = send_timeouts_.load();
   stats->data_accept_errors = accept_errors_.load();
+  stats->data_auth_refused = auth_refused_.load();
   stats->data_threads = static_cast<uint64_t>(stream_threads_) + 1;
 }
 
@@ -193,6 +198,10 @@ void WeightServerService::RawDataServer::CountDropped(const char* reason) {
   if (reason == kEvicted) ++evicted_;
   if (reason == kRequestTimeout) ++request_timeouts_;
   if (reason == kSendTimeout) ++send_timeouts_;
+  if (reason == kUnauthenticated || reason == kStaleEpoch ||
+      reason == kNoSecret) {
+    ++auth_refused_;
+  }
   if (service_->options_.metrics != nullptr) {
     service_->options_.metrics->RecordDataConnectionDropped(reason);
   }
@@ -333,12 +342,119 @@ void WeightServerService::RawDataServer::AcceptAll(absl::Time now) {
     const int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     pending_.push_back({fd, now + request_timeout_, {}});
+    if (service_->options_.data_plane_key != nullptr) {
+      if (const char* refused = SendChallenge(pending_.back());
+          refused != nullptr) {
+        DropPending(std::prev(pending_.end()),
+                    *refused == '\0' ? nullptr : refused);
+      }
+    }
   }
+}
+
+void WeightServerService::RawDataServer::LogRefusal(const std::string& line) {
+  // At most one line a second: a flood of bad connections must not flood
+  // the log (the metric counts every one).
+  const absl::Time now = absl::Now();
+  if (now < next_refusal_log_) {
+    ++refusals_not_logged_;
+    return;
+  }
+  ComponentLogger("weights")->warn(
+      "{}{}", line,
+      refusals_not_logged_ == 0
+          ? std::string()
+          : absl::StrCat(" (and ", refusals_not_logged_,
+                         " more refusals since the last line)"));
+  refusals_not_logged_ = 0;
+  next_refusal_log_ = now + absl::Seconds(1);
+}
+
+const char* WeightServerService::RawDataServer::SendChallenge(
+    Pending& pending) {
+  pending.key = service_->options_.data_plane_key->Get();
+  absl::StatusOr<RawChallenge> challenge =
+      pending.key.has_value() ? NewRawChallenge(pending.key->epoch)
+                              : absl::UnavailableError(
+                                    "the weight server holds no data-plane "
+                                    "epoch secret yet");
+  if (!challenge.ok()) {
+    LogRefusal(absl::StrCat("raw weight data: refused a connection: ",
+                            challenge.status().message()));
+    SendStatusNow(pending.fd, challenge.status());
+    return kNoSecret;
+  }
+  pending.challenge = *challenge;
+  // 44 bytes into a new connection's empty send buffer; when even that
+  // fails the peer has gone.
+  const bool sent =
+      send(pending.fd, pending.challenge.data(), pending.challenge.size(),
+           MSG_DONTWAIT | MSG_NOSIGNAL) ==
+      static_cast<ssize_t>(pending.challenge.size());
+  return sent ? nullptr : "";
+}
+
+WeightServerService::RawDataServer::ReadResult
+WeightServerService::RawDataServer::ReadProof(Pending& pending) {
+  for (;;) {
+    // The magic decides at once: a client without the secret sends its
+    // request first and is not kept waiting for 44 bytes it will not send.
+    const size_t have = pending.bytes.size();
+    const bool refuse_now =
+        have >= 4 && std::memcmp(pending.bytes.data(), &kRawAuthMagic, 4) != 0;
+    if (have == kRawProofBytes || refuse_now) break;
+    pending.bytes.resize(kRawProofBytes);
+    const ssize_t got = recv(pending.fd, pending.bytes.data() + have,
+                             kRawProofBytes - have, MSG_DONTWAIT);
+    if (got < 0 && errno == EINTR) {
+      pending.bytes.resize(have);
+      continue;
+    }
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pending.bytes.resize(have);
+      return ReadResult::kMore;
+    }
+    pending.bytes.resize(have + static_cast<size_t>(std::max<ssize_t>(got, 0)));
+    if (got <= 0) break;  // closed: a truncated proof
+  }
+  bool stale = false;
+  const absl::Status verdict = VerifyRawProof(
+      absl::MakeConstSpan(
+          reinterpret_cast<const uint8_t*>(pending.bytes.data()),
+          pending.bytes.size()),
+      pending.challenge, *pending.key, &stale);
+  if (verdict.ok()) {
+    pending.proven = true;
+    pending.bytes.clear();
+    return ReadResult::kReady;
+  }
+  sockaddr_storage peer{};
+  socklen_t len = sizeof(peer);
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (getpeername(pending.fd, reinterpret_cast<sockaddr*>(&peer), &len) ==
+      0) {
+    const void* addr =
+        peer.ss_family == AF_INET6
+            ? static_cast<const void*>(
+                  &reinterpret_cast<sockaddr_in6*>(&peer)->sin6_addr)
+            : static_cast<const void*>(
+                  &reinterpret_cast<sockaddr_in*>(&peer)->sin_addr);
+    inet_ntop(peer.ss_family, addr, host, sizeof(host));
+  }
+  LogRefusal(absl::StrCat("raw weight data: refused ", host, ": ",
+                          verdict.message()));
+  SendStatusNow(pending.fd, verdict);
+  CountDropped(stale ? kStaleEpoch : kUnauthenticated);
+  return ReadResult::kClosed;
 }
 
 WeightServerService::RawDataServer::ReadResult
 WeightServerService::RawDataServer::ReadRequest(
     Pending& pending, v1::FetchWeightsRequest* request) {
+  if (pending.key.has_value() && !pending.proven) {
+    const ReadResult proof = ReadProof(pending);
+    if (proof != ReadResult::kReady) return proof;
+  }
   for (;;) {
     size_t want = 8;
     if (pending.bytes.size() >= 8) {

@@ -14,8 +14,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/base/logging.h"
+#include "common/rpc/peer_identity.h"
 #include "common/weights/pull/weight_server_internal.h"
 #include "kernels/crc32c.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
 
 namespace tandem::weights {
 namespace {
@@ -35,6 +39,21 @@ grpc::Status ToGrpc(const absl::Status& s) {
 }
 
 }  // namespace
+
+absl::Status WeightServerService::Authorize(
+    const grpc::CallbackServerContext& context, const char* rpc) const {
+  absl::Status status = rpc::AuthorizePeer(context, options_.tls_enabled, rpc,
+                                           kWeightReaderRoles);
+  if (status.ok()) return status;
+  const char* reason = rpc::AuthRefusalReason(status);
+  if (options_.auth_refused != nullptr) {
+    options_.auth_refused->Add({{"reason", reason}}).Increment();
+  }
+  ComponentLogger("weights")->warn("refused {} from {} ({}): {}", rpc,
+                                   context.peer(), reason,
+                                   std::string(status.message()));
+  return status;
+}
 
 absl::Status WeightServerService::InjectedFailure(const Stream& stream) const {
   const int fail_after = fail_after_.load();
@@ -275,6 +294,11 @@ uint16_t WeightServerService::data_port() const {
 grpc::ServerUnaryReactor* WeightServerService::GetManifest(
     grpc::CallbackServerContext* context, const v1::GetManifestRequest* request,
     v1::WeightManifest* response) {
+  if (absl::Status auth = Authorize(*context, "GetManifest"); !auth.ok()) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(ToGrpc(auth));
+    return reactor;
+  }
   ++manifest_requests_;
   if (raw_ != nullptr) {
     context->AddInitialMetadata(kDataPortMetadata, absl::StrCat(raw_->port()));
@@ -315,17 +339,18 @@ grpc::ServerUnaryReactor* WeightServerService::GetManifest(
 }
 
 grpc::ServerWriteReactor<v1::WeightChunk>* WeightServerService::FetchWeights(
-    grpc::CallbackServerContext* /*context*/,
+    grpc::CallbackServerContext* context,
     const v1::FetchWeightsRequest* request) {
-  absl::StatusOr<Stream> stream = OpenStream(*request, /*raw=*/false);
-  if (!stream.ok()) {
-    class Failed : public grpc::ServerWriteReactor<v1::WeightChunk> {
-     public:
-      explicit Failed(grpc::Status s) { Finish(std::move(s)); }
-      void OnDone() override { delete this; }
-    };
-    return new Failed(ToGrpc(stream.status()));
+  class Failed : public grpc::ServerWriteReactor<v1::WeightChunk> {
+   public:
+    explicit Failed(grpc::Status s) { Finish(std::move(s)); }
+    void OnDone() override { delete this; }
+  };
+  if (absl::Status auth = Authorize(*context, "FetchWeights"); !auth.ok()) {
+    return new Failed(ToGrpc(auth));
   }
+  absl::StatusOr<Stream> stream = OpenStream(*request, /*raw=*/false);
+  if (!stream.ok()) return new Failed(ToGrpc(stream.status()));
   return new FetchReactor(this, *std::move(stream));
 }
 

@@ -58,6 +58,21 @@
 // copies on the first request for a version, on the thread that serves it
 // (for FetchWeights, the reactor's callback thread: one copy per version).
 //
+// Raw data path authentication. With options.data_plane_key set (the
+// trainer sets it under tls.mode mtls), the server speaks first on every raw
+// connection: a challenge for the current data-plane epoch with a fresh
+// nonce (data_plane_auth.h), and the client must answer it with a proof
+// made with that epoch's secret before its request. A connection whose
+// first bytes are not a proof (a client without the secret sends its
+// request), whose proof is for another epoch (a stale secret), is wrong
+// (garbage) or is cut short (the peer closed) is answered UNAUTHENTICATED
+// in the raw status format and closed at once, logged with the peer's
+// address (at most one line a second) and counted as tandem_weight_sync_data_connections_dropped_total
+// {reason="unauthenticated"|"stale_epoch"}; a connection that sends part
+// of a proof and stops is closed at data_request_timeout like any idle
+// one. While the holder has no key yet every connection is refused
+// ({reason="no_secret"}).
+//
 // Raw data path bounds: whatever its clients do (idle sockets, requests
 // sent a byte a minute, receivers that stop reading), the raw path holds at
 // most max_data_connections connections and 1 + data_stream_threads
@@ -84,6 +99,14 @@
 // (the trainer does), or give the server's Shutdown a deadline (which
 // cancels them).
 //
+// Roles. With options.tls_enabled (the trainer's tls.mode mtls), every
+// GetManifest and FetchWeights call is checked against the caller's client
+// certificate (common/rpc/peer_identity.h): trainer, rollout and admin
+// identities may read weights (kWeightReaderRoles); any other role is
+// answered PERMISSION_DENIED and a call without an identity
+// UNAUTHENTICATED, before anything is read from the store (no manifest, no
+// data port, no byte), each counted in options.auth_refused{reason}.
+//
 // Thread-safety: all methods may be called concurrently. Chunks are built
 // (one memcpy and CRC of <= 1 MiB) on the reactor's callback thread; the
 // reactor never waits on anything else. The destructor closes every raw
@@ -99,11 +122,25 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/rpc/peer_identity.h"
+#include "common/weights/pull/data_plane_auth.h"
 #include "common/weights/weight_store.h"
 #include "common/weights/weight_sync_metrics.h"
 #include "tandem/v1/trainer.grpc.pb.h"
 
+namespace prometheus {
+class Counter;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
 namespace tandem::weights {
+
+// Certificate roles that may call GetManifest and FetchWeights under mTLS:
+// the trainer (its own tools), rollout workers (the catch-up path) and
+// admins (tandemctl). Verifiers and the coordinator never read weights.
+inline constexpr rpc::PeerRoleSet kWeightReaderRoles{
+    rpc::PeerRole::kTrainer, rpc::PeerRole::kRollout, rpc::PeerRole::kAdmin};
 
 struct WeightServerOptions {
   uint32_t max_chunk_bytes = 1u << 20;
@@ -129,6 +166,17 @@ struct WeightServerOptions {
   int data_stream_threads = 4;
   absl::Duration data_request_timeout = absl::Seconds(10);
   absl::Duration data_send_timeout = absl::Seconds(30);
+  // Roles (see above): check callers' certificates. Refusals are counted
+  // in `auth_refused` ({reason}: unauthenticated, wrong_role; the daemon's
+  // tandem_<daemon>_auth_refused_total) when it is set; it must outlive the
+  // service.
+  bool tls_enabled = false;
+  prometheus::Family<prometheus::Counter>* auth_refused = nullptr;
+  // Raw data path authentication (see above). When set, a raw connection
+  // must prove the holder's current data-plane key before its request;
+  // while the holder has no key every raw connection is refused at once
+  // (receivers then use FetchWeights). Unset (tls.mode off): no check.
+  std::shared_ptr<const DataPlaneKeyHolder> data_plane_key;
 };
 
 // Raw data path wire constants (see above).
@@ -169,6 +217,7 @@ struct WeightServerStats {
   uint64_t data_request_timeouts = 0;  // no whole request in time
   uint64_t data_send_timeouts = 0;     // the receiver stopped reading
   uint64_t data_accept_errors = 0;     // accept() out of fds or memory
+  uint64_t data_auth_refused = 0;      // no, stale or wrong proof; no key
 };
 
 class WeightServerService final : public v1::WeightServer::CallbackService {
@@ -220,6 +269,9 @@ class WeightServerService final : public v1::WeightServer::CallbackService {
   // chunk's bytes inside the payload; `crc` its CRC-32C (as sent).
   struct NextChunk;
   absl::Status InjectedFailure(const Stream& stream) const;
+  // Roles (see above): OK, or the refusal (counted and logged) to answer.
+  absl::Status Authorize(const grpc::CallbackServerContext& context,
+                         const char* rpc) const;
   bool Advance(Stream& stream, NextChunk* chunk);
 
   // Long polls: the finishing thread's loop, and a held poll's end when the

@@ -9,6 +9,7 @@
 #include <deque>
 #include <list>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/weights/pull/data_plane_auth.h"
 #include "common/weights/pull/weight_server.h"
 
 namespace tandem::weights {
@@ -87,6 +89,11 @@ class WeightServerService::RawDataServer {
     int fd = -1;
     absl::Time deadline;
     std::string bytes;  // what arrived so far
+    // With options.data_plane_key: the key and challenge this connection
+    // must answer before its request; `proven` once it has.
+    std::optional<DataPlaneKey> key;
+    RawChallenge challenge{};
+    bool proven = false;
   };
   struct Ready {
     int fd = -1;
@@ -101,6 +108,17 @@ class WeightServerService::RawDataServer {
   void EventLoop();
   void AcceptAll(absl::Time now);
   ReadResult ReadRequest(Pending& pending, v1::FetchWeightsRequest* request);
+  // With a data-plane key: sends `pending` its challenge. Null when sent;
+  // else the drop reason to count (kNoSecret, logged: there is no key
+  // yet), or "" (the peer has gone: nothing to count).
+  const char* SendChallenge(Pending& pending);
+  // Checks the proof once it has arrived: kMore while it has not, kReady
+  // when it is good (its bytes consumed), kClosed (refused: answered
+  // UNAUTHENTICATED, counted and logged) otherwise.
+  ReadResult ReadProof(Pending& pending);
+  // Logs a refused connection, at most one line a second (with how many
+  // were not logged since the last line).
+  void LogRefusal(const std::string& line);
   // Closes a pending connection unserved, counting `reason` (null: the
   // peer left, nothing counted).
   void DropPending(std::list<Pending>::iterator it, const char* reason);
@@ -126,6 +144,8 @@ class WeightServerService::RawDataServer {
   std::list<Pending> pending_;
   absl::Time accept_paused_until_ = absl::InfinitePast();
   absl::Duration accept_backoff_ = absl::ZeroDuration();
+  absl::Time next_refusal_log_ = absl::InfinitePast();
+  uint64_t refusals_not_logged_ = 0;
 
   mutable absl::Mutex mu_;
   std::deque<Ready> ready_ ABSL_GUARDED_BY(mu_);
@@ -138,6 +158,7 @@ class WeightServerService::RawDataServer {
   std::atomic<uint64_t> request_timeouts_{0};
   std::atomic<uint64_t> send_timeouts_{0};
   std::atomic<uint64_t> accept_errors_{0};
+  std::atomic<uint64_t> auth_refused_{0};
 };
 
 }  // namespace tandem::weights

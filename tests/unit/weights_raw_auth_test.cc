@@ -1,0 +1,285 @@
+// The raw data path with a data-plane key (weight_server.h, "Raw data path
+// authentication"): a real WeightServerService on a loopback port and a
+// GrpcPullReceiver, or a plain socket playing a client without the
+// secret. A receiver with the epoch's key pulls over the raw socket; a
+// connection without a proof, with a stale epoch's, with garbage or with
+// a truncated one is refused at once, counted; a receiver with a stale
+// key still gets every byte, over FetchWeights.
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/weights/pull/data_plane_auth.h"
+#include "common/weights/pull/grpc_pull_receiver.h"
+#include "common/weights/pull/weight_server.h"
+#include "common/weights/staging_weights.h"
+#include "common/weights/weight_store.h"
+#include "weight_server_test_util.h"
+#include "weights_test_util.h"
+
+namespace tandem::weights {
+namespace {
+
+std::shared_ptr<DataPlaneKeyHolder> Holder(const DataPlaneKey& key) {
+  auto holder = std::make_shared<DataPlaneKeyHolder>();
+  holder->Set(key);
+  return holder;
+}
+
+DataPlaneKey Key(uint64_t epoch) {
+  auto key = NewDataPlaneKey(epoch);
+  REQUIRE(key.ok());
+  return *key;
+}
+
+// One random FULL version in a store, served with `holder` as the raw
+// path's key.
+struct AuthServer {
+  explicit AuthServer(std::shared_ptr<const DataPlaneKeyHolder> holder)
+      : layout(testing::SmallLayout()),
+        weights(layout.total_bytes()),
+        store(4),
+        server(&store, {.data_plane_key = std::move(holder)}) {
+    std::mt19937_64 rng(5);
+    testing::FillRandom(layout, &weights, rng);
+    auto manifest = layout.BuildManifest(weights.span(), 1);
+    REQUIRE(manifest.ok());
+    REQUIRE(store
+                .Put(*manifest, std::make_shared<const std::vector<uint8_t>>(
+                                    weights.data(),
+                                    weights.data() + weights.size()))
+                .ok());
+  }
+  uint16_t data_port() { return server.service().data_port(); }
+
+  FlatWeightLayout layout;
+  WeightBuffer weights;
+  WeightStore store;
+  testing::WeightServerLoopback server;
+};
+
+// Pulls version 1 with `options`; REQUIREs it arrived bit for bit.
+PullStats Pull(AuthServer& s, PullOptions options) {
+  auto staging = StagingWeights::Create(s.layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  GrpcPullReceiver receiver(s.server.channel(), options);
+  auto got = receiver.ReceiveNext(staging->get(),
+                                  absl::Now() + absl::Seconds(20));
+  INFO(got.status().ToString());
+  REQUIRE(got.ok());
+  REQUIRE(*got == 1);
+  REQUIRE((*staging)->Commit().ok());
+  const auto live = (*staging)->live().bytes;
+  REQUIRE(live.size() == s.weights.size());
+  REQUIRE(std::memcmp(live.data(), s.weights.data(), live.size()) == 0);
+  return receiver.stats();
+}
+
+int Connect(uint16_t port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  return fd;
+}
+
+// Reads exactly n bytes within 5 s; what arrived.
+std::string ReadN(int fd, size_t n) {
+  std::string out;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (out.size() < n && std::chrono::steady_clock::now() < until) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    char buf[4096];
+    const ssize_t got = recv(fd, buf, std::min(sizeof(buf), n - out.size()), 0);
+    if (got <= 0) break;
+    out.append(buf, static_cast<size_t>(got));
+  }
+  return out;
+}
+
+// What the server answered a client that sent `first` after the
+// challenge: the raw status code and message (code -1: nothing), and how
+// long the refusal took.
+struct Answer {
+  int code = -1;
+  std::string message;
+  double seconds = 0;
+  bool closed = false;
+};
+
+Answer SendAfterChallenge(uint16_t port, const std::string& first,
+                          bool half_close = false) {
+  const int fd = Connect(port);
+  const std::string challenge = ReadN(fd, kRawChallengeBytes);
+  REQUIRE(challenge.size() == kRawChallengeBytes);
+  const auto start = std::chrono::steady_clock::now();
+  if (!first.empty()) {
+    REQUIRE(send(fd, first.data(), first.size(), MSG_NOSIGNAL) ==
+            static_cast<ssize_t>(first.size()));
+  }
+  if (half_close) shutdown(fd, SHUT_WR);
+  Answer answer;
+  const std::string head = ReadN(fd, 12);
+  if (head.size() == 12) {
+    uint32_t h[3];
+    std::memcpy(h, head.data(), sizeof(h));
+    if (h[0] == kRawMagic) {
+      answer.code = static_cast<int>(h[1]);
+      answer.message = ReadN(fd, h[2]);
+    }
+  }
+  answer.closed = ReadN(fd, 1).empty();
+  answer.seconds = std::chrono::duration<double>(
+                       std::chrono::steady_clock::now() - start)
+                       .count();
+  close(fd);
+  return answer;
+}
+
+std::string RequestBytes() {
+  v1::FetchWeightsRequest request;
+  request.set_policy_version(1);
+  const std::string body = request.SerializeAsString();
+  std::string out(8, '\0');
+  const uint32_t head[2] = {kRawMagic, static_cast<uint32_t>(body.size())};
+  std::memcpy(out.data(), head, sizeof(head));
+  return out + body;
+}
+
+constexpr int kUnauthenticated =
+    static_cast<int>(absl::StatusCode::kUnauthenticated);
+
+TEST_CASE("a receiver with the epoch's key pulls over the raw path") {
+  const DataPlaneKey key = Key(3);
+  AuthServer s(Holder(key));
+  REQUIRE(s.data_port() != 0);
+  const PullStats stats = Pull(s, {.shared_memory = false,
+                                   .data_plane_key = Holder(key)});
+  CHECK(stats.raw_streams >= 1);
+  CHECK(stats.grpc_streams == 0);
+  CHECK(stats.raw_auth_fallbacks == 0);
+  CHECK(s.server.service().stats().data_auth_refused == 0);
+}
+
+TEST_CASE("a raw client without the secret is refused at once") {
+  AuthServer s(Holder(Key(3)));
+  // The request a client without a secret sends first.
+  const Answer answer = SendAfterChallenge(s.data_port(), RequestBytes());
+  CHECK(answer.code == kUnauthenticated);
+  CHECK(answer.message ==
+        "raw weight data: no data-plane proof (the client holds no epoch "
+        "secret, or sent garbage)");
+  CHECK(answer.closed);
+  CHECK(answer.seconds < 2.0);  // not the 10 s request timeout
+  CHECK(s.server.service().stats().data_auth_refused == 1);
+  CHECK(s.server.service().stats().streams == 0);
+}
+
+TEST_CASE("a stale epoch's proof is refused at once") {
+  const DataPlaneKey old_key = Key(2);
+  AuthServer s(Holder(Key(3)));
+  const int fd = Connect(s.data_port());
+  std::string challenge = ReadN(fd, kRawChallengeBytes);
+  REQUIRE(challenge.size() == kRawChallengeBytes);
+  std::memcpy(challenge.data() + 4, &old_key.epoch, 8);
+  auto proof = ProveRawChallenge(
+      absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(challenge.data()),
+                          challenge.size()),
+      old_key);
+  REQUIRE(proof.ok());
+  const std::string out =
+      std::string(reinterpret_cast<const char*>(proof->data()), proof->size()) +
+      RequestBytes();
+  REQUIRE(send(fd, out.data(), out.size(), MSG_NOSIGNAL) ==
+          static_cast<ssize_t>(out.size()));
+  const std::string head = ReadN(fd, 12);
+  REQUIRE(head.size() == 12);
+  uint32_t h[3];
+  std::memcpy(h, head.data(), sizeof(h));
+  CHECK(h[1] == static_cast<uint32_t>(kUnauthenticated));
+  CHECK(ReadN(fd, h[2]) ==
+        "raw weight data: proof for data-plane epoch 2, the current epoch is "
+        "3 (stale secret)");
+  close(fd);
+  CHECK(s.server.service().stats().data_auth_refused == 1);
+  CHECK(s.server.service().stats().streams == 0);
+}
+
+TEST_CASE("garbage and truncated proofs are refused at once") {
+  AuthServer s(Holder(Key(3)));
+  std::mt19937_64 rng(3);
+  std::string garbage(kRawProofBytes, '\0');
+  for (char& c : garbage) c = static_cast<char>(rng());
+  garbage[0] = 'X';
+  Answer answer = SendAfterChallenge(s.data_port(), garbage);
+  CHECK(answer.code == kUnauthenticated);
+  CHECK(answer.seconds < 2.0);
+  // The right magic and epoch, a random MAC.
+  std::string forged(kRawProofBytes, '\0');
+  const uint32_t magic = kRawAuthMagic;
+  const uint64_t epoch = 3;
+  std::memcpy(forged.data(), &magic, 4);
+  std::memcpy(forged.data() + 4, &epoch, 8);
+  for (size_t i = 12; i < forged.size(); ++i) {
+    forged[i] = static_cast<char>(rng());
+  }
+  answer = SendAfterChallenge(s.data_port(), forged);
+  CHECK(answer.code == kUnauthenticated);
+  CHECK(answer.message ==
+        "raw weight data: wrong data-plane proof for epoch 3");
+  // Half a proof, then the client closes its side.
+  answer = SendAfterChallenge(s.data_port(), forged.substr(0, 20),
+                              /*half_close=*/true);
+  CHECK(answer.code == kUnauthenticated);
+  CHECK(answer.message ==
+        "raw weight data: truncated data-plane proof (20 of 44 bytes)");
+  CHECK(answer.seconds < 2.0);
+  CHECK(s.server.service().stats().data_auth_refused == 3);
+  CHECK(s.server.service().stats().streams == 0);
+}
+
+TEST_CASE("a receiver with a stale key still pulls, over FetchWeights") {
+  AuthServer s(Holder(Key(4)));
+  const PullStats stats = Pull(s, {.shared_memory = false,
+                                   .data_plane_key = Holder(Key(3))});
+  CHECK(stats.raw_auth_fallbacks >= 1);
+  CHECK(stats.raw_streams == 0);
+  CHECK(stats.grpc_streams >= 1);
+  CHECK(s.server.service().stats().data_auth_refused >= 1);
+}
+
+TEST_CASE("before the first epoch every raw connection is refused") {
+  AuthServer s(std::make_shared<DataPlaneKeyHolder>());
+  const int fd = Connect(s.data_port());
+  const std::string head = ReadN(fd, 12);
+  REQUIRE(head.size() == 12);
+  uint32_t h[3];
+  std::memcpy(h, head.data(), sizeof(h));
+  CHECK(h[0] == kRawMagic);
+  CHECK(h[1] == static_cast<uint32_t>(absl::StatusCode::kUnavailable));
+  close(fd);
+  CHECK(s.server.service().stats().data_auth_refused == 1);
+  // A receiver (holding a key, or not yet) gets its bytes over gRPC.
+  const PullStats stats = Pull(s, {.shared_memory = false,
+                                   .data_plane_key = Holder(Key(1))});
+  CHECK(stats.grpc_streams >= 1);
+  CHECK(stats.raw_streams == 0);
+}
+
+}  // namespace
+}  // namespace tandem::weights
