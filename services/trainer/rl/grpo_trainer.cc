@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -30,34 +31,39 @@ GrpoTrainer::~GrpoTrainer() = default;
 
 namespace {
 
-// Reference guidance (GrpoTrainerOptions::reference_guidance): appends
-// each group's reference completion where every sampled completion with
-// tokens got the same reward below `reward`; returns how many groups got
-// one.
-int64_t AddReferenceCompletions(double reward, uint64_t version,
-                                std::vector<ScoredPromptGroup>* groups) {
-  int64_t guided = 0;
-  for (ScoredPromptGroup& group : *groups) {
-    if (group.reference.empty()) continue;
-    bool seen = false, failed = true;
-    double first = 0.0;
-    for (const ScoredCompletion& c : group.completions) {
-      if (c.trained_tokens() == 0) continue;
-      if (!seen) first = c.reward;
-      seen = true;
-      if (!(c.reward == first && c.reward < reward)) failed = false;
+// The reward every completion with tokens got, when they all got the same
+// one; nullopt when they differ or none has tokens.
+std::optional<double> UniformReward(const ScoredPromptGroup& group) {
+  std::optional<double> common;
+  for (const ScoredCompletion& c : group.completions) {
+    if (c.trained_tokens() == 0) continue;
+    if (!common) {
+      common = c.reward;
+    } else if (c.reward != *common) {
+      return std::nullopt;
     }
-    if (!seen || !failed) continue;
-    ScoredCompletion reference;
-    reference.tokens = group.reference;
-    reference.behavior_logprobs.assign(group.reference.size(), 0.0f);
-    reference.reward = reward;
-    reference.min_policy_version = version;
-    reference.from_reference = true;
-    group.completions.push_back(std::move(reference));
-    ++guided;
   }
-  return guided;
+  return common;
+}
+
+// Reference guidance (GrpoTrainerOptions::reference_guidance): a group
+// with a reference whose completions all got the same reward below
+// `reward` gets the reference as one more completion.
+bool NeedsReference(const ScoredPromptGroup& group, double reward) {
+  if (group.reference.empty()) return false;
+  const std::optional<double> common = UniformReward(group);
+  return common.has_value() && *common < reward;
+}
+
+ScoredCompletion ReferenceCompletion(const ScoredPromptGroup& group,
+                                     double reward, uint64_t version) {
+  ScoredCompletion reference;
+  reference.tokens = group.reference;
+  reference.behavior_logprobs.assign(group.reference.size(), 0.0f);
+  reference.reward = reward;
+  reference.min_policy_version = version;
+  reference.from_reference = true;
+  return reference;
 }
 
 absl::Status ValidateOptions(const GrpoTrainerOptions& o) {
@@ -204,34 +210,34 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
     const std::vector<ScoredPromptGroup>& input_groups) {
   const absl::Time start = absl::Now();
   GrpoStepStats stats;
+  // Copied only when a group gets its reference.
   std::vector<ScoredPromptGroup> guided;
-  if (options_.reference_guidance) {
+  const double reference_reward = options_.reference_reward;
+  if (options_.reference_guidance &&
+      std::any_of(input_groups.begin(), input_groups.end(),
+                  [reference_reward](const ScoredPromptGroup& group) {
+                    return NeedsReference(group, reference_reward);
+                  })) {
     guided = input_groups;
-    stats.guided_groups = AddReferenceCompletions(options_.reference_reward,
-                                                  version_.load(), &guided);
+    for (ScoredPromptGroup& group : guided) {
+      if (!NeedsReference(group, reference_reward)) continue;
+      group.completions.push_back(
+          ReferenceCompletion(group, reference_reward, version_.load()));
+      ++stats.guided_groups;
+    }
   }
   const std::vector<ScoredPromptGroup>& groups =
-      options_.reference_guidance ? guided : input_groups;
+      guided.empty() ? input_groups : guided;
   std::vector<SequenceRef> sequences;
   std::vector<int64_t> group_ids;
   std::vector<float> rewards;
   // Groups whose completions (those with tokens) all got the same reward.
   std::vector<bool> uniform(groups.size(), false);
   for (size_t g = 0; g < groups.size(); ++g) {
-    bool seen = false, same = true;
-    double first = 0.0;
-    for (const ScoredCompletion& c : groups[g].completions) {
-      if (c.trained_tokens() == 0) continue;
-      if (!seen) {
-        first = c.reward;
-        seen = true;
-      } else if (c.reward != first) {
-        same = false;
-      }
-    }
     // A non-finite reward is never "uniform": it stays in the batch, where
     // the non-finite check below refuses the step.
-    uniform[g] = seen && same && std::isfinite(first);
+    const std::optional<double> common = UniformReward(groups[g]);
+    uniform[g] = common.has_value() && std::isfinite(*common);
     if (uniform[g]) ++stats.uniform_groups;
   }
   const bool drop_uniform =
