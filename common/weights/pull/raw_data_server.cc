@@ -98,6 +98,27 @@ v1::SharedWeightSegment SegmentMessage(const SharedWeightSegment& segment) {
   return m;
 }
 
+// What one non-blocking read of a connection's pending bytes gave.
+enum class Recv { kRead, kWouldBlock, kEnd };
+
+// Reads, without blocking, what has arrived of the first `want` bytes into
+// `bytes` (after those it holds), retrying EINTR. kEnd: the peer closed or
+// the socket failed.
+Recv RecvUpTo(int fd, std::string& bytes, size_t want) {
+  const size_t have = bytes.size();
+  bytes.resize(want);
+  ssize_t got;
+  do {
+    got = recv(fd, bytes.data() + have, want - have, MSG_DONTWAIT);
+  } while (got < 0 && errno == EINTR);
+  const int error = errno;
+  bytes.resize(have + static_cast<size_t>(std::max<ssize_t>(got, 0)));
+  if (got < 0 && (error == EAGAIN || error == EWOULDBLOCK)) {
+    return Recv::kWouldBlock;
+  }
+  return got <= 0 ? Recv::kEnd : Recv::kRead;
+}
+
 }  // namespace
 
 std::unique_ptr<WeightServerService::RawDataServer>
@@ -403,19 +424,9 @@ WeightServerService::RawDataServer::ReadProof(Pending& pending) {
     const bool refuse_now =
         have >= 4 && std::memcmp(pending.bytes.data(), &kRawAuthMagic, 4) != 0;
     if (have == kRawProofBytes || refuse_now) break;
-    pending.bytes.resize(kRawProofBytes);
-    const ssize_t got = recv(pending.fd, pending.bytes.data() + have,
-                             kRawProofBytes - have, MSG_DONTWAIT);
-    if (got < 0 && errno == EINTR) {
-      pending.bytes.resize(have);
-      continue;
-    }
-    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pending.bytes.resize(have);
-      return ReadResult::kMore;
-    }
-    pending.bytes.resize(have + static_cast<size_t>(std::max<ssize_t>(got, 0)));
-    if (got <= 0) break;  // closed: a truncated proof
+    const Recv got = RecvUpTo(pending.fd, pending.bytes, kRawProofBytes);
+    if (got == Recv::kWouldBlock) return ReadResult::kMore;
+    if (got == Recv::kEnd) break;  // closed: a truncated proof
   }
   bool stale = false;
   const absl::Status verdict = VerifyRawProof(
@@ -478,20 +489,9 @@ WeightServerService::RawDataServer::ReadRequest(
         return ReadResult::kReady;
       }
     }
-    const size_t have = pending.bytes.size();
-    pending.bytes.resize(want);
-    const ssize_t got = recv(pending.fd, pending.bytes.data() + have,
-                             want - have, MSG_DONTWAIT);
-    if (got < 0 && errno == EINTR) {
-      pending.bytes.resize(have);
-      continue;
-    }
-    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pending.bytes.resize(have);
-      return ReadResult::kMore;
-    }
-    if (got <= 0) return ReadResult::kClosed;
-    pending.bytes.resize(have + static_cast<size_t>(got));
+    const Recv got = RecvUpTo(pending.fd, pending.bytes, want);
+    if (got == Recv::kWouldBlock) return ReadResult::kMore;
+    if (got == Recv::kEnd) return ReadResult::kClosed;
   }
 }
 
