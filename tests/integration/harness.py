@@ -2,6 +2,7 @@
 loopback, an independent gRPC health client (Debian's python3-grpcio), and a
 real Prometheus server."""
 
+import importlib
 import json
 import os
 import re
@@ -45,6 +46,23 @@ def proto_stubs(*names, out_dir=None):
     if out_dir not in sys.path:
         sys.path.insert(0, out_dir)
     return out_dir
+
+
+def unary_call(channel, service, method, request, timeout=10):
+    """Calls tandem.v1.<service>/<method> on `channel` through grpc's
+    generic unary calls (no generated grpc stubs). The response class is
+    read from the request module's service descriptor (proto_stubs), so a
+    test keeps no table of response types of its own."""
+    request_file = request.DESCRIPTOR.file
+    output = request_file.pool.FindServiceByName(
+        f"tandem.v1.{service}").methods_by_name[method].output_type
+    module = importlib.import_module(
+        output.file.name[:-len(".proto")].replace("/", ".") + "_pb2")
+    rpc = channel.unary_unary(
+        f"/tandem.v1.{service}/{method}",
+        request_serializer=lambda m: m.SerializeToString(),
+        response_deserializer=getattr(module, output.name).FromString)
+    return rpc(request, timeout=timeout)
 
 
 def binary(name):

@@ -32,7 +32,6 @@ import grpc
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 GROUP_SIZE = 2
 CHAR_IDS = {c: i for i, c in enumerate("0123456789+-= ")}
 EOS_ID = 15
@@ -74,18 +73,6 @@ def sign_with_openssl(ca_dir, out_dir, name, san):
                    check=True, capture_output=True, timeout=30)
 
 
-RESPONSES = {
-    "Register": pb.RegisterResponse,
-    "Heartbeat": pb.HeartbeatResponse,
-    "Deregister": pb.DeregisterResponse,
-    "LeasePrompts": pb.LeasePromptsResponse,
-    "RenewLeases": pb.RenewLeasesResponse,
-    "ReturnLeases": pb.ReturnLeasesResponse,
-    "SubmitSamples": pb.SubmitSamplesResponse,
-    "PullTrainingBatch": pb.PullTrainingBatchResponse,
-    "PublishPolicyVersion": pb.PublishPolicyVersionResponse,
-    "GetClusterStatus": pb.GetClusterStatusResponse,
-}
 
 
 class Client:
@@ -100,11 +87,8 @@ class Client:
         self.channel = grpc.secure_channel(address, creds)
 
     def call(self, method, request, timeout=10):
-        rpc = self.channel.unary_unary(
-            f"/tandem.v1.Coordinator/{method}",
-            request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=RESPONSES[method].FromString)
-        return rpc(request, timeout=timeout)
+        return harness.unary_call(self.channel, "Coordinator", method,
+                                  request, timeout)
 
     def register(self, role):
         return self.call("Register", pb.RegisterRequest(

@@ -27,7 +27,6 @@ import grpc
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 GROUP_SIZE = 4
 HEARTBEAT_MS = 200
 HEARTBEAT_TIMEOUT_MS = 1000
@@ -45,19 +44,6 @@ STUB_DIR = (harness.proto_stubs("common.proto", "coordinator.proto")
 from tandem.v1 import common_pb2 as common  # noqa: E402
 from tandem.v1 import coordinator_pb2 as pb  # noqa: E402
 
-RESPONSES = {
-    "Register": pb.RegisterResponse,
-    "Heartbeat": pb.HeartbeatResponse,
-    "Deregister": pb.DeregisterResponse,
-    "LeasePrompts": pb.LeasePromptsResponse,
-    "RenewLeases": pb.RenewLeasesResponse,
-    "ReturnLeases": pb.ReturnLeasesResponse,
-    "SubmitSamples": pb.SubmitSamplesResponse,
-    "PullTrainingBatch": pb.PullTrainingBatchResponse,
-    "CommitTrainingBatch": pb.CommitTrainingBatchResponse,
-    "PublishPolicyVersion": pb.PublishPolicyVersionResponse,
-    "GetClusterStatus": pb.GetClusterStatusResponse,
-}
 
 
 class Client:
@@ -67,11 +53,8 @@ class Client:
         self.channel = grpc.insecure_channel(address)
 
     def call(self, method, request, timeout=10):
-        rpc = self.channel.unary_unary(
-            f"/tandem.v1.Coordinator/{method}",
-            request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=RESPONSES[method].FromString)
-        return rpc(request, timeout=timeout)
+        return harness.unary_call(self.channel, "Coordinator", method,
+                                  request, timeout)
 
     def close(self):
         self.channel.close()

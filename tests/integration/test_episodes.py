@@ -117,6 +117,8 @@ def setUpModule():
     journal_pb2 = journal_stubs(STUB_DIR)
     MODEL_DIR = os.path.join(STUB_DIR, "model")
     loss = episode_model.make_model(MODEL_DIR, TASKS)
+    # Its final loss was 0.0014 here (400 AdamW steps on 4 tasks, seeded):
+    # 0.05 leaves a 35x margin for other CPUs and BLAS kernels.
     assert loss < 0.05, f"the warm start did not converge: loss {loss}"
 
 

@@ -68,13 +68,7 @@ struct Served {
     std::mt19937_64 rng(7);
     WeightBuffer weights(layout.total_bytes());
     testing::FillRandom(layout, &weights, rng);
-    auto manifest = layout.BuildManifest(weights.span(), 1);
-    REQUIRE(manifest.ok());
-    REQUIRE(store
-                .Put(*manifest, std::make_shared<const std::vector<uint8_t>>(
-                                    weights.data(),
-                                    weights.data() + weights.size()))
-                .ok());
+    REQUIRE(testing::PutFullVersion(store, layout, weights, 1).ok());
     refused = &prometheus::BuildCounter()
                    .Name("tandem_test_auth_refused_total")
                    .Help("test")

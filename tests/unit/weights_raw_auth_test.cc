@@ -53,13 +53,7 @@ struct AuthServer {
         server(&store, {.data_plane_key = std::move(holder)}) {
     std::mt19937_64 rng(5);
     testing::FillRandom(layout, &weights, rng);
-    auto manifest = layout.BuildManifest(weights.span(), 1);
-    REQUIRE(manifest.ok());
-    REQUIRE(store
-                .Put(*manifest, std::make_shared<const std::vector<uint8_t>>(
-                                    weights.data(),
-                                    weights.data() + weights.size()))
-                .ok());
+    REQUIRE(testing::PutFullVersion(store, layout, weights, 1).ok());
   }
   uint16_t data_port() { return server.service().data_port(); }
 

@@ -4,17 +4,32 @@
 // random bf16 contents.
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/weights/broadcast/broadcast_group.h"
 #include "common/weights/flat_weight_layout.h"
 #include "common/weights/weight_buffer.h"
+#include "common/weights/weight_store.h"
 
 namespace tandem::weights::testing {
+
+// Stores a copy of `weights` in `store` as FULL version `version` of
+// `layout`.
+inline absl::Status PutFullVersion(WeightStore& store,
+                                   const FlatWeightLayout& layout,
+                                   const WeightBuffer& weights,
+                                   uint64_t version) {
+  auto manifest = layout.BuildManifest(weights.span(), version);
+  if (!manifest.ok()) return manifest.status();
+  return store.Put(*manifest, std::make_shared<const std::vector<uint8_t>>(
+                                  weights.data(), weights.data() + weights.size()));
+}
 
 inline std::vector<TensorInfo> SmallModelTensors() {
   return {
