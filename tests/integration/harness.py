@@ -65,6 +65,20 @@ def unary_call(channel, service, method, request, timeout=10):
     return rpc(request, timeout=timeout)
 
 
+def certs_init(directory, *extra):
+    """`tandemctl certs init --dir DIRECTORY [extra...]`: a development CA
+    and one certificate per role (docs/operations.md)."""
+    subprocess.run([binary("tandemctl"), "certs", "init", "--dir", directory,
+                    *extra], check=True, capture_output=True, timeout=30)
+
+
+def tls_flags(certs, role="admin"):
+    """tandemctl's and the launcher's TLS flags for `role`'s certificate."""
+    return ["--tls-cert", os.path.join(certs, f"{role}.pem"),
+            "--tls-key", os.path.join(certs, f"{role}.key"),
+            "--tls-ca", os.path.join(certs, "ca.pem")]
+
+
 def binary(name):
     path = os.path.join(BIN_DIR, name)
     if not os.access(path, os.X_OK):

@@ -46,12 +46,6 @@ def read(path):
         return f.read()
 
 
-def certs_init(directory, *extra):
-    subprocess.run([harness.binary("tandemctl"), "certs", "init", "--dir",
-                    directory, *extra], check=True, capture_output=True,
-                   timeout=30)
-
-
 def sign_with_openssl(ca_dir, out_dir, name, san):
     """A client certificate of the CA in `ca_dir` with subjectAltName `san`,
     by the openssl command (not our certificate code)."""
@@ -128,8 +122,8 @@ class AuthzTest(unittest.TestCase):
         cls.certs = os.path.join(cls.tmp, "certs")
         cls.intruder = os.path.join(cls.tmp, "intruder")
         cls.stranger = os.path.join(cls.tmp, "stranger")
-        certs_init(cls.certs)
-        certs_init(cls.intruder, "--ca-dir", cls.certs, "--name", "intruder")
+        harness.certs_init(cls.certs)
+        harness.certs_init(cls.intruder, "--ca-dir", cls.certs, "--name", "intruder")
         os.makedirs(cls.stranger)
         # Same CA, but the SAN URI names no tandem role.
         sign_with_openssl(cls.certs, cls.stranger, "root",

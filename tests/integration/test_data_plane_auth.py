@@ -95,9 +95,7 @@ class DataPlaneTest(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="tandem-dataplane-")
         cls.certs = os.path.join(cls.tmp, "certs")
-        subprocess.run([harness.binary("tandemctl"), "certs", "init",
-                        "--dir", cls.certs], check=True, capture_output=True,
-                       timeout=30)
+        harness.certs_init(cls.certs)
         cls.config_dir = os.path.join(cls.tmp, "config")
         os.makedirs(cls.config_dir)
         extra = {"rollout": "weight_sync:\n  mode: pull\n",
@@ -115,9 +113,7 @@ class DataPlaneTest(unittest.TestCase):
                 f.write(text)
         cls.launcher = harness.Launcher(
             rollout_workers=2, config_dir=cls.config_dir,
-            extra_args=["--tls-cert", f"{cls.certs}/admin.pem",
-                        "--tls-key", f"{cls.certs}/admin.key",
-                        "--tls-ca", f"{cls.certs}/ca.pem"])
+            extra_args=harness.tls_flags(cls.certs))
         cls.ready = cls.launcher.wait_all_ready()
         cls.coordinator = cls.ready["coordinator"]["grpc_address"]
         cls.trainer = cls.ready["trainer"]
@@ -206,9 +202,7 @@ class DataPlaneTest(unittest.TestCase):
     def tandemctl(self, *args):
         out = subprocess.run(
             [harness.binary("tandemctl"), *args, "--json",
-             "--tls-cert", f"{self.certs}/admin.pem",
-             "--tls-key", f"{self.certs}/admin.key",
-             "--tls-ca", f"{self.certs}/ca.pem"],
+             *harness.tls_flags(self.certs)],
             capture_output=True, text=True, timeout=15)
         self.assertEqual(out.returncode, 0, out.stderr)
         return json.loads(out.stdout)

@@ -33,7 +33,6 @@ import socket
 import ssl
 import subprocess
 import tempfile
-import time
 import unittest
 
 import grpc
@@ -49,18 +48,6 @@ REFRESH_S = 1  # tls.refresh_s of every daemon
 def read(path, mode="r"):
     with open(path, mode) as f:
         return f.read()
-
-
-def certs_init(directory, *extra):
-    subprocess.run([harness.binary("tandemctl"), "certs", "init", "--dir",
-                    directory, *extra], check=True, capture_output=True,
-                   timeout=30)
-
-
-def tls_flags(certs, role="admin"):
-    return ["--tls-cert", os.path.join(certs, f"{role}.pem"),
-            "--tls-key", os.path.join(certs, f"{role}.key"),
-            "--tls-ca", os.path.join(certs, "ca.pem")]
 
 
 def grpc_credentials(ca_dir, cert_dir=None, role="admin"):
@@ -126,8 +113,8 @@ class TlsClusterTest(unittest.TestCase):
         cls.tmp = tempfile.mkdtemp(prefix="tandem-tls-")
         cls.certs = os.path.join(cls.tmp, "certs")
         cls.other = os.path.join(cls.tmp, "other-ca")
-        certs_init(cls.certs)
-        certs_init(cls.other)
+        harness.certs_init(cls.certs)
+        harness.certs_init(cls.other)
         cls.config_dir = os.path.join(cls.tmp, "config")
         os.makedirs(cls.config_dir)
         for daemon, role in ROLES.items():
@@ -142,7 +129,7 @@ class TlsClusterTest(unittest.TestCase):
                 f.write(text)
         cls.launcher = harness.Launcher(
             rollout_workers=2, config_dir=cls.config_dir,
-            extra_args=tls_flags(cls.certs))
+            extra_args=harness.tls_flags(cls.certs))
         cls.ready = cls.launcher.wait_all_ready()
         cls.coordinator = cls.ready["coordinator"]["grpc_address"]
 
@@ -156,7 +143,7 @@ class TlsClusterTest(unittest.TestCase):
     def status(self):
         out = subprocess.run(
             [harness.binary("tandemctl"), "status", "--coordinator",
-             self.coordinator, "--json", *tls_flags(self.certs)],
+             self.coordinator, "--json", *harness.tls_flags(self.certs)],
             capture_output=True, text=True, timeout=15)
         self.assertEqual(out.returncode, 0, out.stderr)
         return json.loads(out.stdout)
@@ -275,7 +262,7 @@ class TlsClusterTest(unittest.TestCase):
         self.assertEqual(out.returncode, 1, out.stdout)
         health = subprocess.run(
             [harness.binary("tandemctl"), "health", "--address",
-             self.ready["verifier"]["grpc_address"], *tls_flags(self.certs)],
+             self.ready["verifier"]["grpc_address"], *harness.tls_flags(self.certs)],
             capture_output=True, text=True, timeout=15)
         self.assertEqual(health.stdout.strip(), "SERVING", health.stderr)
 
@@ -285,7 +272,7 @@ class TlsClusterTest(unittest.TestCase):
             read(os.path.join(self.certs, "coordinator.pem"))))
         version = int(self.status().get("policyVersion", 0))
         fresh = os.path.join(self.tmp, "fresh")
-        certs_init(fresh, "--ca-dir", self.certs)
+        harness.certs_init(fresh, "--ca-dir", self.certs)
         # Replace each pair by rename, key first (what a secret mount or a
         # cert-manager update does, file by file).
         for role in [*ROLES.values(), "admin"]:
@@ -323,7 +310,7 @@ class TlsClusterTest(unittest.TestCase):
         code, JSON or None, stderr)."""
         out = subprocess.run(
             [harness.binary("tandemctl"), "worker", action, "--address",
-             address, "--json", *tls_flags(self.certs, role)],
+             address, "--json", *harness.tls_flags(self.certs, role)],
             capture_output=True, text=True, timeout=15)
         return (out.returncode,
                 json.loads(out.stdout) if out.returncode == 0 else None,
