@@ -84,7 +84,8 @@ void RegisterFields(config::ConfigSchema* schema, CoordinatorConfig* config) {
                  "handed out again.");
   schema->AddEnum("training.stale_groups", &t.stale_groups, {"drop", "keep"},
                   "Ready groups beyond max_lag for the trainer are dropped "
-                  "(and counted) or kept for importance-sampling correction.");
+                  "(counted; their prompts are generated again) or kept for "
+                  "importance-sampling correction.");
   schema->AddInt("training.groups_per_version", &t.groups_per_version, 1,
                  1000000,
                  "Dispatch throttle: expected groups per trainer step; at "

@@ -66,7 +66,8 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
                             "Groups whose samples were all scored.")),
       dropped_stale_(NewCounter(
           registry, "tandem_coordinator_groups_dropped_stale_total",
-          "Scored groups dropped for exceeding the staleness bound.")),
+          "Scored groups dropped for exceeding the staleness bound (their "
+          "prompts are leased again).")),
       trained_(NewCounter(registry, "tandem_coordinator_groups_trained_total",
                           "Groups committed by the trainer.")),
       abandoned_(NewCounter(

@@ -23,7 +23,8 @@ GroupLedger::GroupLedger(GroupLedgerOptions options,
     : options_(std::move(options)),
       source_(std::move(source)),
       training_(TrainingQueueOptions{options_.max_lag, options_.keep_stale,
-                                     options_.batch_timeout}),
+                                     options_.batch_timeout},
+                &pending_),
       // A group committed into version u is trainable until u + max_lag.
       history_(uint64_t{options_.max_lag} + 1, kRememberedVersions),
       groups_per_version_(std::max<uint64_t>(options_.groups_per_version, 1)) {}
@@ -59,10 +60,13 @@ tandem::v1::LeasePromptsResponse GroupLedger::Lease(
   uint64_t in_flight =
       groups_.size() + training_.ready_groups() + training_.training_groups();
   // A group leased now is trained after the `in_flight` groups ahead of it,
-  // about in_flight / groups_per_version versions later: keep that within
-  // max_lag so generated work is not dropped as stale.
+  // about in_flight / groups_per_version versions later, and its tokens
+  // are already `lag` versions old: keep the sum within max_lag so that
+  // generated work is not dropped as stale.
+  const uint64_t lag =
+      policy_version_ > worker_version ? policy_version_ - worker_version : 0;
   const uint64_t limit =
-      std::max<uint64_t>(options_.max_lag, 1) * groups_per_version_;
+      std::max<uint64_t>(options_.max_lag - lag, 1) * groups_per_version_;
   bool throttled = false;
   while (static_cast<uint32_t>(response.leases_size()) < max_prompts) {
     if (in_flight >= limit) {

@@ -17,10 +17,14 @@
 // new lease and group id; samples of the old lease are then rejected, and
 // scores that arrive for it are ignored.
 //
-// Dispatch throttle (staleness bound): no leases while at least
-// max(max_lag, 1) * groups_per_version groups are in flight (leased,
-// scoring, ready or training), nor to a worker more than max_lag versions
-// behind the latest published version. groups_per_version starts at the
+// Dispatch throttle (staleness bound): no leases to a worker more than
+// max_lag versions behind the latest published version, nor while at least
+// max(max_lag - lag, 1) * groups_per_version groups are in flight (leased,
+// scoring, ready or training), where lag is how far the asking worker is
+// behind: its group is trained after those ahead of it, about in_flight /
+// groups_per_version versions from now, and its tokens are already lag
+// versions old. A group that goes stale all the same is dropped and its
+// prompt leased again (TrainingQueue). groups_per_version starts at the
 // configured value and follows the trainer's batch size (max_groups of its
 // last pull), so work dispatched now is trained within max_lag versions
 // instead of being generated only to be dropped as stale.
@@ -331,7 +335,8 @@ class GroupLedger {
   mutable absl::Mutex mu_;
   std::unique_ptr<PromptSource> source_ ABSL_GUARDED_BY(mu_);
   bool source_exhausted_ ABSL_GUARDED_BY(mu_) = false;
-  // Prompts returned unfinished, leased before new ones.
+  // Prompts returned unfinished or whose group was dropped as stale (by
+  // training_), leased before new ones.
   std::deque<std::shared_ptr<const Prompt>> pending_ ABSL_GUARDED_BY(mu_);
   // Groups that are leased or scoring, by group id.
   absl::flat_hash_map<std::string, std::unique_ptr<GroupState>> groups_

@@ -12,19 +12,30 @@ constexpr size_t kRememberedBatches = 4096;
 
 }  // namespace
 
-TrainingQueue::TrainingQueue(TrainingQueueOptions options)
-    : options_(options) {}
+TrainingQueue::TrainingQueue(
+    TrainingQueueOptions options,
+    std::deque<std::shared_ptr<const Prompt>>* retry_prompts)
+    : options_(options), retry_prompts_(retry_prompts) {}
 
 bool TrainingQueue::TooStale(const GroupState& group, uint64_t version) const {
   return version > group.min_version &&
          version - group.min_version > options_.max_lag;
 }
 
+void TrainingQueue::Retry(std::vector<std::unique_ptr<GroupState>> dropped) {
+  counters_.groups_dropped_stale += dropped.size();
+  dropped_since_pull_ += dropped.size();
+  for (auto group = dropped.rbegin(); group != dropped.rend(); ++group) {
+    retry_prompts_->push_front(std::move((*group)->prompt));
+  }
+}
+
 bool TrainingQueue::AddReady(std::unique_ptr<GroupState> group,
                              uint64_t published_version) {
   if (!options_.keep_stale && TooStale(*group, published_version)) {
-    ++counters_.groups_dropped_stale;
-    ++dropped_since_pull_;
+    std::vector<std::unique_ptr<GroupState>> dropped;
+    dropped.push_back(std::move(group));
+    Retry(std::move(dropped));
     return false;
   }
   ready_.push_back(std::move(group));
@@ -33,14 +44,19 @@ bool TrainingQueue::AddReady(std::unique_ptr<GroupState> group,
 
 uint32_t TrainingQueue::DropStale(uint64_t published_version) {
   if (options_.keep_stale) return 0;
-  const size_t before = ready_.size();
-  std::erase_if(ready_, [&](const std::unique_ptr<GroupState>& group) {
-    return TooStale(*group, published_version);
-  });
-  const uint32_t dropped = static_cast<uint32_t>(before - ready_.size());
-  counters_.groups_dropped_stale += dropped;
-  dropped_since_pull_ += dropped;
-  return dropped;
+  std::vector<std::unique_ptr<GroupState>> dropped;
+  std::deque<std::unique_ptr<GroupState>> kept;
+  for (std::unique_ptr<GroupState>& group : ready_) {
+    if (TooStale(*group, published_version)) {
+      dropped.push_back(std::move(group));
+    } else {
+      kept.push_back(std::move(group));
+    }
+  }
+  ready_ = std::move(kept);
+  const uint32_t count = static_cast<uint32_t>(dropped.size());
+  Retry(std::move(dropped));
+  return count;
 }
 
 tandem::v1::PullTrainingBatchResponse TrainingQueue::Pull(

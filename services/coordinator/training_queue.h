@@ -10,6 +10,10 @@
 // bound are dropped and counted (or, with keep_stale, handed out anyway for
 // importance-sampling correction downstream). Since versions only grow,
 // a group too old for the latest published version is dropped at once.
+// A dropped group's samples are discarded but its prompt is not: it goes
+// back to the front of the ledger's pending prompts (`retry_prompts`), to
+// be generated again with newer weights, so that a finite dataset is
+// still trained whole.
 //
 // Each group is trained at most once: a batch not committed before its
 // deadline goes back to the front of the ready queue, and a late commit of
@@ -60,14 +64,18 @@ struct TrainingQueueCounters {
 
 class TrainingQueue {
  public:
-  explicit TrainingQueue(TrainingQueueOptions options);
+  // `retry_prompts`: where the prompts of groups dropped as stale go (the
+  // ledger's pending queue, guarded by the same mutex); not owned.
+  TrainingQueue(TrainingQueueOptions options,
+                std::deque<std::shared_ptr<const Prompt>>* retry_prompts);
 
   // Adds a fully scored group at the back of the ready queue, unless it is
-  // already too old for `published_version` (then it is dropped; returns
-  // false).
+  // already too old for `published_version` (then it is dropped and its
+  // prompt retried; returns false).
   bool AddReady(std::unique_ptr<GroupState> group, uint64_t published_version);
 
-  // Drops ready groups too old for `published_version`; returns how many.
+  // Drops ready groups too old for `published_version` (their prompts are
+  // retried); returns how many.
   uint32_t DropStale(uint64_t published_version);
 
   // Hands out ready groups in FIFO order within the request's token budget
@@ -161,6 +169,9 @@ class TrainingQueue {
   };
 
   bool TooStale(const GroupState& group, uint64_t version) const;
+  // Counts `dropped` groups as dropped stale and hands their prompts to
+  // retry_prompts_, in their order, ahead of what was pending.
+  void Retry(std::vector<std::unique_ptr<GroupState>> dropped);
   // Returns the batch's groups to the ready queue: to the front, or to the
   // back when `handed_back` (its trainer refused to train it).
   void ExpireLocked(std::map<std::string, Batch>::iterator it,
@@ -170,6 +181,7 @@ class TrainingQueue {
                 uint32_t count);
 
   const TrainingQueueOptions options_;
+  std::deque<std::shared_ptr<const Prompt>>* const retry_prompts_;
   std::deque<std::unique_ptr<GroupState>> ready_;
   std::map<std::string, Batch> batches_;
   uint64_t training_groups_ = 0;

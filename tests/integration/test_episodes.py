@@ -419,11 +419,11 @@ class KillTest(unittest.TestCase):
     def test_kill_9_mid_episode_loses_no_episode_and_trains_none_twice(self):
         cluster = Cluster(
             self.tmp, write_dataset(self.tmp, self.PROMPTS),
-            # stale_groups keep: the survivor joins with the starting
-            # weights and may generate a few groups before its first
-            # version arrives; dropping them as stale would lose their
-            # prompts (one epoch), which is not what this test is about.
-            ["--set", "max_lag=8", "--set", "training.stale_groups=keep",
+            # The survivor joins with the starting weights and may
+            # generate a few groups before its first version arrives:
+            # groups dropped as stale must come back as prompts, or a
+            # one-epoch dataset would not be trained whole.
+            ["--set", "max_lag=8",
              "--set", "dataset.epochs=1", "--set", "dataset.shuffle=false"])
         try:
             cluster.start_trainer()

@@ -293,7 +293,56 @@ TEST_CASE(
       CHECK(batch.groups(0).min_policy_version() == 1);
       CHECK(batch.dropped_stale_groups() == 1);
       CHECK(ledger->Stats().groups_dropped_stale == 1);
+      // The dropped group's prompt is generated again, before new ones.
+      auto again = ledger->Lease("w", 1, 3, kT0);
+      REQUIRE(again.leases_size() == 1);
+      CHECK(again.leases(0).prompt_id() == leases.leases(0).prompt_id());
     }
+  }
+}
+
+TEST_CASE(
+    "Ledger: a finite dataset is trained whole although groups go stale",
+    "[coordinator][ledger]") {
+  // Two prompts, one epoch. The first group is generated at version 0 and
+  // scored only after the trainer reached version 3 (max_lag 2): dropped,
+  // its prompt leased again and trained then.
+  auto ledger = NewLedger(Options(1), /*prompts=*/2);
+  auto first = ledger->Lease("w", 1, 0, kT0);
+  REQUIRE(first.leases_size() == 1);
+  for (uint64_t v = 1; v <= 3; ++v) REQUIRE(ledger->PublishVersion(v).ok());
+  Complete(*ledger, first.leases(0), 0);
+  CHECK(ledger->Stats().groups_dropped_stale == 1);
+  std::set<std::string> trained;
+  for (int round = 0; round < 2; ++round) {
+    auto leases = ledger->Lease("w", 1, 3, kT0);
+    REQUIRE(leases.leases_size() == 1);
+    Complete(*ledger, leases.leases(0), 3);
+    auto batch = ledger->Pull(PullRequest(3), kT0);
+    REQUIRE(batch.groups_size() == 1);
+    trained.insert(batch.groups(0).prompt_id());
+    REQUIRE(ledger->Commit(batch.batch_id(), 4).ok());
+  }
+  CHECK(trained == std::set<std::string>{"p0", "p1"});
+  auto done = ledger->Lease("w", 1, 3, kT0);
+  CHECK(done.leases_size() == 0);
+  CHECK(done.exhausted());
+}
+
+TEST_CASE("Ledger: a worker behind the trainer gets fewer groups in flight",
+          "[coordinator][ledger]") {
+  // max_lag 2, 2 groups per version: a worker at the latest version may
+  // have 2 * 2 groups in flight, one a version behind 1 * 2, and one
+  // max_lag behind still 1 * 2 (its groups are trained in the next batch).
+  for (uint64_t lag : {0, 1, 2}) {
+    CAPTURE(lag);
+    GroupLedgerOptions options = Options(1);
+    options.groups_per_version = 2;
+    auto ledger = NewLedger(options);
+    for (uint64_t v = 1; v <= 2; ++v) REQUIRE(ledger->PublishVersion(v).ok());
+    auto leases = ledger->Lease("w", 10, 2 - lag, kT0);
+    CHECK(leases.leases_size() == (lag == 0 ? 4 : 2));
+    CHECK(ledger->Lease("w", 1, 2 - lag, kT0).leases_size() == 0);
   }
 }
 
