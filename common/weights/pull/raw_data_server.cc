@@ -402,8 +402,10 @@ const char* WeightServerService::RawDataServer::SendChallenge(
   if (!challenge.ok()) {
     LogRefusal(absl::StrCat("raw weight data: refused a connection: ",
                             challenge.status().message()));
+    // Counted before the answer, so that whoever reads it also sees why.
+    CountDropped(kNoSecret);
     SendStatusNow(pending.fd, challenge.status());
-    return kNoSecret;
+    return "";
   }
   pending.challenge = *challenge;
   // 44 bytes into a new connection's empty send buffer; when even that
@@ -454,8 +456,8 @@ WeightServerService::RawDataServer::ReadProof(Pending& pending) {
   }
   LogRefusal(absl::StrCat("raw weight data: refused ", host, ": ",
                           verdict.message()));
-  SendStatusNow(pending.fd, verdict);
   CountDropped(stale ? kStaleEpoch : kUnauthenticated);
+  SendStatusNow(pending.fd, verdict);
   return ReadResult::kClosed;
 }
 

@@ -109,8 +109,9 @@ class WeightServerService::RawDataServer {
   void AcceptAll(absl::Time now);
   ReadResult ReadRequest(Pending& pending, v1::FetchWeightsRequest* request);
   // With a data-plane key: sends `pending` its challenge. Null when sent;
-  // else the drop reason to count (kNoSecret, logged: there is no key
-  // yet), or "" (the peer has gone: nothing to count).
+  // else "": the connection is to be dropped, and is counted already
+  // (kNoSecret, logged and answered: there is no key yet) or not at all
+  // (the peer has gone).
   const char* SendChallenge(Pending& pending);
   // Checks the proof once it has arrived: kMore while it has not, kReady
   // when it is good (its bytes consumed), kClosed (refused: answered
