@@ -2,9 +2,9 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <charconv>
 #include <cerrno>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -139,10 +139,13 @@ void ConfigSchema::AddDouble(const std::string& path, double* field, double min,
     return absl::OkStatus();
   };
   f.to_yaml = [field] {
-    std::ostringstream out;
-    out.precision(17);
-    out << *field;
-    std::string s = out.str();
+    // The shortest text that reads back as the same double (0.9, not
+    // 0.90000000000000002).
+    char buffer[64];
+    const std::to_chars_result end =
+        std::to_chars(buffer, buffer + sizeof(buffer), *field,
+                      std::chars_format::general);
+    std::string s(buffer, end.ptr);
     if (s.find_first_of(".eE") == std::string::npos) s += ".0";
     return s;
   };
