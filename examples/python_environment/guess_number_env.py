@@ -183,15 +183,17 @@ class GuessNumber:
         return pb.CloseEpisodeResponse(existed=existed)
 
 
-def serve(address, ready_file=None):
-    env = GuessNumber()
+def serve(address, ready_file=None, env=None, max_workers=8):
+    """Serves `env` (default GuessNumber(); any object with the four
+    methods) on `address` until SIGTERM or Ctrl-C."""
+    env = env or GuessNumber()
 
     def handler(method, request_class, response_class):
         return grpc.unary_unary_rpc_method_handler(
             method, request_deserializer=request_class.FromString,
             response_serializer=response_class.SerializeToString)
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers))
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
         "tandem.v1.Environment", {
             "ListEnvironments": handler(env.list_environments,

@@ -88,8 +88,10 @@ void RegisterFields(config::ConfigSchema* schema, CoordinatorConfig* config) {
                   "importance-sampling correction.");
   schema->AddInt("training.groups_per_version", &t.groups_per_version, 1,
                  1000000,
-                 "Dispatch throttle: expected groups per trainer step; at "
-                 "most (max_lag + 1) times this many groups are in flight.");
+                 "Dispatch throttle: expected groups per trainer step; a "
+                 "worker lag versions behind is leased work only while "
+                 "fewer than max(max_lag - lag, 1) times this many groups "
+                 "are in flight.");
 
   schema->AddString("journal.dir", &config->journal.dir,
                     "Directory of the coordinator's journal, so a restart "

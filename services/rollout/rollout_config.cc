@@ -149,6 +149,19 @@ void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config) {
                  &config->environment_max_episode_tokens, 1, 1 << 24,
                  "Completion tokens per episode, the model's and the "
                  "environment's; more ends it token_limit.");
+  schema->AddInt("environment.max_parked", &config->environment_max_parked,
+                 0, 1 << 20,
+                 "Episode sequences that may wait for their environment on "
+                 "top of engine.max_num_seqs running ones: they keep their "
+                 "KV blocks (dropped first, and recomputed, when the cache "
+                 "runs short) but take no batch slot, so other sequences "
+                 "keep the batch full while a tool runs.");
+  schema->AddDouble("environment.park_kv_fraction",
+                    &config->environment_park_kv_fraction, 0.0, 1.0,
+                    "While episodes wait for their environment, new work is "
+                    "admitted only while the KV cache is less full than "
+                    "this fraction, so that admissions do not drop the "
+                    "parked episodes' caches (which are then recomputed).");
   schema->AddEnum("environment.tool_call_format",
                   &config->environment_tool_call_format,
                   {"hermes", "qwen", "demo", "llama3"},

@@ -71,6 +71,14 @@ struct RolloutConfig {
   int64_t environment_max_turns = 8;
   int64_t environment_max_turn_tokens = 256;
   int64_t environment_max_episode_tokens = 4096;
+  // Episode sequences that may wait for their environment on top of
+  // max_num_seqs running or waiting ones (they hold KV blocks, no batch
+  // slot).
+  int64_t environment_max_parked = 1024;
+  // While episodes are parked, new work is admitted only while the KV
+  // cache is less full than this (parked caches are dropped and
+  // recomputed when it runs short).
+  double environment_park_kv_fraction = 0.9;
   // How the model writes tool calls: hermes (also qwen, demo) | llama3.
   std::string environment_tool_call_format = "hermes";
   // The chat template's end-of-turn text (observations are rendered after

@@ -90,7 +90,15 @@ RolloutMetrics::RolloutMetrics(prometheus::Registry& r)
       episode_malformed_turns(Counter(
           r, "tandem_rollout_episode_malformed_turns_total",
           "Model turns of finished episodes whose tool call did not parse "
-          "(sent to the environment as text).")) {
+          "(sent to the environment as text).")),
+      environment_idle_waits(Counter(
+          r, "tandem_rollout_environment_idle_waits_total",
+          "Times the engine had no sequence to run while episodes waited "
+          "for their environment's reply (each wait is at most 5 ms).")),
+      environment_idle_seconds(Counter(
+          r, "tandem_rollout_environment_idle_seconds_total",
+          "Seconds the engine had no sequence to run while episodes waited "
+          "for their environment's reply.")) {
   for (const char* reason :
        {"answered", "environment", "max_turns", "observation_too_large",
         "timeout", "error", "turn_limit", "token_limit", "environment_failed",

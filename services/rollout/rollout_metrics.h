@@ -49,6 +49,11 @@ struct RolloutMetrics {
   prometheus::Family<prometheus::Counter>& episodes_ended;
   prometheus::Counter& episode_tool_calls;
   prometheus::Counter& episode_malformed_turns;
+  // The engine had nothing to run while episodes waited for their
+  // environment: how often, and for how long (the share of the worker's
+  // time lost to environments; docs/environments.md, "Throughput").
+  prometheus::Counter& environment_idle_waits;
+  prometheus::Counter& environment_idle_seconds;
 };
 
 }  // namespace tandem::rollout

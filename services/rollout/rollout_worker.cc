@@ -241,11 +241,25 @@ void RolloutWorker::AbortAllWork(const std::string& reason,
 void RolloutWorker::AdmitLeases() {
   const engine::EngineSnapshot snap = engine_->Snapshot();
   // Parked sequences (episodes waiting for their environment) take no
-  // batch slot but hold a lease and KV blocks: they count, so a worker
-  // does not take unbounded leases while its episodes wait.
-  const int32_t room = static_cast<int32_t>(config_.max_num_seqs) -
-                       snap.running - snap.waiting - snap.parked;
+  // batch slot, so they do not keep new work out of the batch; but they
+  // hold a lease and KV blocks, so at most environment.max_parked of them
+  // come on top of the batch, and a worker does not take unbounded leases
+  // while its episodes wait.
+  const int64_t batch_room =
+      config_.max_num_seqs - snap.running - snap.waiting;
+  const int64_t held_room = config_.max_num_seqs +
+                            config_.environment_max_parked - snap.running -
+                            snap.waiting - snap.parked;
+  const int32_t room =
+      static_cast<int32_t>(std::min(batch_room, held_room));
   if (room <= 0) return;
+  // More work would take the blocks the parked episodes keep (they are
+  // dropped first and recomputed on resume).
+  if (snap.parked > 0 &&
+      snap.kv_blocks_used >= config_.environment_park_kv_fraction *
+                                 snap.kv_blocks_total) {
+    return;
+  }
   for (tandem::v1::PromptLease& lease :
        prefetcher_->Take(std::max(1, room / 4))) {
     engine::SamplingParams params;
@@ -400,7 +414,11 @@ void RolloutWorker::GenerationLoop() {
       // admits none: it would spin); leases and weight versions are
       // looked for every 5 ms.
       if (episodes_ && episodes_->active() > 0) {
+        const absl::Time wait_start = absl::Now();
         environment_->WaitForReply(absl::Milliseconds(5));
+        metrics_.environment_idle_waits.Increment();
+        metrics_.environment_idle_seconds.Increment(
+            absl::ToDoubleSeconds(absl::Now() - wait_start));
       } else if (generating) {
         serving_.WaitForWork(absl::Milliseconds(5));
       } else {

@@ -28,6 +28,11 @@ And a worker without environment.address returns the episode leases it
 gets (its log names the key) instead of dropping them, backing off for a
 second after each refusal; they are trained by the worker that has one.
 
+ParkingTest: episodes waiting for a slow environment
+(tests/bench/scripted_env.py) take no batch slot: a worker with 4 slots
+holds more than 4 parked episodes and keeps generating; with
+environment.max_parked 0 it holds at most 4.
+
 KillTest: kill -9 of the rollout worker while episodes are open at the
 environment, on a finite dataset (one epoch of 24 prompts): its leases go
 back (groups_abandoned_total), a second worker finishes the dataset, and
@@ -127,7 +132,7 @@ def tearDownModule():
         shutil.rmtree(STUB_DIR, ignore_errors=True)
 
 
-def write_dataset(tmp, count):
+def write_dataset(tmp, count, environment="calculator"):
     rows = []
     for i in range(count):
         expression, answer = TASKS[i % len(TASKS)]
@@ -135,7 +140,7 @@ def write_dataset(tmp, count):
         rows.append({"id": f"t{i}", "prompt": text,
                      "prompt_token_ids": episode_model.encode(text),
                      "verifier": "exact", "metadata": {"answer": answer},
-                     "environment": "calculator"})
+                     "environment": environment})
     path = os.path.join(tmp, "episodes.jsonl")
     with open(path, "w") as f:
         for row in rows:
@@ -400,6 +405,87 @@ class EpisodesTest(unittest.TestCase):
             self.coordinator_metrics,
             "tandem_coordinator_groups_abandoned_total"), 0)
 
+
+
+class ParkingTest(unittest.TestCase):
+    """Episodes waiting for their environment take no batch slot: with a
+    slow tool (tests/bench/scripted_env.py, 300 ms a round trip) a worker
+    of engine.max_num_seqs 4 holds more than 4 parked episodes while it
+    keeps generating; with environment.max_parked 0 the parked ones count
+    against the 4 slots as before."""
+
+    SLOTS = 4
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="tandem-episodes-parking-")
+        ready = os.path.join(self.tmp, "env.json")
+        self.env = subprocess.Popen(
+            ["/usr/bin/python3", os.path.join(harness.REPO, "tests", "bench",
+                                              "scripted_env.py"),
+             "--tool-turns", "2", "--tool-ms", "300", "--ready-file", ready],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        self.env_address = harness.wait_for(
+            lambda: harness.read_json(ready), 30,
+            "scripted environment")["grpc_address"]
+        # No trainer: lift the in-flight bound so that only the worker's
+        # own admission limits what it holds.
+        self.cluster = Cluster(
+            self.tmp, write_dataset(self.tmp, 512, environment="scripted"),
+            ["--set", "max_lag=100",
+             "--set", "training.groups_per_version=100000"])
+
+    def tearDown(self):
+        self.cluster.stop()
+        harness.stop_process(self.env)
+        if not os.environ.get("TANDEM_KEEP_TMP"):
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def most_parked(self, max_parked):
+        """The most parked sequences seen over 8 s, and the tokens
+        generated meanwhile."""
+        worker = harness.Daemon(
+            "rollout", self.tmp,
+            [*self.cluster.member, "--set", f"model.path={MODEL_DIR}",
+             "--set", f"engine.max_num_seqs={self.SLOTS}",
+             "--set", f"environment.address={self.env_address}",
+             "--set", "environment.max_turns=3",
+             "--set", "environment.max_turn_tokens=64",
+             "--set", f"environment.max_parked={max_parked}"],
+            name=f"parking-{max_parked}")
+        self.cluster.workers.append(worker)
+        metrics = worker.wait_ready(120)["metrics_address"]
+
+        def scrape():
+            text = harness.scrape_metrics(metrics)
+            return (harness.metric_sum(text,
+                                       "tandem_rollout_parked_sequences"),
+                    harness.metric_sum(
+                        text, "tandem_rollout_generated_tokens_total"))
+        harness.wait_for(lambda: scrape()[0] > 0, 60, "a parked episode")
+        most, tokens_before = 0, scrape()[1]
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            most = max(most, scrape()[0])
+            time.sleep(0.05)
+        tokens = scrape()[1] - tokens_before
+        worker.stop()
+        return most, tokens
+
+    def test_parked_episodes_leave_the_batch_to_others(self):
+        most, tokens = self.most_parked(max_parked=64)
+        print(f"max_parked 64: at most {most:.0f} parked, {tokens:.0f} "
+              f"tokens generated in 8 s")
+        # A lease brings GROUP_SIZE sequences at once, so the worker may
+        # overshoot its room by GROUP_SIZE - 1.
+        self.assertGreater(most, self.SLOTS + GROUP_SIZE - 1)
+        parked_tokens = tokens
+        most, tokens = self.most_parked(max_parked=0)
+        print(f"max_parked 0: at most {most:.0f} parked, {tokens:.0f} "
+              f"tokens generated in 8 s")
+        self.assertLessEqual(most, self.SLOTS + GROUP_SIZE - 1)
+        # Measured 52,322 against 3,072 tokens (17x): 2x leaves room for
+        # any machine's speed, both runs being on the same one.
+        self.assertGreater(parked_tokens, 2 * tokens)
 
 
 class KillTest(unittest.TestCase):
