@@ -134,19 +134,7 @@ absl::Status TrainingLoop::TrainOnce() {
   PoisonRewardsForTest(&groups);
   ASSIGN_OR_RETURN(GrpoStepStats stats, grpo_->Step(groups));
   if (stats.skipped()) {
-    // Nothing was trained: no version to publish and no batch to commit.
-    // The batch goes back at once (its groups are handed out again, or
-    // dropped as stale).
-    parts_.metrics->step.RecordNonFinite(stats);
-    Log()->warn(
-        "optimizer step {} skipped: its {} is not finite (loss {}, grad norm "
-        "{}); batch {} ({} groups) not trained and not committed; policy "
-        "version stays {}",
-        grpo_->step() + 1, stats.nonfinite, stats.loss.loss, stats.grad_norm,
-        batch.batch_id(), groups.size(), stats.policy_version);
-    ReleaseBatch(batch.batch_id(),
-                 absl::StrCat("optimizer step skipped: its ", stats.nonfinite,
-                              " is not finite"));
+    HandBackSkippedStep(batch.batch_id(), groups.size(), stats);
     return absl::OkStatus();
   }
   if (Log()->should_log(spdlog::level::debug)) {
@@ -173,6 +161,23 @@ absl::Status TrainingLoop::TrainOnce() {
   unacknowledged_step_ = false;
   RecordStep(batch.batch_id(), groups.size(), stats);
   return absl::OkStatus();
+}
+
+void TrainingLoop::HandBackSkippedStep(const std::string& batch_id,
+                                       size_t groups,
+                                       const GrpoStepStats& stats) {
+  // Nothing was trained: no version to publish and no batch to commit.
+  // The batch goes back at once (its groups are handed out again, or
+  // dropped as stale).
+  parts_.metrics->step.RecordNonFinite(stats);
+  Log()->warn(
+      "optimizer step {} skipped: its {} is not finite (loss {}, grad norm "
+      "{}); batch {} ({} groups) not trained and not committed; policy "
+      "version stays {}",
+      grpo_->step() + 1, stats.nonfinite, stats.loss.loss, stats.grad_norm,
+      batch_id, groups, stats.policy_version);
+  ReleaseBatch(batch_id, absl::StrCat("optimizer step skipped: its ",
+                                      stats.nonfinite, " is not finite"));
 }
 
 void TrainingLoop::RecordStep(const std::string& batch_id, size_t groups,

@@ -117,6 +117,10 @@ class TrainingLoop {
   absl::Status TrainOnce();
   absl::Status PullBatch(const std::string& member,
                          tandem::v1::PullTrainingBatchResponse* batch);
+  // After a step skipped as non-finite: nothing was trained, no version to
+  // publish and no batch to commit; the batch goes back at once.
+  void HandBackSkippedStep(const std::string& batch_id, size_t groups,
+                           const GrpoStepStats& stats);
   // After a successful step: metrics, the step's log line, the status.
   void RecordStep(const std::string& batch_id, size_t groups,
                   const GrpoStepStats& stats);
