@@ -36,9 +36,15 @@ void WeightSubscriber::Deliver(uint64_t version,
   }
   const absl::Time staged = absl::Now();
   if (*weights != nullptr) source_->Stage(version, *std::move(weights));
-  std::string digest = weights::WeightsDigest(
-      staging_->layout().BucketCrcs(staging_->live().bytes));
   const std::optional<v1::WeightManifest> manifest = staging_->live_manifest();
+  // The staging verified every bucket against the manifest's CRC-32C
+  // before the commit, so the manifest's checksums are the live bytes':
+  // the digest needs no second pass over the buffer.
+  std::string digest =
+      manifest.has_value() && manifest->buckets_size() > 0
+          ? weights::ManifestDigest(*manifest)
+          : weights::WeightsDigest(
+                staging_->layout().BucketCrcs(staging_->live().bytes));
   if (manifest.has_value()) {
     RecordReceived(*manifest, transport, started, staged, bytes_before);
   }
