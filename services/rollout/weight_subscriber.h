@@ -52,7 +52,6 @@
 
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -65,11 +64,13 @@
 #include "common/weights/pull/data_plane_auth.h"
 #include "common/weights/staging_weights.h"
 #include "common/weights/weight_sync_metrics.h"
+#include "services/rollout/received_versions.h"
 #include "services/rollout/weight_update_sources.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 
 namespace tandem::weights {
 class GrpcPullReceiver;
+struct PullStats;
 class BroadcastGroup;
 class BroadcastWeightReceiver;
 }  // namespace tandem::weights
@@ -149,14 +150,6 @@ std::function<grpc::Status(const tandem::v1::SyncWeightGroupRequest&,
                            tandem::v1::SyncWeightGroupResponse*)>
 SyncWeightGroupVia(tandem::v1::Coordinator::Stub* stub);
 
-// What the subscriber holds, for status output.
-struct WeightSyncStatus {
-  uint64_t received_version = 0;
-  std::string digest;     // weights::WeightsDigest of the received bytes
-  std::string transport;  // "broadcast" | "pull" | "" before any version
-  uint64_t epoch = 0;     // broadcast epoch joined (0 = none)
-};
-
 class WeightSubscriber {
  public:
   // `model` is the worker's decoder (its live weights define the layout
@@ -185,7 +178,9 @@ class WeightSubscriber {
     std::string weight_server_address;
   };
 
-  WeightSubscriber() = default;
+  explicit WeightSubscriber(uint64_t live_version);
+
+  // The loop and the coordinator (weight_subscriber.cc).
   void Run();
   bool stopping() const;
   // Waits for the next reason to poll the coordinator: a cluster event, or
@@ -201,13 +196,28 @@ class WeightSubscriber {
   absl::Duration WatchInterval() const;
   // This worker's rank in `group`, or -1.
   int RankIn(const tandem::v1::BroadcastGroup& group) const;
-  // Broadcast path: joins `view.group` if needed and receives one version
-  // when the trainer has published one this worker has not seen.
+  // Just left a failed epoch that `view` still lists: the coordinator is
+  // forming the next one, where the trainer re-sends the version.
+  bool AwaitingResend(const ClusterView& view) const;
+
+  // Broadcast receive path (weight_subscriber_broadcast.cc): joins
+  // `view.group` if needed and receives one version when the trainer has
+  // published one this worker has not seen.
   void BroadcastStep(const ClusterView& view, int rank);
+  // Joins the epoch of `group` as `rank`; false when it could not (the
+  // epoch is abandoned).
+  bool JoinEpoch(const tandem::v1::BroadcastGroup& group, int rank);
+  // Receives the next version of the joined epoch's stream.
+  void ReceiveBroadcast(const tandem::v1::BroadcastGroup& group);
+  // A broadcast version that failed verification, or a delta on a version
+  // this worker does not hold: counted and pulled instead.
+  void RejectBroadcast(const absl::Status& why);
   void LeaveGroup();
   // Leaves the group after a failed rendezvous or collective and queues
   // the failure report.
   void AbandonGroup(const std::string& why);
+
+  // Pull path (weight_subscriber_pull.cc).
   // How long a pull outside the broadcast group waits for a newer version
   // before the coordinator is asked again (see WeightSyncOptions).
   absl::Duration PullWait(bool broadcast) const;
@@ -217,16 +227,32 @@ class WeightSubscriber {
   // Pull path: waits until `deadline` for a version newer than the staged
   // one from the trainer at `address`; stages it.
   void PullOnce(const std::string& address, absl::Time deadline);
+  // The receiver for `address` (a new one when the trainer moved); false
+  // when stopping.
+  bool EnsurePullReceiver(const std::string& address);
+  // Counts the shared-memory fallbacks of one pull.
+  void RecordShmFallbacks(const weights::PullStats& before,
+                          const weights::PullStats& after);
   // Inplace mode: the live buffer was overwritten by a version that did
   // not verify (or broke off); the engine stays parked until this pulls a
   // full copy of the latest version.
   void RecoverLostWeights();
+
+  // Swap bookkeeping (weight_subscriber_delivery.cc).
   // Counts (metric, log) the versions the staging refused for non-finite
   // values since its stats showed `before`.
   void CountNonFinite(uint64_t before, weights::SyncTransport transport);
   // Commits the received version in staging and hands it to the engine.
   void Deliver(uint64_t version, weights::SyncTransport transport,
                absl::Time started, uint64_t bytes_before);
+  // Commits the staging; the weights for the engine in the live weights'
+  // dtype and device (null in inplace mode: the commit released the
+  // engine).
+  absl::StatusOr<std::shared_ptr<model::ModelWeights>> CommitStaging();
+  // The received-version metrics of a version staged at `staged`.
+  void RecordReceived(const v1::WeightManifest& manifest,
+                      weights::SyncTransport transport, absl::Time started,
+                      absl::Time staged, uint64_t bytes_before);
 
   std::shared_ptr<model::DecoderModel> model_;
   // The live config with the dtype versions arrive in.
@@ -237,6 +263,7 @@ class WeightSubscriber {
   std::string trainer_address_;
   WeightSyncOptions options_;
   std::shared_ptr<weights::StagingWeights> staging_;
+  ReceivedVersions received_;
   std::thread thread_;
 
   // Receiver thread only.
@@ -257,16 +284,12 @@ class WeightSubscriber {
   // until told.
   absl::Duration report_timeout_ = absl::ZeroDuration();
 
+  // What Stop() interrupts: the pull receiver's wait and the collective
+  // under way.
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   weights::GrpcPullReceiver* receiver_ ABSL_GUARDED_BY(mu_) = nullptr;
   weights::BroadcastGroup* active_group_ ABSL_GUARDED_BY(mu_) = nullptr;
-  uint64_t received_version_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t versions_received_ ABSL_GUARDED_BY(mu_) = 0;
-  WeightSyncStatus status_ ABSL_GUARDED_BY(mu_);
-  // Publish time (manifest.published_unix_ms) of recently delivered
-  // versions, for publish-to-live.
-  std::map<uint64_t, int64_t> published_ms_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tandem::rollout

@@ -165,7 +165,8 @@ def free_port():
         return s.getsockname()[1]
 
 
-# The trainer's log line for each optimizer step (services/trainer/trainer.cc).
+# The trainer's log line for each optimizer step
+# (services/trainer/training_loop.cc).
 TRAINER_STEP = re.compile(
     r"stepped to version (\d+) on batch (\S+): groups (\S*)")
 

@@ -1,9 +1,9 @@
-// The trainer's weight publishing and its side of the publish protocol
+// The training loop's publishing and its side of the publish protocol
 // (services/coordinator/group_ledger.h): each new version goes into the
 // WeightStore (a full anchor or a sparse delta, DeltaPublisher), is
 // announced to the coordinator and handed to the WeightPublisher, which
-// broadcasts it to the current epoch's group. Part of the Trainer class
-// (trainer.h); runs on the training thread.
+// broadcasts it to the current epoch's group. Part of the TrainingLoop
+// class (training_loop.h); runs on the loop's thread.
 
 #include <cstdlib>
 #include <filesystem>
@@ -15,7 +15,7 @@
 #include "common/model/model_weights.h"
 #include "common/rpc/grpc_client.h"
 #include "common/weights/model_flattening.h"
-#include "services/trainer/trainer.h"
+#include "services/trainer/training_loop.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 
 namespace tandem::trainer {
@@ -25,15 +25,15 @@ auto Log() { return ComponentLogger("trainer"); }
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<model::ModelWeights>> Trainer::PublishedWeights()
-    const {
+absl::StatusOr<std::shared_ptr<model::ModelWeights>>
+TrainingLoop::PublishedWeights() const {
   ASSIGN_OR_RETURN(std::shared_ptr<model::ModelWeights> weights,
                    grpo_->SnapshotWeights());
-  if (weights->config().dtype == publish_dtype_) return weights;
-  return weights->To(weights->device(), publish_dtype_);
+  if (weights->config().dtype == parts_.publish_dtype) return weights;
+  return weights->To(weights->device(), parts_.publish_dtype);
 }
 
-absl::StatusOr<weights::PublishedVersion> Trainer::StoreVersion(
+absl::StatusOr<weights::PublishedVersion> TrainingLoop::StoreVersion(
     uint64_t version) {
   ASSIGN_OR_RETURN(auto weights, PublishedWeights());
   ASSIGN_OR_RETURN(auto flat, weights::FlattenModel(*weights, *layout_));
@@ -46,24 +46,25 @@ absl::StatusOr<weights::PublishedVersion> Trainer::StoreVersion(
   // prefers; the full copy serves late joiners and broadcast.
   if (published.delta) {
     RETURN_IF_ERROR(
-        store_.Put(published.delta->manifest, published.delta->bytes));
+        parts_.store->Put(published.delta->manifest, published.delta->bytes));
   }
-  RETURN_IF_ERROR(store_.Put(published.full.manifest, published.full.bytes));
+  RETURN_IF_ERROR(
+      parts_.store->Put(published.full.manifest, published.full.bytes));
   if (published.reason != weights::PublishReason::kDelta) {
-    weight_sync_metrics_->RecordPublishedPayload(
+    parts_.weight_sync_metrics->RecordPublishedPayload(
         true, static_cast<double>(published.full.bytes->size()));
   }
   if (published.delta) {
-    weight_sync_metrics_->RecordPublishedPayload(
+    parts_.weight_sync_metrics->RecordPublishedPayload(
         false, static_cast<double>(published.delta->bytes->size()));
   }
   if (published.density) {
-    weight_sync_metrics_->RecordDeltaDensity(*published.density);
+    parts_.weight_sync_metrics->RecordDeltaDensity(*published.density);
   }
   return published;
 }
 
-absl::StatusOr<GrpoStepStats> Trainer::TrainAndStoreForTest(
+absl::StatusOr<GrpoStepStats> TrainingLoop::StepAndStoreForTest(
     const std::vector<ScoredPromptGroup>& groups) {
   ASSIGN_OR_RETURN(GrpoStepStats stats, grpo_->Step(groups));
   RETURN_IF_ERROR(StoreVersion(stats.policy_version).status());
@@ -92,12 +93,13 @@ bool RetryablePublishError(grpc::StatusCode code) {
 
 }  // namespace
 
-absl::Status Trainer::Publish(uint64_t version, const std::string& batch_id) {
+absl::Status TrainingLoop::Publish(uint64_t version,
+                                   const std::string& batch_id) {
   ASSIGN_OR_RETURN(weights::PublishedVersion published, StoreVersion(version));
   const tandem::v1::WeightManifest& manifest = published.full.manifest;
   tandem::v1::PublishPolicyVersionRequest request;
   *request.mutable_manifest() = manifest;
-  request.set_weight_server_address(member_->grpc_address());
+  request.set_weight_server_address(parts_.weight_server_address());
   request.set_batch_id(batch_id);
   tandem::v1::PublishPolicyVersionResponse response;
   // The same (batch, version) until the coordinator answers: it records
@@ -105,11 +107,12 @@ absl::Status Trainer::Publish(uint64_t version, const std::string& batch_id) {
   // names the current member id (it changes when the coordinator restarts).
   absl::Duration backoff = absl::Milliseconds(100);
   for (int attempt = 0;; ++attempt) {
-    request.set_member_id(member_->session().member_id());
+    request.set_member_id(parts_.coordinator->member_id());
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    const grpc::Status status = member_->session().stub()->PublishPolicyVersion(
-        &context, request, &response);
+    const grpc::Status status =
+        parts_.coordinator->stub()->PublishPolicyVersion(&context, request,
+                                                         &response);
     if (status.ok()) {
       if (attempt > 0) {
         Log()->info("version {} (batch {}) acknowledged after {} retries",
@@ -126,7 +129,7 @@ absl::Status Trainer::Publish(uint64_t version, const std::string& batch_id) {
           "stopping with version ", version, " (batch ", batch_id,
           ") not acknowledged by the coordinator: ", status.error_message()));
     }
-    metrics_.publish_retries.Increment();
+    parts_.metrics->publish_retries.Increment();
     if (attempt == 0 || attempt % 20 == 0) {
       Log()->warn(
           "publishing version {} (batch {}) failed: {}; retrying the same "
@@ -136,18 +139,19 @@ absl::Status Trainer::Publish(uint64_t version, const std::string& batch_id) {
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(2));
   }
-  if (publisher_) {
-    publisher_->Broadcast(response.group(), request.member_id(),
-                          std::move(published));
+  if (parts_.publisher != nullptr) {
+    parts_.publisher->Broadcast(response.group(), request.member_id(),
+                                std::move(published));
   }
   return absl::OkStatus();
 }
 
-absl::Status Trainer::AdoptCoordinatorVersion(const absl::Status& refusal) {
-  metrics_.publishes_refused.Increment();
+absl::Status TrainingLoop::AdoptCoordinatorVersion(
+    const absl::Status& refusal) {
+  parts_.metrics->publishes_refused.Increment();
   const uint64_t ours = grpo_->policy_version();
   // The coordinator's latest version, as its heartbeat answers report it.
-  const uint64_t theirs = member_->session().cluster_policy_version();
+  const uint64_t theirs = parts_.coordinator->cluster_policy_version();
   Log()->error(
       "the coordinator refused version {}: {}; its latest version is {}: "
       "publishing these weights (with the refused batch trained in) as "
@@ -157,9 +161,9 @@ absl::Status Trainer::AdoptCoordinatorVersion(const absl::Status& refusal) {
   return Publish(theirs + 1, "");
 }
 
-bool Trainer::ReconcileVersionOnce() {
+bool TrainingLoop::ReconcileVersionOnce() {
   if (version_reconciled_) return true;
-  const std::string member = member_->session().member_id();
+  const std::string member = parts_.coordinator->member_id();
   if (member.empty()) return false;
   // Before the first pull: the coordinator learns which version these
   // weights hold; what versions after it trained is queued again or
@@ -171,7 +175,7 @@ bool Trainer::ReconcileVersionOnce() {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   const grpc::Status status =
-      member_->session().stub()->ResumeTraining(&context, request, &response);
+      parts_.coordinator->stub()->ResumeTraining(&context, request, &response);
   if (!status.ok()) {
     Log()->warn("ResumeTraining at policy version {} failed: {}; retrying",
                 grpo_->policy_version(), status.error_message());
@@ -179,8 +183,8 @@ bool Trainer::ReconcileVersionOnce() {
     return false;
   }
   version_reconciled_ = true;
-  metrics_.resume_groups_requeued.Set(response.groups_requeued());
-  metrics_.resume_groups_lost.Set(response.groups_lost());
+  parts_.metrics->resume_groups_requeued.Set(response.groups_requeued());
+  parts_.metrics->resume_groups_lost.Set(response.groups_lost());
   if (response.groups_requeued() + response.groups_lost() > 0) {
     Log()->warn(
         "resuming at policy version {} while the coordinator is at {}: {} "
@@ -189,16 +193,16 @@ bool Trainer::ReconcileVersionOnce() {
         grpo_->policy_version(), response.policy_version(),
         response.groups_requeued(), response.groups_lost());
   }
-  checkpoints_->ReconcileVersion(response.policy_version(), resumed_,
-                                 grpo_.get());
-  status_.Update([&](tandem::v1::TrainerStatus& s) {
+  parts_.checkpoints->ReconcileVersion(response.policy_version(),
+                                       parts_.resumed, grpo_);
+  parts_.status->Update([&](tandem::v1::TrainerStatus& s) {
     s.set_policy_version(grpo_->policy_version());
   });
   return true;
 }
 
-void Trainer::HoldBeforePublishForTest(uint64_t version,
-                                       const std::string& batch_id) {
+void TrainingLoop::HoldBeforePublishForTest(uint64_t version,
+                                            const std::string& batch_id) {
   static const char* const kHoldFile =
       std::getenv("TANDEM_TEST_HOLD_PUBLISH_FILE");
   if (kHoldFile == nullptr || *kHoldFile == 0) return;

@@ -1,0 +1,175 @@
+// The WeightSubscriber's broadcast receive path: joining an epoch's group,
+// receiving its versions in order, leaving it (and reporting a failed one).
+// Part of the WeightSubscriber class (weight_subscriber.h); runs on the
+// subscriber's thread.
+
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
+#include "common/base/logging.h"
+#include "common/weights/broadcast/broadcast_group.h"
+#include "services/rollout/weight_subscriber.h"
+
+namespace tandem::rollout {
+namespace {
+
+auto Log() { return ComponentLogger("rollout"); }
+
+// Splits "host:port" at the last colon.
+bool SplitHostPort(const std::string& address, std::string* host,
+                   uint16_t* port) {
+  const size_t colon = address.rfind(':');
+  uint32_t p = 0;
+  if (colon == std::string::npos ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &p) || p > 65535) {
+    return false;
+  }
+  *host = address.substr(0, colon);
+  *port = static_cast<uint16_t>(p);
+  return true;
+}
+
+}  // namespace
+
+void WeightSubscriber::BroadcastStep(const ClusterView& view, int rank) {
+  const tandem::v1::BroadcastGroup& g = view.group;
+  if (joined_prefix_ != g.key_prefix() && !JoinEpoch(g, rank)) return;
+  if (view.policy_version <= stream_version_) {
+    WaitForCluster();
+    return;
+  }
+  // The trainer broadcasts every version published in this epoch (or a
+  // newer one of the same epoch): one round is due.
+  ReceiveBroadcast(g);
+}
+
+bool WeightSubscriber::JoinEpoch(const tandem::v1::BroadcastGroup& g,
+                                 int rank) {
+  LeaveGroup();
+  weights::BroadcastGroupConfig config;
+  config.backend = g.backend();
+  if (!SplitHostPort(g.store_address(), &config.store_host,
+                     &config.store_port)) {
+    abandoned_prefix_ = g.key_prefix();
+    Log()->warn("broadcast epoch {}: bad store address '{}'", g.epoch(),
+                g.store_address());
+    return false;
+  }
+  config.key_prefix = g.key_prefix();
+  config.rank = rank;
+  config.world_size = g.member_ids_size();
+  config.bind_host = options_.bind_host;
+  config.timeout = options_.timeout;
+  joined_prefix_ = g.key_prefix();
+  received_.SetEpoch(g.epoch());
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<weights::BroadcastGroup>> group =
+      weights::CreateBroadcastGroup(config);
+  if (!group.ok()) {
+    if (group.status().code() == absl::StatusCode::kFailedPrecondition) {
+      // This worker cannot run the backend; no later epoch would do
+      // better. Stop asking to join (Poll reports broadcast = false).
+      broadcast_off_ = group.status();
+      Log()->error(
+          "broadcast epoch {}: {}; weight broadcast is off for this "
+          "worker, every version is pulled",
+          g.epoch(), std::string(group.status().message()));
+    }
+    AbandonGroup(group.status().ToString());
+    // No re-send epoch will list this worker: pull at once.
+    if (!broadcast_off_.ok()) abandoned_at_ = absl::InfinitePast();
+    return false;
+  }
+  group_ = *std::move(group);
+  group_receiver_ =
+      std::make_unique<weights::BroadcastWeightReceiver>(group_.get());
+  stream_version_ = g.first_policy_version() - 1;
+  received_in_epoch_ = false;
+  {
+    absl::MutexLock lock(&mu_);
+    active_group_ = group_.get();
+    if (stop_) group_->Abort();
+  }
+  if (options_.metrics != nullptr) {
+    options_.metrics->SetEpoch(g.epoch(), g.member_ids_size() - 1);
+  }
+  Log()->info("joined broadcast epoch {} as rank {}/{} in {:.3f}s", g.epoch(),
+              rank, g.member_ids_size(),
+              absl::ToDoubleSeconds(absl::Now() - start));
+  return true;
+}
+
+void WeightSubscriber::ReceiveBroadcast(const tandem::v1::BroadcastGroup& g) {
+  const absl::Time start = absl::Now();
+  const uint64_t bytes_before = staging_->stats().bytes_received;
+  const uint64_t nonfinite_before = staging_->stats().nonfinite_versions;
+  absl::StatusOr<uint64_t> version =
+      group_receiver_->ReceiveNext(staging_.get(), start + options_.timeout);
+  CountNonFinite(nonfinite_before, weights::SyncTransport::kBroadcast);
+  stream_version_ =
+      std::max(stream_version_, group_receiver_->last_round_version());
+  if (version.ok()) {
+    Deliver(*version, weights::SyncTransport::kBroadcast, start, bytes_before);
+    if (!received_in_epoch_) {
+      received_in_epoch_ = true;
+      const std::optional<v1::WeightManifest> m = staging_->live_manifest();
+      Log()->info(
+          "received version {} by broadcast, the first of epoch {} "
+          "({}, {:.3f}s)",
+          *version, g.epoch(),
+          m && m->kind() == v1::WEIGHT_PAYLOAD_KIND_DELTA ? "delta" : "full",
+          absl::ToDoubleSeconds(absl::Now() - start));
+    }
+    return;
+  }
+  if (group_->broken()) {
+    AbandonGroup(version.status().ToString());
+    return;
+  }
+  if (version.status().code() == absl::StatusCode::kFailedPrecondition &&
+      group_receiver_->last_round_version() <= received_version()) {
+    return;  // a version this worker already holds (pulled before joining)
+  }
+  RejectBroadcast(version.status());
+}
+
+void WeightSubscriber::RejectBroadcast(const absl::Status& why) {
+  // The group stays intact for the next version.
+  if (options_.metrics != nullptr) {
+    options_.metrics->RecordRejected(weights::SyncTransport::kBroadcast);
+  }
+  Log()->warn("broadcast version {} rejected: {}; pulling it instead",
+              group_receiver_->last_round_version(), why.ToString());
+  if (!trainer_address_.empty()) {
+    PullOnce(trainer_address_, absl::Now() + absl::Seconds(2));
+  }
+}
+
+void WeightSubscriber::LeaveGroup() {
+  if (group_ == nullptr && joined_prefix_.empty()) return;
+  {
+    absl::MutexLock lock(&mu_);
+    active_group_ = nullptr;
+  }
+  received_.SetEpoch(0);
+  group_receiver_.reset();
+  group_.reset();
+  joined_prefix_.clear();
+  if (options_.metrics != nullptr) options_.metrics->SetEpoch(0, 0);
+}
+
+void WeightSubscriber::AbandonGroup(const std::string& why) {
+  const uint64_t epoch = received_.epoch();
+  abandoned_prefix_ = joined_prefix_;
+  abandoned_at_ = absl::Now();
+  failed_epoch_ = epoch;
+  failure_ = why;
+  if (options_.metrics != nullptr) options_.metrics->RecordAborted();
+  if (!stopping()) {
+    Log()->warn("left broadcast epoch {}: {}; pulling until the next epoch",
+                epoch, why);
+  }
+  LeaveGroup();
+}
+
+}  // namespace tandem::rollout
