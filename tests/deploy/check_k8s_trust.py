@@ -8,6 +8,11 @@
   names that workload's role (spiffe://<domain>/<role>/<name>, the form
   the role check reads), which carries TANDEM_TLS_SERVER_NAME as a DNS
   name, with server and client auth; issuers resolve to a CA Certificate.
+- Without cert-manager: `tandemctl certs init` ($TANDEM_BIN_DIR) into
+  components/dev-certs of a copy of deploy/, an overlay of mtls, dev-certs
+  and network-policy: the generated Secrets validate, hold a certificate
+  signed by their ca.crt with its key, and pass the checks above (role URI,
+  DNS name, usages) read from the certificate itself.
 - NetworkPolicy: the ports each daemon listens on, read from its container
   (TANDEM_GRPC_ADDRESS, TANDEM_METRICS_ADDRESS, the trainer's
   TANDEM_WEIGHT_SYNC_STORE_PORT and _DATA_PORT, TANDEM_OPENAI_LISTEN) plus
@@ -20,10 +25,16 @@
 
     .venv/bin/python check_k8s_trust.py"""
 
+import base64
 import copy
 import os
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
+
+import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cert_manager  # noqa: E402
@@ -156,20 +167,64 @@ def check_policies(overlay, objects, fail):
                f"{sorted(PATHS - paths)}")
 
 
+def secret_certificate(secret, fail, where):
+    """What a kubernetes.io/tls Secret's certificate says, as a
+    Certificate's spec would: {uris, dnsNames, usages}; checks that it
+    chains to the Secret's ca.crt and that tls.key is its key."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+    data = {k: base64.b64decode(v) for k, v in secret.get("data", {}).items()}
+    if not fail.check({"tls.crt", "tls.key", "ca.crt"} <= set(data),
+                      f"{where}: keys {sorted(data)}"):
+        return {}
+    cert = x509.load_pem_x509_certificate(data["tls.crt"])
+    ca = x509.load_pem_x509_certificate(data["ca.crt"])
+    key = serialization.load_pem_private_key(data["tls.key"], None)
+    try:
+        ca.public_key().verify(cert.signature, cert.tbs_certificate_bytes,
+                               ec.ECDSA(cert.signature_hash_algorithm))
+        signed = True
+    except Exception:  # InvalidSignature, or a CA key of another type
+        signed = False
+    fail.check(signed, f"{where}: tls.crt is not signed by ca.crt")
+    fail.check(key.public_key().public_numbers() ==
+               cert.public_key().public_numbers(),
+               f"{where}: tls.key is not the key of tls.crt")
+    san = cert.extensions.get_extension_for_class(
+        x509.SubjectAlternativeName).value
+    eku = cert.extensions.get_extension_for_class(
+        x509.ExtendedKeyUsage).value
+    usages = {ExtendedKeyUsageOID.SERVER_AUTH: "server auth",
+              ExtendedKeyUsageOID.CLIENT_AUTH: "client auth"}
+    return {"uris": san.get_values_for_type(
+                x509.UniformResourceIdentifier),
+            "dnsNames": san.get_values_for_type(x509.DNSName),
+            "usages": [usages[u] for u in eku if u in usages]}
+
+
 def check_tls(overlay, objects, fail):
     by_kind = {}
     for o in objects:
         by_kind.setdefault(o["kind"], {})[o["metadata"]["name"]] = o
     certificates = by_kind.get("Certificate", {})
     issuers = by_kind.get("Issuer", {})
-    by_secret = {c["spec"]["secretName"]: c for c in certificates.values()}
+    # Each Secret a workload may mount, by what issues it: a cert-manager
+    # Certificate (its spec) or a Secret in the build (its certificate).
+    by_secret = {c["spec"]["secretName"]: c["spec"]
+                 for c in certificates.values()}
+    for name, secret in by_kind.get("Secret", {}).items():
+        if secret.get("type") == "kubernetes.io/tls":
+            by_secret[name] = secret_certificate(
+                secret, fail, f"{overlay}: Secret {name}")
     for o in list(certificates.values()) + list(issuers.values()):
         e = cert_manager.error(o)
         fail.check(e is None, f"{overlay}: {check_k8s.describe(o)}: {e}")
     ca_secrets = {c["spec"]["secretName"] for c in certificates.values()
                   if c["spec"].get("isCA")}
-    fail.check(len(ca_secrets) == 1, f"{overlay}: CA Certificates "
-               f"{sorted(ca_secrets)}")
+    fail.check(len(ca_secrets) == (1 if certificates else 0),
+               f"{overlay}: CA Certificates {sorted(ca_secrets)}")
     for c in certificates.values():
         ref = c["spec"]["issuerRef"]
         issuer = issuers.get(ref["name"])
@@ -215,21 +270,21 @@ def check_tls(overlay, objects, fail):
                           f"issues Secret {secret} ({component})"):
             continue
         roles = {m.group(1) for m in map(SPIFFE.match,
-                                         cert["spec"].get("uris", [])) if m}
+                                         cert.get("uris", [])) if m}
         fail.check(roles == {component}, f"{overlay}: {component}'s "
                    f"certificate names roles {sorted(roles)}")
         fail.check(env.get("TANDEM_TLS_SERVER_NAME") in
-                   cert["spec"].get("dnsNames", []),
+                   cert.get("dnsNames", []),
                    f"{overlay}: {component}'s certificate lacks the DNS "
                    f"name its clients check, "
                    f"{env.get('TANDEM_TLS_SERVER_NAME')}")
         fail.check({"server auth", "client auth"} <=
-                   set(cert["spec"].get("usages", [])),
+                   set(cert.get("usages", [])),
                    f"{overlay}: {component}'s certificate usages")
     admin = by_secret.get("tandem-tls-admin")
     fail.check(admin is not None and {"admin"} == {
-        m.group(1) for m in map(SPIFFE.match, admin["spec"].get("uris", []))
-        if m}, f"{overlay}: no admin Certificate (Secret tandem-tls-admin)")
+        m.group(1) for m in map(SPIFFE.match, admin.get("uris", []))
+        if m}, f"{overlay}: no admin certificate (Secret tandem-tls-admin)")
 
 
 SELF_TEST_CERTIFICATE = {
@@ -274,6 +329,42 @@ def self_test(objects, fail):
             print(f"self-test: {what}: {probe.messages[0]}")
 
 
+DEV_OVERLAY = """apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+namespace: tandem
+resources:
+  - ../../base
+components:
+  - ../../components/mtls
+  - ../../components/dev-certs
+  - ../../components/network-policy
+"""
+
+
+def build_dev_certs(work):
+    """The alternative without cert-manager, as docs/deployment.md tells
+    it: `tandemctl certs init` into components/dev-certs/certs of a copy
+    of deploy/, and an overlay of mtls + dev-certs + network-policy."""
+    deploy = os.path.join(work, "deploy")
+    shutil.copytree(os.path.join(common.K8S_DIR), os.path.join(deploy, "k8s"),
+                    ignore=shutil.ignore_patterns("certs"))
+    shutil.copytree(common.CONFIG_DIR, os.path.join(deploy, "compose",
+                                                    "config"))
+    tandemctl = os.path.join(os.environ.get("TANDEM_BIN_DIR", ""),
+                             "tandemctl")
+    subprocess.run([tandemctl, "certs", "init", "--dir", os.path.join(
+        deploy, "k8s", "components", "dev-certs", "certs"), "--name", "k8s",
+        "--hosts", "tandem,localhost,127.0.0.1"], check=True,
+        capture_output=True, timeout=60)
+    overlay = os.path.join(deploy, "k8s", "overlays", "dev-certs")
+    os.makedirs(overlay)
+    with open(os.path.join(overlay, "kustomization.yaml"), "w") as f:
+        f.write(DEV_OVERLAY)
+    out = common.run([common.need("kubectl", "kubectl"), "kustomize",
+                      overlay])
+    return [o for o in yaml.safe_load_all(out) if o]
+
+
 def main():
     fail = common.Failures()
     for overlay in check_k8s.OVERLAYS:
@@ -282,6 +373,16 @@ def main():
             self_test(objects, fail)
         check_tls(overlay, objects, fail)
         check_policies(overlay, objects, fail)
+    work = tempfile.mkdtemp(prefix="tandem-k8s-trust-")
+    try:
+        objects = build_dev_certs(work)
+        for o in objects:
+            e = check_k8s.schema_error(o)
+            fail.check(e is None, f"dev-certs: {check_k8s.describe(o)}: {e}")
+        check_tls("dev-certs", objects, fail)
+        check_policies("dev-certs", objects, fail)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     fail.exit("k8s trust")
 
 
