@@ -26,7 +26,12 @@ Steps, each printed with its time:
    from systemd timers, which these machines lack), so `depends_on:
    service_healthy` and the health states work.
 4. Every daemon SERVING to grpc.health.v1 (python grpcio, from the host, on
-   each container's address); the policy version advances.
+   each container's address) over mTLS with the admin certificate that the
+   stack's `certs` service put into volume certs-admin (docs/deployment.md,
+   "Compose with mTLS"), and refusing a plaintext client; `tandemctl
+   status` inside the coordinator's container with its own certificate;
+   the policy version advances. Every tandemctl of the test uses that
+   admin certificate (TANDEM_TLS_*).
 5. `up --scale rollout=4` while training runs: the new workers register,
    are ALIVE in the coordinator's membership epoch and hold the latest
    version; `docker kill` of one worker (POST /containers/ID/kill on the
@@ -64,6 +69,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from importlib.machinery import SourceFileLoader
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -183,9 +189,30 @@ class Stack:
             self.health_thread.join()
 
 
-def grpc_health(address):
-    import grpc
-    with grpc.insecure_channel(address) as channel:
+# The image's health probe, whose TLS channel (TANDEM_TLS_*) the host's
+# checks share.
+HEALTH = SourceFileLoader("tandem_health", os.path.join(
+    REPO, "docker", "tandem-health")).load_module()
+# TANDEM_TLS_* of the admin certificate on the host, set once the certs
+# service has run (admin_tls).
+ADMIN_TLS = {}
+
+
+def admin_tls():
+    """The certs-admin volume's files, as TANDEM_TLS_* for the host."""
+    volume = run("podman", "volume", "inspect", "-f", "{{.Mountpoint}}",
+                 f"{PROJECT}_certs-admin").stdout.strip()
+    return {"TANDEM_TLS_MODE": "mtls",
+            "TANDEM_TLS_CERT": os.path.join(volume, "tls.crt"),
+            "TANDEM_TLS_KEY": os.path.join(volume, "tls.key"),
+            "TANDEM_TLS_CA": os.path.join(volume, "ca.crt"),
+            "TANDEM_TLS_SERVER_NAME": "tandem"}
+
+
+def grpc_health(address, tls=True):
+    channel = HEALTH.open_channel(
+        address, HEALTH.tls_settings(ADMIN_TLS) if tls else None)
+    with channel:
         rpc = channel.unary_unary("/grpc.health.v1.Health/Check",
                                   request_serializer=None,
                                   response_deserializer=None)
@@ -195,7 +222,7 @@ def grpc_health(address):
 
 def tandemctl(*args, timeout=15):
     out = run(os.path.join(bin_dir(), "tandemctl"), *args, "--json",
-              timeout=timeout)
+              timeout=timeout, env=dict(os.environ, **ADMIN_TLS))
     return json.loads(out.stdout)
 
 
@@ -320,22 +347,37 @@ def check_workers(stack, want, at_least_version):
 def scenario(stack, tmp, counts):
     log("docker-compose up -d --scale rollout=2")
     stack.start_healthchecks()
-    services = ["warm-start", "coordinator", "trainer", "verifier", "rollout",
-                "prometheus"]
+    services = ["certs", "warm-start", "coordinator", "trainer", "verifier",
+                "rollout", "prometheus"]
     stack.compose("up", "-d", "--scale", "rollout=2", *services, timeout=600)
     log("up returned (coordinator healthy: depends_on service_healthy)")
+    ADMIN_TLS.update(admin_tls())
 
     for service, port in GRPC_PORTS.items():
         for name, _ in stack.containers(service):
             address = f"{stack.address(name)}:{port}"
             wait_for(lambda: grpc_health(address), 60,
-                     f"{name} ({address}) SERVING to grpc.health.v1")
+                     f"{name} ({address}) SERVING to grpc.health.v1 "
+                     "over mTLS")
+            try:
+                grpc_health(address, tls=False)
+                plaintext = "served"
+            except Exception:  # grpc.RpcError: the handshake fails
+                plaintext = "refused"
+            if plaintext != "refused":
+                raise AssertionError(f"{name} ({address}) served a "
+                                     "plaintext health check")
+    inside = stack.compose("exec", "-T", "coordinator", "tandemctl", "status",
+                           "--coordinator", "coordinator:50051", "--json")
+    log("tandemctl status inside the coordinator's container (its own "
+        f"certificate): policy version "
+        f"{json.loads(inside.stdout).get('policyVersion', 0)}")
     wait_for(lambda: all(
         run("podman", "inspect", "-f", "{{.State.Health.Status}}", n,
             check=False).stdout.strip() == "healthy"
         for n, _ in stack.containers()), 90, "every container healthy")
-    log(f"every daemon SERVING (grpc.health.v1); {len(stack.containers())} "
-        "containers healthy")
+    log(f"every daemon SERVING (grpc.health.v1 over mTLS; plaintext "
+        f"refused); {len(stack.containers())} containers healthy")
 
     v0 = wait_for(version, 180, "a first policy version")
     wait_for(lambda: version() >= v0 + 2, 180, "the policy version to advance")
