@@ -352,6 +352,9 @@ def build_dev_certs(work):
                                                     "config"))
     tandemctl = os.path.join(os.environ.get("TANDEM_BIN_DIR", ""),
                              "tandemctl")
+    if not os.access(tandemctl, os.X_OK):
+        sys.exit(f"{tandemctl} not found (TANDEM_BIN_DIR): build tandemctl "
+                 "first")
     subprocess.run([tandemctl, "certs", "init", "--dir", os.path.join(
         deploy, "k8s", "components", "dev-certs", "certs"), "--name", "k8s",
         "--hosts", "tandem,localhost,127.0.0.1"], check=True,
