@@ -29,7 +29,9 @@ Steps, each printed with its time:
    each container's address) over mTLS with the admin certificate that the
    stack's `certs` service put into volume certs-admin (docs/deployment.md,
    "Compose with mTLS"), and refusing a plaintext client; `tandemctl
-   status` inside the coordinator's container with its own certificate;
+   status` inside the coordinator's container with its own certificate; a
+   worker's Pause refused to the coordinator's certificate and done (then
+   Resume) by `docker-compose run --rm admin`;
    the policy version advances. Every tandemctl of the test uses that
    admin certificate (TANDEM_TLS_*).
 5. `up --scale rollout=4` while training runs: the new workers register,
@@ -372,6 +374,24 @@ def scenario(stack, tmp, counts):
     log("tandemctl status inside the coordinator's container (its own "
         f"certificate): policy version "
         f"{json.loads(inside.stdout).get('policyVersion', 0)}")
+    # Roles in containers: a worker's Pause needs the admin role. The
+    # coordinator's certificate is refused; the `admin` service's (profile
+    # tools, `docker-compose run --rm admin ...`) pauses and resumes it.
+    worker = f"{stack.address(stack.containers('rollout')[0][0])}:" \
+             f"{GRPC_PORTS['rollout']}"
+    refused = stack.compose("exec", "-T", "coordinator", "tandemctl",
+                            "worker", "pause", "--address", worker,
+                            check=False)
+    if refused.returncode == 0 or "Pause needs the admin role" not in (
+            refused.stdout + refused.stderr):
+        raise AssertionError("a worker's Pause with the coordinator's "
+                             f"certificate was not refused: exit "
+                             f"{refused.returncode} {refused.stderr[-500:]}")
+    for action in ("pause", "resume"):
+        stack.compose("run", "--rm", "admin", "worker", action, "--address",
+                      worker, timeout=120)
+    log(f"worker {worker}: Pause with the coordinator's certificate refused "
+        "(needs the admin role); paused and resumed by the admin service")
     wait_for(lambda: all(
         run("podman", "inspect", "-f", "{{.State.Health.Status}}", n,
             check=False).stdout.strip() == "healthy"
