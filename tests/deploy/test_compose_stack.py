@@ -31,7 +31,9 @@ Steps, each printed with its time:
    "Compose with mTLS"), and refusing a plaintext client; `tandemctl
    status` inside the coordinator's container with its own certificate; a
    worker's Pause refused to the coordinator's certificate and done (then
-   Resume) by `docker-compose run --rm admin`;
+   Resume) by `docker-compose run --rm admin`; `docker-compose run --rm
+   certs` while training: the coordinator and a worker present their new
+   certificates to new connections and the version keeps advancing;
    the policy version advances. Every tandemctl of the test uses that
    admin certificate (TANDEM_TLS_*).
 5. `up --scale rollout=4` while training runs: the new workers register,
@@ -222,6 +224,24 @@ def grpc_health(address, tls=True):
     return response[:2] == b"\x08\x01"  # status SERVING
 
 
+def peer_serial(address):
+    """Serial number of the certificate the daemon at `address` presents
+    to a new TLS connection (Python's ssl with the admin certificate)."""
+    import socket
+    import ssl
+    from cryptography import x509
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.load_verify_locations(ADMIN_TLS["TANDEM_TLS_CA"])
+    context.load_cert_chain(ADMIN_TLS["TANDEM_TLS_CERT"],
+                            ADMIN_TLS["TANDEM_TLS_KEY"])
+    context.set_alpn_protocols(["h2"])
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        with context.wrap_socket(sock, server_hostname="tandem") as tls:
+            der = tls.getpeercert(binary_form=True)
+    return x509.load_der_x509_certificate(der).serial_number
+
+
 def tandemctl(*args, timeout=15):
     out = run(os.path.join(bin_dir(), "tandemctl"), *args, "--json",
               timeout=timeout, env=dict(os.environ, **ADMIN_TLS))
@@ -318,7 +338,11 @@ def write_override(stack):
                                  "RUNPATH")
     services = {s: {"volumes": mounts} for s in
                 ("coordinator", "trainer", "verifier", "rollout")}
-    services["trainer"]["environment"] = {"TANDEM_LOG_LEVEL": "debug"}
+    # Rotation is checked within seconds, not the default minute.
+    for name in ("coordinator", "verifier", "rollout"):
+        services[name]["environment"] = {"TANDEM_TLS_REFRESH_S": "2"}
+    services["trainer"]["environment"] = {"TANDEM_LOG_LEVEL": "debug",
+                                          "TANDEM_TLS_REFRESH_S": "2"}
     # The warm start shortened to seconds (its defaults train ~12 minutes):
     # this test checks that the stack runs it first and starts from its
     # checkpoint, not how well it learns (README: the full stack by hand).
@@ -402,6 +426,23 @@ def scenario(stack, tmp, counts):
     v0 = wait_for(version, 180, "a first policy version")
     wait_for(lambda: version() >= v0 + 2, 180, "the policy version to advance")
     log(f"policy version advances: {v0} -> {version()}")
+
+    # Rotation: the certs service run again issues new certificates of the
+    # same CA into the volumes; running daemons present them to new
+    # connections (TANDEM_TLS_REFRESH_S=2 here) with no restart.
+    rotated = {name: f"{stack.address(name)}:{GRPC_PORTS[service]}"
+               for service in ("coordinator", "rollout")
+               for name, _ in stack.containers(service)[:1]}
+    before = {name: peer_serial(a) for name, a in rotated.items()}
+    stack.compose("run", "--rm", "certs", timeout=120)
+    for name, address in rotated.items():
+        wait_for(lambda: peer_serial(address) != before[name], 30,
+                 f"{name} to present its new certificate")
+    v = version()
+    wait_for(lambda: version() >= v + 2, 120,
+             "the policy version to advance after the rotation")
+    log(f"certificates rotated (`docker-compose run --rm certs`): "
+        f"{', '.join(rotated)} present new ones; version {v} -> {version()}")
 
     # --no-deps: the warm start (done) is not run again.
     stack.compose("up", "-d", "--no-deps", "--no-recreate", "--scale",
