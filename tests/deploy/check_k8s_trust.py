@@ -20,8 +20,9 @@
   against the policies: every listening port is admitted by some policy
   for its pod, no policy admits a port nothing listens on, a default deny
   covers every pod, and the (client, server, port) paths admitted are
-  exactly PATHS, the architecture's. A self-test removes a path and adds a
-  stray port and requires both to fail.
+  exactly PATHS, the architecture's. A self-test removes a path, adds a
+  stray port and gives a worker the admin's Secret, and requires each to
+  fail.
 
     .venv/bin/python check_k8s_trust.py"""
 
@@ -313,6 +314,18 @@ def self_test(objects, fail):
         breaks(o["spec"])
         fail.check(cert_manager.error(o) is not None,
                    f"self-test: a Certificate with {what} was accepted")
+    # The TLS check fails on a worker given the admin's Secret.
+    broken = copy.deepcopy(objects)
+    rollout = next(o for o in broken if o["kind"] == "Deployment" and
+                   o["metadata"]["name"] == "rollout")
+    for v in rollout["spec"]["template"]["spec"]["volumes"]:
+        if v.get("secret", {}).get("secretName") == "tandem-tls-rollout":
+            v["secret"]["secretName"] = "tandem-tls-admin"
+    probe = common.Failures()
+    check_tls("self-test", broken, probe)
+    if fail.check(probe.messages, "self-test: a rollout worker with the "
+                  "admin's Secret passed"):
+        print(f"self-test: admin Secret on a worker: {probe.messages[0]}")
     # The policy check fails on a path taken away and on a stray port.
     for what, breaks in (
             ("the store port closed to rollout workers",
