@@ -65,8 +65,17 @@ def listening_ports(pid):
                 local, state, inode = fields[1], fields[3], fields[9]
                 if state == "0A" and inode in inodes:  # TCP_LISTEN
                     address, port = local.rsplit(":", 1)
-                    ports[int(port, 16)] = address
+                    ports[int(port, 16)] = readable_address(address)
     return ports
+
+
+def readable_address(hex_address):
+    """/proc/net/tcp{,6}'s local address (host byte order) as text."""
+    raw = bytes.fromhex(hex_address)
+    if len(raw) == 4:
+        return ".".join(str(b) for b in reversed(raw))
+    words = [raw[i:i + 4][::-1] for i in range(0, 16, 4)]
+    return "[" + b"".join(words).hex() + "]"
 
 
 class Pod:
@@ -207,7 +216,8 @@ class K8sPortsTest(unittest.TestCase):
             admitted = check_k8s_trust.admitted(policies, p.component,
                                                 labels, pods)
             declared = check_k8s_trust.listening(p.container, p.component)
-            print(f"{p.name}: listens on {sorted(listens)}")
+            print(f"{p.name} ({p.host}): listens on " + ", ".join(
+                f"{a}:{port}" for port, a in sorted(listens.items())))
             for port in listens:
                 self.assertTrue(
                     any(a[0] <= port <= a[1] for _, a in admitted),
