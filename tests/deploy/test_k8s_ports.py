@@ -15,7 +15,11 @@ process's listening TCP sockets from /proc and fails if
   the overlay (check_k8s_trust.admitted), or
 - a port the pod spec says the daemon listens on (check_k8s_trust.listening:
   gRPC, metrics, the trainer's store and data ports) has no listener, or
-  the broadcast members' pairs listen outside the admitted range.
+  the broadcast members' pairs listen outside the admitted range, or
+- a member (trainer, rollout, verifier), whose pod spec binds its pod IP,
+  listens on any other address (every interface, say): such a listener is
+  reachable on networks the pod never meant to serve. The coordinator binds
+  0.0.0.0 by its pod spec.
 
     python3 tests/deploy/test_k8s_ports.py     # TANDEM_BIN_DIR: the build
 Needs kubectl; runs the daemons on loopback, no cluster."""
@@ -67,6 +71,14 @@ def listening_ports(pid):
                     address, port = local.rsplit(":", 1)
                     ports[int(port, 16)] = readable_address(address)
     return ports
+
+
+def ipv4_of(address):
+    """The IPv4 address of "a.b.c.d" or of an IPv4-mapped "[..ffff....]"."""
+    if address.startswith("[00000000000000000000ffff"):
+        raw = bytes.fromhex(address[25:33])
+        return ".".join(str(b) for b in raw)
+    return address
 
 
 def readable_address(hex_address):
@@ -229,6 +241,11 @@ class K8sPortsTest(unittest.TestCase):
                                     f"{p.name}: port {port} is neither in "
                                     f"its pod spec nor a broadcast pair")
                     seen_pairs.add(p.component)
+            if p.component != "coordinator":
+                for port, address in listens.items():
+                    self.assertEqual(ipv4_of(address), p.host,
+                                     f"{p.name} listens on {address}:{port}, "
+                                     f"not only on its pod IP {p.host}")
             for name, (first, last) in declared.items():
                 if first == last:
                     self.assertIn(first, listens, f"{p.name}: the pod spec's "
