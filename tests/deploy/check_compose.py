@@ -4,7 +4,11 @@ daemons from one image plus Prometheus and Grafana, gRPC health checks,
 rollout workers (and verifiers) scalable with --scale (no container name,
 no host port), config files mounted from deploy/compose/config, TANDEM_*
 variables that name real config keys, and a Prometheus config that scrapes
-every daemon service under the job names the rules use."""
+every daemon service under the job names the rules use. TLS: mutual TLS
+unless TANDEM_TLS_MODE=off is set; the `certs` service fills one volume
+per role and holds the only mount of the CA volume; each daemon mounts only
+its own role's volume, read-only, where TANDEM_TLS_* point; metrics are
+scraped in plain HTTP."""
 
 import os
 import sys
@@ -16,6 +20,64 @@ import common  # noqa: E402
 
 COMPOSE_FILE = os.path.join(common.COMPOSE_DIR, "docker-compose.yml")
 SCALABLE = ("rollout", "verifier")
+TLS_MOUNT = "/etc/tandem-tls"
+ROLES = common.DAEMONS + ("admin",)
+TLS_ENV = {"TANDEM_TLS_MODE": "mtls",
+           "TANDEM_TLS_CERT": f"{TLS_MOUNT}/tls.crt",
+           "TANDEM_TLS_KEY": f"{TLS_MOUNT}/tls.key",
+           "TANDEM_TLS_CA": f"{TLS_MOUNT}/ca.crt",
+           "TANDEM_TLS_SERVER_NAME": "tandem"}
+
+
+def volume_mounts(service):
+    """{target: (source, read_only)} of a resolved service."""
+    mounts = {}
+    for v in service.get("volumes", []):
+        if isinstance(v, str):
+            parts = v.split(":")
+            mounts[parts[1]] = (parts[0], parts[2:3] == ["ro"])
+        else:
+            mounts[v["target"]] = (v.get("source"), bool(v.get("read_only")))
+    return mounts
+
+
+def check_tls(services, fail):
+    certs = services.get("certs")
+    if not fail.check(certs is not None, "no certs service"):
+        return
+    command = " ".join(certs.get("command", []))
+    fail.check("tandemctl certs init" in command,
+               f"certs: does not run tandemctl certs init: {command}")
+    fail.check(certs.get("restart") == "no", "certs: must run once per up")
+    certs_mounts = {source for source, _ in volume_mounts(certs).values()}
+    for role in ROLES:
+        fail.check(f"certs-{role}" in certs_mounts,
+                   f"certs: does not fill volume certs-{role}")
+        fail.check("for role in" in command and f" {role}" in command,
+                   f"certs: the script does not copy role {role}")
+    for name, s in services.items():
+        mounts = volume_mounts(s)
+        sources = {source for source, _ in mounts.values()}
+        if name == "certs":
+            continue
+        fail.check("tandem-ca" not in sources,
+                   f"{name}: mounts the CA volume (only certs may)")
+        if name not in ROLES:
+            fail.check(not any(x.startswith("certs-") for x in sources),
+                       f"{name}: mounts certificates")
+            continue
+        environment = s.get("environment", {})
+        for var, value in TLS_ENV.items():
+            fail.check(environment.get(var) == value,
+                       f"{name}: {var}={environment.get(var)}, want {value}")
+        fail.check(mounts.get(TLS_MOUNT) == (f"certs-{name}", True),
+                   f"{name}: {TLS_MOUNT} is {mounts.get(TLS_MOUNT)}, want "
+                   f"volume certs-{name} read-only")
+        others = {x for x in sources if x.startswith("certs-")} - {
+            f"certs-{name}"}
+        fail.check(not others, f"{name}: mounts other roles' keys {others}")
+    fail.check("certs" in services["coordinator"].get("depends_on", {}),
+               "coordinator: does not wait for the certs service")
 
 
 def main():
@@ -29,8 +91,16 @@ def main():
         [compose, "-f", COMPOSE_FILE, "config"], env=env))
     services = resolved["services"]
     fail.check(set(services) == set(common.DAEMONS) |
-               {"warm-start", "prometheus", "grafana"},
+               {"certs", "admin", "warm-start", "prometheus", "grafana"},
                f"services: {sorted(services)}")
+    check_tls(services, fail)
+    # Plaintext only when asked for.
+    plain = yaml.safe_load(common.run(
+        [compose, "-f", COMPOSE_FILE, "config"],
+        env=dict(env, TANDEM_TLS_MODE="off")))["services"]
+    for name in ROLES:
+        fail.check(plain[name]["environment"].get("TANDEM_TLS_MODE") == "off",
+                   f"{name}: TANDEM_TLS_MODE=off does not reach the daemon")
     keys = common.config_keys()
     images = set()
 
@@ -119,6 +189,9 @@ def main():
             fail.check(sd.get("names") == [name] and sd.get("port") == 9400,
                        f"prometheus.yml: tandem-{name} does not resolve "
                        f"service {name} on port 9400")
+            fail.check(job.get("scheme", "http") == "http",
+                       f"prometheus.yml: tandem-{name} scrapes "
+                       f"{job.get('scheme')}; /metrics is plain HTTP")
     check_gpu_variant(compose, env, fail)
     fail.exit("compose")
 

@@ -15,6 +15,7 @@ import sys
 import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cert_manager  # noqa: E402
 import common  # noqa: E402
 
 try:
@@ -52,6 +53,9 @@ def schema_error(o):
     skip."""
     if not o.get("apiVersion") or not o.get("kind"):
         return "no apiVersion or kind"
+    if o["apiVersion"].startswith("cert-manager.io/"):
+        # A CRD: no Kubernetes schema; cert_manager.py checks its structure.
+        return cert_manager.error(o)
     try:
         used = kubernetes_validate.validate(o, K8S_VERSION, strict=True)
     except kubernetes_validate.ValidationError as e:
@@ -114,6 +118,8 @@ SELF_TEST_BROKEN = (
     ("a kind without a schema",
      lambda o: o.update(apiVersion="monitoring.coreos.com/v1",
                         kind="ServiceMonitor")),
+    ("a Deployment that calls itself a cert-manager object",
+     lambda o: o.update(apiVersion="cert-manager.io/v1", kind="Certificate")),
 )
 
 
@@ -230,15 +236,24 @@ def check_overlay(overlay, objects, keys, fail):
         fail.check(ports.get("grpc") == GRPC_PORTS[name] and
                    ports.get("metrics") == 9400,
                    f"{overlay}: {name} ports {ports}")
+        env = {e["name"]: e for e in c.get("env", [])}
+        tls = env.get("TANDEM_TLS_MODE", {}).get("value", "off") == "mtls"
         for probe in ("readinessProbe", "livenessProbe"):
             p = c.get(probe, {})
-            fail.check(p.get("grpc", {}).get("port") == GRPC_PORTS[name],
-                       f"{overlay}: {name} {probe} is not a gRPC probe on "
-                       f"{GRPC_PORTS[name]}")
+            if tls:
+                # The kubelet's gRPC probe has no client certificate: the
+                # image's probe with the daemon's TANDEM_TLS_* instead.
+                fail.check(p.get("exec", {}).get("command") ==
+                           ["tandem-health"] and "grpc" not in p,
+                           f"{overlay}: {name} {probe} with mTLS is not "
+                           "exec tandem-health")
+            else:
+                fail.check(p.get("grpc", {}).get("port") == GRPC_PORTS[name],
+                           f"{overlay}: {name} {probe} is not a gRPC probe "
+                           f"on {GRPC_PORTS[name]}")
         requests = c.get("resources", {}).get("requests", {})
         fail.check("cpu" in requests and "memory" in requests,
                    f"{overlay}: {name} has no cpu/memory requests")
-        env = {e["name"]: e for e in c.get("env", [])}
         for var in env:
             if var.startswith("TANDEM_"):
                 fail.check(common.env_to_key(var, keys) is not None,

@@ -26,7 +26,16 @@ Steps, each printed with its time:
    from systemd timers, which these machines lack), so `depends_on:
    service_healthy` and the health states work.
 4. Every daemon SERVING to grpc.health.v1 (python grpcio, from the host, on
-   each container's address); the policy version advances.
+   each container's address) over mTLS with the admin certificate that the
+   stack's `certs` service put into volume certs-admin (docs/deployment.md,
+   "Compose with mTLS"), and refusing a plaintext client; `tandemctl
+   status` inside the coordinator's container with its own certificate; a
+   worker's Pause refused to the coordinator's certificate and done (then
+   Resume) by `docker-compose run --rm admin`; `docker-compose run --rm
+   certs` while training: the coordinator and a worker present their new
+   certificates to new connections and the version keeps advancing;
+   the policy version advances. Every tandemctl of the test uses that
+   admin certificate (TANDEM_TLS_*).
 5. `up --scale rollout=4` while training runs: the new workers register,
    are ALIVE in the coordinator's membership epoch and hold the latest
    version; `docker kill` of one worker (POST /containers/ID/kill on the
@@ -64,6 +73,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from importlib.machinery import SourceFileLoader
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -183,9 +193,30 @@ class Stack:
             self.health_thread.join()
 
 
-def grpc_health(address):
-    import grpc
-    with grpc.insecure_channel(address) as channel:
+# The image's health probe, whose TLS channel (TANDEM_TLS_*) the host's
+# checks share.
+HEALTH = SourceFileLoader("tandem_health", os.path.join(
+    REPO, "docker", "tandem-health")).load_module()
+# TANDEM_TLS_* of the admin certificate on the host, set once the certs
+# service has run (admin_tls).
+ADMIN_TLS = {}
+
+
+def admin_tls():
+    """The certs-admin volume's files, as TANDEM_TLS_* for the host."""
+    volume = run("podman", "volume", "inspect", "-f", "{{.Mountpoint}}",
+                 f"{PROJECT}_certs-admin").stdout.strip()
+    return {"TANDEM_TLS_MODE": "mtls",
+            "TANDEM_TLS_CERT": os.path.join(volume, "tls.crt"),
+            "TANDEM_TLS_KEY": os.path.join(volume, "tls.key"),
+            "TANDEM_TLS_CA": os.path.join(volume, "ca.crt"),
+            "TANDEM_TLS_SERVER_NAME": "tandem"}
+
+
+def grpc_health(address, tls=True):
+    channel = HEALTH.open_channel(
+        address, HEALTH.tls_settings(ADMIN_TLS) if tls else None)
+    with channel:
         rpc = channel.unary_unary("/grpc.health.v1.Health/Check",
                                   request_serializer=None,
                                   response_deserializer=None)
@@ -193,9 +224,27 @@ def grpc_health(address):
     return response[:2] == b"\x08\x01"  # status SERVING
 
 
+def peer_serial(address):
+    """Serial number of the certificate the daemon at `address` presents
+    to a new TLS connection (Python's ssl with the admin certificate)."""
+    import socket
+    import ssl
+    from cryptography import x509
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.load_verify_locations(ADMIN_TLS["TANDEM_TLS_CA"])
+    context.load_cert_chain(ADMIN_TLS["TANDEM_TLS_CERT"],
+                            ADMIN_TLS["TANDEM_TLS_KEY"])
+    context.set_alpn_protocols(["h2"])
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        with context.wrap_socket(sock, server_hostname="tandem") as tls:
+            der = tls.getpeercert(binary_form=True)
+    return x509.load_der_x509_certificate(der).serial_number
+
+
 def tandemctl(*args, timeout=15):
     out = run(os.path.join(bin_dir(), "tandemctl"), *args, "--json",
-              timeout=timeout)
+              timeout=timeout, env=dict(os.environ, **ADMIN_TLS))
     return json.loads(out.stdout)
 
 
@@ -289,7 +338,11 @@ def write_override(stack):
                                  "RUNPATH")
     services = {s: {"volumes": mounts} for s in
                 ("coordinator", "trainer", "verifier", "rollout")}
-    services["trainer"]["environment"] = {"TANDEM_LOG_LEVEL": "debug"}
+    # Rotation is checked within seconds, not the default minute.
+    for name in ("coordinator", "verifier", "rollout"):
+        services[name]["environment"] = {"TANDEM_TLS_REFRESH_S": "2"}
+    services["trainer"]["environment"] = {"TANDEM_LOG_LEVEL": "debug",
+                                          "TANDEM_TLS_REFRESH_S": "2"}
     # The warm start shortened to seconds (its defaults train ~12 minutes):
     # this test checks that the stack runs it first and starts from its
     # checkpoint, not how well it learns (README: the full stack by hand).
@@ -320,26 +373,76 @@ def check_workers(stack, want, at_least_version):
 def scenario(stack, tmp, counts):
     log("docker-compose up -d --scale rollout=2")
     stack.start_healthchecks()
-    services = ["warm-start", "coordinator", "trainer", "verifier", "rollout",
-                "prometheus"]
+    services = ["certs", "warm-start", "coordinator", "trainer", "verifier",
+                "rollout", "prometheus"]
     stack.compose("up", "-d", "--scale", "rollout=2", *services, timeout=600)
     log("up returned (coordinator healthy: depends_on service_healthy)")
+    ADMIN_TLS.update(admin_tls())
 
     for service, port in GRPC_PORTS.items():
         for name, _ in stack.containers(service):
             address = f"{stack.address(name)}:{port}"
             wait_for(lambda: grpc_health(address), 60,
-                     f"{name} ({address}) SERVING to grpc.health.v1")
+                     f"{name} ({address}) SERVING to grpc.health.v1 "
+                     "over mTLS")
+            try:
+                grpc_health(address, tls=False)
+                plaintext = "served"
+            except Exception:  # grpc.RpcError: the handshake fails
+                plaintext = "refused"
+            if plaintext != "refused":
+                raise AssertionError(f"{name} ({address}) served a "
+                                     "plaintext health check")
+    inside = stack.compose("exec", "-T", "coordinator", "tandemctl", "status",
+                           "--coordinator", "coordinator:50051", "--json")
+    log("tandemctl status inside the coordinator's container (its own "
+        f"certificate): policy version "
+        f"{json.loads(inside.stdout).get('policyVersion', 0)}")
+    # Roles in containers: a worker's Pause needs the admin role. The
+    # coordinator's certificate is refused; the `admin` service's (profile
+    # tools, `docker-compose run --rm admin ...`) pauses and resumes it.
+    worker = f"{stack.address(stack.containers('rollout')[0][0])}:" \
+             f"{GRPC_PORTS['rollout']}"
+    refused = stack.compose("exec", "-T", "coordinator", "tandemctl",
+                            "worker", "pause", "--address", worker,
+                            check=False)
+    if refused.returncode == 0 or "Pause needs the admin role" not in (
+            refused.stdout + refused.stderr):
+        raise AssertionError("a worker's Pause with the coordinator's "
+                             f"certificate was not refused: exit "
+                             f"{refused.returncode} {refused.stderr[-500:]}")
+    for action in ("pause", "resume"):
+        stack.compose("run", "--rm", "admin", "worker", action, "--address",
+                      worker, timeout=120)
+    log(f"worker {worker}: Pause with the coordinator's certificate refused "
+        "(needs the admin role); paused and resumed by the admin service")
     wait_for(lambda: all(
         run("podman", "inspect", "-f", "{{.State.Health.Status}}", n,
             check=False).stdout.strip() == "healthy"
         for n, _ in stack.containers()), 90, "every container healthy")
-    log(f"every daemon SERVING (grpc.health.v1); {len(stack.containers())} "
-        "containers healthy")
+    log(f"every daemon SERVING (grpc.health.v1 over mTLS; plaintext "
+        f"refused); {len(stack.containers())} containers healthy")
 
     v0 = wait_for(version, 180, "a first policy version")
     wait_for(lambda: version() >= v0 + 2, 180, "the policy version to advance")
     log(f"policy version advances: {v0} -> {version()}")
+
+    # Rotation: the certs service run again issues new certificates of the
+    # same CA into the volumes; running daemons present them to new
+    # connections (TANDEM_TLS_REFRESH_S=2 here) with no restart.
+    rotated = {name: f"{stack.address(name)}:{GRPC_PORTS[service]}"
+               for service in ("coordinator", "rollout")
+               for name, _ in stack.containers(service)[:1]}
+    before = {name: peer_serial(a) for name, a in rotated.items()}
+    stack.compose("run", "--rm", "certs", timeout=120)
+    for name, address in rotated.items():
+        wait_for(lambda: peer_serial(address) != before[name], 30,
+                 f"{name} to present its new certificate")
+    v = version()
+    wait_for(lambda: version() >= v + 2, 120,
+             "the policy version to advance after the rotation")
+    log(f"certificates rotated (`docker-compose run --rm certs`): "
+        f"{', '.join(rotated)} present new ones; version {v} -> {version()}")
 
     # --no-deps: the warm start (done) is not run again.
     stack.compose("up", "-d", "--no-deps", "--no-recreate", "--scale",

@@ -9,10 +9,17 @@ from deploy/compose/config/. Each daemon gets a loopback address of its own
 Prometheus scrapes them with the jobs of deploy/prometheus/prometheus.yml
 and the rules of deploy/prometheus/rules/ loaded; a second one runs
 deploy/prometheus/prometheus-kubernetes.yml on the pod labels and
-annotations of the cpu overlay. The test checks:
+annotations of the cpu overlay. TLS as compose runs it: the `certs`
+service's own script (paths rewritten to the temporary directory) issues
+the certificates, each daemon gets its role's files where compose mounts
+them, and the daemons run with compose's TANDEM_TLS_* (mutual TLS unless
+TANDEM_TLS_MODE=off is in this test's environment, as for compose). The
+test checks:
 
 - every daemon is SERVING to an independent gRPC client and to the image's
-  health probe (docker/tandem-health, the compose healthcheck command);
+  health probe (docker/tandem-health, the compose healthcheck command),
+  over mTLS with the daemon's own certificate; a client without a
+  certificate is refused; /metrics stays plain HTTP;
 - the Kubernetes scrape config relabels the pods into the same jobs, with
   namespace and pod labels;
 - every rule group loads and evaluates without error, and every recording
@@ -47,6 +54,21 @@ sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 import common  # noqa: E402
 import harness  # noqa: E402
 
+from importlib.machinery import SourceFileLoader  # noqa: E402
+# The image's health probe, whose channel set-up (TANDEM_TLS_*) the test's
+# own clients share.
+health_probe = SourceFileLoader(
+    "tandem_health", os.path.join(common.DOCKER_DIR, "tandem-health")
+).load_module()
+TLS_MOUNT = "/etc/tandem-tls"
+COMPOSE_VARIABLE = re.compile(r"\$\{(\w+):-([^}]*)\}")
+
+
+def interpolate(value):
+    """${NAME:-default} as docker-compose reads it, from this environment."""
+    return COMPOSE_VARIABLE.sub(
+        lambda m: os.environ.get(m.group(1)) or m.group(2), str(value))
+
 ROLLOUT_REPLICAS = 2
 # Grafana's interval variables, replaced the way Grafana would for a short
 # dashboard range with a 1 s scrape interval.
@@ -68,7 +90,7 @@ class Daemon:
     """One compose service replica as a local process."""
 
     def __init__(self, service, replica, spec, work_dir, coordinator_address,
-                 host):
+                 host, volumes):
         self.name = service if replica is None else f"{service}-{replica}"
         self.service = service
         # Like a container or pod IP: a loopback address of its own, so
@@ -106,12 +128,20 @@ class Daemon:
                 # The compose warm-start service's checkpoint: this test
                 # starts from the built-in model's random weights instead.
                 continue
+            elif value.startswith(TLS_MOUNT + "/"):
+                # The role's certificate volume, as the certs service
+                # filled it.
+                value = os.path.join(volumes[mounts[TLS_MOUNT]],
+                                     os.path.basename(value))
+            elif key == "TANDEM_TLS_MODE":
+                value = interpolate(value)
             elif value.startswith("/var/lib/tandem/"):
                 value = os.path.join(self.dir, os.path.basename(value))
                 os.makedirs(value, exist_ok=True)
             env[key] = value
         self.ready_file = env["TANDEM_READY_FILE"]
         self.env = env
+        self.tls = health_probe.tls_settings(env)
         self.log_path = os.path.join(self.dir, "log")
         self.log = open(self.log_path, "w")
         self.process = subprocess.Popen(command, env=env, stdout=self.log,
@@ -136,6 +166,34 @@ class Daemon:
         code = harness.stop_process(self.process, sig, timeout)
         self.log.close()
         return code
+
+
+def run_certs_service(spec, work_dir):
+    """Runs the compose `certs` service's script on this machine, with its
+    volumes' mount points (all under /var/lib/tandem/) moved under
+    work_dir/root; returns {volume: directory}."""
+    command = spec["command"]
+    assert command[:2] == ["sh", "-euc"], command
+    root = os.path.join(work_dir, "root")
+    script = command[2].replace("$$", "$").replace(
+        "/var/lib/tandem/", f"{root}/var/lib/tandem/")
+    volumes = {}
+    for v in spec["volumes"]:
+        source, target = v.split(":")[:2]
+        assert target.startswith("/var/lib/tandem/"), target
+        volumes[source] = root + target
+        os.makedirs(volumes[source])
+    if os.getuid() != 0:  # only root can hand files to the image's user
+        script = script.replace(" -o 10001 -g 10001", "")
+    env = dict(os.environ, PATH=f"{harness.BIN_DIR}:{os.environ['PATH']}")
+    env.update({k: interpolate(v)
+                for k, v in spec.get("environment", {}).items()})
+    r = subprocess.run(["sh", "-euc", script], env=env, capture_output=True,
+                       text=True, timeout=60)
+    if r.returncode != 0:
+        raise AssertionError(f"certs service: exit {r.returncode}\n"
+                             f"{r.stdout}{r.stderr}")
+    return volumes
 
 
 class Prometheus:
@@ -267,12 +325,12 @@ class ScoringLoad:
     """Keeps the verifier busy with `arith` items, right and wrong, so its
     request counters and scoring histogram move."""
 
-    def __init__(self, address, stub_dir):
+    def __init__(self, address, stub_dir, tls):
         generate_stubs(stub_dir)
-        import grpc
         from tandem.v1 import verifier_pb2 as vpb
         self.vpb = vpb
-        self.channel = grpc.insecure_channel(address)
+        # With mTLS only the coordinator's certificate may call ScoreBatch.
+        self.channel = health_probe.open_channel(address, tls)
         self.rpc = self.channel.unary_unary(
             "/tandem.v1.Verifier/ScoreBatch",
             request_serializer=lambda m: m.SerializeToString(),
@@ -322,9 +380,10 @@ class ComposeTopologyTest(unittest.TestCase):
         net = f"127.{random.randint(1, 254)}.{random.randint(1, 254)}"
         hosts = (f"{net}.{i}" for i in range(2, 250))
         try:
+            cls.volumes = run_certs_service(cls.services["certs"], cls.work)
             coordinator = Daemon("coordinator", None,
                                  cls.services["coordinator"], cls.work, "",
-                                 next(hosts))
+                                 next(hosts), cls.volumes)
             cls.daemons.append(coordinator)
             address = coordinator.wait_ready()["grpc_address"]
             for service, replicas in (("trainer", None), ("verifier", None),
@@ -332,7 +391,8 @@ class ComposeTopologyTest(unittest.TestCase):
                 for r in ([None] if replicas is None else range(replicas)):
                     cls.daemons.append(Daemon(service, r,
                                               cls.services[service],
-                                              cls.work, address, next(hosts)))
+                                              cls.work, address, next(hosts),
+                                              cls.volumes))
             for d in cls.daemons:
                 d.wait_ready()
             cls.prometheus = Prometheus(
@@ -343,7 +403,8 @@ class ComposeTopologyTest(unittest.TestCase):
                 kubernetes_prometheus_config(cls.daemons))
             verifier = cls.daemon("verifier")
             cls.load = ScoringLoad(verifier.info["grpc_address"],
-                                   os.path.join(cls.work, "stubs"))
+                                   os.path.join(cls.work, "stubs"),
+                                   coordinator.tls)
         except BaseException:
             cls.tearDownClass()
             raise
@@ -371,13 +432,31 @@ class ComposeTopologyTest(unittest.TestCase):
         probe = os.path.join(common.DOCKER_DIR, "tandem-health")
         for d in self.daemons:
             address = d.info["grpc_address"]
-            self.assertEqual(
-                harness.wait_for(lambda: harness.health_check(address) ==
-                                 "SERVING", 20, f"{d.name} SERVING"), True)
+            if d.tls is None:
+                self.assertEqual(
+                    harness.wait_for(lambda: harness.health_check(address) ==
+                                     "SERVING", 20, f"{d.name} SERVING"),
+                    True)
+            else:
+                # The plaintext client of the other branch is refused...
+                with self.assertRaises(Exception, msg=d.name):
+                    harness.health_check(address, timeout=1)
+                # ...and a TLS client with the certificate of another
+                # role's volume (each holds the same CA) is served.
+                other = dict(d.env, TANDEM_TLS_CERT=os.path.join(
+                    self.volumes["certs-admin"], "tls.crt"),
+                    TANDEM_TLS_KEY=os.path.join(
+                        self.volumes["certs-admin"], "tls.key"))
+                self.assertEqual(health_probe.check(
+                    address, "", 2.0, health_probe.tls_settings(other)),
+                    "SERVING", d.name)
             # The compose healthcheck: tandem-health finds the address in
-            # the ready file named by TANDEM_READY_FILE.
+            # the ready file named by TANDEM_READY_FILE, and its TLS files
+            # in the container's TANDEM_TLS_* (the daemon's own).
+            tls_env = {k: v for k, v in d.env.items()
+                       if k.startswith("TANDEM_TLS_")}
             r = subprocess.run([sys.executable, probe],
-                               env=dict(os.environ,
+                               env=dict(os.environ, **tls_env,
                                         TANDEM_READY_FILE=d.ready_file),
                                capture_output=True, text=True)
             self.assertEqual(r.returncode, 0, f"{d.name}: {r.stderr}")

@@ -1,7 +1,13 @@
 // Gloo broadcast transport tests: several ranks as threads of this process,
 // rendezvous through a TCPStore on an ephemeral port.
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -20,6 +26,40 @@ namespace {
 using Bytes = std::vector<uint8_t>;
 
 using testing::GroupConfig;
+
+// 0 when a TCP connection to ip:port is accepted, else the errno.
+int ConnectError(const char* ip, uint16_t port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  inet_pton(AF_INET, ip, &addr.sin_addr);
+  const int rc =
+      connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+  const int error = rc == 0 ? 0 : errno;
+  close(fd);
+  return error;
+}
+
+TEST_CASE(
+    "The rendezvous store listens only on the host it is given, not on "
+    "every interface",
+    "[weights][gloo]") {
+  // 127.0.0.2 is another address of this machine (all of 127/8 is
+  // loopback): LibTorch's own listener would accept there too.
+  auto server = GlooRendezvousStore::Create("127.0.0.1", 0, absl::Seconds(5));
+  REQUIRE(server.ok());
+  const uint16_t port = (*server)->port();
+  REQUIRE(port != 0);
+  CHECK(ConnectError("127.0.0.1", port) == 0);
+  CHECK(ConnectError("127.0.0.2", port) == ECONNREFUSED);
+
+  // A host that is not an address of this machine is refused, naming it.
+  auto elsewhere =
+      GlooRendezvousStore::Create("192.0.2.1", 0, absl::Seconds(5));
+  REQUIRE_FALSE(elsewhere.ok());
+  CHECK(elsewhere.status().message().find("192.0.2.1") != std::string::npos);
+}
 
 TEST_CASE(
     "Gloo broadcast delivers full and delta versions bit for bit to "

@@ -1,11 +1,17 @@
 #include "common/weights/broadcast/gloo_broadcast_transport.h"
 
+#include <arpa/inet.h>
 #include <dlfcn.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <typeinfo>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -15,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
+#include "common/base/posix.h"
 #include "common/weights/broadcast/forwarding_store.h"
 #include "common/weights/broadcast/store_client.h"
 
@@ -156,6 +163,47 @@ class RendezvousStore : public ForwardingStore {
 // (tests/unit/weights_gloo_dying_peer_test.cc, 15.4 s at 3 s).
 constexpr int kGlooConnectAttempts = 5;
 
+// LibTorch's TCPStore server listens on every interface whatever host it is
+// given, but takes over a socket that already listens
+// (TCPStoreOptions::masterListenFd). So when `host` is an IPv4 address of
+// this machine the store listens on it alone, as the raw data port does;
+// a store reachable on every interface of a pod or node is reachable from
+// networks the trainer never meant to serve. Returns the listening socket,
+// or nullopt for a host that is not an IPv4 address or is 0.0.0.0
+// (LibTorch's own listener then, as before).
+absl::StatusOr<std::optional<int>> ListenOnHost(const std::string& host,
+                                                uint16_t port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1 ||
+      addr.sin_addr.s_addr == htonl(INADDR_ANY)) {
+    return std::nullopt;
+  }
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return PosixError(errno, "rendezvous store socket");
+  const int one = 1;
+  if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+      bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      listen(fd, SOMAXCONN) != 0) {
+    const int error = errno;
+    close(fd);
+    return PosixError(error, absl::StrCat("rendezvous store: listen on ",
+                                          host, ":", port));
+  }
+  return fd;
+}
+
+// The port `fd` is bound to.
+uint16_t BoundPort(int fd) {
+  sockaddr_in addr{};
+  socklen_t len = sizeof(addr);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    return 0;
+  }
+  return ntohs(addr.sin_port);
+}
+
 }  // namespace
 
 struct GlooRendezvousStore::Impl {
@@ -170,12 +218,19 @@ absl::StatusOr<std::unique_ptr<GlooRendezvousStore>>
 GlooRendezvousStore::Create(const std::string& host, uint16_t port,
                             absl::Duration timeout) {
   auto impl = std::make_unique<Impl>();
+  absl::StatusOr<std::optional<int>> listener = ListenOnHost(host, port);
+  if (!listener.ok()) return absl::UnavailableError(listener.status().message());
   try {
     c10d::TCPStoreOptions options;
     options.port = port;
     options.isServer = true;
     options.waitWorkers = false;
     options.timeout = ToMillis(timeout);
+    if (listener->has_value()) {
+      // The store owns the socket from here on (it closes it).
+      options.masterListenFd = **listener;
+      options.port = BoundPort(**listener);
+    }
     impl->store = c10::make_intrusive<c10d::TCPStore>(host, options);
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("TCPStore server on ", host, ":",
