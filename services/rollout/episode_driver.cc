@@ -42,7 +42,11 @@ EpisodeDriver::EpisodeDriver(engine::Engine* engine, EnvironmentClient* client,
       client_(client),
       codec_(std::move(codec)),
       format_(format),
-      limits_(limits) {}
+      limits_(limits) {
+  for (const std::string& stop : codec_.turn_stop_strings) {
+    stop_window_ = std::max(stop_window_, stop.size() + 1);
+  }
+}
 
 std::string EpisodeDriver::KeyText(const Key& key) {
   return absl::StrCat(key.first, "#", key.second);
@@ -63,6 +67,7 @@ absl::Status EpisodeDriver::Start(EpisodeTask task) {
     }
   }
   task.params.park_at_turn_end = true;
+  task.params.report_tokens = !codec_.turn_stop_strings.empty();
   task.params.max_tokens =
       std::min(task.params.max_tokens, limits_.max_turn_tokens);
   absl::Status added =
@@ -89,7 +94,34 @@ void EpisodeDriver::Poll() {
   }
 }
 
+void EpisodeDriver::OnTokens(const std::vector<engine::TokenEvent>& events) {
+  if (codec_.turn_stop_strings.empty()) return;
+  for (const engine::TokenEvent& event : events) {
+    auto it = episodes_.find({event.request_id, event.sample_index});
+    if (it == episodes_.end()) continue;
+    Episode& e = it->second;
+    if (e.ended || e.turn_stopped) continue;
+    e.turn_tokens.push_back(event.token);
+    const size_t window = std::min(stop_window_, e.turn_tokens.size());
+    const std::string tail = codec_.decode_turn(std::vector<int32_t>(
+        e.turn_tokens.end() - static_cast<std::ptrdiff_t>(window),
+        e.turn_tokens.end()));
+    const bool stop = std::any_of(
+        codec_.turn_stop_strings.begin(), codec_.turn_stop_strings.end(),
+        [&tail](const std::string& s) {
+          return tail.find(s) != std::string::npos;
+        });
+    if (!stop) continue;
+    // The turn may have ended in this step anyway (a stop token, its
+    // budget): then it is parked already and this is refused; no matter.
+    e.turn_stopped = engine_->EndTurn(e.request_id, e.sample_index).ok();
+  }
+}
+
 void EpisodeDriver::HandleTurn(Episode& e, engine::ParkedTurn turn) {
+  e.turn_tokens.clear();
+  e.turn_open = e.turn_stopped;
+  e.turn_stopped = false;
   e.completion_tokens =
       turn.turn_start + static_cast<int32_t>(turn.turn_tokens.size());
   e.turns = turn.turn;
@@ -197,6 +229,10 @@ void EpisodeDriver::HandleReply(EnvironmentReply reply) {
         absl::StrCat("cannot render the observations: ",
                      tokens.status().message()));
     return;
+  }
+  if (e.turn_open) {
+    tokens->insert(tokens->begin(), codec_.turn_end_tokens.begin(),
+                   codec_.turn_end_tokens.end());
   }
   if (e.turns >= limits_.max_turns) {
     End(e, "turn_limit",

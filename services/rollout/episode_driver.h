@@ -59,6 +59,15 @@ struct EpisodeCodec {
   std::function<absl::StatusOr<std::vector<int32_t>>(
       const std::vector<tandem::v1::Observation>&)>
       render_observations;
+  // Texts that end a model turn as soon as its decoded text contains one
+  // (e.g. "</tool_call>"), besides stop tokens and EOS; the turn keeps the
+  // tokens that wrote it. Empty: none (the engine then reports no tokens).
+  std::vector<std::string> turn_stop_strings;
+  // The end-of-turn tokens the chat template writes after a model turn
+  // (<|im_end|>): a turn a stop string ended has not written them, so they
+  // come first in the environment's tokens after it (render_observations
+  // renders what follows them).
+  std::vector<int32_t> turn_end_tokens;
 };
 
 // One task: `params.n` samples of `prompt`, each its own episode opened
@@ -99,6 +108,11 @@ class EpisodeDriver {
   // Handles turns that ended and environment replies. Call after every
   // engine step (and while idle: replies arrive when nothing runs).
   void Poll();
+  // Looks for turn stop strings in the tokens the engine sampled for
+  // episodes (Engine::TakeTokenEvents; others are ignored) and ends the
+  // turns that wrote one (Engine::EndTurn). Call after every engine step,
+  // before Poll().
+  void OnTokens(const std::vector<engine::TokenEvent>& events);
   // Takes a finished sample of an episode (false, untouched, for any other
   // request).
   bool OnFinished(engine::FinishedSample& sample);
@@ -118,6 +132,13 @@ class EpisodeDriver {
     bool ended = false;             // EndEpisode called; waiting for OnFinished
     int32_t completion_tokens = 0;  // output tokens at the last park
     int32_t turns = 0;              // model turns taken
+    // The current turn's sampled tokens (turn stop strings only), and
+    // whether EndTurn was asked for it.
+    std::vector<int32_t> turn_tokens;
+    bool turn_stopped = false;
+    // The last turn parked by a stop string: its end-of-turn tokens are
+    // still to be written.
+    bool turn_open = false;
     EpisodeResult result;
   };
   using Key = std::pair<std::string, int32_t>;
@@ -133,6 +154,9 @@ class EpisodeDriver {
   engine::Engine* const engine_;
   EnvironmentClient* const client_;
   const EpisodeCodec codec_;
+  // Tokens decoded at the end of a turn to look for a stop string: one per
+  // byte of the longest (every token writes at least one), plus one.
+  size_t stop_window_ = 0;
   const chat::ToolCallFormat format_;
   const EpisodeLimits limits_;
   std::map<Key, Episode> episodes_;

@@ -162,6 +162,12 @@ void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config) {
                     "admitted only while the KV cache is less full than "
                     "this fraction, so that admissions do not drop the "
                     "parked episodes' caches (which are then recomputed).");
+  schema->AddStringList(
+      "environment.turn_stop_strings", &config->environment_turn_stop_strings,
+      "Texts that end a model turn as soon as the turn writes one (e.g. "
+      "</tool_call>, so the call goes to the environment without waiting "
+      "for the end-of-turn token); the turn keeps the tokens that wrote it. "
+      "Besides stop tokens and EOS.");
   schema->AddEnum("environment.tool_call_format",
                   &config->environment_tool_call_format,
                   {"hermes", "qwen", "demo", "llama3"},

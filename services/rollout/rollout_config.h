@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "common/config/config_schema.h"
@@ -79,6 +80,8 @@ struct RolloutConfig {
   // cache is less full than this (parked caches are dropped and
   // recomputed when it runs short).
   double environment_park_kv_fraction = 0.9;
+  // Texts that end a model turn when it writes one (EpisodeCodec).
+  std::vector<std::string> environment_turn_stop_strings;
   // How the model writes tool calls: hermes (also qwen, demo) | llama3.
   std::string environment_tool_call_format = "hermes";
   // The chat template's end-of-turn text (observations are rendered after

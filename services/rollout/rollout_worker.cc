@@ -442,7 +442,9 @@ void RolloutWorker::GenerationLoop() {
       absl::MutexLock lock(&mu_);
       last_pause_seconds_ = step->pause_seconds;
     }
-    serving_.Dispatch(engine_->TakeTokenEvents());
+    const std::vector<engine::TokenEvent> events = engine_->TakeTokenEvents();
+    if (episodes_) episodes_->OnTokens(events);
+    serving_.Dispatch(events);
     PollAndDeliver();
     PublishStatus();
   }

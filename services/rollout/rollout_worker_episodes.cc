@@ -59,6 +59,10 @@ absl::Status RolloutWorker::StartEpisodes() {
   codec.decode_turn = [tokenizer](const std::vector<int32_t>& tokens) {
     return tokenizer->Decode(tokens, /*skip_special=*/false);
   };
+  codec.turn_stop_strings = config_.environment_turn_stop_strings;
+  if (!codec.turn_stop_strings.empty()) {
+    codec.turn_end_tokens = tokenizer->Encode(config_.environment_turn_end);
+  }
   std::shared_ptr<const chat::LoadedChatTemplates> templates =
       episode_templates_;
   const std::string turn_end = config_.environment_turn_end;

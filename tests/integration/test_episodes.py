@@ -187,7 +187,10 @@ class Cluster:
             args += ["--set",
                      f"environment.address={self.environment_address}",
                      "--set", "environment.max_turns=4",
-                     "--set", "environment.max_turn_tokens=64"]
+                     "--set", "environment.max_turn_tokens=64",
+                     # A call ends the turn: the worker closes it with
+                     # <|im_end|> as the environment's token.
+                     "--set", "environment.turn_stop_strings=</tool_call>"]
         daemon = harness.Daemon("rollout", self.tmp, args, name=name)
         daemon.wait_ready(120)
         self.workers.append(daemon)
@@ -354,6 +357,9 @@ class EpisodesTest(unittest.TestCase):
                 observation = [tokens[i] for i in runs[1][1]]
                 last = decode([tokens[i] for i in runs[-1][1]])
                 self.assertTrue(turn1.startswith("<tool_call>"), turn1)
+                # The stop string ended the turn: the model's turn ends
+                # with it, and <|im_end|> is the environment's.
+                self.assertTrue(turn1.endswith("</tool_call>"), turn1)
                 body = turn1[len("<tool_call>"):turn1.index("</tool_call>")]
                 call = json.loads(body)  # a real, well-formed call
                 self.assertEqual(call["name"], "calculator")
@@ -363,7 +369,7 @@ class EpisodesTest(unittest.TestCase):
                 self.assertEqual(
                     observation,
                     episode_model.encode(
-                        episode_model.observation_text(value)),
+                        "<|im_end|>" + episode_model.observation_text(value)),
                     decode(observation))
                 with_calls += 1
                 if (sample.episode_end_reason == "answered" and

@@ -29,6 +29,8 @@ namespace tandem::rollout {
 namespace {
 
 constexpr int32_t kVocab = 64;
+// The end-of-turn tokens a turn ended by a stop string is closed with.
+const std::vector<int32_t> kTurnEnd = {62, 63};
 
 std::unique_ptr<verifier::Verifier> StartVerifier() {
   verifier::VerifierConfig config;
@@ -64,14 +66,19 @@ struct Rig {
   std::vector<engine::FinishedSample> others;
   std::deque<EpisodeResult> ready;
 
+  // `turn_stops`: the codec's turn stop strings; with them, text is decoded
+  // token by token (DecodeLetters), not from the script.
   Rig(const std::string& address, EpisodeLimits limits,
-      EnvironmentClientOptions options = {})
+      EnvironmentClientOptions options = {},
+      std::vector<std::string> turn_stops = {})
       : engine(Options(), &model, &model, 0),
         channel(
             grpc::CreateChannel(address, grpc::InsecureChannelCredentials())),
         client(channel, address, options),
         driver(&engine, &client,
-               EpisodeCodec{[this](const std::vector<int32_t>&) {
+               EpisodeCodec{[this, letters = !turn_stops.empty()](
+                                const std::vector<int32_t>& tokens) {
+                              if (letters) return DecodeLetters(tokens);
                               decoded.push_back(
                                   next_turn < script.size()
                                       ? script[next_turn]
@@ -82,8 +89,16 @@ struct Rig {
                             [](const std::vector<tandem::v1::Observation>& obs)
                                 -> absl::StatusOr<std::vector<int32_t>> {
                               return Render(obs);
-                            }},
+                            },
+                            turn_stops, kTurnEnd},
                chat::ToolCallFormat::kHermes, limits) {}
+
+  // One letter a token.
+  static std::string DecodeLetters(const std::vector<int32_t>& tokens) {
+    std::string text;
+    for (int32_t t : tokens) text.push_back(static_cast<char>('a' + t % 26));
+    return text;
+  }
 
   static engine::EngineOptions Options() {
     engine::EngineOptions o;
@@ -109,7 +124,8 @@ struct Rig {
   }
 
   // Steps the engine and the driver until an episode finishes (episodes
-  // that finish in the same step are returned by the next calls).
+  // that finish in the same step are returned by the next calls); the
+  // sampled tokens go to OnTokens as the rollout worker's loop does.
   EpisodeResult RunOne(const std::function<void()>& on_step = {}) {
     const absl::Time give_up = absl::Now() + absl::Seconds(30);
     while (absl::Now() < give_up) {
@@ -119,6 +135,7 @@ struct Rig {
         return r;
       }
       REQUIRE(engine.Step().ok());
+      driver.OnTokens(engine.TakeTokenEvents());
       driver.Poll();
       for (auto& f : engine.TakeFinished()) {
         if (!driver.OnFinished(f)) others.push_back(std::move(f));
@@ -391,9 +408,17 @@ class RewardingEnvironment : public tandem::v1::Environment::CallbackService {
   grpc::ServerUnaryReactor* Step(grpc::CallbackServerContext* context,
                                  const tandem::v1::StepRequest*,
                                  tandem::v1::StepResponse* response) override {
-    response->set_done(true);
-    response->set_reward(reward);
-    response->set_end_text("judged");
+    // With observe_first, every other step (the first of each episode,
+    // one episode at a time) answers with a tool observation instead.
+    if (observe_first && steps++ % 2 == 0) {
+      tandem::v1::Observation* o = response->add_observations();
+      o->set_role("tool");
+      o->set_content("42");
+    } else {
+      response->set_done(true);
+      response->set_reward(reward);
+      response->set_end_text("judged");
+    }
     auto* reactor = context->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;
@@ -409,6 +434,8 @@ class RewardingEnvironment : public tandem::v1::Environment::CallbackService {
   }
   std::atomic<int> opened{0};
   std::atomic<double> reward{0.0};
+  std::atomic<bool> observe_first{false};
+  std::atomic<int> steps{0};
 };
 
 TEST_CASE(
@@ -444,6 +471,76 @@ TEST_CASE(
     CHECK(fair.end_reason == "environment");
     REQUIRE(fair.reward.has_value());
     CHECK(*fair.reward == 0.5);
+  }
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+TEST_CASE(
+    "a turn stop string ends the turn at the token that wrote it, which it "
+    "keeps") {
+  RewardingEnvironment service;  // ends every episode at its first step
+  service.reward = 1.0;
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  REQUIRE(server != nullptr);
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  std::vector<int32_t> probe;
+  {
+    // The toy model's greedy first turn of 16 tokens, with no stop string
+    // that can match.
+    Rig rig(address, EpisodeLimits{}, {}, {"not a letter string"});
+    REQUIRE(rig.Start("probe", 16).ok());
+    EpisodeResult r = rig.RunOne();
+    probe = r.sample.output;
+    REQUIRE(probe.size() == 16);
+  }
+  // A stop string of tokens 6..8 of that turn: the turn ends where it
+  // first appears in the turn's text (one letter a token), at or before
+  // token 8.
+  const std::string text = Rig::DecodeLetters(probe);
+  const std::string stop = text.substr(6, 3);
+  const size_t end = text.find(stop) + stop.size();
+  REQUIRE(end <= 9);
+  {
+    Rig rig(address, EpisodeLimits{}, {}, {"never", stop});
+    REQUIRE(rig.Start("stopped", 16).ok());
+    EpisodeResult r = rig.RunOne();
+    CHECK(r.end_reason == "environment");
+    CHECK(r.sample.output ==
+          std::vector<int32_t>(probe.begin(), probe.begin() + end));
+  }
+  {
+    // The environment answers the stopped turn: the turn is closed with
+    // the end-of-turn tokens, as the environment's, before its
+    // observation.
+    service.observe_first = true;
+    Rig rig(address, EpisodeLimits{}, {}, {stop});
+    REQUIRE(rig.Start("answered", 16).ok());
+    EpisodeResult r = rig.RunOne();
+    CHECK(r.end_reason == "environment");
+    REQUIRE(r.sample.output.size() > end + kTurnEnd.size());
+    CHECK(std::vector<int32_t>(r.sample.output.begin(),
+                               r.sample.output.begin() + end) ==
+          std::vector<int32_t>(probe.begin(), probe.begin() + end));
+    CHECK(std::vector<int32_t>(r.sample.output.begin() + end,
+                               r.sample.output.begin() + end +
+                                   kTurnEnd.size()) == kTurnEnd);
+    std::vector<int32_t> observation = kTurnEnd;
+    tandem::v1::Observation o;
+    o.set_role("tool");
+    o.set_content("42");
+    for (int32_t t : Render({o})) observation.push_back(t);
+    REQUIRE(r.sample.source_spans.size() >= 2);
+    CHECK(r.sample.source_spans[0] ==
+          engine::SourceSpan{engine::TokenSource::kModel,
+                             static_cast<uint32_t>(end)});
+    CHECK(r.sample.source_spans[1] ==
+          engine::SourceSpan{engine::TokenSource::kEnvironment,
+                             static_cast<uint32_t>(observation.size())});
   }
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
