@@ -47,3 +47,30 @@ function(tandem_add_test name)
   set_tests_properties(${name} PROPERTIES TIMEOUT ${ARG_TIMEOUT}
     LABELS "${ARG_LABELS};unit")
 endfunction()
+
+# tandem_add_fuzzer(NAME PARSER lib [LIBS lib...])
+# A libFuzzer entry point, NAME_fuzz.cc in the calling folder, for a parser
+# library, two ways. With Clang, NAME_fuzz: a libFuzzer binary with ASan
+# whose build compiles PARSER's own sources again with instrumentation (so
+# the fuzzer sees coverage inside the parser and ASan checks every access),
+# linked with LIBS (what those sources need). With any compiler,
+# NAME_fuzz_replay: the same entry point with replay_main.cc, linked with
+# PARSER, run by CTest over the checked-in corpus corpus/NAME.
+function(tandem_add_fuzzer name)
+  cmake_parse_arguments(ARG "" "PARSER" "LIBS" ${ARGN})
+  if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    get_target_property(parser_sources ${ARG_PARSER} SOURCES)
+    get_target_property(parser_dir ${ARG_PARSER} SOURCE_DIR)
+    list(TRANSFORM parser_sources PREPEND "${parser_dir}/")
+    add_executable(${name}_fuzz ${name}_fuzz.cc ${parser_sources})
+    target_compile_options(${name}_fuzz PRIVATE -fsanitize=fuzzer,address -g)
+    target_link_options(${name}_fuzz PRIVATE -fsanitize=fuzzer,address)
+    target_link_libraries(${name}_fuzz PRIVATE ${ARG_LIBS})
+  endif()
+  add_executable(${name}_fuzz_replay ${name}_fuzz.cc replay_main.cc)
+  target_link_libraries(${name}_fuzz_replay PRIVATE ${ARG_PARSER})
+  add_test(NAME ${name}_fuzz_replay
+    COMMAND ${name}_fuzz_replay ${CMAKE_CURRENT_SOURCE_DIR}/corpus/${name})
+  set_tests_properties(${name}_fuzz_replay PROPERTIES TIMEOUT 60
+    LABELS "fuzz")
+endfunction()

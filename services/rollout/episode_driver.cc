@@ -6,32 +6,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
+#include "common/environment/episode_end_reason.h"
 
 namespace tandem::rollout {
 namespace {
 
 auto Log() { return ComponentLogger("rollout"); }
-
-const char* EndReasonName(tandem::v1::EpisodeEndReason reason) {
-  switch (reason) {
-    case tandem::v1::EPISODE_END_ANSWERED:
-      return "answered";
-    case tandem::v1::EPISODE_END_ENVIRONMENT:
-      return "environment";
-    case tandem::v1::EPISODE_END_MAX_TURNS:
-      return "max_turns";
-    case tandem::v1::EPISODE_END_OBSERVATION_TOO_LARGE:
-      return "observation_too_large";
-    case tandem::v1::EPISODE_END_TIMEOUT:
-      return "timeout";
-    case tandem::v1::EPISODE_END_ERROR:
-      return "error";
-    default:
-      // done without a reason: the environment's own end (a bounded label
-      // the coordinator accepts).
-      return "environment";
-  }
-}
 
 }  // namespace
 
@@ -217,7 +197,11 @@ void EpisodeDriver::HandleReply(EnvironmentReply reply) {
       }
       e.result.reward = reward;
     }
-    End(e, EndReasonName(step.end_reason()), step.end_text());
+    // Done without a reason: the environment's own end (a bounded label the
+    // coordinator accepts).
+    End(e, std::string(environment::EndReasonLabel(step.end_reason(),
+                                                   "environment")),
+        step.end_text());
     return;
   }
   std::vector<tandem::v1::Observation> observations(step.observations().begin(),

@@ -1,5 +1,8 @@
 #include "services/rollout/rollout_metrics.h"
 
+#include "absl/strings/str_cat.h"
+#include "common/environment/episode_end_reason.h"
+
 namespace tandem::rollout {
 namespace {
 
@@ -78,11 +81,13 @@ RolloutMetrics::RolloutMetrics(prometheus::Registry& r)
       episodes_ended(
           prometheus::BuildCounter()
               .Name("tandem_rollout_episodes_ended_total")
-              .Help("Multi-turn episodes finished, by end reason: the "
-                    "environment's (answered, environment, max_turns, "
-                    "observation_too_large, timeout, error) or the "
-                    "worker's (turn_limit, token_limit, environment_failed, "
-                    "aborted; aborted ones are not delivered).")
+              .Help(absl::StrCat(
+                  "Multi-turn episodes finished, by end reason: the "
+                  "environment's (",
+                  environment::EndReasonLabelList(),
+                  ") or the worker's (turn_limit, token_limit, "
+                  "environment_failed, aborted; aborted ones are not "
+                  "delivered)."))
               .Register(r)),
       episode_tool_calls(Counter(
           r, "tandem_rollout_episode_tool_calls_total",
@@ -99,10 +104,12 @@ RolloutMetrics::RolloutMetrics(prometheus::Registry& r)
           r, "tandem_rollout_environment_idle_seconds_total",
           "Seconds the engine had no sequence to run while episodes waited "
           "for their environment's reply.")) {
+  for (const environment::EndReasonEntry& entry :
+       environment::kEndReasonTable) {
+    episodes_ended.Add({{"reason", std::string(entry.label)}});
+  }
   for (const char* reason :
-       {"answered", "environment", "max_turns", "observation_too_large",
-        "timeout", "error", "turn_limit", "token_limit", "environment_failed",
-        "aborted"}) {
+       {"turn_limit", "token_limit", "environment_failed", "aborted"}) {
     episodes_ended.Add({{"reason", reason}});
   }
   for (const char* reason : {"stop", "length", "aborted"}) {

@@ -52,6 +52,30 @@ std::vector<int32_t> Render(const std::vector<tandem::v1::Observation>& obs) {
   return tokens;
 }
 
+// A test's own Environment service on a loopback port-0 server, shut down
+// when it goes out of scope (calls still running are cancelled after 2 s).
+// `service` outlives it.
+class LoopbackServer {
+ public:
+  explicit LoopbackServer(grpc::Service* service) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port_);
+    builder.RegisterService(service);
+    server_ = builder.BuildAndStart();
+    REQUIRE(server_ != nullptr);
+  }
+  ~LoopbackServer() {
+    server_->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::seconds(2));
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
 // The engine, a driver and a scripted codec: the i-th decoded turn is
 // script[i].
 struct Rig {
@@ -338,17 +362,11 @@ TEST_CASE(
     "an environment that hangs or is gone ends the episode with a "
     "reason; the worker keeps generating") {
   HangingEnvironment service;
-  int port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                           &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  REQUIRE(server != nullptr);
+  LoopbackServer server(&service);
   {
     EnvironmentClientOptions options;
     options.step_timeout = absl::Milliseconds(300);
-    Rig rig("127.0.0.1:" + std::to_string(port), EpisodeLimits{}, options);
+    Rig rig(server.address(), EpisodeLimits{}, options);
     rig.script = {"thinking"};
     REQUIRE(rig.Start("hang", 3).ok());
     engine::SamplingParams plain;
@@ -390,7 +408,6 @@ TEST_CASE(
     CHECK_THAT(r.end_text, Catch::Contains("OpenEpisode of environment"));
     CHECK(r.sample.output.size() == 3);
   }
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
 
 // Ends every episode at its first Step with `reward` and no end reason.
@@ -442,15 +459,9 @@ TEST_CASE(
     "a reward outside [0, 1] ends the episode 'error' without it; done "
     "without a reason is the environment's own end") {
   RewardingEnvironment service;
-  int port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                           &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  REQUIRE(server != nullptr);
+  LoopbackServer server(&service);
   {
-    Rig rig("127.0.0.1:" + std::to_string(port), EpisodeLimits{});
+    Rig rig(server.address(), EpisodeLimits{});
     rig.script = {"7", "7", "7"};
     service.reward = 7.5;
     REQUIRE(rig.Start("generous", 3).ok());
@@ -472,7 +483,6 @@ TEST_CASE(
     REQUIRE(fair.reward.has_value());
     CHECK(*fair.reward == 0.5);
   }
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
 
 TEST_CASE(

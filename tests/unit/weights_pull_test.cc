@@ -110,13 +110,7 @@ StoredVersion StoreOneTensorVersion(WeightStore& store, int64_t rows,
   std::mt19937_64 rng(seed);
   WeightBuffer weights(layout->total_bytes());
   testing::FillRandom(*layout, &weights, rng);
-  auto manifest = layout->BuildManifest(weights.span(), 1);
-  REQUIRE(manifest.ok());
-  REQUIRE(store
-              .Put(*manifest,
-                   std::make_shared<const Bytes>(
-                       weights.data(), weights.data() + weights.size()))
-              .ok());
+  REQUIRE(testing::PutFullVersion(store, *layout, weights, 1).ok());
   return {*std::move(layout), std::move(weights)};
 }
 

@@ -24,8 +24,6 @@
 namespace tandem::weights {
 namespace {
 
-using Bytes = std::vector<uint8_t>;
-
 int ThreadsOfThisProcess() {
   int n = 0;
   DIR* dir = opendir("/proc/self/task");
@@ -94,12 +92,7 @@ Version Store(WeightStore& store, int64_t mib) {
   std::mt19937_64 rng(3);
   WeightBuffer weights(layout->total_bytes());
   testing::FillRandom(*layout, &weights, rng);
-  auto manifest = layout->BuildManifest(weights.span(), 1);
-  REQUIRE(manifest.ok());
-  REQUIRE(store
-              .Put(*manifest, std::make_shared<const Bytes>(
-                                  weights.data(), weights.data() + weights.size()))
-              .ok());
+  REQUIRE(testing::PutFullVersion(store, *layout, weights, 1).ok());
   return {*std::move(layout), std::move(weights)};
 }
 
@@ -224,17 +217,6 @@ TEST_CASE(
   PullOverRawPath(server.channel(), version);
 }
 
-// Stores `weights` as FULL version `v` of `layout`.
-void PutFull(WeightStore& store, const FlatWeightLayout& layout,
-             const WeightBuffer& weights, uint64_t v) {
-  auto manifest = layout.BuildManifest(weights.span(), v);
-  REQUIRE(manifest.ok());
-  REQUIRE(store
-              .Put(*manifest, std::make_shared<const Bytes>(
-                                  weights.data(), weights.data() + weights.size()))
-              .ok());
-}
-
 TEST_CASE(
     "A pulled version holding a NaN is refused, the live weights stay, and "
     "the receiver waits for a newer version instead of fetching it again",
@@ -247,7 +229,7 @@ TEST_CASE(
   std::mt19937_64 rng(5);
   WeightBuffer good(layout.total_bytes());
   testing::FillRandom(layout, &good, rng);
-  PutFull(store, layout, good, 1);
+  REQUIRE(testing::PutFullVersion(store, layout, good, 1).ok());
   auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
   REQUIRE(staging.ok());
   StagingWeights& s = **staging;
@@ -265,7 +247,7 @@ TEST_CASE(
   REQUIRE(t != nullptr);
   const uint16_t nan = 0x7FC0;
   std::memcpy(poisoned.data() + t->offset + 2 * 77, &nan, 2);
-  PutFull(store, layout, poisoned, 2);
+  REQUIRE(testing::PutFullVersion(store, layout, poisoned, 2).ok());
   absl::StatusOr<uint64_t> got =
       receiver.ReceiveNext(&s, absl::Now() + absl::Seconds(20));
   REQUIRE_FALSE(got.ok());
@@ -287,7 +269,7 @@ TEST_CASE(
   // A finite version 3 goes through (in full: no delta on v2 would do).
   WeightBuffer next(layout.total_bytes());
   testing::FillRandom(layout, &next, rng);
-  PutFull(store, layout, next, 3);
+  REQUIRE(testing::PutFullVersion(store, layout, next, 3).ok());
   got = receiver.ReceiveNext(&s, absl::Now() + absl::Seconds(20));
   INFO(got.status().ToString());
   REQUIRE(got.ok());

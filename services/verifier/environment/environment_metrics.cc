@@ -1,5 +1,8 @@
 #include "services/verifier/environment/environment_metrics.h"
 
+#include "absl/strings/str_cat.h"
+#include "common/environment/episode_end_reason.h"
+
 namespace tandem::verifier {
 
 EnvironmentMetrics::EnvironmentMetrics(prometheus::Registry& registry)
@@ -15,10 +18,10 @@ EnvironmentMetrics::EnvironmentMetrics(prometheus::Registry& registry)
                   .Register(registry)),
       ended_(prometheus::BuildCounter()
                  .Name("tandem_verifier_env_episodes_ended_total")
-                 .Help("Episodes ended, by reason: answered, environment, "
-                       "max_turns, observation_too_large, timeout, error, "
-                       "closed (by the client before the end), idle "
-                       "(reaped).")
+                 .Help(absl::StrCat("Episodes ended, by reason: ",
+                                    environment::EndReasonLabelList(),
+                                    ", closed (by the client before the "
+                                    "end), idle (reaped)."))
                  .Register(registry)),
       tool_calls_(prometheus::BuildCounter()
                       .Name("tandem_verifier_env_tool_calls_total")
@@ -32,7 +35,11 @@ EnvironmentMetrics::EnvironmentMetrics(prometheus::Registry& registry)
                    .Register(registry)
                    .Add({})) {
   // The closed label sets, exported at 0 from the start.
-  for (absl::string_view reason : kEndReasonLabels) {
+  for (const environment::EndReasonEntry& entry :
+       environment::kEndReasonTable) {
+    ended_.Add({{"reason", std::string(entry.label)}});
+  }
+  for (absl::string_view reason : {kEndReasonClosed, kEndReasonIdle}) {
     ended_.Add({{"reason", std::string(reason)}});
   }
   for (const char* environment : {"calculator", "single_turn"}) {

@@ -2,8 +2,10 @@
 
 // Metric families of the environment service (hosted by the verifier, in
 // its registry). Labels are closed sets: environment (the built-in names),
-// end reason (kEndReasonLabels), tool (the built-in tools plus "unknown")
-// and tool outcome (kToolOutcomes).
+// end reason (the EpisodeEndReason labels of
+// common/environment/episode_end_reason.h plus kEndReasonClosed and
+// kEndReasonIdle), tool (the built-in tools plus "unknown") and tool
+// outcome (kToolOutcomes).
 
 #include <string>
 
@@ -14,12 +16,11 @@
 
 namespace tandem::verifier {
 
-// Episode end reasons as metric labels: the EpisodeEndReason values, plus
-// "closed" (closed by its client before it ended) and "idle" (reaped after
-// environment.idle_timeout_ms without a call).
-inline constexpr absl::string_view kEndReasonLabels[] = {
-    "answered", "environment", "max_turns", "observation_too_large",
-    "timeout",  "error",       "closed",    "idle"};
+// Episode end reasons that are not EpisodeEndReason values: closed by its
+// client before it ended, and reaped after environment.idle_timeout_ms
+// without a call.
+inline constexpr absl::string_view kEndReasonClosed = "closed";
+inline constexpr absl::string_view kEndReasonIdle = "idle";
 
 // A tool call's outcome: ran and answered ("ok"); its arguments were not a
 // JSON object with the tool's parameters ("bad_arguments"); the tool

@@ -3,27 +3,20 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/environment/episode_end_reason.h"
 
 namespace tandem::verifier {
 
 using tandem::v1::EpisodeEndReason;
 
-absl::string_view EndReasonLabel(EpisodeEndReason reason) {
-  switch (reason) {
-    case tandem::v1::EPISODE_END_ANSWERED:
-      return "answered";
-    case tandem::v1::EPISODE_END_ENVIRONMENT:
-      return "environment";
-    case tandem::v1::EPISODE_END_MAX_TURNS:
-      return "max_turns";
-    case tandem::v1::EPISODE_END_OBSERVATION_TOO_LARGE:
-      return "observation_too_large";
-    case tandem::v1::EPISODE_END_TIMEOUT:
-      return "timeout";
-    default:
-      return "error";
-  }
+namespace {
+
+// The metric label of an end reason; "error" for an unset or unknown one.
+absl::string_view EndLabel(EpisodeEndReason reason) {
+  return environment::EndReasonLabel(reason, "error");
 }
+
+}  // namespace
 
 EpisodeTable::EpisodeTable(
     const EnvironmentConfig& config,
@@ -142,7 +135,7 @@ absl::StatusOr<tandem::v1::StepResponse> EpisodeTable::Step(
     episode->last_call = absl::Now();
     if (episode->ended != tandem::v1::EPISODE_END_REASON_UNSPECIFIED) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "the episode has ended (", EndReasonLabel(episode->ended), ": ",
+          "the episode has ended (", EndLabel(episode->ended), ": ",
           episode->end_text, "); close it"));
     }
     if (episode->busy) {
@@ -222,7 +215,7 @@ bool EpisodeTable::Close(const std::string& episode_id) {
   auto it = episodes_.find(episode_id);
   if (it == episodes_.end()) return false;
   if (it->second->ended == tandem::v1::EPISODE_END_REASON_UNSPECIFIED) {
-    metrics_->CountEnded("closed");
+    metrics_->CountEnded(kEndReasonClosed);
   }
   episodes_.erase(it);
   UpdateGauge();
@@ -237,7 +230,7 @@ int EpisodeTable::Reap(absl::Time now) {
     Episode& episode = *it->second;
     if (!episode.busy && now - episode.last_call >= idle) {
       if (episode.ended == tandem::v1::EPISODE_END_REASON_UNSPECIFIED) {
-        metrics_->CountEnded("idle");
+        metrics_->CountEnded(kEndReasonIdle);
       }
       it = episodes_.erase(it);
       ++reaped;
@@ -258,7 +251,7 @@ void EpisodeTable::End(Episode& episode, EpisodeEndReason reason,
                        std::string text) {
   episode.ended = reason;
   episode.end_text = std::move(text);
-  metrics_->CountEnded(EndReasonLabel(reason));
+  metrics_->CountEnded(EndLabel(reason));
 }
 
 void EpisodeTable::UpdateGauge() {

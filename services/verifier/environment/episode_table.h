@@ -30,9 +30,6 @@
 
 namespace tandem::verifier {
 
-// Metric label of an end reason.
-absl::string_view EndReasonLabel(tandem::v1::EpisodeEndReason reason);
-
 class EpisodeTable {
  public:
   // `scorers` (the verifier's, by name) and `metrics` outlive the table.
