@@ -490,14 +490,8 @@ TEST_CASE(
     "keeps") {
   RewardingEnvironment service;  // ends every episode at its first step
   service.reward = 1.0;
-  int port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                           &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  REQUIRE(server != nullptr);
-  const std::string address = "127.0.0.1:" + std::to_string(port);
+  LoopbackServer server(&service);
+  const std::string address = server.address();
   std::vector<int32_t> probe;
   {
     // The toy model's greedy first turn of 16 tokens, with no stop string
@@ -552,7 +546,6 @@ TEST_CASE(
           engine::SourceSpan{engine::TokenSource::kEnvironment,
                              static_cast<uint32_t>(observation.size())});
   }
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
 
 }  // namespace
