@@ -72,9 +72,10 @@ struct TrainingOptions {
   // "keep" (handed out anyway; the trainer corrects by importance sampling).
   std::string stale_groups = "drop";
   // Dispatch throttle: groups the trainer consumes per version (refined by
-  // the trainer's pulls). At most (max_lag + 1) times this many groups are
-  // in flight (leased, scoring, ready or training).
-  int64_t groups_per_version = 64;
+  // the trainer's pulls; see GroupLedger). The trainer's own default batch
+  // (training.batch_max_groups) is 16: a larger start over-dispatches
+  // until its first pull, and that work goes stale.
+  int64_t groups_per_version = 16;
 };
 
 // Durability (YAML section `journal`).

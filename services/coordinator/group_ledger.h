@@ -100,7 +100,7 @@ struct GroupLedgerOptions {
   absl::Duration lease_timeout = absl::Minutes(1);
   absl::Duration batch_timeout = absl::Minutes(5);
   bool keep_stale = false;
-  uint64_t groups_per_version = 64;
+  uint64_t groups_per_version = 16;
   // Sent with every lease (stop_token_ids and max_tokens may be filled from
   // the prompt source).
   tandem::v1::SamplingParams sampling;
