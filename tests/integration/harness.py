@@ -72,6 +72,43 @@ def certs_init(directory, *extra):
                     *extra], check=True, capture_output=True, timeout=30)
 
 
+def grpc_tls_credentials(ca_dir, cert_dir=None, role="admin"):
+    """Python grpcio TLS credentials trusting the CA of `ca_dir`, with the
+    client certificate `role`.pem of `cert_dir` (none when cert_dir is
+    None)."""
+    def read(name):
+        with open(name, "rb") as f:
+            return f.read()
+    root = read(os.path.join(ca_dir, "ca.pem"))
+    if cert_dir is None:
+        return grpc.ssl_channel_credentials(root_certificates=root)
+    return grpc.ssl_channel_credentials(
+        root_certificates=root,
+        private_key=read(os.path.join(cert_dir, f"{role}.key")),
+        certificate_chain=read(os.path.join(cert_dir, f"{role}.pem")))
+
+
+def write_mtls_configs(config_dir, certs, roles=None, extra=None,
+                       tls_extra=""):
+    """Writes <daemon>.yaml for the four daemons into `config_dir`: the
+    test config of tests/integration/config, then `extra[daemon]`, then
+    `tls.mode: mtls` with the certificate of `roles[daemon]` (default: the
+    daemon's own role) from `certs`, then `tls_extra` (lines under tls:)."""
+    os.makedirs(config_dir, exist_ok=True)
+    for daemon in ("coordinator", "trainer", "verifier", "rollout"):
+        role = (roles or {}).get(daemon, daemon)
+        with open(os.path.join(REPO, "tests", "integration", "config",
+                               f"{daemon}.yaml")) as f:
+            text = f.read()
+        text += (extra or {}).get(daemon, "")
+        text += (f"tls:\n  mode: mtls\n"
+                 f"  cert: {certs}/{role}.pem\n"
+                 f"  key: {certs}/{role}.key\n"
+                 f"  ca: {certs}/ca.pem\n" + tls_extra)
+        with open(os.path.join(config_dir, f"{daemon}.yaml"), "w") as f:
+            f.write(text)
+
+
 def tls_flags(certs, role="admin"):
     """tandemctl's and the launcher's TLS flags for `role`'s certificate."""
     return ["--tls-cert", os.path.join(certs, f"{role}.pem"),

@@ -74,10 +74,7 @@ class Client:
     `cert_dir`, trusting the CA in `ca_dir`."""
 
     def __init__(self, address, ca_dir, cert_dir, role):
-        creds = grpc.ssl_channel_credentials(
-            root_certificates=read(os.path.join(ca_dir, "ca.pem")),
-            private_key=read(os.path.join(cert_dir, f"{role}.key")),
-            certificate_chain=read(os.path.join(cert_dir, f"{role}.pem")))
+        creds = harness.grpc_tls_credentials(ca_dir, cert_dir, role)
         self.channel = grpc.secure_channel(address, creds)
 
     def call(self, method, request, timeout=10):

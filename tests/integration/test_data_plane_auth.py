@@ -46,7 +46,6 @@ STUB_DIR = harness.proto_stubs("common.proto", "coordinator.proto")
 from tandem.v1 import common_pb2 as common  # noqa: E402
 from tandem.v1 import coordinator_pb2 as pb  # noqa: E402
 
-CONFIG_DIR = os.path.join(os.path.dirname(__file__), "config")
 RAW_MAGIC = 0x31445754       # "TWD1": a raw request or status
 AUTH_MAGIC = 0x31415754      # "TWA1": challenge and proof
 PROOF_CONTEXT = b"tandem weight data v1\x00"
@@ -54,16 +53,8 @@ UNAUTHENTICATED = 16
 RAW_END = 2
 
 
-def read(path, mode="r"):
-    with open(path, mode) as f:
-        return f.read()
-
-
 def credentials(certs, role):
-    return grpc.ssl_channel_credentials(
-        root_certificates=read(os.path.join(certs, "ca.pem"), "rb"),
-        private_key=read(os.path.join(certs, f"{role}.key"), "rb"),
-        certificate_chain=read(os.path.join(certs, f"{role}.pem"), "rb"))
+    return harness.grpc_tls_credentials(certs, certs, role)
 
 
 def recv_exactly(sock, n):
@@ -97,20 +88,11 @@ class DataPlaneTest(unittest.TestCase):
         cls.certs = os.path.join(cls.tmp, "certs")
         harness.certs_init(cls.certs)
         cls.config_dir = os.path.join(cls.tmp, "config")
-        os.makedirs(cls.config_dir)
-        extra = {"rollout": "weight_sync:\n  mode: pull\n",
-                 "trainer": "weight_sync:\n  broadcast: false\n",
-                 "coordinator": "weight_sync:\n  broadcast: false\n"}
-        for daemon in ("coordinator", "trainer", "verifier", "rollout"):
-            text = read(os.path.join(CONFIG_DIR, f"{daemon}.yaml"))
-            text += extra.get(daemon, "")
-            text += (f"tls:\n  mode: mtls\n"
-                     f"  cert: {cls.certs}/{daemon}.pem\n"
-                     f"  key: {cls.certs}/{daemon}.key\n"
-                     f"  ca: {cls.certs}/ca.pem\n")
-            with open(os.path.join(cls.config_dir, f"{daemon}.yaml"),
-                      "w") as f:
-                f.write(text)
+        harness.write_mtls_configs(
+            cls.config_dir, cls.certs,
+            extra={"rollout": "weight_sync:\n  mode: pull\n",
+                   "trainer": "weight_sync:\n  broadcast: false\n",
+                   "coordinator": "weight_sync:\n  broadcast: false\n"})
         cls.launcher = harness.Launcher(
             rollout_workers=2, config_dir=cls.config_dir,
             extra_args=harness.tls_flags(cls.certs))

@@ -39,7 +39,6 @@ import grpc
 
 import harness
 
-CONFIG_DIR = os.path.join(os.path.dirname(__file__), "config")
 ROLES = {"coordinator": "coordinator", "trainer": "trainer",
          "verifier": "verifier", "rollout": "rollout"}
 REFRESH_S = 1  # tls.refresh_s of every daemon
@@ -48,18 +47,6 @@ REFRESH_S = 1  # tls.refresh_s of every daemon
 def read(path, mode="r"):
     with open(path, mode) as f:
         return f.read()
-
-
-def grpc_credentials(ca_dir, cert_dir=None, role="admin"):
-    """Python grpcio TLS credentials: the CA of `ca_dir`, and the client
-    certificate of `role` from `cert_dir` (none when cert_dir is None)."""
-    if cert_dir is None:
-        return grpc.ssl_channel_credentials(
-            root_certificates=read(os.path.join(ca_dir, "ca.pem"), "rb"))
-    return grpc.ssl_channel_credentials(
-        root_certificates=read(os.path.join(ca_dir, "ca.pem"), "rb"),
-        private_key=read(os.path.join(cert_dir, f"{role}.key"), "rb"),
-        certificate_chain=read(os.path.join(cert_dir, f"{role}.pem"), "rb"))
 
 
 def get_cluster_status(channel, timeout=5):
@@ -116,17 +103,8 @@ class TlsClusterTest(unittest.TestCase):
         harness.certs_init(cls.certs)
         harness.certs_init(cls.other)
         cls.config_dir = os.path.join(cls.tmp, "config")
-        os.makedirs(cls.config_dir)
-        for daemon, role in ROLES.items():
-            text = read(os.path.join(CONFIG_DIR, f"{daemon}.yaml"))
-            text += (f"tls:\n  mode: mtls\n"
-                     f"  cert: {cls.certs}/{role}.pem\n"
-                     f"  key: {cls.certs}/{role}.key\n"
-                     f"  ca: {cls.certs}/ca.pem\n"
-                     f"  refresh_s: {REFRESH_S}\n")
-            with open(os.path.join(cls.config_dir, f"{daemon}.yaml"),
-                      "w") as f:
-                f.write(text)
+        harness.write_mtls_configs(cls.config_dir, cls.certs, roles=ROLES,
+                                   tls_extra=f"  refresh_s: {REFRESH_S}\n")
         cls.launcher = harness.Launcher(
             rollout_workers=2, config_dir=cls.config_dir,
             extra_args=harness.tls_flags(cls.certs))
@@ -224,31 +202,31 @@ class TlsClusterTest(unittest.TestCase):
 
     def test_3_tls_client_without_certificate_is_refused(self):
         with grpc.secure_channel(self.coordinator,
-                                 grpc_credentials(self.certs)) as channel:
+                                 harness.grpc_tls_credentials(self.certs)) as channel:
             self.assertEqual(refused_code(channel),
                              grpc.StatusCode.UNAVAILABLE)
 
     def test_4_certificate_of_another_ca_is_refused(self):
         # Trusting the cluster's CA but presenting the other CA's admin
         # certificate: the server refuses it.
-        creds = grpc_credentials(self.certs, cert_dir=self.other)
+        creds = harness.grpc_tls_credentials(self.certs, cert_dir=self.other)
         with grpc.secure_channel(self.coordinator, creds) as channel:
             self.assertEqual(refused_code(channel),
                              grpc.StatusCode.UNAVAILABLE)
         # Trusting only the other CA: the client refuses the server.
-        creds = grpc_credentials(self.other, cert_dir=self.other)
+        creds = harness.grpc_tls_credentials(self.other, cert_dir=self.other)
         with grpc.secure_channel(self.coordinator, creds) as channel:
             self.assertEqual(refused_code(channel),
                              grpc.StatusCode.UNAVAILABLE)
 
     def test_5_valid_certificate_reads_cluster_status(self):
-        creds = grpc_credentials(self.certs, cert_dir=self.certs)
+        creds = harness.grpc_tls_credentials(self.certs, cert_dir=self.certs)
         with grpc.secure_channel(self.coordinator, creds) as channel:
             response = get_cluster_status(channel)
         self.assertGreater(len(response), 0)
         # Every role may read the cluster status (docs/operations.md,
         # "Roles and authorization"); test_authz.py checks the rest.
-        creds = grpc_credentials(self.certs, cert_dir=self.certs,
+        creds = harness.grpc_tls_credentials(self.certs, cert_dir=self.certs,
                                  role="rollout")
         with grpc.secure_channel(self.coordinator, creds) as channel:
             self.assertGreater(len(get_cluster_status(channel)), 0)
@@ -289,7 +267,7 @@ class TlsClusterTest(unittest.TestCase):
             REFRESH_S + 10, "the coordinator to serve the new certificate",
             interval=0.2)
         # A new client connection with the new admin certificate works.
-        creds = grpc_credentials(self.certs, cert_dir=self.certs)
+        creds = harness.grpc_tls_credentials(self.certs, cert_dir=self.certs)
         with grpc.secure_channel(self.coordinator, creds) as channel:
             self.assertGreater(len(get_cluster_status(channel)), 0)
         # And the cluster keeps training on the rotated certificates.
@@ -340,7 +318,7 @@ class TlsClusterTest(unittest.TestCase):
         self.assertEqual(status["state"], "ROLLOUT_STATE_RUNNING")
         # SaveCheckpoint pins weights on disk: admin only.
         trainer = self.ready["trainer"]
-        creds = grpc_credentials(self.certs, cert_dir=self.certs,
+        creds = harness.grpc_tls_credentials(self.certs, cert_dir=self.certs,
                                  role="rollout")
         with grpc.secure_channel(trainer["grpc_address"], creds) as channel:
             save = channel.unary_unary("/tandem.v1.Trainer/SaveCheckpoint",
@@ -357,7 +335,7 @@ class TlsClusterTest(unittest.TestCase):
             "tandem_trainer_auth_refused_total", reason="wrong_role"), 1)
         # ScoreBatch runs candidate code: only the coordinator may ask.
         verifier = self.ready["verifier"]
-        creds = grpc_credentials(self.certs, cert_dir=self.certs)
+        creds = harness.grpc_tls_credentials(self.certs, cert_dir=self.certs)
         with grpc.secure_channel(verifier["grpc_address"], creds) as channel:
             score = channel.unary_unary("/tandem.v1.Verifier/ScoreBatch",
                                         request_serializer=None,
