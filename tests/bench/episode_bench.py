@@ -135,7 +135,8 @@ def run_row(tmp, model_dir, tool_turns, args):
             env = subprocess.Popen(
                 ["/usr/bin/python3", os.path.join(HERE, "scripted_env.py"),
                  "--tool-turns", str(tool_turns),
-                 "--tool-ms", str(args.tool_ms), "--ready-file", ready],
+                 "--tool-ms", str(args.tool_ms),
+                 "--threads", str(args.env_threads), "--ready-file", ready],
                 stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
             address = harness.wait_for(lambda: harness.read_json(ready), 30,
                                        "scripted environment")["grpc_address"]
@@ -202,6 +203,8 @@ def main():
     parser.add_argument("--window", type=float, default=30.0)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--max-num-seqs", type=int, default=32)
+    parser.add_argument("--env-threads", type=int, default=1024,
+                        help="the scripted environment's server threads")
     parser.add_argument("--kv-blocks", type=int, default=4096,
                         help="the worker's engine.num_kv_blocks (16 tokens "
                              "each)")
