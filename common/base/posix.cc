@@ -1,6 +1,9 @@
 #include "common/base/posix.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -52,6 +55,31 @@ absl::Status SyncDirectory(const std::string& dir) {
   ::close(fd);
   if (rc != 0) return PosixError(error, absl::StrCat(dir, ": fsync directory"));
   return absl::OkStatus();
+}
+
+absl::StatusOr<int> ListenTcp4(const std::string& host, uint16_t port,
+                               int socket_flags, uint16_t* bound_port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", host, "' is not an IPv4 address"));
+  }
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | socket_flags, 0);
+  if (fd < 0) return PosixError(errno, absl::StrCat("socket for ", host));
+  socklen_t len = sizeof(addr);
+  const int one = 1;
+  if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+      bind(fd, reinterpret_cast<const sockaddr*>(&addr), len) != 0 ||
+      listen(fd, SOMAXCONN) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const int error = errno;
+    close(fd);
+    return PosixError(error, absl::StrCat("listen on ", host, ":", port));
+  }
+  *bound_port = ntohs(addr.sin_port);
+  return fd;
 }
 
 }  // namespace tandem

@@ -168,40 +168,23 @@ constexpr int kGlooConnectAttempts = 5;
 // (TCPStoreOptions::masterListenFd). So when `host` is an IPv4 address of
 // this machine the store listens on it alone, as the raw data port does;
 // a store reachable on every interface of a pod or node is reachable from
-// networks the trainer never meant to serve. Returns the listening socket,
-// or nullopt for a host that is not an IPv4 address or is 0.0.0.0
-// (LibTorch's own listener then, as before).
-absl::StatusOr<std::optional<int>> ListenOnHost(const std::string& host,
-                                                uint16_t port) {
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1 ||
-      addr.sin_addr.s_addr == htonl(INADDR_ANY)) {
+// networks the trainer never meant to serve. Returns the listening socket
+// and its port, or nullopt for a host that is not an IPv4 address or is
+// 0.0.0.0 (LibTorch's own listener then, as before).
+absl::StatusOr<std::optional<std::pair<int, uint16_t>>> ListenOnHost(
+    const std::string& host, uint16_t port) {
+  in_addr any{};
+  if (inet_pton(AF_INET, host.c_str(), &any) != 1 ||
+      any.s_addr == htonl(INADDR_ANY)) {
     return std::nullopt;
   }
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return PosixError(errno, "rendezvous store socket");
-  const int one = 1;
-  if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
-      bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      listen(fd, SOMAXCONN) != 0) {
-    const int error = errno;
-    close(fd);
-    return PosixError(error, absl::StrCat("rendezvous store: listen on ",
-                                          host, ":", port));
+  uint16_t bound = 0;
+  absl::StatusOr<int> fd = ListenTcp4(host, port, 0, &bound);
+  if (!fd.ok()) {
+    return absl::Status(fd.status().code(),
+                        absl::StrCat("rendezvous store: ", fd.status().message()));
   }
-  return fd;
-}
-
-// The port `fd` is bound to.
-uint16_t BoundPort(int fd) {
-  sockaddr_in addr{};
-  socklen_t len = sizeof(addr);
-  if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    return 0;
-  }
-  return ntohs(addr.sin_port);
+  return std::make_pair(*fd, bound);
 }
 
 }  // namespace
@@ -218,7 +201,7 @@ absl::StatusOr<std::unique_ptr<GlooRendezvousStore>>
 GlooRendezvousStore::Create(const std::string& host, uint16_t port,
                             absl::Duration timeout) {
   auto impl = std::make_unique<Impl>();
-  absl::StatusOr<std::optional<int>> listener = ListenOnHost(host, port);
+  auto listener = ListenOnHost(host, port);
   if (!listener.ok()) return absl::UnavailableError(listener.status().message());
   try {
     c10d::TCPStoreOptions options;
@@ -228,8 +211,8 @@ GlooRendezvousStore::Create(const std::string& host, uint16_t port,
     options.timeout = ToMillis(timeout);
     if (listener->has_value()) {
       // The store owns the socket from here on (it closes it).
-      options.masterListenFd = **listener;
-      options.port = BoundPort(**listener);
+      options.masterListenFd = (*listener)->first;
+      options.port = (*listener)->second;
     }
     impl->store = c10::make_intrusive<c10d::TCPStore>(host, options);
   } catch (const std::exception& e) {

@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
+#include "common/base/posix.h"
 #include "common/weights/pull/weight_server_internal.h"
 #include "kernels/crc32c.h"
 
@@ -124,31 +125,24 @@ Recv RecvUpTo(int fd, std::string& bytes, size_t want) {
 std::unique_ptr<WeightServerService::RawDataServer>
 WeightServerService::RawDataServer::Start(WeightServerService* service,
                                           const WeightServerOptions& options) {
-  const std::string& host = options.data_host;
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(options.data_port);
-  socklen_t len = sizeof(addr);
-  const int one = 1;
+  uint16_t port = 0;
+  absl::StatusOr<int> fd =
+      ListenTcp4(options.data_host, options.data_port, SOCK_NONBLOCK, &port);
   int wake[2] = {-1, -1};
-  errno = 0;
-  if (fd < 0 || inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1 ||
-      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
-      bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-      listen(fd, SOMAXCONN) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
-      pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+  if (fd.ok() && pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+    const int error = errno;
+    close(*fd);
+    fd = PosixError(error, "raw data path: wake pipe");
+  }
+  if (!fd.ok()) {
     std::fprintf(stderr,
-                 "weight server: raw data path on %s:%u disabled (%s); "
-                 "pulls use FetchWeights\n",
-                 host.c_str(), static_cast<unsigned>(options.data_port),
-                 errno != 0 ? std::strerror(errno) : "not an IPv4 address");
-    if (fd >= 0) close(fd);
+                 "weight server: raw data path disabled (%s); pulls use "
+                 "FetchWeights\n",
+                 std::string(fd.status().message()).c_str());
     return nullptr;
   }
   auto server = std::unique_ptr<RawDataServer>(
-      new RawDataServer(service, options, fd, ntohs(addr.sin_port)));
+      new RawDataServer(service, options, *fd, port));
   server->wake_[0] = wake[0];
   server->wake_[1] = wake[1];
   if (service->options_.metrics != nullptr) {
