@@ -23,50 +23,19 @@
 #include "common/rpc/tls_options.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "services/tandemctl/certs_init.h"
+#include "tls_test_util.h"
 
 namespace tandem {
 namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh directory under $TMPDIR (or /tmp), removed on destruction.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern =
-        std::string(base != nullptr ? base : "/tmp") + "/tls_test.XXXXXX";
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
+using testing::IssuedCertificates;
+using testing::TempDir;
 
- private:
-  std::string path_;
-};
-
-// A development CA and role certificates in a new directory.
-std::unique_ptr<TempDir> IssuedCertificates() {
-  auto dir = std::make_unique<TempDir>();
-  certs::CertsInitOptions options;
-  options.dir = dir->path();
-  REQUIRE(certs::WriteDevCertificates(options).ok());
-  return dir;
-}
-
-rpc::TlsOptions RoleTls(const TempDir& dir, const std::string& role) {
-  rpc::TlsOptions tls;
-  tls.mode = "mtls";
-  tls.cert = dir.File(role + ".pem");
-  tls.key = dir.File(role + ".key");
-  tls.ca = dir.File("ca.pem");
-  tls.refresh_s = 1;
-  return tls;
+// Every daemon of these tests reloads its certificates every second.
+rpc::TlsOptions DaemonTls(const TempDir& dir, const std::string& role) {
+  return testing::RoleTls(dir, role, /*refresh_s=*/1);
 }
 
 void WriteText(const std::string& path, const std::string& text) {
@@ -145,7 +114,7 @@ TEST_CASE("a valid mtls section loads") {
   CHECK(LoadError(TlsYaml(dir->File("coordinator.pem"),
                           dir->File("coordinator.key"), dir->File("ca.pem"))) ==
         "");
-  CHECK(rpc::CheckTlsOptions(RoleTls(*dir, "coordinator")).ok());
+  CHECK(rpc::CheckTlsOptions(DaemonTls(*dir, "coordinator")).ok());
 }
 
 TEST_CASE("TANDEM_TLS_* variables set the keys and are named in errors") {
@@ -206,14 +175,14 @@ TEST_CASE("an mtls server serves only clients with a certificate of its CA") {
   auto dir = IssuedCertificates();
   auto other = IssuedCertificates();  // another CA
   auto server =
-      rpc::GrpcServer::Start("127.0.0.1:0", {}, RoleTls(*dir, "coordinator"));
+      rpc::GrpcServer::Start("127.0.0.1:0", {}, DaemonTls(*dir, "coordinator"));
   REQUIRE(server.ok());
   const std::string address = (*server)->bound_address();
 
-  CHECK(Probe(rpc::MakeChannel(address, RoleTls(*dir, "admin"))) ==
+  CHECK(Probe(rpc::MakeChannel(address, DaemonTls(*dir, "admin"))) ==
         grpc::StatusCode::OK);
   CHECK(Probe(rpc::MakeChannel(address, {})) == grpc::StatusCode::UNAVAILABLE);
-  CHECK(Probe(rpc::MakeChannel(address, RoleTls(*other, "admin"))) ==
+  CHECK(Probe(rpc::MakeChannel(address, DaemonTls(*other, "admin"))) ==
         grpc::StatusCode::UNAVAILABLE);
   // TLS with the right CA but no client certificate.
   grpc::SslCredentialsOptions no_cert;
@@ -221,18 +190,18 @@ TEST_CASE("an mtls server serves only clients with a certificate of its CA") {
   CHECK(Probe(grpc::CreateChannel(address, grpc::SslCredentials(no_cert))) ==
         grpc::StatusCode::UNAVAILABLE);
   // A server name the certificate does not carry.
-  rpc::TlsOptions renamed = RoleTls(*dir, "admin");
+  rpc::TlsOptions renamed = DaemonTls(*dir, "admin");
   renamed.server_name = "not-in-the-certificate.example";
   CHECK(Probe(rpc::MakeChannel(address, renamed)) != grpc::StatusCode::OK);
   // Dialled by a name the certificate carries (localhost), not its IP.
   const std::string port = address.substr(address.rfind(':') + 1);
-  CHECK(Probe(rpc::MakeChannel("localhost:" + port, RoleTls(*dir, "admin"))) ==
+  CHECK(Probe(rpc::MakeChannel("localhost:" + port, DaemonTls(*dir, "admin"))) ==
         grpc::StatusCode::OK);
 }
 
 TEST_CASE("GrpcServer::Start refuses mtls with files that do not load") {
   auto dir = IssuedCertificates();
-  rpc::TlsOptions tls = RoleTls(*dir, "coordinator");
+  rpc::TlsOptions tls = DaemonTls(*dir, "coordinator");
   tls.key = dir->File("trainer.key");
   auto server = rpc::GrpcServer::Start("127.0.0.1:0", {}, tls);
   REQUIRE_FALSE(server.ok());
@@ -245,7 +214,7 @@ TEST_CASE("GrpcServer::Start refuses mtls with files that do not load") {
 TEST_CASE("an mtls server picks up a new CA and certificate from disk") {
   auto served = IssuedCertificates();  // the server's files, rewritten below
   auto next = IssuedCertificates();    // a second CA and its certificates
-  const rpc::TlsOptions server_tls = RoleTls(*served, "coordinator");
+  const rpc::TlsOptions server_tls = DaemonTls(*served, "coordinator");
   // The first CA's client, in files of its own.
   TempDir first;
   for (const char* f : {"ca.pem", "admin.pem", "admin.key"}) {
@@ -254,7 +223,7 @@ TEST_CASE("an mtls server picks up a new CA and certificate from disk") {
   auto server = rpc::GrpcServer::Start("127.0.0.1:0", {}, server_tls);
   REQUIRE(server.ok());
   const std::string address = (*server)->bound_address();
-  REQUIRE(Probe(rpc::MakeChannel(address, RoleTls(first, "admin"))) ==
+  REQUIRE(Probe(rpc::MakeChannel(address, DaemonTls(first, "admin"))) ==
           grpc::StatusCode::OK);
 
   // Rotate the server onto the second CA: key, certificate, then CA file,
@@ -267,12 +236,12 @@ TEST_CASE("an mtls server picks up a new CA and certificate from disk") {
   grpc::StatusCode code = grpc::StatusCode::UNKNOWN;
   while (absl::Now() < give_up) {
     // A fresh channel each time: a new connection, a new handshake.
-    code = Probe(rpc::MakeChannel(address, RoleTls(*next, "admin")));
+    code = Probe(rpc::MakeChannel(address, DaemonTls(*next, "admin")));
     if (code == grpc::StatusCode::OK) break;
     absl::SleepFor(absl::Milliseconds(200));
   }
   CHECK(code == grpc::StatusCode::OK);
-  CHECK(Probe(rpc::MakeChannel(address, RoleTls(first, "admin"))) ==
+  CHECK(Probe(rpc::MakeChannel(address, DaemonTls(first, "admin"))) ==
         grpc::StatusCode::UNAVAILABLE);
 }
 

@@ -25,41 +25,24 @@
 #include "common/weights/weight_store.h"
 #include "services/tandemctl/certs_init.h"
 #include "tandem/v1/trainer.grpc.pb.h"
+#include "tls_test_util.h"
 #include "weights_test_util.h"
 
 namespace tandem::weights {
 namespace {
 
-namespace fs = std::filesystem;
-
-class CertDir {
- public:
-  CertDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern = std::string(base != nullptr ? base : "/tmp") +
-                          "/weights_authz_test.XXXXXX";
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
+// A development CA and role certificates, removed on destruction.
+struct CertDir : tandem::testing::TempDir {
+  CertDir() : TempDir("weights_authz_test") {
     certs::CertsInitOptions options;
-    options.dir = path_;
+    options.dir = path();
     REQUIRE(certs::WriteDevCertificates(options).ok());
   }
-  ~CertDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  rpc::TlsOptions Role(const std::string& role) const {
-    rpc::TlsOptions tls;
-    tls.mode = "mtls";
-    tls.cert = path_ + "/" + role + ".pem";
-    tls.key = path_ + "/" + role + ".key";
-    tls.ca = path_ + "/ca.pem";
-    return tls;
-  }
-
- private:
-  std::string path_;
 };
+
+rpc::TlsOptions AsRole(const CertDir& certs, const std::string& role) {
+  return tandem::testing::RoleTls(certs, role);
+}
 
 // A one-version store, served by an mtls (or plaintext) GrpcServer.
 struct Served {
@@ -79,7 +62,7 @@ struct Served {
                                     .auth_refused = refused});
     auto started = rpc::GrpcServer::Start(
         "127.0.0.1:0", {service.get()},
-        tls ? certs.Role("trainer") : rpc::TlsOptions());
+        tls ? AsRole(certs, "trainer") : rpc::TlsOptions());
     REQUIRE(started.ok());
     server = *std::move(started);
   }
@@ -130,11 +113,11 @@ TEST_CASE("trainer, rollout and admin certificates read the weights") {
   for (const char* role : {"trainer", "rollout", "admin"}) {
     INFO("role " << role);
     v1::WeightManifest manifest;
-    CHECK(GetManifestAs(address, certs.Role(role), &manifest) ==
+    CHECK(GetManifestAs(address, AsRole(certs, role), &manifest) ==
           grpc::StatusCode::OK);
     CHECK(manifest.policy_version() == 1);
     uint64_t bytes = 0;
-    CHECK(FetchAs(address, certs.Role(role), &bytes) == grpc::StatusCode::OK);
+    CHECK(FetchAs(address, AsRole(certs, role), &bytes) == grpc::StatusCode::OK);
     CHECK(bytes == manifest.total_bytes());
   }
   CHECK(served.Refused("wrong_role") == 0);
@@ -148,11 +131,11 @@ TEST_CASE("verifier and coordinator certificates are refused, counted") {
   for (const char* role : {"verifier", "coordinator"}) {
     INFO("role " << role);
     v1::WeightManifest manifest;
-    CHECK(GetManifestAs(address, certs.Role(role), &manifest) ==
+    CHECK(GetManifestAs(address, AsRole(certs, role), &manifest) ==
           grpc::StatusCode::PERMISSION_DENIED);
     CHECK(manifest.policy_version() == 0);
     uint64_t bytes = 0;
-    CHECK(FetchAs(address, certs.Role(role), &bytes) ==
+    CHECK(FetchAs(address, AsRole(certs, role), &bytes) ==
           grpc::StatusCode::PERMISSION_DENIED);
     CHECK(bytes == 0);
   }
