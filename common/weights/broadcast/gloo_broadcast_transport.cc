@@ -23,6 +23,7 @@
 #include "common/base/logging.h"
 #include "common/base/posix.h"
 #include "common/weights/broadcast/forwarding_store.h"
+#include "common/weights/broadcast/rendezvous_store.h"
 #include "common/weights/broadcast/store_client.h"
 
 namespace tandem::weights {
@@ -248,16 +249,22 @@ absl::StatusOr<std::unique_ptr<GlooBroadcastGroup>> GlooBroadcastGroup::Create(
   }
   auto impl = std::make_unique<Impl>();
   impl->config = config;
-  const std::string where =
-      absl::StrCat("gloo group ", config.key_prefix, " rank ", config.rank, "/",
-                   config.world_size, " (store ", config.store_host, ":",
-                   config.store_port, ")");
+  const std::string where = absl::StrCat(
+      "gloo group ", config.key_prefix, " rank ", config.rank, "/",
+      config.world_size,
+      config.rendezvous != nullptr
+          ? std::string(" (rendezvous over the trainer's gRPC)")
+          : absl::StrCat(" (store ", config.store_host, ":", config.store_port,
+                         ")"));
   // The rendezvous (addresses in the store, then the pairs' connects) ends
   // by this deadline, plus at most one timeout when the last address came
   // just before it.
   const auto deadline = std::chrono::steady_clock::now() + ToMillis(config.timeout);
   try {
-    if (server != nullptr) {
+    if (config.rendezvous != nullptr) {
+      impl->store = c10::make_intrusive<KeyspaceStore>(
+          config.rendezvous, config.key_prefix, ToMillis(config.timeout));
+    } else if (server != nullptr) {
       impl->store = server->impl_->store;
     } else if (config.rank == 0) {
       auto hosted = GlooRendezvousStore::Create(
