@@ -78,8 +78,8 @@ void KeyspaceStore::wait(const std::vector<std::string>& keys,
                          const std::chrono::milliseconds& timeout) {
   if (!OrThrow(keyspace_->Wait(scope_, keys,
                                absl::Milliseconds(timeout.count())))) {
-    C10_THROW_ERROR(
-        DistStoreError,
+    throw RendezvousWaitTimeout(
+        {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
         absl::StrCat("rendezvous scope '", scope_, "': keys ",
                      keys.empty() ? std::string() : keys.front(),
                      keys.size() > 1 ? " and others" : "", " not set within ",

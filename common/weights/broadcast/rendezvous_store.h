@@ -23,6 +23,15 @@
 
 namespace tandem::weights {
 
+// What KeyspaceStore::wait throws when its time is up and the keys are
+// not all set (any other failure is a plain c10::DistStoreError): a
+// caller that waits in slices (the Gloo group's rendezvous store) tells
+// the two apart.
+class RendezvousWaitTimeout : public c10::DistStoreError {
+ public:
+  using c10::DistStoreError::DistStoreError;
+};
+
 class KeyspaceStore : public c10d::Store {
  public:
   KeyspaceStore(std::shared_ptr<RendezvousKeyspace> keyspace, std::string scope,
