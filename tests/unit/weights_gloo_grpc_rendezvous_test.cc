@@ -22,6 +22,9 @@
 #include "common/weights/broadcast/broadcast_sender.h"
 #include "common/weights/broadcast/rendezvous_client.h"
 #include "common/weights/broadcast/rendezvous_keys.h"
+#if TANDEM_ENABLE_NCCL
+#include "common/weights/broadcast/nccl_broadcast_transport.h"
+#endif
 #include "services/trainer/rendezvous_service.h"
 #include "tls_test_util.h"
 #include "weights_test_util.h"
@@ -225,6 +228,34 @@ TEST_CASE("BroadcastSender with rendezvous keys: no TCPStore, one scope per "
   REQUIRE(outcomes.size() == 2);
   for (const BroadcastOutcome& o : outcomes) CHECK(o.status.ok());
 }
+
+#if TANDEM_ENABLE_NCCL
+// The NCCL transport reaches the store the same way (its unique id, or
+// rank 0's refusal, is the one key it keeps there); no GPU needed.
+TEST_CASE("an NCCL refusal goes through the gRPC store", "[weights][nccl]") {
+  auto certs = IssuedCertificates();
+  GrpcStore store(*certs);
+  NcclGroupConfig c;
+  c.rank = 1;
+  c.world_size = 2;
+  c.key_prefix = "refuse/epoch1";
+  c.timeout = absl::Seconds(5);
+  c.rendezvous = store.Member(RoleTls(*certs, "rollout"));
+  REQUIRE(NcclRefuseGroup(c, "because").ok());
+  absl::StatusOr<std::string> stored =
+      store.keys->Get("refuse/epoch1", "refuse/epoch1/nccl_unique_id");
+  REQUIRE(stored.ok());
+  absl::Status s = NcclCheckStoredUniqueId(
+      {reinterpret_cast<const uint8_t*>(stored->data()), stored->size()});
+  CHECK(absl::IsFailedPrecondition(s));
+  CHECK(s.message() == "rank 0 cannot run NCCL: because");
+  // A verifier cannot store one.
+  c.rendezvous = store.Member(RoleTls(*certs, "verifier"));
+  s = NcclRefuseGroup(c, "evil");
+  CHECK(absl::IsUnavailable(s));
+  CHECK_THAT(std::string(s.message()), Catch::Contains("PERMISSION_DENIED"));
+}
+#endif
 
 }  // namespace
 }  // namespace tandem::weights
