@@ -6,7 +6,9 @@
 // CreateBroadcastGroup to the end of a first 4-byte broadcast on every
 // rank (the group is ready). Both stores live for the whole run, as the
 // trainer's do; each round is a new key prefix (a new epoch). The order of
-// the two modes alternates between rounds.
+// the two modes alternates between rounds. Worker ranks connect anew each
+// epoch in both modes (a TCPStore client; a gRPC channel with its TLS
+// handshake), as rollout workers do.
 //
 //   build/bin/rendezvous_bench [--world 4] [--rounds 20]
 //
@@ -107,13 +109,6 @@ int Main(int argc, char** argv) {
                                        RoleTls(certs, "trainer"));
   if (!server.ok()) return 1;
   const std::string address = (*server)->bound_address();
-  // One client (channel) per worker rank, as each worker has its own.
-  std::vector<std::shared_ptr<RendezvousKeyspace>> clients;
-  for (int rank = 1; rank < world; ++rank) {
-    clients.push_back(std::make_shared<RendezvousClient>(
-        rpc::MakeChannel(address, RoleTls(certs, "rollout")), address));
-  }
-
   std::vector<double> tcp_s, grpc_s;
   for (int round = 0; round < rounds; ++round) {
     for (int k = 0; k < 2; ++k) {
@@ -129,10 +124,14 @@ int Main(int argc, char** argv) {
             c.rank = rank;
             c.world_size = world;
             c.timeout = absl::Seconds(30);
-            if (grpc) {
-              c.rendezvous =
-                  rank == 0 ? std::shared_ptr<RendezvousKeyspace>(keys)
-                            : clients[rank - 1];
+            if (grpc && rank == 0) c.rendezvous = keys;
+            // A new client (channel, TLS handshake) per worker rank and
+            // epoch, as a worker makes when it joins an epoch (over the
+            // TCPStore each worker rank connects anew too).
+            if (grpc && rank > 0) {
+              c.rendezvous = std::make_shared<RendezvousClient>(
+                  rpc::MakeChannel(address, RoleTls(certs, "rollout")),
+                  address);
             }
             return c;
           });
