@@ -32,7 +32,8 @@ grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
 // finishes it; gRPC deletes it after that.
 class RendezvousService::HeldWait : public grpc::ServerUnaryReactor {
  public:
-  HeldWait(RendezvousService* service, const tandem::v1::StoreWaitRequest* request,
+  HeldWait(RendezvousService* service,
+           const tandem::v1::StoreWaitRequest* request,
            tandem::v1::StoreWaitResponse* response, absl::Time deadline)
       : service_(service),
         scope_(request->scope()),
@@ -160,8 +161,8 @@ grpc::ServerUnaryReactor* RendezvousService::StoreCompareSet(
   absl::Status status = Authorize(*context, "StoreCompareSet");
   if (status.ok()) {
     absl::StatusOr<std::string> value =
-        keys_->CompareSet(request->scope(), request->key(),
-                          request->expected(), request->desired());
+        keys_->CompareSet(request->scope(), request->key(), request->expected(),
+                          request->desired());
     status = value.status();
     if (value.ok()) response->set_value(*std::move(value));
   }

@@ -116,8 +116,8 @@ int Main(int argc, char** argv) {
       const std::string prefix =
           std::string(grpc ? "grpc" : "tcp") + "/epoch" + std::to_string(round);
       if (grpc) keys->EnterScope(prefix);
-      const double s = FormEpoch(
-          world, grpc ? nullptr : tcp->get(), [&](int rank) {
+      const double s =
+          FormEpoch(world, grpc ? nullptr : tcp->get(), [&](int rank) {
             BroadcastGroupConfig c;
             c.store_port = (*tcp)->port();
             c.key_prefix = prefix;

@@ -75,7 +75,8 @@ struct GrpcStore {
 BroadcastGroupConfig Config(std::shared_ptr<RendezvousKeyspace> keyspace,
                             int rank, int world, const std::string& prefix,
                             absl::Duration timeout = absl::Seconds(20)) {
-  BroadcastGroupConfig c = testing::GroupConfig(0, rank, world, prefix, timeout);
+  BroadcastGroupConfig c =
+      testing::GroupConfig(0, rank, world, prefix, timeout);
   c.rendezvous = std::move(keyspace);
   return c;
 }
@@ -111,9 +112,10 @@ void Receive(const FlatWeightLayout& layout, const BroadcastGroupConfig& config,
   out->last.assign(live.bytes.begin(), live.bytes.end());
 }
 
-TEST_CASE("a gloo group forms through the gRPC store with mTLS; weights arrive "
-          "equal",
-          "[weights][gloo]") {
+TEST_CASE(
+    "a gloo group forms through the gRPC store with mTLS; weights arrive "
+    "equal",
+    "[weights][gloo]") {
   auto certs = IssuedCertificates();
   GrpcStore store(*certs);
   const FlatWeightLayout layout = testing::SmallLayout();
@@ -142,7 +144,8 @@ TEST_CASE("a gloo group forms through the gRPC store with mTLS; weights arrive "
   BroadcastWeightSender sender(group->get());
   for (uint64_t v = 0; v < versions.size(); ++v) {
     auto m = layout.BuildManifest(versions[v].span(), v);
-    REQUIRE(sender.Publish(*m, versions[v].span(), absl::InfiniteFuture()).ok());
+    REQUIRE(
+        sender.Publish(*m, versions[v].span(), absl::InfiniteFuture()).ok());
   }
   for (auto& t : workers) t.join();
   for (int rank = 1; rank < kWorld; ++rank) {
@@ -161,18 +164,19 @@ TEST_CASE("a member with a verifier certificate cannot rendezvous",
           "[weights][gloo]") {
   auto certs = IssuedCertificates();
   GrpcStore store(*certs);
-  absl::StatusOr<std::unique_ptr<BroadcastGroup>> group = CreateBroadcastGroup(
-      Config(store.Member(RoleTls(*certs, "verifier")), 1, 2, "g/epoch1",
-             absl::Seconds(5)));
+  absl::StatusOr<std::unique_ptr<BroadcastGroup>> group =
+      CreateBroadcastGroup(Config(store.Member(RoleTls(*certs, "verifier")), 1,
+                                  2, "g/epoch1", absl::Seconds(5)));
   REQUIRE_FALSE(group.ok());
   CHECK_THAT(std::string(group.status().message()),
              Catch::Contains("PERMISSION_DENIED"));
   CHECK(store.keys->NumKeys("g/epoch1").value() == 0);
 }
 
-TEST_CASE("BroadcastSender with rendezvous keys: no TCPStore, one scope per "
-          "epoch, the left epoch's keys dropped",
-          "[weights][gloo]") {
+TEST_CASE(
+    "BroadcastSender with rendezvous keys: no TCPStore, one scope per "
+    "epoch, the left epoch's keys dropped",
+    "[weights][gloo]") {
   auto certs = IssuedCertificates();
   GrpcStore store(*certs);
   const FlatWeightLayout layout = testing::SmallLayout();
@@ -181,10 +185,11 @@ TEST_CASE("BroadcastSender with rendezvous keys: no TCPStore, one scope per "
   options.rendezvous_keys = store.keys;
   absl::Mutex mu;
   std::vector<BroadcastOutcome> outcomes;
-  auto sender = BroadcastSender::Create(options, [&](const BroadcastOutcome& o) {
-    absl::MutexLock lock(&mu);
-    outcomes.push_back(o);
-  });
+  auto sender =
+      BroadcastSender::Create(options, [&](const BroadcastOutcome& o) {
+        absl::MutexLock lock(&mu);
+        outcomes.push_back(o);
+      });
   REQUIRE(sender.ok());
   CHECK((*sender)->store_address() == kGrpcRendezvousAddress);
   (*sender)->Start();

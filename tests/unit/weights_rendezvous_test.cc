@@ -99,7 +99,8 @@ TEST_CASE("a rollout member's store operations reach the trainer's keys") {
         absl::StatusCode::kNotFound);
 
   // check (a wait of zero) and the key count.
-  CHECK(client->Wait(scope, {"addr/0", "addr/1"}, absl::ZeroDuration()).value());
+  CHECK(
+      client->Wait(scope, {"addr/0", "addr/1"}, absl::ZeroDuration()).value());
   CHECK_FALSE(
       client->Wait(scope, {"addr/0", "addr/2"}, absl::ZeroDuration()).value());
   CHECK(client->NumKeys(scope).value() == 4);
@@ -147,9 +148,9 @@ TEST_CASE("limits: key, value, keys and scopes, named in the error") {
 
   absl::Status big = client->Set(scope, "value", std::string(65, 'x'));
   CHECK(big.code() == absl::StatusCode::kInvalidArgument);
-  CHECK_THAT(std::string(big.message()),
-             Catch::Contains("'value'") && Catch::Contains("65 bytes") &&
-                 Catch::Contains("limit of 64"));
+  CHECK_THAT(std::string(big.message()), Catch::Contains("'value'") &&
+                                             Catch::Contains("65 bytes") &&
+                                             Catch::Contains("limit of 64"));
   absl::Status long_key = client->Set(scope, std::string(33, 'k'), "v");
   CHECK(long_key.code() == absl::StatusCode::kInvalidArgument);
   CHECK_THAT(std::string(long_key.message()), Catch::Contains("limit of 32"));

@@ -24,8 +24,7 @@ RendezvousClient::RendezvousClient(std::shared_ptr<grpc::Channel> channel,
 
 void RendezvousClient::SetDeadline(grpc::ClientContext* context,
                                    absl::Duration extra) const {
-  context->set_deadline(
-      absl::ToChronoTime(absl::Now() + rpc_timeout_ + extra));
+  context->set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_ + extra));
 }
 
 absl::Status RendezvousClient::Failed(const char* op, const std::string& key,
@@ -107,7 +106,8 @@ absl::StatusOr<bool> RendezvousClient::Wait(
     tandem::v1::StoreWaitRequest request;
     request.set_scope(scope);
     for (const std::string& key : keys) request.add_keys(key);
-    request.set_wait_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(slice)));
+    request.set_wait_ms(
+        static_cast<uint32_t>(absl::ToInt64Milliseconds(slice)));
     tandem::v1::StoreWaitResponse response;
     grpc::Status status = stub_->StoreWait(&context, request, &response);
     if (!status.ok()) {

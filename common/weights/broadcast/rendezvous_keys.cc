@@ -64,10 +64,9 @@ absl::StatusOr<RendezvousKeys::Scope*> RendezvousKeys::FindScope(
     return absl::InvalidArgumentError("rendezvous: the scope is empty");
   }
   if (static_cast<int>(scope.size()) > limits_.max_key_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rendezvous: scope '", scope.substr(0, 64), "…' has ",
-                     scope.size(), " bytes, more than the limit of ",
-                     limits_.max_key_bytes));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rendezvous: scope '", scope.substr(0, 64), "…' has ", scope.size(),
+        " bytes, more than the limit of ", limits_.max_key_bytes));
   }
   auto it = scopes_.find(scope);
   if (it != scopes_.end()) return &it->second;
@@ -91,11 +90,11 @@ absl::Status RendezvousKeys::CheckPut(const std::string& scope_name,
                                       const Scope& scope,
                                       const std::string& key,
                                       const std::string& value) const {
-  const std::string where =
-      absl::StrCat("rendezvous key '", key.substr(0, 128), "' in scope '",
-                   scope_name, "'");
+  const std::string where = absl::StrCat("rendezvous key '", key.substr(0, 128),
+                                         "' in scope '", scope_name, "'");
   if (key.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": the key is empty"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": the key is empty"));
   }
   if (static_cast<int>(key.size()) > limits_.max_key_bytes) {
     return absl::InvalidArgumentError(
@@ -118,8 +117,8 @@ absl::Status RendezvousKeys::CheckPut(const std::string& scope_name,
         absl::StrCat(where, ": the scope holds ", scope.keys.size(),
                      " keys, the limit is ", limits_.max_keys_per_scope));
   }
-  const int64_t bytes = scope.bytes - old_bytes +
-                        static_cast<int64_t>(key.size() + value.size());
+  const int64_t bytes =
+      scope.bytes - old_bytes + static_cast<int64_t>(key.size() + value.size());
   if (bytes > limits_.max_scope_bytes) {
     return absl::ResourceExhaustedError(
         absl::StrCat(where, ": the scope would hold ", bytes,
@@ -161,9 +160,8 @@ absl::StatusOr<std::string> RendezvousKeys::Get(const std::string& scope,
     auto it = (*s)->keys.find(key);
     if (it != (*s)->keys.end()) return it->second;
   }
-  return absl::NotFoundError(absl::StrCat("rendezvous key '", key,
-                                          "' is not set in scope '", scope,
-                                          "'"));
+  return absl::NotFoundError(absl::StrCat(
+      "rendezvous key '", key, "' is not set in scope '", scope, "'"));
 }
 
 absl::StatusOr<int64_t> RendezvousKeys::Add(const std::string& scope,
@@ -177,10 +175,9 @@ absl::StatusOr<int64_t> RendezvousKeys::Add(const std::string& scope,
     auto it = (*s)->keys.find(key);
     int64_t current = 0;
     if (it != (*s)->keys.end() && !absl::SimpleAtoi(it->second, &current)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rendezvous key '", key, "' in scope '", scope,
-                       "' holds '", it->second.substr(0, 32),
-                       "', not an integer to add to"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rendezvous key '", key, "' in scope '", scope, "' holds '",
+          it->second.substr(0, 32), "', not an integer to add to"));
     }
     sum = current + delta;
     const std::string value = absl::StrCat(sum);

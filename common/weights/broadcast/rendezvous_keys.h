@@ -55,10 +55,9 @@ class RendezvousKeyspace {
   // c10d's compareSet: stores `desired` when the key holds `expected` (or
   // is unset and `expected` is empty) and returns what the key then holds;
   // an unset key with a non-empty `expected` returns `expected`.
-  virtual absl::StatusOr<std::string> CompareSet(const std::string& scope,
-                                                 const std::string& key,
-                                                 const std::string& expected,
-                                                 const std::string& desired) = 0;
+  virtual absl::StatusOr<std::string> CompareSet(
+      const std::string& scope, const std::string& key,
+      const std::string& expected, const std::string& desired) = 0;
   // Waits at most `wait` for every key to be set; whether they are.
   virtual absl::StatusOr<bool> Wait(const std::string& scope,
                                     const std::vector<std::string>& keys,
@@ -130,7 +129,8 @@ class RendezvousKeys : public RendezvousKeyspace {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Put(Scope* scope, const std::string& key, std::string value)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RetireLocked(const std::string& scope) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RetireLocked(const std::string& scope)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Changed();
 
   const RendezvousLimits limits_;

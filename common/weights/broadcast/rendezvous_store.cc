@@ -76,8 +76,8 @@ void KeyspaceStore::wait(const std::vector<std::string>& keys) {
 
 void KeyspaceStore::wait(const std::vector<std::string>& keys,
                          const std::chrono::milliseconds& timeout) {
-  if (!OrThrow(keyspace_->Wait(scope_, keys,
-                               absl::Milliseconds(timeout.count())))) {
+  if (!OrThrow(
+          keyspace_->Wait(scope_, keys, absl::Milliseconds(timeout.count())))) {
     throw RendezvousWaitTimeout(
         {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
         absl::StrCat("rendezvous scope '", scope_, "': keys ",

@@ -11,12 +11,11 @@
 // and wait block until the keys are set or the store's timeout passes.
 // Only LibTorch files include this header.
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
 #include "common/weights/broadcast/rendezvous_keys.h"
