@@ -23,8 +23,10 @@ void RendezvousKeys::Changed() {
 void RendezvousKeys::EnterScope(const std::string& scope) {
   {
     absl::MutexLock lock(&mu_);
+    const bool used = scopes_.contains(scope);
+    current_ = scope;
     absl::StatusOr<Scope*> entered = FindScope(scope, /*create=*/true);
-    if (!entered.ok()) return;  // retired, or too many: callers see why
+    if (!entered.ok() || !used) return;  // retired: callers see why
     const uint64_t created = (*entered)->created;
     std::vector<std::string> older;
     for (const auto& [name, s] : scopes_) {
@@ -76,6 +78,19 @@ absl::StatusOr<RendezvousKeys::Scope*> RendezvousKeys::FindScope(
         "' is retired (the trainer left that epoch; its keys are gone)"));
   }
   if (!create) return nullptr;
+  if (static_cast<int>(scopes_.size()) >= limits_.max_scopes) {
+    // The least recently created scope but the trainer's: an epoch the
+    // trainer never formed.
+    const std::string* oldest = nullptr;
+    uint64_t oldest_created = 0;
+    for (const auto& [name, s] : scopes_) {
+      if (name != current_ && (oldest == nullptr || s.created < oldest_created)) {
+        oldest = &name;
+        oldest_created = s.created;
+      }
+    }
+    if (oldest != nullptr) RetireLocked(std::string(*oldest));
+  }
   if (static_cast<int>(scopes_.size()) >= limits_.max_scopes) {
     return absl::ResourceExhaustedError(
         absl::StrCat("rendezvous scope '", scope, "': ", scopes_.size(),

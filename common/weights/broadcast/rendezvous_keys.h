@@ -10,18 +10,23 @@
 //
 // Scopes: every key lives in a scope, the epoch's key prefix
 // (BroadcastGroup.key_prefix), so that one epoch's keys never meet
-// another's and can be dropped together. The trainer enters a scope when it
-// forms that epoch's group (EnterScope: every scope first used before it
-// belongs to an older epoch, since the coordinator hands out one epoch at
-// a time, and is dropped) and retires it when it leaves the epoch
-// (RetireScope). A retired scope refuses every later call with
-// FailedPrecondition, so a late member of an old epoch cannot write keys a
-// member of a later one reads. Scopes are created by their first use.
+// another's and can be dropped together. Scopes are created by their first
+// use. The trainer enters a scope when it forms that epoch's group
+// (EnterScope) and retires it when it leaves the epoch (RetireScope). A
+// retired scope refuses every later call with FailedPrecondition, so a
+// late member of an old epoch cannot write keys a member of a later one
+// reads. Scopes of epochs the trainer never formed (the coordinator moved
+// on first) are retired too: when the trainer enters a scope that members
+// used first, every scope first used before it (the coordinator hands out
+// one epoch at a time, so those are older epochs); and when a new scope
+// would pass max_scopes, the least recently created one other than the
+// trainer's current scope. (A scope the trainer creates itself retires
+// nothing: a member of a newer epoch may have come first.)
 //
 // Limits (RendezvousLimits) bound what callers can make the trainer hold:
-// live scopes, keys per scope, bytes per scope, key and value size.
-// Exceeding one is ResourceExhausted (counts) or InvalidArgument (sizes),
-// naming the key and the limit.
+// live scopes (as above), keys per scope, bytes per scope, key and value
+// size. Exceeding one is ResourceExhausted (counts) or InvalidArgument
+// (sizes), naming the key and the limit.
 
 #include <cstdint>
 #include <deque>
@@ -89,7 +94,8 @@ class RendezvousKeys : public RendezvousKeyspace {
   // again. Empty to clear; after it returns the old one is not called.
   void SetChangeListener(std::function<void()> listener);
 
-  // The trainer forms `scope`'s group: older scopes are retired.
+  // The trainer forms `scope`'s group (see the top of this file for the
+  // scopes it retires).
   void EnterScope(const std::string& scope);
   // The trainer left `scope`: its keys are dropped and it refuses later
   // calls.
@@ -141,6 +147,7 @@ class RendezvousKeys : public RendezvousKeyspace {
   absl::flat_hash_map<std::string, Scope> scopes_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> retired_ ABSL_GUARDED_BY(mu_);
   uint64_t next_created_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string current_ ABSL_GUARDED_BY(mu_);  // the trainer's scope
 };
 
 }  // namespace tandem::weights
