@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/base/logging.h"
 #include "common/tokenizer/tokenizer.h"
+#include "services/rollout/harness_routes.h"
 #include "services/rollout/openai_choices.h"
 #include "services/rollout/openai_prompt.h"
 
@@ -151,6 +152,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   ~Session() {
     if (request_) server_->queue->Cancel(request_->request_id());
+    EndEpisodeTurn(/*completed=*/false);
     --server_->open_sessions;
   }
 
@@ -189,6 +191,11 @@ class Session : public std::enable_shared_from_this<Session> {
     keep_alive_ = req.keep_alive();
     const std::string_view target(req.target().data(), req.target().size());
     const std::string_view path = target.substr(0, target.find('?'));
+    if (IsHarnessPath(path)) {
+      return ServeHarness(HandleHarnessRequest(
+          server_->options.harness, req.method() == http::verb::post, path,
+          req.body(), absl::Now()));
+    }
     if (path == "/v1/models" || path == "/models") {
       if (req.method() != http::verb::get) return MethodNotAllowed("GET");
       WriteJson(200,
@@ -219,6 +226,43 @@ class Session : public std::enable_shared_from_this<Session> {
     Start(std::move(*parsed));
   }
 
+  // A claim that found nothing polls every 20 ms until its wait is over.
+  void ServeHarness(HarnessReply reply) {
+    if (reply.status != 204 || reply.claim_wait <= absl::ZeroDuration()) {
+      return WriteJson(reply.status, reply.body);
+    }
+    const absl::Time give_up = absl::Now() + reply.claim_wait;
+    timer_.expires_after(std::chrono::milliseconds(20));
+    timer_.async_wait([self = shared_from_this(), give_up](
+                          beast::error_code e) {
+      if (e) return;
+      if (auto claimed = TryClaim(self->server_->options.harness,
+                                  absl::Now())) {
+        return self->WriteJson(200, *claimed);
+      }
+      self->ServeHarness(
+          {.status = 204,
+           .claim_wait = std::max(give_up - absl::Now(), absl::ZeroDuration())});
+    });
+  }
+
+  // The harness episode's turn ends: recorded when `completed`, else
+  // dropped (the episode goes on from its earlier tokens).
+  void EndEpisodeTurn(bool completed) {
+    HarnessEpisodes* harness = server_->options.harness;
+    if (!request_ || api_request_.episode_id.empty() || harness == nullptr) {
+      return;
+    }
+    if (!completed) {
+      return harness->CancelTurn(api_request_.episode_id,
+                                 request_->request_id());
+    }
+    const openai::ChoiceResult c = choices_->Results().at(0);
+    harness->EndTurn(api_request_.episode_id, request_->request_id(),
+                     c.token_ids, c.logprobs, c.policy_versions,
+                     c.finish_reason, absl::Now());
+  }
+
   void MethodNotAllowed(const char* allowed) {
     WriteError(405, {.http_status = 405,
                      .message = absl::StrCat("use ", allowed, " here")});
@@ -239,6 +283,20 @@ class Session : public std::enable_shared_from_this<Session> {
 
     const bool chat = request.endpoint == openai::Endpoint::kChatCompletions;
     const uint64_t number = server_->next_request++;
+    if (!request.episode_id.empty()) {
+      absl::Status turn = absl::NotFoundError(
+          "this worker runs no harness episodes (openai.harness_environment "
+          "is not set)");
+      if (server_->options.harness != nullptr) {
+        turn = server_->options.harness->BeginTurn(
+            request.episode_id, absl::StrCat("oai-", number), prompt,
+            request.temperature, absl::Now());
+      }
+      if (!turn.ok()) {
+        const ApiError error = HarnessError(turn);
+        return WriteError(error.http_status, error);
+      }
+    }
     header_.id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", number);
     header_.created = absl::ToUnixSeconds(absl::Now());
     header_.model = server_->options.model_id;
@@ -260,6 +318,7 @@ class Session : public std::enable_shared_from_this<Session> {
                                                  });
                                                });
     if (absl::Status s = server_->queue->Submit(request_); !s.ok()) {
+      EndEpisodeTurn(/*completed=*/false);
       request_.reset();
       return WriteError(503, {.http_status = 503,
                               .message = std::string(s.message()),
@@ -300,6 +359,7 @@ class Session : public std::enable_shared_from_this<Session> {
                      absl::FormatDuration(server_->options.request_timeout),
                      " (openai.request_timeout_s)");
     server_->queue->Cancel(request_->request_id());
+    EndEpisodeTurn(/*completed=*/false);
     request_.reset();
     keep_alive_ = false;
     if (api_request_.stream) {
@@ -318,6 +378,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // The client went away: cancel, and let the handlers release the session.
   void Abandon() {
     if (request_) server_->queue->Cancel(request_->request_id());
+    EndEpisodeTurn(/*completed=*/false);
     request_.reset();
     timer_.cancel();
     beast::error_code ignored;
@@ -330,6 +391,7 @@ class Session : public std::enable_shared_from_this<Session> {
     ServedRequest::Progress p = request_->Take();
     if (!p.error.ok()) {
       const absl::Status error = p.error;
+      EndEpisodeTurn(/*completed=*/false);
       request_.reset();
       timer_.cancel();
       if (api_request_.stream) {
@@ -369,6 +431,9 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (api_request_.stream && !events.empty()) QueueChunk(std::move(events));
     if (!choices_->all_done()) return;
+    // Recorded before the response goes out: the harness's next turn
+    // extends it.
+    EndEpisodeTurn(/*completed=*/true);
     request_.reset();
     timer_.cancel();
     if (api_request_.stream) {
@@ -474,7 +539,7 @@ class Session : public std::enable_shared_from_this<Session> {
     response->set(http::field::server, "tandem");
     response->set(http::field::content_type, "application/json");
     response->keep_alive(keep_alive_);
-    response->body() = openai::Dump(body);
+    if (status != 204) response->body() = openai::Dump(body);
     response->prepare_payload();
     stream_.expires_after(kWriteTimeout);
     http::async_write(

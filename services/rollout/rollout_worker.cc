@@ -228,6 +228,13 @@ void RolloutWorker::AbortAllWork(const std::string& reason,
     }
     episodes_->TakeFinished();
   }
+  // Harness episodes end with their leases (their turns in flight failed
+  // with the served requests).
+  if (harness_) {
+    for (std::string& id : harness_->AbortAll(reason)) {
+      aborted.push_back(std::move(id));
+    }
+  }
   // Served requests are no leases: only the leases go back.
   aborted.erase(std::remove_if(aborted.begin(), aborted.end(),
                                [this](const std::string& id) {
@@ -366,7 +373,8 @@ void RolloutWorker::PublishStatus() {
     }
     // Parked episodes leave the engine idle but are not finished.
     if (state_ == tandem::v1::ROLLOUT_STATE_DRAINING && engine_->idle() &&
-        (!episodes_ || episodes_->active() == 0)) {
+        (!episodes_ || episodes_->active() == 0) &&
+        (!harness_ || harness_->active() == 0)) {
       if (nothing_undelivered) {
         state_ = tandem::v1::ROLLOUT_STATE_DRAINED;
         metrics_.paused.Set(1);
