@@ -37,11 +37,11 @@ absl::Status HarnessEpisodes::Offer(HarnessTask task) {
         absl::StrCat("lease ", task.lease_id, " is already offered"));
   }
   const int32_t n = std::max(1, task.group_size);
-  if (static_cast<int64_t>(episodes_.size()) + n > options_.max_episodes) {
+  if (static_cast<int64_t>(episodes_.size()) >= options_.max_episodes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "lease ", task.lease_id, ": ", episodes_.size(),
-        " harness episodes held and ", n, " more would pass "
-        "openai.harness_max_episodes ", options_.max_episodes));
+        " harness episodes held, openai.harness_max_episodes is ",
+        options_.max_episodes));
   }
   const absl::Time now = absl::Now();
   Group& group = groups_[task.lease_id];
@@ -71,12 +71,6 @@ std::vector<std::pair<std::string, std::string>> HarnessEpisodes::TakeAbandoned(
   absl::MutexLock lock(&mu_);
   std::vector<std::pair<std::string, std::string>> expired;
   for (const auto& [lease_id, group] : groups_) {
-    if (now >= group.task.deadline) {
-      expired.emplace_back(lease_id,
-                           "the lease's deadline passed before its harness "
-                           "episodes finished");
-      continue;
-    }
     for (const std::string& id : group.episode_ids) {
       const Episode& e = episodes_.at(id);
       // A turn in flight is bounded by openai.request_timeout_s.

@@ -46,7 +46,8 @@ struct HarnessOptions {
   // (its lease goes back to the coordinator).
   absl::Duration idle_timeout = absl::Seconds(60);
   // Episodes held (offered, claimed, or finished and waiting for their
-  // group); a lease that would exceed it is refused.
+  // group) before the worker stops taking leases; a lease offered at it is
+  // refused (one offered just below it may pass it by its group size - 1).
   int32_t max_episodes = 64;
 };
 
@@ -62,8 +63,6 @@ struct HarnessTask {
   int64_t max_tokens = 0;  // the lease's; 0 = unset
   std::string verifier;
   std::map<std::string, std::string> metadata;
-  // The lease's deadline; the episodes are abandoned at it.
-  absl::Time deadline = absl::InfiniteFuture();
 };
 
 // A finished episode for submission: `sample.request_id` is the lease id.
@@ -89,20 +88,23 @@ class HarnessEpisodes {
   const HarnessOptions& options() const { return options_; }
 
   // ---- Engine thread. ----
-  // Offers the task's group_size episodes. RESOURCE_EXHAUSTED at
-  // max_episodes, INVALID_ARGUMENT for a lease already offered.
+  // Offers the task's group_size episodes. RESOURCE_EXHAUSTED when full(),
+  // INVALID_ARGUMENT for a lease already offered.
   absl::Status Offer(HarnessTask task);
   // Groups whose episodes have all finished, each sample in index order.
   std::vector<std::vector<HarnessSample>> TakeFinishedGroups();
-  // Leases given up since the last call (an episode aborted, idle for
-  // options.idle_timeout, or past its lease's deadline as of `now`), with
-  // the reason; their episodes are gone.
+  // Leases given up since the last call (an episode aborted, or idle for
+  // options.idle_timeout as of `now`), with the reason; their episodes are
+  // gone. (No lease deadline: the worker's heartbeats renew its leases
+  // while it lives.)
   std::vector<std::pair<std::string, std::string>> TakeAbandoned(
       absl::Time now);
   // Drops every group; returns their lease ids.
   std::vector<std::string> AbortAll(const std::string& reason);
   // Episodes held.
   int32_t active() const;
+  // At options.max_episodes: the worker takes no lease.
+  bool full() const { return active() >= options_.max_episodes; }
 
   // ---- HTTP thread. ----
   // The next unclaimed episode, or nullopt.

@@ -54,10 +54,7 @@ Json ClaimJson(const HarnessClaim& claim,
           {"verifier", t.verifier},
           {"metadata", std::move(metadata)},
           {"sampling", std::move(sampling)},
-          {"idle_timeout_s", absl::ToDoubleSeconds(idle_timeout)},
-          {"deadline_unix_ms", t.deadline == absl::InfiniteFuture()
-                                   ? Json(nullptr)
-                                   : Json(absl::ToUnixMillis(t.deadline))}};
+          {"idle_timeout_s", absl::ToDoubleSeconds(idle_timeout)}};
 }
 
 }  // namespace

@@ -260,6 +260,10 @@ void RolloutWorker::AdmitLeases() {
   const int32_t room =
       static_cast<int32_t>(std::min(batch_room, held_room));
   if (room <= 0) return;
+  // Harness episodes wait for their harnesses, not for the engine: they
+  // are bounded by openai.harness_max_episodes (a mixed dataset's other
+  // leases wait too, rather than be leased and returned).
+  if (harness_ && harness_->full()) return;
   // More work would take the blocks the parked episodes keep (they are
   // dropped first and recomputed on resume).
   if (snap.parked > 0 &&

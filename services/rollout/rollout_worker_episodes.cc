@@ -174,9 +174,6 @@ absl::Status RolloutWorker::OfferHarnessLease(
   task.max_tokens = lease.sampling().max_tokens();
   task.verifier = lease.verifier();
   for (const auto& [key, value] : lease.metadata()) task.metadata[key] = value;
-  if (lease.deadline_unix_ms() > 0) {
-    task.deadline = absl::FromUnixMillis(lease.deadline_unix_ms());
-  }
   return harness_->Offer(std::move(task));
 }
 
