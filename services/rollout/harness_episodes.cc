@@ -1,5 +1,6 @@
 #include "services/rollout/harness_episodes.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -187,8 +188,12 @@ absl::Status HarnessEpisodes::BeginTurn(const std::string& episode_id,
         e.context.size(), ": it must extend them (it differs at token "
         "position ", prompt.size(), ", which it lacks)"));
   }
-  // The tokens the harness added since the last turn: the environment's.
-  const uint64_t version = policy_version_();
+  // The tokens the harness added since the last turn: the environment's,
+  // at the live version; never older than the tokens before them (the
+  // published version can lag the engine's by a step), as versions only
+  // grow along a sample.
+  const uint64_t version = std::max(
+      policy_version_(), e.versions.empty() ? 0 : e.versions.back());
   for (size_t i = e.context.size(); i < prompt.size(); ++i) {
     e.context.push_back(prompt[i]);
     e.logprobs.push_back(0.0f);
@@ -255,10 +260,11 @@ absl::Status HarnessEpisodes::Finish(const std::string& episode_id,
         absl::StrCat("episode ", episode_id, ": reward must be a number in "
                      "[0, 1], got ", reward));
   }
-  if (e.turns == 0) {
+  if (std::find(e.sources.begin(), e.sources.end(), Source::kModel) ==
+      e.sources.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "episode ", episode_id, " has no model turn: nothing to train on "
-        "(abort it to give the task back)"));
+        "episode ", episode_id, " has no token of the model (", e.turns,
+        " turns): nothing to train on (abort it to give the task back)"));
   }
   e.finished = true;
   e.reward = reward;

@@ -130,7 +130,7 @@ class HarnessEpisodes {
   void CancelTurn(const std::string& episode_id, const std::string& request_id);
   // Ends the episode with `reward` (finite, in [0, 1]). NOT_FOUND unknown,
   // FAILED_PRECONDITION ended or a turn in flight, INVALID_ARGUMENT for the
-  // reward or an episode without a model turn.
+  // reward or an episode without a token of the model.
   absl::Status Finish(const std::string& episode_id, double reward,
                       absl::Time now);
   // Gives the episode's whole lease back to the coordinator.

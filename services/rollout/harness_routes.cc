@@ -85,6 +85,31 @@ ApiError HarnessError(const absl::Status& status) {
   return error;
 }
 
+std::optional<ApiError> BeginEpisodeTurn(
+    HarnessEpisodes* episodes, const openai::CompletionRequest& request,
+    const std::string& request_id, const std::vector<int32_t>& prompt) {
+  if (request.episode_id.empty()) return std::nullopt;
+  if (episodes == nullptr) {
+    return HarnessError(absl::NotFoundError(
+        "this worker runs no harness episodes (openai.harness_environment "
+        "is not set)"));
+  }
+  absl::Status turn = episodes->BeginTurn(
+      request.episode_id, request_id, prompt, request.temperature, absl::Now());
+  if (turn.ok()) return std::nullopt;
+  return HarnessError(turn);
+}
+
+void EndEpisodeTurn(HarnessEpisodes* episodes, const std::string& episode_id,
+                    const std::string& request_id,
+                    const std::optional<openai::ChoiceResult>& result) {
+  if (episodes == nullptr) return;
+  if (!result) return episodes->CancelTurn(episode_id, request_id);
+  episodes->EndTurn(episode_id, request_id, result->token_ids,
+                    result->logprobs, result->policy_versions,
+                    result->finish_reason, absl::Now());
+}
+
 std::optional<Json> TryClaim(HarnessEpisodes* episodes, absl::Time now) {
   std::optional<HarnessClaim> claim = episodes->Claim(now);
   if (!claim) return std::nullopt;

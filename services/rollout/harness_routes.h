@@ -12,7 +12,9 @@
 // has a turn in flight, 400 bad input).
 
 #include <optional>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -48,5 +50,19 @@ std::optional<openai::Json> TryClaim(HarnessEpisodes* episodes,
 
 // HarnessEpisodes' status as an OpenAI error (its HTTP status inside).
 openai::ApiError HarnessError(const absl::Status& status);
+
+// A completion request with an episode id begins that episode's turn,
+// sampled by served request `request_id` from `prompt`; the error to
+// answer when refused (or when `episodes` is null). Nothing to do
+// without an episode id.
+std::optional<openai::ApiError> BeginEpisodeTurn(
+    HarnessEpisodes* episodes, const openai::CompletionRequest& request,
+    const std::string& request_id, const std::vector<int32_t>& prompt);
+
+// The turn's response `result` (choice 0, as sent), or nullopt when the
+// turn failed and records nothing.
+void EndEpisodeTurn(HarnessEpisodes* episodes, const std::string& episode_id,
+                    const std::string& request_id,
+                    const std::optional<openai::ChoiceResult>& result);
 
 }  // namespace tandem::rollout

@@ -249,18 +249,11 @@ class Session : public std::enable_shared_from_this<Session> {
   // The harness episode's turn ends: recorded when `completed`, else
   // dropped (the episode goes on from its earlier tokens).
   void EndEpisodeTurn(bool completed) {
-    HarnessEpisodes* harness = server_->options.harness;
-    if (!request_ || api_request_.episode_id.empty() || harness == nullptr) {
-      return;
-    }
-    if (!completed) {
-      return harness->CancelTurn(api_request_.episode_id,
-                                 request_->request_id());
-    }
-    const openai::ChoiceResult c = choices_->Results().at(0);
-    harness->EndTurn(api_request_.episode_id, request_->request_id(),
-                     c.token_ids, c.logprobs, c.policy_versions,
-                     c.finish_reason, absl::Now());
+    if (!request_ || api_request_.episode_id.empty()) return;
+    ::tandem::rollout::EndEpisodeTurn(
+        server_->options.harness, api_request_.episode_id,
+        request_->request_id(),
+        completed ? std::optional(choices_->Results().at(0)) : std::nullopt);
   }
 
   void MethodNotAllowed(const char* allowed) {
@@ -283,19 +276,10 @@ class Session : public std::enable_shared_from_this<Session> {
 
     const bool chat = request.endpoint == openai::Endpoint::kChatCompletions;
     const uint64_t number = server_->next_request++;
-    if (!request.episode_id.empty()) {
-      absl::Status turn = absl::NotFoundError(
-          "this worker runs no harness episodes (openai.harness_environment "
-          "is not set)");
-      if (server_->options.harness != nullptr) {
-        turn = server_->options.harness->BeginTurn(
-            request.episode_id, absl::StrCat("oai-", number), prompt,
-            request.temperature, absl::Now());
-      }
-      if (!turn.ok()) {
-        const ApiError error = HarnessError(turn);
-        return WriteError(error.http_status, error);
-      }
+    if (std::optional<ApiError> error = BeginEpisodeTurn(
+            server_->options.harness, request, absl::StrCat("oai-", number),
+            prompt)) {
+      return WriteError(error->http_status, *error);
     }
     header_.id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", number);
     header_.created = absl::ToUnixSeconds(absl::Now());

@@ -131,7 +131,8 @@ void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config) {
   schema->AddInt("openai.harness_max_episodes",
                  &config->openai_harness_max_episodes, 1, 1 << 20,
                  "Harness episodes held (offered, claimed, or finished and "
-                 "waiting for their group); a lease past it is returned.");
+                 "waiting for their group); while they reach it the worker "
+                 "leases nothing.");
 
   // Multi-turn episodes.
   schema->AddString("environment.address", &config->environment_address,

@@ -194,6 +194,24 @@ TEST_CASE("a turn in flight is not idle; AbortAll returns every lease") {
   CHECK(f.episodes.active() == 0);
 }
 
+TEST_CASE("environment tokens never carry a version older than the last") {
+  Fixture f;
+  REQUIRE(f.episodes.Offer(Task("L1", 1)).ok());
+  const std::string id = f.episodes.Claim(f.now)->episode_id;
+  // A turn with no token (aborted at once) is no model token.
+  REQUIRE(f.Turn(id, {10, 11, 12}, {}, 5, "r1").ok());
+  CHECK(f.episodes.Finish(id, 1.0, f.now).code() ==
+        absl::StatusCode::kInvalidArgument);
+  // The engine sampled at 7 while the published version still says 5.
+  REQUIRE(f.Turn(id, {10, 11, 12}, {20}, 7, "r2").ok());
+  REQUIRE(f.Turn(id, {10, 11, 12, 20, 30}, {21}, 7, "r3").ok());
+  REQUIRE(f.episodes.Finish(id, 1.0, f.now).ok());
+  auto groups = f.episodes.TakeFinishedGroups();
+  REQUIRE(groups.size() == 1);
+  CHECK(groups[0][0].sample.spans ==
+        std::vector<engine::VersionSpan>{{7, 3}});
+}
+
 TEST_CASE("the HTTP routes map onto the bookkeeping") {
   Fixture f;
   HarnessReply r = HandleHarnessRequest(nullptr, true,
