@@ -64,7 +64,7 @@ TASKS = test_episodes.TASKS
 GROUP_SIZE = test_episodes.GROUP_SIZE
 MODEL, ENVIRONMENT = test_episodes.MODEL, test_episodes.ENVIRONMENT
 ENV_NAME = "harness"
-IDLE_TIMEOUT_S = 10
+IDLE_TIMEOUT_S = 20
 TRAINED_GROUPS = 6
 TEMPERATURE = 0.7
 
