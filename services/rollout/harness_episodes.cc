@@ -39,10 +39,10 @@ absl::Status HarnessEpisodes::Offer(HarnessTask task) {
   }
   const int32_t n = std::max(1, task.group_size);
   if (static_cast<int64_t>(episodes_.size()) >= options_.max_episodes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "lease ", task.lease_id, ": ", episodes_.size(),
-        " harness episodes held, openai.harness_max_episodes is ",
-        options_.max_episodes));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("lease ", task.lease_id, ": ", episodes_.size(),
+                     " harness episodes held, openai.harness_max_episodes is ",
+                     options_.max_episodes));
   }
   const absl::Time now = absl::Now();
   Group& group = groups_[task.lease_id];
@@ -81,8 +81,8 @@ std::vector<std::pair<std::string, std::string>> HarnessEpisodes::TakeAbandoned(
       }
       expired.emplace_back(
           lease_id,
-          absl::StrCat("harness episode ", id, " (", e.claimed ? "claimed" :
-                       "never claimed", ") idle for ",
+          absl::StrCat("harness episode ", id, " (",
+                       e.claimed ? "claimed" : "never claimed", ") idle for ",
                        absl::FormatDuration(now - e.last_activity),
                        " (openai.harness_idle_timeout_s)"));
       break;
@@ -153,9 +153,9 @@ absl::Status HarnessEpisodes::BeginTurn(const std::string& episode_id,
   Episode& e = **found;
   const HarnessTask& task = groups_.at(e.lease_id).task;
   if (e.finished) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "episode ", episode_id, " is finished (reward ", e.reward,
-        "); it waits for the other episodes of its group"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("episode ", episode_id, " is finished (reward ", e.reward,
+                     "); it waits for the other episodes of its group"));
   }
   if (!e.in_flight.empty()) {
     return absl::FailedPreconditionError(
@@ -175,8 +175,9 @@ absl::Status HarnessEpisodes::BeginTurn(const std::string& episode_id,
       return absl::InvalidArgumentError(absl::StrCat(
           "episode ", episode_id, ": turn ", e.turns + 1,
           "'s prompt does not extend the episode's tokens: it differs at "
-          "token position ", i, " (the episode has token ", e.context[i],
-          ", the prompt ", prompt[i], "; the episode has ", e.context.size(),
+          "token position ",
+          i, " (the episode has token ", e.context[i], ", the prompt ",
+          prompt[i], "; the episode has ", e.context.size(),
           " tokens: the task's prompt, then every earlier prompt's and "
           "completion's)"));
     }
@@ -184,16 +185,17 @@ absl::Status HarnessEpisodes::BeginTurn(const std::string& episode_id,
   if (prompt.size() < e.context.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "episode ", episode_id, ": turn ", e.turns + 1, "'s prompt has ",
-        prompt.size(), " tokens, fewer than the episode's ",
-        e.context.size(), ": it must extend them (it differs at token "
-        "position ", prompt.size(), ", which it lacks)"));
+        prompt.size(), " tokens, fewer than the episode's ", e.context.size(),
+        ": it must extend them (it differs at token "
+        "position ",
+        prompt.size(), ", which it lacks)"));
   }
   // The tokens the harness added since the last turn: the environment's,
   // at the live version; never older than the tokens before them (the
   // published version can lag the engine's by a step), as versions only
   // grow along a sample.
-  const uint64_t version = std::max(
-      policy_version_(), e.versions.empty() ? 0 : e.versions.back());
+  const uint64_t version =
+      std::max(policy_version_(), e.versions.empty() ? 0 : e.versions.back());
   for (size_t i = e.context.size(); i < prompt.size(); ++i) {
     e.context.push_back(prompt[i]);
     e.logprobs.push_back(0.0f);
@@ -246,9 +248,9 @@ absl::Status HarnessEpisodes::Finish(const std::string& episode_id,
   if (!found.ok()) return found.status();
   Episode& e = **found;
   if (e.finished) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "episode ", episode_id, " is already finished (reward ", e.reward,
-        ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("episode ", episode_id, " is already finished (reward ",
+                     e.reward, ")"));
   }
   if (!e.in_flight.empty()) {
     return absl::FailedPreconditionError(
@@ -257,8 +259,10 @@ absl::Status HarnessEpisodes::Finish(const std::string& episode_id,
   }
   if (!std::isfinite(reward) || reward < 0.0 || reward > 1.0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("episode ", episode_id, ": reward must be a number in "
-                     "[0, 1], got ", reward));
+        absl::StrCat("episode ", episode_id,
+                     ": reward must be a number in "
+                     "[0, 1], got ",
+                     reward));
   }
   if (std::find(e.sources.begin(), e.sources.end(), Source::kModel) ==
       e.sources.end()) {
@@ -280,9 +284,9 @@ absl::Status HarnessEpisodes::Finish(const std::string& episode_id,
   }
   finished_groups_.push_back(std::move(samples));
   for (const std::string& id : group.episode_ids) {
-    RememberEnded(id, absl::StrCat("finished with reward ",
-                                   episodes_.at(id).reward,
-                                   "; its group was submitted"));
+    RememberEnded(id,
+                  absl::StrCat("finished with reward ", episodes_.at(id).reward,
+                               "; its group was submitted"));
     episodes_.erase(id);
   }
   groups_.erase(lease_id);
@@ -307,8 +311,8 @@ void HarnessEpisodes::DropGroup(const std::string& lease_id,
   auto it = groups_.find(lease_id);
   if (it == groups_.end()) return;
   for (const std::string& id : it->second.episode_ids) {
-    RememberEnded(id, absl::StrCat("its task went back to the coordinator: ",
-                                   reason));
+    RememberEnded(
+        id, absl::StrCat("its task went back to the coordinator: ", reason));
     episodes_.erase(id);
   }
   groups_.erase(it);
@@ -333,8 +337,9 @@ HarnessSample HarnessEpisodes::ToSample(const Episode& e,
   s.request_id = g.task.lease_id;
   s.sample_index = e.index;
   s.prompt = g.task.prompt;
-  s.output.assign(e.context.begin() + static_cast<ptrdiff_t>(g.task.prompt.size()),
-                  e.context.end());
+  s.output.assign(
+      e.context.begin() + static_cast<ptrdiff_t>(g.task.prompt.size()),
+      e.context.end());
   s.logprobs = e.logprobs;
   for (size_t i = 0; i < e.versions.size(); ++i) {
     if (s.spans.empty() || s.spans.back().policy_version != e.versions[i]) {

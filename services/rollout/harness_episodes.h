@@ -116,8 +116,8 @@ class HarnessEpisodes {
   // the episode's tokens or a temperature other than the lease's.
   absl::Status BeginTurn(const std::string& episode_id,
                          const std::string& request_id,
-                         const std::vector<int32_t>& prompt,
-                         double temperature, absl::Time now);
+                         const std::vector<int32_t>& prompt, double temperature,
+                         absl::Time now);
   // The turn's sampled tokens, as the response returns them. Ignored when
   // the episode or the turn is gone.
   void EndTurn(const std::string& episode_id, const std::string& request_id,
@@ -184,8 +184,7 @@ class HarnessEpisodes {
   std::map<std::string, Episode> episodes_ ABSL_GUARDED_BY(mu_);
   // Unclaimed episode ids, in offer order.
   std::deque<std::string> unclaimed_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::vector<HarnessSample>> finished_groups_
-      ABSL_GUARDED_BY(mu_);
+  std::vector<std::vector<HarnessSample>> finished_groups_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<std::string, std::string>> abandoned_
       ABSL_GUARDED_BY(mu_);
   // Why recently ended episodes ended (bounded, oldest dropped first), so a

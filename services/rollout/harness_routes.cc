@@ -36,8 +36,7 @@ std::optional<Json> ParseBody(std::string_view body, HarnessReply* error) {
   return json;
 }
 
-Json ClaimJson(const HarnessClaim& claim,
-               absl::Duration idle_timeout) {
+Json ClaimJson(const HarnessClaim& claim, absl::Duration idle_timeout) {
   const HarnessTask& t = claim.task;
   Json metadata = Json::object();
   for (const auto& [key, value] : t.metadata) metadata[key] = value;
@@ -105,9 +104,9 @@ void EndEpisodeTurn(HarnessEpisodes* episodes, const std::string& episode_id,
                     const std::optional<openai::ChoiceResult>& result) {
   if (episodes == nullptr) return;
   if (!result) return episodes->CancelTurn(episode_id, request_id);
-  episodes->EndTurn(episode_id, request_id, result->token_ids,
-                    result->logprobs, result->policy_versions,
-                    result->finish_reason, absl::Now());
+  episodes->EndTurn(episode_id, request_id, result->token_ids, result->logprobs,
+                    result->policy_versions, result->finish_reason,
+                    absl::Now());
 }
 
 std::optional<Json> TryClaim(HarnessEpisodes* episodes, absl::Time now) {
@@ -154,12 +153,12 @@ HarnessReply HandleHarnessRequest(HarnessEpisodes* episodes, bool is_post,
   const size_t colon = rest.rfind(':');
   if (rest.size() < 2 || rest[0] != '/' || colon == std::string_view::npos ||
       colon < 2) {
-    return Error({.http_status = 404,
-                  .message = absl::StrCat(
-                      "no route ", std::string(path.substr(0, 256)),
-                      "; use POST /tandem/v1/episodes:claim, "
-                      "/tandem/v1/episodes/{id}:finish or "
-                      "/tandem/v1/episodes/{id}:abort")});
+    return Error(
+        {.http_status = 404,
+         .message = absl::StrCat("no route ", std::string(path.substr(0, 256)),
+                                 "; use POST /tandem/v1/episodes:claim, "
+                                 "/tandem/v1/episodes/{id}:finish or "
+                                 "/tandem/v1/episodes/{id}:abort")});
   }
   const std::string id(rest.substr(1, colon - 1));
   const std::string_view verb = rest.substr(colon + 1);

@@ -45,8 +45,7 @@ HarnessReply HandleHarnessRequest(HarnessEpisodes* episodes, bool is_post,
                                   absl::Time now);
 
 // The claim response of the next unclaimed episode, or nullopt.
-std::optional<openai::Json> TryClaim(HarnessEpisodes* episodes,
-                                     absl::Time now);
+std::optional<openai::Json> TryClaim(HarnessEpisodes* episodes, absl::Time now);
 
 // HarnessEpisodes' status as an OpenAI error (its HTTP status inside).
 openai::ApiError HarnessError(const absl::Status& status);

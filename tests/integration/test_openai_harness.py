@@ -213,9 +213,10 @@ class HarnessTest(unittest.TestCase):
                 continue
             try:
                 t = agent.run(claimed)
-            except openai.BadRequestError as e:
+            except (openai.BadRequestError, openai.ConflictError) as e:
                 # A turn the model wrote so that its re-rendering differs
-                # (the worker refuses to guess): give the task back.
+                # (the worker refuses to guess), or a group that idled out
+                # on a slow machine: give the task back.
                 print(f"episode {claimed['episode_id']} refused: {e}")
                 http(address,
                      f"/tandem/v1/episodes/{claimed['episode_id']}:abort",

@@ -35,8 +35,8 @@ struct Fixture {
 
   // One turn: `prompt` in, `tokens` out at `token_version`.
   absl::Status Turn(const std::string& id, const std::vector<int32_t>& prompt,
-                    const std::vector<int32_t>& tokens,
-                    uint64_t token_version, const std::string& request) {
+                    const std::vector<int32_t>& tokens, uint64_t token_version,
+                    const std::string& request) {
     absl::Status s = episodes.BeginTurn(id, request, prompt, 0.7, now);
     if (!s.ok()) return s;
     std::vector<float> logprobs(tokens.size(), -0.5f);
@@ -61,8 +61,8 @@ TEST_CASE("a finished group becomes samples: model and environment tokens") {
   // Turn 1 from the task's prompt; turn 2 adds two environment tokens.
   REQUIRE(f.Turn(a->episode_id, {10, 11, 12}, {20, 21}, 5, "r1").ok());
   f.version = 6;
-  REQUIRE(f.Turn(a->episode_id, {10, 11, 12, 20, 21, 30, 31}, {22}, 6, "r2")
-              .ok());
+  REQUIRE(
+      f.Turn(a->episode_id, {10, 11, 12, 20, 21, 30, 31}, {22}, 6, "r2").ok());
   REQUIRE(f.episodes.Finish(a->episode_id, 1.0, f.now).ok());
   // The group waits for its other episode.
   CHECK(f.episodes.TakeFinishedGroups().empty());
@@ -79,10 +79,10 @@ TEST_CASE("a finished group becomes samples: model and environment tokens") {
   CHECK(s.sample_index == 0);
   CHECK(s.output == std::vector<int32_t>{20, 21, 30, 31, 22});
   CHECK(s.logprobs == std::vector<float>{-0.5f, -0.5f, 0.0f, 0.0f, -0.5f});
-  CHECK(s.source_spans == std::vector<engine::SourceSpan>{
-                              {TokenSource::kModel, 2},
-                              {TokenSource::kEnvironment, 2},
-                              {TokenSource::kModel, 1}});
+  CHECK(s.source_spans ==
+        std::vector<engine::SourceSpan>{{TokenSource::kModel, 2},
+                                        {TokenSource::kEnvironment, 2},
+                                        {TokenSource::kModel, 1}});
   // The environment's tokens carry the live version at their turn.
   CHECK(s.spans == std::vector<engine::VersionSpan>{{5, 2}, {6, 3}});
   CHECK(s.turns == 2);
@@ -102,9 +102,9 @@ TEST_CASE("a turn must extend the episode's tokens") {
   // The task's prompt itself must be extended.
   absl::Status s = f.episodes.BeginTurn(id, "r0", {10, 99, 12}, 0.7, f.now);
   CHECK(s.code() == absl::StatusCode::kInvalidArgument);
-  CHECK_THAT(std::string(s.message()),
-             Catch::Contains("differs at token position 1 ") &&
-                 Catch::Contains(id));
+  CHECK_THAT(
+      std::string(s.message()),
+      Catch::Contains("differs at token position 1 ") && Catch::Contains(id));
   REQUIRE(f.Turn(id, {10, 11, 12}, {20, 21}, 5, "r1").ok());
   s = f.episodes.BeginTurn(id, "r2", {10, 11, 12, 20, 7}, 0.7, f.now);
   CHECK_THAT(std::string(s.message()),
@@ -118,11 +118,12 @@ TEST_CASE("a turn must extend the episode's tokens") {
   s = f.episodes.BeginTurn(id, "r2", {10, 11, 12, 20, 21}, 1.0, f.now);
   CHECK(s.code() == absl::StatusCode::kInvalidArgument);
   // The refusals changed nothing: the right turn goes on.
-  REQUIRE(f.episodes.BeginTurn(id, "r2", {10, 11, 12, 20, 21}, 0.7, f.now)
-              .ok());
+  REQUIRE(
+      f.episodes.BeginTurn(id, "r2", {10, 11, 12, 20, 21}, 0.7, f.now).ok());
   // One turn at a time; no finish during a turn.
-  CHECK(f.episodes.BeginTurn(id, "r3", {10, 11, 12, 20, 21}, 0.7, f.now)
-            .code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(
+      f.episodes.BeginTurn(id, "r3", {10, 11, 12, 20, 21}, 0.7, f.now).code() ==
+      absl::StatusCode::kFailedPrecondition);
   CHECK(f.episodes.Finish(id, 1.0, f.now).code() ==
         absl::StatusCode::kFailedPrecondition);
   // A cancelled turn records nothing.
@@ -173,8 +174,8 @@ TEST_CASE("unknown episodes, aborts and idle harnesses") {
   CHECK(back[0].first == "L2");
   CHECK_THAT(back[0].second, Catch::Contains("idle for"));
   CHECK(f.episodes.active() == 0);
-  absl::Status late = f.episodes.BeginTurn(c, "r3", {10, 11, 12, 20}, 0.7,
-                                           f.now);
+  absl::Status late =
+      f.episodes.BeginTurn(c, "r3", {10, 11, 12, 20}, 0.7, f.now);
   CHECK(late.code() == absl::StatusCode::kFailedPrecondition);
   CHECK_THAT(std::string(late.message()),
              Catch::Contains("went back to the coordinator"));
@@ -208,8 +209,7 @@ TEST_CASE("environment tokens never carry a version older than the last") {
   REQUIRE(f.episodes.Finish(id, 1.0, f.now).ok());
   auto groups = f.episodes.TakeFinishedGroups();
   REQUIRE(groups.size() == 1);
-  CHECK(groups[0][0].sample.spans ==
-        std::vector<engine::VersionSpan>{{7, 3}});
+  CHECK(groups[0][0].sample.spans == std::vector<engine::VersionSpan>{{7, 3}});
 }
 
 TEST_CASE("the HTTP routes map onto the bookkeeping") {
@@ -232,8 +232,7 @@ TEST_CASE("the HTTP routes map onto the bookkeeping") {
   CHECK(r.body["lease_id"] == "L1");
   CHECK(r.body["prompt_token_ids"] == openai::Json({10, 11, 12}));
   CHECK(r.body["metadata"]["answer"] == "3");
-  CHECK(std::abs(r.body["sampling"]["temperature"].get<double>() - 0.7) <
-        1e-6);
+  CHECK(std::abs(r.body["sampling"]["temperature"].get<double>() - 0.7) < 1e-6);
   const std::string finish = "/tandem/v1/episodes/" + id + ":finish";
   r = HandleHarnessRequest(&f.episodes, true, finish, R"({})", f.now);
   CHECK(r.status == 400);
@@ -255,8 +254,8 @@ TEST_CASE("the HTTP routes map onto the bookkeeping") {
   r = HandleHarnessRequest(&f.episodes, true,
                            "/tandem/v1/episodes/" + id + ":pause", "", f.now);
   CHECK(r.status == 404);
-  r = HandleHarnessRequest(&f.episodes, false, "/tandem/v1/episodes:claim",
-                           "", f.now);
+  r = HandleHarnessRequest(&f.episodes, false, "/tandem/v1/episodes:claim", "",
+                           f.now);
   CHECK(r.status == 405);
 }
 
