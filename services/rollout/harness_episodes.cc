@@ -103,6 +103,11 @@ std::vector<std::string> HarnessEpisodes::AbortAll(const std::string& reason) {
   for (auto& [lease_id, why] : std::exchange(abandoned_, {})) {
     leases.push_back(lease_id);
   }
+  // Finished since the caller last took them: not submitted, so they go
+  // back too.
+  for (const std::vector<HarnessSample>& group : finished_groups_) {
+    if (!group.empty()) leases.push_back(group.front().sample.request_id);
+  }
   finished_groups_.clear();
   return leases;
 }

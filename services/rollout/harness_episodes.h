@@ -99,7 +99,8 @@ class HarnessEpisodes {
   // while it lives.)
   std::vector<std::pair<std::string, std::string>> TakeAbandoned(
       absl::Time now);
-  // Drops every group; returns their lease ids.
+  // Drops every group, finished ones not yet taken included; returns their
+  // lease ids.
   std::vector<std::string> AbortAll(const std::string& reason);
   // Episodes held.
   int32_t active() const;

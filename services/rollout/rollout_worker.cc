@@ -228,9 +228,10 @@ void RolloutWorker::AbortAllWork(const std::string& reason,
     }
     episodes_->TakeFinished();
   }
-  // Harness episodes end with their leases (their turns in flight failed
-  // with the served requests).
+  // Harness groups that finished are submitted; the others end with their
+  // leases (their turns in flight failed with the served requests).
   if (harness_) {
+    DeliverHarness();
     for (std::string& id : harness_->AbortAll(reason)) {
       aborted.push_back(std::move(id));
     }

@@ -189,9 +189,16 @@ TEST_CASE("a turn in flight is not idle; AbortAll returns every lease") {
   REQUIRE(f.episodes.BeginTurn(id, "r1", {10, 11, 12}, 0.7, f.now).ok());
   CHECK(f.episodes.TakeAbandoned(f.now + absl::Hours(1)).empty());
   REQUIRE(f.episodes.Offer(Task("L2", 1)).ok());
+  // L3 finished, not yet taken: it goes back too.
+  REQUIRE(f.episodes.Offer(Task("L3", 1)).ok());
+  f.episodes.Claim(f.now);
+  const std::string l3 = f.episodes.Claim(f.now)->episode_id;
+  REQUIRE(f.Turn(l3, {10, 11, 12}, {20}, 5, "r2").ok());
+  REQUIRE(f.episodes.Finish(l3, 1.0, f.now).ok());
   std::vector<std::string> leases = f.episodes.AbortAll("shutdown");
   std::sort(leases.begin(), leases.end());
-  CHECK(leases == std::vector<std::string>{"L1", "L2"});
+  CHECK(leases == std::vector<std::string>{"L1", "L2", "L3"});
+  CHECK(f.episodes.TakeFinishedGroups().empty());
   CHECK(f.episodes.active() == 0);
 }
 
