@@ -20,6 +20,7 @@
 #include "common/base/logging.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/rollout/harness_routes.h"
+#include "services/rollout/io_poster.h"
 #include "services/rollout/openai_choices.h"
 #include "services/rollout/openai_prompt.h"
 
@@ -55,31 +56,6 @@ int HttpStatusOf(const absl::Status& status) {
 
 }  // namespace
 
-namespace {
-
-class Session;
-
-// Posts callbacks into the server's io_context from other threads, until
-// the server detaches it (a callback after that is dropped).
-class Poster {
- public:
-  explicit Poster(asio::io_context* io) : io_(io) {}
-  void Post(std::function<void()> f) {
-    absl::MutexLock lock(&mu_);
-    if (io_ != nullptr) asio::post(*io_, std::move(f));
-  }
-  void Detach() {
-    absl::MutexLock lock(&mu_);
-    io_ = nullptr;
-  }
-
- private:
-  absl::Mutex mu_;
-  asio::io_context* io_ ABSL_GUARDED_BY(mu_);
-};
-
-}  // namespace
-
 // State shared by the listener and its sessions; io thread only, except
 // the immutable parts.
 class OpenAIServer::Impl {
@@ -95,7 +71,7 @@ class OpenAIServer::Impl {
         queue(queue),
         policy_version(std::move(policy_version)),
         io(std::make_unique<asio::io_context>()),
-        poster(std::make_shared<Poster>(io.get())),
+        poster(std::make_shared<IoPoster>(io.get())),
         acceptor(std::make_unique<tcp::acceptor>(*io)),
         created(absl::ToUnixSeconds(absl::Now())) {}
 
@@ -131,7 +107,7 @@ class OpenAIServer::Impl {
   const std::function<uint64_t()> policy_version;
   std::unique_ptr<asio::io_context> io;
   // The engine thread's way into `io`; it may outlive the server.
-  std::shared_ptr<Poster> poster;
+  std::shared_ptr<IoPoster> poster;
   std::unique_ptr<tcp::acceptor> acceptor;
   const int64_t created;
   int32_t open_sessions = 0;  // io thread
@@ -292,7 +268,7 @@ class Session : public std::enable_shared_from_this<Session> {
     api_request_ = std::move(request);
 
     std::weak_ptr<Session> weak = weak_from_this();
-    std::shared_ptr<Poster> poster = server_->poster;
+    std::shared_ptr<IoPoster> poster = server_->poster;
     request_ = std::make_shared<ServedRequest>(absl::StrCat("oai-", number),
                                                std::move(prompt), params,
                                                [weak, poster] {
