@@ -10,6 +10,8 @@
 
 #include "common/model/decoder_model.h"
 #include "common/model/hf_checkpoint.h"
+#include "common/model/model_loader.h"
+#include "common/model/model_weights.h"
 #include "common/task/arith_task.h"
 #include "common/task/arith_tokenizer.h"
 #include "services/trainer/tools/sft/sft_data.h"
@@ -96,6 +98,113 @@ TEST_CASE("SFT examples supervise only the answer and eos", "[sft]") {
   CHECK(batch->loss_positions[5].item<int64_t>() == 13 + 4);
   CHECK(batch->loss_targets[6].item<int64_t>() == task::kArithEosId);
   CHECK_FALSE(PackExamples({}).ok());
+}
+
+// The built-in tiny model with random weights, on one LibTorch thread.
+model::LoadedModel RandomTinyModel() {
+  auto loaded = model::LoadModel("", /*seed=*/1, /*torch_threads=*/1);
+  REQUIRE(loaded.ok());
+  return *std::move(loaded);
+}
+
+TEST_CASE(
+    "Held-out greedy completions through the engine are the former decode "
+    "loop's",
+    "[sft][heldout]") {
+  const model::LoadedModel loaded = RandomTinyModel();
+  task::ArithTaskOptions task_options;
+  task_options.digits = 3;
+  task_options.subtraction = false;
+  auto task = task::ArithTask::Create(task_options);
+  REQUIRE(task.ok());
+  const std::vector<task::ArithProblem> problems =
+      task->Take(task::Split::kHeldOut, 1024);
+  auto before = GreedyCompleteLoopForTest(*loaded.decoder, *loaded.tokenizer,
+                                          problems, MaxAnswerTokens(3));
+  REQUIRE(before.ok());
+  for (int64_t batch : {256, 7}) {
+    INFO("batch " << batch);
+    auto after = GreedyComplete(*loaded.decoder, *loaded.tokenizer, problems,
+                                MaxAnswerTokens(3), batch);
+    REQUIRE(after.ok());
+    REQUIRE(after->size() == before->size());
+    int64_t differ = 0;
+    for (size_t i = 0; i < before->size(); ++i) {
+      if ((*after)[i].tokens != (*before)[i].tokens ||
+          (*after)[i].stopped != (*before)[i].stopped ||
+          (*after)[i].text != (*before)[i].text) {
+        ++differ;
+      }
+    }
+    CHECK(differ == 0);
+  }
+}
+
+TEST_CASE(
+    "Held-out greedy completions through the engine are the full forward "
+    "pass's argmax, and stop at eos",
+    "[sft][heldout]") {
+  const model::LoadedModel loaded = RandomTinyModel();
+  const model::DecoderModel& model = *loaded.decoder;
+  task::ArithTaskOptions task_options;
+  task_options.digits = 3;
+  task_options.subtraction = false;
+  auto task = task::ArithTask::Create(task_options);
+  REQUIRE(task.ok());
+  const std::vector<task::ArithProblem> problems =
+      task->Take(task::Split::kHeldOut, 96);
+  const int64_t max_new = MaxAnswerTokens(3);
+  // A batch smaller than the problem count: sequences join the running
+  // batch as others finish.
+  auto completions =
+      GreedyComplete(model, *loaded.tokenizer, problems, max_new, 16);
+  REQUIRE(completions.ok());
+  REQUIRE(completions->size() == problems.size());
+  int64_t decisions = 0;
+  int64_t stopped = 0;
+  for (size_t i = 0; i < problems.size(); ++i) {
+    INFO("problem " << i << ": " << problems[i].prompt);
+    const GreedyCompletion& c = (*completions)[i];
+    CHECK(c.text == loaded.tokenizer->Decode(c.tokens));
+    std::vector<int32_t> sequence = PromptTokens(*loaded.tokenizer, problems[i]);
+    const int64_t prompt_len = static_cast<int64_t>(sequence.size());
+    sequence.insert(sequence.end(), c.tokens.begin(), c.tokens.end());
+    if (c.stopped) {
+      sequence.push_back(task::kArithEosId);
+      ++stopped;
+    } else {
+      // Only the token limit ends a completion without eos.
+      CHECK(static_cast<int64_t>(c.tokens.size()) == max_new);
+    }
+    for (int32_t t : c.tokens) CHECK(t != task::kArithEosId);
+    const int64_t n = static_cast<int64_t>(sequence.size());
+    std::vector<int64_t> ids(sequence.begin(), sequence.end());
+    const at::Tensor input = at::tensor(ids, at::kLong);
+    const at::Tensor positions = at::arange(n, at::kLong);
+    const at::Tensor cu = at::tensor(std::vector<int64_t>{0, n}, at::kLong);
+    auto logits = model.ForwardPacked(input, positions, cu);
+    REQUIRE(logits.ok());
+    const at::Tensor rows = logits->to(at::kFloat);
+    // Every generated token (eos included) is the argmax of the full
+    // forward pass's logits at the position before it; a different token
+    // is allowed only where two logits tie to within rounding.
+    for (int64_t p = prompt_len - 1; p + 1 < n; ++p) {
+      ++decisions;
+      const at::Tensor row = rows[p];
+      const int64_t best = row.argmax().item<int64_t>();
+      const int64_t chosen = sequence[p + 1];
+      if (best != chosen) {
+        const float gap =
+            row[best].item<float>() - row[chosen].item<float>();
+        INFO("position " << p << ": argmax " << best << ", generated "
+                         << chosen);
+        CHECK(gap < 1e-4f);
+      }
+    }
+  }
+  // The comparison covered every completion's tokens.
+  CHECK(decisions >= static_cast<int64_t>(problems.size()));
+  INFO("stopped " << stopped);
 }
 
 TEST_CASE("SFT options are validated with the flag's name", "[sft]") {
