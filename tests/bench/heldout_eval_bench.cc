@@ -8,18 +8,16 @@
 //
 //   heldout_eval_bench [--model DIR] [--digits D] [--subtraction 0|1]
 //                      [--problems N[,N...]] [--repeat R] [--threads T]
-//                      [--path engine|loop|both]
 //
 // The task options default to the trainer's (eval.arith_digits 3, no
-// subtraction, seed 0).
-// --model: a Hugging Face directory (default: the built-in tiny model,
-// random weights from seed 1). Each problem count runs once unmeasured
-// (warm-up), then R times; with --path both the two paths alternate run by
-// run (engine, loop, engine, ...), so a change in the machine's load falls
-// on both. cpu_seconds is the process's user + system time over the run
-// (getrusage), wall_seconds the elapsed time. completions_hash is FNV-1a
-// over every completion's tokens and stop flag: equal hashes, equal
-// completions.
+// subtraction, seed 0). --model: a Hugging Face directory (default: the
+// built-in tiny model, random weights from seed 1). Each problem count runs
+// once unmeasured (warm-up), then R times. cpu_seconds is the process's
+// user + system time over the run (getrusage), wall_seconds the elapsed
+// time. completions_hash is FNV-1a over every completion's tokens and stop
+// flag: equal hashes, equal completions. (Until the engine took it over,
+// held-out evaluation had a decode loop of its own; commit c927988 has
+// both, and --path engine|loop|both to run them alternately.)
 
 #include <sys/resource.h>
 
@@ -50,7 +48,6 @@ struct Flags {
   std::vector<int64_t> problems = {256, 1024};
   int repeat = 3;
   int threads = 1;
-  std::string path = "both";
 };
 
 double CpuSeconds() {
@@ -80,46 +77,31 @@ absl::Status Run(const Flags& flags) {
   task_options.digits = flags.digits;
   task_options.subtraction = flags.subtraction;
   ASSIGN_OR_RETURN(task::ArithTask task, task::ArithTask::Create(task_options));
-  std::vector<std::string> paths;
-  if (flags.path == "both") {
-    paths = {"engine", "loop"};
-  } else if (flags.path == "engine" || flags.path == "loop") {
-    paths = {flags.path};
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--path must be engine, loop or both, got ", flags.path));
-  }
   for (int64_t n : flags.problems) {
     const std::vector<task::ArithProblem> problems =
         task.Take(task::Split::kHeldOut, static_cast<uint64_t>(n));
     for (int run = -1; run < flags.repeat; ++run) {
-      for (const std::string& path : paths) {
-        const double cpu_start = CpuSeconds();
-        const absl::Time wall_start = absl::Now();
-        absl::StatusOr<std::vector<GreedyCompletion>> completions =
-            path == "engine"
-                ? GreedyComplete(*loaded.decoder, *loaded.tokenizer, problems,
-                                 MaxAnswerTokens(flags.digits))
-                : GreedyCompleteLoopForTest(*loaded.decoder, *loaded.tokenizer,
-                                            problems,
-                                            MaxAnswerTokens(flags.digits));
-        const double cpu = CpuSeconds() - cpu_start;
-        const double wall = absl::ToDoubleSeconds(absl::Now() - wall_start);
-        RETURN_IF_ERROR(completions.status());
-        if (run < 0) continue;  // warm-up
-        int64_t correct = 0;
-        for (size_t i = 0; i < problems.size(); ++i) {
-          if (IsExactMatch((*completions)[i], problems[i])) ++correct;
-        }
-        std::printf(
-            "{\"path\":\"%s\",\"problems\":%lld,\"threads\":%d,"
-            "\"cpu_seconds\":%.4f,\"wall_seconds\":%.4f,\"correct\":%lld,"
-            "\"completions_hash\":\"%016llx\"}\n",
-            path.c_str(), static_cast<long long>(n), flags.threads, cpu, wall,
-            static_cast<long long>(correct),
-            static_cast<unsigned long long>(Hash(*completions)));
-        std::fflush(stdout);
+      const double cpu_start = CpuSeconds();
+      const absl::Time wall_start = absl::Now();
+      absl::StatusOr<std::vector<GreedyCompletion>> completions =
+          GreedyComplete(*loaded.decoder, *loaded.tokenizer, problems,
+                         MaxAnswerTokens(flags.digits));
+      const double cpu = CpuSeconds() - cpu_start;
+      const double wall = absl::ToDoubleSeconds(absl::Now() - wall_start);
+      RETURN_IF_ERROR(completions.status());
+      if (run < 0) continue;  // warm-up
+      int64_t correct = 0;
+      for (size_t i = 0; i < problems.size(); ++i) {
+        if (IsExactMatch((*completions)[i], problems[i])) ++correct;
       }
+      std::printf(
+          "{\"path\":\"engine\",\"problems\":%lld,\"threads\":%d,"
+          "\"cpu_seconds\":%.4f,\"wall_seconds\":%.4f,\"correct\":%lld,"
+          "\"completions_hash\":\"%016llx\"}\n",
+          static_cast<long long>(n), flags.threads, cpu, wall,
+          static_cast<long long>(correct),
+          static_cast<unsigned long long>(Hash(*completions)));
+      std::fflush(stdout);
     }
   }
   return absl::OkStatus();
@@ -151,8 +133,6 @@ int main(int argc, char** argv) {
       ok = absl::SimpleAtoi(value, &flags.repeat) && flags.repeat > 0;
     } else if (arg == "--threads" && ok) {
       ok = absl::SimpleAtoi(value, &flags.threads) && flags.threads > 0;
-    } else if (arg == "--path" && ok) {
-      flags.path = value;
     } else {
       ok = false;
     }

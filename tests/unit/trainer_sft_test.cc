@@ -108,39 +108,6 @@ model::LoadedModel RandomTinyModel() {
 }
 
 TEST_CASE(
-    "Held-out greedy completions through the engine are the former decode "
-    "loop's",
-    "[sft][heldout]") {
-  const model::LoadedModel loaded = RandomTinyModel();
-  task::ArithTaskOptions task_options;
-  task_options.digits = 3;
-  task_options.subtraction = false;
-  auto task = task::ArithTask::Create(task_options);
-  REQUIRE(task.ok());
-  const std::vector<task::ArithProblem> problems =
-      task->Take(task::Split::kHeldOut, 1024);
-  auto before = GreedyCompleteLoopForTest(*loaded.decoder, *loaded.tokenizer,
-                                          problems, MaxAnswerTokens(3));
-  REQUIRE(before.ok());
-  for (int64_t batch : {256, 7}) {
-    INFO("batch " << batch);
-    auto after = GreedyComplete(*loaded.decoder, *loaded.tokenizer, problems,
-                                MaxAnswerTokens(3), batch);
-    REQUIRE(after.ok());
-    REQUIRE(after->size() == before->size());
-    int64_t differ = 0;
-    for (size_t i = 0; i < before->size(); ++i) {
-      if ((*after)[i].tokens != (*before)[i].tokens ||
-          (*after)[i].stopped != (*before)[i].stopped ||
-          (*after)[i].text != (*before)[i].text) {
-        ++differ;
-      }
-    }
-    CHECK(differ == 0);
-  }
-}
-
-TEST_CASE(
     "Held-out greedy completions through the engine are the full forward "
     "pass's argmax, and stop at eos",
     "[sft][heldout]") {

@@ -36,14 +36,6 @@ absl::StatusOr<std::vector<GreedyCompletion>> GreedyComplete(
     absl::Span<const task::ArithProblem> problems, int64_t max_new_tokens,
     int64_t batch_size = 256);
 
-// The former decode loop of its own (batches of `batch_size`, one prefill
-// call, then batched DecodeStep), kept only to compare against the engine
-// path before it is deleted.
-absl::StatusOr<std::vector<GreedyCompletion>> GreedyCompleteLoopForTest(
-    const model::DecoderModel& model, const tokenizer::Tokenizer& tokenizer,
-    absl::Span<const task::ArithProblem> problems, int64_t max_new_tokens,
-    int64_t batch_size = 256);
-
 // Whether `completion` is exactly the problem's answer followed by eos
 // (what the `arith` verifier rewards).
 bool IsExactMatch(const GreedyCompletion& completion,
