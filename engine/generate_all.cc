@@ -18,16 +18,16 @@ absl::StatusOr<std::vector<FinishedSample>> GenerateAll(
   for (size_t i = 0; i < prompts.size(); ++i) {
     SamplingParams params = options.params;
     if (options.max_sequence_tokens > 0) {
-      const int64_t room = options.max_sequence_tokens -
-                           static_cast<int64_t>(prompts[i].size());
+      const int64_t room =
+          options.max_sequence_tokens - static_cast<int64_t>(prompts[i].size());
       if (room < 1) {
         return absl::InvalidArgumentError(absl::StrCat(
             "prompt ", i, " has ", prompts[i].size(),
             " tokens, which leaves no room under the sequence limit of ",
             options.max_sequence_tokens));
       }
-      params.max_tokens = static_cast<int32_t>(
-          std::min<int64_t>(params.max_tokens, room));
+      params.max_tokens =
+          static_cast<int32_t>(std::min<int64_t>(params.max_tokens, room));
     }
     RETURN_IF_ERROR(engine.Add(std::to_string(i), prompts[i], params));
   }
@@ -56,7 +56,8 @@ absl::StatusOr<std::vector<FinishedSample>> GenerateAll(
   std::sort(order.begin(), order.end());
   std::vector<FinishedSample> sorted;
   sorted.reserve(out.size());
-  for (const auto& entry : order) sorted.push_back(std::move(out[entry.second]));
+  for (const auto& entry : order)
+    sorted.push_back(std::move(out[entry.second]));
   return sorted;
 }
 
