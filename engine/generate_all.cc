@@ -56,8 +56,9 @@ absl::StatusOr<std::vector<FinishedSample>> GenerateAll(
   std::sort(order.begin(), order.end());
   std::vector<FinishedSample> sorted;
   sorted.reserve(out.size());
-  for (const auto& entry : order)
+  for (const auto& entry : order) {
     sorted.push_back(std::move(out[entry.second]));
+  }
   return sorted;
 }
 

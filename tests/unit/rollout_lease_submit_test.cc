@@ -129,8 +129,7 @@ TEST_CASE(
         absl::MutexLock lock(&mu);
         asked.push_back(request);
         for (uint32_t i = 0; i < request.max_prompts() && next_lease < 6; ++i) {
-          response->add_leases()->set_lease_id(
-              absl::StrCat("l", next_lease++));
+          response->add_leases()->set_lease_id(absl::StrCat("l", next_lease++));
         }
         if (response->leases_size() == 0) response->set_retry_after_ms(10);
         return grpc::Status::OK;

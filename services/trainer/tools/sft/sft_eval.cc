@@ -25,18 +25,16 @@ absl::StatusOr<std::vector<GreedyCompletion>> GreedyComplete(
     int64_t batch_size) {
   if (max_new_tokens < 1 || max_new_tokens > INT32_MAX || batch_size < 1 ||
       batch_size > INT32_MAX) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("GreedyComplete: max_new_tokens (", max_new_tokens,
-                     ") and batch_size (", batch_size,
-                     ") must be in [1, 2^31)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GreedyComplete: max_new_tokens (", max_new_tokens,
+        ") and batch_size (", batch_size, ") must be in [1, 2^31)"));
   }
   std::vector<std::vector<int32_t>> prompts;
   prompts.reserve(problems.size());
   int64_t longest_prompt = 1;
   for (const task::ArithProblem& problem : problems) {
     prompts.push_back(PromptTokens(tokenizer, problem));
-    longest_prompt =
-        std::max<int64_t>(longest_prompt, prompts.back().size());
+    longest_prompt = std::max<int64_t>(longest_prompt, prompts.back().size());
   }
   const int64_t max_positions =
       model.weights()->config().max_position_embeddings;
@@ -68,9 +66,9 @@ absl::StatusOr<std::vector<GreedyCompletion>> GreedyComplete(
     return model::internal::TorchErrorToStatus("greedy evaluation", e);
   }
   if (samples.size() != problems.size()) {
-    return absl::InternalError(absl::StrCat(
-        "greedy evaluation: ", samples.size(), " completions for ",
-        problems.size(), " problems"));
+    return absl::InternalError(
+        absl::StrCat("greedy evaluation: ", samples.size(), " completions for ",
+                     problems.size(), " problems"));
   }
   std::vector<GreedyCompletion> out(samples.size());
   for (size_t i = 0; i < samples.size(); ++i) {
