@@ -84,14 +84,14 @@ absl::StatusOr<std::unique_ptr<RolloutWorker>> RolloutWorker::Create(
   cluster::MemberSession* session = &w->member_->session();
   auto member_id = [session] { return session->member_id(); };
   w->prefetcher_ = std::make_unique<PromptPrefetcher>(
-      session->stub(), member_id,
+      session->client(), member_id,
       [self] {
         absl::MutexLock lock(&self->mu_);
         return self->snapshot_.policy_version;
       },
       static_cast<int32_t>(config.prefetch_prompts));
   w->submitter_ = std::make_unique<SampleSubmitter>(
-      session->stub(), member_id, /*max_batch=*/64,
+      session->client(), member_id, /*max_batch=*/64,
       &w->metrics_.samples_refused);
   w->weight_sync_metrics_ =
       std::make_unique<weights::WeightSyncMetrics>(*w->registry_);
@@ -139,7 +139,7 @@ absl::Status RolloutWorker::LoadModelAndEngine() {
   sync.mode = config.weight_sync == "pull"
                   ? WeightSyncOptions::Mode::kPull
                   : WeightSyncOptions::Mode::kBroadcast;
-  sync.sync_weight_group = SyncWeightGroupVia(session->stub());
+  sync.sync_weight_group = SyncWeightGroupVia(session->client());
   sync.member_id = member_id;
   sync.bind_host = config.weight_sync_bind_host.empty()
                        ? config::ReachableHostOf(config.server.grpc_address)

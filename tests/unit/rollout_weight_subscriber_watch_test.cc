@@ -79,6 +79,7 @@ class OutsideGroup {
     REQUIRE(coordinator_->Start().ok());
     stub_ = v1::Coordinator::NewStub(grpc::CreateChannel(
         coordinator_->grpc_address(), grpc::InsecureChannelCredentials()));
+    client_ = std::make_unique<cluster::GrpcCoordinatorClient>(stub_.get());
     trainer_id_ = Register(v1::ROLE_TRAINER);
     worker_id_ = Register(v1::ROLE_ROLLOUT);
   }
@@ -124,7 +125,7 @@ class OutsideGroup {
     watcher_->Start();
     WeightSyncOptions options;
     options.mode = WeightSyncOptions::Mode::kBroadcast;
-    options.sync_weight_group = SyncWeightGroupVia(stub_.get());
+    options.sync_weight_group = SyncWeightGroupVia(client_.get());
     options.member_id = [this] { return worker_id_; };
     options.watcher = watcher_.get();
     options.watch_poll_interval = absl::Seconds(60);
@@ -159,6 +160,7 @@ class OutsideGroup {
 
   std::unique_ptr<coordinator::Coordinator> coordinator_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::unique_ptr<cluster::GrpcCoordinatorClient> client_;
   SilentPort store_port_;
   std::string trainer_id_, worker_id_;
   weights::WeightStore store_{4};
