@@ -20,6 +20,7 @@
 #include "services/rollout/prompt_prefetcher.h"
 #include "services/rollout/sample_submitter.h"
 #include "tests/support/fake_coordinator_client.h"
+#include "tests/support/wait_for.h"
 
 // Last: glog (through LibTorch) defines a CHECK macro of its own.
 #include <catch2/catch.hpp>
@@ -27,15 +28,7 @@
 namespace tandem::rollout {
 namespace {
 
-template <typename Predicate>
-bool WaitFor(Predicate predicate, absl::Duration timeout) {
-  const absl::Time give_up = absl::Now() + timeout;
-  while (absl::Now() < give_up) {
-    if (predicate()) return true;
-    absl::SleepFor(absl::Milliseconds(2));
-  }
-  return predicate();
-}
+using ::tandem::testing::WaitFor;
 
 tandem::v1::Sample MakeSample(const std::string& lease_id, uint32_t index) {
   tandem::v1::Sample sample;

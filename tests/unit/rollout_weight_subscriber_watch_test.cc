@@ -25,6 +25,7 @@
 #include "services/coordinator/coordinator.h"
 #include "services/rollout/weight_subscriber.h"
 #include "tests/unit/model_test_util.h"
+#include "tests/support/wait_for.h"
 #include "tests/unit/silent_port.h"
 #include "tests/unit/weight_server_test_util.h"
 
@@ -50,15 +51,7 @@ v1::WeightManifest Manifest(const model::ModelWeights& w, uint64_t version,
   return *manifest;
 }
 
-template <typename Predicate>
-bool WaitFor(Predicate done, absl::Duration limit) {
-  const absl::Time give_up = absl::Now() + limit;
-  while (!done()) {
-    if (absl::Now() > give_up) return false;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return true;
-}
+using ::tandem::testing::WaitFor;
 
 // A coordinator (weight_sync.report_timeout_ms `report_timeout_ms`) whose
 // trainer's rendezvous store never answers, the trainer's weight server,

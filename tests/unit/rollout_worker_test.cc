@@ -18,6 +18,7 @@
 #include "services/coordinator/coordinator.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 #include "tandem/v1/rollout.grpc.pb.h"
+#include "tests/support/wait_for.h"
 
 // Last: glog (through LibTorch) defines a CHECK macro of its own.
 #include <catch2/catch.hpp>
@@ -107,12 +108,7 @@ struct Cluster {
 
   template <typename Predicate>
   bool WaitFor(Predicate predicate, absl::Duration timeout) {
-    const absl::Time give_up = absl::Now() + timeout;
-    while (absl::Now() < give_up) {
-      if (predicate()) return true;
-      absl::SleepFor(absl::Milliseconds(2));
-    }
-    return predicate();
+    return ::tandem::testing::WaitFor(predicate, timeout);
   }
 };
 
