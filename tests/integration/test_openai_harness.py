@@ -46,7 +46,6 @@ import json
 import math
 import os
 import re
-import shutil
 import sys
 import tempfile
 import time
@@ -281,10 +280,7 @@ class HarnessTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        if os.environ.get("TANDEM_KEEP_TMP"):
-            print(f"kept {cls.tmp}")
-            return
-        shutil.rmtree(cls.tmp, ignore_errors=True)
+        harness.remove_tmp(cls.tmp)
 
     def test_trained_episodes_token_by_token(self):
         trained = test_episodes.trained_samples(self.records, self)
