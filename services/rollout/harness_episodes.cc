@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/environment/reward_range.h"
 
 namespace tandem::rollout {
 namespace {
@@ -205,7 +206,7 @@ absl::Status HarnessEpisodes::BeginTurn(const std::string& episode_id,
     e.context.push_back(prompt[i]);
     e.logprobs.push_back(0.0f);
     e.versions.push_back(version);
-    e.sources.push_back(Source::kEnvironment);
+    e.sources.push_back(engine::TokenSource::kEnvironment);
   }
   e.in_flight = request_id;
   e.last_activity = now;
@@ -229,7 +230,7 @@ void HarnessEpisodes::EndTurn(const std::string& episode_id,
     e.context.push_back(tokens[i]);
     e.logprobs.push_back(i < logprobs.size() ? logprobs[i] : 0.0f);
     e.versions.push_back(i < versions.size() ? versions[i] : 0);
-    e.sources.push_back(Source::kModel);
+    e.sources.push_back(engine::TokenSource::kModel);
   }
   ++e.turns;
   e.last_finish = finish_reason;
@@ -262,15 +263,14 @@ absl::Status HarnessEpisodes::Finish(const std::string& episode_id,
         absl::StrCat("episode ", episode_id, " has a turn in flight (",
                      e.in_flight, "); finish it after the turn's response"));
   }
-  if (!std::isfinite(reward) || reward < 0.0 || reward > 1.0) {
+  if (!environment::IsValidReward(reward)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("episode ", episode_id,
-                     ": reward must be a number in "
-                     "[0, 1], got ",
-                     reward));
+        absl::StrCat("episode ", episode_id, ": reward must be a number in [",
+                     environment::kRewardMin, ", ", environment::kRewardMax,
+                     "], got ", reward));
   }
-  if (std::find(e.sources.begin(), e.sources.end(), Source::kModel) ==
-      e.sources.end()) {
+  if (std::find(e.sources.begin(), e.sources.end(),
+                engine::TokenSource::kModel) == e.sources.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "episode ", episode_id, " has no token of the model (", e.turns,
         " turns): nothing to train on (abort it to give the task back)"));
@@ -352,10 +352,7 @@ HarnessSample HarnessEpisodes::ToSample(const Episode& e,
     }
     ++s.spans.back().num_tokens;
   }
-  for (size_t i = 0; i < e.sources.size(); ++i) {
-    const engine::TokenSource source = e.sources[i] == Source::kModel
-                                           ? engine::TokenSource::kModel
-                                           : engine::TokenSource::kEnvironment;
+  for (const engine::TokenSource source : e.sources) {
     if (s.source_spans.empty() || s.source_spans.back().source != source) {
       s.source_spans.push_back({.source = source, .num_tokens = 0});
     }

@@ -138,7 +138,6 @@ class HarnessEpisodes {
   absl::Status Abort(const std::string& episode_id, const std::string& reason);
 
  private:
-  enum class Source : uint8_t { kModel, kEnvironment };
   struct Episode {
     std::string id;
     std::string lease_id;
@@ -152,7 +151,7 @@ class HarnessEpisodes {
     // Per token after the lease's prompt.
     std::vector<float> logprobs;
     std::vector<uint64_t> versions;
-    std::vector<Source> sources;
+    std::vector<engine::TokenSource> sources;
     int32_t turns = 0;
     std::string in_flight;  // the served request of the running turn
     std::string last_finish;
