@@ -1,6 +1,7 @@
 #include "engine/generate_all.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -31,35 +32,36 @@ absl::StatusOr<std::vector<FinishedSample>> GenerateAll(
     }
     RETURN_IF_ERROR(engine.Add(std::to_string(i), prompts[i], params));
   }
-  std::vector<FinishedSample> out;
-  out.reserve(prompts.size() * static_cast<size_t>(options.params.n));
+  // Request ids are the prompts' indexes, which we wrote: prompt i's
+  // sample j goes to slot i * n + j.
+  const size_t n = static_cast<size_t>(std::max(1, options.params.n));
+  std::vector<std::optional<FinishedSample>> slots(prompts.size() * n);
+  auto place = [&](std::vector<FinishedSample> finished) -> absl::Status {
+    for (FinishedSample& sample : finished) {
+      size_t index = 0;
+      if (!absl::SimpleAtoi(sample.request_id, &index) ||
+          index >= prompts.size() || sample.sample_index < 0 ||
+          static_cast<size_t>(sample.sample_index) >= n) {
+        return absl::InternalError(absl::StrCat(
+            "the engine finished an unknown request '", sample.request_id,
+            "' (sample ", sample.sample_index, ")"));
+      }
+      slots[index * n + static_cast<size_t>(sample.sample_index)] =
+          std::move(sample);
+    }
+    return absl::OkStatus();
+  };
   while (!engine.idle()) {
     RETURN_IF_ERROR(engine.Step().status());
-    for (FinishedSample& sample : engine.TakeFinished()) {
-      out.push_back(std::move(sample));
-    }
+    RETURN_IF_ERROR(place(engine.TakeFinished()));
   }
-  for (FinishedSample& sample : engine.TakeFinished()) {
-    out.push_back(std::move(sample));
+  RETURN_IF_ERROR(place(engine.TakeFinished()));
+  std::vector<FinishedSample> out;
+  out.reserve(slots.size());
+  for (std::optional<FinishedSample>& slot : slots) {
+    if (slot.has_value()) out.push_back(std::move(*slot));
   }
-  // Request ids are the prompts' indexes, which we wrote.
-  std::vector<std::pair<std::pair<size_t, int32_t>, size_t>> order;
-  order.reserve(out.size());
-  for (size_t k = 0; k < out.size(); ++k) {
-    size_t index = 0;
-    if (!absl::SimpleAtoi(out[k].request_id, &index)) {
-      return absl::InternalError(absl::StrCat(
-          "the engine finished an unknown request '", out[k].request_id, "'"));
-    }
-    order.push_back({{index, out[k].sample_index}, k});
-  }
-  std::sort(order.begin(), order.end());
-  std::vector<FinishedSample> sorted;
-  sorted.reserve(out.size());
-  for (const auto& entry : order) {
-    sorted.push_back(std::move(out[entry.second]));
-  }
-  return sorted;
+  return out;
 }
 
 }  // namespace tandem::engine
