@@ -12,9 +12,9 @@
 
 namespace tandem::engine {
 
-TorchEngineModel::TorchEngineModel(std::shared_ptr<model::DecoderModel> model,
-                                   int64_t max_tokens,
-                                   TorchEngineModelOptions options)
+TorchEngineModel::TorchEngineModel(
+    std::shared_ptr<const model::DecoderModel> model, int64_t max_tokens,
+    TorchEngineModelOptions options)
     : model_(std::move(model)), options_(options), max_tokens_(max_tokens) {}
 
 TorchEngineModel::~TorchEngineModel() = default;

@@ -35,8 +35,10 @@ struct TorchEngineModelOptions {
 
 class TorchEngineModel : public EngineModel {
  public:
-  // `max_tokens` bounds any one sequence (prompt + generated).
-  TorchEngineModel(std::shared_ptr<model::DecoderModel> model,
+  // `max_tokens` bounds any one sequence (prompt + generated). The model is
+  // only read (forward passes, its live weights); a caller that owns it
+  // elsewhere may pass a non-owning pointer that outlives this object.
+  TorchEngineModel(std::shared_ptr<const model::DecoderModel> model,
                    int64_t max_tokens, TorchEngineModelOptions options = {});
   ~TorchEngineModel() override;
 
@@ -55,7 +57,7 @@ class TorchEngineModel : public EngineModel {
   absl::Status RunStep(const std::vector<ForwardChunk>& chunks,
                        at::Tensor* logits);
 
-  std::shared_ptr<model::DecoderModel> model_;
+  std::shared_ptr<const model::DecoderModel> model_;
   const TorchEngineModelOptions options_;
   const int64_t max_tokens_;
   std::map<uint64_t, std::unique_ptr<model::KvCache>> caches_;

@@ -24,7 +24,8 @@ MemberSession::MemberSession(MemberSessionOptions options,
     : options_(std::move(options)),
       filler_(std::move(filler)),
       stub_(tandem::v1::Coordinator::NewStub(
-          rpc::MakeChannel(options_.coordinator_address, options_.tls))) {}
+          rpc::MakeChannel(options_.coordinator_address, options_.tls))),
+      client_(std::make_unique<GrpcCoordinatorClient>(stub_.get())) {}
 
 MemberSession::~MemberSession() { Stop(false, "destroyed"); }
 
@@ -64,7 +65,7 @@ bool MemberSession::TryRegister() {
   tandem::v1::RegisterResponse response;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
-  grpc::Status status = stub_->Register(&context, request, &response);
+  grpc::Status status = client_->Register(&context, request, &response);
   if (!status.ok()) return false;
   TakeDataPlaneSecret(response.data_plane());
   absl::MutexLock lock(&mu_);
@@ -92,7 +93,7 @@ void MemberSession::Heartbeat() {
   tandem::v1::HeartbeatResponse response;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
-  grpc::Status status = stub_->Heartbeat(&context, request, &response);
+  grpc::Status status = client_->Heartbeat(&context, request, &response);
   if (status.ok()) TakeDataPlaneSecret(response.data_plane());
   absl::MutexLock lock(&mu_);
   if (status.ok()) {
@@ -171,7 +172,7 @@ void MemberSession::Stop(bool deregister, const std::string& reason) {
   tandem::v1::DeregisterResponse response;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
-  grpc::Status status = stub_->Deregister(&context, request, &response);
+  grpc::Status status = client_->Deregister(&context, request, &response);
   if (!status.ok()) {
     ComponentLogger(RoleName(options_.role))
         ->warn("deregister of {} failed: {}", id, status.error_message());

@@ -15,6 +15,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/cluster/coordinator_client.h"
 #include "common/rpc/tls_options.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 
@@ -60,6 +61,10 @@ class MemberSession {
   bool registered() const;
   // Latest policy version the coordinator reported.
   uint64_t cluster_policy_version() const;
+  // The session's channel to the coordinator: its unary RPCs through the
+  // CoordinatorClient seam, and the stub itself for the rest (WatchCluster,
+  // the trainer's calls). Both live as long as the session.
+  CoordinatorClient* client() { return client_.get(); }
   tandem::v1::Coordinator::Stub* stub() { return stub_.get(); }
 
  private:
@@ -70,6 +75,8 @@ class MemberSession {
   const MemberSessionOptions options_;
   const HeartbeatFiller filler_;
   std::unique_ptr<tandem::v1::Coordinator::Stub> stub_;
+  // Over stub_; the session's own Register/Heartbeat/Deregister go here.
+  std::unique_ptr<CoordinatorClient> client_;
   std::thread thread_;
 
   mutable absl::Mutex mu_;

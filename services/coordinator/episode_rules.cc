@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/environment/reward_range.h"
 #include "services/coordinator/sample_validation.h"
 
 namespace tandem::coordinator {
@@ -35,12 +36,11 @@ absl::Status ValidateEpisodeFields(const tandem::v1::Sample& sample,
                                    int index) {
   if (sample.has_environment_reward()) {
     const double reward = sample.environment_reward();
-    if (!std::isfinite(reward) || reward < kEnvironmentRewardMin ||
-        reward > kEnvironmentRewardMax) {
+    if (!environment::IsValidReward(reward)) {
       return Invalid(absl::StrCat(
           "samples[", index, "].environment_reward is ", reward,
           "; an environment's reward must be finite and in [",
-          kEnvironmentRewardMin, ", ", kEnvironmentRewardMax, "]"));
+          environment::kRewardMin, ", ", environment::kRewardMax, "]"));
     }
   }
   if (!sample.episode_end_reason().empty() &&

@@ -12,8 +12,8 @@
 //     the environment failed) scores 0 with outcome = its end reason.
 //   - Trust (issue 25): a worker cannot make up rewards. environment_reward
 //     and episode_end_reason are refused on a lease without an environment;
-//     a reward that is NaN, infinite or outside [kEnvironmentRewardMin,
-//     kEnvironmentRewardMax] is refused; an end reason outside the bounded
+//     a reward that is NaN, infinite or outside [environment::kRewardMin,
+//     environment::kRewardMax] (common/environment/reward_range.h) is refused; an end reason outside the bounded
 //     set is refused, so the outcome label stays bounded.
 //   - The score is a function of the sample alone (EpisodeScore), so a
 //     coordinator that replays its journal gives the same reward whether or
@@ -25,11 +25,6 @@
 #include "tandem/v1/common.pb.h"
 
 namespace tandem::coordinator {
-
-// The reward range of every task: the range of this package's verifiers
-// and built-in environments.
-inline constexpr double kEnvironmentRewardMin = 0.0;
-inline constexpr double kEnvironmentRewardMax = 1.0;
 
 // True for a known Sample.episode_end_reason.
 bool IsEpisodeEndReason(const std::string& reason);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/environment/episode_end_reason.h"
+#include "common/environment/reward_range.h"
 
 namespace tandem::rollout {
 namespace {
@@ -186,12 +187,13 @@ void EpisodeDriver::HandleReply(EnvironmentReply reply) {
   if (step.done()) {
     if (step.has_reward()) {
       const double reward = step.reward();
-      if (!std::isfinite(reward) || reward < kEnvironmentRewardMin ||
-          reward > kEnvironmentRewardMax) {
+      // Delivered as it came, the coordinator would refuse the sample and
+      // its lease could never complete.
+      if (!environment::IsValidReward(reward)) {
         End(e, "error",
             absl::StrCat("the environment's reward ", reward,
-                         " is not finite or outside [", kEnvironmentRewardMin,
-                         ", ", kEnvironmentRewardMax, "]; dropped (",
+                         " is not finite or outside [", environment::kRewardMin,
+                         ", ", environment::kRewardMax, "]; dropped (",
                          step.end_text(), ")"));
         return;
       }

@@ -31,14 +31,6 @@
 
 namespace tandem::rollout {
 
-// The reward range the coordinator accepts from an environment
-// (services/coordinator/episode_rules.h; a daemon does not include
-// another's headers). A reward outside it, or not finite, ends the episode
-// "error" without a reward: delivered as it came, the coordinator would
-// refuse the sample and its lease could never complete.
-inline constexpr double kEnvironmentRewardMin = 0.0;
-inline constexpr double kEnvironmentRewardMax = 1.0;
-
 struct EpisodeLimits {
   // Model turns per episode; the turn after the last one is not sent.
   int32_t max_turns = 8;

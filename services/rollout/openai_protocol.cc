@@ -373,6 +373,11 @@ std::optional<CompletionRequest> ParseCompletionRequest(
     }
   }
   f.String("user", &r.user);
+  f.String("tandem_episode_id", &r.episode_id);
+  if (!r.episode_id.empty() && r.n != 1) {
+    f.Fail("n", absl::StrCat("an episode's turn ('tandem_episode_id') is one "
+                             "sample: 'n' must be 1, got ", r.n));
+  }
   f.Neutral("presence_penalty", 0.0, "the engine applies no penalties");
   f.Neutral("frequency_penalty", 0.0, "the engine applies no penalties");
   f.Neutral("repetition_penalty", 1.0, "the engine applies no penalties");

@@ -72,6 +72,9 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   std::string user;
+  // Tandem's extension: the harness episode whose model turn this is
+  // (docs/openai-endpoint.md, "Training a black-box agent"); "" for none.
+  std::string episode_id;
 };
 
 // Parses a request body for `endpoint`. On failure fills `error` and

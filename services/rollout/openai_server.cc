@@ -19,6 +19,8 @@
 #include "absl/synchronization/mutex.h"
 #include "common/base/logging.h"
 #include "common/tokenizer/tokenizer.h"
+#include "services/rollout/harness_routes.h"
+#include "services/rollout/io_poster.h"
 #include "services/rollout/openai_choices.h"
 #include "services/rollout/openai_prompt.h"
 
@@ -54,31 +56,6 @@ int HttpStatusOf(const absl::Status& status) {
 
 }  // namespace
 
-namespace {
-
-class Session;
-
-// Posts callbacks into the server's io_context from other threads, until
-// the server detaches it (a callback after that is dropped).
-class Poster {
- public:
-  explicit Poster(asio::io_context* io) : io_(io) {}
-  void Post(std::function<void()> f) {
-    absl::MutexLock lock(&mu_);
-    if (io_ != nullptr) asio::post(*io_, std::move(f));
-  }
-  void Detach() {
-    absl::MutexLock lock(&mu_);
-    io_ = nullptr;
-  }
-
- private:
-  absl::Mutex mu_;
-  asio::io_context* io_ ABSL_GUARDED_BY(mu_);
-};
-
-}  // namespace
-
 // State shared by the listener and its sessions; io thread only, except
 // the immutable parts.
 class OpenAIServer::Impl {
@@ -94,7 +71,7 @@ class OpenAIServer::Impl {
         queue(queue),
         policy_version(std::move(policy_version)),
         io(std::make_unique<asio::io_context>()),
-        poster(std::make_shared<Poster>(io.get())),
+        poster(std::make_shared<IoPoster>(io.get())),
         acceptor(std::make_unique<tcp::acceptor>(*io)),
         created(absl::ToUnixSeconds(absl::Now())) {}
 
@@ -130,7 +107,7 @@ class OpenAIServer::Impl {
   const std::function<uint64_t()> policy_version;
   std::unique_ptr<asio::io_context> io;
   // The engine thread's way into `io`; it may outlive the server.
-  std::shared_ptr<Poster> poster;
+  std::shared_ptr<IoPoster> poster;
   std::unique_ptr<tcp::acceptor> acceptor;
   const int64_t created;
   int32_t open_sessions = 0;  // io thread
@@ -151,6 +128,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   ~Session() {
     if (request_) server_->queue->Cancel(request_->request_id());
+    EndEpisodeTurn(/*completed=*/false);
     --server_->open_sessions;
   }
 
@@ -189,6 +167,11 @@ class Session : public std::enable_shared_from_this<Session> {
     keep_alive_ = req.keep_alive();
     const std::string_view target(req.target().data(), req.target().size());
     const std::string_view path = target.substr(0, target.find('?'));
+    if (IsHarnessPath(path)) {
+      return ServeHarness(HandleHarnessRequest(
+          server_->options.harness, req.method() == http::verb::post, path,
+          req.body(), absl::Now()));
+    }
     if (path == "/v1/models" || path == "/models") {
       if (req.method() != http::verb::get) return MethodNotAllowed("GET");
       WriteJson(200,
@@ -219,6 +202,36 @@ class Session : public std::enable_shared_from_this<Session> {
     Start(std::move(*parsed));
   }
 
+  // A claim that found nothing polls every 20 ms until its wait is over.
+  void ServeHarness(HarnessReply reply) {
+    if (reply.status != 204 || reply.claim_wait <= absl::ZeroDuration()) {
+      return WriteJson(reply.status, reply.body);
+    }
+    const absl::Time give_up = absl::Now() + reply.claim_wait;
+    timer_.expires_after(std::chrono::milliseconds(20));
+    timer_.async_wait([self = shared_from_this(), give_up](
+                          beast::error_code e) {
+      if (e) return;
+      if (auto claimed = TryClaim(self->server_->options.harness,
+                                  absl::Now())) {
+        return self->WriteJson(200, *claimed);
+      }
+      self->ServeHarness(
+          {.status = 204,
+           .claim_wait = std::max(give_up - absl::Now(), absl::ZeroDuration())});
+    });
+  }
+
+  // The harness episode's turn ends: recorded when `completed`, else
+  // dropped (the episode goes on from its earlier tokens).
+  void EndEpisodeTurn(bool completed) {
+    if (!request_ || api_request_.episode_id.empty()) return;
+    ::tandem::rollout::EndEpisodeTurn(
+        server_->options.harness, api_request_.episode_id,
+        request_->request_id(),
+        completed ? std::optional(choices_->Results().at(0)) : std::nullopt);
+  }
+
   void MethodNotAllowed(const char* allowed) {
     WriteError(405, {.http_status = 405,
                      .message = absl::StrCat("use ", allowed, " here")});
@@ -239,6 +252,11 @@ class Session : public std::enable_shared_from_this<Session> {
 
     const bool chat = request.endpoint == openai::Endpoint::kChatCompletions;
     const uint64_t number = server_->next_request++;
+    if (std::optional<ApiError> error = BeginEpisodeTurn(
+            server_->options.harness, request, absl::StrCat("oai-", number),
+            prompt)) {
+      return WriteError(error->http_status, *error);
+    }
     header_.id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", number);
     header_.created = absl::ToUnixSeconds(absl::Now());
     header_.model = server_->options.model_id;
@@ -250,7 +268,7 @@ class Session : public std::enable_shared_from_this<Session> {
     api_request_ = std::move(request);
 
     std::weak_ptr<Session> weak = weak_from_this();
-    std::shared_ptr<Poster> poster = server_->poster;
+    std::shared_ptr<IoPoster> poster = server_->poster;
     request_ = std::make_shared<ServedRequest>(absl::StrCat("oai-", number),
                                                std::move(prompt), params,
                                                [weak, poster] {
@@ -260,6 +278,7 @@ class Session : public std::enable_shared_from_this<Session> {
                                                  });
                                                });
     if (absl::Status s = server_->queue->Submit(request_); !s.ok()) {
+      EndEpisodeTurn(/*completed=*/false);
       request_.reset();
       return WriteError(503, {.http_status = 503,
                               .message = std::string(s.message()),
@@ -300,6 +319,7 @@ class Session : public std::enable_shared_from_this<Session> {
                      absl::FormatDuration(server_->options.request_timeout),
                      " (openai.request_timeout_s)");
     server_->queue->Cancel(request_->request_id());
+    EndEpisodeTurn(/*completed=*/false);
     request_.reset();
     keep_alive_ = false;
     if (api_request_.stream) {
@@ -318,6 +338,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // The client went away: cancel, and let the handlers release the session.
   void Abandon() {
     if (request_) server_->queue->Cancel(request_->request_id());
+    EndEpisodeTurn(/*completed=*/false);
     request_.reset();
     timer_.cancel();
     beast::error_code ignored;
@@ -330,6 +351,7 @@ class Session : public std::enable_shared_from_this<Session> {
     ServedRequest::Progress p = request_->Take();
     if (!p.error.ok()) {
       const absl::Status error = p.error;
+      EndEpisodeTurn(/*completed=*/false);
       request_.reset();
       timer_.cancel();
       if (api_request_.stream) {
@@ -369,6 +391,9 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (api_request_.stream && !events.empty()) QueueChunk(std::move(events));
     if (!choices_->all_done()) return;
+    // Recorded before the response goes out: the harness's next turn
+    // extends it.
+    EndEpisodeTurn(/*completed=*/true);
     request_.reset();
     timer_.cancel();
     if (api_request_.stream) {
@@ -474,7 +499,7 @@ class Session : public std::enable_shared_from_this<Session> {
     response->set(http::field::server, "tandem");
     response->set(http::field::content_type, "application/json");
     response->keep_alive(keep_alive_);
-    response->body() = openai::Dump(body);
+    if (status != 204) response->body() = openai::Dump(body);
     response->prepare_payload();
     stream_.expires_after(kWriteTimeout);
     http::async_write(

@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/chat/chat_template.h"
+#include "services/rollout/harness_episodes.h"
 #include "services/rollout/openai_prompt.h"
 #include "services/rollout/openai_protocol.h"
 #include "services/rollout/serving_queue.h"
@@ -46,6 +47,10 @@ struct OpenAIServerOptions {
   size_t max_body_bytes = 4 << 20;
   absl::Duration request_timeout = absl::Seconds(600);
   openai::RequestLimits limits;
+  // Harness-driven episodes (/tandem/v1/episodes routes, requests with
+  // tandem_episode_id); null when openai.harness_environment is unset. Must
+  // outlive the server.
+  HarnessEpisodes* harness = nullptr;
 };
 
 class OpenAIServer {

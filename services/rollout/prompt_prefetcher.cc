@@ -13,11 +13,11 @@ constexpr absl::Duration kIdlePoll = absl::Milliseconds(20);
 
 }  // namespace
 
-PromptPrefetcher::PromptPrefetcher(tandem::v1::Coordinator::Stub* stub,
+PromptPrefetcher::PromptPrefetcher(cluster::CoordinatorClient* coordinator,
                                    std::function<std::string()> member_id,
                                    std::function<uint64_t()> policy_version,
                                    int32_t target_depth)
-    : stub_(stub),
+    : coordinator_(coordinator),
       member_id_(std::move(member_id)),
       policy_version_(std::move(policy_version)),
       target_depth_(target_depth) {}
@@ -80,7 +80,7 @@ void PromptPrefetcher::Return(const std::vector<std::string>& lease_ids,
   policy.total_timeout = absl::Seconds(5);
   absl::Status status = rpc::CallWithRetry(
       "ReturnLeases", policy, [&](grpc::ClientContext* context) {
-        return stub_->ReturnLeases(context, request, &response);
+        return coordinator_->ReturnLeases(context, request, &response);
       });
   auto log = ComponentLogger("rollout");
   if (status.ok()) {
@@ -128,7 +128,8 @@ void PromptPrefetcher::Run() {
     tandem::v1::LeasePromptsResponse response;
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + kRpcTimeout));
-    grpc::Status status = stub_->LeasePrompts(&context, request, &response);
+    grpc::Status status =
+        coordinator_->LeasePrompts(&context, request, &response);
     if (!status.ok()) {
       if (!warned) {
         log->warn("LeasePrompts failed: {} (retrying)", status.error_message());

@@ -14,15 +14,17 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "tandem/v1/coordinator.grpc.pb.h"
+#include "common/cluster/coordinator_client.h"
+#include "tandem/v1/coordinator.pb.h"
 
 namespace tandem::rollout {
 
 class PromptPrefetcher {
  public:
-  // `member_id` returns the worker's current member id ("" while
-  // unregistered); `policy_version` its live version.
-  PromptPrefetcher(tandem::v1::Coordinator::Stub* stub,
+  // `coordinator` (not owned) must outlive the prefetcher. `member_id`
+  // returns the worker's current member id ("" while unregistered);
+  // `policy_version` its live version.
+  PromptPrefetcher(cluster::CoordinatorClient* coordinator,
                    std::function<std::string()> member_id,
                    std::function<uint64_t()> policy_version,
                    int32_t target_depth);
@@ -51,7 +53,7 @@ class PromptPrefetcher {
  private:
   void Run();
 
-  tandem::v1::Coordinator::Stub* const stub_;
+  cluster::CoordinatorClient* const coordinator_;
   const std::function<std::string()> member_id_;
   const std::function<uint64_t()> policy_version_;
   const int32_t target_depth_;

@@ -117,6 +117,22 @@ void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config) {
                  "default to the whole context left.");
   schema->AddInt("openai.max_n", &config->openai_max_n, 1, 1024,
                  "Largest n (samples per request).");
+  schema->AddString(
+      "openai.harness_environment", &config->openai_harness_environment,
+      "Leases whose dataset row names this environment are offered to agent "
+      "harnesses over the endpoint (POST /tandem/v1/episodes:claim; "
+      "docs/openai-endpoint.md, \"Training a black-box agent\") instead of "
+      "being run here; needs openai.listen. Empty = none.");
+  schema->AddInt("openai.harness_idle_timeout_s",
+                 &config->openai_harness_idle_timeout_s, 1, 86400,
+                 "A harness episode with no claim, turn or finish for this "
+                 "long (s) is abandoned: its whole lease goes back to the "
+                 "coordinator.");
+  schema->AddInt("openai.harness_max_episodes",
+                 &config->openai_harness_max_episodes, 1, 1 << 20,
+                 "Harness episodes held (offered, claimed, or finished and "
+                 "waiting for their group); while they reach it the worker "
+                 "leases nothing.");
 
   // Multi-turn episodes.
   schema->AddString("environment.address", &config->environment_address,
@@ -181,6 +197,13 @@ void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config) {
 }
 
 absl::Status Validate(const RolloutConfig& config) {
+  if (!config.openai_harness_environment.empty() &&
+      config.openai_listen.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "openai.harness_environment is '", config.openai_harness_environment,
+        "' but openai.listen is empty: harnesses reach their episodes "
+        "through the OpenAI endpoint"));
+  }
   RETURN_IF_ERROR(model::CheckDeviceUsable("model.device", config.device));
   if (config.update_mode == "inplace" && config.device != "cpu") {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -60,6 +60,11 @@ struct RolloutConfig {
   int64_t openai_request_timeout_s = 600;
   int64_t openai_default_max_tokens = 16;
   int64_t openai_max_n = 16;
+  // Leases whose environment is this name are offered to agent harnesses
+  // over the endpoint instead of being driven here; empty = none.
+  std::string openai_harness_environment;
+  int64_t openai_harness_idle_timeout_s = 60;
+  int64_t openai_harness_max_episodes = 64;
   // ---- Multi-turn episodes (environment.*, docs/environments.md) ----
   // host:port of the tandem.v1.Environment service that runs the episodes
   // of leases naming an environment; empty = none (such leases are

@@ -84,14 +84,14 @@ absl::StatusOr<std::unique_ptr<RolloutWorker>> RolloutWorker::Create(
   cluster::MemberSession* session = &w->member_->session();
   auto member_id = [session] { return session->member_id(); };
   w->prefetcher_ = std::make_unique<PromptPrefetcher>(
-      session->stub(), member_id,
+      session->client(), member_id,
       [self] {
         absl::MutexLock lock(&self->mu_);
         return self->snapshot_.policy_version;
       },
       static_cast<int32_t>(config.prefetch_prompts));
   w->submitter_ = std::make_unique<SampleSubmitter>(
-      session->stub(), member_id, /*max_batch=*/64,
+      session->client(), member_id, /*max_batch=*/64,
       &w->metrics_.samples_refused);
   w->weight_sync_metrics_ =
       std::make_unique<weights::WeightSyncMetrics>(*w->registry_);
@@ -139,7 +139,7 @@ absl::Status RolloutWorker::LoadModelAndEngine() {
   sync.mode = config.weight_sync == "pull"
                   ? WeightSyncOptions::Mode::kPull
                   : WeightSyncOptions::Mode::kBroadcast;
-  sync.sync_weight_group = SyncWeightGroupVia(session->stub());
+  sync.sync_weight_group = SyncWeightGroupVia(session->client());
   sync.member_id = member_id;
   sync.bind_host = config.weight_sync_bind_host.empty()
                        ? config::ReachableHostOf(config.server.grpc_address)
@@ -228,6 +228,14 @@ void RolloutWorker::AbortAllWork(const std::string& reason,
     }
     episodes_->TakeFinished();
   }
+  // Harness groups that finished are submitted; the others end with their
+  // leases (their turns in flight failed with the served requests).
+  if (harness_) {
+    DeliverHarness();
+    for (std::string& id : harness_->AbortAll(reason)) {
+      aborted.push_back(std::move(id));
+    }
+  }
   // Served requests are no leases: only the leases go back.
   aborted.erase(std::remove_if(aborted.begin(), aborted.end(),
                                [this](const std::string& id) {
@@ -253,6 +261,10 @@ void RolloutWorker::AdmitLeases() {
   const int32_t room =
       static_cast<int32_t>(std::min(batch_room, held_room));
   if (room <= 0) return;
+  // Harness episodes wait for their harnesses, not for the engine: they
+  // are bounded by openai.harness_max_episodes (a mixed dataset's other
+  // leases wait too, rather than be leased and returned).
+  if (harness_ && harness_->full()) return;
   // More work would take the blocks the parked episodes keep (they are
   // dropped first and recomputed on resume).
   if (snap.parked > 0 &&
@@ -366,7 +378,8 @@ void RolloutWorker::PublishStatus() {
     }
     // Parked episodes leave the engine idle but are not finished.
     if (state_ == tandem::v1::ROLLOUT_STATE_DRAINING && engine_->idle() &&
-        (!episodes_ || episodes_->active() == 0)) {
+        (!episodes_ || episodes_->active() == 0) &&
+        (!harness_ || harness_->active() == 0)) {
       if (nothing_undelivered) {
         state_ = tandem::v1::ROLLOUT_STATE_DRAINED;
         metrics_.paused.Set(1);

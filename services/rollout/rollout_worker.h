@@ -28,6 +28,7 @@
 #include "engine/torch_engine_model.h"
 #include "services/rollout/environment_client.h"
 #include "services/rollout/episode_driver.h"
+#include "services/rollout/harness_episodes.h"
 #include "services/rollout/openai_server.h"
 #include "services/rollout/prompt_prefetcher.h"
 #include "services/rollout/rollout_config.h"
@@ -137,6 +138,12 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
   void PollAndDeliver();
   // Aborted episodes of a lease still held give the lease back.
   void DeliverEpisode(EpisodeResult result);
+  // Harness episodes (rollout_worker_episodes.cc): offers a lease's
+  // episodes; submits the groups whose episodes all finished and returns
+  // the leases given up.
+  absl::Status OfferHarnessLease(const tandem::v1::PromptLease& lease,
+                                 const engine::SamplingParams& params);
+  void DeliverHarness();
   // `episode` (may be null) adds the episode's reward and end reason.
   void Deliver(engine::FinishedSample sample,
                const EpisodeResult* episode = nullptr);
@@ -162,6 +169,9 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
   std::map<std::string, LeaseState> leases_;  // generation thread only
   // The engine's second source of sequences: OpenAI endpoint requests.
   ServingQueue serving_;
+  // With openai.harness_environment: episodes driven by agent harnesses
+  // (thread-safe; outlives the server, which records turns into it).
+  std::unique_ptr<HarnessEpisodes> harness_;
   // Declared after serving_: its sessions cancel into it when destroyed.
   std::unique_ptr<OpenAIServer> openai_server_;
   // The raw weight data path's key (tls.mode mtls only; null otherwise),

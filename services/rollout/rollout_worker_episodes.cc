@@ -102,6 +102,9 @@ absl::Status RolloutWorker::StartEpisodes() {
 
 absl::Status RolloutWorker::StartEpisodeLease(
     const tandem::v1::PromptLease& lease, engine::SamplingParams params) {
+  if (harness_ && lease.environment() == config_.openai_harness_environment) {
+    return OfferHarnessLease(lease, params);
+  }
   if (!episodes_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "lease ", lease.lease_id(), " names environment '", lease.environment(),
@@ -126,6 +129,7 @@ absl::Status RolloutWorker::StartEpisodeLease(
 }
 
 void RolloutWorker::PollAndDeliver() {
+  if (harness_) DeliverHarness();
   if (episodes_) episodes_->Poll();
   for (engine::FinishedSample& f : engine_->TakeFinished()) {
     if (episodes_ && episodes_->OnFinished(f)) continue;
@@ -153,6 +157,46 @@ void RolloutWorker::DeliverEpisode(EpisodeResult result) {
   engine_->Abort(it->first);
   prefetcher_->Return({it->first}, "episode aborted");
   leases_.erase(it);
+}
+
+absl::Status RolloutWorker::OfferHarnessLease(
+    const tandem::v1::PromptLease& lease,
+    const engine::SamplingParams& params) {
+  HarnessTask task;
+  task.lease_id = lease.lease_id();
+  task.group_id = lease.group_id();
+  task.task_id = lease.prompt_id();
+  task.prompt_text = lease.prompt_text();
+  task.prompt.assign(lease.prompt_token_ids().begin(),
+                     lease.prompt_token_ids().end());
+  task.group_size = params.n;
+  task.temperature = params.temperature;
+  task.max_tokens = lease.sampling().max_tokens();
+  task.verifier = lease.verifier();
+  for (const auto& [key, value] : lease.metadata()) task.metadata[key] = value;
+  return harness_->Offer(std::move(task));
+}
+
+void RolloutWorker::DeliverHarness() {
+  for (std::vector<HarnessSample>& group : harness_->TakeFinishedGroups()) {
+    for (HarnessSample& s : group) {
+      EpisodeResult result;
+      result.reward = s.reward;
+      // The harness is the environment: its reward is the score.
+      result.end_reason = "environment";
+      result.end_text = "finished by its harness";
+      metrics_.RecordEpisode(result.end_reason, 0, 0);
+      Deliver(std::move(s.sample), &result);
+    }
+  }
+  for (auto& [lease_id, reason] : harness_->TakeAbandoned(absl::Now())) {
+    Log()->warn("harness episodes of lease {} given back: {}", lease_id,
+                reason);
+    auto it = leases_.find(lease_id);
+    if (it == leases_.end()) continue;
+    prefetcher_->Return({lease_id}, reason.substr(0, 1024));
+    leases_.erase(it);
+  }
 }
 
 }  // namespace tandem::rollout

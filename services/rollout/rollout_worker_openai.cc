@@ -30,6 +30,16 @@ absl::Status RolloutWorker::StartOpenAIServer() {
   o.max_body_bytes = static_cast<size_t>(config_.openai_max_body_bytes);
   o.request_timeout = absl::Seconds(config_.openai_request_timeout_s);
   o.limits.max_n = static_cast<int32_t>(config_.openai_max_n);
+  if (!config_.openai_harness_environment.empty()) {
+    HarnessOptions h;
+    h.idle_timeout = absl::Seconds(config_.openai_harness_idle_timeout_s);
+    h.max_episodes = static_cast<int32_t>(config_.openai_harness_max_episodes);
+    harness_ = std::make_unique<HarnessEpisodes>(h, [this] {
+      absl::MutexLock lock(&mu_);
+      return snapshot_.policy_version;
+    });
+    o.harness = harness_.get();
+  }
   std::shared_ptr<const chat::LoadedChatTemplates> templates;
   std::string no_chat_reason;
   if (config_.model_path.empty()) {
@@ -59,9 +69,10 @@ absl::Status RolloutWorker::StartOpenAIServer() {
                              absl::MutexLock lock(&mu_);
                              return snapshot_.policy_version;
                            }));
-  ComponentLogger("rollout")->info("OpenAI endpoint on http://{}/v1 (chat {})",
-                                   openai_server_->bound_address(),
-                                   chat ? "on" : "off");
+  ComponentLogger("rollout")->info(
+      "OpenAI endpoint on http://{}/v1 (chat {}; harness episodes {})",
+      openai_server_->bound_address(), chat ? "on" : "off",
+      harness_ ? config_.openai_harness_environment : "off");
   return absl::OkStatus();
 }
 

@@ -7,11 +7,11 @@
 
 namespace tandem::rollout {
 
-SampleSubmitter::SampleSubmitter(tandem::v1::Coordinator::Stub* stub,
+SampleSubmitter::SampleSubmitter(cluster::CoordinatorClient* coordinator,
                                  std::function<std::string()> member_id,
                                  int32_t max_batch,
                                  prometheus::Counter* refused)
-    : stub_(stub),
+    : coordinator_(coordinator),
       member_id_(std::move(member_id)),
       max_batch_(max_batch),
       refused_counter_(refused) {}
@@ -100,7 +100,8 @@ void SampleSubmitter::Run() {
     tandem::v1::SubmitSamplesResponse response;
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-    grpc::Status status = stub_->SubmitSamples(&context, request, &response);
+    grpc::Status status =
+        coordinator_->SubmitSamples(&context, request, &response);
     const bool retry =
         status.error_code() == grpc::StatusCode::UNAVAILABLE ||
         status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;

@@ -20,15 +20,17 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/cluster/coordinator_client.h"
 #include "prometheus/counter.h"
-#include "tandem/v1/coordinator.grpc.pb.h"
+#include "tandem/v1/coordinator.pb.h"
 
 namespace tandem::rollout {
 
 class SampleSubmitter {
  public:
-  // `refused` (may be null) counts samples the coordinator refused alone.
-  SampleSubmitter(tandem::v1::Coordinator::Stub* stub,
+  // `coordinator` (not owned) must outlive the submitter. `refused` (may
+  // be null) counts samples the coordinator refused alone.
+  SampleSubmitter(cluster::CoordinatorClient* coordinator,
                   std::function<std::string()> member_id,
                   int32_t max_batch = 64,
                   prometheus::Counter* refused = nullptr);
@@ -54,7 +56,7 @@ class SampleSubmitter {
  private:
   void Run();
 
-  tandem::v1::Coordinator::Stub* const stub_;
+  cluster::CoordinatorClient* const coordinator_;
   const std::function<std::string()> member_id_;
   const int32_t max_batch_;
   prometheus::Counter* const refused_counter_;

@@ -13,12 +13,12 @@
 namespace tandem::rollout {
 std::function<grpc::Status(const tandem::v1::SyncWeightGroupRequest&,
                            tandem::v1::SyncWeightGroupResponse*)>
-SyncWeightGroupVia(tandem::v1::Coordinator::Stub* stub) {
-  return [stub](const tandem::v1::SyncWeightGroupRequest& request,
-                tandem::v1::SyncWeightGroupResponse* response) {
+SyncWeightGroupVia(cluster::CoordinatorClient* coordinator) {
+  return [coordinator](const tandem::v1::SyncWeightGroupRequest& request,
+                       tandem::v1::SyncWeightGroupResponse* response) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-    return stub->SyncWeightGroup(&context, request, response);
+    return coordinator->SyncWeightGroup(&context, request, response);
   };
 }
 

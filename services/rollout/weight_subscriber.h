@@ -59,6 +59,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/cluster/coordinator_client.h"
 #include "common/model/model_config.h"
 #include "common/rpc/tls_options.h"
 #include "common/weights/pull/data_plane_auth.h"
@@ -87,7 +88,7 @@ struct WeightSyncOptions {
   // How the subscriber asks the coordinator what to hold (SyncWeightGroup:
   // the latest version, the broadcast group, and the address of the
   // trainer's weight server, which is how both modes find the trainer) —
-  // SyncWeightGroupVia(stub) in the worker, a function of their own in
+  // SyncWeightGroupVia(client) in the worker, a function of their own in
   // unit tests. Null: never asked, so nothing is received. A failed ask
   // leaves the last known trainer address in use, so a worker keeps
   // pulling while the coordinator restarts.
@@ -144,11 +145,11 @@ struct WeightSyncOptions {
   std::optional<model::WeightDType> wire_dtype;
 };
 
-// WeightSyncOptions::sync_weight_group through a coordinator stub (each
-// call with a 2 s deadline). `stub` must outlive the subscriber.
+// WeightSyncOptions::sync_weight_group through the coordinator client (each
+// call with a 2 s deadline). `coordinator` must outlive the subscriber.
 std::function<grpc::Status(const tandem::v1::SyncWeightGroupRequest&,
                            tandem::v1::SyncWeightGroupResponse*)>
-SyncWeightGroupVia(tandem::v1::Coordinator::Stub* stub);
+SyncWeightGroupVia(cluster::CoordinatorClient* coordinator);
 
 class WeightSubscriber {
  public:

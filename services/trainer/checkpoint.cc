@@ -1,7 +1,8 @@
 #include "services/trainer/checkpoint.h"
 
-#include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <fcntl.h>
 #include <unistd.h>
 

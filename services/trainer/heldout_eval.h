@@ -3,9 +3,9 @@
 // Held-out evaluation of the policy inside the trainer daemon: every
 // `every_versions` published versions (and once before the first step),
 // greedy exact-match accuracy on the first `problems` problems of the
-// built-in task's held-out split, decoded the way the rollout worker
-// decodes. This is the learning signal the demo reports (the training
-// reward is measured on sampled, not greedy, answers).
+// built-in task's held-out split, generated at temperature 0 by the engine
+// the rollout worker runs. This is the learning signal the demo reports
+// (the training reward is measured on sampled, not greedy, answers).
 
 #include <cstdint>
 #include <memory>

@@ -127,7 +127,7 @@ def load_hf(model_dir):
 
 
 def evaluate(model_dir, problems, batch_size=512):
-    """Greedy exact match, as services/trainer/sft/sft_eval.cc scores it:
+    """Greedy exact match, as services/trainer/tools/sft/sft_eval.cc scores it:
     prompt [<|bos|>] + "a+b=", at most digits + 2 new tokens, correct when
     the model stops with <|eos|> and the tokens before it spell the answer.
     Problems are batched by prompt length, so no padding is involved."""

@@ -135,6 +135,15 @@ def wait_for(predicate, timeout, what, interval=0.05):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def remove_tmp(path):
+    """Removes a test's temporary folder, or keeps it (and says where) when
+    TANDEM_KEEP_TMP is set."""
+    if os.environ.get("TANDEM_KEEP_TMP"):
+        print(f"kept {path}")
+        return
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def read_json(path):
     try:
         with open(path) as f:

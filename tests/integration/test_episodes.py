@@ -47,7 +47,6 @@ How to run (ctest runs it as integration_episodes):
 import collections
 import json
 import os
-import shutil
 import signal
 import struct
 import subprocess
@@ -128,8 +127,7 @@ def setUpModule():
 
 
 def tearDownModule():
-    if not os.environ.get("TANDEM_KEEP_TMP"):
-        shutil.rmtree(STUB_DIR, ignore_errors=True)
+    harness.remove_tmp(STUB_DIR)
 
 
 def write_dataset(tmp, count, environment="calculator"):
@@ -304,10 +302,7 @@ class EpisodesTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        if os.environ.get("TANDEM_KEEP_TMP"):
-            print(f"kept {cls.tmp}")
-            return
-        shutil.rmtree(cls.tmp, ignore_errors=True)
+        harness.remove_tmp(cls.tmp)
 
     def test_trained_episodes_token_by_token(self):
         trained = trained_samples(self.records, self)
@@ -443,8 +438,7 @@ class ParkingTest(unittest.TestCase):
     def tearDown(self):
         self.cluster.stop()
         harness.stop_process(self.env)
-        if not os.environ.get("TANDEM_KEEP_TMP"):
-            shutil.rmtree(self.tmp, ignore_errors=True)
+        harness.remove_tmp(self.tmp)
 
     def most_parked(self, max_parked):
         """The most parked sequences seen over 8 s, and the tokens
@@ -505,8 +499,7 @@ class KillTest(unittest.TestCase):
         self.tmp = tempfile.mkdtemp(prefix="tandem-episodes-kill-")
 
     def tearDown(self):
-        if not os.environ.get("TANDEM_KEEP_TMP"):
-            shutil.rmtree(self.tmp, ignore_errors=True)
+        harness.remove_tmp(self.tmp)
 
     def test_kill_9_mid_episode_loses_no_episode_and_trains_none_twice(self):
         cluster = Cluster(

@@ -136,6 +136,12 @@ class WeightBroadcastTest(unittest.TestCase):
                                  as_int(status["broadcastGroup"], "epoch"))
         trainer_metrics = self.ready["trainer"]["metrics_address"]
         text = scrape_metrics(trainer_metrics)
+        # eval.every_versions 1: the trainer evaluated the held-out problems
+        # (through the engine) at the versions it published, without error.
+        self.assertGreaterEqual(
+            metric_sum(text, "tandem_trainer_heldout_policy_version"), 1)
+        self.assertNotIn("held-out evaluation of version",
+                         self.launcher.log("trainer"))
         sent = metric_sum(
             text, "tandem_weight_sync_transfer_seconds_count",
             direction="sent", transport="broadcast")

@@ -1,7 +1,7 @@
 #pragma once
 
 // Helpers shared by the model unit tests: tiny configs of each supported
-// architecture and a temporary directory.
+// architecture, and the temporary directory of tests/support/temp_dir.h.
 
 #include <stdlib.h>
 
@@ -10,32 +10,11 @@
 #include <string>
 
 #include "common/model/model_config.h"
+#include "tests/support/temp_dir.h"
 
 namespace tandem::model::testing {
 
-// A fresh directory under $TMPDIR (or /tmp), removed on destruction.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern =
-        std::string(base != nullptr ? base : "/tmp") + "/model_test.XXXXXX";
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  const std::string& path() const { return path_; }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using TempDir = ::tandem::testing::TempDir;
 
 // Qwen2-shaped (q/k/v bias, tied embeddings), GQA 4:2.
 inline ModelConfig TinyQwen2Config() {

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "engine/engine.h"
+#include "engine/generate_all.h"
 #include "engine/sampler.h"
 #include "tests/unit/toy_engine_model.h"
 
@@ -71,6 +72,46 @@ TEST_CASE("greedy tokens are the same alone and inside a continuous batch") {
   for (auto& [id, samples] : RunToEnd(&engine)) batched[id] = samples[0].output;
   CHECK(model.max_batch_ > 1);
   CHECK(batched == alone);
+}
+
+TEST_CASE(
+    "GenerateAll: samples in prompt then sample order, as each prompt alone; "
+    "max_tokens cut to the sequence limit; a prompt without room refused") {
+  std::vector<std::vector<int32_t>> prompts;
+  for (int r = 0; r < 7; ++r) prompts.push_back(Prompt(r, 2 + r));
+  GenerateAllOptions options;
+  options.engine = Options(256, 3);  // fewer slots than prompts
+  options.params = Greedy(6);
+  options.params.n = 2;
+  options.params.seed = 1;
+  options.max_sequence_tokens = 10;
+  ToyModel model(kVocab);
+  auto samples = GenerateAll(&model, prompts, options);
+  REQUIRE(samples.ok());
+  REQUIRE(samples->size() == 14);
+  for (size_t k = 0; k < samples->size(); ++k) {
+    const FinishedSample& s = (*samples)[k];
+    INFO("sample " << k);
+    CHECK(s.request_id == std::to_string(k / 2));
+    CHECK(s.sample_index == static_cast<int32_t>(k % 2));
+    CHECK(s.prompt == prompts[k / 2]);
+    // Prompt + output never passes the limit of 10 tokens.
+    const size_t room = 10 - prompts[k / 2].size();
+    CHECK(s.output.size() == std::min<size_t>(6, room));
+    ToyModel alone_model(kVocab);
+    Engine alone(Options(), &alone_model, nullptr, 0);
+    SamplingParams one =
+        Greedy(static_cast<int32_t>(std::min<size_t>(6, room)));
+    REQUIRE(alone.Add("x", prompts[k / 2], one).ok());
+    CHECK(RunToEnd(&alone)["x"][0].output == s.output);
+  }
+  prompts.push_back(Prompt(9, 10));
+  auto refused = GenerateAll(&model, prompts, options);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(
+      std::string(refused.status().message()).find("prompt 7 has 10 tokens") !=
+      std::string::npos);
 }
 
 TEST_CASE(

@@ -15,3 +15,10 @@ tandem_add_test(rollout_serving_queue_test
 tandem_add_test(rollout_openai_prompt_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/rollout_openai_prompt_test.cc
   LIBS tandem_rollout_openai tandem_task)
+
+# HarnessEpisodes and its HTTP routes (no I/O): claims, turns that do or do
+# not extend an episode, the samples of a finished group, finish twice,
+# abort and idle expiry giving the lease back.
+tandem_add_test(rollout_harness_episodes_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/rollout_harness_episodes_test.cc
+  LIBS tandem_rollout_openai)

@@ -155,6 +155,19 @@ TEST_CASE(
   CHECK(Refused(R"({"prompt": "x", "best_of": 3})").param == "best_of");
 }
 
+TEST_CASE("tandem_episode_id names a harness episode; its turn is one sample") {
+  CHECK(Accepted(R"({"prompt": "1+1=", "tandem_episode_id": "ep-1"})")
+            .episode_id == "ep-1");
+  CHECK(Accepted(R"({"prompt": "1+1="})").episode_id.empty());
+  ApiError e = Refused(
+      R"({"prompt": "1+1=", "n": 2, "tandem_episode_id": "ep-1"})");
+  CHECK(e.param == "n");
+  CHECK(Contains(e.message, "'n' must be 1, got 2"));
+  CHECK(Contains(Refused(R"({"prompt": "1+1=", "tandem_episode_id": 7})")
+                     .message,
+                 "tandem_episode_id"));
+}
+
 TEST_CASE("the error body has OpenAI's shape") {
   ApiError e;
   e.message = "m";

@@ -25,6 +25,7 @@
 #include "services/coordinator/coordinator.h"
 #include "services/rollout/weight_subscriber.h"
 #include "tests/unit/model_test_util.h"
+#include "tests/support/wait_for.h"
 #include "tests/unit/silent_port.h"
 #include "tests/unit/weight_server_test_util.h"
 
@@ -50,15 +51,7 @@ v1::WeightManifest Manifest(const model::ModelWeights& w, uint64_t version,
   return *manifest;
 }
 
-template <typename Predicate>
-bool WaitFor(Predicate done, absl::Duration limit) {
-  const absl::Time give_up = absl::Now() + limit;
-  while (!done()) {
-    if (absl::Now() > give_up) return false;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return true;
-}
+using ::tandem::testing::WaitFor;
 
 // A coordinator (weight_sync.report_timeout_ms `report_timeout_ms`) whose
 // trainer's rendezvous store never answers, the trainer's weight server,
@@ -79,6 +72,7 @@ class OutsideGroup {
     REQUIRE(coordinator_->Start().ok());
     stub_ = v1::Coordinator::NewStub(grpc::CreateChannel(
         coordinator_->grpc_address(), grpc::InsecureChannelCredentials()));
+    client_ = std::make_unique<cluster::GrpcCoordinatorClient>(stub_.get());
     trainer_id_ = Register(v1::ROLE_TRAINER);
     worker_id_ = Register(v1::ROLE_ROLLOUT);
   }
@@ -124,7 +118,7 @@ class OutsideGroup {
     watcher_->Start();
     WeightSyncOptions options;
     options.mode = WeightSyncOptions::Mode::kBroadcast;
-    options.sync_weight_group = SyncWeightGroupVia(stub_.get());
+    options.sync_weight_group = SyncWeightGroupVia(client_.get());
     options.member_id = [this] { return worker_id_; };
     options.watcher = watcher_.get();
     options.watch_poll_interval = absl::Seconds(60);
@@ -159,6 +153,7 @@ class OutsideGroup {
 
   std::unique_ptr<coordinator::Coordinator> coordinator_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::unique_ptr<cluster::GrpcCoordinatorClient> client_;
   SilentPort store_port_;
   std::string trainer_id_, worker_id_;
   weights::WeightStore store_{4};

@@ -1,25 +1,24 @@
 // The rollout worker daemon in process, against a real in-process
 // coordinator, through its real gRPC surface: health is NOT_SERVING while
 // the model loads and SERVING after; Drain finishes every in-flight
-// sequence, delivers its samples and answers DRAINED. The SampleSubmitter
-// loses only the bad sample of a call the coordinator refuses.
+// sequence, delivers its samples and answers DRAINED. (The worker's lease
+// and submit loops alone are tested against a scripted coordinator in
+// rollout_lease_submit_test.)
 
 #include "services/rollout/rollout_worker.h"
 
 #include <grpcpp/grpcpp.h>
 
-#include <limits>
 #include <memory>
 #include <string>
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "coordinator_test_util.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "services/coordinator/coordinator.h"
-#include "services/rollout/sample_submitter.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 #include "tandem/v1/rollout.grpc.pb.h"
+#include "tests/support/wait_for.h"
 
 // Last: glog (through LibTorch) defines a CHECK macro of its own.
 #include <catch2/catch.hpp>
@@ -109,81 +108,9 @@ struct Cluster {
 
   template <typename Predicate>
   bool WaitFor(Predicate predicate, absl::Duration timeout) {
-    const absl::Time give_up = absl::Now() + timeout;
-    while (absl::Now() < give_up) {
-      if (predicate()) return true;
-      absl::SleepFor(absl::Milliseconds(2));
-    }
-    return predicate();
+    return ::tandem::testing::WaitFor(predicate, timeout);
   }
 };
-
-TEST_CASE(
-    "Sample submitter: a call refused for one bad sample is sent again one "
-    "sample per call, so only the bad sample is lost",
-    "[rollout][submitter]") {
-  coordinator::CoordinatorConfig cc;
-  cc.server.metrics_address = "";
-  cc.training.groups_per_version = 100000;
-  cc.group_size = 2;
-  auto created = coordinator::Coordinator::Create(cc);
-  REQUIRE(created.ok());
-  std::unique_ptr<coordinator::Coordinator> coordinator = *std::move(created);
-  REQUIRE(coordinator->Start().ok());
-  auto stub = tandem::v1::Coordinator::NewStub(grpc::CreateChannel(
-      coordinator->grpc_address(), grpc::InsecureChannelCredentials()));
-  std::string member;
-  {
-    tandem::v1::RegisterRequest request;
-    request.set_role(tandem::v1::ROLE_ROLLOUT);
-    request.set_grpc_address("127.0.0.1:1");
-    tandem::v1::RegisterResponse response;
-    grpc::ClientContext context;
-    REQUIRE(stub->Register(&context, request, &response).ok());
-    member = response.member_id();
-  }
-  tandem::v1::LeasePromptsResponse leases;
-  {
-    tandem::v1::LeasePromptsRequest request;
-    request.set_member_id(member);
-    request.set_max_prompts(2);
-    grpc::ClientContext context;
-    REQUIRE(stub->LeasePrompts(&context, request, &leases).ok());
-    REQUIRE(leases.leases_size() == 2);
-  }
-  prometheus::Registry registry;
-  prometheus::Counter& refused =
-      prometheus::BuildCounter().Name("refused").Register(registry).Add({});
-  SampleSubmitter submitter(
-      stub.get(), [member] { return member; }, /*max_batch=*/64, &refused);
-  // One call of 4 samples (queued before Start): the second group's second
-  // sample has a NaN log-prob.
-  for (int g = 0; g < 2; ++g) {
-    const auto& lease = leases.leases(g);
-    for (uint32_t i = 0; i < 2; ++i) {
-      tandem::v1::Sample sample = coordinator::testing::MakeSample(
-          lease.lease_id(), lease.group_id(), i, 0);
-      if (g == 1 && i == 1) {
-        sample.set_behavior_logprobs(0,
-                                     std::numeric_limits<float>::quiet_NaN());
-      }
-      submitter.Enqueue(std::move(sample));
-    }
-  }
-  submitter.Start();
-  REQUIRE(submitter.Flush(absl::Seconds(20)));
-  submitter.Stop();
-  CHECK(submitter.submitted_total() == 3);
-  CHECK(submitter.rejected_total() == 1);
-  CHECK(submitter.refused_total() == 1);
-  CHECK(submitter.split_total() == 1);
-  CHECK(refused.Value() == 1);
-  tandem::v1::GetClusterStatusResponse status;
-  grpc::ClientContext context;
-  REQUIRE(stub->GetClusterStatus(&context, {}, &status).ok());
-  CHECK(status.counters().samples_received() == 3);
-  coordinator->Stop();
-}
 
 TEST_CASE(
     "Rollout worker: update_mode inplace with update_policy drain is refused "

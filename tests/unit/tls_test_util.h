@@ -1,8 +1,8 @@
 #pragma once
 
-// Certificates for tests of mutual TLS: a temporary directory, a
-// development CA with one certificate per role in it (`tandemctl certs
-// init`'s WriteDevCertificates), and a role's TLS options.
+// Certificates for tests of mutual TLS: a development CA with one
+// certificate per role in it (`tandemctl certs init`'s
+// WriteDevCertificates), and a role's TLS options.
 
 #include <stdlib.h>
 
@@ -13,32 +13,9 @@
 
 #include "common/rpc/tls_options.h"
 #include "services/tandemctl/certs_init.h"
+#include "tests/support/temp_dir.h"
 
 namespace tandem::testing {
-
-// A fresh directory under $TMPDIR (or /tmp), removed on destruction.
-class TempDir {
- public:
-  explicit TempDir(const std::string& prefix = "tandem_test") {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern = std::string(base != nullptr ? base : "/tmp") + "/" +
-                          prefix + ".XXXXXX";
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // A development CA and role certificates in a new directory.
 inline std::unique_ptr<TempDir> IssuedCertificates() {

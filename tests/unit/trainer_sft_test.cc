@@ -10,6 +10,8 @@
 
 #include "common/model/decoder_model.h"
 #include "common/model/hf_checkpoint.h"
+#include "common/model/model_loader.h"
+#include "common/model/model_weights.h"
 #include "common/task/arith_task.h"
 #include "common/task/arith_tokenizer.h"
 #include "services/trainer/tools/sft/sft_data.h"
@@ -98,6 +100,81 @@ TEST_CASE("SFT examples supervise only the answer and eos", "[sft]") {
   CHECK_FALSE(PackExamples({}).ok());
 }
 
+// The built-in tiny model with random weights, on one LibTorch thread.
+model::LoadedModel RandomTinyModel() {
+  auto loaded = model::LoadModel("", /*seed=*/1, /*torch_threads=*/1);
+  REQUIRE(loaded.ok());
+  return *std::move(loaded);
+}
+
+// Checks GreedyComplete's completions of `problems` (through the engine,
+// in batches of 16, so that sequences join the running batch as others
+// finish) against the model's own full forward pass over prompt +
+// completion (no KV cache): every generated token, eos included, is the
+// argmax of the logits before it (a different token only where two logits
+// tie to within rounding), eos ends a completion and only the token limit
+// ends one without it. Returns how many completions stopped at eos.
+int64_t CheckGreedyIsForwardArgmax(
+    const model::DecoderModel& model, const tokenizer::Tokenizer& tokenizer,
+    const std::vector<task::ArithProblem>& problems, int digits) {
+  const int64_t max_new = MaxAnswerTokens(digits);
+  auto completions = GreedyComplete(model, tokenizer, problems, max_new, 16);
+  REQUIRE(completions.ok());
+  REQUIRE(completions->size() == problems.size());
+  int64_t decisions = 0;
+  int64_t stopped = 0;
+  for (size_t i = 0; i < problems.size(); ++i) {
+    INFO("problem " << i << ": " << problems[i].prompt);
+    const GreedyCompletion& c = (*completions)[i];
+    CHECK(c.text == tokenizer.Decode(c.tokens));
+    std::vector<int32_t> sequence = PromptTokens(tokenizer, problems[i]);
+    const int64_t prompt_len = static_cast<int64_t>(sequence.size());
+    sequence.insert(sequence.end(), c.tokens.begin(), c.tokens.end());
+    if (c.stopped) {
+      sequence.push_back(task::kArithEosId);
+      ++stopped;
+    } else {
+      CHECK(static_cast<int64_t>(c.tokens.size()) == max_new);
+    }
+    for (int32_t t : c.tokens) CHECK(t != task::kArithEosId);
+    const int64_t n = static_cast<int64_t>(sequence.size());
+    std::vector<int64_t> ids(sequence.begin(), sequence.end());
+    auto logits = model.ForwardPacked(
+        at::tensor(ids, at::kLong), at::arange(n, at::kLong),
+        at::tensor(std::vector<int64_t>{0, n}, at::kLong));
+    REQUIRE(logits.ok());
+    const at::Tensor rows = logits->to(at::kFloat);
+    for (int64_t p = prompt_len - 1; p + 1 < n; ++p) {
+      ++decisions;
+      const at::Tensor row = rows[p];
+      const int64_t best = row.argmax().item<int64_t>();
+      const int64_t chosen = sequence[p + 1];
+      if (best != chosen) {
+        INFO("position " << p << ": argmax " << best << ", generated "
+                         << chosen);
+        CHECK(row[best].item<float>() - row[chosen].item<float>() < 1e-4f);
+      }
+    }
+  }
+  // The comparison covered every completion's tokens.
+  CHECK(decisions >= static_cast<int64_t>(problems.size()));
+  return stopped;
+}
+
+TEST_CASE(
+    "Held-out greedy completions through the engine are the full forward "
+    "pass's argmax (random weights: every completion runs to the limit)",
+    "[sft][heldout]") {
+  const model::LoadedModel loaded = RandomTinyModel();
+  task::ArithTaskOptions task_options;
+  task_options.digits = 3;
+  task_options.subtraction = false;
+  auto task = task::ArithTask::Create(task_options);
+  REQUIRE(task.ok());
+  CheckGreedyIsForwardArgmax(*loaded.decoder, *loaded.tokenizer,
+                             task->Take(task::Split::kHeldOut, 96), 3);
+}
+
 TEST_CASE("SFT options are validated with the flag's name", "[sft]") {
   SftOptions o = SmallOptions("/tmp/unused");
   o.max_accuracy = o.target_accuracy / 2;
@@ -149,6 +226,11 @@ TEST_CASE(
       task->Take(task::Split::kHeldOut, options.eval_problems), options.digits);
   REQUIRE(eval.ok());
   CHECK(eval->accuracy() == result->saved_accuracy);
+  // Its greedy completions, eos and all, are its full forward's argmax.
+  CHECK(CheckGreedyIsForwardArgmax(
+            loaded, **tokenizer,
+            task->Take(task::Split::kHeldOut, options.eval_problems),
+            options.digits) > 0);
 
   // A second call with the same options reuses the directory (and writes
   // tokenizer_config.json into a cache made before it existed).

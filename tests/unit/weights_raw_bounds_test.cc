@@ -18,6 +18,7 @@
 #include "common/weights/pull/grpc_pull_receiver.h"
 #include "common/weights/pull/weight_server.h"
 #include "common/weights/weight_store.h"
+#include "tests/support/wait_for.h"
 #include "weight_server_test_util.h"
 #include "weights_test_util.h"
 
@@ -67,12 +68,7 @@ bool ClosedByServer(int fd) {
 
 template <typename F>
 bool WaitUntil(F done) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (!done()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return true;
+  return ::tandem::testing::WaitFor(done, absl::Seconds(30));
 }
 
 // One FULL version 1 of `mib` MiB of bf16 weights in 4 MiB buckets.

@@ -1,0 +1,270 @@
+// HarnessEpisodes (services/rollout/harness_episodes.h) and its HTTP
+// routes: offers, claims, turns that extend or do not extend the episode,
+// the sample a finished group becomes (sources, log-probs, versions),
+// finish twice, abort and idle expiry giving the lease back.
+
+#include <catch2/catch.hpp>
+
+#include "services/rollout/harness_episodes.h"
+#include "services/rollout/harness_routes.h"
+
+namespace tandem::rollout {
+namespace {
+
+using engine::TokenSource;
+
+HarnessTask Task(const std::string& lease, int32_t group_size) {
+  HarnessTask t;
+  t.lease_id = lease;
+  t.group_id = "g-" + lease;
+  t.task_id = "row-1";
+  t.prompt_text = "1+2=";
+  t.prompt = {10, 11, 12};
+  t.group_size = group_size;
+  t.temperature = 0.7f;  // as a lease carries it (a float)
+  t.metadata = {{"answer", "3"}};
+  return t;
+}
+
+struct Fixture {
+  uint64_t version = 5;
+  HarnessEpisodes episodes{
+      HarnessOptions{.idle_timeout = absl::Seconds(10), .max_episodes = 4},
+      [this] { return version; }};
+  absl::Time now = absl::FromUnixSeconds(1000);
+
+  // One turn: `prompt` in, `tokens` out at `token_version`.
+  absl::Status Turn(const std::string& id, const std::vector<int32_t>& prompt,
+                    const std::vector<int32_t>& tokens, uint64_t token_version,
+                    const std::string& request) {
+    absl::Status s = episodes.BeginTurn(id, request, prompt, 0.7, now);
+    if (!s.ok()) return s;
+    std::vector<float> logprobs(tokens.size(), -0.5f);
+    std::vector<uint64_t> versions(tokens.size(), token_version);
+    episodes.EndTurn(id, request, tokens, logprobs, versions, "stop", now);
+    return absl::OkStatus();
+  }
+};
+
+TEST_CASE("a finished group becomes samples: model and environment tokens") {
+  Fixture f;
+  REQUIRE(f.episodes.Offer(Task("L1", 2)).ok());
+  std::optional<HarnessClaim> a = f.episodes.Claim(f.now);
+  std::optional<HarnessClaim> b = f.episodes.Claim(f.now);
+  REQUIRE(a);
+  REQUIRE(b);
+  CHECK_FALSE(f.episodes.Claim(f.now));
+  CHECK(a->sample_index == 0);
+  CHECK(b->sample_index == 1);
+  CHECK(a->task.prompt == std::vector<int32_t>{10, 11, 12});
+
+  // Turn 1 from the task's prompt; turn 2 adds two environment tokens.
+  REQUIRE(f.Turn(a->episode_id, {10, 11, 12}, {20, 21}, 5, "r1").ok());
+  f.version = 6;
+  REQUIRE(
+      f.Turn(a->episode_id, {10, 11, 12, 20, 21, 30, 31}, {22}, 6, "r2").ok());
+  REQUIRE(f.episodes.Finish(a->episode_id, 1.0, f.now).ok());
+  // The group waits for its other episode.
+  CHECK(f.episodes.TakeFinishedGroups().empty());
+  REQUIRE(f.Turn(b->episode_id, {10, 11, 12}, {40}, 6, "r3").ok());
+  REQUIRE(f.episodes.Finish(b->episode_id, 0.0, f.now).ok());
+
+  std::vector<std::vector<HarnessSample>> groups =
+      f.episodes.TakeFinishedGroups();
+  REQUIRE(groups.size() == 1);
+  REQUIRE(groups[0].size() == 2);
+  const engine::FinishedSample& s = groups[0][0].sample;
+  CHECK(groups[0][0].reward == 1.0);
+  CHECK(s.request_id == "L1");
+  CHECK(s.sample_index == 0);
+  CHECK(s.output == std::vector<int32_t>{20, 21, 30, 31, 22});
+  CHECK(s.logprobs == std::vector<float>{-0.5f, -0.5f, 0.0f, 0.0f, -0.5f});
+  CHECK(s.source_spans ==
+        std::vector<engine::SourceSpan>{{TokenSource::kModel, 2},
+                                        {TokenSource::kEnvironment, 2},
+                                        {TokenSource::kModel, 1}});
+  // The environment's tokens carry the live version at their turn.
+  CHECK(s.spans == std::vector<engine::VersionSpan>{{5, 2}, {6, 3}});
+  CHECK(s.turns == 2);
+  CHECK(groups[0][1].sample.output == std::vector<int32_t>{40});
+  CHECK(f.episodes.active() == 0);
+  // Finished and submitted: a second finish names why.
+  absl::Status again = f.episodes.Finish(a->episode_id, 1.0, f.now);
+  CHECK(again.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(again.message()),
+             Catch::Contains("finished with reward 1"));
+}
+
+TEST_CASE("a turn must extend the episode's tokens") {
+  Fixture f;
+  REQUIRE(f.episodes.Offer(Task("L1", 1)).ok());
+  const std::string id = f.episodes.Claim(f.now)->episode_id;
+  // The task's prompt itself must be extended.
+  absl::Status s = f.episodes.BeginTurn(id, "r0", {10, 99, 12}, 0.7, f.now);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(
+      std::string(s.message()),
+      Catch::Contains("differs at token position 1 ") && Catch::Contains(id));
+  REQUIRE(f.Turn(id, {10, 11, 12}, {20, 21}, 5, "r1").ok());
+  s = f.episodes.BeginTurn(id, "r2", {10, 11, 12, 20, 7}, 0.7, f.now);
+  CHECK_THAT(std::string(s.message()),
+             Catch::Contains("turn 2's prompt") &&
+                 Catch::Contains("differs at token position 4 ") &&
+                 Catch::Contains("the episode has token 21, the prompt 7"));
+  s = f.episodes.BeginTurn(id, "r2", {10, 11, 12}, 0.7, f.now);
+  CHECK_THAT(std::string(s.message()),
+             Catch::Contains("differs at token position 3"));
+  // Another temperature than the task's.
+  s = f.episodes.BeginTurn(id, "r2", {10, 11, 12, 20, 21}, 1.0, f.now);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  // The refusals changed nothing: the right turn goes on.
+  REQUIRE(
+      f.episodes.BeginTurn(id, "r2", {10, 11, 12, 20, 21}, 0.7, f.now).ok());
+  // One turn at a time; no finish during a turn.
+  CHECK(
+      f.episodes.BeginTurn(id, "r3", {10, 11, 12, 20, 21}, 0.7, f.now).code() ==
+      absl::StatusCode::kFailedPrecondition);
+  CHECK(f.episodes.Finish(id, 1.0, f.now).code() ==
+        absl::StatusCode::kFailedPrecondition);
+  // A cancelled turn records nothing.
+  f.episodes.CancelTurn(id, "r2");
+  REQUIRE(f.Turn(id, {10, 11, 12, 20, 21}, {22}, 5, "r4").ok());
+  CHECK(f.episodes.Finish(id, 1.5, f.now).code() ==
+        absl::StatusCode::kInvalidArgument);
+  REQUIRE(f.episodes.Finish(id, 0.5, f.now).ok());
+  auto groups = f.episodes.TakeFinishedGroups();
+  REQUIRE(groups.size() == 1);
+  CHECK(groups[0][0].sample.output == std::vector<int32_t>{20, 21, 22});
+}
+
+TEST_CASE("unknown episodes, aborts and idle harnesses") {
+  Fixture f;
+  CHECK(f.episodes.BeginTurn("ep-x", "r", {1}, 0.7, f.now).code() ==
+        absl::StatusCode::kNotFound);
+  CHECK(f.episodes.Finish("ep-x", 1.0, f.now).code() ==
+        absl::StatusCode::kNotFound);
+  REQUIRE(f.episodes.Offer(Task("L1", 2)).ok());
+  REQUIRE(f.episodes.Offer(Task("L2", 2)).ok());
+  // Full: the worker takes no lease, and one offered is refused.
+  CHECK(f.episodes.full());
+  CHECK(f.episodes.Offer(Task("L3", 1)).code() ==
+        absl::StatusCode::kResourceExhausted);
+  CHECK(f.episodes.Offer(Task("L1", 1)).code() ==
+        absl::StatusCode::kInvalidArgument);
+  const std::string a = f.episodes.Claim(f.now)->episode_id;  // L1/0
+  REQUIRE(f.Turn(a, {10, 11, 12}, {20}, 5, "r1").ok());
+  REQUIRE(f.episodes.Finish(a, 1.0, f.now).ok());
+  const std::string b = f.episodes.Claim(f.now)->episode_id;  // L1/1
+  REQUIRE(f.episodes.Abort(b, "tool crashed").ok());
+  auto back = f.episodes.TakeAbandoned(f.now);
+  REQUIRE(back.size() == 1);
+  CHECK(back[0].first == "L1");
+  CHECK_THAT(back[0].second, Catch::Contains("tool crashed"));
+  // Nothing of L1 is submitted, though one of its episodes finished.
+  CHECK(f.episodes.TakeFinishedGroups().empty());
+  CHECK(f.episodes.Finish(a, 1.0, f.now).code() ==
+        absl::StatusCode::kFailedPrecondition);
+
+  // L2: claimed, then the harness vanishes.
+  const std::string c = f.episodes.Claim(f.now)->episode_id;
+  REQUIRE(f.Turn(c, {10, 11, 12}, {20}, 5, "r2").ok());
+  CHECK(f.episodes.TakeAbandoned(f.now + absl::Seconds(9)).empty());
+  back = f.episodes.TakeAbandoned(f.now + absl::Seconds(10));
+  REQUIRE(back.size() == 1);
+  CHECK(back[0].first == "L2");
+  CHECK_THAT(back[0].second, Catch::Contains("idle for"));
+  CHECK(f.episodes.active() == 0);
+  absl::Status late =
+      f.episodes.BeginTurn(c, "r3", {10, 11, 12, 20}, 0.7, f.now);
+  CHECK(late.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(late.message()),
+             Catch::Contains("went back to the coordinator"));
+  CHECK_FALSE(f.episodes.Claim(f.now));  // the dropped ones are not offered
+}
+
+TEST_CASE("a turn in flight is not idle; AbortAll returns every lease") {
+  Fixture f;
+  REQUIRE(f.episodes.Offer(Task("L1", 1)).ok());
+  const std::string id = f.episodes.Claim(f.now)->episode_id;
+  REQUIRE(f.episodes.BeginTurn(id, "r1", {10, 11, 12}, 0.7, f.now).ok());
+  CHECK(f.episodes.TakeAbandoned(f.now + absl::Hours(1)).empty());
+  REQUIRE(f.episodes.Offer(Task("L2", 1)).ok());
+  // L3 finished, not yet taken: it goes back too.
+  REQUIRE(f.episodes.Offer(Task("L3", 1)).ok());
+  f.episodes.Claim(f.now);
+  const std::string l3 = f.episodes.Claim(f.now)->episode_id;
+  REQUIRE(f.Turn(l3, {10, 11, 12}, {20}, 5, "r2").ok());
+  REQUIRE(f.episodes.Finish(l3, 1.0, f.now).ok());
+  std::vector<std::string> leases = f.episodes.AbortAll("shutdown");
+  std::sort(leases.begin(), leases.end());
+  CHECK(leases == std::vector<std::string>{"L1", "L2", "L3"});
+  CHECK(f.episodes.TakeFinishedGroups().empty());
+  CHECK(f.episodes.active() == 0);
+}
+
+TEST_CASE("environment tokens never carry a version older than the last") {
+  Fixture f;
+  REQUIRE(f.episodes.Offer(Task("L1", 1)).ok());
+  const std::string id = f.episodes.Claim(f.now)->episode_id;
+  // A turn with no token (aborted at once) is no model token.
+  REQUIRE(f.Turn(id, {10, 11, 12}, {}, 5, "r1").ok());
+  CHECK(f.episodes.Finish(id, 1.0, f.now).code() ==
+        absl::StatusCode::kInvalidArgument);
+  // The engine sampled at 7 while the published version still says 5.
+  REQUIRE(f.Turn(id, {10, 11, 12}, {20}, 7, "r2").ok());
+  REQUIRE(f.Turn(id, {10, 11, 12, 20, 30}, {21}, 7, "r3").ok());
+  REQUIRE(f.episodes.Finish(id, 1.0, f.now).ok());
+  auto groups = f.episodes.TakeFinishedGroups();
+  REQUIRE(groups.size() == 1);
+  CHECK(groups[0][0].sample.spans == std::vector<engine::VersionSpan>{{7, 3}});
+}
+
+TEST_CASE("the HTTP routes map onto the bookkeeping") {
+  Fixture f;
+  HarnessReply r = HandleHarnessRequest(nullptr, true,
+                                        "/tandem/v1/episodes:claim", "", f.now);
+  CHECK(r.status == 404);
+  r = HandleHarnessRequest(&f.episodes, true, "/tandem/v1/episodes:claim",
+                           R"({"wait_ms": 500})", f.now);
+  CHECK(r.status == 204);
+  CHECK(r.claim_wait == absl::Milliseconds(500));
+  r = HandleHarnessRequest(&f.episodes, true, "/tandem/v1/episodes:claim",
+                           R"({"wait_ms": -1})", f.now);
+  CHECK(r.status == 400);
+  REQUIRE(f.episodes.Offer(Task("L1", 1)).ok());
+  r = HandleHarnessRequest(&f.episodes, true, "/tandem/v1/episodes:claim", "",
+                           f.now);
+  REQUIRE(r.status == 200);
+  const std::string id = r.body["episode_id"].get<std::string>();
+  CHECK(r.body["lease_id"] == "L1");
+  CHECK(r.body["prompt_token_ids"] == openai::Json({10, 11, 12}));
+  CHECK(r.body["metadata"]["answer"] == "3");
+  CHECK(std::abs(r.body["sampling"]["temperature"].get<double>() - 0.7) < 1e-6);
+  const std::string finish = "/tandem/v1/episodes/" + id + ":finish";
+  r = HandleHarnessRequest(&f.episodes, true, finish, R"({})", f.now);
+  CHECK(r.status == 400);
+  // No model turn yet: nothing to train on.
+  r = HandleHarnessRequest(&f.episodes, true, finish, R"({"reward": 1})",
+                           f.now);
+  CHECK(r.status == 400);
+  REQUIRE(f.Turn(id, {10, 11, 12}, {20}, 5, "r1").ok());
+  r = HandleHarnessRequest(&f.episodes, true, finish, R"({"reward": 1})",
+                           f.now);
+  CHECK(r.status == 200);
+  r = HandleHarnessRequest(&f.episodes, true, finish, R"({"reward": 1})",
+                           f.now);
+  CHECK(r.status == 409);
+  CHECK(r.body["error"]["code"] == "episode_conflict");
+  r = HandleHarnessRequest(&f.episodes, true,
+                           "/tandem/v1/episodes/ep-nope:abort", "", f.now);
+  CHECK(r.status == 404);
+  r = HandleHarnessRequest(&f.episodes, true,
+                           "/tandem/v1/episodes/" + id + ":pause", "", f.now);
+  CHECK(r.status == 404);
+  r = HandleHarnessRequest(&f.episodes, false, "/tandem/v1/episodes:claim", "",
+                           f.now);
+  CHECK(r.status == 405);
+}
+
+}  // namespace
+}  // namespace tandem::rollout
