@@ -274,7 +274,6 @@ absl::Status Trainer::CreateMember() {
   if (publisher_) {
     capabilities["weight_broadcast_store"] = publisher_->store_address();
   }
-  std::vector<grpc::Service*> services;
   service_ = std::make_unique<TrainerService>(
       &status_, &checkpoint_requests_, config.train,
       [this] {
@@ -282,7 +281,8 @@ absl::Status Trainer::CreateMember() {
                                   : std::string();
       },
       config.server.tls.enabled(), &metrics_.auth_refused);
-  services = {service_.get(), weight_server_.get()};
+  std::vector<grpc::Service*> services = {service_.get(),
+                                          weight_server_.get()};
   if (rendezvous_service_ != nullptr) {
     services.push_back(rendezvous_service_.get());
   }
