@@ -7,7 +7,9 @@
 
 #include "absl/strings/numbers.h"
 #include "common/base/logging.h"
+#include "common/rpc/grpc_client.h"
 #include "common/weights/broadcast/broadcast_group.h"
+#include "common/weights/broadcast/rendezvous_client.h"
 #include "services/rollout/weight_subscriber.h"
 
 namespace tandem::rollout {
@@ -48,8 +50,23 @@ bool WeightSubscriber::JoinEpoch(const tandem::v1::BroadcastGroup& g,
   LeaveGroup();
   weights::BroadcastGroupConfig config;
   config.backend = g.backend();
-  if (!SplitHostPort(g.store_address(), &config.store_host,
-                     &config.store_port)) {
+  if (g.store_address() == weights::kGrpcRendezvousAddress) {
+    // mTLS clusters: the rendezvous goes through the trainer's gRPC
+    // Rendezvous service, at the address this worker pulls from, with
+    // this worker's certificate (rendezvous_client.h).
+    if (trainer_address_.empty()) {
+      abandoned_prefix_ = g.key_prefix();
+      Log()->warn(
+          "broadcast epoch {}: the rendezvous is over the trainer's gRPC, "
+          "but the coordinator named no trainer address yet",
+          g.epoch());
+      return false;
+    }
+    config.rendezvous = std::make_shared<weights::RendezvousClient>(
+        rpc::MakeChannel(trainer_address_, options_.tls), trainer_address_,
+        options_.timeout);
+  } else if (!SplitHostPort(g.store_address(), &config.store_host,
+                            &config.store_port)) {
     abandoned_prefix_ = g.key_prefix();
     Log()->warn("broadcast epoch {}: bad store address '{}'", g.epoch(),
                 g.store_address());

@@ -247,11 +247,23 @@ absl::Status Trainer::CreateWeightServing() {
     broadcast.store_port = static_cast<uint16_t>(config.weight_store_port);
     broadcast.bind_host = broadcast.store_host;
     broadcast.timeout = absl::Milliseconds(config.weight_broadcast_timeout_ms);
+    if (config.server.tls.enabled()) {
+      // Under mTLS the groups rendezvous through the trainer's gRPC server
+      // (certificates checked, trainer and rollout roles only): no TCPStore
+      // and no store port, whose protocol has no credential at all.
+      // weight_sync.store_port is not used then.
+      broadcast.rendezvous_keys = std::make_shared<weights::RendezvousKeys>();
+      rendezvous_service_ = std::make_unique<RendezvousService>(
+          broadcast.rendezvous_keys, /*tls_enabled=*/true,
+          &metrics_.auth_refused);
+    }
     ASSIGN_OR_RETURN(publisher_,
                      WeightPublisher::Create(broadcast, &store_,
                                              weight_sync_metrics_.get()));
     Log()->info("weight broadcast rendezvous store on {}",
-                publisher_->store_address());
+                rendezvous_service_ != nullptr
+                    ? std::string("the trainer's gRPC server (mTLS)")
+                    : publisher_->store_address());
   }
   return absl::OkStatus();
 }
@@ -269,12 +281,17 @@ absl::Status Trainer::CreateMember() {
                                   : std::string();
       },
       config.server.tls.enabled(), &metrics_.auth_refused);
+  std::vector<grpc::Service*> services = {service_.get(),
+                                          weight_server_.get()};
+  if (rendezvous_service_ != nullptr) {
+    services.push_back(rendezvous_service_.get());
+  }
   ASSIGN_OR_RETURN(
       member_,
       cluster::MemberDaemon::Create(
           "trainer", tandem::v1::ROLE_TRAINER, config.server,
           config.coordinator_address, registry_,
-          {service_.get(), weight_server_.get()},
+          services,
           [this](tandem::v1::HeartbeatRequest* r) {
             r->set_policy_version(grpo_->policy_version());
             if (stopping_) {
@@ -330,6 +347,7 @@ void Trainer::StopWithin(absl::Duration broadcast_drain) {
   // Answer held GetManifest long polls now: the gRPC shutdown below waits
   // for calls in flight.
   if (weight_server_) weight_server_->Shutdown();
+  if (rendezvous_service_) rendezvous_service_->Shutdown();
   if (member_) member_->Shutdown(absl::Seconds(2));
 }
 

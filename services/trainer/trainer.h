@@ -20,6 +20,7 @@
 #include "common/weights/weight_store.h"
 #include "common/weights/weight_sync_metrics.h"
 #include "services/trainer/checkpoint_manager.h"
+#include "services/trainer/rendezvous_service.h"
 #include "services/trainer/rl/grpo_trainer.h"
 #include "services/trainer/trainer_config.h"
 #include "services/trainer/trainer_metrics.h"
@@ -91,6 +92,9 @@ class Trainer {
   // the member session from the coordinator's data-plane secret.
   std::shared_ptr<weights::DataPlaneKeyHolder> data_plane_key_;
   std::unique_ptr<weights::WeightServerService> weight_server_;
+  // The broadcast rendezvous store over gRPC (tls.mode mtls with
+  // broadcast; null otherwise, when a TCPStore serves it).
+  std::unique_ptr<RendezvousService> rendezvous_service_;
   std::unique_ptr<weights::WeightSyncMetrics> weight_sync_metrics_;
   std::unique_ptr<cluster::MemberDaemon> member_;
   // Broadcast of each version to the current epoch's group and the re-send

@@ -143,7 +143,9 @@ void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config) {
                     "bind to and advertise; empty = the host of grpc_address "
                     "(127.0.0.1 when that is a wildcard such as 0.0.0.0).");
   schema->AddInt("weight_sync.store_port", &config->weight_store_port, 0, 65535,
-                 "Port of the rendezvous store; 0 = any free port.");
+                 "Port of the rendezvous store (TCPStore); 0 = any free port. "
+                 "Not opened with tls.mode mtls: the rendezvous then goes "
+                 "through the trainer's gRPC server (certificates checked).");
   schema->AddInt("weight_sync.data_port", &config->weight_data_port, 0, 65535,
                  "Port of the raw TCP data path that serves catch-up pulls "
                  "(bound on grpc_address's host, announced to pulling "

@@ -9,3 +9,8 @@ add_executable(finite_scan_bench
   ${CMAKE_CURRENT_SOURCE_DIR}/finite_scan_bench.cc)
 target_link_libraries(finite_scan_bench PRIVATE tandem_weights
   tandem_weights_testing)
+
+# Epoch formation over the TCPStore against the gRPC rendezvous store (mTLS).
+add_executable(rendezvous_bench ${CMAKE_CURRENT_SOURCE_DIR}/rendezvous_bench.cc)
+target_link_libraries(rendezvous_bench PRIVATE tandem_weights_gloo
+  tandem_trainer_rendezvous tandem_certs)

@@ -15,6 +15,8 @@ process's listening TCP sockets from /proc and fails if
   the overlay (check_k8s_trust.admitted), or
 - a port the pod spec says the daemon listens on (check_k8s_trust.listening:
   gRPC, metrics, the trainer's store and data ports) has no listener, or
+  the trainer's store port has one under mTLS (the rendezvous store is
+  then a service of the trainer's gRPC server), or
   the broadcast members' pairs listen outside the admitted range, or
 - a member (trainer, rollout, verifier), whose pod spec binds its pod IP,
   listens on any other address (every interface, say): such a listener is
@@ -246,7 +248,16 @@ class K8sPortsTest(unittest.TestCase):
                     self.assertEqual(ipv4_of(address), p.host,
                                      f"{p.name} listens on {address}:{port}, "
                                      f"not only on its pod IP {p.host}")
+            env = {e["name"]: e.get("value")
+                   for e in p.container.get("env", [])}
             for name, (first, last) in declared.items():
+                if (p.component == "trainer" and name == "store" and
+                        env.get("TANDEM_TLS_MODE") == "mtls"):
+                    # Under mTLS the rendezvous store is a service of the
+                    # trainer's gRPC server: no TCPStore port is opened.
+                    self.assertNotIn(first, listens, f"{p.name}: a TCPStore "
+                                     f"listens on {first} under mTLS")
+                    continue
                 if first == last:
                     self.assertIn(first, listens, f"{p.name}: the pod spec's "
                                   f"{name} port {first} has no listener")

@@ -21,7 +21,11 @@ Python's ssl module as independent clients:
   * every certificate and key is replaced on disk by a newly issued pair of
     the same CA while the cluster runs: new connections are served with the
     new certificate (read from the handshake) and the cluster keeps
-    advancing.
+    advancing;
+  * weight broadcast rendezvous goes through the trainer's gRPC (the
+    Rendezvous service, trainer and rollout roles only): the TCPStore port
+    the trainer's config names is not open, workers receive versions by
+    broadcast, and a verifier's certificate is refused PERMISSION_DENIED.
 
 Run: TANDEM_BIN_DIR=build/bin /usr/bin/python3 tests/integration/test_tls.py
 (ctest -R integration_tls). The tests share one cluster and run in order."""
@@ -103,8 +107,12 @@ class TlsClusterTest(unittest.TestCase):
         harness.certs_init(cls.certs)
         harness.certs_init(cls.other)
         cls.config_dir = os.path.join(cls.tmp, "config")
-        harness.write_mtls_configs(cls.config_dir, cls.certs, roles=ROLES,
-                                   tls_extra=f"  refresh_s: {REFRESH_S}\n")
+        # The TCPStore port the trainer would open without mTLS.
+        cls.store_port = harness.free_port()
+        harness.write_mtls_configs(
+            cls.config_dir, cls.certs, roles=ROLES,
+            extra={"trainer": f"weight_sync:\n  store_port: {cls.store_port}\n"},
+            tls_extra=f"  refresh_s: {REFRESH_S}\n")
         cls.launcher = harness.Launcher(
             rollout_workers=2, config_dir=cls.config_dir,
             extra_args=harness.tls_flags(cls.certs))
@@ -350,6 +358,54 @@ class TlsClusterTest(unittest.TestCase):
             harness.scrape_metrics(verifier["metrics_address"]),
             "tandem_verifier_auth_refused_total", reason="wrong_role"), 1)
 
+
+    def test_9_broadcast_rendezvous_is_over_the_trainers_grpc(self):
+        trainer = self.ready["trainer"]
+        # No TCPStore: its port is not open.
+        with self.assertRaises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", self.store_port),
+                                     timeout=5).close()
+        self.assertIn("rendezvous store on the trainer's gRPC server",
+                      self.launcher.log("trainer"))
+
+        def broadcast_bytes():
+            sent = harness.metric_sum(
+                harness.scrape_metrics(trainer["metrics_address"]),
+                "tandem_weight_sync_bytes_total", direction="sent",
+                transport="broadcast")
+            received = sum(harness.metric_sum(
+                harness.scrape_metrics(info["metrics_address"]),
+                "tandem_weight_sync_bytes_total", direction="received",
+                transport="broadcast")
+                for name, info in self.ready.items()
+                if name.startswith("rollout"))
+            return (sent, received) if sent > 0 and received > 0 else None
+        try:
+            harness.wait_for(broadcast_bytes, 120,
+                             "versions sent and received by broadcast",
+                             interval=1)
+        except AssertionError:
+            print(self.launcher.log("trainer")[-3000:])
+            print(self.launcher.log("rollout-0")[-3000:])
+            raise
+        # Only trainer and rollout certificates may use the store.
+        refused_before = harness.metric_sum(
+            harness.scrape_metrics(trainer["metrics_address"]),
+            "tandem_trainer_auth_refused_total", reason="wrong_role")
+        creds = harness.grpc_tls_credentials(self.certs, cert_dir=self.certs,
+                                             role="verifier")
+        with grpc.secure_channel(trainer["grpc_address"], creds) as channel:
+            store_set = channel.unary_unary(
+                "/tandem.v1.Rendezvous/StoreSet", request_serializer=None,
+                response_deserializer=None)
+            with self.assertRaises(grpc.RpcError) as error:
+                store_set(b"", timeout=10)
+        self.assertEqual(error.exception.code(),
+                         grpc.StatusCode.PERMISSION_DENIED)
+        self.assertEqual(harness.metric_sum(
+            harness.scrape_metrics(trainer["metrics_address"]),
+            "tandem_trainer_auth_refused_total", reason="wrong_role"),
+            refused_before + 1)
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -32,3 +32,7 @@ tandem_add_test(weights_store_client_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_store_client_test.cc
   LIBS tandem_weights_gloo
   TIMEOUT 120)
+# The broadcast rendezvous store over the trainer's gRPC (issue 25 item 3).
+tandem_add_test(weights_rendezvous_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_rendezvous_test.cc
+  LIBS tandem_trainer_rendezvous tandem_rpc tandem_certs prometheus-cpp::core)

@@ -36,6 +36,12 @@
 namespace tandem::weights {
 
 class GlooRendezvousStore;
+class RendezvousKeyspace;
+
+// BroadcastGroup.store_address of an epoch whose rendezvous goes through
+// the trainer's gRPC Rendezvous service (tls.mode mtls) rather than a
+// TCPStore: members reach it at the trainer's weight-server address.
+inline constexpr char kGrpcRendezvousAddress[] = "grpc:trainer";
 
 class BroadcastGroup {
  public:
@@ -115,6 +121,12 @@ struct BroadcastGroupConfig {
   // The trainer's rendezvous store (BroadcastGroup.store_address).
   std::string store_host = "127.0.0.1";
   uint16_t store_port = 0;
+  // When set, the rendezvous goes through this keyspace instead of the
+  // TCPStore at store_host:store_port (which is then not used): the
+  // trainer's in-process RendezvousKeys for rank 0, a RendezvousClient of
+  // the trainer's gRPC Rendezvous service for the others (mTLS clusters;
+  // rendezvous_keys.h). The epoch's scope is key_prefix.
+  std::shared_ptr<RendezvousKeyspace> rendezvous;
   // BroadcastGroup.key_prefix.
   std::string key_prefix = "tandem/weights/epoch0";
   int rank = 0;

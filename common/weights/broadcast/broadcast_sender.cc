@@ -14,6 +14,8 @@ absl::StatusOr<std::unique_ptr<BroadcastSender>> BroadcastSender::Create(
     const BroadcastSenderOptions& options, Listener listener) {
   std::unique_ptr<BroadcastSender> sender(
       new BroadcastSender(options, std::move(listener)));
+  // Over the trainer's gRPC: no store port at all.
+  if (options.rendezvous_keys != nullptr) return sender;
   absl::StatusOr<std::unique_ptr<GlooRendezvousStore>> store =
       GlooRendezvousStore::Create(options.store_host, options.store_port,
                                   options.timeout);
@@ -25,6 +27,7 @@ absl::StatusOr<std::unique_ptr<BroadcastSender>> BroadcastSender::Create(
 BroadcastSender::~BroadcastSender() { Stop(); }
 
 std::string BroadcastSender::store_address() const {
+  if (store_ == nullptr) return kGrpcRendezvousAddress;
   return absl::StrCat(options_.store_host, ":", store_->port());
 }
 
@@ -118,7 +121,8 @@ BroadcastGroupConfig BroadcastSender::GroupConfig(
   BroadcastGroupConfig config;
   config.backend = group.backend();
   config.store_host = options_.store_host;
-  config.store_port = store_->port();
+  config.store_port = store_ != nullptr ? store_->port() : 0;
+  config.rendezvous = options_.rendezvous_keys;
   config.key_prefix = group.key_prefix();
   config.rank = 0;
   config.world_size = group.member_ids_size();
@@ -138,6 +142,9 @@ bool BroadcastSender::JoinEpoch(const Job& job, BroadcastOutcome* outcome) {
                             (no_receivers_ || (holds_ && *holds_ + 1 == v));
   SetGroup(nullptr);
   if (!group_prefix_.empty()) {
+    if (options_.rendezvous_keys != nullptr) {
+      options_.rendezvous_keys->RetireScope(group_prefix_);
+    }
     left_prefixes_.push_back(group_prefix_);
     while (left_prefixes_.size() > 64) left_prefixes_.pop_front();
   }
@@ -149,6 +156,9 @@ bool BroadcastSender::JoinEpoch(const Job& job, BroadcastOutcome* outcome) {
   no_receivers_ = job.group.member_ids_size() < 2;
   if (no_receivers_) return true;
   const BroadcastGroupConfig config = GroupConfig(job.group);
+  if (options_.rendezvous_keys != nullptr) {
+    options_.rendezvous_keys->EnterScope(group_prefix_);
+  }
   const absl::Time start = absl::Now();
   ++rendezvous_started_;
   absl::StatusOr<std::unique_ptr<BroadcastGroup>> group =

@@ -73,6 +73,7 @@
 #include "absl/time/time.h"
 #include "common/weights/broadcast/broadcast_group.h"
 #include "common/weights/broadcast/gloo_broadcast_transport.h"
+#include "common/weights/broadcast/rendezvous_keys.h"
 #include "common/weights/weight_store.h"
 #include "tandem/v1/common.pb.h"
 
@@ -86,6 +87,12 @@ struct BroadcastSenderOptions {
   std::string bind_host = "127.0.0.1";
   // Deadline of the rendezvous and of every collective.
   absl::Duration timeout = absl::Seconds(10);
+  // When set (tls.mode mtls), groups rendezvous through these keys, which
+  // the trainer's gRPC Rendezvous service serves to the other members: no
+  // TCPStore is started and store_host/store_port are not used. The
+  // sender enters an epoch's scope when it forms the group and retires it
+  // when it leaves the epoch (rendezvous_keys.h).
+  std::shared_ptr<RendezvousKeys> rendezvous_keys;
 };
 
 // What happened to one job, for metrics and failure reports.
@@ -108,7 +115,8 @@ class BroadcastSender {
       const BroadcastSenderOptions& options, Listener listener);
   ~BroadcastSender();
 
-  // host:port of the rendezvous store, to advertise to the coordinator.
+  // host:port of the rendezvous store, to advertise to the coordinator;
+  // kGrpcRendezvousAddress with rendezvous_keys.
   std::string store_address() const;
 
   // OK, or why broadcast is off for good (a backend this trainer cannot
@@ -154,7 +162,7 @@ class BroadcastSender {
 
   const BroadcastSenderOptions options_;
   const Listener listener_;
-  std::unique_ptr<GlooRendezvousStore> store_;
+  std::unique_ptr<GlooRendezvousStore> store_;  // null with rendezvous_keys
   std::thread thread_;
 
   // This trainer's (rank 0's) view of `group`.

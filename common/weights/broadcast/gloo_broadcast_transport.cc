@@ -23,6 +23,7 @@
 #include "common/base/logging.h"
 #include "common/base/posix.h"
 #include "common/weights/broadcast/forwarding_store.h"
+#include "common/weights/broadcast/rendezvous_store.h"
 #include "common/weights/broadcast/store_client.h"
 
 namespace tandem::weights {
@@ -112,18 +113,24 @@ bool GlooAbort(const c10d::ProcessGroupGloo& group, const std::string& why) {
 // kGlooConnectAttempts tries of the context timeout, so Create hands Gloo
 // a context timeout of timeout / kGlooConnectAttempts (see there), and the
 // waits for the other members' addresses must not shrink with it.
+//
+// Over a rendezvous keyspace (`long_poll`: KeyspaceStore, the trainer's
+// gRPC store) a wait is a series of the keyspace's own waits of at most
+// kWaitSlice, which return as soon as the keys are set (a long poll at
+// the trainer), rather than checks 20 ms apart.
 class RendezvousStore : public ForwardingStore {
  public:
   RendezvousStore(c10::intrusive_ptr<c10d::Store> inner,
                   std::chrono::steady_clock::time_point deadline,
-                  const std::atomic<bool>* cancelled)
+                  const std::atomic<bool>* cancelled, bool long_poll)
       : ForwardingStore(std::move(inner)),
         deadline_(deadline),
-        cancelled_(cancelled) {}
+        cancelled_(cancelled),
+        long_poll_(long_poll) {}
 
   c10::intrusive_ptr<c10d::Store> clone() override {
     return c10::make_intrusive<RendezvousStore>(inner()->clone(), deadline_,
-                                                cancelled_);
+                                                cancelled_, long_poll_);
   }
   std::vector<uint8_t> get(const std::string& key) override {
     wait({key});
@@ -134,7 +141,7 @@ class RendezvousStore : public ForwardingStore {
   }
   void wait(const std::vector<std::string>& keys,
             const std::chrono::milliseconds& /*gloo's timeout*/) override {
-    while (!inner()->check(keys)) {
+    while (!Ready(keys)) {
       if (cancelled_ != nullptr && cancelled_->load()) {
         throw std::runtime_error("rendezvous cancelled (the member is stopping)");
       }
@@ -142,7 +149,9 @@ class RendezvousStore : public ForwardingStore {
         throw std::runtime_error(
             "rendezvous keys not set by the rendezvous deadline");
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (!long_poll_) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
     }
   }
   std::vector<std::vector<uint8_t>> multiGet(
@@ -152,8 +161,25 @@ class RendezvousStore : public ForwardingStore {
   }
 
  private:
+  static constexpr std::chrono::milliseconds kWaitSlice{100};
+
+  // Whether `keys` are set: a check, or a wait of one slice.
+  bool Ready(const std::vector<std::string>& keys) {
+    if (!long_poll_) return inner()->check(keys);
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline_ - std::chrono::steady_clock::now());
+    try {
+      inner()->wait(keys, std::clamp(left, std::chrono::milliseconds(1),
+                                     kWaitSlice));
+      return true;
+    } catch (const RendezvousWaitTimeout&) {
+      return false;
+    }
+  }
+
   const std::chrono::steady_clock::time_point deadline_;
   const std::atomic<bool>* const cancelled_;  // may be null
+  const bool long_poll_;
 };
 
 // How many times Gloo's full-mesh connect (LibTorch 2.11's Gloo) tries a
@@ -248,16 +274,22 @@ absl::StatusOr<std::unique_ptr<GlooBroadcastGroup>> GlooBroadcastGroup::Create(
   }
   auto impl = std::make_unique<Impl>();
   impl->config = config;
-  const std::string where =
-      absl::StrCat("gloo group ", config.key_prefix, " rank ", config.rank, "/",
-                   config.world_size, " (store ", config.store_host, ":",
-                   config.store_port, ")");
+  const std::string where = absl::StrCat(
+      "gloo group ", config.key_prefix, " rank ", config.rank, "/",
+      config.world_size,
+      config.rendezvous != nullptr
+          ? std::string(" (rendezvous over the trainer's gRPC)")
+          : absl::StrCat(" (store ", config.store_host, ":", config.store_port,
+                         ")"));
   // The rendezvous (addresses in the store, then the pairs' connects) ends
   // by this deadline, plus at most one timeout when the last address came
   // just before it.
   const auto deadline = std::chrono::steady_clock::now() + ToMillis(config.timeout);
   try {
-    if (server != nullptr) {
+    if (config.rendezvous != nullptr) {
+      impl->store = c10::make_intrusive<KeyspaceStore>(
+          config.rendezvous, config.key_prefix, ToMillis(config.timeout));
+    } else if (server != nullptr) {
       impl->store = server->impl_->store;
     } else if (config.rank == 0) {
       auto hosted = GlooRendezvousStore::Create(
@@ -285,7 +317,8 @@ absl::StatusOr<std::unique_ptr<GlooBroadcastGroup>> GlooBroadcastGroup::Create(
         c10::make_intrusive<RendezvousStore>(
             c10::make_intrusive<c10d::PrefixStore>(config.key_prefix,
                                                    impl->store),
-            deadline, config.cancelled);
+            deadline, config.cancelled,
+            /*long_poll=*/config.rendezvous != nullptr);
     // The context timeout bounds each of Gloo's connect tries (and nothing
     // else here: every broadcast passes its own timeout), so a member that
     // died after publishing its address fails the others' connect within

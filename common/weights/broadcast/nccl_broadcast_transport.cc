@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/weights/broadcast/rendezvous_store.h"
 #include "common/weights/broadcast/store_client.h"
 
 namespace tandem::weights {
@@ -168,9 +169,14 @@ void OnDevice(int device, F f) {
 }
 
 // A client of the trainer's TCPStore (throws like c10d::TCPStore, with a
-// deadline: store_client.h).
-c10::intrusive_ptr<c10d::TCPStore> ConnectToStore(
-    const NcclGroupConfig& config) {
+// deadline: store_client.h), or of the rendezvous keyspace when the
+// config names one (rendezvous_store.h).
+c10::intrusive_ptr<c10d::Store> ConnectToStore(const NcclGroupConfig& config) {
+  if (config.rendezvous != nullptr) {
+    return c10::make_intrusive<KeyspaceStore>(
+        config.rendezvous, config.key_prefix,
+        std::chrono::milliseconds(absl::ToInt64Milliseconds(config.timeout)));
+  }
   auto store =
       ConnectStoreClient(config.store_host, config.store_port, config.timeout);
   if (!store.ok()) throw std::runtime_error(store.status().ToString());
@@ -211,7 +217,7 @@ absl::Status NcclCheckStoredUniqueId(absl::Span<const uint8_t> stored) {
 absl::Status NcclRefuseGroup(const NcclGroupConfig& config,
                              absl::string_view reason) {
   try {
-    c10::intrusive_ptr<c10d::TCPStore> store = ConnectToStore(config);
+    c10::intrusive_ptr<c10d::Store> store = ConnectToStore(config);
     c10d::PrefixStore prefixed(config.key_prefix, store);
     const std::string value = absl::StrCat(kRefusal, reason);
     prefixed.set(kUniqueIdKey,
@@ -413,7 +419,7 @@ absl::StatusOr<std::unique_ptr<NcclBroadcastGroup>> NcclBroadcastGroup::Create(
   // The unique id through the trainer's TCPStore.
   ncclUniqueId id;
   try {
-    c10::intrusive_ptr<c10d::TCPStore> store = ConnectToStore(config);
+    c10::intrusive_ptr<c10d::Store> store = ConnectToStore(config);
     c10d::PrefixStore prefixed(config.key_prefix, store);
     if (config.rank == 0) {
       if (ncclResult_t r = Api().ncclGetUniqueId(&id); r != ncclSuccess) {
