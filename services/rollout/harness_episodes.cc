@@ -26,13 +26,25 @@ engine::FinishReason FinishReasonOf(const std::string& text) {
 
 }  // namespace
 
+const char* HarnessReturnLabel(HarnessReturn why) {
+  switch (why) {
+    case HarnessReturn::kAborted:
+      return "aborted";
+    case HarnessReturn::kIdleTimeout:
+      return "idle_timeout";
+    case HarnessReturn::kLifetime:
+      return "lifetime";
+  }
+  return "aborted";
+}
+
 HarnessEpisodes::HarnessEpisodes(HarnessOptions options,
                                  std::function<uint64_t()> policy_version)
     : options_(std::move(options)),
       policy_version_(std::move(policy_version)),
       id_prefix_(RandomPrefix()) {}
 
-absl::Status HarnessEpisodes::Offer(HarnessTask task) {
+absl::Status HarnessEpisodes::Offer(HarnessTask task, absl::Time now) {
   absl::MutexLock lock(&mu_);
   if (groups_.count(task.lease_id) > 0) {
     return absl::InvalidArgumentError(
@@ -45,15 +57,15 @@ absl::Status HarnessEpisodes::Offer(HarnessTask task) {
                      " harness episodes held, openai.harness_max_episodes is ",
                      options_.max_episodes));
   }
-  const absl::Time now = absl::Now();
   Group& group = groups_[task.lease_id];
   for (int32_t i = 0; i < n; ++i) {
     Episode e;
     e.id = absl::StrCat(id_prefix_, next_id_++);
     e.lease_id = task.lease_id;
     e.index = i;
-    e.last_activity = now;
+    e.offered = now;
     e.context = task.prompt;
+    Touched(e, now);
     group.episode_ids.push_back(e.id);
     unclaimed_.push_back(e.id);
     std::string id = e.id;
@@ -68,32 +80,88 @@ std::vector<std::vector<HarnessSample>> HarnessEpisodes::TakeFinishedGroups() {
   return std::exchange(finished_groups_, {});
 }
 
-std::vector<std::pair<std::string, std::string>> HarnessEpisodes::TakeAbandoned(
-    absl::Time now) {
+std::vector<HarnessAbandoned> HarnessEpisodes::TakeAbandoned(absl::Time now) {
   absl::MutexLock lock(&mu_);
-  std::vector<std::pair<std::string, std::string>> expired;
-  for (const auto& [lease_id, group] : groups_) {
-    for (const std::string& id : group.episode_ids) {
-      const Episode& e = episodes_.at(id);
-      // A turn in flight is bounded by openai.request_timeout_s.
-      if (e.finished || !e.in_flight.empty() ||
-          now - e.last_activity < options_.idle_timeout) {
-        continue;
+  if (now >= next_expiry_) {
+    next_expiry_ = absl::InfiniteFuture();
+    std::vector<HarnessAbandoned> expired;
+    for (const auto& [lease_id, group] : groups_) {
+      absl::Time group_deadline = absl::InfiniteFuture();
+      bool dropped = false;
+      for (const std::string& id : group.episode_ids) {
+        const Episode& e = episodes_.at(id);
+        std::optional<HarnessAbandoned> why = Expired(e, now);
+        if (why.has_value()) {
+          expired.push_back(*std::move(why));
+          dropped = true;
+          break;
+        }
+        group_deadline = std::min(group_deadline, Deadline(e));
       }
-      expired.emplace_back(
-          lease_id,
-          absl::StrCat("harness episode ", id, " (",
-                       e.claimed ? "claimed" : "never claimed", ") idle for ",
-                       absl::FormatDuration(now - e.last_activity),
-                       " (openai.harness_idle_timeout_s)"));
-      break;
+      if (!dropped) next_expiry_ = std::min(next_expiry_, group_deadline);
+    }
+    for (const HarnessAbandoned& a : expired) {
+      DropGroup(a.lease_id, a.reason);
+      abandoned_.push_back(a);
     }
   }
-  for (const auto& [lease_id, reason] : expired) {
-    DropGroup(lease_id, reason);
-    abandoned_.emplace_back(lease_id, reason);
-  }
   return std::exchange(abandoned_, {});
+}
+
+HarnessCounts HarnessEpisodes::TakeCounts() {
+  absl::MutexLock lock(&mu_);
+  HarnessCounts counts;
+  for (const auto& [id, e] : episodes_) {
+    if (e.finished) {
+      ++counts.finished;
+    } else if (e.claimed) {
+      ++counts.claimed;
+    } else {
+      ++counts.unclaimed;
+    }
+  }
+  counts.turns_accepted = std::exchange(turns_accepted_, 0);
+  counts.turns_refused = std::exchange(turns_refused_, 0);
+  return counts;
+}
+
+absl::Time HarnessEpisodes::Deadline(const Episode& e) const {
+  const absl::Time lifetime = e.offered + options_.max_lifetime;
+  // A finished episode, or one whose turn is in flight (bounded by
+  // openai.request_timeout_s), is not idle.
+  if (e.finished || !e.in_flight.empty()) return lifetime;
+  return std::min(lifetime, e.last_activity + options_.idle_timeout);
+}
+
+std::optional<HarnessAbandoned> HarnessEpisodes::Expired(const Episode& e,
+                                                         absl::Time now) const {
+  if (now - e.offered >= options_.max_lifetime) {
+    return HarnessAbandoned{
+        .lease_id = e.lease_id,
+        .why = HarnessReturn::kLifetime,
+        .reason = absl::StrCat(
+            "harness episode ", e.id, " offered ",
+            absl::FormatDuration(now - e.offered), " ago, past its limit of ",
+            absl::FormatDuration(options_.max_lifetime),
+            " (openai.harness_max_episode_s)")};
+  }
+  if (e.finished || !e.in_flight.empty() ||
+      now - e.last_activity < options_.idle_timeout) {
+    return std::nullopt;
+  }
+  return HarnessAbandoned{
+      .lease_id = e.lease_id,
+      .why = HarnessReturn::kIdleTimeout,
+      .reason = absl::StrCat(
+          "harness episode ", e.id, " (",
+          e.claimed ? "claimed" : "never claimed", ") idle for ",
+          absl::FormatDuration(now - e.last_activity),
+          " (openai.harness_idle_timeout_s)")};
+}
+
+void HarnessEpisodes::Touched(Episode& e, absl::Time now) {
+  e.last_activity = now;
+  next_expiry_ = std::min(next_expiry_, Deadline(e));
 }
 
 std::vector<std::string> HarnessEpisodes::AbortAll(const std::string& reason) {
@@ -101,8 +169,8 @@ std::vector<std::string> HarnessEpisodes::AbortAll(const std::string& reason) {
   std::vector<std::string> leases;
   for (const auto& [lease_id, group] : groups_) leases.push_back(lease_id);
   for (const std::string& lease_id : leases) DropGroup(lease_id, reason);
-  for (auto& [lease_id, why] : std::exchange(abandoned_, {})) {
-    leases.push_back(lease_id);
+  for (HarnessAbandoned& a : std::exchange(abandoned_, {})) {
+    leases.push_back(std::move(a.lease_id));
   }
   // Finished since the caller last took them: not submitted, so they go
   // back too.
@@ -127,7 +195,7 @@ std::optional<HarnessClaim> HarnessEpisodes::Claim(absl::Time now) {
     if (it == episodes_.end()) continue;  // dropped with its group
     Episode& e = it->second;
     e.claimed = true;
-    e.last_activity = now;
+    Touched(e, now);
     return HarnessClaim{.episode_id = id,
                         .sample_index = e.index,
                         .task = groups_.at(e.lease_id).task};
@@ -154,6 +222,15 @@ absl::Status HarnessEpisodes::BeginTurn(const std::string& episode_id,
                                         const std::vector<int32_t>& prompt,
                                         double temperature, absl::Time now) {
   absl::MutexLock lock(&mu_);
+  absl::Status status =
+      BeginTurnLocked(episode_id, request_id, prompt, temperature, now);
+  ++(status.ok() ? turns_accepted_ : turns_refused_);
+  return status;
+}
+
+absl::Status HarnessEpisodes::BeginTurnLocked(
+    const std::string& episode_id, const std::string& request_id,
+    const std::vector<int32_t>& prompt, double temperature, absl::Time now) {
   auto found = Find(episode_id);
   if (!found.ok()) return found.status();
   Episode& e = **found;
@@ -209,7 +286,7 @@ absl::Status HarnessEpisodes::BeginTurn(const std::string& episode_id,
     e.sources.push_back(engine::TokenSource::kEnvironment);
   }
   e.in_flight = request_id;
-  e.last_activity = now;
+  Touched(e, now);
   if (e.turns == 0) e.admitted = now;
   return absl::OkStatus();
 }
@@ -235,7 +312,7 @@ void HarnessEpisodes::EndTurn(const std::string& episode_id,
   ++e.turns;
   e.last_finish = finish_reason;
   e.in_flight.clear();
-  e.last_activity = now;
+  Touched(e, now);
 }
 
 void HarnessEpisodes::CancelTurn(const std::string& episode_id,
@@ -244,7 +321,7 @@ void HarnessEpisodes::CancelTurn(const std::string& episode_id,
   auto it = episodes_.find(episode_id);
   if (it == episodes_.end() || it->second.in_flight != request_id) return;
   it->second.in_flight.clear();
-  it->second.last_activity = absl::Now();
+  Touched(it->second, absl::Now());
 }
 
 absl::Status HarnessEpisodes::Finish(const std::string& episode_id,
@@ -277,7 +354,7 @@ absl::Status HarnessEpisodes::Finish(const std::string& episode_id,
   }
   e.finished = true;
   e.reward = reward;
-  e.last_activity = now;
+  Touched(e, now);
   const std::string lease_id = e.lease_id;
   Group& group = groups_.at(lease_id);
   for (const std::string& id : group.episode_ids) {
@@ -307,7 +384,9 @@ absl::Status HarnessEpisodes::Abort(const std::string& episode_id,
   const std::string why = absl::StrCat("aborted by its harness (episode ",
                                        episode_id, "): ", reason);
   DropGroup(lease_id, why);
-  abandoned_.emplace_back(lease_id, why);
+  abandoned_.push_back({.lease_id = lease_id,
+                        .why = HarnessReturn::kAborted,
+                        .reason = why});
   return absl::OkStatus();
 }
 

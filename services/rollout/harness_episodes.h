@@ -45,6 +45,10 @@ struct HarnessOptions {
   // An episode with no claim, turn or finish for this long is abandoned
   // (its lease goes back to the coordinator).
   absl::Duration idle_timeout = absl::Seconds(60);
+  // An episode's whole life, from the offer of its lease: past it the
+  // lease goes back to the coordinator even while the harness is active
+  // (a turn in flight included). Infinite = no bound.
+  absl::Duration max_lifetime = absl::InfiniteDuration();
   // Episodes held (offered, claimed, or finished and waiting for their
   // group) before the worker stops taking leases; a lease offered at it is
   // refused (one offered just below it may pass it by its group size - 1).
@@ -71,6 +75,28 @@ struct HarnessSample {
   double reward = 0;
 };
 
+// Why a lease was given back (a metric label: HarnessReturnLabel).
+enum class HarnessReturn { kAborted, kIdleTimeout, kLifetime };
+const char* HarnessReturnLabel(HarnessReturn why);
+inline constexpr HarnessReturn kHarnessReturns[] = {
+    HarnessReturn::kAborted, HarnessReturn::kIdleTimeout,
+    HarnessReturn::kLifetime};
+
+struct HarnessAbandoned {
+  std::string lease_id;
+  HarnessReturn why = HarnessReturn::kAborted;
+  std::string reason;  // for the log and the coordinator
+};
+
+// Episodes held, by state, and turns since the last TakeCounts.
+struct HarnessCounts {
+  int32_t unclaimed = 0;
+  int32_t claimed = 0;  // claimed and not finished
+  int32_t finished = 0;  // waiting for the rest of their group
+  int64_t turns_accepted = 0;
+  int64_t turns_refused = 0;
+};
+
 // What a claim hands the harness.
 struct HarnessClaim {
   std::string episode_id;
@@ -90,15 +116,17 @@ class HarnessEpisodes {
   // ---- Engine thread. ----
   // Offers the task's group_size episodes. RESOURCE_EXHAUSTED when full(),
   // INVALID_ARGUMENT for a lease already offered.
-  absl::Status Offer(HarnessTask task);
+  absl::Status Offer(HarnessTask task, absl::Time now);
   // Groups whose episodes have all finished, each sample in index order.
   std::vector<std::vector<HarnessSample>> TakeFinishedGroups();
-  // Leases given up since the last call (an episode aborted, or idle for
-  // options.idle_timeout as of `now`), with the reason; their episodes are
-  // gone. (No lease deadline: the worker's heartbeats renew its leases
-  // while it lives.)
-  std::vector<std::pair<std::string, std::string>> TakeAbandoned(
-      absl::Time now);
+  // Leases given up since the last call (an episode aborted, idle for
+  // options.idle_timeout, or older than options.max_lifetime as of `now`),
+  // with the reason; their episodes are gone. (No lease deadline: the
+  // worker's heartbeats renew its leases while it lives.) Walks the
+  // episodes only once the earliest deadline has passed.
+  std::vector<HarnessAbandoned> TakeAbandoned(absl::Time now);
+  // Episodes held by state; the turn counts since the previous call.
+  HarnessCounts TakeCounts();
   // Drops every group, finished ones not yet taken included; returns their
   // lease ids.
   std::vector<std::string> AbortAll(const std::string& reason);
@@ -144,6 +172,7 @@ class HarnessEpisodes {
     int32_t index = 0;
     bool claimed = false;
     bool finished = false;
+    absl::Time offered;
     absl::Time last_activity;
     // The lease's prompt, then every token since: the next turn's prompt
     // must start with all of it.
@@ -166,12 +195,25 @@ class HarnessEpisodes {
   // The episode or the error that names why there is none.
   absl::StatusOr<Episode*> Find(const std::string& episode_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status BeginTurnLocked(const std::string& episode_id,
+                               const std::string& request_id,
+                               const std::vector<int32_t>& prompt,
+                               double temperature, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the group and its episodes, remembering why they ended.
   void DropGroup(const std::string& lease_id, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RememberEnded(const std::string& episode_id, std::string reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   HarnessSample ToSample(const Episode& e, const Group& g) const;
+  // `e` had activity: the next expiry scan is due no later than its new
+  // idle deadline.
+  void Touched(Episode& e, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether and why `e` has expired as of `now`.
+  std::optional<HarnessAbandoned> Expired(const Episode& e, absl::Time now)
+      const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // When `e` would expire if nothing happens (InfiniteFuture for none).
+  absl::Time Deadline(const Episode& e) const;
 
   const HarnessOptions options_;
   const std::function<uint64_t()> policy_version_;
@@ -185,8 +227,11 @@ class HarnessEpisodes {
   // Unclaimed episode ids, in offer order.
   std::deque<std::string> unclaimed_ ABSL_GUARDED_BY(mu_);
   std::vector<std::vector<HarnessSample>> finished_groups_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::pair<std::string, std::string>> abandoned_
-      ABSL_GUARDED_BY(mu_);
+  std::vector<HarnessAbandoned> abandoned_ ABSL_GUARDED_BY(mu_);
+  // No episode expires before this (TakeAbandoned's scans wait for it).
+  absl::Time next_expiry_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  int64_t turns_accepted_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t turns_refused_ ABSL_GUARDED_BY(mu_) = 0;
   // Why recently ended episodes ended (bounded, oldest dropped first), so a
   // late call is answered with the reason rather than "unknown".
   std::map<std::string, std::string> ended_ ABSL_GUARDED_BY(mu_);

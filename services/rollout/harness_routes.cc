@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/environment/reward_range.h"
 
 namespace tandem::rollout {
 namespace {
@@ -167,7 +168,9 @@ HarnessReply HandleHarnessRequest(HarnessEpisodes* episodes, bool is_post,
     if (!json->contains("reward") || !(*json)["reward"].is_number()) {
       return BadRequest(
           absl::StrCat("episode ", id.substr(0, 128),
-                       ": ':finish' needs a numeric 'reward' in [0, 1]"),
+                       ": ':finish' needs a numeric 'reward' in [",
+                       environment::kRewardMin, ", ", environment::kRewardMax,
+                       "]"),
           "reward");
     }
     status = episodes->Finish(id, (*json)["reward"].get<double>(), now);

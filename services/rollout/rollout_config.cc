@@ -133,6 +133,11 @@ void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config) {
                  "Harness episodes held (offered, claimed, or finished and "
                  "waiting for their group); while they reach it the worker "
                  "leases nothing.");
+  schema->AddInt("openai.harness_max_episode_s",
+                 &config->openai_harness_max_episode_s, 0, 7 * 86400,
+                 "A harness episode's whole life (s), from the offer of its "
+                 "lease: past it the lease goes back to the coordinator even "
+                 "while its harness is still sending turns. 0 = no bound.");
 
   // Multi-turn episodes.
   schema->AddString("environment.address", &config->environment_address,

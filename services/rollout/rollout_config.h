@@ -65,6 +65,7 @@ struct RolloutConfig {
   std::string openai_harness_environment;
   int64_t openai_harness_idle_timeout_s = 60;
   int64_t openai_harness_max_episodes = 64;
+  int64_t openai_harness_max_episode_s = 1800;  // 0 = no bound
   // ---- Multi-turn episodes (environment.*, docs/environments.md) ----
   // host:port of the tandem.v1.Environment service that runs the episodes
   // of leases naming an environment; empty = none (such leases are

@@ -103,7 +103,31 @@ RolloutMetrics::RolloutMetrics(prometheus::Registry& r)
       environment_idle_seconds(Counter(
           r, "tandem_rollout_environment_idle_seconds_total",
           "Seconds the engine had no sequence to run while episodes waited "
-          "for their environment's reply.")) {
+          "for their environment's reply.")),
+      harness_episodes(
+          prometheus::BuildGauge()
+              .Name("tandem_rollout_harness_episodes")
+              .Help("Harness-driven episodes held by this worker, by state: "
+                    "unclaimed (offered, no harness took it yet), claimed "
+                    "(a harness drives it), finished (waiting for the rest "
+                    "of its group).")
+              .Register(r)),
+      harness_turns(
+          prometheus::BuildCounter()
+              .Name("tandem_rollout_harness_turns_total")
+              .Help("Model turns of harness episodes, by outcome: accepted, "
+                    "or refused (unknown or ended episode, a turn already "
+                    "in flight, a prompt that does not extend the "
+                    "episode's tokens, another temperature).")
+              .Register(r)),
+      harness_leases_returned(
+          prometheus::BuildCounter()
+              .Name("tandem_rollout_harness_leases_returned_total")
+              .Help("Leases of harness episodes given back to the "
+                    "coordinator, by reason: aborted (by a harness), "
+                    "idle_timeout (openai.harness_idle_timeout_s), lifetime "
+                    "(openai.harness_max_episode_s).")
+              .Register(r)) {
   for (const environment::EndReasonEntry& entry :
        environment::kEndReasonTable) {
     episodes_ended.Add({{"reason", std::string(entry.label)}});
@@ -117,6 +141,15 @@ RolloutMetrics::RolloutMetrics(prometheus::Registry& r)
   }
   for (const char* reason : {"unauthenticated", "wrong_role"}) {
     auth_refused.Add({{"reason", reason}});
+  }
+  for (const char* state : {"unclaimed", "claimed", "finished"}) {
+    harness_episodes.Add({{"state", state}});
+  }
+  for (const char* outcome : {"accepted", "refused"}) {
+    harness_turns.Add({{"outcome", outcome}});
+  }
+  for (HarnessReturn why : kHarnessReturns) {
+    harness_leases_returned.Add({{"reason", HarnessReturnLabel(why)}});
   }
 }
 
@@ -138,6 +171,16 @@ void RolloutMetrics::RecordStep(const engine::StepStats& step,
                    : static_cast<double>(snapshot.kv_blocks_used) /
                          snapshot.kv_blocks_total);
   policy_version.Set(static_cast<double>(snapshot.policy_version));
+}
+
+void RolloutMetrics::RecordHarness(const HarnessCounts& counts) {
+  harness_episodes.Add({{"state", "unclaimed"}}).Set(counts.unclaimed);
+  harness_episodes.Add({{"state", "claimed"}}).Set(counts.claimed);
+  harness_episodes.Add({{"state", "finished"}}).Set(counts.finished);
+  harness_turns.Add({{"outcome", "accepted"}})
+      .Increment(static_cast<double>(counts.turns_accepted));
+  harness_turns.Add({{"outcome", "refused"}})
+      .Increment(static_cast<double>(counts.turns_refused));
 }
 
 void RolloutMetrics::RecordEpisode(const std::string& end_reason,

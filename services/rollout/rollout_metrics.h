@@ -7,6 +7,7 @@
 #include <string>
 
 #include "engine/engine.h"
+#include "services/rollout/harness_episodes.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
@@ -23,6 +24,8 @@ struct RolloutMetrics {
   // tool calls and malformed turns.
   void RecordEpisode(const std::string& end_reason, int32_t tool_calls,
                      int32_t malformed_turns);
+  // Harness episodes held by state, and the turns since the last call.
+  void RecordHarness(const HarnessCounts& counts);
 
   prometheus::Gauge& policy_version;
   prometheus::Gauge& paused;
@@ -54,6 +57,11 @@ struct RolloutMetrics {
   // time lost to environments; docs/environments.md, "Throughput").
   prometheus::Counter& environment_idle_waits;
   prometheus::Counter& environment_idle_seconds;
+  // Harness-driven episodes (docs/openai-endpoint.md, "Training a
+  // black-box agent").
+  prometheus::Family<prometheus::Gauge>& harness_episodes;
+  prometheus::Family<prometheus::Counter>& harness_turns;
+  prometheus::Family<prometheus::Counter>& harness_leases_returned;
 };
 
 }  // namespace tandem::rollout

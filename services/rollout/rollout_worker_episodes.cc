@@ -174,7 +174,7 @@ absl::Status RolloutWorker::OfferHarnessLease(
   task.max_tokens = lease.sampling().max_tokens();
   task.verifier = lease.verifier();
   for (const auto& [key, value] : lease.metadata()) task.metadata[key] = value;
-  return harness_->Offer(std::move(task));
+  return harness_->Offer(std::move(task), absl::Now());
 }
 
 void RolloutWorker::DeliverHarness() {
@@ -189,14 +189,18 @@ void RolloutWorker::DeliverHarness() {
       Deliver(std::move(s.sample), &result);
     }
   }
-  for (auto& [lease_id, reason] : harness_->TakeAbandoned(absl::Now())) {
-    Log()->warn("harness episodes of lease {} given back: {}", lease_id,
-                reason);
-    auto it = leases_.find(lease_id);
+  for (HarnessAbandoned& a : harness_->TakeAbandoned(absl::Now())) {
+    Log()->warn("harness episodes of lease {} given back: {}", a.lease_id,
+                a.reason);
+    metrics_.harness_leases_returned
+        .Add({{"reason", HarnessReturnLabel(a.why)}})
+        .Increment();
+    auto it = leases_.find(a.lease_id);
     if (it == leases_.end()) continue;
-    prefetcher_->Return({lease_id}, reason.substr(0, 1024));
+    prefetcher_->Return({a.lease_id}, a.reason.substr(0, 1024));
     leases_.erase(it);
   }
+  metrics_.RecordHarness(harness_->TakeCounts());
 }
 
 }  // namespace tandem::rollout

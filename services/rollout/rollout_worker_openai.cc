@@ -34,6 +34,9 @@ absl::Status RolloutWorker::StartOpenAIServer() {
     HarnessOptions h;
     h.idle_timeout = absl::Seconds(config_.openai_harness_idle_timeout_s);
     h.max_episodes = static_cast<int32_t>(config_.openai_harness_max_episodes);
+    if (config_.openai_harness_max_episode_s > 0) {
+      h.max_lifetime = absl::Seconds(config_.openai_harness_max_episode_s);
+    }
     harness_ = std::make_unique<HarnessEpisodes>(h, [this] {
       absl::MutexLock lock(&mu_);
       return snapshot_.policy_version;

@@ -226,6 +226,10 @@ class HarnessTest(unittest.TestCase):
                 cls.finish_twice = finish(address, claimed["episode_id"], 1.0)
         cls.coordinator_metrics = harness.scrape_metrics(
             cluster.coordinator_metrics_address)
+        cls.worker_metrics = harness.scrape_metrics(
+            worker.wait_ready()["metrics_address"])
+        cls.transcript_turns = sum(len(t["turns"])
+                                   for t in cls.transcripts.values())
 
     @classmethod
     def bad_input(cls, agent):
@@ -358,6 +362,31 @@ class HarnessTest(unittest.TestCase):
             message)
         self.assertEqual(self.bad["finish_after_refusal"][0], 200)
         self.assertEqual(self.bad["abort"][0], 200)
+
+    def test_worker_metrics(self):
+        def metric(name, **labels):
+            return harness.metric_sum(self.worker_metrics, name, **labels)
+        # Every turn of the trained transcripts, and bad_input's two good
+        # ones, were accepted; its unknown episode, wrong temperature and
+        # prompt that did not extend were refused.
+        self.assertGreaterEqual(
+            metric("tandem_rollout_harness_turns_total", outcome="accepted"),
+            self.transcript_turns + 2)
+        self.assertGreaterEqual(
+            metric("tandem_rollout_harness_turns_total", outcome="refused"), 3)
+        # bad_input's abort and the vanished harness's idle lease.
+        self.assertGreaterEqual(
+            metric("tandem_rollout_harness_leases_returned_total",
+                   reason="aborted"), 1)
+        self.assertGreaterEqual(
+            metric("tandem_rollout_harness_leases_returned_total",
+                   reason="idle_timeout"), 1)
+        self.assertEqual(
+            metric("tandem_rollout_harness_leases_returned_total",
+                   reason="lifetime"), 0)
+        # Held episodes never pass openai.harness_max_episodes (4) in sum.
+        self.assertLessEqual(
+            metric("tandem_rollout_harness_episodes"), 4)
 
     def test_finish_twice_is_a_conflict(self):
         self.assertIsNotNone(self.finish_twice)

@@ -48,7 +48,7 @@ struct Fixture {
 
 TEST_CASE("a finished group becomes samples: model and environment tokens") {
   Fixture f;
-  REQUIRE(f.episodes.Offer(Task("L1", 2)).ok());
+  REQUIRE(f.episodes.Offer(Task("L1", 2), f.now).ok());
   std::optional<HarnessClaim> a = f.episodes.Claim(f.now);
   std::optional<HarnessClaim> b = f.episodes.Claim(f.now);
   REQUIRE(a);
@@ -97,7 +97,7 @@ TEST_CASE("a finished group becomes samples: model and environment tokens") {
 
 TEST_CASE("a turn must extend the episode's tokens") {
   Fixture f;
-  REQUIRE(f.episodes.Offer(Task("L1", 1)).ok());
+  REQUIRE(f.episodes.Offer(Task("L1", 1), f.now).ok());
   const std::string id = f.episodes.Claim(f.now)->episode_id;
   // The task's prompt itself must be extended.
   absl::Status s = f.episodes.BeginTurn(id, "r0", {10, 99, 12}, 0.7, f.now);
@@ -143,13 +143,13 @@ TEST_CASE("unknown episodes, aborts and idle harnesses") {
         absl::StatusCode::kNotFound);
   CHECK(f.episodes.Finish("ep-x", 1.0, f.now).code() ==
         absl::StatusCode::kNotFound);
-  REQUIRE(f.episodes.Offer(Task("L1", 2)).ok());
-  REQUIRE(f.episodes.Offer(Task("L2", 2)).ok());
+  REQUIRE(f.episodes.Offer(Task("L1", 2), f.now).ok());
+  REQUIRE(f.episodes.Offer(Task("L2", 2), f.now).ok());
   // Full: the worker takes no lease, and one offered is refused.
   CHECK(f.episodes.full());
-  CHECK(f.episodes.Offer(Task("L3", 1)).code() ==
+  CHECK(f.episodes.Offer(Task("L3", 1), f.now).code() ==
         absl::StatusCode::kResourceExhausted);
-  CHECK(f.episodes.Offer(Task("L1", 1)).code() ==
+  CHECK(f.episodes.Offer(Task("L1", 1), f.now).code() ==
         absl::StatusCode::kInvalidArgument);
   const std::string a = f.episodes.Claim(f.now)->episode_id;  // L1/0
   REQUIRE(f.Turn(a, {10, 11, 12}, {20}, 5, "r1").ok());
@@ -158,8 +158,9 @@ TEST_CASE("unknown episodes, aborts and idle harnesses") {
   REQUIRE(f.episodes.Abort(b, "tool crashed").ok());
   auto back = f.episodes.TakeAbandoned(f.now);
   REQUIRE(back.size() == 1);
-  CHECK(back[0].first == "L1");
-  CHECK_THAT(back[0].second, Catch::Contains("tool crashed"));
+  CHECK(back[0].lease_id == "L1");
+  CHECK_THAT(back[0].reason, Catch::Contains("tool crashed"));
+  CHECK(back[0].why == HarnessReturn::kAborted);
   // Nothing of L1 is submitted, though one of its episodes finished.
   CHECK(f.episodes.TakeFinishedGroups().empty());
   CHECK(f.episodes.Finish(a, 1.0, f.now).code() ==
@@ -171,8 +172,9 @@ TEST_CASE("unknown episodes, aborts and idle harnesses") {
   CHECK(f.episodes.TakeAbandoned(f.now + absl::Seconds(9)).empty());
   back = f.episodes.TakeAbandoned(f.now + absl::Seconds(10));
   REQUIRE(back.size() == 1);
-  CHECK(back[0].first == "L2");
-  CHECK_THAT(back[0].second, Catch::Contains("idle for"));
+  CHECK(back[0].lease_id == "L2");
+  CHECK_THAT(back[0].reason, Catch::Contains("idle for"));
+  CHECK(back[0].why == HarnessReturn::kIdleTimeout);
   CHECK(f.episodes.active() == 0);
   absl::Status late =
       f.episodes.BeginTurn(c, "r3", {10, 11, 12, 20}, 0.7, f.now);
@@ -184,13 +186,13 @@ TEST_CASE("unknown episodes, aborts and idle harnesses") {
 
 TEST_CASE("a turn in flight is not idle; AbortAll returns every lease") {
   Fixture f;
-  REQUIRE(f.episodes.Offer(Task("L1", 1)).ok());
+  REQUIRE(f.episodes.Offer(Task("L1", 1), f.now).ok());
   const std::string id = f.episodes.Claim(f.now)->episode_id;
   REQUIRE(f.episodes.BeginTurn(id, "r1", {10, 11, 12}, 0.7, f.now).ok());
   CHECK(f.episodes.TakeAbandoned(f.now + absl::Hours(1)).empty());
-  REQUIRE(f.episodes.Offer(Task("L2", 1)).ok());
+  REQUIRE(f.episodes.Offer(Task("L2", 1), f.now).ok());
   // L3 finished, not yet taken: it goes back too.
-  REQUIRE(f.episodes.Offer(Task("L3", 1)).ok());
+  REQUIRE(f.episodes.Offer(Task("L3", 1), f.now).ok());
   f.episodes.Claim(f.now);
   const std::string l3 = f.episodes.Claim(f.now)->episode_id;
   REQUIRE(f.Turn(l3, {10, 11, 12}, {20}, 5, "r2").ok());
@@ -202,9 +204,64 @@ TEST_CASE("a turn in flight is not idle; AbortAll returns every lease") {
   CHECK(f.episodes.active() == 0);
 }
 
+TEST_CASE("an episode's lifetime bounds its lease, active harness or not") {
+  HarnessEpisodes episodes(
+      HarnessOptions{.idle_timeout = absl::Seconds(10),
+                     .max_lifetime = absl::Seconds(30),
+                     .max_episodes = 4},
+      [] { return uint64_t{1}; });
+  absl::Time now = absl::FromUnixSeconds(1000);
+  REQUIRE(episodes.Offer(Task("L1", 1), now).ok());
+  const std::string id = episodes.Claim(now)->episode_id;
+  // A turn every 8 s keeps it from idling; a turn in flight at 29 s too.
+  std::vector<int32_t> context = {10, 11, 12};
+  for (int turn = 1; turn <= 3; ++turn) {
+    now += absl::Seconds(8);
+    CHECK(episodes.TakeAbandoned(now).empty());
+    const std::string request = "r" + std::to_string(turn);
+    REQUIRE(episodes.BeginTurn(id, request, context, 0.7, now).ok());
+    episodes.EndTurn(id, request, {20}, {-0.5f}, {1}, "stop", now);
+    context.push_back(20);
+  }
+  REQUIRE(episodes.BeginTurn(id, "r4", context, 0.7, now).ok());
+  CHECK(episodes.TakeAbandoned(now + absl::Seconds(5)).empty());  // 29 s
+  auto back = episodes.TakeAbandoned(now + absl::Seconds(6));     // 30 s
+  REQUIRE(back.size() == 1);
+  CHECK(back[0].lease_id == "L1");
+  CHECK(back[0].why == HarnessReturn::kLifetime);
+  CHECK_THAT(back[0].reason, Catch::Contains("openai.harness_max_episode_s"));
+  CHECK(episodes.active() == 0);
+  // Its late response records nothing; the episode is gone.
+  episodes.EndTurn(id, "r4", {21}, {-0.5f}, {1}, "stop", now);
+  CHECK(episodes.Finish(id, 1.0, now).code() ==
+        absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("counts by state and turns, for the metrics") {
+  Fixture f;
+  REQUIRE(f.episodes.Offer(Task("L1", 2), f.now).ok());
+  REQUIRE(f.episodes.Offer(Task("L2", 1), f.now).ok());
+  const std::string a = f.episodes.Claim(f.now)->episode_id;
+  const std::string b = f.episodes.Claim(f.now)->episode_id;
+  REQUIRE(f.Turn(a, {10, 11, 12}, {20}, 5, "r1").ok());
+  REQUIRE(f.Turn(b, {10, 11, 12}, {20}, 5, "r2").ok());
+  CHECK_FALSE(f.Turn(b, {10, 99}, {20}, 5, "r3").ok());  // does not extend
+  REQUIRE(f.episodes.Finish(a, 1.0, f.now).ok());
+  HarnessCounts counts = f.episodes.TakeCounts();
+  CHECK(counts.unclaimed == 1);
+  CHECK(counts.claimed == 1);
+  CHECK(counts.finished == 1);
+  CHECK(counts.turns_accepted == 2);
+  CHECK(counts.turns_refused == 1);
+  counts = f.episodes.TakeCounts();  // turns are since the last call
+  CHECK(counts.turns_accepted == 0);
+  CHECK(counts.turns_refused == 0);
+  CHECK(counts.claimed == 1);
+}
+
 TEST_CASE("environment tokens never carry a version older than the last") {
   Fixture f;
-  REQUIRE(f.episodes.Offer(Task("L1", 1)).ok());
+  REQUIRE(f.episodes.Offer(Task("L1", 1), f.now).ok());
   const std::string id = f.episodes.Claim(f.now)->episode_id;
   // A turn with no token (aborted at once) is no model token.
   REQUIRE(f.Turn(id, {10, 11, 12}, {}, 5, "r1").ok());
@@ -231,7 +288,7 @@ TEST_CASE("the HTTP routes map onto the bookkeeping") {
   r = HandleHarnessRequest(&f.episodes, true, "/tandem/v1/episodes:claim",
                            R"({"wait_ms": -1})", f.now);
   CHECK(r.status == 400);
-  REQUIRE(f.episodes.Offer(Task("L1", 1)).ok());
+  REQUIRE(f.episodes.Offer(Task("L1", 1), f.now).ok());
   r = HandleHarnessRequest(&f.episodes, true, "/tandem/v1/episodes:claim", "",
                            f.now);
   REQUIRE(r.status == 200);
