@@ -139,11 +139,11 @@ std::optional<HarnessAbandoned> HarnessEpisodes::Expired(const Episode& e,
     return HarnessAbandoned{
         .lease_id = e.lease_id,
         .why = HarnessReturn::kLifetime,
-        .reason = absl::StrCat(
-            "harness episode ", e.id, " offered ",
-            absl::FormatDuration(now - e.offered), " ago, past its limit of ",
-            absl::FormatDuration(options_.max_lifetime),
-            " (openai.harness_max_episode_s)")};
+        .reason = absl::StrCat("harness episode ", e.id, " offered ",
+                               absl::FormatDuration(now - e.offered),
+                               " ago, past its limit of ",
+                               absl::FormatDuration(options_.max_lifetime),
+                               " (openai.harness_max_episode_s)")};
   }
   if (e.finished || !e.in_flight.empty() ||
       now - e.last_activity < options_.idle_timeout) {
@@ -152,11 +152,11 @@ std::optional<HarnessAbandoned> HarnessEpisodes::Expired(const Episode& e,
   return HarnessAbandoned{
       .lease_id = e.lease_id,
       .why = HarnessReturn::kIdleTimeout,
-      .reason = absl::StrCat(
-          "harness episode ", e.id, " (",
-          e.claimed ? "claimed" : "never claimed", ") idle for ",
-          absl::FormatDuration(now - e.last_activity),
-          " (openai.harness_idle_timeout_s)")};
+      .reason =
+          absl::StrCat("harness episode ", e.id, " (",
+                       e.claimed ? "claimed" : "never claimed", ") idle for ",
+                       absl::FormatDuration(now - e.last_activity),
+                       " (openai.harness_idle_timeout_s)")};
 }
 
 void HarnessEpisodes::Touched(Episode& e, absl::Time now) {
@@ -384,9 +384,8 @@ absl::Status HarnessEpisodes::Abort(const std::string& episode_id,
   const std::string why = absl::StrCat("aborted by its harness (episode ",
                                        episode_id, "): ", reason);
   DropGroup(lease_id, why);
-  abandoned_.push_back({.lease_id = lease_id,
-                        .why = HarnessReturn::kAborted,
-                        .reason = why});
+  abandoned_.push_back(
+      {.lease_id = lease_id, .why = HarnessReturn::kAborted, .reason = why});
   return absl::OkStatus();
 }
 

@@ -78,9 +78,9 @@ struct HarnessSample {
 // Why a lease was given back (a metric label: HarnessReturnLabel).
 enum class HarnessReturn { kAborted, kIdleTimeout, kLifetime };
 const char* HarnessReturnLabel(HarnessReturn why);
-inline constexpr HarnessReturn kHarnessReturns[] = {
-    HarnessReturn::kAborted, HarnessReturn::kIdleTimeout,
-    HarnessReturn::kLifetime};
+inline constexpr HarnessReturn kHarnessReturns[] = {HarnessReturn::kAborted,
+                                                    HarnessReturn::kIdleTimeout,
+                                                    HarnessReturn::kLifetime};
 
 struct HarnessAbandoned {
   std::string lease_id;
@@ -91,7 +91,7 @@ struct HarnessAbandoned {
 // Episodes held, by state, and turns since the last TakeCounts.
 struct HarnessCounts {
   int32_t unclaimed = 0;
-  int32_t claimed = 0;  // claimed and not finished
+  int32_t claimed = 0;   // claimed and not finished
   int32_t finished = 0;  // waiting for the rest of their group
   int64_t turns_accepted = 0;
   int64_t turns_refused = 0;
@@ -210,8 +210,9 @@ class HarnessEpisodes {
   // idle deadline.
   void Touched(Episode& e, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether and why `e` has expired as of `now`.
-  std::optional<HarnessAbandoned> Expired(const Episode& e, absl::Time now)
-      const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::optional<HarnessAbandoned> Expired(const Episode& e,
+                                          absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // When `e` would expire if nothing happens (InfiniteFuture for none).
   absl::Time Deadline(const Episode& e) const;
 

@@ -7,11 +7,11 @@
 #include <string>
 
 #include "engine/engine.h"
-#include "services/rollout/harness_episodes.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "services/rollout/harness_episodes.h"
 
 namespace tandem::rollout {
 

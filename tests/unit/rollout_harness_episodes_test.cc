@@ -205,11 +205,10 @@ TEST_CASE("a turn in flight is not idle; AbortAll returns every lease") {
 }
 
 TEST_CASE("an episode's lifetime bounds its lease, active harness or not") {
-  HarnessEpisodes episodes(
-      HarnessOptions{.idle_timeout = absl::Seconds(10),
-                     .max_lifetime = absl::Seconds(30),
-                     .max_episodes = 4},
-      [] { return uint64_t{1}; });
+  HarnessEpisodes episodes(HarnessOptions{.idle_timeout = absl::Seconds(10),
+                                          .max_lifetime = absl::Seconds(30),
+                                          .max_episodes = 4},
+                           [] { return uint64_t{1}; });
   absl::Time now = absl::FromUnixSeconds(1000);
   REQUIRE(episodes.Offer(Task("L1", 1), now).ok());
   const std::string id = episodes.Claim(now)->episode_id;

@@ -8,25 +8,19 @@
 // verifier certificate cannot rendezvous. Ranks are threads of this
 // process on loopback.
 
-#include <prometheus/registry.h>
-
 #include <memory>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "common/rpc/grpc_client.h"
-#include "common/rpc/grpc_server.h"
 #include "common/weights/broadcast/broadcast_group.h"
 #include "common/weights/broadcast/broadcast_sender.h"
-#include "common/weights/broadcast/rendezvous_client.h"
 #include "common/weights/broadcast/rendezvous_keys.h"
 #if TANDEM_ENABLE_NCCL
 #include "common/weights/broadcast/nccl_broadcast_transport.h"
 #endif
-#include "services/trainer/rendezvous_service.h"
-#include "tls_test_util.h"
+#include "rendezvous_test_util.h"
 #include "weights_test_util.h"
 
 // Catch last: it clashes with LibTorch's macros otherwise.
@@ -39,37 +33,12 @@ using tandem::testing::IssuedCertificates;
 using tandem::testing::RoleTls;
 using tandem::testing::TempDir;
 
-struct GrpcStore {
-  explicit GrpcStore(const TempDir& certs)
-      : keys(std::make_shared<RendezvousKeys>()) {
-    refused = &prometheus::BuildCounter()
-                   .Name("tandem_test_auth_refused_total")
-                   .Help("test")
-                   .Register(registry);
-    service = std::make_unique<trainer::RendezvousService>(keys, true, refused);
-    auto started = rpc::GrpcServer::Start("127.0.0.1:0", {service.get()},
-                                          RoleTls(certs, "trainer"));
-    REQUIRE(started.ok());
-    server = *std::move(started);
-  }
-  ~GrpcStore() {
-    service->Shutdown();
-    server.reset();
-  }
-  double Refused(const char* reason) {
-    return refused->Add({{"reason", reason}}).Value();
-  }
+// The trainer's store; a member's keyspace is a client of it.
+struct GrpcStore : tandem::testing::RendezvousTestServer {
+  using RendezvousTestServer::RendezvousTestServer;
   std::shared_ptr<RendezvousKeyspace> Member(const rpc::TlsOptions& tls) {
-    const std::string address = server->bound_address();
-    return std::make_shared<RendezvousClient>(rpc::MakeChannel(address, tls),
-                                              address, absl::Seconds(5));
+    return Client(tls);
   }
-
-  std::shared_ptr<RendezvousKeys> keys;
-  prometheus::Registry registry;
-  prometheus::Family<prometheus::Counter>* refused = nullptr;
-  std::unique_ptr<trainer::RendezvousService> service;
-  std::unique_ptr<rpc::GrpcServer> server;
 };
 
 BroadcastGroupConfig Config(std::shared_ptr<RendezvousKeyspace> keyspace,

@@ -8,22 +8,15 @@
 // another CA and a plaintext client cannot connect, and no key they tried
 // to set is there for a member to read.
 
-#include <prometheus/counter.h>
-#include <prometheus/family.h>
-#include <prometheus/registry.h>
-
 #include <catch2/catch.hpp>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "common/rpc/grpc_client.h"
-#include "common/rpc/grpc_server.h"
 #include "common/weights/broadcast/rendezvous_client.h"
 #include "common/weights/broadcast/rendezvous_keys.h"
-#include "services/trainer/rendezvous_service.h"
-#include "tls_test_util.h"
+#include "rendezvous_test_util.h"
 
 namespace tandem::weights {
 namespace {
@@ -34,39 +27,7 @@ using tandem::testing::TempDir;
 
 // The trainer's side: keys, the service, an mTLS server with the trainer's
 // certificate.
-struct Trainer {
-  explicit Trainer(const TempDir& certs, RendezvousLimits limits = {})
-      : keys(std::make_shared<RendezvousKeys>(limits)) {
-    refused = &prometheus::BuildCounter()
-                   .Name("tandem_test_auth_refused_total")
-                   .Help("test")
-                   .Register(registry);
-    service = std::make_unique<trainer::RendezvousService>(keys, true, refused);
-    auto started = rpc::GrpcServer::Start("127.0.0.1:0", {service.get()},
-                                          RoleTls(certs, "trainer"));
-    REQUIRE(started.ok());
-    server = *std::move(started);
-  }
-  ~Trainer() {
-    service->Shutdown();
-    server.reset();
-  }
-
-  std::unique_ptr<RendezvousClient> Client(const rpc::TlsOptions& tls) {
-    const std::string address = server->bound_address();
-    return std::make_unique<RendezvousClient>(rpc::MakeChannel(address, tls),
-                                              address, absl::Seconds(5));
-  }
-  double Refused(const char* reason) {
-    return refused->Add({{"reason", reason}}).Value();
-  }
-
-  std::shared_ptr<RendezvousKeys> keys;
-  prometheus::Registry registry;
-  prometheus::Family<prometheus::Counter>* refused = nullptr;
-  std::unique_ptr<trainer::RendezvousService> service;
-  std::unique_ptr<rpc::GrpcServer> server;
-};
+using Trainer = tandem::testing::RendezvousTestServer;
 
 TEST_CASE("a rollout member's store operations reach the trainer's keys") {
   auto certs = IssuedCertificates();

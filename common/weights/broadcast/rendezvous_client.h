@@ -49,6 +49,14 @@ class RendezvousClient : public RendezvousKeyspace {
   absl::Status Failed(const char* op, const std::string& key,
                       const grpc::Status& status) const;
   void SetDeadline(grpc::ClientContext* context, absl::Duration extra) const;
+  // One unary call of `method` with the client's deadline plus `extra`;
+  // a failure names `op` and `key`.
+  template <typename Request, typename Response>
+  absl::Status Call(const char* op, const std::string& key,
+                    grpc::Status (tandem::v1::Rendezvous::Stub::*method)(
+                        grpc::ClientContext*, const Request&, Response*),
+                    const Request& request, Response* response,
+                    absl::Duration extra = absl::ZeroDuration()) const;
 
   const std::unique_ptr<tandem::v1::Rendezvous::Stub> stub_;
   const std::string target_;
