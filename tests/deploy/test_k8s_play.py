@@ -303,7 +303,13 @@ def scenario(files, tmp):
         probes[workload] = wait_for(
             lambda: (lambda ok, how: how if ok else None)(*healthy(workload)),
             120, f"{workload} healthy by its probe", interval=2)
-        log(f"{workload}: healthy ({probes[workload]})")
+        c = container(workload)
+        check = run("podman", "inspect", "-f", "{{.Config.Healthcheck.Test}}",
+                    c).stdout.strip()
+        memory = int(run("podman", "inspect", "-f",
+                         "{{.HostConfig.Memory}}", c).stdout)
+        log(f"{workload}: healthy ({probes[workload]}: {check}; "
+            f"memory limit {memory >> 20} MiB)")
     for workload in ("trainer", "rollout"):
         out = run("podman", "logs", container(workload)).stderr + \
             run("podman", "logs", container(workload)).stdout
