@@ -141,6 +141,15 @@ def playable(objects, tmp, torch_dirs):
     kinds left out."""
     left_out = sorted({f"{o['kind']}/{o['metadata']['name']}"
                        for o in objects if o["kind"] in DROPPED})
+    unknown = sorted({o["kind"] for o in objects} - set(DROPPED) - {
+        "ConfigMap", "PersistentVolumeClaim", "Deployment", "StatefulSet"})
+    if unknown:
+        raise AssertionError(f"the cpu overlay has kinds {unknown} that this "
+                             "test neither plays nor lists as left out")
+    workloads = sorted(o["metadata"]["name"] for o in objects
+                       if o["kind"] in ("Deployment", "StatefulSet"))
+    if workloads != sorted(WORKLOADS):
+        raise AssertionError(f"workloads {workloads}, expected {WORKLOADS}")
     # The Secrets the pods mount (cert-manager would issue them).
     secret_names = sorted({
         v["secret"]["secretName"] for o in objects
