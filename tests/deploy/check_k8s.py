@@ -316,6 +316,55 @@ def check_overlay(overlay, objects, keys, fail):
                        "from the custom metrics API")
 
 
+def check_warm_start(overlay, workloads, fail):
+    """The trainer and every rollout worker start from one checkpoint: the
+    trainer's initContainer `tandem-trainer sft --output DIR` writes it into
+    a volume that both mount, both set TANDEM_MODEL_PATH=DIR, and the
+    workers' initContainer waits for DIR/sft_meta.json (written last).
+    Both call those weights version 0, so a worker that loaded other
+    weights would generate with them under the trainer's version 0."""
+    def claim_of(pod, mount_path):
+        for c in pod["containers"]:
+            for m in c.get("volumeMounts", []):
+                if mount_path.startswith(m["mountPath"].rstrip("/") + "/"):
+                    for v in pod.get("volumes", []):
+                        if v["name"] == m["name"]:
+                            return v.get("persistentVolumeClaim", {}).get(
+                                "claimName")
+        return None
+
+    paths, claims = {}, {}
+    for name in ("trainer", "rollout"):
+        pod = workloads[name]["spec"]["template"]["spec"]
+        env = {e["name"]: e.get("value")
+               for e in pod["containers"][0].get("env", [])}
+        paths[name] = env.get("TANDEM_MODEL_PATH")
+        claims[name] = claim_of(pod, paths[name] or "/nonexistent")
+    fail.check(paths["trainer"] and paths["trainer"] == paths["rollout"],
+               f"{overlay}: trainer and rollout TANDEM_MODEL_PATH "
+               f"{paths['trainer']} != {paths['rollout']}: the workers' "
+               "version 0 is not the trainer's")
+    fail.check(claims["trainer"] and claims["trainer"] == claims["rollout"],
+               f"{overlay}: the model path is not on one shared volume "
+               f"(trainer {claims['trainer']}, rollout {claims['rollout']})")
+    trainer_init = workloads["trainer"]["spec"]["template"]["spec"].get(
+        "initContainers", [])
+    sft = [c for c in trainer_init if c.get("args", [])[:2] ==
+           ["tandem-trainer", "sft"]]
+    if fail.check(len(sft) == 1,
+                  f"{overlay}: trainer has no warm-start initContainer"):
+        args = sft[0]["args"]
+        fail.check(args[args.index("--output") + 1] == paths["trainer"],
+                   f"{overlay}: the warm start writes "
+                   f"{args[args.index('--output') + 1]}, not the model path")
+    rollout_init = workloads["rollout"]["spec"]["template"]["spec"].get(
+        "initContainers", [])
+    marker = f"{paths['rollout']}/sft_meta.json"
+    fail.check(any(marker in " ".join(c.get("command", []) + c.get("args", []))
+                   for c in rollout_init),
+               f"{overlay}: rollout workers do not wait for {marker}")
+
+
 def main():
     fail = common.Failures()
     self_test_schemas(fail)
@@ -325,6 +374,8 @@ def main():
         print(f"overlay {overlay}: {len(objects)} objects")
         validate_schemas(objects, overlay, fail)
         check_overlay(overlay, objects, keys, fail)
+        check_warm_start(overlay, {o["metadata"]["name"]: o
+                                   for o, _ in pod_specs(objects)}, fail)
     fail.exit("k8s manifests")
 
 

@@ -76,70 +76,22 @@ import urllib.request
 from importlib.machinery import SourceFileLoader
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
-COMPOSE_DIR = os.path.join(REPO, "deploy", "compose")
-SOCKET = "/run/podman/podman.sock"
+sys.path.insert(0, HERE)
+from podman_fixture import (COMPOSE_DIR, REPO, SKIP, SOCKET,  # noqa: E402
+                            bin_dir, build_prebuilt_image, libtorch_dirs,
+                            log, run, skip_reason, wait_for)
+import podman_fixture  # noqa: E402
+
 PROJECT = "tandemctest"
 IMAGE = "tandem:prebuilt"
 PROM_IMAGE = "tandem-prometheus:bookworm"
-PROGRAMS = ("tandem-coordinator", "tandem-trainer", "tandem-rollout",
-            "tandem-verifier", "tandemctl", "tandem-model", "tandem-local")
 GRPC_PORTS = {"coordinator": 50051, "rollout": 50052, "verifier": 50053,
               "trainer": 50054}
 STEP = re.compile(r"stepped to version (\d+) on batch (\S+): groups ([^\s\"]*)")
 COUNTERS = ("groupsDispatched", "groupsCompleted", "groupsTrained",
             "groupsDroppedStale", "groupsRequeued", "groupsLost")
-SKIP = 77
 SFT_STEPS = 20
 WARM_START = "/var/lib/tandem/warm-start/arith3-add"
-T0 = time.monotonic()
-
-
-def log(message):
-    print(f"[{time.monotonic() - T0:6.1f} s] {message}", flush=True)
-
-
-def run(*args, timeout=300, check=True, env=None):
-    out = subprocess.run(args, capture_output=True, text=True,
-                         timeout=timeout, env=env)
-    if check and out.returncode != 0:
-        raise AssertionError(f"{' '.join(args)}: exit {out.returncode}\n"
-                             f"{out.stdout[-2000:]}{out.stderr[-3000:]}")
-    return out
-
-
-def wait_for(predicate, timeout, what, interval=1.0):
-    deadline = time.monotonic() + timeout
-    last_error = None
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except Exception as e:  # noqa: BLE001 - retried until the deadline
-            last_error = e
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}"
-                         f"{': ' + str(last_error) if last_error else ''}")
-
-
-def bin_dir():
-    return os.environ.get("TANDEM_BIN_DIR") or os.path.join(REPO, "build", "bin")
-
-
-def libtorch_dirs(binary):
-    """The directories of the binary's RUNPATH that hold LibTorch and the
-    wheel's nvidia libraries: site-packages/torch and site-packages/nvidia
-    of the venv the build used (mounted read-only at the same path)."""
-    out = run("readelf", "-d", binary).stdout
-    m = re.search(r"R(?:UN)?PATH.*\[(.*)\]", out)
-    dirs = set()
-    for d in (m.group(1).split(":") if m else []):
-        parts = d.split("/site-packages/")
-        if len(parts) == 2 and os.path.isdir(d):
-            top = parts[1].split("/")[0]
-            dirs.add(os.path.join(parts[0], "site-packages", top))
-    return sorted(dirs)
 
 
 class Stack:
@@ -282,41 +234,14 @@ def prometheus(expr):
 
 
 def setup():
-    """podman-setup.sh --socket; returns the pid of the API service it
-    started, or None when the socket was already answering."""
-    pid_file = "/run/podman/tandem-service.pid"
-    already = run("curl", "-sf", "--unix-socket", SOCKET, "http://d/_ping",
-                  check=False).returncode == 0
-    out = run("bash", os.path.join(COMPOSE_DIR, "podman-setup.sh"),
-              "--socket", timeout=600)
-    print(out.stdout, end="", flush=True)
-    if already:
-        return None
-    with open(pid_file) as f:
-        return int(f.read())
+    """podman-setup.sh --socket; the pid of the API service it started, or
+    None when the socket was already answering."""
+    return podman_fixture.setup(socket=True)
 
 
 def build_images(tmp, prebuilt):
-    if not prebuilt:
-        build_prometheus_image()
-        return
-    stage = os.path.join(tmp, "image")
-    os.makedirs(os.path.join(stage, "bin"))
-    for p in PROGRAMS:
-        src = os.path.join(bin_dir(), p)
-        if not os.access(src, os.X_OK):
-            raise AssertionError(f"{src} is missing: build it first "
-                                 f"(deploy/local/build.sh)")
-        run("strip", "--strip-debug", "-o", os.path.join(stage, "bin", p), src)
-    for f in ("tandem-health", "tandem-entrypoint"):
-        shutil.copy2(os.path.join(REPO, "docker", f), stage)
-    t = time.monotonic()
-    run("podman", "build", "-q", "-f",
-        os.path.join(REPO, "docker", "Dockerfile.prebuilt"), "-t", IMAGE,
-        stage, timeout=900)
-    log(f"image {IMAGE}: {time.monotonic() - t:.0f} s, "
-        f"{int(run('podman', 'image', 'inspect', '--format', '{{.Size}}', IMAGE).stdout) >> 20} MiB "
-        f"(LibTorch mounted, not included)")
+    if prebuilt:
+        build_prebuilt_image(tmp, IMAGE)
     build_prometheus_image()
 
 
@@ -613,18 +538,13 @@ def print_logs(stack):
 
 
 def main():
-    if os.geteuid() != 0:
-        print("SKIP: rootful Podman needs root (this test runs as uid "
-              f"{os.geteuid()})")
-        return SKIP
-    for tool, package in (("podman", "podman"), ("runc", "runc"),
+    reason = skip_reason((("podman", "podman"), ("runc", "runc"),
                           ("debootstrap", "debootstrap"),
                           ("docker-compose", "docker-compose"),
-                          ("curl", "curl")):
-        if not shutil.which(tool):
-            print(f"SKIP: {tool} is missing (Debian package {package}; "
-                  "deploy/local/install-deps.sh installs it)")
-            return SKIP
+                          ("curl", "curl")))
+    if reason:
+        print(f"SKIP: {reason}")
+        return SKIP
     tmp = tempfile.mkdtemp(prefix="tandem-compose-")
     image = os.environ.get("TANDEM_COMPOSE_IMAGE") or IMAGE
     stack = Stack(tmp, image)
