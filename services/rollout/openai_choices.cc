@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/tokenizer/utf8.h"
 
@@ -46,8 +48,12 @@ const char* FinishReasonText(engine::FinishReason reason) {
 }
 
 ChoiceAssembler::ChoiceAssembler(const tokenizer::Tokenizer* tokenizer,
-                                 int32_t n, std::vector<std::string> stop)
-    : tokenizer_(tokenizer), stop_(std::move(stop)), choices_(n) {
+                                 int32_t n, std::vector<std::string> stop,
+                                 std::optional<ToolParsing> tools)
+    : tokenizer_(tokenizer),
+      stop_(std::move(stop)),
+      tools_(std::move(tools)),
+      choices_(n) {
   for (const std::string& s : stop_) {
     max_stop_bytes_ = std::max(max_stop_bytes_, s.size());
   }
@@ -82,6 +88,7 @@ bool ChoiceAssembler::Absorb(int32_t index,
       c.bytes.resize(cut);
       c.done = true;
       c.result.finish_reason = "stop";
+      ParseCalls(c);
       return true;
     }
   }
@@ -93,6 +100,30 @@ void ChoiceAssembler::Finish(int32_t index, engine::FinishReason reason) {
   if (c.done || reason == engine::FinishReason::kNone) return;
   c.done = true;
   c.result.finish_reason = FinishReasonText(reason);
+  ParseCalls(c);
+}
+
+void ChoiceAssembler::ParseCalls(Choice& c) const {
+  if (!tools_.has_value() || c.result.finish_reason != "stop") return;
+  // The text with special tokens (a format's markers may be special), less
+  // the special tokens that end it (the end of turn, EOS).
+  size_t end = c.result.token_ids.size();
+  while (end > 0 && tokenizer_->IsSpecial(c.result.token_ids[end - 1])) --end;
+  std::string text =
+      tokenizer_->Decode(absl::MakeConstSpan(c.result.token_ids.data(), end),
+                         /*skip_special=*/false);
+  // A stop string cut the text: parse what the client sees of it.
+  if (text.size() > c.bytes.size() &&
+      text.compare(0, c.bytes.size(), c.bytes) == 0) {
+    text.resize(c.bytes.size());
+  }
+  absl::StatusOr<chat::ParsedTurn> parsed = chat::ParseToolCalls(
+      text, tools_->format,
+      absl::StrCat(tools_->id_prefix, c.result.index, "_"));
+  if (!parsed.ok() || parsed->calls.empty()) return;
+  c.result.tool_calls = std::move(parsed->calls);
+  c.bytes = std::move(parsed->content);
+  c.result.finish_reason = "tool_calls";
 }
 
 bool ChoiceAssembler::all_done() const {
@@ -112,7 +143,9 @@ std::optional<ChoiceResult> ChoiceAssembler::TakeDelta(int32_t index,
                                                        bool* first) {
   Choice& c = choices_[index];
   size_t safe = c.bytes.size();
-  if (!c.done) {
+  if (!c.done && tools_.has_value()) {
+    safe = c.sent_bytes;  // the text goes out with the calls, at the end
+  } else if (!c.done) {
     const size_t hold = max_stop_bytes_ > 0 ? max_stop_bytes_ - 1 : 0;
     safe = safe > hold ? safe - hold : 0;
     safe = std::max(CompleteUtf8Prefix(c.bytes, std::max(safe, c.sent_bytes)),
@@ -131,6 +164,7 @@ std::optional<ChoiceResult> ChoiceAssembler::TakeDelta(int32_t index,
   delta.token_strings = From(c.result.token_strings, c.sent_tokens);
   if (c.done) {
     delta.finish_reason = c.result.finish_reason;
+    delta.tool_calls = c.result.tool_calls;
     c.sent_final = true;
   }
   *first = !c.sent_any;

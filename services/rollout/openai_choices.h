@@ -8,6 +8,15 @@
 // start of a stop string or ends inside a UTF-8 character, so the
 // concatenated deltas equal the non-streaming text.
 //
+// Chat requests with tools (ToolParsing): a choice that stopped is parsed
+// for the model's tool calls (chat::ParseToolCalls on its text with
+// special tokens, trailing special tokens such as the end of turn
+// dropped); when it made any, the choice carries them, its text becomes
+// the text outside them, and its finish_reason is "tool_calls". A stream
+// then holds the choice's text back until it ends (token ids, log-probs
+// and versions still stream) and sends the text and calls in its last
+// delta. A call that does not parse leaves the text as it is.
+//
 // Not thread-safe: the HTTP session that owns it uses it from its one
 // thread.
 
@@ -28,9 +37,15 @@ namespace tandem::rollout::openai {
 
 class ChoiceAssembler {
  public:
-  // `tokenizer` must outlive the assembler.
+  struct ToolParsing {
+    chat::ToolCallFormat format = chat::ToolCallFormat::kHermes;
+    // Call ids are this + the choice index + "_" + the call's index.
+    std::string id_prefix = "call_";
+  };
+  // `tokenizer` must outlive the assembler. `tools`: parse tool calls.
   ChoiceAssembler(const tokenizer::Tokenizer* tokenizer, int32_t n,
-                  std::vector<std::string> stop);
+                  std::vector<std::string> stop,
+                  std::optional<ToolParsing> tools = std::nullopt);
 
   // Appends sampled tokens to choice `index`. Returns true when a stop
   // string ended it now (the caller cancels that sample in the engine);
@@ -60,8 +75,12 @@ class ChoiceAssembler {
     bool done = false;
   };
 
+  // Parses choice `c`'s calls once it ended (ToolParsing).
+  void ParseCalls(Choice& c) const;
+
   const tokenizer::Tokenizer* const tokenizer_;
   const std::vector<std::string> stop_;
+  const std::optional<ToolParsing> tools_;
   size_t max_stop_bytes_ = 0;
   std::vector<Choice> choices_;
 };

@@ -226,6 +226,14 @@ void ParseMessages(Fields* f, CompletionRequest* r) {
     }
     r->tools = f->At("tools");
   }
+  // tool_choice: "none" leaves the model's calls as text; "auto",
+  // "required" and a named function parse them (the engine does not
+  // constrain the model to call).
+  const bool choice_none = f->Has("tool_choice") &&
+                           f->At("tool_choice").is_string() &&
+                           f->At("tool_choice").get<std::string>() == "none";
+  r->parse_tool_calls =
+      r->tools.is_array() && !r->tools.empty() && !choice_none;
   if (f->Has("chat_template_kwargs")) {
     if (!f->At("chat_template_kwargs").is_object()) {
       f->WrongType("chat_template_kwargs", "an object");
@@ -467,7 +475,24 @@ void AddContent(const CompletionRequest& request, const ChoiceResult& c,
   if (request.endpoint == Endpoint::kChatCompletions) {
     Json m = Json::object();
     if (with_role) m["role"] = "assistant";
-    m["content"] = c.text;
+    if (c.tool_calls.empty()) {
+      m["content"] = c.text;
+    } else {
+      // As OpenAI answers a call: content null when the model wrote
+      // nothing besides its calls; each call with its index (streams).
+      m["content"] = c.text.empty() ? Json(nullptr) : Json(c.text);
+      Json calls = Json::array();
+      for (size_t i = 0; i < c.tool_calls.size(); ++i) {
+        const chat::ParsedToolCall& call = c.tool_calls[i];
+        calls.push_back(Json{{"index", i},
+                             {"id", call.id},
+                             {"type", "function"},
+                             {"function",
+                              {{"name", call.name},
+                               {"arguments", call.arguments_json}}}});
+      }
+      m["tool_calls"] = std::move(calls);
+    }
     (*choice)[chat_key] = std::move(m);
     (*choice)["logprobs"] = request.want_logprobs ? ChatLogprobs(c) : Json();
   } else {

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/chat/tool_calls.h"
 #include "nlohmann/json.hpp"
 
 namespace tandem::rollout::openai {
@@ -55,6 +56,10 @@ struct CompletionRequest {
   // a string role) and the optional tools, rendered by the chat template.
   Json messages = Json::array();
   Json tools = nullptr;
+  // Whether the model's tool calls are parsed into `tool_calls`: the
+  // request sends a non-empty `tools` and a `tool_choice` other than
+  // "none".
+  bool parse_tool_calls = false;
   bool add_generation_prompt = true;
   Json chat_template_kwargs = Json::object();
   // Unset: as many as the context leaves, capped by the server's default.
@@ -94,8 +99,11 @@ struct ChoiceResult {
   std::vector<uint64_t> policy_versions;
   // The tokens' strings as written in tokenizer.json (logprobs.tokens).
   std::vector<std::string> token_strings;
-  // "stop", "length", or "" while unfinished.
+  // "stop", "length", "tool_calls", or "" while unfinished.
   std::string finish_reason;
+  // Chat with tools: the calls parsed from the model's text (`text` is then
+  // the text outside them).
+  std::vector<chat::ParsedToolCall> tool_calls;
 };
 
 struct ResponseHeader {

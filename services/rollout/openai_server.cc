@@ -263,7 +263,14 @@ class Session : public std::enable_shared_from_this<Session> {
     // A connection's previous request leaves nothing behind.
     outbox_.clear();
     stream_done_ = false;
-    choices_.emplace(server_->tokenizer, request.n, request.stop);
+    std::optional<openai::ChoiceAssembler::ToolParsing> tools;
+    if (chat && request.parse_tool_calls) {
+      tools = openai::ChoiceAssembler::ToolParsing{
+          .format = server_->options.tool_call_format,
+          .id_prefix = absl::StrCat("call_", number, "_")};
+    }
+    choices_.emplace(server_->tokenizer, request.n, request.stop,
+                     std::move(tools));
     prompt_ = prompt;
     api_request_ = std::move(request);
 

@@ -51,6 +51,9 @@ struct OpenAIServerOptions {
   // tandem_episode_id); null when openai.harness_environment is unset. Must
   // outlive the server.
   HarnessEpisodes* harness = nullptr;
+  // How the model writes tool calls (environment.tool_call_format): chat
+  // requests with `tools` get them parsed into `tool_calls`.
+  chat::ToolCallFormat tool_call_format = chat::ToolCallFormat::kHermes;
 };
 
 class OpenAIServer {

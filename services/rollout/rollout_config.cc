@@ -193,7 +193,10 @@ void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config) {
                   &config->environment_tool_call_format,
                   {"hermes", "qwen", "demo", "llama3"},
                   "How the model writes tool calls: hermes (<tool_call> "
-                  "JSON blocks; also qwen, demo) or llama3.");
+                  "JSON blocks; also qwen, demo) or llama3. Used by "
+                  "episodes and by the OpenAI endpoint, which parses a "
+                  "chat request's answer into tool_calls when it sends "
+                  "tools.");
   schema->AddString("environment.turn_end", &config->environment_turn_end,
                     "The chat template's end-of-turn text; observations "
                     "are rendered after its last occurrence (<|im_end|> "

@@ -30,6 +30,11 @@ absl::Status RolloutWorker::StartOpenAIServer() {
   o.max_body_bytes = static_cast<size_t>(config_.openai_max_body_bytes);
   o.request_timeout = absl::Seconds(config_.openai_request_timeout_s);
   o.limits.max_n = static_cast<int32_t>(config_.openai_max_n);
+  if (absl::StatusOr<chat::ToolCallFormat> format =
+          chat::ToolCallFormatFromName(config_.environment_tool_call_format);
+      format.ok()) {
+    o.tool_call_format = *format;
+  }
   if (!config_.openai_harness_environment.empty()) {
     HarnessOptions h;
     h.idle_timeout = absl::Seconds(config_.openai_harness_idle_timeout_s);

@@ -189,6 +189,7 @@ class HarnessTest(unittest.TestCase):
                          60, "the OpenAI endpoint")
         address = openai_address(worker)
         agent = Agent(address)
+        cls.tool_calls = cls.tool_call_answers(agent)
         cls.bad = cls.bad_input(agent)
 
         # The harness that claims and vanishes.
@@ -230,6 +231,26 @@ class HarnessTest(unittest.TestCase):
             worker.wait_ready()["metrics_address"])
         cls.transcript_turns = sum(len(t["turns"])
                                    for t in cls.transcripts.values())
+
+    @classmethod
+    def tool_call_answers(cls, agent):
+        """A plain chat request (no episode) with `tools`, answered greedy,
+        non-streaming and streaming, and the same without `tools`."""
+        tools = [{"type": "function", "function": {
+            "name": "calculator", "description": "evaluates arithmetic",
+            "parameters": {"type": "object", "properties": {
+                "expression": {"type": "string"}}}}}]
+        messages = [{"role": "user", "content": f"{TASKS[0][0]}=?"}]
+        ask = dict(model="m", messages=messages, max_tokens=64, temperature=0)
+        out = {"plain": agent.client.chat.completions.create(**ask),
+               "tools": agent.client.chat.completions.create(
+                   tools=tools, **ask),
+               "none": agent.client.chat.completions.create(
+                   tools=tools, tool_choice="none", **ask)}
+        stream = agent.client.chat.completions.create(
+            tools=tools, stream=True, **ask)
+        out["chunks"] = [chunk.model_dump() for chunk in stream]
+        return out
 
     @classmethod
     def bad_input(cls, agent):
@@ -387,6 +408,46 @@ class HarnessTest(unittest.TestCase):
         # Held episodes never pass openai.harness_max_episodes (4) in sum.
         self.assertLessEqual(
             metric("tandem_rollout_harness_episodes"), 4)
+
+    def test_tool_calls_parsed_when_the_request_sends_tools(self):
+        plain = self.tool_calls["plain"].choices[0]
+        # The model (greedy) writes one Hermes call; without tools it is text.
+        self.assertTrue(plain.message.content.startswith("<tool_call>"),
+                        plain.message.content)
+        self.assertIsNone(plain.message.tool_calls)
+        expected = json.loads(plain.message.content[
+            len("<tool_call>"):plain.message.content.index("</tool_call>")])
+        # With tools the openai client reads it as a call.
+        c = self.tool_calls["tools"].choices[0]
+        self.assertEqual(c.finish_reason, "tool_calls")
+        self.assertIsNone(c.message.content)
+        self.assertEqual(len(c.message.tool_calls), 1)
+        call = c.message.tool_calls[0]
+        self.assertEqual(call.type, "function")
+        self.assertEqual(call.function.name, expected["name"])
+        self.assertEqual(json.loads(call.function.arguments),
+                         expected["arguments"])
+        self.assertTrue(call.id.startswith("call_"), call.id)
+        # The tokens are the same either way (the parse only reads them).
+        self.assertEqual(c.model_dump()["token_ids"],
+                         plain.model_dump()["token_ids"])
+        # tool_choice "none": text, as without tools.
+        none = self.tool_calls["none"].choices[0]
+        self.assertIsNone(none.message.tool_calls)
+        self.assertEqual(none.message.content, plain.message.content)
+        # Streaming: no text deltas before the end; the last delta carries
+        # the call and finish_reason tool_calls; the tokens stream.
+        chunks = [ch for ch in self.tool_calls["chunks"] if ch["choices"]]
+        deltas = [ch["choices"][0] for ch in chunks]
+        self.assertEqual(deltas[-1]["finish_reason"], "tool_calls")
+        streamed = deltas[-1]["delta"]["tool_calls"]
+        self.assertEqual(len(streamed), 1)
+        self.assertEqual(streamed[0]["function"]["name"], expected["name"])
+        self.assertEqual(json.loads(streamed[0]["function"]["arguments"]),
+                         expected["arguments"])
+        self.assertFalse(any(d["delta"].get("content") for d in deltas[:-1]))
+        tokens = [t for d in deltas for t in (d.get("token_ids") or [])]
+        self.assertEqual(tokens, plain.model_dump()["token_ids"])
 
     def test_finish_twice_is_a_conflict(self):
         self.assertIsNotNone(self.finish_twice)

@@ -159,13 +159,13 @@ TEST_CASE("tandem_episode_id names a harness episode; its turn is one sample") {
   CHECK(Accepted(R"({"prompt": "1+1=", "tandem_episode_id": "ep-1"})")
             .episode_id == "ep-1");
   CHECK(Accepted(R"({"prompt": "1+1="})").episode_id.empty());
-  ApiError e = Refused(
-      R"({"prompt": "1+1=", "n": 2, "tandem_episode_id": "ep-1"})");
+  ApiError e =
+      Refused(R"({"prompt": "1+1=", "n": 2, "tandem_episode_id": "ep-1"})");
   CHECK(e.param == "n");
   CHECK(Contains(e.message, "'n' must be 1, got 2"));
-  CHECK(Contains(Refused(R"({"prompt": "1+1=", "tandem_episode_id": 7})")
-                     .message,
-                 "tandem_episode_id"));
+  CHECK(
+      Contains(Refused(R"({"prompt": "1+1=", "tandem_episode_id": 7})").message,
+               "tandem_episode_id"));
 }
 
 TEST_CASE("the error body has OpenAI's shape") {
@@ -198,6 +198,57 @@ TEST_CASE("responses carry the extension fields; invalid UTF-8 is replaced") {
   CHECK(body["prompt_token_ids"] == Json({7, 8}));
   CHECK(body["usage"]["total_tokens"] == 4);
   CHECK(Contains(Dump(body), "ab\xEF\xBF\xBD"));
+}
+
+TEST_CASE("tools turn on tool-call parsing unless tool_choice is none") {
+  const std::string messages =
+      R"("messages": [{"role": "user", "content": "x"}])";
+  const std::string tools =
+      R"("tools": [{"type": "function", "function": {"name": "f"}}])";
+  CHECK_FALSE(Accepted("{" + messages + "}", Endpoint::kChatCompletions)
+                  .parse_tool_calls);
+  CHECK(
+      Accepted("{" + messages + ", " + tools + "}", Endpoint::kChatCompletions)
+          .parse_tool_calls);
+  CHECK_FALSE(Accepted("{" + messages + R"(, "tools": [])" + "}",
+                       Endpoint::kChatCompletions)
+                  .parse_tool_calls);
+  CHECK_FALSE(Accepted("{" + messages + ", " + tools +
+                           R"(, "tool_choice": "none")" + "}",
+                       Endpoint::kChatCompletions)
+                  .parse_tool_calls);
+  CHECK(Accepted("{" + messages + ", " + tools +
+                     R"(, "tool_choice": "required")" + "}",
+                 Endpoint::kChatCompletions)
+            .parse_tool_calls);
+}
+
+TEST_CASE("a chat choice with tool calls: content null, OpenAI's call shape") {
+  CompletionRequest request =
+      Accepted(R"({"messages": [{"role": "user", "content": "x"}]})",
+               Endpoint::kChatCompletions);
+  ChoiceResult c;
+  c.token_ids = {1};
+  c.finish_reason = "tool_calls";
+  c.tool_calls = {{.id = "call_7_0_0",
+                   .name = "calculator",
+                   .arguments_json = R"({"expression":"1+2"})"}};
+  const Json body =
+      CompletionResponse(request, {"chatcmpl-7", 5, "m"}, {9}, {c});
+  const Json& message = body["choices"][0]["message"];
+  CHECK(message["content"].is_null());
+  CHECK(body["choices"][0]["finish_reason"] == "tool_calls");
+  REQUIRE(message["tool_calls"].size() == 1);
+  CHECK(message["tool_calls"][0]["id"] == "call_7_0_0");
+  CHECK(message["tool_calls"][0]["type"] == "function");
+  CHECK(message["tool_calls"][0]["function"]["name"] == "calculator");
+  CHECK(message["tool_calls"][0]["function"]["arguments"] ==
+        R"({"expression":"1+2"})");
+  // Text besides the calls stays content.
+  c.text = "let me compute";
+  const Json with_text =
+      CompletionResponse(request, {"chatcmpl-7", 5, "m"}, {9}, {c});
+  CHECK(with_text["choices"][0]["message"]["content"] == "let me compute");
 }
 
 }  // namespace
