@@ -14,10 +14,16 @@ namespace tandem::engine {
 absl::StatusOr<std::vector<FinishedSample>> GenerateAll(
     EngineModel* model, absl::Span<const std::vector<int32_t>> prompts,
     const GenerateAllOptions& options) {
+  if (!options.seeds.empty() && options.seeds.size() != prompts.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(options.seeds.size(), " seeds for ", prompts.size(),
+                     " prompts: give one per prompt, or none"));
+  }
   Engine engine(options.engine, model, /*weights=*/nullptr,
                 /*initial_version=*/0);
   for (size_t i = 0; i < prompts.size(); ++i) {
     SamplingParams params = options.params;
+    if (!options.seeds.empty()) params.seed = options.seeds[i];
     if (options.max_sequence_tokens > 0) {
       const int64_t room =
           options.max_sequence_tokens - static_cast<int64_t>(prompts[i].size());

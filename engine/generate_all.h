@@ -18,6 +18,9 @@ struct GenerateAllOptions {
   EngineOptions engine;
   // Sampling of every prompt (params.n samples each).
   SamplingParams params;
+  // When not empty, one per prompt: prompt i samples with seeds[i] instead
+  // of params.seed (its samples with seeds[i] + j, as SamplingParams says).
+  std::vector<uint64_t> seeds;
   // When > 0, no sequence grows past this many tokens (prompt + output):
   // each prompt's max_tokens is cut to what is left of it, as a model's
   // position limit requires. A prompt that leaves no room is refused.

@@ -14,7 +14,7 @@
 #include "common/model/torch_status.h"
 #include "common/task/arith_tokenizer.h"
 #include "common/tokenizer/tokenizer.h"
-#include "engine/engine.h"
+#include "engine/generate_all.h"
 #include "engine/torch_engine_model.h"
 
 namespace tandem::model_tools {
@@ -88,19 +88,17 @@ absl::Status Generate(const std::string& model_dir,
                       const GenerateOptions& options, std::ostream& out) {
   ASSIGN_OR_RETURN(model::LoadedModel model, Load(model_dir));
   engine::TorchEngineModel engine_model(model.decoder, model.max_tokens);
-  engine::EngineOptions engine_options;
-  engine_options.eos_token_ids = model.eos_token_ids;
-  engine::Engine engine(engine_options, &engine_model, nullptr, 0);
-  std::vector<int32_t> prompt = model.tokenizer->Encode(options.prompt);
-  engine::SamplingParams params;
-  params.temperature = options.temperature;
-  params.seed = options.seed;
-  params.max_tokens =
-      std::min<int32_t>(options.max_tokens,
-                        static_cast<int32_t>(model.max_tokens - prompt.size()));
-  RETURN_IF_ERROR(engine.Add("generate", prompt, params));
-  while (!engine.idle()) RETURN_IF_ERROR(engine.Step().status());
-  for (const auto& sample : engine.TakeFinished()) {
+  engine::GenerateAllOptions generate;
+  generate.engine.eos_token_ids = model.eos_token_ids;
+  generate.params.temperature = options.temperature;
+  generate.params.seed = options.seed;
+  generate.params.max_tokens = options.max_tokens;
+  generate.max_sequence_tokens = model.max_tokens;
+  const std::vector<std::vector<int32_t>> prompts = {
+      model.tokenizer->Encode(options.prompt)};
+  ASSIGN_OR_RETURN(std::vector<engine::FinishedSample> samples,
+                   engine::GenerateAll(&engine_model, prompts, generate));
+  for (const auto& sample : samples) {
     out << nlohmann::json{{"text",
                            model.tokenizer->Decode(sample.output, true)},
                           {"tokens", sample.output},

@@ -115,6 +115,44 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "GenerateAll: per-prompt seeds sample as each prompt alone with its "
+    "seed; a seed count that is not the prompt count is refused") {
+  std::vector<std::vector<int32_t>> prompts = {Prompt(1, 3), Prompt(1, 3),
+                                               Prompt(2, 4)};
+  GenerateAllOptions options;
+  options.params.temperature = 1.0f;
+  options.params.max_tokens = 8;
+  options.params.n = 2;
+  options.seeds = {11, 12, 13};
+  ToyModel model(kVocab);
+  auto samples = GenerateAll(&model, prompts, options);
+  REQUIRE(samples.ok());
+  REQUIRE(samples->size() == 6);
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    ToyModel alone_model(kVocab);
+    Engine alone(Options(), &alone_model, nullptr, 0);
+    SamplingParams one = options.params;
+    one.seed = options.seeds[p];
+    REQUIRE(alone.Add("x", prompts[p], one).ok());
+    auto done = RunToEnd(&alone)["x"];
+    REQUIRE(done.size() == 2);
+    for (const FinishedSample& d : done) {
+      INFO("prompt " << p << " sample " << d.sample_index);
+      CHECK((*samples)[p * 2 + static_cast<size_t>(d.sample_index)].output ==
+            d.output);
+    }
+  }
+  // The same prompt under two seeds: the seeds were used.
+  CHECK(((*samples)[0].output != (*samples)[2].output ||
+         (*samples)[1].output != (*samples)[3].output));
+  options.seeds = {1, 2};
+  auto refused = GenerateAll(&model, prompts, options);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(std::string(refused.status().message()).find("2 seeds for 3 prompts") !=
+        std::string::npos);
+}
+
+TEST_CASE(
     "inflight swap: tokens carry v then v+1 and log-probs follow the new "
     "weights") {
   ToyModel model(kVocab);

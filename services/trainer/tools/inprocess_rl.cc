@@ -13,7 +13,7 @@
 #include "common/task/arith_task.h"
 #include "common/task/arith_tokenizer.h"
 #include "common/tokenizer/tokenizer.h"
-#include "engine/engine.h"
+#include "engine/generate_all.h"
 #include "engine/torch_engine_model.h"
 #include "services/trainer/tools/sft/sft_eval.h"
 
@@ -101,33 +101,35 @@ absl::StatusOr<InProcessRlResult> RunInProcessRl(
                      grpo->SnapshotWeights());
     auto decoder = std::make_shared<model::DecoderModel>(std::move(weights));
     engine::TorchEngineModel engine_model(decoder, loaded.max_tokens);
-    engine::EngineOptions engine_options;
-    engine_options.eos_token_ids = loaded.eos_token_ids;
-    engine_options.limits.max_num_seqs =
+    engine::GenerateAllOptions generate;
+    generate.engine.eos_token_ids = loaded.eos_token_ids;
+    generate.engine.limits.max_num_seqs =
         static_cast<int32_t>(options.prompts_per_step * options.group_size);
-    engine::Engine engine(engine_options, &engine_model, nullptr, 0);
+    generate.params.temperature = static_cast<float>(options.temperature);
+    generate.params.max_tokens = sft::MaxAnswerTokens(options.digits) + 1;
+    generate.params.n = options.group_size;
     std::vector<task::ArithProblem> problems;
     std::vector<ScoredPromptGroup> groups;
+    std::vector<std::vector<int32_t>> prompts;
     for (int64_t p = 0; p < options.prompts_per_step; ++p) {
       task::ArithProblem problem =
           task.Sample(task::Split::kTrain, problem_index++);
       // As the coordinator's built-in source: [<|bos|>] + "a+b=".
       std::vector<int32_t> prompt = {task::kArithBosId};
       for (int32_t id : tokenizer.Encode(problem.prompt)) prompt.push_back(id);
-      engine::SamplingParams params;
-      params.temperature = static_cast<float>(options.temperature);
-      params.max_tokens = sft::MaxAnswerTokens(options.digits) + 1;
-      params.n = options.group_size;
-      params.seed = options.seed * 1000003 + problem_index * 131 + 1;
-      RETURN_IF_ERROR(engine.Add(std::to_string(p), prompt, params));
+      generate.seeds.push_back(options.seed * 1000003 + problem_index * 131 +
+                               1);
       ScoredPromptGroup group;
       group.prompt = prompt;
       group.temperature = options.temperature;
       groups.push_back(std::move(group));
       problems.push_back(std::move(problem));
+      prompts.push_back(std::move(prompt));
     }
-    while (!engine.idle()) RETURN_IF_ERROR(engine.Step().status());
-    for (auto& finished : engine.TakeFinished()) {
+    ASSIGN_OR_RETURN(std::vector<engine::FinishedSample> samples,
+                     engine::GenerateAll(&engine_model, prompts, generate));
+    for (engine::FinishedSample& finished : samples) {
+      // GenerateAll orders samples by prompt (its request id).
       const size_t p = std::stoul(finished.request_id);
       ScoredCompletion c;
       c.reward =
