@@ -117,3 +117,28 @@ def build_prebuilt_image(tmp, tag):
                    tag).stdout)
     log(f"image {tag}: {time.monotonic() - t:.0f} s, {size >> 20} MiB "
         "(LibTorch mounted, not included)")
+
+
+def run_scenario(body, print_logs, teardown):
+    """Runs `body()`; on an exception prints it and the daemons' logs
+    (`print_logs()`), and always calls `teardown()`, which returns what it
+    could not remove. Returns the test's exit code: 0 when the body passed
+    and nothing was left behind, 1 otherwise (every failure printed)."""
+    failed = None
+    leftovers = []
+    try:
+        body()
+    except Exception as e:  # noqa: BLE001 - reported, then teardown
+        failed = e
+        try:
+            print_logs()
+        except Exception:  # noqa: BLE001
+            pass
+    finally:
+        leftovers = teardown()
+    if failed:
+        print(f"FAIL: {failed}", flush=True)
+    for f in leftovers:
+        print(f"FAIL: {f}", flush=True)
+    log("done" if not failed and not leftovers else "failed")
+    return 1 if failed or leftovers else 0

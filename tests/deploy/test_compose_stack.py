@@ -549,10 +549,10 @@ def main():
     image = os.environ.get("TANDEM_COMPOSE_IMAGE") or IMAGE
     stack = Stack(tmp, image)
     counts = {}
-    service_pid = None
-    failed = None
-    try:
-        service_pid = setup()
+    service = {"pid": None}
+
+    def body():
+        service["pid"] = setup()
         # A run killed by ctest's timeout could not tear down.
         for line in remove_leftovers():
             log(f"removed from an earlier run: {line}")
@@ -560,21 +560,14 @@ def main():
         write_override(stack)
         build_images(tmp, image == IMAGE)
         scenario(stack, tmp, counts)
-    except Exception as e:  # noqa: BLE001 - reported, then teardown
-        failed = e
-        try:
-            print_logs(stack)
-        except Exception:  # noqa: BLE001
-            pass
-    finally:
-        leftovers = teardown(stack, service_pid)
+
+    def cleanup():
+        leftovers = teardown(stack, service["pid"])
         shutil.rmtree(tmp, ignore_errors=True)
-    if failed:
-        print(f"FAIL: {failed}", flush=True)
-    for f in leftovers:
-        print(f"FAIL: {f}", flush=True)
-    log("done" if not failed and not leftovers else "failed")
-    return 1 if failed or leftovers else 0
+        return leftovers
+
+    return podman_fixture.run_scenario(body, lambda: print_logs(stack),
+                                       cleanup)
 
 
 if __name__ == "__main__":

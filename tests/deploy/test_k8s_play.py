@@ -66,7 +66,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from podman_fixture import (REPO, SKIP, bin_dir,  # noqa: E402
                             build_prebuilt_image, libtorch_dirs, log, run,
-                            setup, skip_reason, wait_for)
+                            run_scenario, setup, skip_reason, wait_for)
 
 IMAGE = "localhost/tandem:k8s-play"
 # Every pod's infra container: Podman 4.3 otherwise builds a pause image
@@ -393,8 +393,9 @@ def main():
         print(f"SKIP: {reason}")
         return SKIP
     tmp = tempfile.mkdtemp(prefix="tandem-k8s-play-")
-    failed, leftovers, files = None, [], {}
-    try:
+    files = {}
+
+    def body():
         setup(socket=False)
         for line in remove_leftovers():
             log(f"removed from an earlier run: {line}")
@@ -404,25 +405,18 @@ def main():
                                  "RUNPATH")
         build_prebuilt_image(tmp, IMAGE)
         infra(tmp)
-        files, left_out = playable(render(), tmp, torch)
+        played, left_out = playable(render(), tmp, torch)
+        files.update(played)
         log("not played (no Podman equivalent): " + ", ".join(left_out))
         run("podman", "network", "create", NETWORK)
         scenario(files, tmp)
-    except Exception as e:  # noqa: BLE001 - reported, then teardown
-        failed = e
-        try:
-            print_logs()
-        except Exception:  # noqa: BLE001
-            pass
-    finally:
+
+    def cleanup():
         leftovers = teardown(files, tmp)
         shutil.rmtree(tmp, ignore_errors=True)
-    if failed:
-        print(f"FAIL: {failed}", flush=True)
-    for f in leftovers:
-        print(f"FAIL: {f}", flush=True)
-    log("done" if not failed and not leftovers else "failed")
-    return 1 if failed or leftovers else 0
+        return leftovers
+
+    return run_scenario(body, print_logs, cleanup)
 
 
 if __name__ == "__main__":
