@@ -2,3 +2,8 @@
 tandem_add_test(task_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/task_test.cc
   LIBS tandem_task)
+
+# The built-in multi-turn tools task (problems, split, exact-match answer).
+tandem_add_test(tools_task_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/tools_task_test.cc
+  LIBS tandem_task tandem_chat)
