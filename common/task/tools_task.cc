@@ -104,7 +104,8 @@ std::vector<ToolsProblem> ToolsTask::Take(Split split, uint64_t count) const {
 
 std::string ToolsCallTurn(const ToolsProblem& problem) {
   return absl::StrCat(
-      "<tool_call>{\"name\":\"calculator\",\"arguments\":{\"expression\":\"",
+      "<tool_call>{\"name\": \"calculator\", \"arguments\": "
+      "{\"expression\": \"",
       problem.expression, "\"}}</tool_call>");
 }
 

@@ -7,8 +7,8 @@
 //
 // One problem is one episode of three messages after the user's question:
 //   user       "4821*7312"
-//   assistant  <tool_call>{"name":"calculator","arguments":
-//              {"expression":"4821*7312"}}</tool_call>           (model)
+//   assistant  <tool_call>{"name": "calculator", "arguments":
+//              {"expression": "4821*7312"}}</tool_call>          (model)
 //   tool       "35251152"                              (environment, masked)
 //   assistant  "35251152"                                          (model)
 // The reward is 1 iff the final answer turn is exactly the product's
@@ -81,8 +81,9 @@ class ToolsTask {
 };
 
 // The model's first turn of the demonstration: one Hermes-style call,
-// `<tool_call>{"name":"calculator","arguments":{"expression":"a*b"}}</tool_call>`
-// (compact JSON; common/chat/tool_calls.h parses it, format `demo`).
+// `<tool_call>{"name": "calculator", "arguments": {"expression":
+// "a*b"}}</tool_call>` (JSON as the task's chat template renders an assistant's
+// tool_calls; common/chat/tool_calls.h parses it, format `demo`).
 std::string ToolsCallTurn(const ToolsProblem& problem);
 
 // Exact match of a final answer turn: the turn's text with trailing

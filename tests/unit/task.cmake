@@ -7,3 +7,8 @@ tandem_add_test(task_test
 tandem_add_test(tools_task_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/tools_task_test.cc
   LIBS tandem_task tandem_chat)
+
+# The tools task as tokens: tokenizer, chat template, demonstration spans.
+tandem_add_test(tools_demonstration_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/tools_demonstration_test.cc
+  LIBS tandem_tools_demonstration tandem_chat nlohmann_json::nlohmann_json)
