@@ -99,6 +99,14 @@ TEST_CASE("A random tools model's episodes are evaluated, none correct",
   CHECK(eval->total == 8);
   CHECK(eval->correct == 0);
   CHECK(eval->accuracy() == 0.0);
+  // Turns long enough that a tool's error message leaves no room for an
+  // answer under the model's 256 positions end those episodes, wrong,
+  // instead of failing the evaluation.
+  auto long_turns = EvaluateToolsEpisodes(model, **tokenizer, *tmpl, problems,
+                                          /*max_turn_tokens=*/220);
+  REQUIRE(long_turns.ok());
+  CHECK(long_turns->total == 8);
+  CHECK(long_turns->correct == 0);
 }
 
 }  // namespace

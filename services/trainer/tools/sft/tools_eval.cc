@@ -106,6 +106,8 @@ absl::StatusOr<ToolsEvalResult> EvaluateToolsEpisodes(
                                             " first turns for ",
                                             problems.size(), " problems"));
   }
+  const int64_t max_positions =
+      model.weights()->config().max_position_embeddings;
   ToolsEvalResult result;
   result.total = static_cast<int64_t>(problems.size());
   // Episodes that called a tool go on to a second turn.
@@ -146,6 +148,9 @@ absl::StatusOr<ToolsEvalResult> EvaluateToolsEpisodes(
          tokenizer.Encode(absl::StrCat(task::kToolsImEndToken, continuation))) {
       prefix.push_back(id);
     }
+    // An episode whose observation leaves no room for an answer ends there,
+    // wrong (the worker ends it with token_limit).
+    if (static_cast<int64_t>(prefix.size()) + 2 > max_positions) continue;
     continued.push_back(i);
     prefixes.push_back(std::move(prefix));
   }
