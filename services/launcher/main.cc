@@ -54,6 +54,8 @@ struct Options {
   std::string cache_dir;
   // "arith" (the default) or "tools" (embedded_config.h).
   std::string task = "arith";
+  // A Hugging Face model directory to run instead of the warm start's.
+  std::string model;
   // TLS of the launcher's own status polls (the daemons take theirs from
   // their config files).
   rpc::TlsOptions tls;
@@ -264,7 +266,7 @@ class Launcher {
     if (model_path_.empty()) {
       Event(
           "--task tools needs the warm start's model (its tokenizer and "
-          "chat template); run with --warm-start on");
+          "chat template): run with --warm-start on, or give --model");
       return false;
     }
     tools_dataset_path_ =
@@ -310,6 +312,11 @@ class Launcher {
   // Runs (or finds cached) the supervised warm start; its checkpoint becomes
   // the trainer's and the rollout workers' model.path.
   bool WarmStart() {
+    if (!options_.model.empty()) {
+      model_path_ = fs::absolute(options_.model).string();
+      Event(absl::StrCat("model ", model_path_, " (--model; no warm start)"));
+      return true;
+    }
     if (!WarmStartEnabled()) return true;
     WarmStartOptions warm;
     warm.trainer_binary = Binary("trainer");
@@ -533,6 +540,9 @@ int main(int argc, char** argv) {
                  "environment)")
       ->check(CLI::IsMember({"arith", "tools"}))
       ->capture_default_str();
+  app.add_option("--model", options.model,
+                 "Hugging Face model directory for the trainer and the "
+                 "rollout workers, instead of the warm start's");
   tandem::config::TlsFlags tls_flags;
   tls_flags.AddTo(&app);
   CLI11_PARSE(app, argc, argv);
