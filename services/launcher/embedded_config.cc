@@ -91,6 +91,13 @@ training:
   lr: 0.0001
   clip_high: 0.28
   dynamic_sampling: true
+# Greedy calculator episodes on held-out products; 256 problems (an
+# episode decodes two turns, ten times the tokens of an arith answer).
+eval:
+  every_versions: 50
+  problems: 256
+  task: tools
+  tools_digits: 4
 )";
   }
   return "";

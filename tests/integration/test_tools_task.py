@@ -11,11 +11,14 @@ task is learned is docs/environments.md's measurement, not this test's.
   * the verifier opens calculator episodes and the rollout worker ends them
     (its episode metrics), and the trainer publishes versions trained on
     them;
+  * the trainer's held-out evaluation runs greedy calculator episodes and
+    the progress line reports its accuracy;
   * --task tools with neither a warm start nor --model refuses to start,
     saying why."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -81,6 +84,18 @@ class ToolsTaskTest(unittest.TestCase):
             episodes, 120, "calculator episodes opened and ended, and a "
             "trained version", interval=0.5)
         self.assertGreaterEqual(opened, ended)
+
+    def test_the_progress_line_reports_held_out_episodes(self):
+        # The trainer evaluates greedy calculator episodes before its first
+        # step (eval.task tools); the launcher's line shows the accuracy.
+        line = harness.wait_for(
+            lambda: re.search(r"held-out \d+\.\d%",
+                              self.launcher.launcher_output()),
+            120, "a held-out accuracy in the progress line", interval=0.5)
+        self.assertIsNotNone(line)
+        self.assertRegex(self.launcher.log("trainer"),
+                         r"held-out accuracy at version \d+: [\d.]+ "
+                         r"\(\d+/256,")
 
     def test_tools_without_a_model_refuses_to_start(self):
         run_dir = os.path.join(self.tmp, "refused")
