@@ -2,7 +2,8 @@
 # The README's first command: install dependencies, build, and run the whole
 # suite on the embedded default (one coordinator, trainer, verifier and two
 # rollout workers as local processes). Ctrl-C stops everything cleanly.
-# Extra arguments go to tandem-local (see build/bin/tandem-local --help).
+# Extra arguments go to tandem-local (see build/bin/tandem-local --help), e.g.
+# `--task tools` for the multi-turn calculator task (docs/environments.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 echo "demo: installing dependencies (Debian packages, then PyPI's torch into .venv)"

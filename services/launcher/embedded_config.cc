@@ -48,4 +48,59 @@ eval:
   return "";
 }
 
+bool IsLauncherTask(const std::string& task) {
+  return task == "arith" || task == "tools";
+}
+
+std::string EmbeddedConfig(const std::string& daemon, const std::string& task) {
+  if (task != "tools") return EmbeddedConfig(daemon);
+  if (daemon == "coordinator") {
+    return R"(# tandem-local --task tools: coordinator
+heartbeat_interval_ms: 500
+heartbeat_timeout_ms: 3000
+group_size: 8
+max_lag: 4
+# Rows name the calculator environment; the launcher writes them and sets
+# dataset.path and dataset.tokenizer.
+dataset:
+  kind: jsonl
+  epochs: 0
+  shuffle: true
+)";
+  }
+  if (daemon == "rollout") {
+    return R"(# tandem-local --task tools: rollout worker
+engine:
+  max_num_seqs: 64
+# A call turn ends at </tool_call>; the launcher sets environment.address.
+environment:
+  max_turns: 3
+  max_turn_tokens: 96
+  turn_stop_strings: ["</tool_call>"]
+)";
+  }
+  if (daemon == "verifier") {
+    return R"(# tandem-local --task tools: verifier (hosts the calculator)
+worker_threads: 1
+)";
+  }
+  if (daemon == "trainer") {
+    return R"(# tandem-local --task tools: trainer
+checkpoint_dir: checkpoints
+training:
+  lr: 0.0001
+  clip_high: 0.28
+  dynamic_sampling: true
+# Greedy calculator episodes on held-out products; 256 problems (an
+# episode decodes two turns, ten times the tokens of an arith answer).
+eval:
+  every_versions: 50
+  problems: 256
+  task: tools
+  tools_digits: 4
+)";
+  }
+  return "";
+}
+
 }  // namespace tandem::launcher

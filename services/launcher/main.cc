@@ -30,6 +30,7 @@
 #include "services/launcher/embedded_config.h"
 #include "services/launcher/process_supervisor.h"
 #include "services/launcher/progress.h"
+#include "services/launcher/tools_dataset.h"
 #include "services/launcher/warm_start.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 #include "tandem/v1/rollout.grpc.pb.h"
@@ -51,6 +52,10 @@ struct Options {
   // auto: on unless --config-dir is given.
   std::string warm_start = "auto";
   std::string cache_dir;
+  // "arith" (the default) or "tools" (embedded_config.h).
+  std::string task = "arith";
+  // A Hugging Face model directory to run instead of the warm start's.
+  std::string model;
   // TLS of the launcher's own status polls (the daemons take theirs from
   // their config files).
   rpc::TlsOptions tls;
@@ -63,6 +68,33 @@ const std::vector<std::string>& WarmStartFlags() {
   static const std::vector<std::string> flags;
   return flags;
 }
+
+// The warm start of --task tools: demonstrations of calculator episodes
+// (docs/environments.md, "The tools demo task"), landing partway as the
+// default task's does, so that RL has room to raise held-out accuracy.
+const std::vector<std::string>& ToolsWarmStartFlags() {
+  static const std::vector<std::string> flags = {"--task",
+                                                 "tools",
+                                                 "--digits",
+                                                 "4",
+                                                 "--batch-size",
+                                                 "16",
+                                                 "--steps",
+                                                 "1500",
+                                                 "--eval-every",
+                                                 "50",
+                                                 "--eval-problems",
+                                                 "128",
+                                                 "--target-accuracy",
+                                                 "0.3",
+                                                 "--max-accuracy",
+                                                 "0.7"};
+  return flags;
+}
+
+// Train-split problems in the tools task's dataset (one epoch of it is far
+// more than a demo run leases).
+constexpr int64_t kToolsDatasetRows = 20000;
 
 void Event(const std::string& line) {
   const std::string stamp =
@@ -96,7 +128,7 @@ std::string PrepareConfig(const Options& options, const std::string& daemon) {
       return out.string();
     }
   }
-  std::ofstream(out) << EmbeddedConfig(daemon);
+  std::ofstream(out) << EmbeddedConfig(daemon, options.task);
   return out.string();
 }
 
@@ -111,6 +143,7 @@ class Launcher {
     }
     Event(absl::StrCat("run directory ", options_.run_dir));
     if (!WarmStart()) return 1;
+    if (!PrepareTask()) return 1;
     rl_start_ = absl::Now();
     if (!StartCoordinator()) {
       supervisor_.StopAll(absl::Seconds(5));
@@ -118,6 +151,10 @@ class Launcher {
     }
     StartMember("trainer", "trainer");
     StartMember("verifier", "verifier");
+    if (options_.task == "tools" && !WaitForVerifier()) {
+      supervisor_.StopAll(absl::Seconds(5));
+      return 1;
+    }
     for (int i = 0; i < options_.rollout_workers; ++i) {
       StartMember("rollout", absl::StrCat("rollout-", i));
     }
@@ -191,6 +228,18 @@ class Launcher {
       argv.push_back("--set");
       argv.push_back("coordinator_address=" + coordinator_address_);
     }
+    if (UsesEmbedded(daemon) && options_.task == "tools") {
+      if (daemon == "coordinator") {
+        argv.push_back("--set");
+        argv.push_back("dataset.path=" + tools_dataset_path_);
+        argv.push_back("--set");
+        argv.push_back("dataset.tokenizer=" +
+                       (fs::path(model_path_) / "tokenizer.json").string());
+      } else if (daemon == "rollout") {
+        argv.push_back("--set");
+        argv.push_back("environment.address=" + verifier_address_);
+      }
+    }
     if ((daemon == "trainer" || daemon == "rollout") && !model_path_.empty()) {
       argv.push_back("--set");
       argv.push_back("model.path=" + model_path_);
@@ -205,6 +254,55 @@ class Launcher {
     return argv;
   }
 
+  // Whether `daemon` runs the embedded config (no user file replaces it).
+  bool UsesEmbedded(const std::string& daemon) const {
+    return options_.config_dir.empty() ||
+           !fs::exists(fs::path(options_.config_dir) / (daemon + ".yaml"));
+  }
+
+  // --task tools: its dataset, which names the calculator environment.
+  bool PrepareTask() {
+    if (options_.task != "tools") return true;
+    if (model_path_.empty()) {
+      Event(
+          "--task tools needs the warm start's model (its tokenizer and "
+          "chat template): run with --warm-start on, or give --model");
+      return false;
+    }
+    tools_dataset_path_ =
+        (fs::path(options_.run_dir) / "tools_train.jsonl").string();
+    if (absl::Status s =
+            WriteToolsDataset(tools_dataset_path_, kToolsDatasetRows, 0);
+        !s.ok()) {
+      Event(std::string(s.message()));
+      return false;
+    }
+    Event(absl::StrCat("tools task: ", kToolsDatasetRows, " train problems (",
+                       kToolsDigits, "-digit products) in ",
+                       tools_dataset_path_));
+    return true;
+  }
+
+  // The rollout workers of --task tools need the verifier's address (its
+  // gRPC port also serves tandem.v1.Environment).
+  bool WaitForVerifier() {
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < give_up) {
+      auto ready = ReadReadyFile(ReadyPath("verifier"));
+      if (!ready.empty()) {
+        verifier_address_ = ready["grpc_address"];
+        Event(absl::StrCat("verifier (calculator environment) serving on ",
+                           verifier_address_));
+        return true;
+      }
+      supervisor_.Poll();
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    Event(absl::StrCat("verifier did not become ready within 30s; see ",
+                       LogPath("verifier")));
+    return false;
+  }
+
   bool WarmStartEnabled() const {
     if (options_.warm_start == "on") return true;
     if (options_.warm_start == "off") return false;
@@ -214,16 +312,28 @@ class Launcher {
   // Runs (or finds cached) the supervised warm start; its checkpoint becomes
   // the trainer's and the rollout workers' model.path.
   bool WarmStart() {
+    if (!options_.model.empty()) {
+      model_path_ = fs::absolute(options_.model).string();
+      Event(absl::StrCat("model ", model_path_, " (--model; no warm start)"));
+      return true;
+    }
     if (!WarmStartEnabled()) return true;
     WarmStartOptions warm;
     warm.trainer_binary = Binary("trainer");
-    warm.output_dir =
-        (fs::path(options_.cache_dir) / "warm-start" / "arith3-add").string();
+    const bool tools = options_.task == "tools";
+    warm.output_dir = (fs::path(options_.cache_dir) / "warm-start" /
+                       (tools ? absl::StrCat("tools", kToolsDigits)
+                              : std::string("arith3-add")))
+                          .string();
     warm.log_path = LogPath("warm-start");
-    warm.sft_flags = WarmStartFlags();
+    warm.sft_flags = tools ? ToolsWarmStartFlags() : WarmStartFlags();
     Event(absl::StrCat("warm start: supervised training of the built-in ",
-                       "model on 3-digit addition (cached in ", warm.output_dir,
-                       ")"));
+                       "model on ",
+                       tools ? absl::StrCat(kToolsDigits,
+                                            "-digit products with the "
+                                            "calculator tool")
+                             : std::string("3-digit addition"),
+                       " (cached in ", warm.output_dir, ")"));
     const absl::Time start = absl::Now();
     absl::StatusOr<std::string> model = RunWarmStart(
         warm, [](const std::string& line) { Event("warm start: " + line); });
@@ -383,6 +493,8 @@ class Launcher {
   std::map<std::string, uint64_t> generated_tokens_;
   std::string last_error_;
   std::string model_path_;
+  std::string tools_dataset_path_;
+  std::string verifier_address_;
   absl::Duration warm_start_time_;
   absl::Time rl_start_;
 };
@@ -422,6 +534,15 @@ int main(int argc, char** argv) {
                  "Where the warm start is cached (default "
                  "$TANDEM_CACHE_DIR, $XDG_CACHE_HOME/tandem or "
                  "~/.cache/tandem)");
+  app.add_option("--task", options.task,
+                 "Built-in task: arith (3-digit addition) or tools "
+                 "(4-digit products, solved by calling the calculator "
+                 "environment)")
+      ->check(CLI::IsMember({"arith", "tools"}))
+      ->capture_default_str();
+  app.add_option("--model", options.model,
+                 "Hugging Face model directory for the trainer and the "
+                 "rollout workers, instead of the warm start's");
   tandem::config::TlsFlags tls_flags;
   tls_flags.AddTo(&app);
   CLI11_PARSE(app, argc, argv);

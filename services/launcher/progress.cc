@@ -26,21 +26,19 @@ std::string HeldoutPart(const tandem::v1::TrainerStatus& trainer) {
     return absl::StrCat("held-out ", Percent(trainer.heldout_accuracy()),
                         " (v ", trainer.heldout_policy_version(), ")");
   }
-  std::string part = absl::StrCat(
-      "held-out ", Percent(trainer.initial_heldout_accuracy()), " -> ",
-      Percent(trainer.heldout_accuracy()), " (v ",
-      trainer.heldout_policy_version(), ")");
+  std::string part =
+      absl::StrCat("held-out ", Percent(trainer.initial_heldout_accuracy()),
+                   " -> ", Percent(trainer.heldout_accuracy()), " (v ",
+                   trainer.heldout_policy_version(), ")");
   // One evaluation's noise is not a trend: the mean of the last few and the
   // best so far (trainers that report them).
   if (trainer.heldout_smoothed_window() > 1) {
-    absl::StrAppend(&part, ", mean of last ",
-                    trainer.heldout_smoothed_window(), " ",
-                    Percent(trainer.heldout_smoothed_accuracy()));
+    absl::StrAppend(&part, ", mean of last ", trainer.heldout_smoothed_window(),
+                    " ", Percent(trainer.heldout_smoothed_accuracy()));
   }
   if (trainer.heldout_smoothed_window() > 0) {
-    absl::StrAppend(&part, ", best ",
-                    Percent(trainer.heldout_best_accuracy()), " (v ",
-                    trainer.heldout_best_policy_version(), ")");
+    absl::StrAppend(&part, ", best ", Percent(trainer.heldout_best_accuracy()),
+                    " (v ", trainer.heldout_best_policy_version(), ")");
   }
   return part;
 }
@@ -69,10 +67,10 @@ std::string FormatProgressLine(const ProgressSnapshot& snapshot) {
   }
   parts.push_back(absl::StrFormat("%.0f tok/s", tokens_per_second));
   if (snapshot.trainer.has_value() && snapshot.trainer->step() > 0) {
-    parts.push_back(absl::StrFormat(
-        "staleness %.1f (max %d, bound %d)",
-        snapshot.trainer->last_mean_staleness(),
-        snapshot.trainer->last_max_staleness(), cluster.max_lag()));
+    parts.push_back(absl::StrFormat("staleness %.1f (max %d, bound %d)",
+                                    snapshot.trainer->last_mean_staleness(),
+                                    snapshot.trainer->last_max_staleness(),
+                                    cluster.max_lag()));
   }
   double pause = -1;
   for (const auto& r : snapshot.rollouts) {
@@ -101,8 +99,8 @@ std::string FormatRunSummary(const ProgressSnapshot& last,
             "  held-out accuracy  %s (v %d) -> %s (v %d), %+.1f points on "
             "%d problems\n",
             Percent(t.initial_heldout_accuracy()),
-            t.initial_heldout_policy_version(),
-            Percent(t.heldout_accuracy()), t.heldout_policy_version(),
+            t.initial_heldout_policy_version(), Percent(t.heldout_accuracy()),
+            t.heldout_policy_version(),
             100.0 * (t.heldout_accuracy() - t.initial_heldout_accuracy()),
             t.heldout_problems()));
     if (t.heldout_smoothed_window() > 0) {
@@ -112,33 +110,32 @@ std::string FormatRunSummary(const ProgressSnapshot& last,
               "  held-out smoothed  %s (mean of the last %d evaluations)\n",
               Percent(t.heldout_smoothed_accuracy()),
               t.heldout_smoothed_window()));
-      absl::StrAppend(
-          &out, absl::StrFormat("  best policy        %s (v %d)%s\n",
-                                Percent(t.heldout_best_accuracy()),
-                                t.heldout_best_policy_version(),
-                                t.heldout_best_path().empty()
-                                    ? ""
-                                    : ": " + t.heldout_best_path()));
+      absl::StrAppend(&out,
+                      absl::StrFormat("  best policy        %s (v %d)%s\n",
+                                      Percent(t.heldout_best_accuracy()),
+                                      t.heldout_best_policy_version(),
+                                      t.heldout_best_path().empty()
+                                          ? ""
+                                          : ": " + t.heldout_best_path()));
     }
   } else {
     absl::StrAppend(&out, "  held-out accuracy  not evaluated\n");
   }
   if (summary.warm_start_time > absl::ZeroDuration()) {
-    absl::StrAppend(&out, absl::StrFormat("  warm start         %.0f s\n",
-                                          absl::ToDoubleSeconds(
-                                              summary.warm_start_time)));
+    absl::StrAppend(
+        &out, absl::StrFormat("  warm start         %.0f s\n",
+                              absl::ToDoubleSeconds(summary.warm_start_time)));
   }
   const double rl_seconds = absl::ToDoubleSeconds(summary.rl_time);
   absl::StrAppend(&out,
                   absl::StrFormat("  RL time            %.0f s\n", rl_seconds));
   absl::StrAppend(
       &out,
-      absl::StrFormat("  generated tokens   %d (%.0f tok/s)\n",
-                      summary.generated_tokens,
-                      rl_seconds > 0 ? summary.generated_tokens / rl_seconds
-                                     : 0.0));
-  absl::StrAppend(&out, absl::StrFormat(
-                            "  policy versions    %d, trained groups %d, "
+      absl::StrFormat(
+          "  generated tokens   %d (%.0f tok/s)\n", summary.generated_tokens,
+          rl_seconds > 0 ? summary.generated_tokens / rl_seconds : 0.0));
+  absl::StrAppend(
+      &out, absl::StrFormat("  policy versions    %d, trained groups %d, "
                             "dropped stale %d\n",
                             last.cluster.policy_version(),
                             last.cluster.counters().groups_trained(),

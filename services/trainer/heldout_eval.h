@@ -9,11 +9,15 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/chat/chat_template.h"
 #include "common/config/config_schema.h"
 #include "common/task/arith_task.h"
+#include "common/task/tools_task.h"
 
 namespace tandem::model {
 class DecoderModel;
@@ -27,6 +31,12 @@ namespace tandem::trainer {
 struct HeldoutEvalConfig {
   // 0 disables evaluation.
   int64_t every_versions = 0;
+  // "arith" (single answers, the default) or "tools": whole greedy
+  // calculator episodes of the tools task (services/trainer/tools/sft/
+  // tools_eval.h), with the model's own tokenizer and chat template.
+  std::string task = "arith";
+  // Tools task operand digits (as tandem-local's dataset, 4).
+  int64_t tools_digits = 4;
   // 2048: the standard error of one evaluation is under 1 point (0.8
   // at 85% accuracy; 3 points with 256).
   int64_t problems = 2048;
@@ -51,9 +61,11 @@ struct HeldoutResult {
 
 class HeldoutEvaluator {
  public:
-  // Errors name the eval.* field that is out of range.
+  // Errors name the eval.* field that is out of range. `model_dir` is the
+  // policy's Hugging Face directory, whose tokenizer and chat template the
+  // tools task uses (unused for arith).
   static absl::StatusOr<std::unique_ptr<HeldoutEvaluator>> Create(
-      const HeldoutEvalConfig& config);
+      const HeldoutEvalConfig& config, const std::string& model_dir = "");
   ~HeldoutEvaluator();
 
   // Whether `version` is due for an evaluation.
@@ -68,6 +80,8 @@ class HeldoutEvaluator {
   HeldoutEvaluator() = default;
   HeldoutEvalConfig config_;
   std::vector<task::ArithProblem> problems_;
+  std::vector<task::ToolsProblem> tools_problems_;
+  std::optional<chat::ChatTemplate> chat_template_;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
 };
 

@@ -46,7 +46,8 @@ absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(
                    : "float32: every version in full",
               config.weight_anchor_every);
   if (config.eval.every_versions > 0) {
-    ASSIGN_OR_RETURN(loop->evaluator_, HeldoutEvaluator::Create(config.eval));
+    ASSIGN_OR_RETURN(loop->evaluator_,
+                     HeldoutEvaluator::Create(config.eval, config.model_path));
     loop->best_policy_ = std::make_unique<BestPolicyKeeper>(BestPolicyOptions{
         config.checkpoint_dir, config.model_path, config.model_path.empty()});
   }

@@ -18,6 +18,9 @@ int RunSftCommand(int argc, char** argv) {
       "Supervised warm start of the built-in tiny model on the built-in "
       "arithmetic task; writes a Hugging Face model directory."};
   app.add_option("--output", o.output_dir, "Checkpoint directory")->required();
+  app.add_option("--task", o.task,
+                 "arith (single answers) or tools (calculator episodes)")
+      ->capture_default_str();
   app.add_option("--digits", o.digits, "Operand digits")->capture_default_str();
   app.add_option("--subtraction", o.subtraction,
                  "Include '-' problems (as the coordinator's "
@@ -62,7 +65,9 @@ int RunSftCommand(int argc, char** argv) {
       schedule == "cosine" ? LrSchedule::kCosine : LrSchedule::kConstant;
 
   std::printf("sft: %d-digit %s, output %s\n", o.digits,
-              o.subtraction ? "addition and subtraction" : "addition",
+              o.task == "tools" ? "multiplication with the calculator"
+              : o.subtraction   ? "addition and subtraction"
+                                : "addition",
               o.output_dir.c_str());
   std::fflush(stdout);
   absl::StatusOr<SftResult> result = RunSft(o, [](const SftCurvePoint& p) {

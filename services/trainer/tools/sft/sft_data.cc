@@ -28,6 +28,15 @@ SftExample MakeSftExample(const tokenizer::Tokenizer& tokenizer,
   return example;
 }
 
+SftExample MakeToolsSftExample(const task::ToolsDemonstration& demo) {
+  SftExample example;
+  example.tokens = demo.tokens;
+  example.target_spans = demo.model_spans;
+  example.target_begin =
+      demo.model_spans.empty() ? 0 : demo.model_spans[0].first;
+  return example;
+}
+
 absl::StatusOr<PackedBatch> PackExamples(
     absl::Span<const SftExample> examples) {
   if (examples.empty()) {
@@ -37,19 +46,34 @@ absl::StatusOr<PackedBatch> PackExamples(
   for (size_t b = 0; b < examples.size(); ++b) {
     const SftExample& e = examples[b];
     const int64_t n = static_cast<int64_t>(e.tokens.size());
-    if (e.target_begin < 1 || e.target_begin >= n) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("PackExamples: example ", b, " has target_begin ",
-                       e.target_begin, " outside [1, ", n, ")"));
+    std::vector<std::pair<int64_t, int64_t>> spans = e.target_spans;
+    if (spans.empty()) {
+      if (e.target_begin < 1 || e.target_begin >= n) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("PackExamples: example ", b, " has target_begin ",
+                         e.target_begin, " outside [1, ", n, ")"));
+      }
+      spans.emplace_back(e.target_begin, n);
+    }
+    int64_t previous_end = 1;
+    for (const auto& [begin, end] : spans) {
+      if (begin < previous_end || end <= begin || end > n) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "PackExamples: example ", b, " has target span [", begin, ", ", end,
+            ") that is empty, out of order or outside [1, ", n, "]"));
+      }
+      previous_end = end;
     }
     const int64_t offset = cu.back();
     for (int64_t i = 0; i < n; ++i) {
       ids.push_back(e.tokens[i]);
       positions.push_back(i);
     }
-    for (int64_t i = e.target_begin; i < n; ++i) {
-      loss_positions.push_back(offset + i - 1);
-      targets.push_back(e.tokens[i]);
+    for (const auto& [begin, end] : spans) {
+      for (int64_t i = begin; i < end; ++i) {
+        loss_positions.push_back(offset + i - 1);
+        targets.push_back(e.tokens[i]);
+      }
     }
     cu.push_back(offset + n);
   }

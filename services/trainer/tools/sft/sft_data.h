@@ -12,11 +12,13 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/task/arith_task.h"
+#include "common/task/tools_demonstration.h"
 #include "common/tokenizer/tokenizer.h"
 
 namespace tandem::trainer::sft {
@@ -26,6 +28,11 @@ struct SftExample {
   // Tokens [target_begin, tokens.size()) are the supervised targets (the
   // answer and <|eos|>); they are predicted from the positions before them.
   int64_t target_begin = 0;
+  // When not empty, the supervised targets are these [begin, end) token
+  // ranges instead (in order, disjoint, begin >= 1): the model's turns of a
+  // multi-turn demonstration, the environment's tokens between them given
+  // but not predicted. target_begin is then ignored.
+  std::vector<std::pair<int64_t, int64_t>> target_spans;
 };
 
 // [<|bos|>] + the tokens of problem.prompt: the rollout worker's prompt.
@@ -35,6 +42,10 @@ std::vector<int32_t> PromptTokens(const tokenizer::Tokenizer& tokenizer,
 // The full supervised sequence of `problem` (see the file comment).
 SftExample MakeSftExample(const tokenizer::Tokenizer& tokenizer,
                           const task::ArithProblem& problem);
+
+// A tools episode's demonstration (common/task/tools_demonstration.h): its
+// model spans are the targets.
+SftExample MakeToolsSftExample(const task::ToolsDemonstration& demo);
 
 // Examples packed into one sequence of T tokens for
 // DecoderModel::ForwardPacked, plus the supervised positions.
@@ -48,8 +59,9 @@ struct PackedBatch {
   at::Tensor loss_targets;    // [N] int64
 };
 
-// Packs `examples` (at least one, each with a target). InvalidArgument
-// otherwise.
+// Packs `examples` (at least one, each with a target; spans in order,
+// disjoint and inside [1, tokens]). InvalidArgument otherwise, naming the
+// example.
 absl::StatusOr<PackedBatch> PackExamples(absl::Span<const SftExample> examples);
 
 }  // namespace tandem::trainer::sft

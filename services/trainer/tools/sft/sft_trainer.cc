@@ -23,9 +23,13 @@
 #include "common/safetensors/atomic_file.h"
 #include "common/task/arith_task.h"
 #include "common/task/arith_tokenizer.h"
+#include "common/task/tools_demonstration.h"
+#include "common/task/tools_task.h"
+#include "common/task/tools_tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "services/trainer/tools/sft/sft_data.h"
 #include "services/trainer/tools/sft/sft_eval.h"
+#include "services/trainer/tools/sft/tools_eval.h"
 
 namespace tandem::trainer::sft {
 namespace {
@@ -42,23 +46,32 @@ const char* ScheduleName(LrSchedule schedule) {
 }
 
 // Everything that determines the trained weights: the cache key.
+// The arithmetic task's key has no "task" field, so its cached warm starts
+// stay valid.
 nlohmann::json OptionsJson(const SftOptions& o) {
-  return {{"version", kMetaVersion},
-          {"digits", o.digits},
-          {"subtraction", o.subtraction},
-          {"seed", o.seed},
-          {"max_steps", o.max_steps},
-          {"batch_size", o.batch_size},
-          {"lr", o.lr},
-          {"warmup_steps", o.warmup_steps},
-          {"schedule", ScheduleName(o.schedule)},
-          {"min_lr_ratio", o.min_lr_ratio},
-          {"weight_decay", o.weight_decay},
-          {"grad_clip", o.grad_clip},
-          {"eval_every", o.eval_every},
-          {"eval_problems", o.eval_problems},
-          {"target_accuracy", o.target_accuracy},
-          {"max_accuracy", o.max_accuracy}};
+  nlohmann::json key = {{"version", kMetaVersion},
+                        {"digits", o.digits},
+                        {"subtraction", o.subtraction},
+                        {"seed", o.seed},
+                        {"max_steps", o.max_steps},
+                        {"batch_size", o.batch_size},
+                        {"lr", o.lr},
+                        {"warmup_steps", o.warmup_steps},
+                        {"schedule", ScheduleName(o.schedule)},
+                        {"min_lr_ratio", o.min_lr_ratio},
+                        {"weight_decay", o.weight_decay},
+                        {"grad_clip", o.grad_clip},
+                        {"eval_every", o.eval_every},
+                        {"eval_problems", o.eval_problems},
+                        {"target_accuracy", o.target_accuracy},
+                        {"max_accuracy", o.max_accuracy}};
+  if (o.task != "arith") key["task"] = o.task;
+  return key;
+}
+
+absl::Status WriteTokenizerFiles(const SftOptions& o) {
+  return o.task == "tools" ? task::WriteToolsTokenizerFiles(o.output_dir)
+                           : task::WriteArithTokenizerFiles(o.output_dir);
 }
 
 absl::Status WriteText(const std::string& path, const std::string& text) {
@@ -134,7 +147,7 @@ absl::Status SaveOutputs(const SftOptions& options,
                                   absl::StrCat("sft step ", best.step)));
   const fs::path dir(options.output_dir);
   RETURN_IF_ERROR(model::SaveHfModel(*weights, dir.string()));
-  RETURN_IF_ERROR(task::WriteArithTokenizerFiles(dir.string()));
+  RETURN_IF_ERROR(WriteTokenizerFiles(options));
   std::string csv = "step,loss,heldout_accuracy,seconds\n";
   for (const SftCurvePoint& p : result.curve) {
     absl::StrAppendFormat(&csv, "%d,%.6f,%.4f,%.2f\n", p.step, p.loss,
@@ -149,21 +162,88 @@ absl::Status SaveOutputs(const SftOptions& options,
   return WriteText((dir / kMetaFile).string(), meta.dump(2) + "\n");
 }
 
+// What the training loop needs of a task: the model's shape, the train
+// stream's examples and the held-out accuracy.
+struct SftTask {
+  model::ModelConfig config;
+  std::function<absl::StatusOr<SftExample>(uint64_t index)> train_example;
+  std::function<absl::StatusOr<double>(const model::DecoderModel&)> evaluate;
+};
+
+absl::StatusOr<SftTask> MakeSftTask(const SftOptions& options) {
+  SftTask out;
+  if (options.task == "tools") {
+    task::ToolsTaskOptions task_options;
+    task_options.digits = options.digits;
+    task_options.seed = options.seed;
+    ASSIGN_OR_RETURN(const task::ToolsTask tools,
+                     task::ToolsTask::Create(task_options));
+    ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tokenizer,
+                     task::LoadToolsTokenizer());
+    ASSIGN_OR_RETURN(chat::ChatTemplate tmpl,
+                     chat::ChatTemplate::Parse(task::ToolsChatTemplate(),
+                                               "tools chat_template"));
+    auto shared_tokenizer =
+        std::shared_ptr<const tokenizer::Tokenizer>(std::move(tokenizer));
+    out.config = ToolsTinyModelConfig();
+    out.train_example = [tools, shared_tokenizer,
+                         tmpl](uint64_t index) -> absl::StatusOr<SftExample> {
+      ASSIGN_OR_RETURN(const task::ToolsDemonstration demo,
+                       task::MakeToolsDemonstration(
+                           *shared_tokenizer, tmpl,
+                           tools.Sample(task::Split::kTrain, index)));
+      return MakeToolsSftExample(demo);
+    };
+    const std::vector<task::ToolsProblem> heldout =
+        tools.Take(task::Split::kHeldOut, options.eval_problems);
+    out.evaluate =
+        [heldout, shared_tokenizer,
+         tmpl](const model::DecoderModel& model) -> absl::StatusOr<double> {
+      ASSIGN_OR_RETURN(
+          const ToolsEvalResult eval,
+          EvaluateToolsEpisodes(model, *shared_tokenizer, tmpl, heldout));
+      return eval.accuracy();
+    };
+    return out;
+  }
+  task::ArithTaskOptions task_options;
+  task_options.digits = options.digits;
+  task_options.subtraction = options.subtraction;
+  task_options.seed = options.seed;
+  ASSIGN_OR_RETURN(const task::ArithTask arith,
+                   task::ArithTask::Create(task_options));
+  ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tokenizer,
+                   task::LoadArithTokenizer());
+  auto shared_tokenizer =
+      std::shared_ptr<const tokenizer::Tokenizer>(std::move(tokenizer));
+  out.config = TinyModelConfig(shared_tokenizer->vocab_size());
+  out.train_example =
+      [arith, shared_tokenizer](uint64_t index) -> absl::StatusOr<SftExample> {
+    return MakeSftExample(*shared_tokenizer,
+                          arith.Sample(task::Split::kTrain, index));
+  };
+  const std::vector<task::ArithProblem> heldout =
+      arith.Take(task::Split::kHeldOut, options.eval_problems);
+  const int digits = options.digits;
+  out.evaluate =
+      [heldout, shared_tokenizer,
+       digits](const model::DecoderModel& model) -> absl::StatusOr<double> {
+    ASSIGN_OR_RETURN(
+        const EvalResult eval,
+        EvaluateExactMatch(model, *shared_tokenizer, heldout, digits));
+    return eval.accuracy();
+  };
+  return out;
+}
+
 // The training loop proper; may throw c10::Error (RunSft catches).
 absl::StatusOr<SftResult> Train(
     const SftOptions& options,
     const std::function<void(const SftCurvePoint&)>& on_eval) {
   if (options.threads > 0) torch::set_num_threads(options.threads);
   torch::manual_seed(options.seed);
-  task::ArithTaskOptions task_options;
-  task_options.digits = options.digits;
-  task_options.subtraction = options.subtraction;
-  task_options.seed = options.seed;
-  ASSIGN_OR_RETURN(const task::ArithTask task,
-                   task::ArithTask::Create(task_options));
-  ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tokenizer,
-                   task::LoadArithTokenizer());
-  const model::ModelConfig config = TinyModelConfig(tokenizer->vocab_size());
+  ASSIGN_OR_RETURN(const SftTask task, MakeSftTask(options));
+  const model::ModelConfig& config = task.config;
   ASSIGN_OR_RETURN(std::shared_ptr<model::ModelWeights> weights,
                    model::RandomInit(config, options.seed));
   std::vector<at::Tensor> params;
@@ -176,8 +256,6 @@ absl::StatusOr<SftResult> Train(
                                 torch::optim::AdamWOptions(options.lr)
                                     .betas({0.9, 0.95})
                                     .weight_decay(options.weight_decay));
-  const std::vector<task::ArithProblem> heldout =
-      task.Take(task::Split::kHeldOut, options.eval_problems);
 
   SftResult result;
   BestSnapshot best;
@@ -192,8 +270,8 @@ absl::StatusOr<SftResult> Train(
       const uint64_t first =
           static_cast<uint64_t>((step - 1) * options.batch_size);
       for (int64_t i = 0; i < options.batch_size; ++i) {
-        examples.push_back(MakeSftExample(
-            *tokenizer, task.Sample(task::Split::kTrain, first + i)));
+        ASSIGN_OR_RETURN(SftExample example, task.train_example(first + i));
+        examples.push_back(std::move(example));
       }
       ASSIGN_OR_RETURN(const PackedBatch batch, PackExamples(examples));
       const double lr = LearningRate(options, step);
@@ -218,14 +296,12 @@ absl::StatusOr<SftResult> Train(
     const bool last = step == options.max_steps;
     if (step % options.eval_every != 0 && !last) continue;
 
-    ASSIGN_OR_RETURN(
-        const EvalResult eval,
-        EvaluateExactMatch(model, *tokenizer, heldout, options.digits));
+    ASSIGN_OR_RETURN(const double heldout_accuracy, task.evaluate(model));
     SftCurvePoint point;
     point.step = step;
     point.loss = loss_steps > 0 ? loss_sum / loss_steps
                                 : std::numeric_limits<double>::quiet_NaN();
-    point.heldout_accuracy = eval.accuracy();
+    point.heldout_accuracy = heldout_accuracy;
     point.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
             .count();
@@ -263,6 +339,14 @@ model::ModelConfig TinyModelConfig(int64_t vocab_size) {
   return c;
 }
 
+model::ModelConfig ToolsTinyModelConfig() {
+  model::ModelConfig c = model::BuiltinTinyModelConfig(task::kToolsVocabSize);
+  c.bos_token_id = std::nullopt;
+  c.eos_token_ids = {task::kToolsImEndId};
+  c.max_position_embeddings = 256;
+  return c;
+}
+
 absl::Status ValidateSftOptions(const SftOptions& o) {
   auto bad = [](absl::string_view name, const auto& value,
                 absl::string_view want) {
@@ -270,8 +354,14 @@ absl::Status ValidateSftOptions(const SftOptions& o) {
         absl::StrCat("sft: ", name, " must be ", want, ", got ", value));
   };
   if (o.output_dir.empty()) return bad("--output", "\"\"", "a directory");
+  if (o.task != "arith" && o.task != "tools") {
+    return bad("--task", o.task, "arith or tools");
+  }
   if (o.digits < 1 || o.digits > 9)
     return bad("--digits", o.digits, "in [1, 9]");
+  if (o.task == "tools" && o.digits < 2) {
+    return bad("--digits", o.digits, "in [2, 9] for --task tools");
+  }
   if (o.max_steps < 1) return bad("--steps", o.max_steps, ">= 1");
   if (o.batch_size < 1) return bad("--batch-size", o.batch_size, ">= 1");
   if (!(o.lr > 0)) return bad("--lr", o.lr, "> 0");
@@ -302,7 +392,7 @@ absl::StatusOr<SftResult> RunSft(
   if (std::optional<SftResult> cached = CachedResult(options)) {
     // Caches written before tokenizer_config.json existed get it now, so
     // that `transformers` finds the special tokens in every cached start.
-    RETURN_IF_ERROR(task::WriteArithTokenizerFiles(options.output_dir));
+    RETURN_IF_ERROR(WriteTokenizerFiles(options));
     return *std::move(cached);
   }
   // A stale meta must not vouch for a half-rewritten directory.

@@ -46,6 +46,12 @@ enum class LrSchedule { kConstant, kCosine };
 struct SftOptions {
   // Where the checkpoint goes (created if missing).
   std::string output_dir;
+  // "arith" (the default task) or "tools" (the multi-turn calculator task,
+  // common/task/tools_task.h: demonstrations of whole episodes, trained on
+  // the model's turns only, evaluated by greedy episodes (tools_eval.h);
+  // `digits` in [2, 9], `subtraction` unused; the model gets the tools
+  // tokenizer, its chat template and 256 positions).
+  std::string task = "arith";
   // Task: operand digits and whether '-' problems are included (as the
   // coordinator's dataset.arith_digits / dataset.arith_subtraction).
   int digits = 3;
@@ -114,5 +120,9 @@ absl::StatusOr<SftResult> RunSft(
 // model::BuiltinTinyModelConfig (the rollout worker's built-in shape) with
 // the arithmetic task's bos/eos ids.
 model::ModelConfig TinyModelConfig(int64_t vocab_size);
+
+// The built-in shape with the tools tokenizer's vocabulary, no bos, eos
+// <|im_end|>, and 256 positions (a whole episode is about 140 tokens).
+model::ModelConfig ToolsTinyModelConfig();
 
 }  // namespace tandem::trainer::sft

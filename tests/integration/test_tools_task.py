@@ -1,0 +1,113 @@
+"""`tandem-local --task tools`: the built-in multi-turn task runs as
+calculator episodes through the real daemons.
+
+The model is a one-step `tandem-trainer sft --task tools` checkpoint (the
+task's tokenizer and chat template, weights near their random init) given
+with --model, so the test does not wait for the warm start; whether the
+task is learned is docs/environments.md's measurement, not this test's.
+
+  * the launcher writes the train split as JSONL rows that name the
+    `calculator` environment, with the task's chat-rendered prompts;
+  * the verifier opens calculator episodes and the rollout worker ends them
+    (its episode metrics), and the trainer publishes versions trained on
+    them;
+  * the trainer's held-out evaluation runs greedy calculator episodes and
+    the progress line reports its accuracy;
+  * --task tools with neither a warm start nor --model refuses to start,
+    saying why."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+import harness
+
+
+class ToolsTaskTest(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="tandem-tools-")
+        cls.model = os.path.join(cls.tmp, "model")
+        subprocess.run(
+            [harness.binary("tandem-trainer"), "sft", "--task", "tools",
+             "--output", cls.model, "--steps", "1", "--eval-every", "1",
+             "--eval-problems", "4", "--target-accuracy", "0",
+             "--max-accuracy", "1"],
+            check=True, capture_output=True, timeout=120)
+        cls.launcher = harness.Launcher(
+            rollout_workers=1,
+            extra_args=["--task", "tools", "--model", cls.model])
+        cls.ready = cls.launcher.wait_all_ready(timeout=90)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.launcher.shutdown(cls.tmp)
+
+    def metrics(self, name):
+        return harness.scrape_metrics(self.ready[name]["metrics_address"])
+
+    def test_dataset_rows_name_the_calculator(self):
+        path = os.path.join(self.launcher.run_dir, "tools_train.jsonl")
+        with open(path) as f:
+            rows = [json.loads(next(f)) for _ in range(50)]
+        for row in rows:
+            self.assertEqual(row["environment"], "calculator")
+            self.assertEqual(row["verifier"], "exact")
+            a, b = row["id"].removeprefix("tools-").split("*")
+            self.assertEqual(len(a), 4)
+            self.assertEqual(len(b), 4)
+            self.assertEqual(row["metadata"]["answer"], str(int(a) * int(b)))
+            self.assertEqual(
+                row["prompt"],
+                f"<|im_start|>user\n{a}*{b}<|im_end|>\n"
+                "<|im_start|>assistant\n")
+
+    def test_episodes_run_against_the_calculator_and_are_trained(self):
+        def episodes():
+            verifier = self.metrics("verifier")
+            rollout = self.metrics("rollout-0")
+            trainer = self.metrics("trainer")
+            opened = harness.metric_sum(
+                verifier, "tandem_verifier_env_episodes_opened_total",
+                environment="calculator")
+            ended = harness.metric_sum(
+                rollout, "tandem_rollout_episodes_ended_total")
+            version = harness.metric_sum(trainer, "tandem_policy_version")
+            return ((opened, ended, version)
+                    if opened >= 8 and ended >= 8 and version >= 1 else None)
+        opened, ended, version = harness.wait_for(
+            episodes, 120, "calculator episodes opened and ended, and a "
+            "trained version", interval=0.5)
+        self.assertGreaterEqual(opened, ended)
+
+    def test_the_progress_line_reports_held_out_episodes(self):
+        # The trainer evaluates greedy calculator episodes before its first
+        # step (eval.task tools); the launcher's line shows the accuracy.
+        line = harness.wait_for(
+            lambda: re.search(r"held-out \d+\.\d%",
+                              self.launcher.launcher_output()),
+            120, "a held-out accuracy in the progress line", interval=0.5)
+        self.assertIsNotNone(line)
+        self.assertRegex(self.launcher.log("trainer"),
+                         r"held-out accuracy at version \d+: [\d.]+ "
+                         r"\(\d+/256,")
+
+    def test_tools_without_a_model_refuses_to_start(self):
+        run_dir = os.path.join(self.tmp, "refused")
+        out = subprocess.run(
+            [harness.binary("tandem-local"), "--task", "tools",
+             "--warm-start", "off", "--run-dir", run_dir,
+             "--bin-dir", harness.BIN_DIR],
+            capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(out.returncode, 0)
+        self.assertIn("--task tools needs the warm start's model",
+                      out.stdout + out.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
