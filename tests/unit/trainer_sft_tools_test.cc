@@ -68,19 +68,6 @@ TEST_CASE("Packed tools demonstrations train only the model's turns",
   CHECK_FALSE(PackExamples(std::vector<SftExample>{bad}).ok());
 }
 
-TEST_CASE(
-    "The evaluation's calculator answers the task's products and "
-    "errors otherwise",
-    "[sft][tools]") {
-  CHECK(ToolsCalculatorResult("{\"expression\":\"4821*7312\"}") == "35251152");
-  CHECK(ToolsCalculatorResult("{\"expression\":\"4821+7312\"}") ==
-        "error: tools expression has no '*' operator: \"4821+7312\"");
-  CHECK(ToolsCalculatorResult("{\"x\":\"1*2\"}") ==
-        "error: missing string argument 'expression'");
-  CHECK(ToolsCalculatorResult("not json") ==
-        "error: missing string argument 'expression'");
-}
-
 TEST_CASE("A random tools model's episodes are evaluated, none correct",
           "[sft][tools]") {
   auto weights = model::RandomInit(ToolsTinyModelConfig(), /*seed=*/3);

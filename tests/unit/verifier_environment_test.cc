@@ -11,14 +11,18 @@
 
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
+#include "common/environment/calculator.h"
 #include "prometheus/registry.h"
-#include "services/verifier/environment/calculator.h"
 #include "services/verifier/environment/environment_request_limits.h"
 #include "services/verifier/environment/episode_table.h"
 #include "services/verifier/scoring/scorer_registry.h"
 
 namespace tandem::verifier {
 namespace {
+
+using environment::CalculatorOutcome;
+using environment::EvaluateCalculator;
+using environment::RunCalculatorCall;
 
 std::string Eval(const std::string& expression) {
   absl::StatusOr<std::string> value = EvaluateCalculator(expression);
@@ -47,6 +51,27 @@ TEST_CASE("calculator errors say what was wrong") {
   CHECK(absl::StartsWith(Eval("2 $ 3"), "ERR unexpected '$'"));
   CHECK(absl::StartsWith(Eval("__import__('os')"), "ERR expected a number"));
   CHECK(absl::StartsWith(Eval("(-8) ** 0.5"), "ERR a negative number"));
+}
+
+TEST_CASE("calculator calls: arguments checked, replies as the model sees them") {
+  // The tools demo task's products (tandem-local --task tools).
+  environment::CalculatorReply ok =
+      RunCalculatorCall("{\"expression\": \"4821*7312\"}");
+  CHECK(ok.outcome == CalculatorOutcome::kOk);
+  CHECK(ok.content == "35251152");
+  CHECK(RunCalculatorCall("{\"expression\": \"(4821) * 7312\"}").content ==
+        "35251152");
+  environment::CalculatorReply err =
+      RunCalculatorCall("{\"expression\": \"1 / 0\"}");
+  CHECK(err.outcome == CalculatorOutcome::kError);
+  CHECK(absl::StartsWith(err.content, "error: division by zero"));
+  for (const char* bad : {"not json", "[1]", "{\"x\": \"1*2\"}",
+                          "{\"expression\": 12}"}) {
+    environment::CalculatorReply reply = RunCalculatorCall(bad);
+    CAPTURE(bad);
+    CHECK(reply.outcome == CalculatorOutcome::kBadArguments);
+    CHECK(absl::StartsWith(reply.content, "error: "));
+  }
 }
 
 TEST_CASE("calculator bounds: length, depth, exponent, overflow") {

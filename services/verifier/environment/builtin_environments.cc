@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/environment/calculator.h"
 #include "nlohmann/json.hpp"
-#include "services/verifier/environment/calculator.h"
 
 namespace tandem::verifier {
 
@@ -34,7 +34,8 @@ StepResult ScoreAnswer(const EpisodeTask& task, const std::string& text) {
 
 namespace {
 
-constexpr char kCalculatorTool[] = "calculator";
+using environment::CalculatorOutcome;
+using environment::kCalculatorTool;
 
 class CalculatorEnvironment : public BuiltinEnvironment {
  public:
@@ -78,31 +79,14 @@ class CalculatorEnvironment : public BuiltinEnvironment {
                                      "'; the only tool is calculator"));
         continue;
       }
-      const nlohmann::json args =
-          nlohmann::json::parse(call.arguments_json(), nullptr, false);
-      if (args.is_discarded() || !args.is_object()) {
-        metrics.CountToolCall(kCalculatorTool, kToolBadArguments);
-        obs.set_content(
-            "error: arguments must be a JSON object like "
-            "{\"expression\": \"1 + 2\"}");
-        continue;
-      }
-      auto it = args.find("expression");
-      if (it == args.end() || !it->is_string()) {
-        metrics.CountToolCall(kCalculatorTool, kToolBadArguments);
-        obs.set_content(
-            "error: argument \"expression\" (a string) is required");
-        continue;
-      }
-      absl::StatusOr<std::string> value =
-          EvaluateCalculator(it->get<std::string>());
-      if (!value.ok()) {
-        metrics.CountToolCall(kCalculatorTool, kToolError);
-        obs.set_content(absl::StrCat("error: ", value.status().message()));
-        continue;
-      }
-      metrics.CountToolCall(kCalculatorTool, kToolOk);
-      obs.set_content(*value);
+      environment::CalculatorReply reply =
+          environment::RunCalculatorCall(call.arguments_json());
+      metrics.CountToolCall(kCalculatorTool,
+                            reply.outcome == CalculatorOutcome::kOk ? kToolOk
+                            : reply.outcome == CalculatorOutcome::kError
+                                ? kToolError
+                                : kToolBadArguments);
+      obs.set_content(std::move(reply.content));
     }
     return result;
   }

@@ -11,6 +11,7 @@
 #include "common/base/status_macros.h"
 #include "common/chat/episode_render.h"
 #include "common/chat/tool_calls.h"
+#include "common/environment/calculator.h"
 #include "common/model/torch_status.h"
 #include "common/task/tools_demonstration.h"
 #include "common/task/tools_tokenizer.h"
@@ -65,21 +66,6 @@ bool EndsWith(const std::vector<int32_t>& tokens, int32_t id) {
 
 }  // namespace
 
-std::string ToolsCalculatorResult(absl::string_view arguments_json) {
-  const Json args = Json::parse(arguments_json, nullptr,
-                                /*allow_exceptions=*/false);
-  if (!args.is_object() || !args.contains("expression") ||
-      !args["expression"].is_string()) {
-    return "error: missing string argument 'expression'";
-  }
-  absl::StatusOr<task::ToolsProblem> problem =
-      task::ParseToolsExpression(args["expression"].get<std::string>());
-  if (!problem.ok()) {
-    return absl::StrCat("error: ", problem.status().message());
-  }
-  return problem->answer;
-}
-
 absl::StatusOr<ToolsEvalResult> EvaluateToolsEpisodes(
     const model::DecoderModel& model, const tokenizer::Tokenizer& tokenizer,
     const chat::ChatTemplate& tmpl,
@@ -133,7 +119,9 @@ absl::StatusOr<ToolsEvalResult> EvaluateToolsEpisodes(
       observation = "error: expected one call of the tool 'calculator'";
     } else {
       ++result.called_tool;
-      observation = ToolsCalculatorResult(parsed->calls[0].arguments_json);
+      observation =
+          environment::RunCalculatorCall(parsed->calls[0].arguments_json)
+              .content;
     }
     const Json messages = Json::array({Json{{"role", "tool"},
                                             {"tool_call_id", "call_0_0"},

@@ -8,7 +8,9 @@
 //   2. A turn that ended with <|im_end|> is the answer (the model did not
 //      call the tool). A turn that ended with </tool_call> is parsed
 //      (ParseToolCalls, Hermes); one `calculator` call's expression is
-//      answered by ToolsCalculatorResult, anything else by an error text,
+//      answered by the calculator tool the verifier hosts
+//      (common/environment/calculator.h: the same observation text),
+//      anything else by an error text,
 //      and <|im_end|> plus the chat template's rendering of that tool
 //      message is appended, as the worker does; then decode the answer turn
 //      until <|im_end|>.
@@ -31,15 +33,6 @@
 #include "common/tokenizer/tokenizer.h"
 
 namespace tandem::trainer::sft {
-
-// The tool's answer to `expression` in this evaluation. Only the task's own
-// form "a*b" (ParseToolsExpression) is evaluated, to the product's digits,
-// as the verifier's calculator evaluates it; anything else gets "error:
-// ..." naming why. The calculator itself lives in the verifier daemon,
-// which the trainer may not include, so an expression the real tool would
-// also answer (e.g. "(4821)*7312") scores wrong here: the evaluation can
-// only under-count.
-std::string ToolsCalculatorResult(absl::string_view arguments_json);
 
 struct ToolsEvalResult {
   int64_t correct = 0;

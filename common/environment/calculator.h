@@ -1,6 +1,8 @@
 #pragma once
 
-// The `calculator` tool's evaluator: integer and decimal arithmetic with
+// The `calculator` tool, shared by the reward verifier's built-in
+// environment and the trainer's held-out evaluation of tools episodes so
+// that both answer a call with the same observation. The evaluator: integer and decimal arithmetic with
 // + - * / ** and parentheses, evaluated in process by a recursive-descent
 // parser with strict bounds (no sandbox child: nothing is executed, the
 // bounds below cap the work at a few microseconds per call).
@@ -16,7 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-namespace tandem::verifier {
+namespace tandem::environment {
 
 struct CalculatorLimits {
   // Characters of the expression.
@@ -32,4 +34,20 @@ struct CalculatorLimits {
 absl::StatusOr<std::string> EvaluateCalculator(
     absl::string_view expression, const CalculatorLimits& limits = {});
 
-}  // namespace tandem::verifier
+// The tool's name in tool lists and calls.
+inline constexpr absl::string_view kCalculatorTool = "calculator";
+
+// How one call of the tool went (the verifier counts these in a metric).
+enum class CalculatorOutcome { kOk, kBadArguments, kError };
+
+struct CalculatorReply {
+  CalculatorOutcome outcome = CalculatorOutcome::kOk;
+  // The tool message's content: the result, or "error: ..." for the model.
+  std::string content;
+};
+
+// Answers one call given its JSON arguments ({"expression": "..."}).
+CalculatorReply RunCalculatorCall(absl::string_view arguments_json,
+                                  const CalculatorLimits& limits = {});
+
+}  // namespace tandem::environment

@@ -1,4 +1,4 @@
-#include "services/verifier/environment/calculator.h"
+#include "common/environment/calculator.h"
 
 #include <cctype>
 #include <cerrno>
@@ -8,8 +8,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
 
-namespace tandem::verifier {
+namespace tandem::environment {
 namespace {
 
 struct Value {
@@ -231,4 +232,27 @@ absl::StatusOr<std::string> EvaluateCalculator(absl::string_view expression,
   return absl::StrFormat("%.15g", value->d);
 }
 
-}  // namespace tandem::verifier
+CalculatorReply RunCalculatorCall(absl::string_view arguments_json,
+                                  const CalculatorLimits& limits) {
+  const nlohmann::json args =
+      nlohmann::json::parse(arguments_json, nullptr, /*allow_exceptions=*/false);
+  if (args.is_discarded() || !args.is_object()) {
+    return {CalculatorOutcome::kBadArguments,
+            "error: arguments must be a JSON object like "
+            "{\"expression\": \"1 + 2\"}"};
+  }
+  auto it = args.find("expression");
+  if (it == args.end() || !it->is_string()) {
+    return {CalculatorOutcome::kBadArguments,
+            "error: argument \"expression\" (a string) is required"};
+  }
+  absl::StatusOr<std::string> value =
+      EvaluateCalculator(it->get<std::string>(), limits);
+  if (!value.ok()) {
+    return {CalculatorOutcome::kError,
+            absl::StrCat("error: ", value.status().message())};
+  }
+  return {CalculatorOutcome::kOk, *std::move(value)};
+}
+
+}  // namespace tandem::environment
