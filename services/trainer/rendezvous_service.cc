@@ -25,6 +25,22 @@ grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
   return reactor;
 }
 
+// Runs `handle` (which returns the call's status) when the caller was
+// authorized, and finishes the call with the one status or the other.
+template <typename Handle>
+grpc::ServerUnaryReactor* ServeIf(grpc::CallbackServerContext* context,
+                                  absl::Status authorized, Handle&& handle) {
+  if (authorized.ok()) authorized = handle();
+  return Finish(context, authorized);
+}
+
+// Hands an answer to `set` when there is one; returns its status.
+template <typename T, typename Set>
+absl::Status Reply(absl::StatusOr<T> value, Set&& set) {
+  if (value.ok()) set(*std::move(value));
+  return value.status();
+}
+
 }  // namespace
 
 // A held StoreWait. Exactly one of WaitLoop (an answer) and CancelWait
@@ -119,81 +135,61 @@ grpc::ServerUnaryReactor* RendezvousService::StoreSet(
     grpc::CallbackServerContext* context,
     const tandem::v1::StoreSetRequest* request,
     tandem::v1::StoreSetResponse* /*response*/) {
-  absl::Status status = Authorize(*context, "StoreSet");
-  if (status.ok()) {
-    status = keys_->Set(request->scope(), request->key(), request->value());
-  }
-  return Finish(context, status);
+  return ServeIf(context, Authorize(*context, "StoreSet"), [&] {
+    return keys_->Set(request->scope(), request->key(), request->value());
+  });
 }
 
 grpc::ServerUnaryReactor* RendezvousService::StoreGet(
     grpc::CallbackServerContext* context,
     const tandem::v1::StoreKeyRequest* request,
     tandem::v1::StoreValueResponse* response) {
-  absl::Status status = Authorize(*context, "StoreGet");
-  if (status.ok()) {
-    absl::StatusOr<std::string> value =
-        keys_->Get(request->scope(), request->key());
-    status = value.status();
-    if (value.ok()) response->set_value(*std::move(value));
-  }
-  return Finish(context, status);
+  return ServeIf(context, Authorize(*context, "StoreGet"), [&] {
+    return Reply(keys_->Get(request->scope(), request->key()),
+                 [&](std::string v) { response->set_value(std::move(v)); });
+  });
 }
 
 grpc::ServerUnaryReactor* RendezvousService::StoreAdd(
     grpc::CallbackServerContext* context,
     const tandem::v1::StoreAddRequest* request,
     tandem::v1::StoreAddResponse* response) {
-  absl::Status status = Authorize(*context, "StoreAdd");
-  if (status.ok()) {
-    absl::StatusOr<int64_t> sum =
-        keys_->Add(request->scope(), request->key(), request->delta());
-    status = sum.status();
-    if (sum.ok()) response->set_value(*sum);
-  }
-  return Finish(context, status);
+  return ServeIf(context, Authorize(*context, "StoreAdd"), [&] {
+    return Reply(
+        keys_->Add(request->scope(), request->key(), request->delta()),
+        [&](int64_t sum) { response->set_value(sum); });
+  });
 }
 
 grpc::ServerUnaryReactor* RendezvousService::StoreCompareSet(
     grpc::CallbackServerContext* context,
     const tandem::v1::StoreCompareSetRequest* request,
     tandem::v1::StoreValueResponse* response) {
-  absl::Status status = Authorize(*context, "StoreCompareSet");
-  if (status.ok()) {
-    absl::StatusOr<std::string> value =
-        keys_->CompareSet(request->scope(), request->key(), request->expected(),
-                          request->desired());
-    status = value.status();
-    if (value.ok()) response->set_value(*std::move(value));
-  }
-  return Finish(context, status);
+  return ServeIf(context, Authorize(*context, "StoreCompareSet"), [&] {
+    return Reply(keys_->CompareSet(request->scope(), request->key(),
+                                   request->expected(), request->desired()),
+                 [&](std::string v) { response->set_value(std::move(v)); });
+  });
 }
 
 grpc::ServerUnaryReactor* RendezvousService::StoreDeleteKey(
     grpc::CallbackServerContext* context,
     const tandem::v1::StoreKeyRequest* request,
     tandem::v1::StoreDeleteKeyResponse* response) {
-  absl::Status status = Authorize(*context, "StoreDeleteKey");
-  if (status.ok()) {
-    absl::StatusOr<bool> deleted =
-        keys_->DeleteKey(request->scope(), request->key());
-    status = deleted.status();
-    if (deleted.ok()) response->set_deleted(*deleted);
-  }
-  return Finish(context, status);
+  return ServeIf(context, Authorize(*context, "StoreDeleteKey"), [&] {
+    return Reply(keys_->DeleteKey(request->scope(), request->key()),
+                 [&](bool deleted) { response->set_deleted(deleted); });
+  });
 }
 
 grpc::ServerUnaryReactor* RendezvousService::StoreNumKeys(
     grpc::CallbackServerContext* context,
     const tandem::v1::StoreNumKeysRequest* request,
     tandem::v1::StoreNumKeysResponse* response) {
-  absl::Status status = Authorize(*context, "StoreNumKeys");
-  if (status.ok()) {
-    absl::StatusOr<int64_t> n = keys_->NumKeys(request->scope());
-    status = n.status();
-    if (n.ok()) response->set_num_keys(*n);
-  }
-  return Finish(context, status);
+  return ServeIf(context, Authorize(*context, "StoreNumKeys"), [&] {
+    return Reply(keys_->NumKeys(request->scope()),
+                 [&](int64_t n) { response->set_num_keys(n); });
+  });
 }
 
 grpc::ServerUnaryReactor* RendezvousService::StoreWait(
