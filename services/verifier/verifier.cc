@@ -101,7 +101,8 @@ absl::StatusOr<std::unique_ptr<Verifier>> Verifier::Create(
   verifier->environment_ = std::make_unique<EnvironmentService>(
       config.environment, &verifier->scorers_, *verifier->registry_,
       static_cast<int>(config.worker_threads),
-      absl::Milliseconds(config.item_timeout_ms));
+      absl::Milliseconds(config.item_timeout_ms), config.server.tls.enabled(),
+      [self](const char* reason) { self->metrics_.CountAuthRefused(reason); });
   ASSIGN_OR_RETURN(verifier->member_,
                    cluster::MemberDaemon::Create(
                        "verifier", tandem::v1::ROLE_VERIFIER, config.server,

@@ -46,12 +46,14 @@ VerifierMetrics::VerifierMetrics(prometheus::Registry& registry)
                          .Register(registry)),
       auth_refused_(prometheus::BuildCounter()
                         .Name("tandem_verifier_auth_refused_total")
-                        .Help("ScoreBatch calls refused by mutual-TLS "
-                              "authorization (it needs the coordinator "
-                              "role), by reason: unauthenticated, "
-                              "wrong_role. Always 0 with tls.mode off.")
+                        .Help("Calls refused by mutual-TLS authorization "
+                              "(ScoreBatch needs the coordinator role, the "
+                              "Environment service the rollout role), by "
+                              "reason: unauthenticated, wrong_role, "
+                              "other_member (another worker's episode). "
+                              "Always 0 with tls.mode off.")
                         .Register(registry)) {
-  for (const char* reason : {"unauthenticated", "wrong_role"}) {
+  for (const char* reason : {"unauthenticated", "wrong_role", "other_member"}) {
     auth_refused_.Add({{"reason", reason}});
   }
   for (absl::string_view reason : kAllKillReasons) {

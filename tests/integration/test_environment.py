@@ -49,8 +49,9 @@ MAX_ACTION_BYTES = 4096
 class Client:
     """The four Environment methods on a channel."""
 
-    def __init__(self, address):
-        self.channel = grpc.insecure_channel(address)
+    def __init__(self, address, credentials=None):
+        self.channel = (grpc.insecure_channel(address) if credentials is None
+                        else grpc.secure_channel(address, credentials))
         for method, req, resp in (
                 ("ListEnvironments", pb.ListEnvironmentsRequest,
                  pb.ListEnvironmentsResponse),
@@ -283,6 +284,113 @@ environment:
         self.assert_code(grpc.StatusCode.INVALID_ARGUMENT, self.client.open,
                          task_id="t" * 1000,
                          contains="OpenEpisodeRequest.task_id")
+
+
+class EnvironmentAuthorizationTest(unittest.TestCase):
+    """The verifier under mutual TLS: only rollout certificates open, step
+    and close episodes (an admin may list), and an episode is its opener's:
+    a second rollout identity of the same CA cannot step or close it."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="tandem-env-tls-")
+        cls.certs = os.path.join(cls.tmp, "certs")
+        cls.other = os.path.join(cls.tmp, "other")
+        cls.stranger = os.path.join(cls.tmp, "stranger")
+        harness.certs_init(cls.certs)
+        harness.certs_init(cls.other, "--ca-dir", cls.certs, "--name",
+                           "other")
+        harness.certs_init(cls.stranger)  # a CA of its own
+        config = os.path.join(cls.tmp, "verifier.yaml")
+        with open(config, "w") as f:
+            f.write(f"""coordinator_address: 127.0.0.1:1
+tls:
+  mode: mtls
+  cert: {cls.certs}/verifier.pem
+  key: {cls.certs}/verifier.key
+  ca: {cls.certs}/ca.pem
+""")
+        cls.daemon = harness.Daemon("verifier", cls.tmp,
+                                    extra=["--config", config])
+        ready = cls.daemon.wait_ready()
+        cls.address = ready["grpc_address"]
+        cls.metrics = ready["metrics_address"]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.stop()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def client(self, role, cert_dir=None):
+        return Client(self.address, harness.grpc_tls_credentials(
+            self.certs, cert_dir=cert_dir or self.certs, role=role))
+
+    def refused(self, reason):
+        return metric_sum(scrape_metrics(self.metrics),
+                          "tandem_verifier_auth_refused_total", reason=reason)
+
+    def assert_code(self, code, fn, *args, contains=None):
+        with self.assertRaises(grpc.RpcError) as caught:
+            fn(*args)
+        self.assertEqual(caught.exception.code(), code,
+                         caught.exception.details())
+        if contains:
+            self.assertIn(contains, caught.exception.details())
+
+    def test_roles_and_owners(self):
+        owner = self.client("rollout")
+        opened = owner.open()
+        eid = opened.episode_id
+        # No client certificate: refused at the handshake.
+        anonymous = Client(self.address,
+                           harness.grpc_tls_credentials(self.certs))
+        self.assert_code(grpc.StatusCode.UNAVAILABLE, anonymous.open)
+        # A certificate of another CA does not get through the handshake.
+        stranger = Client(self.address, harness.grpc_tls_credentials(
+            self.certs, cert_dir=self.stranger, role="rollout"))
+        self.assert_code(grpc.StatusCode.UNAVAILABLE, stranger.open)
+        # Valid certificates of the other roles.
+        for role in ("trainer", "coordinator", "verifier", "admin"):
+            with self.subTest(role=role):
+                other_role = self.client(role)
+                self.assert_code(grpc.StatusCode.PERMISSION_DENIED,
+                                 other_role.open,
+                                 contains="OpenEpisode needs the rollout role")
+                self.assert_code(grpc.StatusCode.PERMISSION_DENIED,
+                                 other_role.call, eid, calc("6 * 7"))
+                self.assert_code(grpc.StatusCode.PERMISSION_DENIED,
+                                 other_role.close, eid)
+        self.assertEqual(self.refused("wrong_role"), 12)
+        admin = self.client("admin")
+        names = [e.name for e in admin.ListEnvironments(
+            pb.ListEnvironmentsRequest(), timeout=10).environments]
+        self.assertIn("calculator", names)
+        self.assert_code(
+            grpc.StatusCode.PERMISSION_DENIED,
+            self.client("trainer").ListEnvironments,
+            pb.ListEnvironmentsRequest(), contains="rollout or admin")
+        # Another rollout identity of the same CA: not its episode.
+        intruder = self.client("rollout", self.other)
+        self.assert_code(grpc.StatusCode.PERMISSION_DENIED, intruder.call,
+                         eid, calc("6 * 7"),
+                         contains="opened by spiffe://tandem/rollout/dev")
+        self.assert_code(grpc.StatusCode.PERMISSION_DENIED, intruder.close,
+                         eid)
+        self.assertEqual(self.refused("other_member"), 2)
+        # Nothing the others sent was taken: the owner's call is turn 1.
+        r = owner.call(eid, calc("6 * 7"))
+        self.assertEqual(r.turn, 1)
+        self.assertEqual(r.observations[0].content, "42")
+        r = owner.call(eid, text="42")
+        self.assertTrue(r.done)
+        self.assertEqual(r.reward, 1.0)
+        self.assertTrue(owner.close(eid).existed)
+        # The intruder opens and finishes its own episodes.
+        mine = intruder.open().episode_id
+        self.assertTrue(intruder.call(mine, text="42").done)
+        self.assertTrue(intruder.close(mine).existed)
+        for c in (owner, anonymous, stranger, admin, intruder):
+            c.channel.close()
 
 
 class PythonExampleTest(unittest.TestCase):

@@ -94,14 +94,16 @@ struct Fixture {
     scorers["exact"] = *scorer_registry.Create("exact");
     table = std::make_unique<EpisodeTable>(config, &scorers, &metrics);
   }
-  std::string Open(const std::string& env = "calculator") {
+  std::string Open(const std::string& env = "calculator",
+                   const std::string& owner = "") {
     tandem::v1::OpenEpisodeRequest request;
     request.set_environment(env);
     request.set_task_id("t1");
     request.set_prompt_text("What is 6 * 7?");
     request.set_verifier("exact");
     (*request.mutable_metadata())["answer"] = "42";
-    absl::StatusOr<tandem::v1::OpenEpisodeResponse> r = table->Open(request);
+    absl::StatusOr<tandem::v1::OpenEpisodeResponse> r =
+        table->Open(request, owner);
     REQUIRE(r.ok());
     return r->episode_id();
   }
@@ -156,9 +158,38 @@ TEST_CASE("an episode: tool calls, bad arguments as observations, answer") {
   r = f.Answer(id, "42");
   CHECK(r.status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK(absl::StrContains(r.status().message(), "answered"));
-  CHECK(f.table->Close(id));
-  CHECK_FALSE(f.table->Close(id));
+  CHECK(f.table->Close(id).value_or(false));
+  CHECK_FALSE(f.table->Close(id).value_or(true));
   CHECK(f.Answer(id, "42").status().code() == absl::StatusCode::kNotFound);
+}
+
+TEST_CASE("only the opener of an episode steps and closes it") {
+  Fixture f(EnvironmentConfig{});
+  const std::string owner = "spiffe://tandem/rollout/a";
+  const std::string other = "spiffe://tandem/rollout/b";
+  const std::string id = f.Open("calculator", owner);
+  tandem::v1::StepRequest step;
+  step.set_episode_id(id);
+  step.mutable_action()->set_text("42");
+  for (const std::string& caller : {other, std::string()}) {
+    CAPTURE(caller);
+    auto stepped = f.table->Step(step, caller);
+    REQUIRE(stepped.status().code() == absl::StatusCode::kPermissionDenied);
+    CHECK(absl::StrContains(stepped.status().message(),
+                            "was opened by " + owner));
+    auto closed = f.table->Close(id, caller);
+    CHECK(closed.status().code() == absl::StatusCode::kPermissionDenied);
+  }
+  // Nothing the others sent counted: the owner's answer is the first turn.
+  auto answered = f.table->Step(step, owner);
+  REQUIRE(answered.ok());
+  CHECK(answered->turn() == 1);
+  CHECK(answered->done());
+  CHECK(answered->reward() == 1.0);
+  auto closed = f.table->Close(id, owner);
+  REQUIRE(closed.ok());
+  CHECK(*closed);
+  CHECK(f.table->size() == 0);
 }
 
 TEST_CASE("single_turn scores the first turn") {

@@ -5,12 +5,22 @@
 // Close answer on the gRPC thread (they only touch the table); Step runs on
 // the service's own thread pool, since the task's scorer may run a
 // sandboxed program. A reaper thread frees idle episodes.
+//
+// Under mutual TLS (`tls_enabled`) only rollout workers open, step and
+// close episodes (and an admin may list the environments), and an episode
+// belongs to the identity that opened it: another worker's certificate
+// gets PERMISSION_DENIED for it. Each refusal is reported to `refused`
+// with its reason (unauthenticated, wrong_role, other_member).
 
+#include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/status/statusor.h"
 #include "boost/asio/thread_pool.hpp"
+#include "common/rpc/peer_identity.h"
 #include "services/verifier/environment/episode_table.h"
 #include "tandem/v1/environment.grpc.pb.h"
 
@@ -22,7 +32,8 @@ class EnvironmentService : public tandem::v1::Environment::CallbackService {
       const EnvironmentConfig& config,
       const std::map<std::string, std::unique_ptr<Scorer>>* scorers,
       prometheus::Registry& registry, int step_threads,
-      absl::Duration score_timeout);
+      absl::Duration score_timeout, bool tls_enabled = false,
+      std::function<void(const char* reason)> refused = nullptr);
   ~EnvironmentService() override;
 
   // Kills the programs of running steps, so that they answer at once; call
@@ -50,8 +61,19 @@ class EnvironmentService : public tandem::v1::Environment::CallbackService {
 
  private:
   void ReapLoop();
+  // The caller's identity (its SPIFFE ID; empty with TLS off) when it has
+  // one of `allowed`, else the refusal, counted and logged.
+  absl::StatusOr<std::string> Caller(const grpc::CallbackServerContext& context,
+                                     const char* rpc,
+                                     rpc::PeerRoleSet allowed) const;
+  // Counts and logs a refusal of the episode table (another owner's
+  // episode) and passes `status` on.
+  absl::Status CountOwnerRefusal(const grpc::CallbackServerContext& context,
+                                 absl::Status status) const;
 
   const EnvironmentConfig config_;
+  const bool tls_enabled_;
+  const std::function<void(const char*)> refused_;
   EnvironmentMetrics metrics_;
   EpisodeTable table_;
   boost::asio::thread_pool pool_;

@@ -16,6 +16,17 @@ absl::string_view EndLabel(EpisodeEndReason reason) {
   return environment::EndReasonLabel(reason, "error");
 }
 
+// OK when `caller` opened `episode`; PermissionDenied naming both.
+absl::Status CheckOwnerOf(const std::string& owner, const std::string& id,
+                          const std::string& caller) {
+  if (owner == caller) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      "episode '", id.substr(0, 64), "' was opened by ",
+      owner.empty() ? "an unidentified caller" : owner, ", not by ",
+      caller.empty() ? "an unidentified caller" : caller,
+      "; only its opener may step or close it"));
+}
+
 }  // namespace
 
 EpisodeTable::EpisodeTable(
@@ -46,7 +57,7 @@ std::vector<tandem::v1::EnvironmentInfo> EpisodeTable::List() const {
 }
 
 absl::StatusOr<tandem::v1::OpenEpisodeResponse> EpisodeTable::Open(
-    const tandem::v1::OpenEpisodeRequest& request) {
+    const tandem::v1::OpenEpisodeRequest& request, const std::string& owner) {
   if (cancelled_.load()) {
     return absl::UnavailableError("the verifier is shutting down");
   }
@@ -69,6 +80,7 @@ absl::StatusOr<tandem::v1::OpenEpisodeResponse> EpisodeTable::Open(
   }
   auto episode = std::make_shared<Episode>();
   episode->environment = env->second.get();
+  episode->owner = owner;
   episode->task.task_id = request.task_id();
   episode->task.prompt_text = request.prompt_text();
   episode->task.scorer = scorer->second.get();
@@ -117,7 +129,7 @@ absl::StatusOr<tandem::v1::OpenEpisodeResponse> EpisodeTable::Open(
 }
 
 absl::StatusOr<tandem::v1::StepResponse> EpisodeTable::Step(
-    const tandem::v1::StepRequest& request) {
+    const tandem::v1::StepRequest& request, const std::string& caller) {
   const tandem::v1::Action& action = request.action();
   std::shared_ptr<Episode> episode;
   tandem::v1::StepResponse response;
@@ -130,6 +142,10 @@ absl::StatusOr<tandem::v1::StepResponse> EpisodeTable::Step(
           "' is not open here (never opened, closed, or reaped after "
           "environment.idle_timeout_ms of ",
           config_.idle_timeout_ms, " ms)"));
+    }
+    if (absl::Status owned = CheckOwnerOf(it->second->owner, it->first, caller);
+        !owned.ok()) {
+      return owned;
     }
     episode = it->second;
     episode->last_call = absl::Now();
@@ -210,10 +226,15 @@ absl::StatusOr<tandem::v1::StepResponse> EpisodeTable::Step(
   return response;
 }
 
-bool EpisodeTable::Close(const std::string& episode_id) {
+absl::StatusOr<bool> EpisodeTable::Close(const std::string& episode_id,
+                                          const std::string& caller) {
   absl::MutexLock lock(&mu_);
   auto it = episodes_.find(episode_id);
   if (it == episodes_.end()) return false;
+  if (absl::Status owned = CheckOwnerOf(it->second->owner, episode_id, caller);
+      !owned.ok()) {
+    return owned;
+  }
   if (it->second->ended == tandem::v1::EPISODE_END_REASON_UNSPECIFIED) {
     metrics_->CountEnded(kEndReasonClosed);
   }

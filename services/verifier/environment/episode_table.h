@@ -44,16 +44,22 @@ class EpisodeTable {
   void Cancel() { cancelled_.store(true); }
 
   std::vector<tandem::v1::EnvironmentInfo> List() const;
+  // `owner` names who opened the episode (the caller's certificate
+  // identity under mutual TLS, empty without it): only the same owner may
+  // step or close it; another caller gets PERMISSION_DENIED.
+  //
   // INVALID_ARGUMENT (unknown environment or verifier, bad metadata),
   // RESOURCE_EXHAUSTED (max_open_episodes), UNAVAILABLE after Cancel.
   absl::StatusOr<tandem::v1::OpenEpisodeResponse> Open(
-      const tandem::v1::OpenEpisodeRequest& request);
+      const tandem::v1::OpenEpisodeRequest& request,
+      const std::string& owner = "");
   // Runs one step (blocking: the task's scorer may run a program). The
   // errors of Environment.Step in environment.proto.
   absl::StatusOr<tandem::v1::StepResponse> Step(
-      const tandem::v1::StepRequest& request);
-  // True when the id was held.
-  bool Close(const std::string& episode_id);
+      const tandem::v1::StepRequest& request, const std::string& caller = "");
+  // True when the id was held (and is now closed).
+  absl::StatusOr<bool> Close(const std::string& episode_id,
+                             const std::string& caller = "");
   // Frees episodes idle for idle_timeout_ms at `now`; returns how many.
   int Reap(absl::Time now);
   // Episodes held.
@@ -63,6 +69,7 @@ class EpisodeTable {
   struct Episode {
     BuiltinEnvironment* environment = nullptr;
     EpisodeTask task;
+    std::string owner;
     uint32_t turns = 0;
     bool busy = false;  // A Step runs.
     absl::Time last_call;
