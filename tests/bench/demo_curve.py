@@ -7,7 +7,12 @@ first evaluation, each raw evaluation next to the smoothed one (the mean of
 the last 5 evaluations, as the trainer's progress line shows it):
 
   python3 tests/bench/demo_curve.py RUN_DIR --csv out.csv --svg out.svg
+
+Several run directories (e.g. one per seed) go on one plot, a colour each,
+and into one CSV with a `run` column (the directory's name).
 """
+
+import os
 
 import argparse
 import datetime
@@ -46,11 +51,18 @@ def smoothed(curve, window=SMOOTHING_WINDOW):
     return out
 
 
-def svg(curve, title):
+COLOURS = [("#9ecae1", "#1f77b4"), ("#fdae6b", "#e6550d"),
+           ("#a1d99b", "#31a354"), ("#bcbddc", "#756bb1")]
+
+
+def svg(runs, title):
+    """`runs`: [(label, curve)]; each run's evaluations thin, its mean of the
+    last SMOOTHING_WINDOW thick, in its own colour."""
     width, height, left, bottom, top, right = 640, 360, 56, 40, 30, 16
-    max_t = max(60.0, max(t for t, _, _ in curve))
-    lo = min(a for _, _, a in curve)
-    hi = max(a for _, _, a in curve)
+    points = [p for _, curve in runs for p in curve]
+    max_t = max(60.0, max(t for t, _, _ in points))
+    lo = min(a for _, _, a in points)
+    hi = max(a for _, _, a in points)
     lo = max(0.0, (int(lo * 10) / 10.0))
     hi = min(1.0, (int(hi * 10) + 1) / 10.0)
 
@@ -86,53 +98,75 @@ def svg(curve, title):
                f'text-anchor="middle" transform="rotate(-90 14 '
                f'{(top + height - bottom) / 2})">held-out accuracy '
                f'(greedy)</text>')
-    path = " ".join(f"{x(t):.1f},{y(a):.1f}" for t, _, a in curve)
-    out.append(f'<polyline fill="none" stroke="#9ecae1" stroke-width="1" '
-               f'points="{path}"/>')
-    mean = smoothed(curve)
-    path = " ".join(f"{x(t):.1f},{y(m):.1f}"
-                    for (t, _, _), m in zip(curve, mean))
-    out.append(f'<polyline fill="none" stroke="#1f77b4" stroke-width="2.5" '
-               f'points="{path}"/>')
+    for k, (label, curve) in enumerate(runs):
+        thin, thick = COLOURS[k % len(COLOURS)]
+        path = " ".join(f"{x(t):.1f},{y(a):.1f}" for t, _, a in curve)
+        out.append(f'<polyline fill="none" stroke="{thin}" '
+                   f'stroke-width="1" points="{path}"/>')
+        mean = smoothed(curve)
+        path = " ".join(f"{x(t):.1f},{y(m):.1f}"
+                        for (t, _, _), m in zip(curve, mean))
+        out.append(f'<polyline fill="none" stroke="{thick}" '
+                   f'stroke-width="2.5" points="{path}"/>')
+        if len(runs) > 1:
+            ly = top + 10 + 16 * k
+            out.append(f'<line x1="{width - right - 150}" '
+                       f'x2="{width - right - 130}" y1="{ly}" y2="{ly}" '
+                       f'stroke="{thick}" stroke-width="2.5"/>')
+            out.append(f'<text x="{width - right - 126}" y="{ly + 4}">'
+                       f'{label}</text>')
+    thin, thick = COLOURS[0]
     out.append(f'<line x1="{left + 10}" x2="{left + 30}" y1="{top + 10}" '
-               f'y2="{top + 10}" stroke="#9ecae1"/>')
+               f'y2="{top + 10}" stroke="{thin}"/>')
     out.append(f'<text x="{left + 34}" y="{top + 14}">each evaluation</text>')
     out.append(f'<line x1="{left + 10}" x2="{left + 30}" y1="{top + 26}" '
-               f'y2="{top + 26}" stroke="#1f77b4" stroke-width="2.5"/>')
+               f'y2="{top + 26}" stroke="{thick}" stroke-width="2.5"/>')
     out.append(f'<text x="{left + 34}" y="{top + 30}">mean of the last '
                f'{SMOOTHING_WINDOW}</text>')
-    base = curve[0][2]
-    out.append(f'<line x1="{left}" x2="{width - right}" y1="{y(base):.1f}" '
-               f'y2="{y(base):.1f}" stroke="#999" stroke-dasharray="4 3"/>')
+    if len(runs) == 1:
+        base = runs[0][1][0][2]
+        out.append(f'<line x1="{left}" x2="{width - right}" '
+                   f'y1="{y(base):.1f}" y2="{y(base):.1f}" stroke="#999" '
+                   f'stroke-dasharray="4 3"/>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
 
+def summary(curve):
+    first, last = curve[0], curve[-1]
+    best = max(curve, key=lambda p: p[2])
+    mean = smoothed(curve)
+    return (f"{len(curve)} evaluations over {last[0]:.0f} s: "
+            f"{100 * first[2]:.1f}% (v {first[1]}) -> {100 * last[2]:.1f}% "
+            f"(v {last[1]}, mean of the last {SMOOTHING_WINDOW} "
+            f"{100 * mean[-1]:.1f}%); best {100 * best[2]:.1f}% "
+            f"(v {best[1]}, {best[0]:.0f} s)")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("run_dir")
+    parser.add_argument("run_dirs", nargs="+", metavar="run_dir")
     parser.add_argument("--csv")
     parser.add_argument("--svg")
     parser.add_argument("--title", default="tandem-local: held-out accuracy")
     args = parser.parse_args()
-    curve = read_curve(args.run_dir)
+    runs = [(os.path.basename(os.path.normpath(d)), read_curve(d))
+            for d in args.run_dirs]
+    several = len(runs) > 1
     if args.csv:
         with open(args.csv, "w") as f:
-            f.write("seconds,policy_version,heldout_accuracy,"
+            f.write(("run," if several else "") +
+                    "seconds,policy_version,heldout_accuracy,"
                     f"heldout_mean_last_{SMOOTHING_WINDOW}\n")
-            for (t, v, a), m in zip(curve, smoothed(curve)):
-                f.write(f"{t:.1f},{v},{a:.4f},{m:.4f}\n")
+            for label, curve in runs:
+                for (t, v, a), m in zip(curve, smoothed(curve)):
+                    f.write((f"{label}," if several else "") +
+                            f"{t:.1f},{v},{a:.4f},{m:.4f}\n")
     if args.svg:
         with open(args.svg, "w") as f:
-            f.write(svg(curve, args.title))
-    first, last = curve[0], curve[-1]
-    best = max(curve, key=lambda p: p[2])
-    mean = smoothed(curve)
-    print(f"{len(curve)} evaluations over {last[0]:.0f} s: "
-          f"{100 * first[2]:.1f}% (v {first[1]}) -> {100 * last[2]:.1f}% "
-          f"(v {last[1]}, mean of the last {SMOOTHING_WINDOW} "
-          f"{100 * mean[-1]:.1f}%); best {100 * best[2]:.1f}% "
-          f"(v {best[1]}, {best[0]:.0f} s)")
+            f.write(svg(runs, args.title))
+    for label, curve in runs:
+        print((f"{label}: " if several else "") + summary(curve))
 
 
 if __name__ == "__main__":
