@@ -170,6 +170,21 @@ void EpisodeDriver::HandleReply(EnvironmentReply reply) {
       return;
     }
     e.episode_id = reply.open.episode_id();
+    if (reply.open.observations_size() > 0) {
+      // Messages before the first turn would have to go into the prompt,
+      // which the model has already begun to answer: refused, not dropped
+      // (the model would act without them and be trained on that).
+      e.open_failed = true;
+      e.result.end_text = absl::StrCat(
+          "the environment opened the episode with ",
+          reply.open.observations_size(),
+          " observations before the first turn; this worker does not take "
+          "opening observations (put them in the dataset's prompt)");
+      client_->Close(reply.key, e.episode_id);
+      e.episode_id.clear();
+      if (e.pending_turn) End(e, "environment_failed", e.result.end_text);
+      return;
+    }
     if (e.pending_turn) {
       engine::ParkedTurn turn = std::move(*e.pending_turn);
       e.pending_turn.reset();

@@ -418,6 +418,11 @@ class RewardingEnvironment : public tandem::v1::Environment::CallbackService {
       const tandem::v1::OpenEpisodeRequest*,
       tandem::v1::OpenEpisodeResponse* response) override {
     response->set_episode_id(absl::StrCat("r-", ++opened));
+    if (opening_observation) {
+      tandem::v1::Observation* o = response->add_observations();
+      o->set_role("user");
+      o->set_content("You are in a maze.");
+    }
     auto* reactor = context->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;
@@ -445,11 +450,14 @@ class RewardingEnvironment : public tandem::v1::Environment::CallbackService {
       const tandem::v1::CloseEpisodeRequest*,
       tandem::v1::CloseEpisodeResponse* response) override {
     response->set_existed(true);
+    ++closed;
     auto* reactor = context->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
   std::atomic<int> opened{0};
+  std::atomic<int> closed{0};
+  std::atomic<bool> opening_observation{false};
   std::atomic<double> reward{0.0};
   std::atomic<bool> observe_first{false};
   std::atomic<int> steps{0};
@@ -483,6 +491,31 @@ TEST_CASE(
     REQUIRE(fair.reward.has_value());
     CHECK(*fair.reward == 0.5);
   }
+}
+
+TEST_CASE(
+    "opening observations end the episode environment_failed, saying why, "
+    "and close it") {
+  RewardingEnvironment service;
+  service.opening_observation = true;
+  service.reward = 1.0;
+  LoopbackServer server(&service);
+  Rig rig(server.address(), EpisodeLimits{});
+  rig.script = {"7"};
+  REQUIRE(rig.Start("maze", 3).ok());
+  EpisodeResult r = rig.RunOne();
+  CHECK(r.end_reason == "environment_failed");
+  CHECK_FALSE(r.reward.has_value());
+  CHECK_THAT(r.end_text,
+             Catch::Contains("opened the episode with 1 observations before "
+                             "the first turn"));
+  CHECK(service.steps == 0);
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (service.closed < 1 && absl::Now() < give_up) {
+    rig.driver.Poll();
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  CHECK(service.closed == 1);
 }
 
 TEST_CASE(
