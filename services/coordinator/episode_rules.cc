@@ -36,11 +36,13 @@ absl::Status ValidateEpisodeFields(const tandem::v1::Sample& sample,
                                    int index) {
   if (sample.has_environment_reward()) {
     const double reward = sample.environment_reward();
-    if (!environment::IsValidReward(reward)) {
+    if (!std::isfinite(reward) ||
+        std::fabs(reward) > environment::kRewardLimit) {
       return Invalid(absl::StrCat(
           "samples[", index, "].environment_reward is ", reward,
-          "; an environment's reward must be finite and in [",
-          environment::kRewardMin, ", ", environment::kRewardMax, "]"));
+          "; an environment's reward must be finite and within [-",
+          static_cast<int64_t>(environment::kRewardLimit), ", ",
+          static_cast<int64_t>(environment::kRewardLimit), "]"));
     }
   }
   if (!sample.episode_end_reason().empty() &&
@@ -57,8 +59,17 @@ absl::Status ValidateEpisodeFields(const tandem::v1::Sample& sample,
 }
 
 absl::Status ValidateEpisodeForLease(const tandem::v1::Sample& sample,
-                                     int index, bool lease_has_environment) {
+                                     int index, bool lease_has_environment,
+                                     const environment::RewardRange& range) {
   if (lease_has_environment) {
+    if (sample.has_environment_reward() &&
+        !range.Contains(sample.environment_reward())) {
+      return Invalid(absl::StrCat(
+          "samples[", index, "].environment_reward is ",
+          sample.environment_reward(), "; lease '", sample.lease_id(),
+          "' takes rewards in ", range.ToString(),
+          " (the dataset row's reward_range, default [0, 1])"));
+    }
     if (sample.episode_end_reason().empty()) {
       return Invalid(absl::StrCat(
           "samples[", index, "].episode_end_reason is empty; lease '",

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/environment/reward_range.h"
 #include "tandem/v1/common.pb.h"
 
 namespace tandem::coordinator {
@@ -30,15 +31,16 @@ namespace tandem::coordinator {
 bool IsEpisodeEndReason(const std::string& reason);
 
 // Request-only checks of samples[index]'s episode fields: the reward finite
-// and in range, the end reason known. INVALID_ARGUMENT naming the field
+// and within environment::kRewardLimit, the end reason known. INVALID_ARGUMENT naming the field
 // and value, refusal reason SubmitRefusal::kEpisode.
 absl::Status ValidateEpisodeFields(const tandem::v1::Sample& sample, int index);
 
 // The checks that need the lease: on a lease with an environment the end
-// reason is required; on one without, neither the reward nor the end
-// reason may be set.
+// reason is required and the reward must be in the task's `range`; on one
+// without, neither the reward nor the end reason may be set.
 absl::Status ValidateEpisodeForLease(const tandem::v1::Sample& sample,
-                                     int index, bool lease_has_environment);
+                                     int index, bool lease_has_environment,
+                                     const environment::RewardRange& range);
 
 // The score of an accepted episode sample: its environment reward, or 0
 // without one; the outcome is the end reason (a bounded label) and the

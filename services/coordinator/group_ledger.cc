@@ -107,6 +107,8 @@ tandem::v1::LeasePromptsResponse GroupLedger::Lease(
       // verifier and its inputs; a single-turn task's stay here.
       lease->set_environment(group->prompt->environment);
       lease->set_verifier(group->prompt->verifier);
+      lease->mutable_reward_range()->set_min(group->prompt->reward_range.min);
+      lease->mutable_reward_range()->set_max(group->prompt->reward_range.max);
       for (const auto& [key, value] : group->prompt->metadata) {
         (*lease->mutable_metadata())[key] = value;
       }
@@ -331,7 +333,8 @@ absl::Status GroupLedger::CheckSubmitLocked(
     RETURN_IF_ERROR(ValidateSampleVersions(
         sample, i, oldest, policy_version_ + kVersionsAheadAllowed));
     RETURN_IF_ERROR(
-        ValidateEpisodeForLease(sample, i, !state.prompt->environment.empty()));
+        ValidateEpisodeForLease(sample, i, !state.prompt->environment.empty(),
+                                state.prompt->reward_range));
   }
   return absl::OkStatus();
 }

@@ -56,6 +56,10 @@ journal::Prompt ToJournal(const Prompt& prompt) {
     (*out.mutable_metadata())[key] = value;
   }
   out.set_environment(prompt.environment);
+  if (!prompt.environment.empty()) {
+    out.set_reward_min(prompt.reward_range.min);
+    out.set_reward_max(prompt.reward_range.max);
+  }
   out.mutable_reference_completion_ids()->Add(
       prompt.reference_completion_ids.begin(),
       prompt.reference_completion_ids.end());
@@ -70,6 +74,8 @@ Prompt FromJournal(const journal::Prompt& prompt) {
   out.verifier = prompt.verifier();
   for (const auto& [key, value] : prompt.metadata()) out.metadata[key] = value;
   out.environment = prompt.environment();
+  if (prompt.has_reward_min()) out.reward_range.min = prompt.reward_min();
+  if (prompt.has_reward_max()) out.reward_range.max = prompt.reward_max();
   out.reference_completion_ids.assign(
       prompt.reference_completion_ids().begin(),
       prompt.reference_completion_ids().end());

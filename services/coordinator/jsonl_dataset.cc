@@ -68,6 +68,25 @@ std::string ParseLine(const std::string& line,
       return "environment must be at most 128 bytes";
     }
   }
+  if (json.contains("reward_range")) {
+    const Json& range = json["reward_range"];
+    if (prompt->environment.empty()) {
+      return "reward_range needs an environment (a single-turn task is "
+             "scored by its verifier, in [0, 1])";
+    }
+    if (!range.is_array() || range.size() != 2 || !range[0].is_number() ||
+        !range[1].is_number()) {
+      return absl::StrCat("reward_range must be [min, max], two numbers; got ",
+                          range.dump().substr(0, 64));
+    }
+    const double min = range[0].get<double>();
+    const double max = range[1].get<double>();
+    if (std::string why = environment::RewardRangeError(min, max);
+        !why.empty()) {
+      return why;
+    }
+    prompt->reward_range = {min, max};
+  }
   const bool has_text = json.contains("prompt");
   if (has_text) {
     if (!json["prompt"].is_string()) return "prompt must be a string";

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/environment/reward_range.h"
 #include "services/coordinator/coordinator_config.h"
 
 namespace tandem::coordinator {
@@ -34,6 +35,8 @@ struct Prompt {
   // Multi-turn tasks: the environment that runs the episodes (empty:
   // single-turn). The environment's reward is the score (episode_rules.h).
   std::string environment;
+  // Multi-turn tasks: the range the environment's reward must be in.
+  environment::RewardRange reward_range;
   // The dataset's reference completion (token ids), if it has one: the
   // built-in task's answer and end token; a JSONL line's
   // reference_completion. Handed to the trainer with the scored group

@@ -58,6 +58,7 @@ absl::Status EpisodeDriver::Start(EpisodeTask task) {
     const Key key{task.request_id, i};
     Episode& e = episodes_[key];
     e.request_id = task.request_id;
+    e.reward_range = task.reward_range;
     e.sample_index = i;
     client_->Open(KeyText(key), task.open);
   }
@@ -204,11 +205,11 @@ void EpisodeDriver::HandleReply(EnvironmentReply reply) {
       const double reward = step.reward();
       // Delivered as it came, the coordinator would refuse the sample and
       // its lease could never complete.
-      if (!environment::IsValidReward(reward)) {
+      if (!e.reward_range.Contains(reward)) {
         End(e, "error",
             absl::StrCat("the environment's reward ", reward,
-                         " is not finite or outside [", environment::kRewardMin,
-                         ", ", environment::kRewardMax, "]; dropped (",
+                         " is not finite or outside the task's range ",
+                         e.reward_range.ToString(), "; dropped (",
                          step.end_text(), ")"));
         return;
       }

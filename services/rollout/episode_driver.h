@@ -26,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/chat/tool_calls.h"
+#include "common/environment/reward_range.h"
 #include "engine/engine.h"
 #include "services/rollout/environment_client.h"
 
@@ -69,6 +70,8 @@ struct EpisodeTask {
   std::vector<int32_t> prompt;
   engine::SamplingParams params;
   tandem::v1::OpenEpisodeRequest open;
+  // The task's reward range (PromptLease.reward_range; default [0, 1]).
+  environment::RewardRange reward_range;
 };
 
 struct EpisodeResult {
@@ -131,6 +134,7 @@ class EpisodeDriver {
     // The last turn parked by a stop string: its end-of-turn tokens are
     // still to be written.
     bool turn_open = false;
+    environment::RewardRange reward_range;
     EpisodeResult result;
   };
   using Key = std::pair<std::string, int32_t>;

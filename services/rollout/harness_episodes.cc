@@ -340,11 +340,12 @@ absl::Status HarnessEpisodes::Finish(const std::string& episode_id,
         absl::StrCat("episode ", episode_id, " has a turn in flight (",
                      e.in_flight, "); finish it after the turn's response"));
   }
-  if (!environment::IsValidReward(reward)) {
+  const environment::RewardRange& range =
+      groups_.at(e.lease_id).task.reward_range;
+  if (!range.Contains(reward)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("episode ", episode_id, ": reward must be a number in [",
-                     environment::kRewardMin, ", ", environment::kRewardMax,
-                     "], got ", reward));
+        absl::StrCat("episode ", episode_id, ": reward must be a number in ",
+                     range.ToString(), " (the task's range), got ", reward));
   }
   if (std::find(e.sources.begin(), e.sources.end(),
                 engine::TokenSource::kModel) == e.sources.end()) {

@@ -37,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/environment/reward_range.h"
 #include "engine/engine.h"
 
 namespace tandem::rollout {
@@ -67,6 +68,8 @@ struct HarnessTask {
   int64_t max_tokens = 0;  // the lease's; 0 = unset
   std::string verifier;
   std::map<std::string, std::string> metadata;
+  // The range a :finish reward must be in (PromptLease.reward_range).
+  environment::RewardRange reward_range;
 };
 
 // A finished episode for submission: `sample.request_id` is the lease id.

@@ -3,7 +3,6 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "common/environment/reward_range.h"
 
 namespace tandem::rollout {
 namespace {
@@ -168,9 +167,9 @@ HarnessReply HandleHarnessRequest(HarnessEpisodes* episodes, bool is_post,
     if (!json->contains("reward") || !(*json)["reward"].is_number()) {
       return BadRequest(
           absl::StrCat("episode ", id.substr(0, 128),
-                       ": ':finish' needs a numeric 'reward' in [",
-                       environment::kRewardMin, ", ", environment::kRewardMax,
-                       "]"),
+                       ": ':finish' needs a numeric 'reward' (in the task's "
+                       "range, [0, 1] unless its dataset row gives a "
+                       "reward_range)"),
           "reward");
     }
     status = episodes->Finish(id, (*json)["reward"].get<double>(), now);

@@ -125,6 +125,9 @@ absl::Status RolloutWorker::StartEpisodeLease(
   for (const auto& [key, value] : lease.metadata()) {
     (*task.open.mutable_metadata())[key] = value;
   }
+  if (lease.has_reward_range()) {
+    task.reward_range = {lease.reward_range().min(), lease.reward_range().max()};
+  }
   return episodes_->Start(std::move(task));
 }
 
@@ -174,6 +177,9 @@ absl::Status RolloutWorker::OfferHarnessLease(
   task.max_tokens = lease.sampling().max_tokens();
   task.verifier = lease.verifier();
   for (const auto& [key, value] : lease.metadata()) task.metadata[key] = value;
+  if (lease.has_reward_range()) {
+    task.reward_range = {lease.reward_range().min(), lease.reward_range().max()};
+  }
   return harness_->Offer(std::move(task), absl::Now());
 }
 

@@ -24,7 +24,7 @@ TEST_CASE("JSONL: prompt text is tokenized, token ids are taken as given",
       "\n\n"
       R"({"prompt_token_ids": [1, 10, 2, 12], "verifier": "exact", "extra": 5})"
       "\r\n"
-      R"({"prompt": "1+2=", "verifier": "exact", "environment": "calculator"})"
+      R"({"prompt": "1+2=", "verifier": "exact", "environment": "calculator", "reward_range": [-1, 0.5]})"
       "\n"
       R"({"prompt": "1+2=", "verifier": "arith", "reference_completion": "3"})"
       "\n"
@@ -43,6 +43,10 @@ TEST_CASE("JSONL: prompt text is tokenized, token ids are taken as given",
   CHECK(b.verifier == "exact");
   CHECK(a.environment.empty());  // single-turn
   CHECK(dataset->prompts[2].environment == "calculator");
+  CHECK(dataset->prompts[2].reward_range.min == -1.0);
+  CHECK(dataset->prompts[2].reward_range.max == 0.5);
+  CHECK(a.reward_range.min == 0.0);  // the default [0, 1]
+  CHECK(a.reward_range.max == 1.0);
   // Reference completions (training.guide_failed_groups): none by default,
   // text tokenized, ids taken as given.
   CHECK(a.reference_completion_ids.empty());
@@ -67,6 +71,14 @@ TEST_CASE("JSONL: malformed lines are reported with file and line",
       {R"({"prompt": 5, "verifier": "arith"})", "prompt must be a string"},
       {R"({"prompt": "1=", "verifier": "arith", "environment": 3})",
        "environment must be a string"},
+      {R"({"prompt": "1=", "verifier": "arith", "reward_range": [0, 2]})",
+       "reward_range needs an environment"},
+      {R"({"prompt": "1=", "verifier": "arith", "environment": "e", "reward_range": [0]})",
+       "reward_range must be [min, max], two numbers; got [0]"},
+      {R"({"prompt": "1=", "verifier": "arith", "environment": "e", "reward_range": [1, 1]})",
+       "reward_range [1, 1] must have min < max"},
+      {R"({"prompt": "1=", "verifier": "arith", "environment": "e", "reward_range": [0, 1e9]})",
+       "must lie within [-1000000, 1000000]"},
       {R"({"prompt": "1=", "verifier": "arith", "metadata": {"answer": 2}})",
        "metadata.answer must be a string"},
       {R"({"prompt_token_ids": [1, -2], "verifier": "arith"})",

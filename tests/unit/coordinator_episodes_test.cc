@@ -31,6 +31,10 @@ const absl::Time kT0 = absl::FromUnixSeconds(1700000000);
 // ("s2", "s5", ...) single-turn.
 class EpisodePromptSource : public PromptSource {
  public:
+  EpisodePromptSource() = default;
+  // Every episode prompt with this reward_range.
+  explicit EpisodePromptSource(environment::RewardRange range)
+      : range_(range) {}
   std::optional<Prompt> Next() override {
     Prompt prompt;
     const bool single = cursor_ % 3 == 2;
@@ -39,7 +43,10 @@ class EpisodePromptSource : public PromptSource {
     prompt.token_ids = {1, 2, 3};
     prompt.verifier = "exact";
     prompt.metadata["answer"] = "12";
-    if (!single) prompt.environment = "calculator";
+    if (!single) {
+      prompt.environment = "calculator";
+      prompt.reward_range = range_;
+    }
     return prompt;
   }
   uint64_t cursor() const override { return cursor_; }
@@ -47,6 +54,7 @@ class EpisodePromptSource : public PromptSource {
 
  private:
   uint64_t cursor_ = 0;
+  environment::RewardRange range_;
 };
 
 GroupLedgerOptions Options() {
@@ -197,6 +205,69 @@ TEST_CASE(
   CHECK(scores.at(lease_id + "/1") ==
         std::make_pair(1.0, std::string("environment")));
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE(
+    "a row's reward_range travels with the lease, bounds the episode "
+    "rewards the coordinator takes, and survives recovery",
+    "[coordinator][episodes][journal]") {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      absl::StrCat("tandem_reward_range_", ::getpid());
+  std::filesystem::remove_all(dir);
+  const environment::RewardRange penalties{-1.0, 1.0};
+  std::string lease_id, group_id;
+  {
+    GroupLedger ledger(Options(),
+                       std::make_unique<EpisodePromptSource>(penalties));
+    auto journal = Journal::Open(dir.string());
+    REQUIRE(journal.ok());
+    std::vector<ScoringTask> none;
+    REQUIRE(ledger.Recover(*std::move(journal), kT0, &none).ok());
+    const auto leases = ledger.Lease("w", 3, 0, kT0);
+    const tandem::v1::PromptLease& lease = leases.leases(0);
+    lease_id = lease.lease_id();
+    group_id = lease.group_id();
+    REQUIRE(lease.has_reward_range());
+    CHECK(lease.reward_range().min() == -1.0);
+    CHECK(lease.reward_range().max() == 1.0);
+    CHECK_FALSE(leases.leases(2).has_reward_range());  // single-turn
+
+    absl::StatusOr<SubmitResult> over =
+        SubmitOne(ledger, Episode(lease, 0, 1.5, "answered"));
+    REQUIRE(over.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(over.status().message()),
+               Catch::Contains("samples[0].environment_reward is 1.5; lease '" +
+                               lease_id + "' takes rewards in [-1, 1]"));
+    REQUIRE(SubmitOne(ledger, Episode(lease, 0, -0.5, "environment")).ok());
+    REQUIRE(ledger.SyncJournal().ok());
+  }
+  // Recovered from the journal, the group keeps its range: a penalty is
+  // still taken.
+  GroupLedger recovered(Options(),
+                        std::make_unique<EpisodePromptSource>(penalties));
+  auto journal = Journal::Open(dir.string());
+  REQUIRE(journal.ok());
+  std::vector<ScoringTask> to_score;
+  REQUIRE(recovered.Recover(*std::move(journal), kT0, &to_score).ok());
+  tandem::v1::PromptLease same;
+  same.set_lease_id(lease_id);
+  same.set_group_id(group_id);
+  REQUIRE(SubmitOne(recovered, Episode(same, 1, -1.0, "environment")).ok());
+  const auto scores = ReadyScores(recovered);
+  REQUIRE(scores.size() == 2);
+  CHECK(scores.at(lease_id + "/0").first == -0.5);
+  CHECK(scores.at(lease_id + "/1").first == -1.0);
+  std::filesystem::remove_all(dir);
+
+  // Without a reward_range a row takes [0, 1].
+  GroupLedger plain(Options(), std::make_unique<EpisodePromptSource>());
+  const auto leases = plain.Lease("w", 1, 0, kT0);
+  absl::StatusOr<SubmitResult> penalty =
+      SubmitOne(plain, Episode(leases.leases(0), 0, -0.5, "environment"));
+  REQUIRE(penalty.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(penalty.status().message()),
+             Catch::Contains("takes rewards in [0, 1]"));
 }
 
 }  // namespace

@@ -226,10 +226,10 @@ std::vector<Poison> Poisons() {
          s->set_environment_reward(std::numeric_limits<double>::quiet_NaN());
        },
        invalid, "samples[1].environment_reward is nan", "episode"},
-      {"an environment reward outside [0, 1]",
-       [](Sample* s) { s->set_environment_reward(1.5); }, invalid,
-       "samples[1].environment_reward is 1.5; an environment's reward must "
-       "be finite and in [0, 1]",
+      {"an environment reward beyond any range",
+       [](Sample* s) { s->set_environment_reward(2e6); }, invalid,
+       "samples[1].environment_reward is 2e+06; an environment's reward must "
+       "be finite and within [-1000000, 1000000]",
        "episode"},
       {"an unknown episode end reason",
        [](Sample* s) { s->set_episode_end_reason("because"); }, invalid,

@@ -133,8 +133,10 @@ struct Rig {
     return o;
   }
 
-  absl::Status Start(const std::string& id, int32_t first_turn_tokens) {
+  absl::Status Start(const std::string& id, int32_t first_turn_tokens,
+                     environment::RewardRange reward_range = {}) {
     EpisodeTask task;
+    task.reward_range = reward_range;
     task.request_id = id;
     task.prompt = {3, 4, 5, 6, 7};
     task.params.temperature = 0;
@@ -478,7 +480,8 @@ TEST_CASE(
     CHECK_FALSE(made_up.reward.has_value());
     CHECK_THAT(made_up.end_text,
                Catch::Contains("the environment's reward 7.5 is not finite "
-                               "or outside [0, 1]; dropped (judged)"));
+                               "or outside the task's range [0, 1]; "
+                               "dropped (judged)"));
     service.reward = std::nan("");
     REQUIRE(rig.Start("nan", 3).ok());
     EpisodeResult nan = rig.RunOne();
@@ -490,6 +493,23 @@ TEST_CASE(
     CHECK(fair.end_reason == "environment");
     REQUIRE(fair.reward.has_value());
     CHECK(*fair.reward == 0.5);
+    // A task with its own range (the dataset row's reward_range) takes a
+    // penalty, and refuses what is outside its range.
+    service.reward = -0.5;
+    REQUIRE(rig.Start("penalised", 3, {-1.0, 1.0}).ok());
+    EpisodeResult penalised = rig.RunOne();
+    CHECK(penalised.end_reason == "environment");
+    REQUIRE(penalised.reward.has_value());
+    CHECK(*penalised.reward == -0.5);
+    REQUIRE(rig.Start("default", 3).ok());
+    EpisodeResult refused = rig.RunOne();
+    CHECK(refused.end_reason == "error");
+    service.reward = 1.5;
+    REQUIRE(rig.Start("over", 3, {-1.0, 1.0}).ok());
+    EpisodeResult over = rig.RunOne();
+    CHECK(over.end_reason == "error");
+    CHECK_THAT(over.end_text, Catch::Contains("outside the task's range "
+                                              "[-1, 1]"));
   }
 }
 

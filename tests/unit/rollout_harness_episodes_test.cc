@@ -137,6 +137,25 @@ TEST_CASE("a turn must extend the episode's tokens") {
   CHECK(groups[0][0].sample.output == std::vector<int32_t>{20, 21, 22});
 }
 
+TEST_CASE("a task's reward_range bounds what :finish takes") {
+  Fixture f;
+  HarnessTask task = Task("L1", 1);
+  task.reward_range = {-1.0, 1.0};
+  REQUIRE(f.episodes.Offer(task, f.now).ok());
+  std::optional<HarnessClaim> a = f.episodes.Claim(f.now);
+  REQUIRE(a);
+  REQUIRE(f.Turn(a->episode_id, {10, 11, 12}, {20}, 5, "r1").ok());
+  absl::Status over = f.episodes.Finish(a->episode_id, 1.5, f.now);
+  CHECK(over.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(over.message()),
+             Catch::Contains("reward must be a number in [-1, 1] (the "
+                             "task's range), got 1.5"));
+  REQUIRE(f.episodes.Finish(a->episode_id, -0.75, f.now).ok());
+  auto groups = f.episodes.TakeFinishedGroups();
+  REQUIRE(groups.size() == 1);
+  CHECK(groups[0][0].reward == -0.75);
+}
+
 TEST_CASE("unknown episodes, aborts and idle harnesses") {
   Fixture f;
   CHECK(f.episodes.BeginTurn("ep-x", "r", {1}, 0.7, f.now).code() ==
