@@ -91,10 +91,14 @@ training:
   lr: 0.0001
   clip_high: 0.28
   dynamic_sampling: true
+  # A group of 8 episodes is about 1300 tokens: room for the 16 groups a
+  # step the coordinator dispatches for (with the default 4096, 2-3 groups
+  # a step, versions outran the episodes and 60% of them went stale).
+  batch_max_tokens: 16384
 # Greedy calculator episodes on held-out products; 256 problems (an
 # episode decodes two turns, ten times the tokens of an arith answer).
 eval:
-  every_versions: 50
+  every_versions: 20
   problems: 256
   task: tools
   tools_digits: 4
