@@ -340,8 +340,10 @@ absl::Status HarnessEpisodes::Finish(const std::string& episode_id,
         absl::StrCat("episode ", episode_id, " has a turn in flight (",
                      e.in_flight, "); finish it after the turn's response"));
   }
-  const environment::RewardRange& range =
-      groups_.at(e.lease_id).task.reward_range;
+  auto held = groups_.find(e.lease_id);
+  const environment::RewardRange range = held != groups_.end()
+                                             ? held->second.task.reward_range
+                                             : environment::RewardRange{};
   if (!range.Contains(reward)) {
     return absl::InvalidArgumentError(
         absl::StrCat("episode ", episode_id, ": reward must be a number in ",
