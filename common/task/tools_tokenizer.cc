@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "common/tokenizer/byte_level.h"
 
 namespace tandem::task {
 namespace {
@@ -65,10 +66,17 @@ absl::Status WriteFileAtomically(const std::string& path,
 }  // namespace
 
 std::string ToolsTokenizerJson() {
+  // Keys spelled the byte-level way (space "Ġ", newline "Ċ"), with a
+  // ByteLevel pre-tokenizer: what GPT-2 style tokenizers do, so that
+  // Hugging Face's loaders agree on the ids. transformers 5 loads this
+  // directory as a Qwen2 tokenizer (its config is a Qwen2 model's), which
+  // byte-level encodes the text before the vocabulary lookup; raw keys " "
+  // and "\n" were then never found and spaces were dropped.
   Json vocab = Json::object();
-  vocab["\n"] = 0;
+  vocab[tokenizer::ByteLevelEncode("\n")] = 0;
   for (int c = ' '; c <= '~'; ++c) {
-    vocab[std::string(1, static_cast<char>(c))] = c - ' ' + 1;
+    vocab[tokenizer::ByteLevelEncode(std::string(1, static_cast<char>(c)))] =
+        c - ' ' + 1;
   }
   vocab[kToolsImStartToken] = kToolsImStartId;
   vocab[kToolsImEndToken] = kToolsImEndId;
@@ -88,7 +96,11 @@ std::string ToolsTokenizerJson() {
                {"padding", nullptr},
                {"added_tokens", added},
                {"normalizer", nullptr},
-               {"pre_tokenizer", nullptr},
+               {"pre_tokenizer",
+                {{"type", "ByteLevel"},
+                 {"add_prefix_space", false},
+                 {"trim_offsets", false},
+                 {"use_regex", false}}},
                {"post_processor", nullptr},
                {"decoder",
                 {{"type", "ByteLevel"},

@@ -14,7 +14,10 @@ task is learned is docs/environments.md's measurement, not this test's.
   * the trainer's held-out evaluation runs greedy calculator episodes and
     the progress line reports its accuracy;
   * --task tools with neither a warm start nor --model refuses to start,
-    saying why."""
+    saying why;
+  * the model directory's tokenizer.json and chat template give the ids and
+    the prompts Tandem gives, read by Hugging Face's tokenizers and by
+    transformers' AutoTokenizer (which loads it as a Qwen2 tokenizer)."""
 
 import json
 import os
@@ -66,6 +69,45 @@ class ToolsTaskTest(unittest.TestCase):
                 row["prompt"],
                 f"<|im_start|>user\n{a}*{b}<|im_end|>\n"
                 "<|im_start|>assistant\n")
+
+    def test_hugging_face_reads_the_tokenizer_and_template_as_we_do(self):
+        from tokenizers import Tokenizer
+        from transformers import AutoTokenizer
+        path = os.path.join(self.launcher.run_dir, "tools_train.jsonl")
+        with open(path) as f:
+            rows = [json.loads(next(f)) for _ in range(20)]
+        texts = [row["id"].removeprefix("tools-") for row in rows]
+        texts += [
+            '<tool_call>{"name": "calculator", "arguments": {"expression": '
+            '"4821*7312"}}</tool_call>',
+            "35251152<|im_end|>",
+            "error: unexpected '$' at 5 ~`{}[]|\\ ABCxyz !?#%&()_",
+            "<|im_start|>user 12*34<|im_end|><|im_start|>assistant",
+        ]
+        ours = subprocess.run(
+            [harness.binary("tandem-model"), "tokenize", "--model",
+             self.model], input="\n".join(texts) + "\n", capture_output=True,
+            text=True, check=True, timeout=60).stdout.splitlines()
+        self.assertEqual(len(ours), len(texts))
+        raw = Tokenizer.from_file(os.path.join(self.model, "tokenizer.json"))
+        auto = AutoTokenizer.from_pretrained(self.model)
+        for text, line in zip(texts, ours):
+            with self.subTest(text=text):
+                ids = json.loads(line)
+                ids = ids["ids"] if isinstance(ids, dict) else ids
+                self.assertEqual(
+                    raw.encode(text, add_special_tokens=False).ids, ids)
+                self.assertEqual(auto.encode(text, add_special_tokens=False),
+                                 ids)
+                self.assertEqual(raw.decode(ids, skip_special_tokens=False),
+                                 text)
+        # The coordinator's prompts are what transformers renders.
+        for row, expression in zip(rows, texts):
+            self.assertEqual(
+                auto.apply_chat_template(
+                    [{"role": "user", "content": expression}],
+                    add_generation_prompt=True, tokenize=False),
+                row["prompt"])
 
     def test_episodes_run_against_the_calculator_and_are_trained(self):
         def episodes():
