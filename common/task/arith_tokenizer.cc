@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "common/tokenizer/byte_level.h"
 
 namespace tandem::task {
 namespace {
@@ -28,7 +29,10 @@ Json AddedToken(int32_t id, const char* content) {
 std::string ArithTokenizerJson() {
   Json vocab = Json::object();
   int32_t id = 0;
-  for (const char* c : kCharacters) vocab[c] = id++;
+  // Keys spelled the byte-level way (the space is "Ġ") with a ByteLevel
+  // pre-tokenizer, as tools_tokenizer.cc does: transformers 5 loads the
+  // directory as a Qwen2 tokenizer, which dropped a raw " " key.
+  for (const char* c : kCharacters) vocab[tokenizer::ByteLevelEncode(c)] = id++;
   vocab[kArithBosToken] = kArithBosId;
   vocab[kArithEosToken] = kArithEosId;
   vocab[kArithPadToken] = kArithPadId;
@@ -40,7 +44,11 @@ std::string ArithTokenizerJson() {
                {"padding", nullptr},
                {"added_tokens", added},
                {"normalizer", nullptr},
-               {"pre_tokenizer", nullptr},
+               {"pre_tokenizer",
+                {{"type", "ByteLevel"},
+                 {"add_prefix_space", false},
+                 {"trim_offsets", false},
+                 {"use_regex", false}}},
                {"post_processor", nullptr},
                {"decoder",
                 {{"type", "ByteLevel"},

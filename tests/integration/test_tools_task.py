@@ -109,6 +109,27 @@ class ToolsTaskTest(unittest.TestCase):
                     add_generation_prompt=True, tokenize=False),
                 row["prompt"])
 
+    def test_hugging_face_reads_the_arith_tokenizer_as_we_do(self):
+        # The default task's tokenizer is written the same way (its space).
+        from transformers import AutoTokenizer
+        arith = os.path.join(self.tmp, "arith")
+        subprocess.run(
+            [harness.binary("tandem-trainer"), "sft", "--output", arith,
+             "--steps", "1", "--eval-every", "1", "--eval-problems", "4",
+             "--target-accuracy", "0", "--max-accuracy", "1"],
+            check=True, capture_output=True, timeout=120)
+        texts = ["892+5=897", "1 2 - 3 = 4", "15+687="]
+        ours = subprocess.run(
+            [harness.binary("tandem-model"), "tokenize", "--model", arith],
+            input="\n".join(texts) + "\n", capture_output=True, text=True,
+            check=True, timeout=60).stdout.splitlines()
+        auto = AutoTokenizer.from_pretrained(arith)
+        for text, line in zip(texts, ours):
+            ids = json.loads(line)
+            ids = ids["ids"] if isinstance(ids, dict) else ids
+            self.assertEqual(auto.encode(text, add_special_tokens=False), ids,
+                             text)
+
     def test_episodes_run_against_the_calculator_and_are_trained(self):
         def episodes():
             verifier = self.metrics("verifier")
