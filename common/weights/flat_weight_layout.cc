@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/weights/weight_digest.h"
 #include "kernels/crc32c.h"
 
 namespace tandem::weights {
@@ -260,6 +261,9 @@ absl::StatusOr<v1::WeightManifest> FlatWeightLayout::BuildManifest(
     spec->set_byte_size(b.size);
     spec->set_crc32c(crcs[b.index]);
   }
+  absl::StatusOr<std::string> sha256 = WeightSha256(flat);
+  if (!sha256.ok()) return sha256.status();
+  m.set_sha256(*std::move(sha256));
   return m;
 }
 
