@@ -233,7 +233,8 @@ std::vector<uint32_t> FlatWeightLayout::BucketCrcs(
 }
 
 absl::StatusOr<v1::WeightManifest> FlatWeightLayout::BuildManifest(
-    absl::Span<const uint8_t> flat, uint64_t policy_version) const {
+    absl::Span<const uint8_t> flat, uint64_t policy_version,
+    bool with_sha256) const {
   if (flat.size() != total_bytes_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "flat buffer is ", flat.size(), " bytes, layout needs ", total_bytes_));
@@ -261,6 +262,7 @@ absl::StatusOr<v1::WeightManifest> FlatWeightLayout::BuildManifest(
     spec->set_byte_size(b.size);
     spec->set_crc32c(crcs[b.index]);
   }
+  if (!with_sha256) return m;
   absl::StatusOr<std::string> sha256 = WeightSha256(flat);
   if (!sha256.ok()) return sha256.status();
   m.set_sha256(*std::move(sha256));
