@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/weights/weight_digest.h"
 #include "kernels/crc32c.h"
 
 namespace tandem::weights {
@@ -232,7 +233,8 @@ std::vector<uint32_t> FlatWeightLayout::BucketCrcs(
 }
 
 absl::StatusOr<v1::WeightManifest> FlatWeightLayout::BuildManifest(
-    absl::Span<const uint8_t> flat, uint64_t policy_version) const {
+    absl::Span<const uint8_t> flat, uint64_t policy_version,
+    bool with_sha256) const {
   if (flat.size() != total_bytes_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "flat buffer is ", flat.size(), " bytes, layout needs ", total_bytes_));
@@ -260,6 +262,10 @@ absl::StatusOr<v1::WeightManifest> FlatWeightLayout::BuildManifest(
     spec->set_byte_size(b.size);
     spec->set_crc32c(crcs[b.index]);
   }
+  if (!with_sha256) return m;
+  absl::StatusOr<std::string> sha256 = WeightSha256(flat);
+  if (!sha256.ok()) return sha256.status();
+  m.set_sha256(*std::move(sha256));
   return m;
 }
 

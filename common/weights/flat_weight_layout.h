@@ -101,11 +101,14 @@ class FlatWeightLayout {
   // CRC-32C of every bucket of `flat`. REQUIRES: flat.size() == total_bytes().
   std::vector<uint32_t> BucketCrcs(absl::Span<const uint8_t> flat) const;
 
-  // A FULL manifest for version `policy_version` of `flat`, with checksums.
+  // A FULL manifest for version `policy_version` of `flat`, with checksums
+  // (per-bucket CRC-32C and, unless `with_sha256` is false, the SHA-256 of
+  // the whole buffer).
   // InvalidArgument when flat has the wrong size. The caller sets kind,
   // base_version, anchor_version and published_unix_ms as needed.
   absl::StatusOr<v1::WeightManifest> BuildManifest(
-      absl::Span<const uint8_t> flat, uint64_t policy_version) const;
+      absl::Span<const uint8_t> flat, uint64_t policy_version,
+      bool with_sha256 = true) const;
 
   // OK when `manifest` describes exactly this layout (same tensors in the
   // same places, same buckets); FailedPrecondition naming the first

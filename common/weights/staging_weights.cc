@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/weights/weight_digest.h"
 #include "kernels/crc32c.h"
 #include "kernels/bf16_change.h"
 #include "kernels/bf16_delta.h"
@@ -86,6 +87,48 @@ absl::Status StagingWeights::RefuseNonFinite(absl::Status why) {
   return Reject(std::move(why));
 }
 
+absl::Status StagingWeights::CheckDigest(uint8_t* flat,
+                                         const v1::WeightManifest& staged,
+                                         TrustedDigestSource* trusted) {
+  const uint64_t version = staged.policy_version();
+  const absl::Span<uint8_t> bytes(flat, layout_.total_bytes());
+  std::function<void(uint64_t, absl::Span<uint8_t>)> tamper;
+  {
+    absl::MutexLock lock(&mu_);
+    tamper = tamper_for_test_;
+  }
+  if (tamper) tamper(version, bytes);
+  std::string expected = staged.sha256();
+  if (trusted != nullptr) {
+    absl::StatusOr<std::string> from_trusted = trusted->TrustedSha256(version);
+    if (!from_trusted.ok()) {
+      return absl::Status(
+          from_trusted.status().code(),
+          absl::StrCat("weights v", version,
+                       ": no authenticated digest to check it against: ",
+                       from_trusted.status().message()));
+    }
+    expected = *std::move(from_trusted);
+  }
+  if (expected.empty()) {
+    absl::MutexLock lock(&mu_);
+    ++stats_.unsigned_versions;
+    return absl::OkStatus();
+  }
+  return VerifyWeightSha256(version, expected, bytes);
+}
+
+absl::Status StagingWeights::RefuseDigest(absl::Status why) {
+  if (IsDigestMismatch(why)) ++stats_.digest_mismatches;
+  return Reject(std::move(why));
+}
+
+void StagingWeights::SetTamperHookForTest(
+    std::function<void(uint64_t version, absl::Span<uint8_t> flat)> tamper) {
+  absl::MutexLock lock(&mu_);
+  tamper_for_test_ = std::move(tamper);
+}
+
 WeightBuffer& StagingWeights::StagingBuffer() {
   return mode_ == StagingMode::kDoubleBuffer ? buffers_[1 - live_index_]
                                              : buffers_[live_index_];
@@ -113,7 +156,8 @@ bool StagingWeights::live_lost() const {
   return live_lost_;
 }
 
-absl::Status StagingWeights::Begin(const v1::WeightManifest& manifest) {
+absl::Status StagingWeights::Begin(const v1::WeightManifest& manifest,
+                                   TrustedDigestSource* trusted) {
   if (absl::Status s = layout_.CheckSameLayout(manifest); !s.ok()) return s;
   const uint64_t v = manifest.policy_version();
   InplaceWriteGate* gate = nullptr;
@@ -146,6 +190,7 @@ absl::Status StagingWeights::Begin(const v1::WeightManifest& manifest) {
   }
   absl::MutexLock lock(&mu_);
   staged_ = manifest;
+  trusted_ = trusted;
   bucket_done_.assign(layout_.num_buckets(), false);
   bucket_checked_.assign(layout_.num_buckets(), 0);
   bucket_crc_.assign(layout_.num_buckets(), 0);
@@ -265,11 +310,24 @@ absl::Status StagingWeights::FinishBucket(uint32_t bucket,
     finite = CheckFinite(data - layout_.buckets()[bucket].offset, bucket,
                          manifest->policy_version());
   }
+  TrustedDigestSource* trusted = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!verified.ok()) return Reject(std::move(verified));
+    if (!finite.ok()) return RefuseNonFinite(std::move(finite));
+    bucket_done_[bucket] = true;
+    if (--buckets_left_ > 0) return absl::OkStatus();
+    trusted = trusted_;
+  }
+  // The last bucket: the whole version is in staging (only this thread
+  // writes it until Begin()); hash it unlocked.
+  // (data points into the staging buffer, which this thread owns.)
+  absl::Status digest = CheckDigest(
+      const_cast<uint8_t*>(data) - layout_.buckets()[bucket].offset, *manifest,
+      trusted);
   absl::MutexLock lock(&mu_);
-  if (!verified.ok()) return Reject(std::move(verified));
-  if (!finite.ok()) return RefuseNonFinite(std::move(finite));
-  bucket_done_[bucket] = true;
-  if (--buckets_left_ == 0) state_ = State::kReady;
+  if (!digest.ok()) return RefuseDigest(std::move(digest));
+  state_ = State::kReady;
   return absl::OkStatus();
 }
 
@@ -299,8 +357,18 @@ absl::Status StagingWeights::ApplyDelta(absl::Span<const uint8_t> delta) {
        ++b) {
     finite = CheckFinite(staging, b, staged_.policy_version());
   }
+  absl::Status digest = absl::OkStatus();
+  if (applied.ok() && finite.ok()) {
+    TrustedDigestSource* trusted = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      trusted = trusted_;
+    }
+    digest = CheckDigest(staging, staged_, trusted);
+  }
   absl::MutexLock lock(&mu_);
   if (!finite.ok()) return RefuseNonFinite(std::move(finite));
+  if (!digest.ok()) return RefuseDigest(std::move(digest));
   if (!applied.ok()) {
     return Reject(absl::Status(
         applied.code(), absl::StrCat("weights v", staged_.policy_version(),

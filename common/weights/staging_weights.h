@@ -21,6 +21,21 @@
 // grow; it reads each byte once at memory bandwidth
 // (tests/bench/finite_scan_bench.cc).
 //
+// Digest check: when every bucket verified (for a delta, after it was
+// applied), the whole staged buffer is hashed with SHA-256 and compared
+// with the version's expected digest (weight_digest.h). The CRC-32C catches
+// accidents; an attacker who can write into an unauthenticated stream can
+// match it, not the digest. The expected digest is the staged manifest's
+// `sha256` (pull paths: that manifest came over gRPC), or, when Begin() got
+// a TrustedDigestSource (broadcast: the manifest came in-band, over the
+// unauthenticated pair sockets), the digest that source fetched over the
+// authenticated plane. A mismatch rejects the version like a bad bucket
+// (DataLoss "... sha256 mismatch ...", IsDigestMismatch(); counted in
+// stats().digest_mismatches). An empty expected digest (a trainer that
+// predates it) keeps the CRC-only behaviour and is counted in
+// stats().unsigned_versions. The hash runs on the receiving thread, never
+// in Commit().
+//
 // Modes:
 //   kDoubleBuffer  two buffers (live + staging); receive never disturbs live.
 //   kInplace       one buffer, for when memory cannot hold two copies: the
@@ -47,6 +62,7 @@
 // bytes are written without it, into the buffer only the receiver owns.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -83,6 +99,19 @@ class InplaceWriteGate {
   virtual void EndWrite(std::optional<uint64_t> live) = 0;
 };
 
+// Where the expected SHA-256 of a version comes from when the manifest the
+// bytes arrived with is not trusted (a broadcast's in-band manifest).
+// Called on the receiving thread, once per version, after every bucket
+// verified; may block on an RPC.
+class TrustedDigestSource {
+ public:
+  virtual ~TrustedDigestSource() = default;
+  // The `sha256` of `version`'s manifest as received over the
+  // authenticated plane; "" when that manifest carries none. An error
+  // rejects the version.
+  virtual absl::StatusOr<std::string> TrustedSha256(uint64_t version) = 0;
+};
+
 struct LiveWeights {
   absl::Span<const uint8_t> bytes;
   std::optional<uint64_t> version;  // empty: no valid weights yet
@@ -92,6 +121,8 @@ struct StagingStats {
   uint64_t commits = 0;
   uint64_t rejected_versions = 0;  // failed verification or bad payload
   uint64_t nonfinite_versions = 0;  // of those, refused for Inf/NaN values
+  uint64_t digest_mismatches = 0;  // of those, refused for a SHA-256 mismatch
+  uint64_t unsigned_versions = 0;  // verified without a digest (old trainer)
   uint64_t bytes_received = 0;     // bucket bytes and delta bytes
   uint64_t full_versions = 0;
   uint64_t delta_versions = 0;
@@ -130,8 +161,11 @@ class StagingWeights {
   // Starts receiving `manifest`'s version, discarding any version staged
   // and not yet committed. FailedPrecondition when the layout differs, the
   // version is not newer than live, or a DELTA's base_version is not the
-  // live version.
-  absl::Status Begin(const v1::WeightManifest& manifest);
+  // live version. `trusted`, when not null, supplies the expected SHA-256
+  // instead of `manifest` (see "Digest check"); it must outlive the
+  // version's receipt.
+  absl::Status Begin(const v1::WeightManifest& manifest,
+                     TrustedDigestSource* trusted = nullptr);
 
   // Writable bytes of `bucket` for a FULL version being received.
   absl::StatusOr<absl::Span<uint8_t>> MutableBucket(uint32_t bucket);
@@ -163,6 +197,13 @@ class StagingWeights {
 
   // Drops the version being received or staged.
   void Abort();
+
+  // Test-only seam: `tamper` is called on the receiving thread with the
+  // whole staged buffer of a version just before its digest check (after
+  // every bucket's CRC-32C verified), to play an attacker who altered the
+  // bytes in flight. Never set outside tests.
+  void SetTamperHookForTest(
+      std::function<void(uint64_t version, absl::Span<uint8_t> flat)> tamper);
 
   // ---- Engine side ----
 
@@ -203,6 +244,12 @@ class StagingWeights {
   // in `bucket` of `flat` (a whole version's buffer), else OK.
   absl::Status CheckFinite(const uint8_t* flat, uint32_t bucket,
                            uint64_t version) const;
+  // The digest check of the whole staged buffer (see "Digest check").
+  // Receiving thread, unlocked.
+  absl::Status CheckDigest(uint8_t* flat, const v1::WeightManifest& staged,
+                           TrustedDigestSource* trusted);
+  // Reject() for a version refused by CheckDigest.
+  absl::Status RefuseDigest(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reject() for a version refused by CheckFinite.
   absl::Status RefuseNonFinite(absl::Status why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -230,6 +277,9 @@ class StagingWeights {
   std::optional<v1::WeightManifest> live_manifest_ ABSL_GUARDED_BY(mu_);
   State state_ ABSL_GUARDED_BY(mu_) = State::kIdle;
   v1::WeightManifest staged_ ABSL_GUARDED_BY(mu_);
+  TrustedDigestSource* trusted_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::function<void(uint64_t, absl::Span<uint8_t>)> tamper_for_test_
+      ABSL_GUARDED_BY(mu_);
   std::vector<bool> bucket_done_ ABSL_GUARDED_BY(mu_);
   // Per bucket: bytes ChecksumBucketPiece() covered and their CRC-32C.
   std::vector<uint64_t> bucket_checked_ ABSL_GUARDED_BY(mu_);

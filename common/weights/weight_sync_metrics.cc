@@ -143,6 +143,21 @@ WeightSyncMetrics::WeightSyncMetrics(prometheus::Registry& registry)
                            "floating-point tensor held an Inf or a NaN (the "
                            "live weights were kept), by transport.")
                      .Register(registry)),
+      digest_mismatches_(
+          prometheus::BuildCounter()
+              .Name("tandem_weight_sync_digest_mismatches_total")
+              .Help("Weight versions received and refused because their "
+                    "bytes did not hash to the SHA-256 of the trainer's "
+                    "manifest (received over gRPC); the live weights were "
+                    "kept and the version pulled again over gRPC, by "
+                    "transport.")
+              .Register(registry)),
+      unsigned_(prometheus::BuildCounter()
+                    .Name("tandem_weight_sync_unsigned_versions_total")
+                    .Help("Weight versions committed without a SHA-256 to "
+                          "check (the trainer's manifest carried none: an "
+                          "older trainer), by transport.")
+                    .Register(registry)),
       data_connections_(prometheus::BuildGauge()
                             .Name("tandem_weight_sync_data_connections")
                             .Help("Connections open on the weight server's "
@@ -174,6 +189,15 @@ void WeightSyncMetrics::ExposeDataConnectionsDropped() {
 
 void WeightSyncMetrics::RecordNonFinite(SyncTransport transport) {
   nonfinite_.Add({{"transport", SyncTransportName(transport)}}).Increment();
+}
+
+void WeightSyncMetrics::RecordDigestMismatch(SyncTransport transport) {
+  digest_mismatches_.Add({{"transport", SyncTransportName(transport)}})
+      .Increment();
+}
+
+void WeightSyncMetrics::RecordUnsigned(SyncTransport transport) {
+  unsigned_.Add({{"transport", SyncTransportName(transport)}}).Increment();
 }
 
 void WeightSyncMetrics::SetDataConnections(double open) {

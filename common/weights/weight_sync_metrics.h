@@ -22,12 +22,20 @@
 //   tandem_weight_sync_shm_fallbacks_total{reason}             counter
 //   tandem_weight_sync_manifest_requests_total{wait}           counter
 //   tandem_weight_sync_nonfinite_versions_total{transport}     counter
+//   tandem_weight_sync_digest_mismatches_total{transport}      counter
+//   tandem_weight_sync_unsigned_versions_total{transport}      counter
 //   tandem_weight_sync_data_connections                        gauge
 //   tandem_weight_sync_data_connections_dropped_total{reason}  counter
 //
 // Non-finite versions (worker side): versions received and refused because
 // a floating-point tensor held an Inf or a NaN (StagingWeights' finite
 // check); they are also counted as rejected.
+//
+// Digest mismatches (worker side): versions whose staged bytes did not
+// hash to the SHA-256 of the trainer's manifest, which arrives over gRPC
+// (for a broadcast, fetched by GetManifest, not the in-band copy); also
+// counted as rejected, and pulled again over gRPC. Unsigned versions:
+// verified without a digest because the trainer sent none (an older one).
 //
 // Data connections (trainer side): connections open on the weight
 // server's raw data path, and those it closed before serving them, by
@@ -103,6 +111,10 @@ class WeightSyncMetrics {
   void ExposeManifestRequests();
   // Worker side: a version refused for non-finite values.
   void RecordNonFinite(SyncTransport transport);
+  // Worker side: a version refused for a SHA-256 mismatch, and one
+  // committed without a digest to check (see above).
+  void RecordDigestMismatch(SyncTransport transport);
+  void RecordUnsigned(SyncTransport transport);
   // Weight server side: raw data connections open now, and one closed
   // unserved for `reason` (see above).
   void SetDataConnections(double open);
@@ -126,6 +138,8 @@ class WeightSyncMetrics {
   prometheus::Family<prometheus::Counter>& shm_fallbacks_;
   prometheus::Family<prometheus::Counter>& manifest_requests_;
   prometheus::Family<prometheus::Counter>& nonfinite_;
+  prometheus::Family<prometheus::Counter>& digest_mismatches_;
+  prometheus::Family<prometheus::Counter>& unsigned_;
   prometheus::Gauge& data_connections_;
   prometheus::Family<prometheus::Counter>& data_dropped_;
 };

@@ -9,6 +9,7 @@
 #include "common/weights/flat_weight_layout.h"
 #include "common/weights/model_flattening.h"
 #include "common/weights/pull/grpc_pull_receiver.h"
+#include "common/weights/pull/manifest_digest_source.h"
 
 namespace tandem::rollout {
 std::function<grpc::Status(const tandem::v1::SyncWeightGroupRequest&,

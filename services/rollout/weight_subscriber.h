@@ -47,6 +47,15 @@
 // (tandem_weight_sync_nonfinite_versions_total and ..._rejected_...), and
 // the next pull waits for a newer version instead of fetching it again.
 //
+// A version whose staged bytes do not hash to the SHA-256 of the trainer's
+// manifest (StagingWeights, "Digest check") is refused on every path; for
+// a broadcast the digest is fetched from the trainer's GetManifest over
+// gRPC (ManifestDigestSource), not taken from the in-band manifest. The
+// refusal is logged and counted (tandem_weight_sync_digest_mismatches_total
+// and ..._rejected_...), and the version is pulled over gRPC like one that
+// failed its CRC. A version without a digest is logged once and counted
+// (tandem_weight_sync_unsigned_versions_total).
+//
 // Thread-safety: all public methods are thread-safe; Stop() joins (it may
 // wait up to `timeout` for a rendezvous or collective under way).
 
@@ -74,6 +83,7 @@ class GrpcPullReceiver;
 struct PullStats;
 class BroadcastGroup;
 class BroadcastWeightReceiver;
+class ManifestDigestSource;
 }  // namespace tandem::weights
 
 namespace tandem::cluster {
@@ -243,6 +253,12 @@ class WeightSubscriber {
   // Counts (metric, log) the versions the staging refused for non-finite
   // values since its stats showed `before`.
   void CountNonFinite(uint64_t before, weights::SyncTransport transport);
+  // Counts (metric, log) the versions the staging refused for a SHA-256
+  // mismatch, or verified without a digest (logged once), since its stats
+  // showed `before`; `result` is the receive's outcome.
+  void CountDigestChecks(const weights::StagingStats& before,
+                         weights::SyncTransport transport,
+                         const absl::Status& result);
   // Commits the received version in staging and hands it to the engine.
   void Deliver(uint64_t version, weights::SyncTransport transport,
                absl::Time started, uint64_t bytes_before);
@@ -272,6 +288,10 @@ class WeightSubscriber {
   std::unique_ptr<weights::GrpcPullReceiver> pull_;
   std::unique_ptr<weights::BroadcastGroup> group_;
   std::unique_ptr<weights::BroadcastWeightReceiver> group_receiver_;
+  // The digest each broadcast version is checked against, from the
+  // trainer's GetManifest over gRPC (not the in-band manifest).
+  std::unique_ptr<weights::ManifestDigestSource> broadcast_digests_;
+  bool unsigned_logged_ = false;  // a version without a digest was logged
   // Not OK: this worker cannot run the coordinator's backend; it pulls.
   absl::Status broadcast_off_;
   std::string joined_prefix_;

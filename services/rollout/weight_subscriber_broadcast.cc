@@ -10,6 +10,7 @@
 #include "common/rpc/grpc_client.h"
 #include "common/weights/broadcast/broadcast_group.h"
 #include "common/weights/broadcast/rendezvous_client.h"
+#include "common/weights/pull/manifest_digest_source.h"
 #include "services/rollout/weight_subscriber.h"
 
 namespace tandem::rollout {
@@ -100,6 +101,18 @@ bool WeightSubscriber::JoinEpoch(const tandem::v1::BroadcastGroup& g,
   group_ = *std::move(group);
   group_receiver_ =
       std::make_unique<weights::BroadcastWeightReceiver>(group_.get());
+  // The in-band manifest crossed the unauthenticated pair sockets: each
+  // version's digest comes from the trainer's GetManifest instead.
+  if (!trainer_address_.empty()) {
+    broadcast_digests_ = std::make_unique<weights::ManifestDigestSource>(
+        rpc::MakeChannel(trainer_address_, options_.tls), options_.timeout);
+    group_receiver_->set_trusted_digests(broadcast_digests_.get());
+  } else {
+    Log()->warn(
+        "broadcast epoch {}: no trainer address yet, so versions are checked "
+        "against the digest of the manifest that came with the broadcast",
+        g.epoch());
+  }
   stream_version_ = g.first_policy_version() - 1;
   received_in_epoch_ = false;
   {
@@ -119,10 +132,13 @@ bool WeightSubscriber::JoinEpoch(const tandem::v1::BroadcastGroup& g,
 void WeightSubscriber::ReceiveBroadcast(const tandem::v1::BroadcastGroup& g) {
   const absl::Time start = absl::Now();
   const uint64_t bytes_before = staging_->stats().bytes_received;
-  const uint64_t nonfinite_before = staging_->stats().nonfinite_versions;
+  const weights::StagingStats staging_before = staging_->stats();
+  const uint64_t nonfinite_before = staging_before.nonfinite_versions;
   absl::StatusOr<uint64_t> version =
       group_receiver_->ReceiveNext(staging_.get(), start + options_.timeout);
   CountNonFinite(nonfinite_before, weights::SyncTransport::kBroadcast);
+  CountDigestChecks(staging_before, weights::SyncTransport::kBroadcast,
+                    version.status());
   stream_version_ =
       std::max(stream_version_, group_receiver_->last_round_version());
   if (version.ok()) {
@@ -170,6 +186,7 @@ void WeightSubscriber::LeaveGroup() {
   }
   received_.SetEpoch(0);
   group_receiver_.reset();
+  broadcast_digests_.reset();
   group_.reset();
   joined_prefix_.clear();
   if (options_.metrics != nullptr) options_.metrics->SetEpoch(0, 0);

@@ -12,6 +12,7 @@
 #include "common/model/model_weights.h"
 #include "common/weights/flat_weight_layout.h"
 #include "common/weights/model_flattening.h"
+#include "common/weights/weight_digest.h"
 #include "services/rollout/weight_subscriber.h"
 
 namespace tandem::rollout {
@@ -109,6 +110,41 @@ void WeightSubscriber::CountNonFinite(uint64_t before,
       staging_->live_version().has_value()
           ? std::to_string(*staging_->live_version())
           : std::string("none"));
+}
+
+void WeightSubscriber::CountDigestChecks(const weights::StagingStats& before,
+                                         weights::SyncTransport transport,
+                                         const absl::Status& result) {
+  const weights::StagingStats stats = staging_->stats();
+  if (options_.metrics != nullptr) {
+    for (uint64_t i = before.digest_mismatches; i < stats.digest_mismatches;
+         ++i) {
+      options_.metrics->RecordDigestMismatch(transport);
+    }
+    for (uint64_t i = before.unsigned_versions; i < stats.unsigned_versions;
+         ++i) {
+      options_.metrics->RecordUnsigned(transport);
+    }
+  }
+  if (stats.digest_mismatches > before.digest_mismatches) {
+    Log()->error(
+        "refused a weights version received by {}: {}; live version {} kept",
+        weights::SyncTransportName(transport),
+        weights::IsDigestMismatch(result) ? std::string(result.message())
+                                          : std::string("sha256 mismatch"),
+        staging_->live_version().has_value()
+            ? std::to_string(*staging_->live_version())
+            : std::string("none"));
+  }
+  if (stats.unsigned_versions > before.unsigned_versions &&
+      !unsigned_logged_) {
+    unsigned_logged_ = true;
+    Log()->warn(
+        "a weights version received by {} carried no SHA-256 (the trainer "
+        "predates it): checked by CRC-32C only; counted in "
+        "tandem_weight_sync_unsigned_versions_total, logged once",
+        weights::SyncTransportName(transport));
+  }
 }
 
 void WeightSubscriber::RecordLive(uint64_t version) {

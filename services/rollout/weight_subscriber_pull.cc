@@ -55,7 +55,8 @@ void WeightSubscriber::PullOnce(const std::string& address,
   if (!EnsurePullReceiver(address)) return;
   const absl::Time start = absl::Now();
   const uint64_t bytes_before = staging_->stats().bytes_received;
-  const uint64_t nonfinite_before = staging_->stats().nonfinite_versions;
+  const weights::StagingStats staging_before = staging_->stats();
+  const uint64_t nonfinite_before = staging_before.nonfinite_versions;
   const weights::PullStats before = pull_->stats();
   absl::StatusOr<uint64_t> version =
       pull_->ReceiveNext(staging_.get(), deadline);
@@ -64,6 +65,7 @@ void WeightSubscriber::PullOnce(const std::string& address,
       after.shm_versions > before.shm_versions ? weights::SyncTransport::kShm
                                                : weights::SyncTransport::kPull;
   CountNonFinite(nonfinite_before, transport);
+  CountDigestChecks(staging_before, transport, version.status());
   RecordShmFallbacks(before, after);
   if (version.ok()) {
     Deliver(*version, transport, start, bytes_before);

@@ -182,6 +182,17 @@ void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config) {
                   "published, on the training thread, used or not: it pays "
                   "off when several same-host workers pull each version "
                   "(docs/benchmarks.md).");
+  schema->AddEnum("weight_sync.digest", &config->weight_digest,
+                  {"sha256", "off"},
+                  "sha256: every published version's manifest (sent over "
+                  "gRPC) carries the SHA-256 of its full weights, and "
+                  "workers refuse a version whose received bytes do not "
+                  "match it, whatever path they took (broadcast, raw or "
+                  "gRPC pull, shared memory, delta); off: per-bucket "
+                  "CRC-32C only, which catches accidents but not bytes "
+                  "altered on purpose. Costs about 0.6 s per GiB of "
+                  "weights on the trainer and on each worker "
+                  "(docs/benchmarks.md).");
   schema->AddInt("weight_sync.timeout_ms", &config->weight_broadcast_timeout_ms,
                  100, 3600000,
                  "Deadline of each broadcast rendezvous and collective (ms); "

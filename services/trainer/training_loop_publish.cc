@@ -38,7 +38,9 @@ absl::StatusOr<weights::PublishedVersion> TrainingLoop::StoreVersion(
   ASSIGN_OR_RETURN(auto weights, PublishedWeights());
   ASSIGN_OR_RETURN(auto flat, weights::FlattenModel(*weights, *layout_));
   ASSIGN_OR_RETURN(tandem::v1::WeightManifest manifest,
-                   layout_->BuildManifest(*flat, version));
+                   layout_->BuildManifest(
+                       *flat, version,
+                       /*with_sha256=*/parts_.config->weight_digest != "off"));
   manifest.set_published_unix_ms(absl::ToUnixMillis(absl::Now()));
   ASSIGN_OR_RETURN(weights::PublishedVersion published,
                    delta_publisher_->Publish(std::move(manifest), flat));

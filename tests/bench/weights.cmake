@@ -14,3 +14,8 @@ target_link_libraries(finite_scan_bench PRIVATE tandem_weights
 add_executable(rendezvous_bench ${CMAKE_CURRENT_SOURCE_DIR}/rendezvous_bench.cc)
 target_link_libraries(rendezvous_bench PRIVATE tandem_weights_gloo
   tandem_trainer_rendezvous tandem_certs)
+
+# Cost of the SHA-256 of each version on the publish path (issue 25 item 3).
+add_executable(weight_digest_bench
+  ${CMAKE_CURRENT_SOURCE_DIR}/weight_digest_bench.cc)
+target_link_libraries(weight_digest_bench PRIVATE tandem_weights)

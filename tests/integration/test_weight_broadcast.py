@@ -160,9 +160,16 @@ class WeightBroadcastTest(unittest.TestCase):
             direction="sent", transport="broadcast", kind="full"), 0)
         for name, info in self.workers().items():
             with self.subTest(worker=name):
-                self.assertGreater(metric_sum(scrape_metrics(
-                    info["metrics_address"]), "tandem_weight_sync_bytes_total",
+                metrics = scrape_metrics(info["metrics_address"])
+                self.assertGreater(metric_sum(
+                    metrics, "tandem_weight_sync_bytes_total",
                     direction="received", transport="broadcast"), 0)
+                # Every version carried a SHA-256 and matched it (the
+                # broadcast ones against the trainer's GetManifest).
+                self.assertEqual(metric_sum(
+                    metrics, "tandem_weight_sync_digest_mismatches_total"), 0)
+                self.assertEqual(metric_sum(
+                    metrics, "tandem_weight_sync_unsigned_versions_total"), 0)
 
     def settle(self, names):
         """Waits until the coordinator's latest version is stable across two

@@ -2,6 +2,7 @@ tandem_add_test(weights_test
   SOURCES
     ${CMAKE_CURRENT_SOURCE_DIR}/flat_weight_layout_test.cc
     ${CMAKE_CURRENT_SOURCE_DIR}/staging_weights_test.cc
+    ${CMAKE_CURRENT_SOURCE_DIR}/weights_digest_test.cc
   LIBS tandem_weights tandem_weights_testing)
 tandem_add_test(weights_pull_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_pull_test.cc

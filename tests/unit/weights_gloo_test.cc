@@ -9,12 +9,14 @@
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/weights/broadcast/gloo_broadcast_transport.h"
+#include "common/weights/weight_digest.h"
 #include "kernels/anchor_policy.h"
 #include "kernels/bf16_change.h"
 #include "kernels/bf16_delta.h"
@@ -166,6 +168,140 @@ TEST_CASE(
   const Bytes want(versions.back().data(),
                    versions.back().data() + layout.total_bytes());
   for (int rank = 1; rank < kWorld; ++rank) CHECK(final_bytes[rank] == want);
+}
+
+// The digests of the trainer's manifests, as a worker would fetch them
+// over gRPC (ManifestDigestSource); here straight from the trainer's side.
+class DigestsByVersion : public TrustedDigestSource {
+ public:
+  explicit DigestsByVersion(std::vector<std::string> sha256)
+      : sha256_(std::move(sha256)) {}
+  absl::StatusOr<std::string> TrustedSha256(uint64_t version) override {
+    if (version >= sha256_.size()) return absl::NotFoundError("no version");
+    return sha256_[version];
+  }
+
+ private:
+  std::vector<std::string> sha256_;
+};
+
+TEST_CASE(
+    "Over a real Gloo broadcast, a version whose bytes one member finds "
+    "altered with matching CRCs is refused there by the SHA-256 and "
+    "committed by the untouched member",
+    "[weights][gloo][digest]") {
+  const FlatWeightLayout layout = testing::SmallLayout();
+  auto server = GlooRendezvousStore::Create("127.0.0.1", 0, absl::Seconds(20));
+  REQUIRE(server.ok());
+  const uint16_t port = (*server)->port();
+  constexpr int kWorld = 3;
+  // v0 full, v1 a delta on v0, v2 full, v3 full.
+  std::mt19937_64 rng(21);
+  std::vector<WeightBuffer> versions;
+  std::vector<v1::WeightManifest> manifests;
+  std::vector<std::string> digests;
+  for (uint64_t v = 0; v < 4; ++v) {
+    versions.emplace_back(layout.total_bytes());
+    if (v == 0) {
+      testing::FillRandom(layout, &versions[v], rng);
+    } else {
+      std::memcpy(versions[v].data(), versions[v - 1].data(),
+                  layout.total_bytes());
+      testing::Perturb(layout, &versions[v], rng, 0.01);
+    }
+    auto m = layout.BuildManifest(versions[v].span(), v);
+    REQUIRE(m.ok());
+    if (v == 1) {
+      m->set_kind(v1::WEIGHT_PAYLOAD_KIND_DELTA);
+      m->set_base_version(0);
+    }
+    digests.push_back(m->sha256());
+    manifests.push_back(*std::move(m));
+  }
+  DigestsByVersion trusted(digests);
+
+  std::vector<absl::Status> results(kWorld);
+  std::vector<std::vector<uint64_t>> committed(kWorld);
+  std::vector<uint64_t> mismatches(kWorld, 0);
+  std::vector<std::optional<uint64_t>> live_version(kWorld);
+  std::vector<bool> live_matches(kWorld, false);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto group = GlooBroadcastGroup::Create(
+          GroupConfig(port, rank, kWorld, "digest-epoch"),
+          rank == 0 ? server->get() : nullptr);
+      if (!group.ok()) {
+        results[rank] = group.status();
+        return;
+      }
+      if (rank == 0) {
+        GlooWeightSender sender(group->get());
+        for (uint64_t v = 0; v < versions.size(); ++v) {
+          absl::Status s;
+          if (v == 1) {
+            auto delta =
+                kernels::EncodeBf16Delta(kernels::AsWords(versions[0].span()),
+                                         kernels::AsWords(versions[1].span()));
+            s = delta.ok() ? sender.Publish(manifests[v], *delta,
+                                            absl::InfiniteFuture())
+                           : delta.status();
+          } else {
+            s = sender.Publish(manifests[v], versions[v].span(),
+                               absl::InfiniteFuture());
+          }
+          if (!s.ok()) {
+            results[rank] = s;
+            return;
+          }
+        }
+        return;
+      }
+      auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+      GlooWeightReceiver receiver(group->get());
+      receiver.set_trusted_digests(&trusted);
+      if (rank == 2) {
+        // Rank 2 finds the bytes of v1 (a delta) and v3 (full) altered in
+        // flight, with every bucket's CRC-32C still matching.
+        (*staging)->SetTamperHookForTest(
+            [&layout](uint64_t v, absl::Span<uint8_t> flat) {
+              if (v != 1 && v != 3) return;
+              const BucketRange& b = layout.buckets()[1];
+              testing::FlipKeepingCrc32c(flat.subspan(b.offset, b.size), 100);
+            });
+      }
+      for (uint64_t v = 0; v < versions.size(); ++v) {
+        auto got = receiver.ReceiveNext(staging->get(), absl::InfiniteFuture());
+        if (got.ok() && (*staging)->Commit().ok()) {
+          committed[rank].push_back(*got);
+        } else if (!IsDigestMismatch(got.status())) {
+          results[rank] = got.status();
+          return;
+        }
+      }
+      mismatches[rank] = (*staging)->stats().digest_mismatches;
+      const LiveWeights live = (*staging)->live();
+      live_version[rank] = live.version;
+      live_matches[rank] =
+          live.version.has_value() &&
+          std::memcmp(live.bytes.data(), versions[*live.version].data(),
+                      live.bytes.size()) == 0;
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < kWorld; ++rank) {
+    INFO("rank " << rank << ": " << results[rank].ToString());
+    REQUIRE(results[rank].ok());
+  }
+  CHECK(committed[1] == std::vector<uint64_t>{0, 1, 2, 3});
+  CHECK(mismatches[1] == 0);
+  CHECK(live_version[1] == std::optional<uint64_t>(3));
+  CHECK(live_matches[1]);
+  // Rank 2: v1 refused; v2 (full) commits; v3 refused, v2 stays live.
+  CHECK(committed[2] == std::vector<uint64_t>{0, 2});
+  CHECK(mismatches[2] == 2);
+  CHECK(live_version[2] == std::optional<uint64_t>(2));
+  CHECK(live_matches[2]);
 }
 
 TEST_CASE("Gloo collectives end at their deadline when a peer never shows",

@@ -16,8 +16,50 @@
 #include "common/weights/flat_weight_layout.h"
 #include "common/weights/weight_buffer.h"
 #include "common/weights/weight_store.h"
+#include "kernels/crc32c.h"
 
 namespace tandem::weights::testing {
+
+// Plays an attacker who can write into an unauthenticated stream: flips
+// bits among the 64 starting at byte `at` of `data` so that the CRC-32C of
+// the whole of `data` stays what it was (CRC is linear: 33 single-bit
+// flips always hold a subset whose CRC changes cancel; Gaussian
+// elimination over GF(2) finds it). Returns the number of bits flipped
+// (> 0), or 0 when `data` is too short.
+inline int FlipKeepingCrc32c(absl::Span<uint8_t> data, size_t at) {
+  if (at + 8 > data.size()) return 0;
+  const uint32_t base = kernels::Crc32c(data.data(), data.size());
+  uint32_t basis[32] = {};
+  uint64_t masks[32] = {};
+  for (int k = 0; k < 64; ++k) {
+    const uint8_t bit = static_cast<uint8_t>(1u << (k % 8));
+    data[at + k / 8] ^= bit;
+    uint32_t v = kernels::Crc32c(data.data(), data.size()) ^ base;
+    data[at + k / 8] ^= bit;
+    uint64_t m = uint64_t{1} << k;
+    for (int b = 31; b >= 0 && v != 0; --b) {
+      if ((v >> b & 1u) == 0) continue;
+      if (basis[b] == 0) {
+        basis[b] = v;
+        masks[b] = m;
+        v = 0;
+        m = 0;
+        break;
+      }
+      v ^= basis[b];
+      m ^= masks[b];
+    }
+    if (m == 0) continue;  // inserted into the basis
+    int flipped = 0;
+    for (int j = 0; j < 64; ++j) {
+      if ((m >> j & 1u) == 0) continue;
+      data[at + j / 8] ^= static_cast<uint8_t>(1u << (j % 8));
+      ++flipped;
+    }
+    return flipped;
+  }
+  return 0;
+}
 
 // Stores a copy of `weights` in `store` as FULL version `version` of
 // `layout`.

@@ -16,7 +16,7 @@ absl::StatusOr<uint64_t> BroadcastWeightReceiver::ReceiveNext(
     StagingWeights* staging, absl::Time /*deadline*/) {
   return ReceiveOverBroadcast(
       [this](absl::Span<uint8_t> b) { return group_->StartBroadcast(b); },
-      [this] { group_->Abort(); }, staging, &last_round_version_);
+      [this] { group_->Abort(); }, staging, &last_round_version_, trusted_);
 }
 
 }  // namespace tandem::weights

@@ -108,8 +108,14 @@ class BroadcastWeightReceiver : public WeightReceiver {
   // sender's stream position. 0 before the first round.
   uint64_t last_round_version() const { return last_round_version_; }
 
+  // Where the SHA-256 of each received version is taken from (the
+  // authenticated plane) instead of the in-band manifest. REQUIRES: set
+  // before ReceiveNext; outlives this receiver. Null: the in-band one.
+  void set_trusted_digests(TrustedDigestSource* trusted) { trusted_ = trusted; }
+
  private:
   BroadcastGroup* group_;
+  TrustedDigestSource* trusted_ = nullptr;
   uint64_t last_round_version_ = 0;
 };
 

@@ -75,7 +75,8 @@ absl::Status PublishOverBroadcast(BroadcastBytesFn broadcast,
 
 absl::StatusOr<uint64_t> ReceiveOverBroadcast(
     StartBroadcastFn start, absl::FunctionRef<void()> abort_group,
-    StagingWeights* staging, uint64_t* round_version) {
+    StagingWeights* staging, uint64_t* round_version,
+    TrustedDigestSource* trusted) {
   auto broadcast = [&](absl::Span<uint8_t> bytes) { return start(bytes)(); };
   uint64_t header[3] = {0, 0, 0};
   if (absl::Status s =
@@ -103,7 +104,7 @@ absl::StatusOr<uint64_t> ReceiveOverBroadcast(
   *round_version = manifest.policy_version();
   // From here on every broadcast of the version is joined, whatever
   // happens locally; `local` records the first local failure.
-  absl::Status local = staging->Begin(manifest);
+  absl::Status local = staging->Begin(manifest, trusted);
   const bool staging_ok = local.ok();
   if (manifest.kind() == v1::WEIGHT_PAYLOAD_KIND_FULL) {
     // The pieces of every bucket in order: (bucket, offset, size).

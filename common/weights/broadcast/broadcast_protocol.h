@@ -50,9 +50,13 @@ absl::Status PublishOverBroadcast(BroadcastBytesFn broadcast,
 // A receiving rank: joins every broadcast of the next version and stages it
 // into `staging`. `abort_group` is called when the stream cannot be
 // followed any more (unparsable manifest or header). `*round_version` is set to the
-// version of the round as soon as its manifest arrived.
+// version of the round as soon as its manifest arrived. The in-band
+// manifest travelled over the unauthenticated pair sockets: `trusted`, when
+// not null, supplies the SHA-256 the staged bytes are checked against
+// (StagingWeights, "Digest check").
 absl::StatusOr<uint64_t> ReceiveOverBroadcast(
     StartBroadcastFn start, absl::FunctionRef<void()> abort_group,
-    StagingWeights* staging, uint64_t* round_version);
+    StagingWeights* staging, uint64_t* round_version,
+    TrustedDigestSource* trusted = nullptr);
 
 }  // namespace tandem::weights
