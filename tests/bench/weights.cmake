@@ -14,3 +14,9 @@ target_link_libraries(finite_scan_bench PRIVATE tandem_weights
 add_executable(rendezvous_bench ${CMAKE_CURRENT_SOURCE_DIR}/rendezvous_bench.cc)
 target_link_libraries(rendezvous_bench PRIVATE tandem_weights_gloo
   tandem_trainer_rendezvous tandem_certs)
+
+# The staged update mode's build of the engine's weights from a committed
+# version: copying the flat buffer against viewing it (issue 21 item 6).
+add_executable(staged_swap_bench
+  ${CMAKE_CURRENT_SOURCE_DIR}/staged_swap_bench.cc)
+target_link_libraries(staged_swap_bench PRIVATE tandem_weights_model)
