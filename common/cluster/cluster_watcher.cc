@@ -13,9 +13,9 @@ auto Log() { return ComponentLogger("cluster"); }
 
 }  // namespace
 
-ClusterWatcher::ClusterWatcher(tandem::v1::Coordinator::Stub* stub,
+ClusterWatcher::ClusterWatcher(CoordinatorClient* client,
                                ClusterWatcherOptions options)
-    : stub_(stub), options_(std::move(options)) {}
+    : client_(client), options_(std::move(options)) {}
 
 ClusterWatcher::~ClusterWatcher() { Stop(); }
 
@@ -130,12 +130,9 @@ grpc::Status ClusterWatcher::WatchOnce(const std::string& member_id) {
   }
   tandem::v1::WatchClusterRequest request;
   request.set_member_id(member_id);
-  std::unique_ptr<grpc::ClientReader<tandem::v1::ClusterEvent>> reader =
-      stub_->WatchCluster(&context, request);
-  // The coordinator sends headers as soon as it accepts the stream; a
-  // refused call ends here with its status.
-  reader->WaitForInitialMetadata();
-  if (context.GetServerInitialMetadata().count(kWatchOpenMetadata) > 0) {
+  std::unique_ptr<ClusterEventStream> reader =
+      client_->WatchCluster(&context, request);
+  if (reader->WaitUntilOpen()) {
     {
       absl::MutexLock lock(&mu_);
       watching_ = true;

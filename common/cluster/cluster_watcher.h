@@ -27,12 +27,10 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/cluster/coordinator_client.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 
 namespace tandem::cluster {
-
-// Initial-metadata key the coordinator sends when it accepts a stream.
-inline constexpr char kWatchOpenMetadata[] = "tandem-watch-open";
 
 struct ClusterWatcherOptions {
   // The member id to watch as (called before each connection attempt; ""
@@ -46,9 +44,8 @@ struct ClusterWatcherOptions {
 
 class ClusterWatcher {
  public:
-  // `stub` must outlive the watcher.
-  ClusterWatcher(tandem::v1::Coordinator::Stub* stub,
-                 ClusterWatcherOptions options);
+  // `client` must outlive the watcher.
+  ClusterWatcher(CoordinatorClient* client, ClusterWatcherOptions options);
   ~ClusterWatcher();
   ClusterWatcher(const ClusterWatcher&) = delete;
   ClusterWatcher& operator=(const ClusterWatcher&) = delete;
@@ -90,7 +87,7 @@ class ClusterWatcher {
   void NotifyListener(const tandem::v1::ClusterEvent* event)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  tandem::v1::Coordinator::Stub* const stub_;
+  CoordinatorClient* const client_;
   const ClusterWatcherOptions options_;
   std::thread thread_;
 

@@ -23,9 +23,7 @@ MemberSession::MemberSession(MemberSessionOptions options,
                              HeartbeatFiller filler)
     : options_(std::move(options)),
       filler_(std::move(filler)),
-      stub_(tandem::v1::Coordinator::NewStub(
-          rpc::MakeChannel(options_.coordinator_address, options_.tls))),
-      client_(std::make_unique<GrpcCoordinatorClient>(stub_.get())) {}
+      client_(ConnectCoordinator(options_.coordinator_address, options_.tls)) {}
 
 MemberSession::~MemberSession() { Stop(false, "destroyed"); }
 

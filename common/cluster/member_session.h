@@ -61,11 +61,10 @@ class MemberSession {
   bool registered() const;
   // Latest policy version the coordinator reported.
   uint64_t cluster_policy_version() const;
-  // The session's channel to the coordinator: its unary RPCs through the
-  // CoordinatorClient seam, and the stub itself for the rest (WatchCluster,
-  // the trainer's calls). Both live as long as the session.
+  // The session's channel to the coordinator, for every call the daemon
+  // makes (the session's own Register/Heartbeat/Deregister go through it
+  // too). Lives as long as the session.
   CoordinatorClient* client() { return client_.get(); }
-  tandem::v1::Coordinator::Stub* stub() { return stub_.get(); }
 
  private:
   void Run();
@@ -74,9 +73,7 @@ class MemberSession {
 
   const MemberSessionOptions options_;
   const HeartbeatFiller filler_;
-  std::unique_ptr<tandem::v1::Coordinator::Stub> stub_;
-  // Over stub_; the session's own Register/Heartbeat/Deregister go here.
-  std::unique_ptr<CoordinatorClient> client_;
+  const std::unique_ptr<CoordinatorClient> client_;
   std::thread thread_;
 
   mutable absl::Mutex mu_;

@@ -89,9 +89,14 @@ absl::StatusOr<std::shared_ptr<std::vector<uint8_t>>> FlattenModel(
   return flat;
 }
 
-absl::StatusOr<std::shared_ptr<model::ModelWeights>> UnflattenModel(
+namespace {
+
+// UnflattenModel (`owner` null: copies) and ViewFlatModel (views that hold
+// `owner`, whose bytes `flat` are).
+absl::StatusOr<std::shared_ptr<model::ModelWeights>> FromFlat(
     const model::ModelConfig& config, const FlatWeightLayout& layout,
-    absl::Span<const uint8_t> flat) {
+    absl::Span<const uint8_t> flat,
+    const std::shared_ptr<const WeightBuffer>& owner) {
   if (flat.size() != layout.total_bytes()) {
     return absl::InvalidArgumentError(
         absl::StrCat("flat buffer has ", flat.size(), " bytes, layout needs ",
@@ -109,14 +114,23 @@ absl::StatusOr<std::shared_ptr<model::ModelWeights>> UnflattenModel(
             "tensor '", info.name, "': dtype does not match the config's ",
             model::WeightDTypeName(config.dtype)));
       }
-      at::Tensor tensor = at::empty(info.shape, at::TensorOptions(dtype));
+      // The layout aligns every tensor (>= its element size); the weights
+      // are only read, so the const_cast never leads to a write. A view is
+      // not read before its size is checked.
+      uint8_t* bytes = const_cast<uint8_t*>(flat.data() + placement.offset);
+      at::Tensor tensor = owner == nullptr
+                              ? at::empty(info.shape, at::TensorOptions(dtype))
+                              : at::from_blob(
+                                    bytes, info.shape, [owner](void*) {},
+                                    at::TensorOptions(dtype));
       if (static_cast<uint64_t>(tensor.numel() * tensor.element_size()) !=
           info.byte_size) {
         return absl::InvalidArgumentError(
             absl::StrCat("tensor '", info.name, "': size mismatch"));
       }
-      std::memcpy(tensor.data_ptr(), flat.data() + placement.offset,
-                  info.byte_size);
+      if (owner == nullptr) {
+        std::memcpy(tensor.data_ptr(), bytes, info.byte_size);
+      }
       tensors.emplace(info.name, std::move(tensor));
     }
   } catch (const std::exception& e) {
@@ -124,6 +138,24 @@ absl::StatusOr<std::shared_ptr<model::ModelWeights>> UnflattenModel(
   }
   return model::ModelWeights::Create(config, std::move(tensors),
                                      "received weights");
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<model::ModelWeights>> UnflattenModel(
+    const model::ModelConfig& config, const FlatWeightLayout& layout,
+    absl::Span<const uint8_t> flat) {
+  return FromFlat(config, layout, flat, nullptr);
+}
+
+absl::StatusOr<std::shared_ptr<model::ModelWeights>> ViewFlatModel(
+    const model::ModelConfig& config, const FlatWeightLayout& layout,
+    std::shared_ptr<const WeightBuffer> flat) {
+  if (flat == nullptr) {
+    return absl::InvalidArgumentError("no flat buffer to view");
+  }
+  const absl::Span<const uint8_t> bytes = flat->span();
+  return FromFlat(config, layout, bytes, flat);
 }
 
 }  // namespace tandem::weights

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/weights/flat_weight_layout.h"
+#include "common/weights/weight_buffer.h"
 
 namespace tandem::model {
 struct ModelConfig;
@@ -43,5 +44,14 @@ absl::StatusOr<std::shared_ptr<std::vector<uint8_t>>> FlattenModel(
 absl::StatusOr<std::shared_ptr<model::ModelWeights>> UnflattenModel(
     const model::ModelConfig& config, const FlatWeightLayout& layout,
     absl::Span<const uint8_t> flat);
+
+// ModelWeights for `config` whose tensors view the bytes of `flat` (CPU)
+// without copying them; each tensor holds a reference to `flat`, which
+// therefore lives as long as any of them. The caller must not change the
+// bytes while the weights exist (StagingWeights::live_buffer() gives such
+// a buffer). Errors as UnflattenModel's.
+absl::StatusOr<std::shared_ptr<model::ModelWeights>> ViewFlatModel(
+    const model::ModelConfig& config, const FlatWeightLayout& layout,
+    std::shared_ptr<const WeightBuffer> flat);
 
 }  // namespace tandem::weights

@@ -38,7 +38,9 @@ absl::StatusOr<std::unique_ptr<StagingWeights>> StagingWeights::Create(
 StagingWeights::StagingWeights(FlatWeightLayout layout, StagingMode mode)
     : layout_(std::move(layout)), mode_(mode) {
   const int copies = mode == StagingMode::kDoubleBuffer ? 2 : 1;
-  for (int i = 0; i < copies; ++i) buffers_.emplace_back(layout_.total_bytes());
+  for (int i = 0; i < copies; ++i) {
+    buffers_.push_back(std::make_shared<WeightBuffer>(layout_.total_bytes()));
+  }
   // Tensors start at multiples of the layout's alignment (>= 4) and buckets
   // at multiples of bucket_bytes (a multiple of it): a slice never splits
   // an element of 2 or 4 bytes.
@@ -130,8 +132,8 @@ void StagingWeights::SetTamperHookForTest(
 }
 
 WeightBuffer& StagingWeights::StagingBuffer() {
-  return mode_ == StagingMode::kDoubleBuffer ? buffers_[1 - live_index_]
-                                             : buffers_[live_index_];
+  return mode_ == StagingMode::kDoubleBuffer ? *buffers_[1 - live_index_]
+                                             : *buffers_[live_index_];
 }
 
 absl::Status StagingWeights::Reject(absl::Status why) {
@@ -148,7 +150,7 @@ void StagingWeights::SetInplaceGate(InplaceWriteGate* gate) {
 
 absl::Span<uint8_t> StagingWeights::inplace_buffer() {
   if (mode_ != StagingMode::kInplace) return {};
-  return buffers_[0].span();
+  return buffers_[0]->span();
 }
 
 bool StagingWeights::live_lost() const {
@@ -183,12 +185,34 @@ absl::Status StagingWeights::Begin(const v1::WeightManifest& manifest,
     }
     gate = gate_;
   }
+  // A buffer that live_buffer() handed out and someone still holds (the
+  // tensors of a version the engine may still generate with) is never
+  // written: this version goes into a new one, and the old one is freed
+  // with its last holder. Only this thread replaces buffers, and a buffer
+  // that is not live cannot gain holders, so the count can only fall.
+  std::shared_ptr<WeightBuffer> fresh;
+  const WeightBuffer* held = nullptr;
+  if (mode_ == StagingMode::kDoubleBuffer) {
+    {
+      absl::MutexLock lock(&mu_);
+      const std::shared_ptr<WeightBuffer>& next = buffers_[1 - live_index_];
+      if (next.use_count() > 1) held = next.get();
+    }
+    // Allocated unlocked: live() callers do not wait for it.
+    if (held != nullptr) {
+      fresh = std::make_shared<WeightBuffer>(layout_.total_bytes());
+    }
+  }
   // Unlocked: the gate may wait for the readers (the engine's step under
   // way). Only this (the receiving) thread calls Begin().
   if (gate != nullptr) {
     if (absl::Status s = gate->BeginWrite(v); !s.ok()) return s;
   }
   absl::MutexLock lock(&mu_);
+  if (fresh != nullptr && buffers_[1 - live_index_].get() == held) {
+    buffers_[1 - live_index_] = std::move(fresh);
+    ++stats_.staging_allocations;
+  }
   staged_ = manifest;
   trusted_ = trusted;
   bucket_done_.assign(layout_.num_buckets(), false);
@@ -342,7 +366,7 @@ absl::Status StagingWeights::ApplyDelta(absl::Span<const uint8_t> delta) {
           "no DELTA weights version is being received");
     }
     staging = StagingBuffer().data();
-    live = buffers_[live_index_].data();
+    live = buffers_[live_index_]->data();
     stats_.bytes_received += delta.size();
   }
   const uint64_t size = layout_.total_bytes();
@@ -422,7 +446,14 @@ absl::StatusOr<uint64_t> StagingWeights::Commit() {
 
 LiveWeights StagingWeights::live() const {
   absl::MutexLock lock(&mu_);
-  return LiveWeights{buffers_[live_index_].span(), live_version_};
+  return LiveWeights{buffers_[live_index_]->span(), live_version_};
+}
+
+std::shared_ptr<const WeightBuffer> StagingWeights::live_buffer() const {
+  if (mode_ != StagingMode::kDoubleBuffer) return nullptr;
+  absl::MutexLock lock(&mu_);
+  if (!live_version_.has_value()) return nullptr;
+  return buffers_[live_index_];
 }
 
 std::optional<uint64_t> StagingWeights::live_version() const {

@@ -126,6 +126,9 @@ struct StagingStats {
   uint64_t bytes_received = 0;     // bucket bytes and delta bytes
   uint64_t full_versions = 0;
   uint64_t delta_versions = 0;
+  // kDoubleBuffer: versions received into a new buffer because the old
+  // staging buffer was still held (see live_buffer()).
+  uint64_t staging_allocations = 0;
 };
 
 class StagingWeights {
@@ -220,6 +223,13 @@ class StagingWeights {
   absl::StatusOr<uint64_t> Commit();
 
   LiveWeights live() const;
+  // kDoubleBuffer: the live version's buffer, shared, for tensors that view
+  // it instead of copying it (weights::ViewFlatModel). The staging never
+  // writes into a buffer while anyone else holds it (Begin() receives into
+  // a new one instead), so its bytes stay the live version's for as long
+  // as the caller keeps it. Null in kInplace mode (whose one buffer is
+  // rewritten in place; see inplace_buffer()) and while nothing is live.
+  std::shared_ptr<const WeightBuffer> live_buffer() const;
   std::optional<uint64_t> live_version() const;
 
   // The manifest of the live version (empty when there is none).
@@ -269,9 +279,11 @@ class StagingWeights {
 
   mutable absl::Mutex mu_;
   // buffers_[live_index_] is live; in kDoubleBuffer the other is staging,
-  // in kInplace there is one buffer that is both. The vector itself never
-  // changes after construction.
-  std::vector<WeightBuffer> buffers_;
+  // in kInplace there is one buffer that is both. The vector's size never
+  // changes; in kDoubleBuffer Begin() may replace the staging buffer (under
+  // mu_, on the receiving thread; see live_buffer()), kInplace's never
+  // changes (inplace_buffer() reads it unlocked).
+  std::vector<std::shared_ptr<WeightBuffer>> buffers_;
   int live_index_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<uint64_t> live_version_ ABSL_GUARDED_BY(mu_);
   std::optional<v1::WeightManifest> live_manifest_ ABSL_GUARDED_BY(mu_);

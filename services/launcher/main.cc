@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "common/base/executable_dir.h"
 #include "common/cluster/cluster_status.h"
+#include "common/cluster/coordinator_client.h"
 #include "common/config/tls_flags.h"
 #include "common/rpc/grpc_client.h"
 #include "services/launcher/embedded_config.h"
@@ -363,8 +364,8 @@ class Launcher {
         supervisor_.UpdateArgv("coordinator", Argv("coordinator", "coordinator",
                                                    coordinator_address_));
         Event(absl::StrCat("coordinator serving on ", coordinator_address_));
-        stub_ = tandem::v1::Coordinator::NewStub(
-            rpc::MakeChannel(coordinator_address_, options_.tls));
+        coordinator_ =
+            cluster::ConnectCoordinator(coordinator_address_, options_.tls);
         return true;
       }
       supervisor_.Poll();
@@ -392,7 +393,7 @@ class Launcher {
       grpc::ClientContext context;
       context.set_deadline(
           absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
-      grpc::Status rpc = stub_->GetClusterStatus(
+      grpc::Status rpc = coordinator_->GetClusterStatus(
           &context, tandem::v1::GetClusterStatusRequest(), &snapshot.cluster);
       if (!rpc.ok()) {
         last_error_ = rpc.error_message();
@@ -488,7 +489,7 @@ class Launcher {
   Options options_;
   ProcessSupervisor supervisor_;
   std::string coordinator_address_;
-  std::unique_ptr<tandem::v1::Coordinator::Stub> stub_;
+  std::unique_ptr<cluster::CoordinatorClient> coordinator_;
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;
   std::map<std::string, uint64_t> generated_tokens_;
   std::string last_error_;

@@ -158,7 +158,7 @@ absl::Status RolloutWorker::LoadModelAndEngine() {
   if (sync.mode == WeightSyncOptions::Mode::kBroadcast &&
       config.weight_sync_watch) {
     w->watcher_ = std::make_unique<cluster::ClusterWatcher>(
-        session->stub(),
+        session->client(),
         cluster::ClusterWatcherOptions{.member_id = member_id});
     sync.watcher = w->watcher_.get();
   }

@@ -1,5 +1,5 @@
 // The WeightSubscriber's swap bookkeeping: a received version is committed
-// in staging, rebuilt as ModelWeights in the live weights' dtype and device
+// in staging, viewed as ModelWeights in the live weights' dtype and device
 // and staged for the engine's swap, recorded (ReceivedVersions) and
 // measured; versions the staging refused as non-finite are counted; the
 // engine's swap closes the publish-to-live measure. Part of the
@@ -58,9 +58,12 @@ WeightSubscriber::CommitStaging() {
   RETURN_IF_ERROR(staging_->Commit().status());
   // Inplace: the commit released the engine; nothing to stage.
   if (staging_->mode() == weights::StagingMode::kInplace) return nullptr;
+  // Double buffer: the tensors view the committed buffer instead of
+  // copying it (the staging receives the next version into another buffer
+  // while they hold this one).
   ASSIGN_OR_RETURN(std::shared_ptr<model::ModelWeights> weights,
-                   weights::UnflattenModel(wire_config_, staging_->layout(),
-                                           staging_->live().bytes));
+                   weights::ViewFlatModel(wire_config_, staging_->layout(),
+                                          staging_->live_buffer()));
   // To the live weights' device and dtype (a no-op for a CPU worker
   // computing in the published dtype).
   return MatchLiveWeights(*model_, std::move(weights));

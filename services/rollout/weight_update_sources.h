@@ -30,9 +30,12 @@ absl::StatusOr<std::shared_ptr<model::ModelWeights>> MatchLiveWeights(
 
 // Weights staged by a transport (any thread) and committed by the engine
 // thread at a step boundary: Commit swaps pointers, so the pause does not
-// depend on model size. Memory: the live weights, the transport's staging
-// buffer (two flat copies when it double-buffers) and the staged
-// ModelWeights. For one copy, see InplaceWeightSource.
+// depend on model size. Memory: the transport's two flat buffers (double
+// buffer); the live and the staged ModelWeights view them (a third buffer
+// only while the engine still holds a version the next one would
+// overwrite, see StagingWeights::live_buffer()), unless the worker
+// converts them to another dtype or device. For one copy, see
+// InplaceWeightSource.
 class StagedWeightSource : public engine::WeightUpdateSource {
  public:
   explicit StagedWeightSource(std::shared_ptr<model::DecoderModel> model);

@@ -27,6 +27,7 @@
 #include "absl/time/clock.h"
 #include "common/base/executable_dir.h"
 #include "common/cluster/cluster_status.h"
+#include "common/cluster/coordinator_client.h"
 #include "common/config/tls_flags.h"
 #include "common/rpc/grpc_client.h"
 #include "services/tandemctl/certs_init.h"
@@ -66,12 +67,11 @@ int Fail(const std::string& what, const std::string& address,
 
 int RunStatus(const std::string& coordinator, bool json, double timeout_s,
               const tandem::rpc::TlsOptions& tls) {
-  auto stub = tandem::v1::Coordinator::NewStub(
-      tandem::rpc::MakeChannel(coordinator, tls));
+  auto client = tandem::cluster::ConnectCoordinator(coordinator, tls);
   tandem::v1::GetClusterStatusResponse response;
   absl::Status status = tandem::rpc::CallWithRetry(
       "GetClusterStatus", Policy(timeout_s), [&](grpc::ClientContext* c) {
-        return stub->GetClusterStatus(c, {}, &response);
+        return client->GetClusterStatus(c, {}, &response);
       });
   if (!status.ok())
     return Fail("cannot reach coordinator", coordinator, status);
@@ -86,12 +86,11 @@ int RunStatus(const std::string& coordinator, bool json, double timeout_s,
 // a graceful stop), 1 on an error. Interrupt to stop watching.
 int RunWatch(const std::string& coordinator, const std::string& member_id,
              const tandem::rpc::TlsOptions& tls) {
-  auto stub = tandem::v1::Coordinator::NewStub(
-      tandem::rpc::MakeChannel(coordinator, tls));
+  auto client = tandem::cluster::ConnectCoordinator(coordinator, tls);
   grpc::ClientContext context;
   tandem::v1::WatchClusterRequest request;
   request.set_member_id(member_id);
-  auto reader = stub->WatchCluster(&context, request);
+  auto reader = client->WatchCluster(&context, request);
   tandem::v1::ClusterEvent event;
   google::protobuf::util::JsonPrintOptions options;
   options.preserve_proto_field_names = true;

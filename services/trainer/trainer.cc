@@ -5,6 +5,7 @@
 
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
+#include "common/cluster/coordinator_client.h"
 #include "common/model/decoder_model.h"
 #include "common/model/device.h"
 #include "common/model/model_loader.h"
@@ -26,14 +27,15 @@ constexpr absl::Duration kStopReserve = absl::Seconds(2);
 // The coordinator's latest policy version (one short retried call).
 absl::StatusOr<uint64_t> CoordinatorPolicyVersion(const std::string& address,
                                                   const rpc::TlsOptions& tls) {
-  auto stub = tandem::v1::Coordinator::NewStub(rpc::MakeChannel(address, tls));
+  std::unique_ptr<cluster::CoordinatorClient> coordinator =
+      cluster::ConnectCoordinator(address, tls);
   rpc::RetryPolicy retry;
   retry.attempt_timeout = absl::Seconds(2);
   retry.total_timeout = absl::Seconds(5);
   tandem::v1::GetClusterStatusResponse response;
   RETURN_IF_ERROR(rpc::CallWithRetry(
       "GetClusterStatus", retry, [&](grpc::ClientContext* context) {
-        return stub->GetClusterStatus(
+        return coordinator->GetClusterStatus(
             context, tandem::v1::GetClusterStatusRequest(), &response);
       }));
   return response.policy_version();
@@ -311,7 +313,7 @@ absl::Status Trainer::Start() {
   if (publisher_) {
     cluster::MemberSession* session = &member_->session();
     publisher_->Start(WeightPublisher::Coordinator{
-        .stub = session->stub(),
+        .client = session->client(),
         .member_id = [session] { return session->member_id(); }});
   }
   RETURN_IF_ERROR(member_->Start());

@@ -99,8 +99,8 @@ class Trainer {
   std::unique_ptr<cluster::MemberDaemon> member_;
   // Broadcast of each version to the current epoch's group and the re-send
   // protocol (null when weight_sync.broadcast is off). Declared after what
-  // it uses (store_, metrics, member_'s stub), so it goes first; Stop()
-  // joins its threads before anything goes.
+  // it uses (store_, metrics, member_'s coordinator client), so it goes
+  // first; Stop() joins its threads before anything goes.
   std::unique_ptr<WeightPublisher> publisher_;
   // The training thread (pull, step, publish, checkpoint, evaluate); it
   // borrows most of the above, so it is declared last and goes first.

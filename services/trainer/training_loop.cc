@@ -23,12 +23,12 @@ auto Log() { return ComponentLogger("trainer"); }
 }  // namespace
 
 TrainingLoop::TrainingLoop(TrainingLoopParts parts)
-    : parts_(std::move(parts)), config_(*parts_.config), grpo_(parts_.grpo) {}
+    : parts_(std::move(parts)) {}
 
 absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(
     TrainingLoopParts parts) {
   std::unique_ptr<TrainingLoop> loop(new TrainingLoop(std::move(parts)));
-  const TrainerConfig& config = loop->config_;
+  const TrainerConfig& config = *loop->parts_.config;
   ASSIGN_OR_RETURN(std::shared_ptr<model::ModelWeights> published,
                    loop->PublishedWeights());
   ASSIGN_OR_RETURN(weights::FlatWeightLayout layout,
@@ -78,9 +78,9 @@ void TrainingLoop::FinishOnStop() {
     Log()->warn(
         "not checkpointing on stop: version {} was never acknowledged by "
         "the coordinator",
-        grpo_->policy_version());
+        parts_.grpo->policy_version());
   } else {
-    written = parts_.checkpoints->SaveOnStop(*grpo_);
+    written = parts_.checkpoints->SaveOnStop(*parts_.grpo);
   }
   if (!written.ok()) {
     Log()->error("checkpoint on stop failed: {}", written.status().ToString());
@@ -94,16 +94,16 @@ absl::Status TrainingLoop::PullBatch(
     const std::string& member, tandem::v1::PullTrainingBatchResponse* batch) {
   tandem::v1::PullTrainingBatchRequest pull;
   pull.set_member_id(member);
-  pull.set_max_tokens(static_cast<uint64_t>(config_.batch_max_tokens));
-  pull.set_max_groups(static_cast<uint32_t>(config_.batch_max_groups));
-  pull.set_trainer_policy_version(grpo_->policy_version());
-  pull.set_wait_ms(config_.pull_wait_ms);
+  pull.set_max_tokens(static_cast<uint64_t>(parts_.config->batch_max_tokens));
+  pull.set_max_groups(static_cast<uint32_t>(parts_.config->batch_max_groups));
+  pull.set_trainer_policy_version(parts_.grpo->policy_version());
+  pull.set_wait_ms(parts_.config->pull_wait_ms);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(
-      absl::Now() + absl::Milliseconds(config_.pull_wait_ms) +
+      absl::Now() + absl::Milliseconds(parts_.config->pull_wait_ms) +
       absl::Seconds(5)));
   return rpc::ToAbslStatus(
-      parts_.coordinator->stub()->PullTrainingBatch(&context, pull, batch));
+      parts_.coordinator->client()->PullTrainingBatch(&context, pull, batch));
 }
 
 absl::Status TrainingLoop::TrainOnce() {
@@ -118,7 +118,7 @@ absl::Status TrainingLoop::TrainOnce() {
     return absl::OkStatus();
   }
   ConvertedBatch converted = ConvertTrainingBatch(
-      batch, grpo_->policy().weights()->config().vocab_size);
+      batch, parts_.grpo->policy().weights()->config().vocab_size);
   for (const std::string& reason : converted.refused) {
     parts_.metrics->step.RecordRefusedGroup();
     Log()->error("batch {}: left out of the step: {}", batch.batch_id(),
@@ -133,7 +133,7 @@ absl::Status TrainingLoop::TrainOnce() {
     return absl::OkStatus();
   }
   PoisonRewardsForTest(&groups);
-  ASSIGN_OR_RETURN(GrpoStepStats stats, grpo_->Step(groups));
+  ASSIGN_OR_RETURN(GrpoStepStats stats, parts_.grpo->Step(groups));
   if (stats.skipped()) {
     HandBackSkippedStep(batch.batch_id(), groups.size(), stats);
     return absl::OkStatus();
@@ -157,7 +157,7 @@ absl::Status TrainingLoop::TrainOnce() {
       return published;  // stopping
     }
     RETURN_IF_ERROR(AdoptCoordinatorVersion(published));
-    stats.policy_version = grpo_->policy_version();
+    stats.policy_version = parts_.grpo->policy_version();
   }
   unacknowledged_step_ = false;
   RecordStep(batch.batch_id(), groups.size(), stats);
@@ -175,8 +175,8 @@ void TrainingLoop::HandBackSkippedStep(const std::string& batch_id,
       "optimizer step {} skipped: its {} is not finite (loss {}, grad norm "
       "{}); batch {} ({} groups) not trained and not committed; policy "
       "version stays {}",
-      grpo_->step() + 1, stats.nonfinite, stats.loss.loss, stats.grad_norm,
-      batch_id, groups, stats.policy_version);
+      parts_.grpo->step() + 1, stats.nonfinite, stats.loss.loss,
+      stats.grad_norm, batch_id, groups, stats.policy_version);
   ReleaseBatch(batch_id, absl::StrCat("optimizer step skipped: its ",
                                       stats.nonfinite, " is not finite"));
 }
@@ -241,7 +241,7 @@ void TrainingLoop::ReleaseBatch(const std::string& batch_id,
   tandem::v1::ReleaseTrainingBatchResponse response;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-  grpc::Status status = parts_.coordinator->stub()->ReleaseTrainingBatch(
+  grpc::Status status = parts_.coordinator->client()->ReleaseTrainingBatch(
       &context, request, &response);
   if (!status.ok()) {
     Log()->warn(
@@ -260,9 +260,9 @@ std::optional<BestPolicy> TrainingLoop::OfferBestPolicy(
   absl::StatusOr<std::optional<BestPolicy>> offered =
       absl::FailedPreconditionError("no weights");
   absl::StatusOr<std::shared_ptr<model::ModelWeights>> weights =
-      grpo_->SnapshotWeights();
+      parts_.grpo->SnapshotWeights();
   if (weights.ok()) {
-    offered = best_policy_->Offer(**weights, result, grpo_->step());
+    offered = best_policy_->Offer(**weights, result, parts_.grpo->step());
   } else {
     offered = weights.status();
   }
@@ -278,12 +278,12 @@ std::optional<BestPolicy> TrainingLoop::OfferBestPolicy(
 
 void TrainingLoop::MaybeEvaluate(bool initial) {
   if (evaluator_ == nullptr) return;
-  const uint64_t version = grpo_->policy_version();
+  const uint64_t version = parts_.grpo->policy_version();
   if (!initial && !evaluator_->Due(version)) return;
   if (static_cast<int64_t>(version) == last_evaluated_version_) return;
   last_evaluated_version_ = static_cast<int64_t>(version);
   absl::StatusOr<HeldoutResult> result =
-      evaluator_->Evaluate(grpo_->policy(), version);
+      evaluator_->Evaluate(parts_.grpo->policy(), version);
   if (!result.ok()) {
     Log()->warn("held-out evaluation of version {} failed: {}", version,
                 result.status().ToString());
@@ -311,7 +311,8 @@ void TrainingLoop::MaybeEvaluate(bool initial) {
       s.set_heldout_best_accuracy(best->accuracy);
       s.set_heldout_best_policy_version(best->policy_version);
       s.set_heldout_best_path(
-          (std::filesystem::path(config_.checkpoint_dir) / kBestPolicyLink)
+          (std::filesystem::path(parts_.config->checkpoint_dir) /
+           kBestPolicyLink)
               .string());
     }
     if (!s.heldout_evaluated()) {
@@ -351,7 +352,7 @@ void TrainingLoop::RecordCheckpoint(const WrittenCheckpoint& written) {
 
 absl::Status TrainingLoop::MaybeCheckpoint() {
   ASSIGN_OR_RETURN(std::optional<WrittenCheckpoint> written,
-                   parts_.checkpoints->MaybeSave(*grpo_));
+                   parts_.checkpoints->MaybeSave(*parts_.grpo));
   if (written) RecordCheckpoint(*written);
   return absl::OkStatus();
 }
@@ -361,12 +362,12 @@ void TrainingLoop::ServeCheckpointRequests() {
       parts_.checkpoint_requests->TakeAll();
   if (requests.empty()) return;
   absl::StatusOr<WrittenCheckpoint> written = absl::UnavailableError(
-      absl::StrCat("version ", grpo_->policy_version(),
+      absl::StrCat("version ", parts_.grpo->policy_version(),
                    " was never acknowledged by the coordinator: not "
                    "checkpointing it"));
   if (!unacknowledged_step_) {
-    written =
-        parts_.checkpoints->Save(*grpo_, "requested by the SaveCheckpoint RPC");
+    written = parts_.checkpoints->Save(*parts_.grpo,
+                                       "requested by the SaveCheckpoint RPC");
   }
   if (written.ok()) RecordCheckpoint(*written);
   for (CheckpointRequestQueue::Request& r : requests) {

@@ -73,7 +73,7 @@ struct TrainingLoopParts {
   // answers (both read or filled by TrainerService).
   TrainerStatusBoard* status = nullptr;
   CheckpointRequestQueue* checkpoint_requests = nullptr;
-  // The coordinator: its stub, this trainer's member id ("" while
+  // The coordinator: its client, this trainer's member id ("" while
   // unregistered) and the latest version its heartbeats report.
   cluster::MemberSession* coordinator = nullptr;
   // The weight server's address, announced with each version (known once
@@ -167,9 +167,9 @@ class TrainingLoop {
   // step is skipped as non-finite (and its batch handed back).
   void PoisonRewardsForTest(std::vector<ScoredPromptGroup>* groups);
 
+  // The settings (parts_.config) and the policy (parts_.grpo) are read
+  // through parts_ only: one name for each.
   const TrainingLoopParts parts_;
-  const TrainerConfig& config_;
-  GrpoTrainer* const grpo_;
 
   // Published versions (the loop's thread only).
   std::unique_ptr<weights::FlatWeightLayout> layout_;

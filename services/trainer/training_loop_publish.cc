@@ -28,7 +28,7 @@ auto Log() { return ComponentLogger("trainer"); }
 absl::StatusOr<std::shared_ptr<model::ModelWeights>>
 TrainingLoop::PublishedWeights() const {
   ASSIGN_OR_RETURN(std::shared_ptr<model::ModelWeights> weights,
-                   grpo_->SnapshotWeights());
+                   parts_.grpo->SnapshotWeights());
   if (weights->config().dtype == parts_.publish_dtype) return weights;
   return weights->To(weights->device(), parts_.publish_dtype);
 }
@@ -68,7 +68,7 @@ absl::StatusOr<weights::PublishedVersion> TrainingLoop::StoreVersion(
 
 absl::StatusOr<GrpoStepStats> TrainingLoop::StepAndStoreForTest(
     const std::vector<ScoredPromptGroup>& groups) {
-  ASSIGN_OR_RETURN(GrpoStepStats stats, grpo_->Step(groups));
+  ASSIGN_OR_RETURN(GrpoStepStats stats, parts_.grpo->Step(groups));
   RETURN_IF_ERROR(StoreVersion(stats.policy_version).status());
   return stats;
 }
@@ -113,8 +113,8 @@ absl::Status TrainingLoop::Publish(uint64_t version,
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     const grpc::Status status =
-        parts_.coordinator->stub()->PublishPolicyVersion(&context, request,
-                                                         &response);
+        parts_.coordinator->client()->PublishPolicyVersion(&context, request,
+                                                           &response);
     if (status.ok()) {
       if (attempt > 0) {
         Log()->info("version {} (batch {}) acknowledged after {} retries",
@@ -151,7 +151,7 @@ absl::Status TrainingLoop::Publish(uint64_t version,
 absl::Status TrainingLoop::AdoptCoordinatorVersion(
     const absl::Status& refusal) {
   parts_.metrics->publishes_refused.Increment();
-  const uint64_t ours = grpo_->policy_version();
+  const uint64_t ours = parts_.grpo->policy_version();
   // The coordinator's latest version, as its heartbeat answers report it.
   const uint64_t theirs = parts_.coordinator->cluster_policy_version();
   Log()->error(
@@ -159,7 +159,7 @@ absl::Status TrainingLoop::AdoptCoordinatorVersion(
       "publishing these weights (with the refused batch trained in) as "
       "version {} without a batch",
       ours, refusal.ToString(), theirs, theirs + 1);
-  grpo_->set_policy_version(theirs + 1);
+  parts_.grpo->set_policy_version(theirs + 1);
   return Publish(theirs + 1, "");
 }
 
@@ -172,15 +172,15 @@ bool TrainingLoop::ReconcileVersionOnce() {
   // counted lost, and batches of an earlier trainer are released.
   tandem::v1::ResumeTrainingRequest request;
   request.set_member_id(member);
-  request.set_policy_version(grpo_->policy_version());
+  request.set_policy_version(parts_.grpo->policy_version());
   tandem::v1::ResumeTrainingResponse response;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  const grpc::Status status =
-      parts_.coordinator->stub()->ResumeTraining(&context, request, &response);
+  const grpc::Status status = parts_.coordinator->client()->ResumeTraining(
+      &context, request, &response);
   if (!status.ok()) {
     Log()->warn("ResumeTraining at policy version {} failed: {}; retrying",
-                grpo_->policy_version(), status.error_message());
+                parts_.grpo->policy_version(), status.error_message());
     absl::SleepFor(absl::Milliseconds(400));
     return false;
   }
@@ -192,13 +192,13 @@ bool TrainingLoop::ReconcileVersionOnce() {
         "resuming at policy version {} while the coordinator is at {}: {} "
         "groups trained after it are queued again, {} are lost (too stale "
         "to train again)",
-        grpo_->policy_version(), response.policy_version(),
+        parts_.grpo->policy_version(), response.policy_version(),
         response.groups_requeued(), response.groups_lost());
   }
   parts_.checkpoints->ReconcileVersion(response.policy_version(),
-                                       parts_.resumed, grpo_);
+                                       parts_.resumed, parts_.grpo);
   parts_.status->Update([&](tandem::v1::TrainerStatus& s) {
-    s.set_policy_version(grpo_->policy_version());
+    s.set_policy_version(parts_.grpo->policy_version());
   });
   return true;
 }

@@ -41,7 +41,7 @@ void WeightPublisher::Start(Coordinator coordinator) {
   // Wakes ResendAfterFailure when the coordinator announces the re-send
   // epoch.
   watcher_ = std::make_unique<cluster::ClusterWatcher>(
-      coordinator_.stub,
+      coordinator_.client,
       cluster::ClusterWatcherOptions{.member_id = coordinator_.member_id});
   sender_->Start();
   watcher_->Start();
@@ -112,7 +112,8 @@ void WeightPublisher::OnBroadcast(const weights::BroadcastOutcome& outcome) {
   tandem::v1::SyncWeightGroupResponse ignored;
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(3)));
-  grpc::Status s = coordinator_.stub->SyncWeightGroup(&context, report, &ignored);
+  grpc::Status s =
+      coordinator_.client->SyncWeightGroup(&context, report, &ignored);
   if (!s.ok()) {
     Log()->warn(
         "could not report the failed broadcast: {}; receivers catch "
@@ -144,7 +145,7 @@ void WeightPublisher::ResendAfterFailure(
     tandem::v1::SyncWeightGroupResponse response;
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-    if (!coordinator_.stub->SyncWeightGroup(&context, poll, &response).ok()) {
+    if (!coordinator_.client->SyncWeightGroup(&context, poll, &response).ok()) {
       continue;
     }
     const tandem::v1::BroadcastGroup& group = response.group();

@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/cluster/cluster_watcher.h"
+#include "common/cluster/coordinator_client.h"
 #include "common/weights/broadcast/broadcast_sender.h"
 #include "common/weights/delta_publisher.h"
 #include "common/weights/weight_store.h"
@@ -42,10 +43,10 @@ namespace tandem::trainer {
 
 class WeightPublisher {
  public:
-  // The coordinator as the publisher sees it: its stub and this trainer's
-  // member id ("" while unregistered).
+  // The coordinator as the publisher sees it: its client and this
+  // trainer's member id ("" while unregistered).
   struct Coordinator {
-    tandem::v1::Coordinator::Stub* stub = nullptr;
+    cluster::CoordinatorClient* client = nullptr;
     std::function<std::string()> member_id;
   };
 
@@ -62,7 +63,7 @@ class WeightPublisher {
   // host:port of the rendezvous store, to advertise to the coordinator.
   std::string store_address() const;
 
-  // Starts the sender thread and the watch stream. `coordinator.stub` must
+  // Starts the sender thread and the watch stream. `coordinator.client` must
   // outlive the publisher.
   void Start(Coordinator coordinator);
 

@@ -19,3 +19,9 @@ target_link_libraries(rendezvous_bench PRIVATE tandem_weights_gloo
 add_executable(weight_digest_bench
   ${CMAKE_CURRENT_SOURCE_DIR}/weight_digest_bench.cc)
 target_link_libraries(weight_digest_bench PRIVATE tandem_weights)
+
+# The staged update mode's build of the engine's weights from a committed
+# version: copying the flat buffer against viewing it (issue 21 item 6).
+add_executable(staged_swap_bench
+  ${CMAKE_CURRENT_SOURCE_DIR}/staged_swap_bench.cc)
+target_link_libraries(staged_swap_bench PRIVATE tandem_weights_model)

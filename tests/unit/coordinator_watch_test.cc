@@ -198,7 +198,8 @@ TEST_CASE("watch_cluster_sends_shutdown_and_ends_ok_on_graceful_stop") {
 
 TEST_CASE("cluster_watcher_wakes_on_a_publish_and_notices_a_stopped_stream") {
   Cluster cluster;
-  cluster::ClusterWatcher watcher(cluster.stub.get(), {});
+  cluster::GrpcCoordinatorClient client(cluster.stub.get());
+  cluster::ClusterWatcher watcher(&client, {});
   watcher.Start();
   // Stream open (headers), nothing to snapshot yet.
   const absl::Time open_by = absl::Now() + absl::Seconds(10);
@@ -249,7 +250,8 @@ TEST_CASE("cluster_watcher_reconnects_to_a_restarted_coordinator") {
     return member;
   };
   options.max_backoff = absl::Milliseconds(200);
-  cluster::ClusterWatcher watcher(stub.get(), options);
+  cluster::GrpcCoordinatorClient client(stub.get());
+  cluster::ClusterWatcher watcher(&client, options);
   watcher.Start();
   auto wait_watching = [&](bool want) {
     const absl::Time by = absl::Now() + absl::Seconds(10);
@@ -297,7 +299,8 @@ TEST_CASE("cluster_watcher_reports_no_stream_when_watch_is_not_served") {
   REQUIRE(server != nullptr);
   auto stub = tandem::v1::Coordinator::NewStub(grpc::CreateChannel(
       absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
-  cluster::ClusterWatcher watcher(stub.get(), {});
+  cluster::GrpcCoordinatorClient client(stub.get());
+  cluster::ClusterWatcher watcher(&client, {});
   watcher.Start();
   const absl::Time until = absl::Now() + absl::Seconds(10);
   while (watcher.last_status().ok() && absl::Now() < until) {

@@ -113,7 +113,7 @@ class OutsideGroup {
     decoder_ = std::make_shared<model::DecoderModel>(*initial);
     source_ = std::make_unique<StagedWeightSource>(decoder_);
     watcher_ = std::make_unique<cluster::ClusterWatcher>(
-        stub_.get(), cluster::ClusterWatcherOptions{
+        client_.get(), cluster::ClusterWatcherOptions{
                          .member_id = [this] { return worker_id_; }});
     watcher_->Start();
     WeightSyncOptions options;

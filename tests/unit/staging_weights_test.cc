@@ -134,6 +134,54 @@ TEST_CASE("Staged version becomes live only at Commit, by pointer swap",
 }
 
 TEST_CASE(
+    "A held live buffer is never written: the next versions go elsewhere",
+    "[weights][staging]") {
+  const FlatWeightLayout layout = SmallLayout();
+  auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  StagingWeights& s = **staging;
+  CHECK(s.live_buffer() == nullptr);  // nothing live yet
+  std::mt19937_64 rng(5);
+  std::vector<WeightBuffer> versions;
+  for (uint64_t v = 1; v <= 4; ++v) {
+    versions.emplace_back(layout.total_bytes());
+    testing::FillRandom(layout, &versions.back(), rng);
+  }
+  auto stage = [&](uint64_t v) {
+    auto m = layout.BuildManifest(versions[v - 1].span(), v);
+    REQUIRE(m.ok());
+    REQUIRE(StagePayload(&s, *m, versions[v - 1].span()).ok());
+    REQUIRE(s.Commit().ok());
+  };
+  stage(1);
+  std::shared_ptr<const WeightBuffer> held1 = s.live_buffer();
+  REQUIRE(held1 != nullptr);
+  CHECK(held1->data() == s.live().bytes.data());
+  // v2 goes into the other buffer (not held); v3 would overwrite v1's,
+  // which is held: it gets a new one, and v1's bytes stay.
+  stage(2);
+  CHECK(s.stats().staging_allocations == 0);
+  std::shared_ptr<const WeightBuffer> held2 = s.live_buffer();
+  stage(3);
+  CHECK(s.stats().staging_allocations == 1);
+  CHECK(SameBytes(held1->span(), versions[0]));
+  CHECK(SameBytes(s.live().bytes, versions[2]));
+  CHECK(s.live().bytes.data() != held1->data());
+  // Released: v4 reuses v2's buffer (held2 dropped), no allocation.
+  const uint8_t* v2_data = held2->data();
+  held2.reset();
+  stage(4);
+  CHECK(s.stats().staging_allocations == 1);
+  CHECK(s.live().bytes.data() == v2_data);
+  CHECK(SameBytes(s.live().bytes, versions[3]));
+  CHECK(SameBytes(held1->span(), versions[0]));
+
+  auto inplace = StagingWeights::Create(layout, StagingMode::kInplace);
+  REQUIRE(inplace.ok());
+  CHECK((*inplace)->live_buffer() == nullptr);
+}
+
+TEST_CASE(
     "Pieces checksummed as they arrive seal a bucket like a whole-bucket "
     "check: a flipped byte inside a piece or after the last piece is "
     "caught, pieces out of order are refused, offset 0 starts over",

@@ -4,7 +4,6 @@
 // calls nothing back afterwards.
 
 #include <catch2/catch.hpp>
-#include <grpcpp/grpcpp.h>
 
 #include <memory>
 #include <random>
@@ -16,6 +15,7 @@
 #include "common/weights/broadcast/gloo_broadcast_transport.h"
 #include "prometheus/registry.h"
 #include "services/trainer/weight_publisher.h"
+#include "tests/support/fake_coordinator_client.h"
 #include "weights_test_util.h"
 
 namespace tandem::trainer {
@@ -34,10 +34,10 @@ TEST_CASE(
   full.manifest.set_kind(v1::WEIGHT_PAYLOAD_KIND_FULL);
   full.bytes = std::make_shared<const std::vector<uint8_t>>(
       buf.data(), buf.data() + layout.total_bytes());
-  // A coordinator that is not there: the stopped broadcast must not need
-  // it (and the watch stream just retries).
-  auto stub = tandem::v1::Coordinator::NewStub(grpc::CreateChannel(
-      "127.0.0.1:1", grpc::InsecureChannelCredentials()));
+  // A coordinator that answers nothing (every call UNIMPLEMENTED): the
+  // stopped broadcast must not need it (and the watch stream just
+  // retries).
+  tandem::testing::FakeCoordinatorClient coordinator;
   // Far beyond the test's timeout: only an abort ends the collective.
   const absl::Duration never = absl::Minutes(10);
   for (int round = 0; round < 20; ++round) {
@@ -55,7 +55,7 @@ TEST_CASE(
         WeightPublisher::Create(options, store.get(), metrics.get());
     REQUIRE(publisher.ok());
     (*publisher)->Start(WeightPublisher::Coordinator{
-        .stub = stub.get(), .member_id = [] { return "trainer"; }});
+        .client = &coordinator, .member_id = [] { return "trainer"; }});
     const std::string address = (*publisher)->store_address();
     const uint16_t port = static_cast<uint16_t>(
         std::stoi(address.substr(address.rfind(':') + 1)));

@@ -7,6 +7,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstring>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "common/model/decoder_model.h"
@@ -86,6 +87,51 @@ void RoundTrip(model::WeightDType dtype) {
 TEST_CASE("model weights survive publish, pull and rebuild bit for bit") {
   RoundTrip(model::WeightDType::kFloat32);
   RoundTrip(model::WeightDType::kBFloat16);
+}
+
+TEST_CASE("viewed weights share the flat buffer and keep it alive") {
+  for (model::WeightDType dtype :
+       {model::WeightDType::kFloat32, model::WeightDType::kBFloat16}) {
+    model::ModelConfig config = model::testing::TinyQwen2Config();
+    config.dtype = dtype;
+    auto weights = model::RandomInit(config, 3);
+    REQUIRE(weights.ok());
+    auto layout = LayoutForModel(**weights);
+    REQUIRE(layout.ok());
+    auto flat = FlattenModel(**weights, *layout);
+    REQUIRE(flat.ok());
+    auto buffer = std::make_shared<WeightBuffer>(layout->total_bytes());
+    std::memcpy(buffer->data(), (*flat)->data(), layout->total_bytes());
+    const uint8_t* data = buffer->data();
+    auto viewed = ViewFlatModel(config, *layout, buffer);
+    INFO(viewed.status().ToString());
+    REQUIRE(viewed.ok());
+    auto copied = UnflattenModel(config, *layout, buffer->span());
+    REQUIRE(copied.ok());
+    std::weak_ptr<WeightBuffer> alive = buffer;
+    buffer.reset();
+    CHECK_FALSE(alive.expired());  // the views hold it
+    for (const TensorPlacement& p : layout->tensors()) {
+      INFO(p.info.name);
+      const at::Tensor& view = (*viewed)->tensors().at(p.info.name);
+      CHECK(static_cast<const void*>(view.data_ptr()) ==
+            static_cast<const void*>(data + p.offset));
+      CHECK(at::equal(view, (*weights)->tensors().at(p.info.name)));
+      CHECK(at::equal(view, (*copied)->tensors().at(p.info.name)));
+    }
+    viewed->reset();
+    CHECK(alive.expired());
+  }
+  model::ModelConfig config = model::testing::TinyQwen2Config();
+  auto weights = model::RandomInit(config, 1);
+  REQUIRE(weights.ok());
+  auto layout = LayoutForModel(**weights);
+  REQUIRE(layout.ok());
+  CHECK(ViewFlatModel(config, *layout, nullptr).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  auto short_buffer = std::make_shared<WeightBuffer>(layout->total_bytes() - 1);
+  CHECK(ViewFlatModel(config, *layout, short_buffer).status().code() ==
+        absl::StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("unflatten refuses a buffer of the wrong size") {
