@@ -8,18 +8,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
-#include "common/tokenizer/byte_level.h"
+#include "common/task/char_tokenizer_json.h"
 
 namespace tandem::task {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-Json AddedToken(int32_t id, const char* content, bool special) {
-  return Json{{"id", id},          {"content", content}, {"single_word", false},
-              {"lstrip", false},   {"rstrip", false},    {"normalized", false},
-              {"special", special}};
-}
 
 // Tool messages are their own ChatML turn (role "tool"), shorter for a
 // character-level model than Qwen2.5's <tool_response> blocks. An
@@ -44,81 +38,21 @@ constexpr char kChatTemplate[] =
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
     "{%- endif %}";
 
-absl::Status WriteFileAtomically(const std::string& path,
-                                 const std::string& text) {
-  const std::string tmp = absl::StrCat(path, ".tmp");
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) {
-      return absl::InternalError(
-          absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path,
-                                            ": ", std::strerror(errno)));
-  }
-  return absl::OkStatus();
-}
 
 }  // namespace
 
 std::string ToolsTokenizerJson() {
-  // Keys spelled the byte-level way (space "Ġ", newline "Ċ"), with a
-  // ByteLevel pre-tokenizer: what GPT-2 style tokenizers do, so that
-  // Hugging Face's loaders agree on the ids. transformers 5 loads this
-  // directory as a Qwen2 tokenizer (its config is a Qwen2 model's), which
-  // byte-level encodes the text before the vocabulary lookup; raw keys " "
-  // and "\n" were then never found and spaces were dropped.
-  Json vocab = Json::object();
-  vocab[tokenizer::ByteLevelEncode("\n")] = 0;
-  for (int c = ' '; c <= '~'; ++c) {
-    vocab[tokenizer::ByteLevelEncode(std::string(1, static_cast<char>(c)))] =
-        c - ' ' + 1;
-  }
-  vocab[kToolsImStartToken] = kToolsImStartId;
-  vocab[kToolsImEndToken] = kToolsImEndId;
-  vocab[kToolsCallOpenToken] = kToolsCallOpenId;
-  vocab[kToolsCallCloseToken] = kToolsCallCloseId;
-  vocab[kToolsEndOfTextToken] = kToolsEndOfTextId;
-  vocab[kToolsPadToken] = kToolsPadId;
-  Json added =
-      Json::array({AddedToken(kToolsImStartId, kToolsImStartToken, true),
-                   AddedToken(kToolsImEndId, kToolsImEndToken, true),
-                   AddedToken(kToolsCallOpenId, kToolsCallOpenToken, false),
-                   AddedToken(kToolsCallCloseId, kToolsCallCloseToken, false),
-                   AddedToken(kToolsEndOfTextId, kToolsEndOfTextToken, true),
-                   AddedToken(kToolsPadId, kToolsPadToken, true)});
-  Json json = {{"version", "1.0"},
-               {"truncation", nullptr},
-               {"padding", nullptr},
-               {"added_tokens", added},
-               {"normalizer", nullptr},
-               {"pre_tokenizer",
-                {{"type", "ByteLevel"},
-                 {"add_prefix_space", false},
-                 {"trim_offsets", false},
-                 {"use_regex", false}}},
-               {"post_processor", nullptr},
-               {"decoder",
-                {{"type", "ByteLevel"},
-                 {"add_prefix_space", false},
-                 {"trim_offsets", false},
-                 {"use_regex", false}}},
-               {"model",
-                {{"type", "BPE"},
-                 {"dropout", nullptr},
-                 {"unk_token", nullptr},
-                 {"continuing_subword_prefix", nullptr},
-                 {"end_of_word_suffix", nullptr},
-                 {"fuse_unk", false},
-                 {"byte_fallback", false},
-                 {"ignore_merges", false},
-                 {"vocab", vocab},
-                 {"merges", Json::array()}}}};
-  return json.dump(2) + "\n";
+  std::vector<std::string> characters = {"\n"};
+  for (char c = ' '; c <= '~'; ++c) characters.emplace_back(1, c);
+  return CharTokenizerJson(
+      characters,
+      nlohmann::ordered_json::array(
+          {CharAddedToken(kToolsImStartId, kToolsImStartToken, true),
+           CharAddedToken(kToolsImEndId, kToolsImEndToken, true),
+           CharAddedToken(kToolsCallOpenId, kToolsCallOpenToken, false),
+           CharAddedToken(kToolsCallCloseId, kToolsCallCloseToken, false),
+           CharAddedToken(kToolsEndOfTextId, kToolsEndOfTextToken, true),
+           CharAddedToken(kToolsPadId, kToolsPadToken, true)}));
 }
 
 std::string ToolsChatTemplate() { return kChatTemplate; }
