@@ -7,25 +7,8 @@
 namespace tandem::task {
 namespace {
 
-// splitmix64: a small, well-mixed, portable hash/step function, so streams
-// and splits are the same on every platform and standard library.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-// FNV-1a over the prompt text, then mixed; the salt keeps the split
-// independent of any other use of the same hash.
-uint64_t HashText(const std::string& text) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 0x100000001b3ULL;
-  }
-  return Mix(h ^ 0x7461736b2d617269ULL /* "task-ari" */);
-}
+// Keeps the split independent of any other use of the same hash.
+constexpr uint64_t kSplitSalt = 0x7461736b2d617269ULL;  // "task-ari"
 
 bool ParseOperand(const std::string& text, int64_t* value) {
   if (text.empty() || text.size() > 18) return false;
@@ -39,10 +22,6 @@ bool ParseOperand(const std::string& text, int64_t* value) {
 }
 
 }  // namespace
-
-const char* SplitName(Split split) {
-  return split == Split::kTrain ? "train" : "heldout";
-}
 
 absl::StatusOr<ArithTask> ArithTask::Create(const ArithTaskOptions& options) {
   if (options.digits < 1 || options.digits > 18) {
@@ -72,38 +51,27 @@ ArithProblem ArithTask::MakeProblem(int64_t a, char op, int64_t b) {
 }
 
 Split ArithTask::SplitOf(const ArithProblem& problem) const {
-  const uint64_t bucket = HashText(problem.prompt) % 100;
-  return bucket < static_cast<uint64_t>(options_.heldout_percent)
-             ? Split::kHeldOut
-             : Split::kTrain;
+  return SplitOfText(problem.prompt, kSplitSalt, options_.heldout_percent);
 }
 
 ArithProblem ArithTask::Sample(Split split, uint64_t index) const {
-  // Each index has its own generator state, so Sample(i) does not depend on
-  // the problems before it. Rejection sampling keeps the problem's split.
-  uint64_t state =
-      Mix(options_.seed ^ Mix(index * 2 + (split == Split::kHeldOut ? 1 : 0)));
   const uint64_t limit = static_cast<uint64_t>(operand_limit_);
-  while (true) {
-    state = Mix(state);
-    const int64_t a = static_cast<int64_t>(state % limit);
-    state = Mix(state);
-    const int64_t b = static_cast<int64_t>(state % limit);
-    char op = '+';
-    if (options_.subtraction) {
-      state = Mix(state);
-      op = (state & 1) ? '-' : '+';
-    }
-    ArithProblem problem = MakeProblem(a, op, b);
-    if (SplitOf(problem) == split) return problem;
-  }
+  return SampleInSplit(*this, options_.seed, split, index,
+                       [&](SplitStream& stream) {
+                         const int64_t a =
+                             static_cast<int64_t>(stream.Next() % limit);
+                         const int64_t b =
+                             static_cast<int64_t>(stream.Next() % limit);
+                         char op = '+';
+                         if (options_.subtraction) {
+                           op = (stream.Next() & 1) ? '-' : '+';
+                         }
+                         return MakeProblem(a, op, b);
+                       });
 }
 
 std::vector<ArithProblem> ArithTask::Take(Split split, uint64_t count) const {
-  std::vector<ArithProblem> out;
-  out.reserve(count);
-  for (uint64_t i = 0; i < count; ++i) out.push_back(Sample(split, i));
-  return out;
+  return TakeFromSplit(*this, split, count);
 }
 
 absl::StatusOr<ArithProblem> ParseArithPrompt(const std::string& prompt) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/task/task_split.h"
 
 namespace tandem::task {
 
@@ -34,10 +35,6 @@ struct ArithTaskOptions {
   // Seed of the problem streams.
   uint64_t seed = 0;
 };
-
-enum class Split { kTrain, kHeldOut };
-
-const char* SplitName(Split split);
 
 struct ArithProblem {
   int64_t a = 0;

@@ -10,24 +10,8 @@
 namespace tandem::task {
 namespace {
 
-// splitmix64, as the arithmetic task's streams: portable, so streams and
-// splits are the same on every platform and standard library.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-// FNV-1a over the expression, mixed with this task's own salt.
-uint64_t HashText(absl::string_view text) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 0x100000001b3ULL;
-  }
-  return Mix(h ^ 0x7461736b2d746f6fULL /* "task-too" */);
-}
+// This task's own salt for the split hash.
+constexpr uint64_t kSplitSalt = 0x7461736b2d746f6fULL;  // "task-too"
 
 constexpr std::array<absl::string_view, 2> kTurnEndMarkers = {"<|im_end|>",
                                                               "<|endoftext|>"};
@@ -73,33 +57,23 @@ ToolsProblem ToolsTask::MakeProblem(int64_t a, int64_t b) {
 }
 
 Split ToolsTask::SplitOf(const ToolsProblem& problem) const {
-  const uint64_t bucket = HashText(problem.expression) % 100;
-  return bucket < static_cast<uint64_t>(options_.heldout_percent)
-             ? Split::kHeldOut
-             : Split::kTrain;
+  return SplitOfText(problem.expression, kSplitSalt, options_.heldout_percent);
 }
 
 ToolsProblem ToolsTask::Sample(Split split, uint64_t index) const {
-  // One generator state per index (Sample(i) does not depend on the
-  // problems before it); rejection sampling keeps the problem's split.
-  uint64_t state =
-      Mix(options_.seed ^ Mix(index * 2 + (split == Split::kHeldOut ? 1 : 0)));
   const uint64_t span = static_cast<uint64_t>(operand_high_ - operand_low_);
-  while (true) {
-    state = Mix(state);
-    const int64_t a = operand_low_ + static_cast<int64_t>(state % span);
-    state = Mix(state);
-    const int64_t b = operand_low_ + static_cast<int64_t>(state % span);
-    ToolsProblem problem = MakeProblem(a, b);
-    if (SplitOf(problem) == split) return problem;
-  }
+  return SampleInSplit(*this, options_.seed, split, index,
+                       [&](SplitStream& stream) {
+                         const int64_t a = operand_low_ + static_cast<int64_t>(
+                                                              stream.Next() % span);
+                         const int64_t b = operand_low_ + static_cast<int64_t>(
+                                                              stream.Next() % span);
+                         return MakeProblem(a, b);
+                       });
 }
 
 std::vector<ToolsProblem> ToolsTask::Take(Split split, uint64_t count) const {
-  std::vector<ToolsProblem> out;
-  out.reserve(count);
-  for (uint64_t i = 0; i < count; ++i) out.push_back(Sample(split, i));
-  return out;
+  return TakeFromSplit(*this, split, count);
 }
 
 std::string ToolsCallTurn(const ToolsProblem& problem) {

@@ -29,7 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/task/arith_task.h"
+#include "common/task/task_split.h"
 
 namespace tandem::task {
 
