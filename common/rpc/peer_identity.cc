@@ -165,12 +165,20 @@ absl::Status AuthorizePeer(const grpc::ServerContextBase& context,
                            bool tls_enabled, absl::string_view rpc,
                            PeerRoleSet allowed) {
   if (!tls_enabled) return absl::OkStatus();
+  return AuthorizedPeerOf(context, rpc, allowed).status();
+}
+
+absl::StatusOr<PeerIdentity> AuthorizedPeerOf(
+    const grpc::ServerContextBase& context, absl::string_view rpc,
+    PeerRoleSet allowed) {
   absl::StatusOr<PeerIdentity> caller = PeerIdentityOf(context);
   if (!caller.ok()) {
     return absl::UnauthenticatedError(
         absl::StrCat(rpc, ": ", caller.status().message()));
   }
-  return CheckPeerRole(rpc, allowed, *caller);
+  absl::Status role = CheckPeerRole(rpc, allowed, *caller);
+  if (!role.ok()) return role;
+  return caller;
 }
 
 const char* AuthRefusalReason(const absl::Status& refused) {

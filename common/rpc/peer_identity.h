@@ -100,6 +100,14 @@ absl::StatusOr<PeerIdentity> PeerIdentityOf(
 absl::Status CheckPeerRole(absl::string_view rpc, PeerRoleSet allowed,
                            const PeerIdentity& caller);
 
+// The identity of the caller of `context` when it has one of `allowed`:
+// Unauthenticated "<rpc>: ..." when it has no identity (PeerIdentityOf),
+// PermissionDenied from CheckPeerRole otherwise. Parses the certificate
+// once, for services that need both the check and who asked.
+absl::StatusOr<PeerIdentity> AuthorizedPeerOf(
+    const grpc::ServerContextBase& context, absl::string_view rpc,
+    PeerRoleSet allowed);
+
 // For services whose RPCs each need one set of roles (a daemon's admin
 // RPCs): with `tls_enabled`, OK when the caller of `context` has one of
 // `allowed`, Unauthenticated when it has no identity (PeerIdentityOf), and

@@ -110,15 +110,13 @@ grpc::Status Coordinator::Authorize(CoordinatorRpc method,
                AuthRefusalLabel(reason), std::string(status.message()));
     return rpc::ToGrpcStatus(status);
   };
-  absl::StatusOr<rpc::PeerIdentity> caller = rpc::PeerIdentityOf(context);
+  absl::StatusOr<rpc::PeerIdentity> caller =
+      rpc::AuthorizedPeerOf(context, access.name, access.roles);
   if (!caller.ok()) {
-    return refuse(AuthRefusal::kUnauthenticated,
-                  absl::UnauthenticatedError(absl::StrCat(
-                      access.name, ": ", caller.status().message())));
-  }
-  if (absl::Status s = rpc::CheckPeerRole(access.name, access.roles, *caller);
-      !s.ok()) {
-    return refuse(AuthRefusal::kWrongRole, s);
+    return refuse(caller.status().code() == absl::StatusCode::kUnauthenticated
+                      ? AuthRefusal::kUnauthenticated
+                      : AuthRefusal::kWrongRole,
+                  caller.status());
   }
   if (method == CoordinatorRpc::kRegister) {
     if (absl::Status s = CheckRegisterRole(register_as, *caller); !s.ok()) {

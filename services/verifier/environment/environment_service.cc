@@ -67,17 +67,16 @@ absl::StatusOr<std::string> EnvironmentService::Caller(
     const grpc::CallbackServerContext& context, const char* rpc,
     rpc::PeerRoleSet allowed) const {
   if (!tls_enabled_) return std::string();
-  absl::Status status = rpc::AuthorizePeer(context, true, rpc, allowed);
-  if (!status.ok()) {
-    const char* reason = rpc::AuthRefusalReason(status);
+  absl::StatusOr<rpc::PeerIdentity> identity =
+      rpc::AuthorizedPeerOf(context, rpc, allowed);
+  if (!identity.ok()) {
+    const char* reason = rpc::AuthRefusalReason(identity.status());
     if (refused_) refused_(reason);
-    ComponentLogger("verifier")->warn("refused {} from {} ({}): {}", rpc,
-                                      context.peer(), reason,
-                                      std::string(status.message()));
-    return status;
+    ComponentLogger("verifier")->warn(
+        "refused {} from {} ({}): {}", rpc, context.peer(), reason,
+        std::string(identity.status().message()));
+    return identity.status();
   }
-  absl::StatusOr<rpc::PeerIdentity> identity = rpc::PeerIdentityOf(context);
-  if (!identity.ok()) return identity.status();
   return identity->uri;
 }
 
