@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "services/trainer/rl/grpo_trainer.h"
+#include "services/trainer/rl/grpo_batch.h"
 #include "tandem/v1/coordinator.pb.h"
 
 namespace tandem::trainer {

@@ -31,41 +31,6 @@ GrpoTrainer::~GrpoTrainer() = default;
 
 namespace {
 
-// The reward every completion with tokens got, when they all got the same
-// one; nullopt when they differ or none has tokens.
-std::optional<double> UniformReward(const ScoredPromptGroup& group) {
-  std::optional<double> common;
-  for (const ScoredCompletion& c : group.completions) {
-    if (c.trained_tokens() == 0) continue;
-    if (!common) {
-      common = c.reward;
-    } else if (c.reward != *common) {
-      return std::nullopt;
-    }
-  }
-  return common;
-}
-
-// Reference guidance (GrpoTrainerOptions::reference_guidance): a group
-// with a reference whose completions all got the same reward below
-// `reward` gets the reference as one more completion.
-bool NeedsReference(const ScoredPromptGroup& group, double reward) {
-  if (group.reference.empty()) return false;
-  const std::optional<double> common = UniformReward(group);
-  return common.has_value() && *common < reward;
-}
-
-ScoredCompletion ReferenceCompletion(const ScoredPromptGroup& group,
-                                     double reward, uint64_t version) {
-  ScoredCompletion reference;
-  reference.tokens = group.reference;
-  reference.behavior_logprobs.assign(group.reference.size(), 0.0f);
-  reference.reward = reward;
-  reference.min_policy_version = version;
-  reference.from_reference = true;
-  return reference;
-}
-
 absl::Status ValidateOptions(const GrpoTrainerOptions& o) {
   if (!std::isfinite(o.reference_reward)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -93,14 +58,6 @@ absl::Status ValidateOptions(const GrpoTrainerOptions& o) {
   }
   return absl::OkStatus();
 }
-
-// One completion to train on, with the group it belongs to.
-struct SequenceRef {
-  const std::vector<int32_t>* prompt;
-  const ScoredCompletion* completion;
-  int64_t packed_tokens;   // prompt + completion
-  double inv_temperature;  // of the group's sampling
-};
 
 // logits / T = (hidden / T) @ lm_head^T: scales each selected hidden row by
 // its token's inverse sampling temperature (no-op when all are 1).
@@ -210,89 +167,22 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
     const std::vector<ScoredPromptGroup>& input_groups) {
   const absl::Time start = absl::Now();
   GrpoStepStats stats;
-  // Copied only when a group gets its reference.
-  std::vector<ScoredPromptGroup> guided;
-  const double reference_reward = options_.reference_reward;
-  if (options_.reference_guidance &&
-      std::any_of(input_groups.begin(), input_groups.end(),
-                  [reference_reward](const ScoredPromptGroup& group) {
-                    return NeedsReference(group, reference_reward);
-                  })) {
-    guided = input_groups;
-    for (ScoredPromptGroup& group : guided) {
-      if (!NeedsReference(group, reference_reward)) continue;
-      group.completions.push_back(
-          ReferenceCompletion(group, reference_reward, version_.load()));
-      ++stats.guided_groups;
-    }
-  }
-  const std::vector<ScoredPromptGroup>& groups =
-      guided.empty() ? input_groups : guided;
-  std::vector<SequenceRef> sequences;
-  std::vector<int64_t> group_ids;
-  std::vector<float> rewards;
-  // Groups whose completions (those with tokens) all got the same reward.
-  std::vector<bool> uniform(groups.size(), false);
-  for (size_t g = 0; g < groups.size(); ++g) {
-    // A non-finite reward is never "uniform": it stays in the batch, where
-    // the non-finite check below refuses the step.
-    const std::optional<double> common = UniformReward(groups[g]);
-    uniform[g] = common.has_value() && std::isfinite(*common);
-    if (uniform[g]) ++stats.uniform_groups;
-  }
-  const bool drop_uniform =
-      options_.drop_uniform_groups &&
-      stats.uniform_groups < static_cast<int64_t>(std::count_if(
-                                 groups.begin(), groups.end(),
-                                 [](const ScoredPromptGroup& group) {
-                                   return std::any_of(
-                                       group.completions.begin(),
-                                       group.completions.end(),
-                                       [](const ScoredCompletion& c) {
-                                         return c.trained_tokens() > 0;
-                                       });
-                                 }));
-  for (size_t g = 0; g < groups.size(); ++g) {
-    const ScoredPromptGroup& group = groups[g];
-    if (!(std::isfinite(group.temperature) && group.temperature >= 0.0)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("group ", g,
-                       ": sampling temperature must be finite "
-                       "and >= 0, got ",
-                       group.temperature));
-    }
-    if (drop_uniform && uniform[g]) {
-      ++stats.dropped_uniform_groups;
-      continue;
-    }
-    for (const ScoredCompletion& c : group.completions) {
-      if (c.behavior_logprobs.size() != c.tokens.size()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "group ", g, ": completion has ", c.tokens.size(), " tokens but ",
-            c.behavior_logprobs.size(), " behavior log-probs"));
-      }
-      if (!c.trained.empty() && c.trained.size() != c.tokens.size()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "group ", g, ": completion has ", c.tokens.size(),
-            " tokens but ", c.trained.size(), " trained flags"));
-      }
-      if (c.trained_tokens() == 0) continue;
-      sequences.push_back(
-          {&group.prompt, &c,
-           static_cast<int64_t>(group.prompt.size() + c.tokens.size()),
-           group.temperature > 0.0 ? 1.0 / group.temperature : 1.0});
-      rewards.push_back(static_cast<float>(c.reward));
-      group_ids.push_back(static_cast<int64_t>(g));
-      stats.staleness.push_back(static_cast<int64_t>(version_.load()) -
-                                static_cast<int64_t>(c.min_policy_version));
-      stats.trained_tokens += c.trained_tokens();
-    }
-  }
-  if (sequences.empty()) {
-    return absl::InvalidArgumentError("batch has no completion tokens");
-  }
-  if (!std::all_of(rewards.begin(), rewards.end(),
-                   [](float r) { return std::isfinite(r); })) {
+  GrpoBatchOptions batch_options;
+  batch_options.drop_uniform_groups = options_.drop_uniform_groups;
+  batch_options.reference_guidance = options_.reference_guidance;
+  batch_options.reference_reward = options_.reference_reward;
+  ASSIGN_OR_RETURN(const GrpoBatch selected,
+                   SelectGrpoBatch(input_groups, batch_options,
+                                   version_.load()));
+  stats.guided_groups = selected.guided_groups;
+  stats.uniform_groups = selected.uniform_groups;
+  stats.dropped_uniform_groups = selected.dropped_uniform_groups;
+  stats.staleness = selected.staleness;
+  stats.trained_tokens = selected.trained_tokens;
+  const std::vector<SequenceRef>& sequences = selected.sequences;
+  const std::vector<int64_t>& group_ids = selected.group_ids;
+  const std::vector<float>& rewards = selected.rewards;
+  if (selected.nonfinite_reward) {
     // Its group's advantages, and so the loss, would be NaN.
     ZeroGradients();
     stats.nonfinite = "reward";
@@ -304,22 +194,8 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
         absl::StrCat("kl_beta = ", options_.loss.kl_beta,
                      " needs a reference policy (SetReferencePolicy)"));
   }
-  // Reward statistics of the whole batch, dropped uniform groups included
-  // (what the rollouts scored, not only what was trained on).
-  double sum = 0, sum_sq = 0;
-  int64_t scored = 0;
-  for (const ScoredPromptGroup& group : groups) {
-    for (const ScoredCompletion& c : group.completions) {
-      if (c.trained_tokens() == 0 || c.from_reference) continue;
-      sum += c.reward;
-      sum_sq += c.reward * c.reward;
-      ++scored;
-    }
-  }
-  stats.reward_mean = sum / static_cast<double>(scored);
-  stats.reward_std = std::sqrt(std::max(
-      0.0, sum_sq / static_cast<double>(scored) -
-               stats.reward_mean * stats.reward_mean));
+  stats.reward_mean = selected.reward_mean;
+  stats.reward_std = selected.reward_std;
 
   const auto weights = policy_->weights();
   // Everything the loss reads lives on the policy's device; the batch is
@@ -525,12 +401,6 @@ absl::StatusOr<GrpoStepStats> GrpoTrainer::Step(
   stats.policy_version = ++version_;
   stats.step_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   return stats;
-}
-
-int64_t ScoredCompletion::trained_tokens() const {
-  if (trained.empty()) return static_cast<int64_t>(tokens.size());
-  return std::count_if(trained.begin(), trained.end(),
-                       [](uint8_t flag) { return flag != 0; });
 }
 
 double GrpoTrainer::LearningRate(int64_t step) const {

@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/model/model_config.h"
+#include "services/trainer/rl/grpo_batch.h"
 #include "services/trainer/loss/chunked_logprobs.h"
 #include "services/trainer/loss/grpo_loss.h"
 
@@ -29,44 +30,6 @@ class ModelWeights;
 }  // namespace tandem::model
 
 namespace tandem::trainer {
-
-// One completion of a group, as the trainer receives it.
-struct ScoredCompletion {
-  std::vector<int32_t> tokens;
-  std::vector<float> behavior_logprobs;  // one per token
-  double reward = 0.0;
-  // Oldest policy version that produced any of its tokens.
-  uint64_t min_policy_version = 0;
-  // Multi-turn episodes: per token, 1 when the model produced it (in the
-  // loss) and 0 when the environment did (context for the tokens after it,
-  // never a loss term, its behavior log-prob ignored). Empty: every token
-  // is the model's. Otherwise one per token.
-  std::vector<uint8_t> trained;
-  // A reference completion added by the trainer (reference_guidance), not
-  // sampled by any rollout worker: it has no behavior log-probs (the
-  // vector is ignored); the loss takes the policy's own detached log-probs
-  // in their place, so its importance ratio is 1 and its term is the
-  // advantage-weighted log-likelihood of the reference.
-  bool from_reference = false;
-
-  // Tokens in the loss.
-  int64_t trained_tokens() const;
-};
-
-struct ScoredPromptGroup {
-  std::vector<int32_t> prompt;
-  std::vector<ScoredCompletion> completions;
-  // Softmax temperature the completions were sampled with: the trainer's
-  // log-probs of this group are taken at the same temperature, so that they
-  // are comparable with the behavior log-probs (the rollout sampler's are
-  // log softmax(logits / temperature)). Greedy sampling (0) reports
-  // temperature-1 log-probs, so 0 counts as 1. Finite and >= 0.
-  double temperature = 1.0;
-  // The dataset's reference completion of the prompt (e.g. the built-in
-  // task's answer and end token), when the coordinator has one; used by
-  // GrpoTrainerOptions::reference_guidance. Empty: none.
-  std::vector<int32_t> reference;
-};
 
 // Learning rate after the warmup.
 enum class LrSchedule {
