@@ -6,4 +6,4 @@ tandem_add_test(rollout_worker_test
 # model.
 tandem_add_test(rollout_lease_submit_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/rollout_lease_submit_test.cc
-  LIBS tandem_rollout_lib)
+  LIBS tandem_rollout_leases)
