@@ -54,6 +54,37 @@ void AddServerOptions(ConfigSchema* schema, ServerOptions* options) {
                  "On SIGTERM, how long in-flight work may drain before the "
                  "daemon stops anyway.");
   AddTlsOptions(schema, &options->tls);
+  schema->AddEnum(
+      "metrics.tls", &options->metrics_tls, {"off", "tls", "mtls"},
+      "TLS of the /metrics endpoint, whatever tls.mode says: off (plain "
+      "HTTP), tls (HTTPS with tls.cert and tls.key) or mtls (HTTPS, and a "
+      "scraper must present a certificate that chains to tls.ca).");
+  // With tls.mode mtls AddTlsOptions' checks cover the files already.
+  schema->AddCheck("metrics.tls", [options] {
+    if (options->metrics_tls == "off" || options->tls.enabled()) {
+      return absl::OkStatus();
+    }
+    const bool mutual = options->metrics_tls == "mtls";
+    const std::pair<const char*, const std::string*> files[] = {
+        {"tls.cert", &options->tls.cert},
+        {"tls.key", &options->tls.key},
+        {"tls.ca", mutual ? &options->tls.ca : nullptr}};
+    for (const auto& [key, path] : files) {
+      if (path != nullptr && path->empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "is ", options->metrics_tls, " but ", key,
+            " is not set (the /metrics endpoint presents tls.cert with "
+            "tls.key", mutual ? "; mtls checks scrapers against tls.ca" : "",
+            ")"));
+      }
+    }
+    RETURN_IF_ERROR(rpc::CheckTlsFile(rpc::TlsFile::kCert, options->tls.cert));
+    RETURN_IF_ERROR(rpc::CheckTlsFile(rpc::TlsFile::kKey, options->tls.key));
+    if (mutual) {
+      RETURN_IF_ERROR(rpc::CheckTlsFile(rpc::TlsFile::kCa, options->tls.ca));
+    }
+    return rpc::CheckKeyMatchesCert(options->tls.key, options->tls.cert);
+  });
 }
 
 void AddTlsOptions(ConfigSchema* schema, rpc::TlsOptions* tls) {

@@ -35,10 +35,14 @@ struct ServerOptions {
   int64_t drain_timeout_ms = 10000;
   // TLS of the gRPC server and of every gRPC client of the daemon.
   rpc::TlsOptions tls;
+  // TLS of the /metrics endpoint: "off" (plain HTTP), "tls" (HTTPS with
+  // tls.cert and tls.key) or "mtls" (scrapers also present a certificate
+  // of tls.ca), whatever tls.mode says.
+  std::string metrics_tls = "off";
 };
 
 // Registers the ServerOptions keys (grpc_address, metrics_address,
-// ready_file, log.level, log.format, drain_timeout_ms, tls.*).
+// metrics.tls, ready_file, log.level, log.format, drain_timeout_ms, tls.*).
 void AddServerOptions(ConfigSchema* schema, ServerOptions* options);
 
 // Registers tls.mode, tls.cert, tls.key, tls.ca, tls.server_name and

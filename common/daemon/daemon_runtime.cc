@@ -4,6 +4,7 @@
 
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
 
@@ -16,16 +17,27 @@ absl::StatusOr<std::unique_ptr<DaemonRuntime>> DaemonRuntime::Create(
   std::unique_ptr<DaemonRuntime> runtime(new DaemonRuntime());
   runtime->name_ = daemon_name;
   runtime->options_ = options;
-  ASSIGN_OR_RETURN(runtime->metrics_, metrics::MetricsServer::Create(
-                                          options.metrics_address, daemon_name,
-                                          std::move(registry)));
+  metrics::MetricsTls metrics_tls;
+  metrics_tls.mode = options.metrics_tls;
+  metrics_tls.cert = options.tls.cert;
+  metrics_tls.key = options.tls.key;
+  metrics_tls.ca = options.tls.ca;
+  metrics_tls.refresh_s = options.tls.refresh_s;
+  ASSIGN_OR_RETURN(runtime->metrics_,
+                   metrics::MetricsServer::Create(options.metrics_address,
+                                                  daemon_name,
+                                                  std::move(registry),
+                                                  metrics_tls));
   ASSIGN_OR_RETURN(
       runtime->grpc_,
       rpc::GrpcServer::Start(options.grpc_address, services, options.tls));
   ComponentLogger(daemon_name)
-      ->info("serving gRPC on {} and metrics on {}", runtime->grpc_address(),
+      ->info("serving gRPC on {} and metrics on {}{}", runtime->grpc_address(),
              runtime->metrics_address().empty() ? "(disabled)"
-                                                : runtime->metrics_address());
+                                                : runtime->metrics_address(),
+             metrics_tls.enabled() && !runtime->metrics_address().empty()
+                 ? absl::StrCat(" (", metrics_tls.mode, ")")
+                 : std::string());
   return runtime;
 }
 

@@ -1,18 +1,25 @@
 #include "common/metrics/metrics_server.h"
 
+#include <sys/stat.h>
+
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <exception>
 #include <list>
 #include <thread>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/text_serializer.h"
@@ -23,7 +30,9 @@ namespace {
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
+namespace ssl = asio::ssl;
 using tcp = asio::ip::tcp;
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 
 constexpr char kVersion[] = "0.1.0";
 constexpr char kContentType[] = "text/plain; version=0.0.4; charset=utf-8";
@@ -38,61 +47,105 @@ constexpr size_t kMaxConnections = 64;
 constexpr std::chrono::milliseconds kMinAcceptBackoff(10);
 constexpr std::chrono::milliseconds kMaxAcceptBackoff(1000);
 
-class Session;
+class SessionBase {
+ public:
+  virtual ~SessionBase() = default;
+  // Closes the connection (its pending operation completes with an error
+  // and the session goes away).
+  virtual void Evict() = 0;
+};
 
 // The sessions open, oldest request wait first, so that the connection
 // that has waited longest for a request can be closed for a new one. Used
 // on the server's one thread only.
 struct SessionList {
-  std::list<Session*> waiting;  // waiting for (or reading) a request
+  std::list<SessionBase*> waiting;  // waiting for (or reading) a request
   size_t open = 0;
 };
 
-// One HTTP/1.1 connection: answers requests in turn until the peer closes,
-// asks to close, idles out, is evicted, or the server stops. Owned by its
+// One HTTP/1.1 connection over `Stream` (beast::tcp_stream, or TlsStream
+// after a handshake): answers requests in turn until the peer closes, asks
+// to close, idles out, is evicted, or the server stops. Owned by its
 // pending handlers (shared_from_this); all of them run on the server's one
 // thread.
-class Session : public std::enable_shared_from_this<Session> {
+template <typename Stream>
+class Session : public SessionBase,
+                public std::enable_shared_from_this<Session<Stream>> {
  public:
-  Session(tcp::socket socket, std::shared_ptr<prometheus::Registry> registry,
+  static constexpr bool kTls = std::is_same_v<Stream, TlsStream>;
+
+  // `context`: the TLS context the connection was accepted with (kept
+  // alive while the session is); null for plain HTTP.
+  Session(tcp::socket socket, std::shared_ptr<ssl::context> context,
+          std::shared_ptr<prometheus::Registry> registry,
           SessionList* sessions)
-      : stream_(std::move(socket)),
+      : context_(std::move(context)),
+        stream_(MakeStream(std::move(socket), context_.get())),
         registry_(std::move(registry)),
         sessions_(sessions) {
     ++sessions_->open;
   }
-  ~Session() {
+  ~Session() override {
     StopWaiting();
     --sessions_->open;
   }
 
-  void Read() {
-    request_ = {};
-    stream_.expires_after(kIdleTimeout);
-    waiting_ = sessions_->waiting.insert(sessions_->waiting.end(), this);
-    is_waiting_ = true;
-    http::async_read(
-        stream_, buffer_, request_,
-        [self = shared_from_this()](beast::error_code error, size_t) {
-          self->StopWaiting();
-          if (!error) self->Respond();
-        });
+  // The TLS handshake first (with the request's deadline, evictable as a
+  // connection waiting for its request), then requests.
+  void Start() {
+    if constexpr (kTls) {
+      Tcp().expires_after(kIdleTimeout);
+      Wait();
+      stream_.async_handshake(
+          ssl::stream_base::server,
+          [self = this->shared_from_this()](beast::error_code error) {
+            self->StopWaiting();
+            if (!error) self->Read();
+          });
+    } else {
+      Read();
+    }
   }
 
-  // Closes the connection (its pending read completes with an error and
-  // the session goes away).
-  void Evict() {
+  void Evict() override {
     StopWaiting();
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    stream_.socket().close(ignored);
+    Tcp().socket().shutdown(tcp::socket::shutdown_both, ignored);
+    Tcp().socket().close(ignored);
   }
 
  private:
+  static Stream MakeStream(tcp::socket socket, ssl::context* context) {
+    if constexpr (kTls) {
+      return Stream(std::move(socket), *context);
+    } else {
+      return Stream(std::move(socket));
+    }
+  }
+
+  beast::tcp_stream& Tcp() { return beast::get_lowest_layer(stream_); }
+
+  void Wait() {
+    waiting_ = sessions_->waiting.insert(sessions_->waiting.end(), this);
+    is_waiting_ = true;
+  }
+
   void StopWaiting() {
     if (!is_waiting_) return;
     sessions_->waiting.erase(waiting_);
     is_waiting_ = false;
+  }
+
+  void Read() {
+    request_ = {};
+    Tcp().expires_after(kIdleTimeout);
+    Wait();
+    http::async_read(
+        stream_, buffer_, request_,
+        [self = this->shared_from_this()](beast::error_code error, size_t) {
+          self->StopWaiting();
+          if (!error) self->Respond();
+        });
   }
 
   void Respond() {
@@ -121,13 +174,15 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     response->prepare_payload();
     if (request_.method() == http::verb::head) response->body().clear();
-    stream_.expires_after(kWriteTimeout);
+    Tcp().expires_after(kWriteTimeout);
     http::async_write(stream_, *response,
-                      [self = shared_from_this(), response](
+                      [self = this->shared_from_this(), response](
                           beast::error_code error, size_t) {
                         if (error || !response->keep_alive()) {
+                          // The response carries its length: closing the
+                          // TCP connection ends it (no TLS close_notify).
                           beast::error_code ignored;
-                          self->stream_.socket().shutdown(
+                          self->Tcp().socket().shutdown(
                               tcp::socket::shutdown_send, ignored);
                           return;
                         }
@@ -135,14 +190,64 @@ class Session : public std::enable_shared_from_this<Session> {
                       });
   }
 
-  beast::tcp_stream stream_;
+  std::shared_ptr<ssl::context> context_;
+  Stream stream_;
   beast::flat_buffer buffer_;
   http::request<http::string_body> request_;
   std::shared_ptr<prometheus::Registry> registry_;
   SessionList* sessions_;
-  std::list<Session*>::iterator waiting_;
+  std::list<SessionBase*>::iterator waiting_;
   bool is_waiting_ = false;
 };
+
+// Modification time and size of a file (zero when it cannot be read).
+struct FileStamp {
+  int64_t mtime_ns = 0;
+  int64_t size = 0;
+  bool operator==(const FileStamp&) const = default;
+};
+
+FileStamp StampOf(const std::string& path) {
+  struct stat st {};
+  if (path.empty() || ::stat(path.c_str(), &st) != 0) return {};
+  return {static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 +
+              st.st_mtim.tv_nsec,
+          static_cast<int64_t>(st.st_size)};
+}
+
+// A server TLS context from `tls`'s files; the error names the key and
+// file that did not load.
+absl::StatusOr<std::shared_ptr<ssl::context>> LoadTlsContext(
+    const MetricsTls& tls) {
+  auto context = std::make_shared<ssl::context>(ssl::context::tls_server);
+  beast::error_code error;
+  context->set_options(ssl::context::default_workarounds |
+                           ssl::context::no_sslv2 | ssl::context::no_sslv3 |
+                           ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1,
+                       error);
+  auto failed = [&](const char* key, const std::string& path) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics.tls ", tls.mode, ": ", key, " '", path,
+                     "' does not load: ", error.message()));
+  };
+  if (context->use_certificate_chain_file(tls.cert, error); error) {
+    return failed("tls.cert", tls.cert);
+  }
+  if (context->use_private_key_file(tls.key, ssl::context::pem, error);
+      error) {
+    return failed("tls.key", tls.key);
+  }
+  if (tls.mode == "mtls") {
+    if (context->load_verify_file(tls.ca, error); error) {
+      return failed("tls.ca", tls.ca);
+    }
+    context->set_verify_mode(
+        ssl::verify_peer | ssl::verify_fail_if_no_peer_cert, error);
+  } else {
+    context->set_verify_mode(ssl::verify_none, error);
+  }
+  return context;
+}
 
 }  // namespace
 
@@ -154,8 +259,14 @@ class Session : public std::enable_shared_from_this<Session> {
 // and accept() failures back off instead of spinning.
 class MetricsServer::Http {
  public:
-  explicit Http(std::shared_ptr<prometheus::Registry> registry)
+  // `context`: the TLS context loaded from `tls` (null: plain HTTP).
+  Http(std::shared_ptr<prometheus::Registry> registry, MetricsTls tls,
+       std::shared_ptr<ssl::context> context)
       : registry_(std::move(registry)),
+        tls_(std::move(tls)),
+        context_(std::move(context)),
+        stamps_(Stamps()),
+        last_check_(std::chrono::steady_clock::now()),
         acceptor_(io_),
         backoff_timer_(io_),
         dropped_(prometheus::BuildCounter()
@@ -167,7 +278,15 @@ class MetricsServer::Http {
                            "failed, e.g. out of file descriptors).")
                      .Register(*registry_)),
         evicted_(dropped_.Add({{"reason", "evicted"}})),
-        accept_errors_(dropped_.Add({{"reason", "accept_error"}})) {}
+        accept_errors_(dropped_.Add({{"reason", "accept_error"}})),
+        reload_failures_(
+            prometheus::BuildCounter()
+                .Name("tandem_metrics_tls_reload_failures_total")
+                .Help("Changed TLS files (tls.cert, tls.key, tls.ca) of the "
+                      "/metrics endpoint that did not load (metrics.tls on); "
+                      "the last files that loaded stay in use.")
+                .Register(*registry_)
+                .Add({})) {}
 
   ~Http() {
     io_.stop();
@@ -232,15 +351,55 @@ class MetricsServer::Http {
         // no queue of ours; close it.
         beast::error_code ignored;
         socket.close(ignored);
+      } else if (context_ != nullptr) {
+        ReloadIfChanged();
+        std::make_shared<Session<TlsStream>>(std::move(socket), context_,
+                                             registry_, &sessions_)
+            ->Start();
       } else {
-        std::make_shared<Session>(std::move(socket), registry_, &sessions_)
-            ->Read();
+        std::make_shared<Session<beast::tcp_stream>>(
+            std::move(socket), nullptr, registry_, &sessions_)
+            ->Start();
       }
       Accept();
     });
   }
 
+  std::array<FileStamp, 3> Stamps() const {
+    return {StampOf(tls_.cert), StampOf(tls_.key), StampOf(tls_.ca)};
+  }
+
+  // At most every refresh_s: when a TLS file changed on disk, new
+  // connections get a context loaded from the new files (open ones keep
+  // the context they were accepted with). Files that do not load (e.g. a
+  // certificate replaced before its key) are tried again at the next
+  // check; until then the last good context serves.
+  void ReloadIfChanged() {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_check_ < std::chrono::seconds(tls_.refresh_s)) return;
+    last_check_ = now;
+    const std::array<FileStamp, 3> stamps = Stamps();
+    if (stamps == stamps_) return;
+    absl::StatusOr<std::shared_ptr<ssl::context>> context =
+        LoadTlsContext(tls_);
+    if (!context.ok()) {
+      reload_failures_.Increment();
+      std::fprintf(stderr, "metrics: %s; keeping the last TLS files\n",
+                   std::string(context.status().message()).c_str());
+      return;
+    }
+    context_ = *std::move(context);
+    stamps_ = stamps;
+  }
+
   std::shared_ptr<prometheus::Registry> registry_;
+  const MetricsTls tls_;
+  // The TLS context new connections get (null: plain HTTP), the stamps of
+  // the files it was loaded from, and when they were last compared. Used
+  // on the server's thread only (and before it starts).
+  std::shared_ptr<ssl::context> context_;
+  std::array<FileStamp, 3> stamps_;
+  std::chrono::steady_clock::time_point last_check_;
   // Before io_: the sessions io_'s pending handlers own leave this list
   // when io_ is destroyed.
   SessionList sessions_;
@@ -251,12 +410,13 @@ class MetricsServer::Http {
   prometheus::Family<prometheus::Counter>& dropped_;
   prometheus::Counter& evicted_;
   prometheus::Counter& accept_errors_;
+  prometheus::Counter& reload_failures_;
   std::thread thread_;
 };
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Create(
     const std::string& address, const std::string& daemon,
-    std::shared_ptr<prometheus::Registry> registry) {
+    std::shared_ptr<prometheus::Registry> registry, const MetricsTls& tls) {
   std::unique_ptr<MetricsServer> server(new MetricsServer());
   server->registry_ = std::move(registry);
   prometheus::BuildGauge()
@@ -288,7 +448,15 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Create(
     host = host.substr(1, host.size() - 2);
   }
   if (host.empty()) host = "0.0.0.0";
-  auto http = std::make_unique<Http>(server->registry_);
+  std::shared_ptr<ssl::context> context;
+  if (tls.enabled()) {
+    if (tls.mode != "tls" && tls.mode != "mtls") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "metrics.tls must be off, tls or mtls, got '", tls.mode, "'"));
+    }
+    ASSIGN_OR_RETURN(context, LoadTlsContext(tls));
+  }
+  auto http = std::make_unique<Http>(server->registry_, tls, context);
   try {
     http->Start(host, port);
   } catch (const std::exception& e) {

@@ -19,7 +19,19 @@
 // to close, pause accepting with a back-off (10 ms doubling to 1 s)
 // instead of spinning. Connections closed
 // so are counted in tandem_metrics_connections_dropped_total{reason}.
+//
+// With MetricsTls mode "tls" the endpoint is HTTPS (TLS 1.2 or newer) with
+// the daemon's certificate; with "mtls" a scraper must also present a
+// certificate that chains to the CA (any role: Prometheus is given one, see
+// docs/operations.md). The files are read again when they change on disk,
+// checked at most every refresh_s on a new connection: rotated files serve
+// new connections without a restart (open ones keep theirs). A rotation
+// that does not load (a half-written file) keeps the last good files and
+// is counted in tandem_metrics_tls_reload_failures_total. The handshake
+// has the request's deadline and counts as waiting for a request (an idle
+// handshake is evicted first).
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -28,14 +40,28 @@
 
 namespace tandem::metrics {
 
+struct MetricsTls {
+  // "off" (plain HTTP), "tls" (HTTPS) or "mtls" (HTTPS, and the client's
+  // certificate must chain to `ca`).
+  std::string mode = "off";
+  std::string cert;  // PEM chain presented
+  std::string key;   // its private key
+  std::string ca;    // mtls: the CA bundle scrapers' certificates chain to
+  int64_t refresh_s = 60;
+  bool enabled() const { return mode != "off"; }
+};
+
 class MetricsServer {
  public:
   // Starts serving `registry` on host:port (port 0 picks a free port). An
   // empty address creates no HTTP endpoint. Also registers
   // tandem_build_info and tandem_process_start_time_seconds for `daemon`.
+  // InvalidArgument naming metrics.tls / tls.* when `tls` is enabled and
+  // its files do not load.
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Create(
       const std::string& address, const std::string& daemon,
-      std::shared_ptr<prometheus::Registry> registry);
+      std::shared_ptr<prometheus::Registry> registry,
+      const MetricsTls& tls = {});
   ~MetricsServer();
 
   // host:port actually bound ("" when disabled).

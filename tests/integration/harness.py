@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import ssl
 import socket
 import subprocess
 import sys
@@ -172,9 +173,20 @@ def health_check(address, service="", timeout=2.0):
     return SERVING_STATUS.get(response[1], f"?{response[1]}")
 
 
-def scrape_metrics(address):
-    """Text of http://<address>/metrics (a daemon's Prometheus endpoint)."""
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as r:
+def scrape_metrics(address, certs=None, role="admin"):
+    """Text of http://<address>/metrics (a daemon's Prometheus endpoint);
+    with `certs` (a `tandemctl certs init` directory), https:// checked
+    against its CA, presenting the certificate of `role`
+    (`metrics.tls: tls` or `mtls`)."""
+    if certs is None:
+        with urllib.request.urlopen(f"http://{address}/metrics",
+                                    timeout=5) as r:
+            return r.read().decode()
+    context = ssl.create_default_context(cafile=os.path.join(certs, "ca.pem"))
+    context.load_cert_chain(os.path.join(certs, f"{role}.pem"),
+                            os.path.join(certs, f"{role}.key"))
+    with urllib.request.urlopen(f"https://{address}/metrics", timeout=5,
+                                context=context) as r:
         return r.read().decode()
 
 
@@ -428,14 +440,26 @@ class Launcher:
 class Prometheus:
     """A real Prometheus server on loopback scraping the given targets."""
 
-    def __init__(self, targets, scrape_interval="1s"):
+    def __init__(self, targets, scrape_interval="1s", certs=None,
+                 role="admin"):
+        """With `certs` (a `tandemctl certs init` directory), every target
+        is scraped over https, checked against its CA, presenting the
+        certificate of `role`."""
         self.dir = tempfile.mkdtemp(prefix="tandem-prom-")
         self.port = free_port()
+        tls = ""
+        if certs is not None:
+            tls = (f"""    scheme: https
+    tls_config:
+      ca_file: {os.path.join(certs, "ca.pem")}
+      cert_file: {os.path.join(certs, f"{role}.pem")}
+      key_file: {os.path.join(certs, f"{role}.key")}
+""")
         jobs = []
         for job, target in targets.items():
             jobs.append(f"""  - job_name: "{job}"
     scrape_interval: {scrape_interval}
-    static_configs:
+{tls}    static_configs:
       - targets: ["{target}"]
 """)
         config = os.path.join(self.dir, "prometheus.yml")

@@ -30,6 +30,7 @@ Python's ssl module as independent clients:
 Run: TANDEM_BIN_DIR=build/bin /usr/bin/python3 tests/integration/test_tls.py
 (ctest -R integration_tls). The tests share one cluster and run in order."""
 
+import http.client
 import json
 import os
 import shutil
@@ -38,6 +39,7 @@ import ssl
 import subprocess
 import tempfile
 import unittest
+import urllib.request
 
 import grpc
 
@@ -109,9 +111,15 @@ class TlsClusterTest(unittest.TestCase):
         cls.config_dir = os.path.join(cls.tmp, "config")
         # The TCPStore port the trainer would open without mTLS.
         cls.store_port = harness.free_port()
+        # Every /metrics endpoint is HTTPS and wants a client certificate
+        # of the CA (metrics.tls: mtls).
+        metrics_tls = "metrics:\n  tls: mtls\n"
         harness.write_mtls_configs(
             cls.config_dir, cls.certs, roles=ROLES,
-            extra={"trainer": f"weight_sync:\n  store_port: {cls.store_port}\n"},
+            extra={"coordinator": metrics_tls, "verifier": metrics_tls,
+                   "rollout": metrics_tls,
+                   "trainer": metrics_tls + "weight_sync:\n"
+                              f"  store_port: {cls.store_port}\n"},
             tls_extra=f"  refresh_s: {REFRESH_S}\n")
         cls.launcher = harness.Launcher(
             rollout_workers=2, config_dir=cls.config_dir,
@@ -165,6 +173,17 @@ class TlsClusterTest(unittest.TestCase):
         self.assertEqual(out.returncode, 2, out.stderr)
         self.assertIn(f"{bad}:4: tls.key cannot read '{self.tmp}/missing.key'",
                       out.stderr)
+        # HTTPS /metrics without the files it needs (tls.mode off).
+        with open(bad, "w") as f:
+            f.write(f"metrics:\n  tls: mtls\n"
+                    f"tls:\n  cert: {self.certs}/coordinator.pem\n"
+                    f"  key: {self.certs}/coordinator.key\n")
+        out = subprocess.run(
+            [harness.binary("tandem-coordinator"), "--config", bad],
+            capture_output=True, text=True, timeout=15)
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertIn(f"{bad}:2: metrics.tls is mtls but tls.ca is not set",
+                      out.stderr)
         # A daemon on a non-loopback address without TLS says so once.
         daemon = harness.Daemon("coordinator", self.tmp, host="0.0.0.0",
                                 name="plaintext-coordinator")
@@ -191,7 +210,7 @@ class TlsClusterTest(unittest.TestCase):
         # verifier.
         for name, info in self.ready.items():
             daemon = name.split("-")[0]
-            metrics = harness.scrape_metrics(info["metrics_address"])
+            metrics = harness.scrape_metrics(info["metrics_address"], self.certs)
             for reason in ("unauthenticated", "wrong_role", "other_member"):
                 with self.subTest(daemon=name, reason=reason):
                     self.assertEqual(harness.metric_sum(
@@ -281,15 +300,18 @@ class TlsClusterTest(unittest.TestCase):
         # And the cluster keeps training on the rotated certificates.
         self.wait_version_above(version + 1, 120)
         for name, info in self.ready.items():
-            if name == "coordinator":
-                continue
             cert = os.path.join(self.certs,
                                 f"{ROLES[name.split('-')[0]]}.pem")
-            with self.subTest(daemon=name):
-                self.assertTrue(harness.wait_for(
-                    lambda: serves(info["grpc_address"], self.certs, cert),
-                    REFRESH_S + 10, f"{name} to serve its new certificate",
-                    interval=0.2))
+            addresses = [info["metrics_address"]]
+            if name != "coordinator":
+                addresses.append(info["grpc_address"])
+            for address in addresses:
+                with self.subTest(daemon=name, address=address):
+                    self.assertTrue(harness.wait_for(
+                        lambda: serves(address, self.certs, cert),
+                        REFRESH_S + 10,
+                        f"{name} to serve its new certificate on {address}",
+                        interval=0.2))
 
     def worker(self, action, address, role="admin"):
         """`tandemctl worker <action>` with `role`'s certificate: (exit
@@ -315,7 +337,7 @@ class TlsClusterTest(unittest.TestCase):
                 self.assertEqual(code, 0, err)
                 self.assertEqual(status["state"], "ROLLOUT_STATE_RUNNING")
         self.assertEqual(harness.metric_sum(
-            harness.scrape_metrics(worker["metrics_address"]),
+            harness.scrape_metrics(worker["metrics_address"], self.certs),
             "tandem_rollout_auth_refused_total", reason="wrong_role"), 3)
         # The admin certificate pauses and resumes it.
         code, status, err = self.worker("pause", worker["grpc_address"])
@@ -339,7 +361,7 @@ class TlsClusterTest(unittest.TestCase):
         self.assertIn("SaveCheckpoint needs the admin role; the caller is "
                       "rollout 'dev'", error.exception.details())
         self.assertEqual(harness.metric_sum(
-            harness.scrape_metrics(trainer["metrics_address"]),
+            harness.scrape_metrics(trainer["metrics_address"], self.certs),
             "tandem_trainer_auth_refused_total", reason="wrong_role"), 1)
         # ScoreBatch runs candidate code: only the coordinator may ask.
         verifier = self.ready["verifier"]
@@ -355,7 +377,7 @@ class TlsClusterTest(unittest.TestCase):
         self.assertIn("ScoreBatch needs the coordinator role; the caller is "
                       "admin 'dev'", error.exception.details())
         self.assertEqual(harness.metric_sum(
-            harness.scrape_metrics(verifier["metrics_address"]),
+            harness.scrape_metrics(verifier["metrics_address"], self.certs),
             "tandem_verifier_auth_refused_total", reason="wrong_role"), 1)
 
 
@@ -370,11 +392,11 @@ class TlsClusterTest(unittest.TestCase):
 
         def broadcast_bytes():
             sent = harness.metric_sum(
-                harness.scrape_metrics(trainer["metrics_address"]),
+                harness.scrape_metrics(trainer["metrics_address"], self.certs),
                 "tandem_weight_sync_bytes_total", direction="sent",
                 transport="broadcast")
             received = sum(harness.metric_sum(
-                harness.scrape_metrics(info["metrics_address"]),
+                harness.scrape_metrics(info["metrics_address"], self.certs),
                 "tandem_weight_sync_bytes_total", direction="received",
                 transport="broadcast")
                 for name, info in self.ready.items()
@@ -390,7 +412,7 @@ class TlsClusterTest(unittest.TestCase):
             raise
         # Only trainer and rollout certificates may use the store.
         refused_before = harness.metric_sum(
-            harness.scrape_metrics(trainer["metrics_address"]),
+            harness.scrape_metrics(trainer["metrics_address"], self.certs),
             "tandem_trainer_auth_refused_total", reason="wrong_role")
         creds = harness.grpc_tls_credentials(self.certs, cert_dir=self.certs,
                                              role="verifier")
@@ -403,9 +425,59 @@ class TlsClusterTest(unittest.TestCase):
         self.assertEqual(error.exception.code(),
                          grpc.StatusCode.PERMISSION_DENIED)
         self.assertEqual(harness.metric_sum(
-            harness.scrape_metrics(trainer["metrics_address"]),
+            harness.scrape_metrics(trainer["metrics_address"], self.certs),
             "tandem_trainer_auth_refused_total", reason="wrong_role"),
             refused_before + 1)
+
+    def test_10_prometheus_scrapes_https_metrics_with_a_certificate(self):
+        """metrics.tls: mtls on every daemon: a real Prometheus with the
+        admin certificate scrapes them all; plain HTTP, HTTPS without a
+        client certificate and a certificate of another CA get nothing."""
+        targets = {name: info["metrics_address"]
+                   for name, info in self.ready.items()}
+        prometheus = harness.Prometheus(targets, certs=self.certs)
+        try:
+            def all_up():
+                result = prometheus.query("up")
+                if not result or len(result) != len(targets):
+                    return None
+                if any(r["value"][1] != "1" for r in result):
+                    return None
+                return result
+            harness.wait_for(all_up, 60, "every /metrics target up over "
+                             "https", interval=1)
+            build = prometheus.query("tandem_build_info")
+            self.assertEqual(sorted(r["metric"]["job"] for r in build),
+                             sorted(targets))
+        finally:
+            prometheus.stop()
+        for name, address in targets.items():
+            with self.subTest(daemon=name, client="plain http"):
+                with self.assertRaises((OSError, http.client.HTTPException)):
+                    harness.scrape_metrics(address)
+            with self.subTest(daemon=name, client="no certificate"):
+                context = ssl.create_default_context(
+                    cafile=os.path.join(self.certs, "ca.pem"))
+                with self.assertRaises((OSError, http.client.HTTPException)):
+                    with urllib.request.urlopen(
+                            f"https://{address}/metrics", timeout=5,
+                            context=context) as r:
+                        r.read()
+            with self.subTest(daemon=name, client="another CA"):
+                context = ssl.create_default_context(
+                    cafile=os.path.join(self.certs, "ca.pem"))
+                context.load_cert_chain(
+                    os.path.join(self.other, "admin.pem"),
+                    os.path.join(self.other, "admin.key"))
+                with self.assertRaises((OSError, http.client.HTTPException)):
+                    with urllib.request.urlopen(
+                            f"https://{address}/metrics", timeout=5,
+                            context=context) as r:
+                        r.read()
+            with self.subTest(daemon=name, client="the CA's rollout"):
+                self.assertIn("tandem_build_info", harness.scrape_metrics(
+                    address, self.certs, role="rollout"))
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
