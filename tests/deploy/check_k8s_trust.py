@@ -205,7 +205,7 @@ def secret_certificate(secret, fail, where):
             "usages": [usages[u] for u in eku if u in usages]}
 
 
-def check_tls(overlay, objects, fail):
+def check_tls(overlay, objects, fail, per_pod_roles=()):
     by_kind = {}
     for o in objects:
         by_kind.setdefault(o["kind"], {})[o["metadata"]["name"]] = o
@@ -237,6 +237,7 @@ def check_tls(overlay, objects, fail):
             fail.check(issuer["spec"].get("ca", {}).get("secretName")
                        in ca_secrets, f"{overlay}: Certificate "
                        f"{c['metadata']['name']} is not signed by the CA")
+    per_pod = set()
     for component, template in ((o["metadata"]["name"], t)
                                 for o, t in check_k8s.pod_specs(objects)):
         pod = template["spec"]
@@ -255,10 +256,13 @@ def check_tls(overlay, objects, fail):
                    if "secret" in v}
         fail.check(not secrets & ca_secrets,
                    f"{overlay}: {component} mounts the CA's Secret")
-        secret = volumes.get(mount.get("name"), {}).get("secret", {}).get(
-            "secretName")
-        fail.check(secret == f"tandem-tls-{component}", f"{overlay}: "
-                   f"{component} mounts Secret {secret}")
+        volume = volumes.get(mount.get("name"), {})
+        secret = volume.get("secret", {}).get("secretName")
+        if "csi" in volume:
+            per_pod.add(component)
+        else:
+            fail.check(secret == f"tandem-tls-{component}", f"{overlay}: "
+                       f"{component} mounts Secret {secret}")
         for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
             p = c.get(probe)
             if p is not None:
@@ -266,7 +270,11 @@ def check_tls(overlay, objects, fail):
                            ["tandem-health"] and p.get("timeoutSeconds",
                                                        1) >= 3,
                            f"{overlay}: {component} {probe}: {p}")
-        cert = by_secret.get(secret)
+        if "csi" in volume:
+            cert = csi_certificate(volume, issuers, ca_secrets, fail,
+                                   f"{overlay}: {component}")
+        else:
+            cert = by_secret.get(secret)
         if not fail.check(cert is not None, f"{overlay}: no Certificate "
                           f"issues Secret {secret} ({component})"):
             continue
@@ -282,10 +290,48 @@ def check_tls(overlay, objects, fail):
         fail.check({"server auth", "client auth"} <=
                    set(cert.get("usages", [])),
                    f"{overlay}: {component}'s certificate usages")
+    fail.check(per_pod == set(per_pod_roles), f"{overlay}: per-pod "
+               f"certificates for {sorted(per_pod)}, want "
+               f"{sorted(per_pod_roles)}")
     admin = by_secret.get("tandem-tls-admin")
     fail.check(admin is not None and {"admin"} == {
         m.group(1) for m in map(SPIFFE.match, admin.get("uris", []))
         if m}, f"{overlay}: no admin certificate (Secret tandem-tls-admin)")
+
+
+CSI_DRIVER = "csi.cert-manager.io"
+CSI_FILES = {"certificate-file": "tls.crt", "privatekey-file": "tls.key",
+             "ca-file": "ca.crt"}
+
+
+def csi_certificate(volume, issuers, ca_secrets, fail, where):
+    """The certificate a cert-manager csi-driver volume requests for each
+    pod (components/per-pod-certs), as a Certificate spec, with a pod's
+    name in place of ${POD_NAME}; None when the volume is not one."""
+    if not fail.check(volume["csi"].get("driver") == CSI_DRIVER,
+                      f"{where}: csi driver {volume['csi'].get('driver')}"):
+        return None
+    attributes = volume["csi"].get("volumeAttributes", {})
+
+    def attribute(key):
+        return attributes.get(f"{CSI_DRIVER}/{key}", "")
+
+    def listed(key):
+        return [x.strip() for x in attribute(key).split(",") if x.strip()]
+    issuer = issuers.get(attribute("issuer-name"))
+    fail.check(attribute("issuer-kind") == "Issuer" and issuer is not None
+               and issuer["spec"].get("ca", {}).get("secretName")
+               in ca_secrets, f"{where}: the csi volume's issuer "
+               f"{attribute('issuer-name')} is not the CA's Issuer")
+    for key, name in CSI_FILES.items():
+        fail.check(attribute(key) == name,
+                   f"{where}: csi {key} {attribute(key)}, want {name}")
+    uris = listed("uri-sans")
+    fail.check(all("${POD_NAME}" in u for u in uris) and uris,
+               f"{where}: csi uri-sans {uris} do not name the pod")
+    return {"uris": [u.replace("${POD_NAME}", "pod-5f7c9-x2k4q")
+                     for u in uris],
+            "dnsNames": listed("dns-names"), "usages": listed("key-usages")}
 
 
 SELF_TEST_CERTIFICATE = {
@@ -354,6 +400,38 @@ components:
 """
 
 
+PER_POD_OVERLAY = """apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+namespace: tandem
+resources:
+  - ../../base
+components:
+  - ../../components/mtls
+  - ../../components/cert-manager
+  - ../../components/per-pod-certs
+  - ../../components/network-policy
+"""
+
+
+def build_overlay(work, name, text):
+    """An overlay `name` of `text` in a copy of deploy/ under `work`,
+    built with kubectl kustomize."""
+    deploy = os.path.join(work, "deploy")
+    if not os.path.isdir(deploy):
+        shutil.copytree(os.path.join(common.K8S_DIR),
+                        os.path.join(deploy, "k8s"),
+                        ignore=shutil.ignore_patterns("certs"))
+        shutil.copytree(common.CONFIG_DIR, os.path.join(deploy, "compose",
+                                                        "config"))
+    overlay = os.path.join(deploy, "k8s", "overlays", name)
+    os.makedirs(overlay)
+    with open(os.path.join(overlay, "kustomization.yaml"), "w") as f:
+        f.write(text)
+    out = common.run([common.need("kubectl", "kubectl"), "kustomize",
+                      overlay])
+    return [o for o in yaml.safe_load_all(out) if o]
+
+
 def build_dev_certs(work):
     """The alternative without cert-manager, as docs/deployment.md tells
     it: `tandemctl certs init` into components/dev-certs/certs of a copy
@@ -397,6 +475,20 @@ def main():
             fail.check(e is None, f"dev-certs: {check_k8s.describe(o)}: {e}")
         check_tls("dev-certs", objects, fail)
         check_policies("dev-certs", objects, fail)
+        # Per-pod identities (components/per-pod-certs): the scaled roles
+        # mount a csi-driver certificate of their own, the others their
+        # role's Secret; the roles' unused Certificates are gone.
+        objects = build_overlay(work, "per-pod", PER_POD_OVERLAY)
+        for o in objects:
+            e = check_k8s.schema_error(o)
+            fail.check(e is None, f"per-pod: {check_k8s.describe(o)}: {e}")
+        check_tls("per-pod", objects, fail,
+                  per_pod_roles=("rollout", "verifier"))
+        check_policies("per-pod", objects, fail)
+        names = {o["metadata"]["name"] for o in objects
+                 if o["kind"] == "Certificate"}
+        fail.check(not names & {"tandem-rollout", "tandem-verifier"},
+                   f"per-pod: unused role Certificates {sorted(names)}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     fail.exit("k8s trust")
