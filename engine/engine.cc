@@ -22,7 +22,8 @@ Engine::~Engine() = default;
 
 absl::Status Engine::Add(const std::string& request_id,
                          std::vector<int32_t> prompt,
-                         const SamplingParams& params) {
+                         const SamplingParams& params,
+                         const std::vector<std::vector<int32_t>>& opening) {
   if (prompt.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("request ", request_id, ": prompt is empty"));
@@ -32,12 +33,24 @@ absl::Status Engine::Add(const std::string& request_id,
         "request ", request_id, ": n and max_tokens must be >= 1, got n=",
         params.n, " max_tokens=", params.max_tokens));
   }
-  const int64_t longest =
-      static_cast<int64_t>(prompt.size()) + params.max_tokens;
+  if (!opening.empty() && static_cast<int32_t>(opening.size()) != params.n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request ", request_id, ": ", opening.size(),
+                     " opening token runs for n=", params.n,
+                     " samples; give one per sample or none"));
+  }
+  size_t longest_opening = 0;
+  for (const std::vector<int32_t>& tokens : opening) {
+    longest_opening = std::max(longest_opening, tokens.size());
+  }
+  const int64_t longest = static_cast<int64_t>(prompt.size()) +
+                          static_cast<int64_t>(longest_opening) +
+                          params.max_tokens;
   if (blocks_.BlocksFor(static_cast<int32_t>(
           std::min<int64_t>(longest, INT32_MAX))) > blocks_.num_blocks()) {
     return absl::InvalidArgumentError(
         absl::StrCat("request ", request_id, ": prompt (", prompt.size(),
+                     " tokens) + opening (", longest_opening,
                      " tokens) + max_tokens (", params.max_tokens,
                      ") exceeds the whole KV cache (", blocks_.num_blocks(),
                      " blocks of ", blocks_.block_size(), ")"));
@@ -51,7 +64,13 @@ absl::Status Engine::Add(const std::string& request_id,
     seq->sample_index = i;
     seq->prompt = prompt;
     seq->params = params;
-    seq->turn_limit = params.max_tokens;
+    if (!opening.empty() && !opening[i].empty()) {
+      // The environment's opening tokens carry the live version, as the
+      // tokens of a turn sampled now would.
+      seq->spans.push_back({version_, 0});
+      seq->AppendEnvironment(opening[i]);
+    }
+    seq->turn_limit = seq->turn_start + params.max_tokens;
     seq->rng.seed(params.seed != 0 ? params.seed + i : std::random_device{}());
     seq->arrival = now;
     Sequence* raw = seq.get();
@@ -196,7 +215,9 @@ absl::StatusOr<StepStats> Engine::Step() {
     }
     ++generated_tokens_;
     ++stats.decode_tokens;
-    if (seq->output.size() == 1) {
+    // The first sampled token (after any opening environment tokens).
+    if (seq->turns == 1 &&
+        static_cast<int32_t>(seq->output.size()) == seq->turn_start + 1) {
       seq->first_token = now;
       // The leader's prompt is cached: its siblings can now share it.
       auto pending = pending_siblings_.find(seq->request_id);
