@@ -20,11 +20,10 @@ Engine::Engine(EngineOptions options, EngineModel* model,
 
 Engine::~Engine() = default;
 
-absl::Status Engine::Add(const std::string& request_id,
-                         std::vector<int32_t> prompt,
-                         const SamplingParams& params,
-                         const std::vector<std::vector<int32_t>>& opening) {
-  if (prompt.empty()) {
+absl::Status Engine::CheckAdd(const std::string& request_id,
+                              int64_t prompt_len, const SamplingParams& params,
+                              int64_t opening_len) const {
+  if (prompt_len < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("request ", request_id, ": prompt is empty"));
   }
@@ -33,6 +32,26 @@ absl::Status Engine::Add(const std::string& request_id,
         "request ", request_id, ": n and max_tokens must be >= 1, got n=",
         params.n, " max_tokens=", params.max_tokens));
   }
+  const int64_t longest = prompt_len + opening_len + params.max_tokens;
+  if (blocks_.BlocksFor(static_cast<int32_t>(
+          std::min<int64_t>(longest, INT32_MAX))) > blocks_.num_blocks()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request ", request_id, ": prompt (", prompt_len,
+                     " tokens) + ",
+                     opening_len > 0
+                         ? absl::StrCat("opening (", opening_len, " tokens) + ")
+                         : std::string(),
+                     "max_tokens (", params.max_tokens,
+                     ") exceeds the whole KV cache (", blocks_.num_blocks(),
+                     " blocks of ", blocks_.block_size(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Add(const std::string& request_id,
+                         std::vector<int32_t> prompt,
+                         const SamplingParams& params,
+                         const std::vector<std::vector<int32_t>>& opening) {
   if (!opening.empty() && static_cast<int32_t>(opening.size()) != params.n) {
     return absl::InvalidArgumentError(
         absl::StrCat("request ", request_id, ": ", opening.size(),
@@ -43,18 +62,10 @@ absl::Status Engine::Add(const std::string& request_id,
   for (const std::vector<int32_t>& tokens : opening) {
     longest_opening = std::max(longest_opening, tokens.size());
   }
-  const int64_t longest = static_cast<int64_t>(prompt.size()) +
-                          static_cast<int64_t>(longest_opening) +
-                          params.max_tokens;
-  if (blocks_.BlocksFor(static_cast<int32_t>(
-          std::min<int64_t>(longest, INT32_MAX))) > blocks_.num_blocks()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request ", request_id, ": prompt (", prompt.size(),
-                     " tokens) + opening (", longest_opening,
-                     " tokens) + max_tokens (", params.max_tokens,
-                     ") exceeds the whole KV cache (", blocks_.num_blocks(),
-                     " blocks of ", blocks_.block_size(), ")"));
-  }
+  absl::Status fits =
+      CheckAdd(request_id, static_cast<int64_t>(prompt.size()), params,
+               static_cast<int64_t>(longest_opening));
+  if (!fits.ok()) return fits;
   const absl::Time now = absl::Now();
   std::vector<Sequence*> siblings;
   for (int32_t i = 0; i < params.n; ++i) {

@@ -134,6 +134,11 @@ class Engine {
   absl::Status Add(const std::string& request_id, std::vector<int32_t> prompt,
                    const SamplingParams& params,
                    const std::vector<std::vector<int32_t>>& opening = {});
+  // Add's checks of a request with a prompt of `prompt_len` tokens and
+  // openings of at most `opening_len`, without adding it.
+  absl::Status CheckAdd(const std::string& request_id, int64_t prompt_len,
+                        const SamplingParams& params,
+                        int64_t opening_len = 0) const;
   // One engine step. Errors come from the model.
   absl::StatusOr<StepStats> Step();
   // Samples finished since the last call.

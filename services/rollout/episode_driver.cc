@@ -60,13 +60,10 @@ absl::Status EpisodeDriver::Start(EpisodeTask task) {
                        static_cast<std::ptrdiff_t>(header.size())));
   if (await_opens) {
     // Engine::Add's checks, now rather than when the opens answer.
-    if (task.prompt.empty() || task.params.n < 1 ||
-        task.params.max_tokens < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "request ", task.request_id, ": the prompt is empty or n (",
-          task.params.n, ") or max_tokens (", task.params.max_tokens,
-          ") is < 1"));
-    }
+    absl::Status fits = engine_->CheckAdd(
+        task.request_id, static_cast<int64_t>(task.prompt.size()),
+        task.params);
+    if (!fits.ok()) return fits;
     Unstarted& u = unstarted_[task.request_id];
     u.prompt = std::move(task.prompt);
     u.params = task.params;
@@ -154,7 +151,11 @@ void EpisodeDriver::StartOpened(const std::string& request_id) {
   int32_t room = limits_.max_episode_tokens;
   for (int32_t i = 0; i < n; ++i) {
     Episode& e = episodes_.at({request_id, i});
-    if (!e.early_end_reason.empty()) continue;
+    if (!e.early_end_reason.empty()) {
+      // It ends at its first park; the header keeps that turn in form.
+      opening[i] = codec_.generation_header;
+      continue;
+    }
     opening[i] = std::move(e.opening);
     e.opening.clear();
     room = std::min(room, limits_.max_episode_tokens -
@@ -165,7 +166,7 @@ void EpisodeDriver::StartOpened(const std::string& request_id) {
   absl::Status added = engine_->Add(request_id, u.prompt, params, opening);
   if (!added.ok()) {
     // The openings do not fit in the KV cache: the samples are added
-    // without them and end before their first turn.
+    // without them and end at their first park.
     for (int32_t i = 0; i < n; ++i) {
       Episode& e = episodes_.at({request_id, i});
       if (!e.early_end_reason.empty()) continue;
@@ -174,21 +175,22 @@ void EpisodeDriver::StartOpened(const std::string& request_id) {
     }
     absl::Status bare = engine_->Add(request_id, u.prompt, params);
     if (!bare.ok()) {
-      // Not even the prompt fits: the samples end here, without tokens.
+      // Start checked that the prompt fits (Engine::CheckAdd): not
+      // expected. The samples end "aborted", so that the lease goes back.
+      Log()->error("episode request {}: {}", request_id,
+                   std::string(bare.message()));
       for (int32_t i = 0; i < n; ++i) {
         Episode& e = episodes_.at({request_id, i});
         if (!e.episode_id.empty()) {
           client_->Close(KeyText({request_id, i}), e.episode_id);
         }
         EpisodeResult result = std::move(e.result);
-        result.end_reason = e.early_end_reason;
-        result.end_text = e.early_end_text;
+        result.end_reason = "aborted";
+        result.end_text = std::string(bare.message());
         result.sample.request_id = request_id;
         result.sample.sample_index = i;
         result.sample.prompt = u.prompt;
         result.sample.finish_reason = engine::FinishReason::kAborted;
-        result.sample.admitted = result.sample.first_token =
-            result.sample.finished = absl::Now();
         finished_.push_back(std::move(result));
         episodes_.erase({request_id, i});
       }
@@ -199,15 +201,10 @@ void EpisodeDriver::StartOpened(const std::string& request_id) {
     Episode& e = episodes_.at({request_id, i});
     e.awaiting_start = false;
     if (e.early_end_reason.empty()) continue;
-    // Ends before its first turn: no model token is generated without the
-    // environment's opening.
-    e.ended = true;
-    e.result.end_reason = e.early_end_reason;
+    // Ends at its first turn's park, as an episode whose open failed always
+    // has: a completion is never empty (the trainer needs a token of it).
+    e.open_failed = true;
     e.result.end_text = e.early_end_text;
-    if (!e.episode_id.empty()) {
-      client_->Close(KeyText({request_id, i}), e.episode_id);
-    }
-    engine_->Abort(request_id, i);
   }
 }
 
@@ -254,7 +251,9 @@ void EpisodeDriver::HandleTurn(Episode& e, engine::ParkedTurn turn) {
       turn.turn_start + static_cast<int32_t>(turn.turn_tokens.size());
   e.turns = turn.turn;
   if (e.open_failed) {
-    End(e, "environment_failed", e.result.end_text);
+    End(e,
+        e.early_end_reason.empty() ? "environment_failed" : e.early_end_reason,
+        e.result.end_text);
     return;
   }
   if (e.episode_id.empty()) {

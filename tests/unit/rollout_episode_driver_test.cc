@@ -668,7 +668,8 @@ TEST_CASE(
 
 TEST_CASE(
     "an opening too large for max_episode_tokens ends observation_too_large "
-    "before any model token; a failed open ends environment_failed") {
+    "at the first turn, which did not see it; a failed open ends "
+    "environment_failed") {
   RewardingEnvironment service;
   service.opening_observation = true;  // 18 bytes: 1 + 18 + 2 tokens
   service.reward = 1.0;
@@ -684,7 +685,11 @@ TEST_CASE(
     CHECK_THAT(r.end_text, Catch::Contains("21 tokens (with the generation "
                                            "header), which leave no room in "
                                            "max_episode_tokens 21"));
-    CHECK(r.sample.output.empty());
+    // Not the observation: the generation header alone, then one turn
+    // (a completion is never empty), and no step was sent.
+    CheckOpening(r, kHeader);
+    CHECK(r.sample.turns == 1);
+    CHECK(rig.decoded.empty());
     CHECK_FALSE(r.reward.has_value());
     const absl::Time give_up = absl::Now() + absl::Seconds(10);
     while (service.closed < 1 && absl::Now() < give_up) {
@@ -712,7 +717,8 @@ TEST_CASE(
     EpisodeResult r = rig.RunOne();
     CHECK(r.end_reason == "environment_failed");
     CHECK_THAT(r.end_text, Catch::Contains("OpenEpisode"));
-    CHECK(r.sample.output.empty());
+    CheckOpening(r, kHeader);
+    CHECK(rig.decoded.empty());
   }
 }
 
