@@ -54,7 +54,10 @@ def write_dataset(tmp):
             f.write(json.dumps({
                 "id": f"g{i}", "prompt": PROMPT,
                 "prompt_token_ids": episode_model.encode(PROMPT),
-                "metadata": {"secret": str(secret)},
+                # The environment scores the episode; a dataset row names
+                # a verifier all the same.
+                "verifier": "exact",
+                "metadata": {"secret": str(secret), "answer": str(secret)},
                 "environment": "guess_number"}) + "\n")
     return path
 
@@ -79,8 +82,12 @@ class OpeningObservationsTest(unittest.TestCase):
         env_address = harness.wait_for(
             lambda: harness.read_json(ready), 30,
             "the Python environment")["grpc_address"]
-        cluster = episodes.Cluster(cls.tmp, write_dataset(cls.tmp),
-                                   ["--set", "max_lag=4"])
+        try:
+            cluster = episodes.Cluster(cls.tmp, write_dataset(cls.tmp),
+                                       ["--set", "max_lag=4"])
+        except BaseException:
+            harness.stop_process(cls.env)
+            raise
         cls.cluster = cluster
         try:
             worker = harness.Daemon(
