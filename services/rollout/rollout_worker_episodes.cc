@@ -116,6 +116,7 @@ absl::Status RolloutWorker::StartEpisodes() {
         header.ok() ? "empty" : std::string(header.status().message()));
     codec.render_opening = nullptr;
   }
+  const size_t header_tokens = codec.generation_header.size();
   EpisodeLimits limits;
   limits.max_turns = static_cast<int32_t>(config_.environment_max_turns);
   limits.max_turn_tokens =
@@ -126,9 +127,11 @@ absl::Status RolloutWorker::StartEpisodes() {
                                               std::move(codec), format, limits);
   Log()->info(
       "episodes: environment service at {}, tool calls {}, max_turns {}, "
-      "max_turn_tokens {}, max_episode_tokens {}",
+      "max_turn_tokens {}, max_episode_tokens {}; prompts without the "
+      "generation header ({} tokens) wait for their opening observations",
       config_.environment_address, chat::ToolCallFormatName(format),
-      limits.max_turns, limits.max_turn_tokens, limits.max_episode_tokens);
+      limits.max_turns, limits.max_turn_tokens, limits.max_episode_tokens,
+      header_tokens);
   return absl::OkStatus();
 }
 
