@@ -6,7 +6,10 @@
 // parses the turn's tool calls, sends them with EnvironmentClient (never
 // blocking), and resumes the sequence with the rendered observations until
 // the environment says done or a limit ends the episode. Other sequences
-// keep the batch while an episode waits.
+// keep the batch while an episode waits. A task whose prompt is written
+// without the chat template's generation header waits for its opens and
+// starts each sample after its own opening observations and the header,
+// as environment tokens (docs/environments.md, "Opening observations").
 //
 // The caller (the rollout worker's generation loop, or a test) calls
 // Poll() after every Engine::Step(), and hands every FinishedSample whose
