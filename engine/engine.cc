@@ -20,8 +20,8 @@ Engine::Engine(EngineOptions options, EngineModel* model,
 
 Engine::~Engine() = default;
 
-absl::Status Engine::CheckAdd(const std::string& request_id,
-                              int64_t prompt_len, const SamplingParams& params,
+absl::Status Engine::CheckAdd(const std::string& request_id, int64_t prompt_len,
+                              const SamplingParams& params,
                               int64_t opening_len) const {
   if (prompt_len < 1) {
     return absl::InvalidArgumentError(
@@ -35,15 +35,12 @@ absl::Status Engine::CheckAdd(const std::string& request_id,
   const int64_t longest = prompt_len + opening_len + params.max_tokens;
   if (blocks_.BlocksFor(static_cast<int32_t>(
           std::min<int64_t>(longest, INT32_MAX))) > blocks_.num_blocks()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request ", request_id, ": prompt (", prompt_len,
-                     " tokens) + ",
-                     opening_len > 0
-                         ? absl::StrCat("opening (", opening_len, " tokens) + ")
-                         : std::string(),
-                     "max_tokens (", params.max_tokens,
-                     ") exceeds the whole KV cache (", blocks_.num_blocks(),
-                     " blocks of ", blocks_.block_size(), ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request ", request_id, ": prompt (", prompt_len, " tokens) + ",
+        opening_len > 0 ? absl::StrCat("opening (", opening_len, " tokens) + ")
+                        : std::string(),
+        "max_tokens (", params.max_tokens, ") exceeds the whole KV cache (",
+        blocks_.num_blocks(), " blocks of ", blocks_.block_size(), ")"));
   }
   return absl::OkStatus();
 }
@@ -62,9 +59,8 @@ absl::Status Engine::Add(const std::string& request_id,
   for (const std::vector<int32_t>& tokens : opening) {
     longest_opening = std::max(longest_opening, tokens.size());
   }
-  absl::Status fits =
-      CheckAdd(request_id, static_cast<int64_t>(prompt.size()), params,
-               static_cast<int64_t>(longest_opening));
+  absl::Status fits = CheckAdd(request_id, static_cast<int64_t>(prompt.size()),
+                               params, static_cast<int64_t>(longest_opening));
   if (!fits.ok()) return fits;
   const absl::Time now = absl::Now();
   std::vector<Sequence*> siblings;

@@ -55,14 +55,13 @@ absl::Status EpisodeDriver::Start(EpisodeTask task) {
   const bool await_opens =
       codec_.render_opening && !header.empty() &&
       (task.prompt.size() < header.size() ||
-       !std::equal(header.begin(), header.end(),
-                   task.prompt.end() -
-                       static_cast<std::ptrdiff_t>(header.size())));
+       !std::equal(
+           header.begin(), header.end(),
+           task.prompt.end() - static_cast<std::ptrdiff_t>(header.size())));
   if (await_opens) {
     // Engine::Add's checks, now rather than when the opens answer.
     absl::Status fits = engine_->CheckAdd(
-        task.request_id, static_cast<int64_t>(task.prompt.size()),
-        task.params);
+        task.request_id, static_cast<int64_t>(task.prompt.size()), task.params);
     if (!fits.ok()) return fits;
     Unstarted& u = unstarted_[task.request_id];
     u.prompt = std::move(task.prompt);

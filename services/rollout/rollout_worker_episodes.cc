@@ -87,8 +87,8 @@ absl::Status RolloutWorker::StartEpisodes() {
   // Opening observations follow a prompt written without the generation
   // header (docs/environments.md, "Opening observations").
   codec.render_opening =
-      [templates, tokenizer](
-          const std::vector<tandem::v1::Observation>& observations)
+      [templates,
+       tokenizer](const std::vector<tandem::v1::Observation>& observations)
       -> absl::StatusOr<std::vector<int32_t>> {
     nlohmann::ordered_json messages = nlohmann::ordered_json::array();
     for (const tandem::v1::Observation& o : observations) {

@@ -429,8 +429,8 @@ TEST_CASE(
   // One run per sample or none; the longest must fit with the prompt.
   CHECK(engine.Add("bad", prompt, params, {{1}}).code() ==
         absl::StatusCode::kInvalidArgument);
-  const absl::Status huge = engine.Add(
-      "huge", prompt, params, {{1}, std::vector<int32_t>(2000, 1)});
+  const absl::Status huge =
+      engine.Add("huge", prompt, params, {{1}, std::vector<int32_t>(2000, 1)});
   CHECK(huge.code() == absl::StatusCode::kInvalidArgument);
   CHECK_THAT(std::string(huge.message()),
              Catch::Contains("opening (2000 tokens)"));

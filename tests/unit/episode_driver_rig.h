@@ -38,7 +38,8 @@ inline std::unique_ptr<verifier::Verifier> StartVerifier() {
   return *std::move(created);
 }
 
-inline std::vector<int32_t> Render(const std::vector<tandem::v1::Observation>& obs) {
+inline std::vector<int32_t> Render(
+    const std::vector<tandem::v1::Observation>& obs) {
   std::vector<int32_t> tokens;
   for (const auto& o : obs) {
     tokens.push_back(1);  // a stand-in for the tool message header
@@ -111,8 +112,8 @@ struct Rig {
   // each as Render does, then kHeader) after a prompt without kHeader.
   EpisodeCodec MakeCodec(std::vector<std::string> turn_stops, bool openings) {
     EpisodeCodec codec{
-        [this, letters = !turn_stops.empty()](
-            const std::vector<int32_t>& tokens) {
+        [this,
+         letters = !turn_stops.empty()](const std::vector<int32_t>& tokens) {
           if (letters) return DecodeLetters(tokens);
           decoded.push_back(next_turn < script.size()
                                 ? script[next_turn]
@@ -124,8 +125,7 @@ struct Rig {
             -> absl::StatusOr<std::vector<int32_t>> { return Render(obs); },
         turn_stops, kTurnEnd};
     if (openings) {
-      codec.render_opening = [](const std::vector<tandem::v1::Observation>&
-                                    obs)
+      codec.render_opening = [](const std::vector<tandem::v1::Observation>& obs)
           -> absl::StatusOr<std::vector<int32_t>> {
         return RenderOpening(obs);
       };

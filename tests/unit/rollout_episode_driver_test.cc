@@ -172,7 +172,6 @@ TEST_CASE("a group of two samples runs two episodes") {
   daemon->GracefulStop(absl::Seconds(10));
 }
 
-
 TEST_CASE(
     "an environment that hangs or is gone ends the episode with a "
     "reason; the worker keeps generating") {
@@ -224,7 +223,6 @@ TEST_CASE(
     CHECK(r.sample.output.size() == 3);
   }
 }
-
 
 TEST_CASE(
     "a reward outside [0, 1] ends the episode 'error' without it; done "

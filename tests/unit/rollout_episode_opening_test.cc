@@ -73,8 +73,7 @@ TEST_CASE(
     const std::vector<int32_t> one = OpeningFor("You are in room 1");
     const std::vector<int32_t> two = OpeningFor("You are in room 2");
     const std::vector<int32_t>& mine =
-        std::equal(one.begin(), one.end(), r.sample.output.begin()) ? one
-                                                                    : two;
+        std::equal(one.begin(), one.end(), r.sample.output.begin()) ? one : two;
     CheckOpening(r, mine);
     openings.insert(mine);
     // The sample's version spans cover the opening too.
