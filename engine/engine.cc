@@ -20,10 +20,10 @@ Engine::Engine(EngineOptions options, EngineModel* model,
 
 Engine::~Engine() = default;
 
-absl::Status Engine::Add(const std::string& request_id,
-                         std::vector<int32_t> prompt,
-                         const SamplingParams& params) {
-  if (prompt.empty()) {
+absl::Status Engine::CheckAdd(const std::string& request_id, int64_t prompt_len,
+                              const SamplingParams& params,
+                              int64_t opening_len) const {
+  if (prompt_len < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("request ", request_id, ": prompt is empty"));
   }
@@ -32,16 +32,36 @@ absl::Status Engine::Add(const std::string& request_id,
         "request ", request_id, ": n and max_tokens must be >= 1, got n=",
         params.n, " max_tokens=", params.max_tokens));
   }
-  const int64_t longest =
-      static_cast<int64_t>(prompt.size()) + params.max_tokens;
+  const int64_t longest = prompt_len + opening_len + params.max_tokens;
   if (blocks_.BlocksFor(static_cast<int32_t>(
           std::min<int64_t>(longest, INT32_MAX))) > blocks_.num_blocks()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request ", request_id, ": prompt (", prompt.size(),
-                     " tokens) + max_tokens (", params.max_tokens,
-                     ") exceeds the whole KV cache (", blocks_.num_blocks(),
-                     " blocks of ", blocks_.block_size(), ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request ", request_id, ": prompt (", prompt_len, " tokens) + ",
+        opening_len > 0 ? absl::StrCat("opening (", opening_len, " tokens) + ")
+                        : std::string(),
+        "max_tokens (", params.max_tokens, ") exceeds the whole KV cache (",
+        blocks_.num_blocks(), " blocks of ", blocks_.block_size(), ")"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Add(const std::string& request_id,
+                         std::vector<int32_t> prompt,
+                         const SamplingParams& params,
+                         const std::vector<std::vector<int32_t>>& opening) {
+  if (!opening.empty() && static_cast<int32_t>(opening.size()) != params.n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request ", request_id, ": ", opening.size(),
+                     " opening token runs for n=", params.n,
+                     " samples; give one per sample or none"));
+  }
+  size_t longest_opening = 0;
+  for (const std::vector<int32_t>& tokens : opening) {
+    longest_opening = std::max(longest_opening, tokens.size());
+  }
+  absl::Status fits = CheckAdd(request_id, static_cast<int64_t>(prompt.size()),
+                               params, static_cast<int64_t>(longest_opening));
+  if (!fits.ok()) return fits;
   const absl::Time now = absl::Now();
   std::vector<Sequence*> siblings;
   for (int32_t i = 0; i < params.n; ++i) {
@@ -51,7 +71,13 @@ absl::Status Engine::Add(const std::string& request_id,
     seq->sample_index = i;
     seq->prompt = prompt;
     seq->params = params;
-    seq->turn_limit = params.max_tokens;
+    if (!opening.empty() && !opening[i].empty()) {
+      // The environment's opening tokens carry the live version, as the
+      // tokens of a turn sampled now would.
+      seq->spans.push_back({version_, 0});
+      seq->AppendEnvironment(opening[i]);
+    }
+    seq->turn_limit = seq->turn_start + params.max_tokens;
     seq->rng.seed(params.seed != 0 ? params.seed + i : std::random_device{}());
     seq->arrival = now;
     Sequence* raw = seq.get();
@@ -196,7 +222,9 @@ absl::StatusOr<StepStats> Engine::Step() {
     }
     ++generated_tokens_;
     ++stats.decode_tokens;
-    if (seq->output.size() == 1) {
+    // The first sampled token (after any opening environment tokens).
+    if (seq->turns == 1 &&
+        static_cast<int32_t>(seq->output.size()) == seq->turn_start + 1) {
       seq->first_token = now;
       // The leader's prompt is cached: its siblings can now share it.
       auto pending = pending_siblings_.find(seq->request_id);

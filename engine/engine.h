@@ -123,11 +123,22 @@ class Engine {
          uint64_t initial_version);
   ~Engine();
 
-  // Queues a request: params.n samples of `prompt`. InvalidArgument for an
-  // empty prompt, n < 1, max_tokens < 1, or a prompt that cannot fit in the
-  // whole KV cache.
+  // Queues a request: params.n samples of `prompt`. `opening`, empty or
+  // one run per sample: environment tokens that follow the prompt before
+  // the sample's first turn (an episode's opening observations; output
+  // tokens with log-prob 0, source kEnvironment, the live version); the
+  // samples still share the prompt's prefill. InvalidArgument for an empty
+  // prompt, n < 1, max_tokens < 1, an `opening` of another size than n, or
+  // a prompt (plus the longest opening) that cannot fit in the whole KV
+  // cache.
   absl::Status Add(const std::string& request_id, std::vector<int32_t> prompt,
-                   const SamplingParams& params);
+                   const SamplingParams& params,
+                   const std::vector<std::vector<int32_t>>& opening = {});
+  // Add's checks of a request with a prompt of `prompt_len` tokens and
+  // openings of at most `opening_len`, without adding it.
+  absl::Status CheckAdd(const std::string& request_id, int64_t prompt_len,
+                        const SamplingParams& params,
+                        int64_t opening_len = 0) const;
   // One engine step. Errors come from the model.
   absl::StatusOr<StepStats> Step();
   // Samples finished since the last call.

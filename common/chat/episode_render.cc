@@ -45,4 +45,35 @@ absl::StatusOr<std::string> RenderContinuation(
   return second->substr(cut);
 }
 
+absl::StatusOr<std::string> RenderOpening(
+    const ChatTemplate& tmpl, const nlohmann::ordered_json& observations,
+    const nlohmann::ordered_json& tools, const nlohmann::ordered_json& extra,
+    const std::map<std::string, std::string>& special_tokens) {
+  if (!observations.is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "observations must be a JSON array, got ", observations.type_name()));
+  }
+  ChatTemplateInputs before;
+  before.messages =
+      nlohmann::ordered_json::array({{{"role", "user"}, {"content", "U"}}});
+  before.tools = tools;
+  before.extra = extra;
+  ChatTemplateInputs after = before;
+  for (const auto& message : observations) after.messages.push_back(message);
+  after.add_generation_prompt = true;
+  absl::StatusOr<std::string> first =
+      ApplyChatTemplate(tmpl, before, special_tokens);
+  if (!first.ok()) return first.status();
+  absl::StatusOr<std::string> second =
+      ApplyChatTemplate(tmpl, after, special_tokens);
+  if (!second.ok()) return second.status();
+  if (second->compare(0, first->size(), *first) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "template ", tmpl.name(),
+        ": appending opening observations changes how the prompt renders, "
+        "so they cannot be appended to the prompt's tokens"));
+  }
+  return second->substr(first->size());
+}
+
 }  // namespace tandem::chat

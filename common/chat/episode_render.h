@@ -33,4 +33,17 @@ absl::StatusOr<std::string> RenderContinuation(
     const nlohmann::ordered_json& extra = nlohmann::ordered_json::object(),
     const std::map<std::string, std::string>& special_tokens = {});
 
+// The text an episode's opening observations add to a prompt written
+// without the generation header: the observations (user or tool messages)
+// and the assistant header, as `tmpl` renders them after a user turn. The
+// difference of two renderings of a stand-in conversation, [user] and
+// [user, observations...] with add_generation_prompt; with no observations
+// it is the generation header alone. FailedPrecondition when the first
+// rendering is not a prefix of the second.
+absl::StatusOr<std::string> RenderOpening(
+    const ChatTemplate& tmpl, const nlohmann::ordered_json& observations,
+    const nlohmann::ordered_json& tools = nullptr,
+    const nlohmann::ordered_json& extra = nlohmann::ordered_json::object(),
+    const std::map<std::string, std::string>& special_tokens = {});
+
 }  // namespace tandem::chat

@@ -16,6 +16,14 @@ reminding the model to use the tool; after MAX_TURNS turns the episode
 ends (EPISODE_END_MAX_TURNS, no reward). Bad arguments are answered in the
 tool observation, not as RPC errors.
 
+With --opening, OpenEpisode answers like a gym reset(): a first user
+observation, "I am thinking of a number between LO and HI.", a window
+drawn at random around the secret, so that each episode of a group (the
+same task) opens differently. The rollout worker renders it after the
+prompt and before the model's first turn; the task's prompt is then
+written without the chat template's generation header
+(docs/environments.md, "Opening observations").
+
 Run (Debian's python3-grpcio and protoc, as the integration tests use):
 
     /usr/bin/python3 examples/python_environment/guess_number_env.py \
@@ -29,6 +37,7 @@ import argparse
 import hashlib
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -87,9 +96,11 @@ class Episode:
 class GuessNumber:
     """The service's four methods over a dict of episodes."""
 
-    def __init__(self):
+    def __init__(self, opening=False):
         self.lock = threading.Lock()
         self.episodes = {}
+        self.opening = opening
+        self.random = random.Random()
 
     def list_environments(self, request, context):
         return pb.ListEnvironmentsResponse(environments=[pb.EnvironmentInfo(
@@ -116,9 +127,16 @@ class GuessNumber:
                               f"{MAX_OPEN} episodes are open")
             episode_id = uuid.uuid4().hex
             self.episodes[episode_id] = Episode(secret)
-        return pb.OpenEpisodeResponse(
+            low = max(1, secret - self.random.randint(0, 30))
+            high = min(100, secret + self.random.randint(0, 30))
+        reply = pb.OpenEpisodeResponse(
             episode_id=episode_id, tools_json=json.dumps(TOOLS),
             max_turns=MAX_TURNS)
+        if self.opening:
+            reply.observations.add(
+                role="user", content=f"I am thinking of a number between "
+                                     f"{low} and {high}.")
+        return reply
 
     def step(self, request, context):
         with self.lock:
@@ -231,8 +249,11 @@ def main():
                         help="host:port to listen on (port 0: any free one)")
     parser.add_argument("--ready-file",
                         help="write {\"grpc_address\": ...} here once serving")
+    parser.add_argument("--opening", action="store_true",
+                        help="open each episode with a first observation "
+                             "(a random window around the secret)")
     args = parser.parse_args()
-    serve(args.address, args.ready_file)
+    serve(args.address, args.ready_file, GuessNumber(opening=args.opening))
 
 
 if __name__ == "__main__":

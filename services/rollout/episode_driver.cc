@@ -51,18 +51,160 @@ absl::Status EpisodeDriver::Start(EpisodeTask task) {
   task.params.report_tokens = !codec_.turn_stop_strings.empty();
   task.params.max_tokens =
       std::min(task.params.max_tokens, limits_.max_turn_tokens);
-  absl::Status added =
-      engine_->Add(task.request_id, std::move(task.prompt), task.params);
-  if (!added.ok()) return added;
+  const std::vector<int32_t>& header = codec_.generation_header;
+  const bool await_opens =
+      codec_.render_opening && !header.empty() &&
+      (task.prompt.size() < header.size() ||
+       !std::equal(
+           header.begin(), header.end(),
+           task.prompt.end() - static_cast<std::ptrdiff_t>(header.size())));
+  if (await_opens) {
+    // Engine::Add's checks, now rather than when the opens answer.
+    absl::Status fits = engine_->CheckAdd(
+        task.request_id, static_cast<int64_t>(task.prompt.size()), task.params);
+    if (!fits.ok()) return fits;
+    Unstarted& u = unstarted_[task.request_id];
+    u.prompt = std::move(task.prompt);
+    u.params = task.params;
+    u.waiting = task.params.n;
+  } else {
+    absl::Status added =
+        engine_->Add(task.request_id, std::move(task.prompt), task.params);
+    if (!added.ok()) return added;
+  }
   for (int32_t i = 0; i < task.params.n; ++i) {
     const Key key{task.request_id, i};
     Episode& e = episodes_[key];
     e.request_id = task.request_id;
     e.reward_range = task.reward_range;
     e.sample_index = i;
+    e.awaiting_start = await_opens;
     client_->Open(KeyText(key), task.open);
   }
   return absl::OkStatus();
+}
+
+std::vector<std::string> EpisodeDriver::AbortUnstarted() {
+  std::vector<std::string> ids;
+  for (auto& [request_id, u] : unstarted_) {
+    for (int32_t i = 0; i < u.params.n; ++i) {
+      auto it = episodes_.find({request_id, i});
+      if (it == episodes_.end()) continue;
+      const std::string key = KeyText(it->first);
+      if (!it->second.episode_id.empty()) {
+        client_->Close(key, it->second.episode_id);
+      } else if (!it->second.open_answered) {
+        orphaned_opens_.insert(key);  // closed when its open answers
+      }
+      episodes_.erase(it);
+    }
+    ids.push_back(request_id);
+  }
+  unstarted_.clear();
+  return ids;
+}
+
+void EpisodeDriver::HandleOpening(Episode& e, const EnvironmentReply& reply) {
+  e.open_answered = true;
+  if (!reply.status.ok()) {
+    e.early_end_reason = "environment_failed";
+    e.early_end_text = std::string(reply.status.message());
+  } else {
+    e.episode_id = reply.open.episode_id();
+    std::vector<tandem::v1::Observation> observations(
+        reply.open.observations().begin(), reply.open.observations().end());
+    absl::StatusOr<std::vector<int32_t>> tokens =
+        codec_.render_opening(observations);
+    if (!tokens.ok()) {
+      e.early_end_reason = "environment_failed";
+      e.early_end_text =
+          absl::StrCat("cannot render the opening observations: ",
+                       tokens.status().message());
+    } else if (static_cast<int64_t>(tokens->size()) >=
+               limits_.max_episode_tokens) {
+      // Not one token of the model's would fit after them.
+      e.early_end_reason = "observation_too_large";
+      e.early_end_text = absl::StrCat(
+          "the environment opened the episode with ", observations.size(),
+          " observations of ", tokens->size(),
+          " tokens (with the generation header), which leave no room in "
+          "max_episode_tokens ",
+          limits_.max_episode_tokens);
+    } else {
+      e.opening = std::move(*tokens);
+    }
+  }
+  auto u = unstarted_.find(e.request_id);
+  if (u != unstarted_.end() && --u->second.waiting == 0) {
+    StartOpened(e.request_id);
+  }
+}
+
+void EpisodeDriver::StartOpened(const std::string& request_id) {
+  auto node = unstarted_.extract(request_id);
+  if (node.empty()) return;
+  Unstarted& u = node.mapped();
+  const int32_t n = u.params.n;
+  std::vector<std::vector<int32_t>> opening(n);
+  // One first-turn budget for the group: what the longest opening leaves.
+  int32_t room = limits_.max_episode_tokens;
+  for (int32_t i = 0; i < n; ++i) {
+    Episode& e = episodes_.at({request_id, i});
+    if (!e.early_end_reason.empty()) {
+      // It ends at its first park; the header keeps that turn in form.
+      opening[i] = codec_.generation_header;
+      continue;
+    }
+    opening[i] = std::move(e.opening);
+    e.opening.clear();
+    room = std::min(room, limits_.max_episode_tokens -
+                              static_cast<int32_t>(opening[i].size()));
+  }
+  engine::SamplingParams params = u.params;
+  params.max_tokens = std::max(1, std::min(params.max_tokens, room));
+  absl::Status added = engine_->Add(request_id, u.prompt, params, opening);
+  if (!added.ok()) {
+    // The openings do not fit in the KV cache: the samples are added
+    // without them and end at their first park.
+    for (int32_t i = 0; i < n; ++i) {
+      Episode& e = episodes_.at({request_id, i});
+      if (!e.early_end_reason.empty()) continue;
+      e.early_end_reason = "token_limit";
+      e.early_end_text = std::string(added.message());
+    }
+    absl::Status bare = engine_->Add(request_id, u.prompt, params);
+    if (!bare.ok()) {
+      // Start checked that the prompt fits (Engine::CheckAdd): not
+      // expected. The samples end "aborted", so that the lease goes back.
+      Log()->error("episode request {}: {}", request_id,
+                   std::string(bare.message()));
+      for (int32_t i = 0; i < n; ++i) {
+        Episode& e = episodes_.at({request_id, i});
+        if (!e.episode_id.empty()) {
+          client_->Close(KeyText({request_id, i}), e.episode_id);
+        }
+        EpisodeResult result = std::move(e.result);
+        result.end_reason = "aborted";
+        result.end_text = std::string(bare.message());
+        result.sample.request_id = request_id;
+        result.sample.sample_index = i;
+        result.sample.prompt = u.prompt;
+        result.sample.finish_reason = engine::FinishReason::kAborted;
+        finished_.push_back(std::move(result));
+        episodes_.erase({request_id, i});
+      }
+      return;
+    }
+  }
+  for (int32_t i = 0; i < n; ++i) {
+    Episode& e = episodes_.at({request_id, i});
+    e.awaiting_start = false;
+    if (e.early_end_reason.empty()) continue;
+    // Ends at its first turn's park, as an episode whose open failed always
+    // has: a completion is never empty (the trainer needs a token of it).
+    e.open_failed = true;
+    e.result.end_text = e.early_end_text;
+  }
 }
 
 void EpisodeDriver::Poll() {
@@ -108,7 +250,9 @@ void EpisodeDriver::HandleTurn(Episode& e, engine::ParkedTurn turn) {
       turn.turn_start + static_cast<int32_t>(turn.turn_tokens.size());
   e.turns = turn.turn;
   if (e.open_failed) {
-    End(e, "environment_failed", e.result.end_text);
+    End(e,
+        e.early_end_reason.empty() ? "environment_failed" : e.early_end_reason,
+        e.result.end_text);
     return;
   }
   if (e.episode_id.empty()) {
@@ -163,6 +307,10 @@ void EpisodeDriver::HandleReply(EnvironmentReply reply) {
   }
   Episode& e = it->second;
   if (e.ended) return;
+  if (reply.kind == EnvironmentReply::Kind::kOpen && e.awaiting_start) {
+    HandleOpening(e, reply);
+    return;
+  }
   if (reply.kind == EnvironmentReply::Kind::kOpen) {
     if (!reply.status.ok()) {
       e.open_failed = true;
@@ -172,15 +320,17 @@ void EpisodeDriver::HandleReply(EnvironmentReply reply) {
     }
     e.episode_id = reply.open.episode_id();
     if (reply.open.observations_size() > 0) {
-      // Messages before the first turn would have to go into the prompt,
-      // which the model has already begun to answer: refused, not dropped
-      // (the model would act without them and be trained on that).
+      // The prompt ends with the generation header, so the model has
+      // already begun to answer it: refused, not dropped (the model would
+      // act without them and be trained on that).
       e.open_failed = true;
       e.result.end_text = absl::StrCat(
           "the environment opened the episode with ",
           reply.open.observations_size(),
-          " observations before the first turn; this worker does not take "
-          "opening observations (put them in the dataset's prompt)");
+          " observations before the first turn, but the task's prompt ends "
+          "with the generation header, so the model answers it at once; "
+          "write the prompts of this environment without the generation "
+          "header (docs/environments.md, \"Opening observations\")");
       client_->Close(reply.key, e.episode_id);
       e.episode_id.clear();
       if (e.pending_turn) End(e, "environment_failed", e.result.end_text);

@@ -6,7 +6,10 @@
 // parses the turn's tool calls, sends them with EnvironmentClient (never
 // blocking), and resumes the sequence with the rendered observations until
 // the environment says done or a limit ends the episode. Other sequences
-// keep the batch while an episode waits.
+// keep the batch while an episode waits. A task whose prompt is written
+// without the chat template's generation header waits for its opens and
+// starts each sample after its own opening observations and the header,
+// as environment tokens (docs/environments.md, "Opening observations").
 //
 // The caller (the rollout worker's generation loop, or a test) calls
 // Poll() after every Engine::Step(), and hands every FinishedSample whose
@@ -61,6 +64,20 @@ struct EpisodeCodec {
   // come first in the environment's tokens after it (render_observations
   // renders what follows them).
   std::vector<int32_t> turn_end_tokens;
+  // Opening observations (OpenEpisodeResponse.observations): the tokens
+  // that follow a prompt written without the generation header, i.e. the
+  // chat template's rendering of the observations and of the assistant
+  // header (the header alone for none). Unset: episodes never take
+  // opening observations (each is refused, environment_failed).
+  std::function<absl::StatusOr<std::vector<int32_t>>(
+      const std::vector<tandem::v1::Observation>&)>
+      render_opening;
+  // The generation header's tokens (render_opening of no observations).
+  // A prompt that ends with them is ready for the model: its samples
+  // start at once and opening observations are refused. A prompt that
+  // does not (and render_opening set) waits for its episodes' opens and
+  // takes each one's render_opening tokens before its first turn.
+  std::vector<int32_t> generation_header;
 };
 
 // One task: `params.n` samples of `prompt`, each its own episode opened
@@ -96,10 +113,17 @@ class EpisodeDriver {
                 EpisodeCodec codec, chat::ToolCallFormat format,
                 EpisodeLimits limits);
 
-  // Adds the task's samples to the engine (they park at each turn end) and
-  // opens their episodes. InvalidArgument as Engine::Add, or for a
-  // request id already running.
+  // Opens the task's episodes and adds its samples to the engine (they
+  // park at each turn end): at once when the prompt ends with the codec's
+  // generation header (or the codec has no render_opening), else when
+  // every open has answered, each sample with its own opening tokens
+  // (EpisodeCodec::render_opening). InvalidArgument as Engine::Add, or for
+  // a request id already running.
   absl::Status Start(EpisodeTask task);
+  // Drops the tasks whose samples are not in the engine yet (waiting for
+  // their opens): their episodes are closed, and their request ids
+  // returned for the caller to give back. For the caller's AbortAll.
+  std::vector<std::string> AbortUnstarted();
   // Handles turns that ended and environment replies. Call after every
   // engine step (and while idle: replies arrive when nothing runs).
   void Poll();
@@ -121,6 +145,14 @@ class EpisodeDriver {
     int32_t sample_index = 0;
     std::string episode_id;  // empty until opened
     bool open_failed = false;
+    // The task waits for its opens before its samples enter the engine.
+    bool awaiting_start = false;
+    bool open_answered = false;
+    // Its opening tokens (awaiting_start), or why it ends before its first
+    // turn (reason empty: it starts).
+    std::vector<int32_t> opening;
+    std::string early_end_reason;
+    std::string early_end_text;
     // A turn that ended and waits to be sent (the episode is not open yet).
     std::optional<engine::ParkedTurn> pending_turn;
     bool step_in_flight = false;
@@ -141,7 +173,19 @@ class EpisodeDriver {
   static std::string KeyText(const Key& key);
   static std::optional<Key> ParseKey(const std::string& text);
 
+  // A task whose samples wait for their episodes' opens.
+  struct Unstarted {
+    std::vector<int32_t> prompt;
+    engine::SamplingParams params;
+    int32_t waiting = 0;  // opens not answered yet
+  };
+
   void HandleTurn(Episode& e, engine::ParkedTurn turn);
+  // An open reply of an episode whose task waits for its opens.
+  void HandleOpening(Episode& e, const EnvironmentReply& reply);
+  // Adds a task whose opens have all answered to the engine; the episodes
+  // that end before their first turn are aborted there at once.
+  void StartOpened(const std::string& request_id);
   void SendTurn(Episode& e, const engine::ParkedTurn& turn);
   void HandleReply(EnvironmentReply reply);
   // Ends a parked episode with `reason`; its sample comes to OnFinished.
@@ -156,6 +200,7 @@ class EpisodeDriver {
   const chat::ToolCallFormat format_;
   const EpisodeLimits limits_;
   std::map<Key, Episode> episodes_;
+  std::map<std::string, Unstarted> unstarted_;
   // Keys of aborted episodes whose OpenEpisode was still in flight: closed
   // when it answers.
   std::set<std::string> orphaned_opens_;

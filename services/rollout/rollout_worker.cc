@@ -227,6 +227,10 @@ void RolloutWorker::AbortAllWork(const std::string& reason,
       if (!episodes_->OnFinished(f)) serving_.Dispatch(f);
     }
     episodes_->TakeFinished();
+    // Tasks still waiting for their opens are not in the engine.
+    for (std::string& id : episodes_->AbortUnstarted()) {
+      aborted.push_back(std::move(id));
+    }
   }
   // Harness groups that finished are submitted; the others end with their
   // leases (their turns in flight failed with the served requests).

@@ -84,6 +84,39 @@ absl::Status RolloutWorker::StartEpisodes() {
                                            templates->special_tokens));
     return tokenizer->Encode(text);
   };
+  // Opening observations follow a prompt written without the generation
+  // header (docs/environments.md, "Opening observations").
+  codec.render_opening =
+      [templates,
+       tokenizer](const std::vector<tandem::v1::Observation>& observations)
+      -> absl::StatusOr<std::vector<int32_t>> {
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    for (const tandem::v1::Observation& o : observations) {
+      nlohmann::ordered_json m = {{"role", o.role()}, {"content", o.content()}};
+      if (!o.tool_call_id().empty()) m["tool_call_id"] = o.tool_call_id();
+      if (!o.name().empty()) m["name"] = o.name();
+      messages.push_back(std::move(m));
+    }
+    ASSIGN_OR_RETURN(const chat::ChatTemplate* tmpl, templates->Get());
+    ASSIGN_OR_RETURN(std::string text,
+                     chat::RenderOpening(*tmpl, messages, nullptr,
+                                         nlohmann::ordered_json::object(),
+                                         templates->special_tokens));
+    return tokenizer->Encode(text);
+  };
+  absl::StatusOr<std::vector<int32_t>> header = codec.render_opening({});
+  if (header.ok() && !header->empty()) {
+    codec.generation_header = std::move(*header);
+  } else {
+    // Without a header no prompt can be told apart: opening observations
+    // are refused, as before.
+    Log()->warn(
+        "episodes: the chat template gives no generation header ({}); "
+        "opening observations will be refused",
+        header.ok() ? "empty" : std::string(header.status().message()));
+    codec.render_opening = nullptr;
+  }
+  const size_t header_tokens = codec.generation_header.size();
   EpisodeLimits limits;
   limits.max_turns = static_cast<int32_t>(config_.environment_max_turns);
   limits.max_turn_tokens =
@@ -94,9 +127,11 @@ absl::Status RolloutWorker::StartEpisodes() {
                                               std::move(codec), format, limits);
   Log()->info(
       "episodes: environment service at {}, tool calls {}, max_turns {}, "
-      "max_turn_tokens {}, max_episode_tokens {}",
+      "max_turn_tokens {}, max_episode_tokens {}; prompts without the "
+      "generation header ({} tokens) wait for their opening observations",
       config_.environment_address, chat::ToolCallFormatName(format),
-      limits.max_turns, limits.max_turn_tokens, limits.max_episode_tokens);
+      limits.max_turns, limits.max_turn_tokens, limits.max_episode_tokens,
+      header_tokens);
   return absl::OkStatus();
 }
 

@@ -1,5 +1,6 @@
 // RenderContinuation (common/chat/episode_render.h): the text an episode
-// appends after a model turn, from the template's own rendering. The
+// appends after a model turn, from the template's own rendering; and
+// RenderOpening, what its opening observations add to a prompt. The
 // expected strings were produced by Python jinja2 (trim_blocks,
 // lstrip_blocks, as transformers configures it) from the same ChatML-style
 // template with Qwen-like grouping of consecutive tool messages, written
@@ -82,6 +83,43 @@ TEST_CASE(
              Catch::Contains("changes how the earlier turns render"));
   auto not_array = RenderContinuation(t, Json::object(), "<|im_end|>");
   CHECK(not_array.status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE(
+    "opening observations render as the template renders them after a user "
+    "turn, then the generation header; none is the header alone") {
+  // Expected strings: Python jinja2 (trim_blocks, lstrip_blocks) on
+  // kChatMl, the rendering of [user] + observations with
+  // add_generation_prompt after that of [user].
+  const ChatTemplate t = MustParse(kChatMl);
+  auto user = RenderOpening(
+      t, Json::parse(R"([{"role": "user", "content": "You are in room 3"}])"));
+  REQUIRE(user.ok());
+  CHECK(*user ==
+        "<|im_start|>user\nYou are in room 3<|im_end|>\n<|im_start|>"
+        "assistant\n");
+  auto none = RenderOpening(t, Json::array());
+  REQUIRE(none.ok());
+  CHECK(*none == "<|im_start|>assistant\n");
+  auto tools = RenderOpening(t, Json::parse(R"([
+    {"role": "tool", "content": "board: X.O"},
+    {"role": "tool", "content": "turn 1"}])"));
+  REQUIRE(tools.ok());
+  CHECK(*tools ==
+        "<|im_start|>user\n<tool_response>\nboard: X.O\n</tool_response>\n"
+        "<tool_response>\nturn 1\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n");
+  const ChatTemplate marks_last = MustParse(
+      "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+      "{% if loop.last %} (last){% endif %}<|im_end|>\n{% endfor %}");
+  auto changed = RenderOpening(
+      marks_last, Json::parse(R"([{"role": "user", "content": "x"}])"));
+  REQUIRE_FALSE(changed.ok());
+  CHECK(changed.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(changed.status().message()),
+             Catch::Contains("changes how the prompt renders"));
+  CHECK(RenderOpening(t, Json::object()).status().code() ==
+        absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

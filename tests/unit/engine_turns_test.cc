@@ -4,7 +4,8 @@
 // again), and ends with source spans, versions and log-probs for every
 // token; other sequences run while it is parked; parked sequences can be
 // aborted, lose their cache first under memory pressure, and see a weight
-// commit between turns as the next turn's version.
+// commit between turns as the next turn's version; opening tokens (an
+// episode's opening observations) come before the first turn.
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -373,6 +374,66 @@ TEST_CASE("EndTurn parks a running turn; misuse is a clear error") {
   CHECK(done[0].finish_reason == FinishReason::kLength);
   CHECK(done[0].output.size() == 5);
   CHECK(done[0].source_spans.empty());
+}
+
+TEST_CASE(
+    "opening tokens follow the prompt before the first turn: each sample its "
+    "own, the prompt's prefill shared, the turn the same as after a prompt "
+    "that held them") {
+  ToyModel model(kVocab);
+  Engine engine(Options(), &model, &model, 3);
+  const std::vector<int32_t> prompt = Prompt(1, 9);
+  const std::vector<std::vector<int32_t>> opening = {{5, 6, 7}, {8, 9}};
+  SamplingParams params = Turns(4);
+  params.n = 2;
+  REQUIRE(engine.Add("r", prompt, params, opening).ok());
+  std::map<int32_t, ParkedTurn> turns;
+  for (int step = 0; step < 1000 && turns.size() < 2; ++step) {
+    REQUIRE(engine.Step().ok());
+    for (ParkedTurn& t : engine.TakeParked()) turns[t.sample_index] = t;
+  }
+  REQUIRE(turns.size() == 2);
+  // The reference: each opening written into the prompt itself.
+  ToyModel plain_model(kVocab);
+  Engine plain(Options(), &plain_model, &plain_model, 3);
+  for (int32_t i = 0; i < 2; ++i) {
+    std::vector<int32_t> whole = prompt;
+    whole.insert(whole.end(), opening[i].begin(), opening[i].end());
+    REQUIRE(plain.Add("p" + std::to_string(i), whole, Turns(4)).ok());
+    const ParkedTurn ref = StepUntilParked(&plain, "p" + std::to_string(i));
+    const ParkedTurn& got = turns[i];
+    CHECK(got.turn == 1);
+    CHECK(got.turn_start == static_cast<int32_t>(opening[i].size()));
+    CHECK(got.turn_tokens == ref.turn_tokens);
+    REQUIRE(engine.EndEpisode("r", i).ok());
+  }
+  std::vector<FinishedSample> done = engine.TakeFinished();
+  REQUIRE(done.size() == 2);
+  for (const FinishedSample& f : done) {
+    const std::vector<int32_t>& mine = opening[f.sample_index];
+    const uint32_t env = static_cast<uint32_t>(mine.size());
+    CHECK(f.prompt == prompt);
+    CHECK(std::vector<int32_t>(f.output.begin(), f.output.begin() + env) ==
+          mine);
+    CHECK(f.source_spans ==
+          std::vector<SourceSpan>{
+              {TokenSource::kEnvironment, env},
+              {TokenSource::kModel,
+               static_cast<uint32_t>(f.output.size()) - env}});
+    for (uint32_t k = 0; k < env; ++k) CHECK(f.logprobs[k] == 0.0f);
+    CHECK(f.logprobs[env] < 0.0f);
+    // The opening carries the version live at Add, like the turn after it.
+    CHECK(f.spans == std::vector<VersionSpan>{
+                         {3, static_cast<uint32_t>(f.output.size())}});
+  }
+  // One run per sample or none; the longest must fit with the prompt.
+  CHECK(engine.Add("bad", prompt, params, {{1}}).code() ==
+        absl::StatusCode::kInvalidArgument);
+  const absl::Status huge =
+      engine.Add("huge", prompt, params, {{1}, std::vector<int32_t>(2000, 1)});
+  CHECK(huge.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(huge.message()),
+             Catch::Contains("opening (2000 tokens)"));
 }
 
 }  // namespace

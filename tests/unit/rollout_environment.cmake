@@ -15,3 +15,12 @@ tandem_add_test(rollout_episode_driver_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/rollout_episode_driver_test.cc
   LIBS tandem_rollout_environment tandem_verifier_lib
   TIMEOUT 120)
+
+# rollout_episode_opening_test: opening observations (OpenEpisodeResponse.
+# observations) before the first turn, each sample its own, masked; none:
+# the same tokens as before; too large, a failed open, a prompt with the
+# generation header; a task given back while it waits for its opens.
+tandem_add_test(rollout_episode_opening_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/rollout_episode_opening_test.cc
+  LIBS tandem_rollout_environment tandem_verifier_lib
+  TIMEOUT 120)
