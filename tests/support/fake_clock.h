@@ -11,6 +11,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/base/clock.h"
 
@@ -32,9 +33,8 @@ class FakeClock final : public Clock {
     absl::MutexLock lock(&mu_);
     const absl::Time until = now_ + duration;
     ++sleepers_;
-    auto due = [this, until]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return now_ >= until;
-    };
+    auto due = [this, until]()
+                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return now_ >= until; };
     mu_.Await(absl::Condition(&due));
     --sleepers_;
   }
@@ -44,8 +44,10 @@ class FakeClock final : public Clock {
     Waiter waiter{deadline, mu};
     {
       absl::MutexLock lock(&mu_);
-      if (now_ >= deadline) waiter.expired.store(true);
-      else waiters_.insert(&waiter);
+      if (now_ >= deadline)
+        waiter.expired.store(true);
+      else
+        waiters_.insert(&waiter);
     }
     auto done = [&waiter, &condition] {
       return waiter.expired.load() || condition.Eval();
@@ -53,8 +55,8 @@ class FakeClock final : public Clock {
     // Advance() wakes us by releasing *mu; the short real-time timeout only
     // covers the window in which Advance() could not take *mu because this
     // thread held it while starting to wait.
-    while (!mu->AwaitWithTimeout(absl::Condition(&done),
-                                 absl::Milliseconds(10))) {
+    while (
+        !mu->AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(10))) {
     }
     {
       absl::MutexLock lock(&mu_);
@@ -111,6 +113,23 @@ class FakeClock final : public Clock {
   // Threads in AwaitWithDeadline (deadline not yet passed when they came).
   mutable std::set<Waiter*> waiters_ ABSL_GUARDED_BY(mu_);
 };
+
+// Advances `clock` by `step` and checks `done`, every 2 ms of real time,
+// until `done()` returns true (then true) or `timeout` of real time has
+// passed (then false). For code that waits on the clock more than once
+// (a backoff, then a batch wait) or whose waits start at times the test
+// cannot see.
+template <typename Predicate>
+bool AdvanceUntil(FakeClock& clock, absl::Duration step, Predicate done,
+                  absl::Duration timeout = absl::Seconds(10)) {
+  const absl::Time give_up = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() >= give_up) return false;
+    clock.Advance(step);
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return true;
+}
 
 }  // namespace tandem::testing
 
