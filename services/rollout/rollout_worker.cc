@@ -93,7 +93,7 @@ absl::StatusOr<std::unique_ptr<RolloutWorker>> RolloutWorker::Create(
       static_cast<int32_t>(config.prefetch_prompts), clock);
   w->submitter_ = std::make_unique<SampleSubmitter>(
       session->client(), member_id, /*max_batch=*/64,
-      &w->metrics_.samples_refused);
+      &w->metrics_.samples_refused, clock);
   w->weight_sync_metrics_ =
       std::make_unique<weights::WeightSyncMetrics>(*w->registry_);
   return w;
