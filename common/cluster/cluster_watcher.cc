@@ -37,7 +37,7 @@ bool ClusterWatcher::WaitForChange(absl::Duration max_wait) {
   auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return changed_ || stop_;
   };
-  mu_.AwaitWithTimeout(absl::Condition(&woken), max_wait);
+  options_.clock->AwaitWithTimeout(&mu_, absl::Condition(&woken), max_wait);
   const bool changed = changed_;
   changed_ = false;
   return changed;
@@ -88,10 +88,10 @@ void ClusterWatcher::Run() {
     if (options_.member_id && member_id.empty()) {
       // Not registered yet: nothing to watch as.
       absl::MutexLock lock(&mu_);
-      mu_.AwaitWithTimeout(absl::Condition(&stop_), backoff);
+      options_.clock->AwaitWithTimeout(&mu_, absl::Condition(&stop_), backoff);
       continue;
     }
-    const absl::Time opened = absl::Now();
+    const absl::Time opened = options_.clock->Now();
     const grpc::Status status = WatchOnce(member_id);
     {
       absl::MutexLock lock(&mu_);
@@ -99,7 +99,7 @@ void ClusterWatcher::Run() {
       if (stop_) return;
     }
     // A stream that lived a while was healthy: start the backoff afresh.
-    if (absl::Now() - opened > options_.max_backoff) {
+    if (options_.clock->Now() - opened > options_.max_backoff) {
       backoff = options_.initial_backoff;
     }
     if (status.error_code() != last_code) {
@@ -116,7 +116,7 @@ void ClusterWatcher::Run() {
       }
     }
     absl::MutexLock lock(&mu_);
-    mu_.AwaitWithTimeout(absl::Condition(&stop_), backoff);
+    options_.clock->AwaitWithTimeout(&mu_, absl::Condition(&stop_), backoff);
     backoff = std::min(backoff * 2, options_.max_backoff);
   }
 }

@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/base/clock.h"
 #include "common/cluster/coordinator_client.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 
@@ -40,6 +41,9 @@ struct ClusterWatcherOptions {
   absl::Duration max_backoff = absl::Seconds(2);
   // Called on the watcher thread for every event received (optional).
   std::function<void(const tandem::v1::ClusterEvent&)> on_event;
+  // Times the reconnect backoff and WaitForChange's wait (not the
+  // stream's gRPC deadline). Outlives the watcher.
+  Clock* clock = RealClock();
 };
 
 class ClusterWatcher {

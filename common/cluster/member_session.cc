@@ -145,7 +145,8 @@ void MemberSession::Run() {
     absl::MutexLock lock(&mu_);
     auto stop_requested = [this]()
                               ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_; };
-    mu_.AwaitWithTimeout(absl::Condition(&stop_requested), wait);
+    options_.clock->AwaitWithTimeout(&mu_, absl::Condition(&stop_requested),
+                                     wait);
   }
 }
 

@@ -15,6 +15,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/base/clock.h"
 #include "common/cluster/coordinator_client.h"
 #include "common/rpc/tls_options.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
@@ -37,6 +38,9 @@ struct MemberSessionOptions {
   // Register and Heartbeat responses; tls.mode mtls, trainer and rollout
   // members only), from the session thread. Optional.
   std::function<void(const tandem::v1::DataPlaneSecret&)> on_data_plane_secret;
+  // Times the heartbeat interval and the registration backoff (not the
+  // calls' gRPC deadlines). Outlives the session.
+  Clock* clock = RealClock();
 };
 
 class MemberSession {

@@ -60,19 +60,20 @@ grpc::Status Coordinator::CheckLimits(
   return rpc::ToGrpcStatus(status);
 }
 
-Coordinator::Coordinator(const CoordinatorConfig& config)
+Coordinator::Coordinator(const CoordinatorConfig& config, Clock* clock)
     : config_(config),
       registry_(std::make_shared<prometheus::Registry>()),
       metrics_(*registry_),
       members_(absl::Milliseconds(config.heartbeat_timeout_ms),
                NewIncarnationTag()),
       verifier_client_(config.server.tls),
-      started_(absl::Now()) {}
+      clock_(clock),
+      started_(clock->Now()) {}
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
-    const CoordinatorConfig& config) {
+    const CoordinatorConfig& config, Clock* clock) {
   RETURN_IF_ERROR(Validate(config));
-  std::unique_ptr<Coordinator> coordinator(new Coordinator(config));
+  std::unique_ptr<Coordinator> coordinator(new Coordinator(config, clock));
   Coordinator* self = coordinator.get();
   self->RotateDataPlaneSecret("start");
   ASSIGN_OR_RETURN(std::unique_ptr<PromptSource> source,
@@ -89,6 +90,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   scoring.retry_backoff = absl::Milliseconds(config.scoring.retry_backoff_ms);
   scoring.unroutable_timeout =
       absl::Milliseconds(config.scoring.unroutable_timeout_ms);
+  scoring.clock = clock;
   // Before the scoring dispatcher: its callback posts to it.
   self->sync_pool_ = std::make_unique<boost::asio::thread_pool>(1);
   self->scoring_ = std::make_unique<ScoringDispatcher>(
@@ -113,7 +115,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
     const std::string path = journal->path();
     std::vector<ScoringTask> to_score;
     RETURN_IF_ERROR(
-        self->ledger_->Recover(std::move(journal), absl::Now(), &to_score));
+        self->ledger_->Recover(std::move(journal), clock->Now(), &to_score));
     const LedgerStats stats = self->ledger_->Stats();
     Log()->info(
         "journal {}: policy version {}, dataset cursor {}, {} pending, {} "
@@ -129,9 +131,10 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   epochs.report_timeout =
       absl::Milliseconds(config.weight_sync.report_timeout_ms);
   epochs.regroup_wait = absl::Milliseconds(config.weight_sync.regroup_wait_ms);
-  // Unique per incarnation, so key prefixes never repeat across restarts.
+  // Unique per incarnation, so key prefixes never repeat across restarts:
+  // real time (an identifier, not a deadline; a fake clock repeats).
   epochs.key_prefix_base = absl::StrCat(
-      "tandem/weights/c", absl::Hex(absl::ToUnixMillis(self->started_)));
+      "tandem/weights/c", absl::Hex(absl::ToUnixMillis(absl::Now())));
   self->epochs_ = std::make_unique<BroadcastEpochs>(epochs);
   self->weight_sync_gauges_ =
       std::make_unique<WeightSyncGauges>(*self->registry_);
@@ -172,8 +175,15 @@ void Coordinator::MaintenanceLoop() {
   const absl::Duration period =
       std::clamp(absl::Milliseconds(config_.heartbeat_interval_ms) / 4,
                  absl::Milliseconds(10), absl::Milliseconds(100));
-  while (!stop_maintenance_.WaitForNotificationWithTimeout(period)) {
-    const absl::Time now = absl::Now();
+  while (true) {
+    {
+      absl::MutexLock lock(&maintenance_mu_);
+      if (clock_->AwaitWithTimeout(
+              &maintenance_mu_, absl::Condition(&stop_maintenance_), period)) {
+        return;
+      }
+    }
+    const absl::Time now = clock_->Now();
     for (const auto& member : members_.ExpireSilent(now)) {
       const uint32_t returned = ledger_->ReleaseMember(member.member_id());
       Log()->warn(
@@ -283,7 +293,8 @@ grpc::ServerUnaryReactor* Coordinator::Register(
     return Finish(context,
                   Invalid("role must be set (rollout, verifier, trainer)"));
   }
-  tandem::v1::MemberInfo info = members_.Register(*request, absl::Now(), owner);
+  tandem::v1::MemberInfo info =
+      members_.Register(*request, clock_->Now(), owner);
   metrics_.CountRegistration(info.role());
   UpdateMemberGauges();
   Log()->info("registered {} (gRPC {}, metrics {}, pid {}{})", info.member_id(),
@@ -326,7 +337,7 @@ grpc::ServerUnaryReactor* Coordinator::Heartbeat(
   if (grpc::Status limits = CheckLimits("Heartbeat", *request); !limits.ok()) {
     return Finish(context, limits);
   }
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   absl::Status status = members_.Heartbeat(*request, now);
   if (status.ok()) {
     RenewResult renewed = ledger_->Renew(request->member_id(), {}, now);
@@ -390,7 +401,7 @@ grpc::ServerUnaryReactor* Coordinator::LeasePrompts(
                                             "declared dead; register again")));
   }
   *response = ledger_->Lease(request->member_id(), request->max_prompts(),
-                             request->policy_version(), absl::Now());
+                             request->policy_version(), clock_->Now());
   if (response->leases_size() > 0) {
     const uint64_t version = ledger_->policy_version();
     metrics_.ObserveDispatchStaleness(version > request->policy_version()
@@ -418,7 +429,7 @@ grpc::ServerUnaryReactor* Coordinator::RenewLeases(
   }
   std::vector<std::string> ids(request->lease_ids().begin(),
                                request->lease_ids().end());
-  RenewResult result = ledger_->Renew(request->member_id(), ids, absl::Now());
+  RenewResult result = ledger_->Renew(request->member_id(), ids, clock_->Now());
   for (auto& id : result.unknown) response->add_unknown_lease_ids(id);
   response->set_deadline_unix_ms(absl::ToUnixMillis(result.deadline));
   return Finish(context, grpc::Status::OK);
@@ -536,8 +547,8 @@ grpc::ServerUnaryReactor* Coordinator::SyncWeightGroup(
                 request->failed_epoch(), request->member_id(),
                 request->failure());
   }
-  epochs_->Report(*request, absl::Now());
-  Regroup(absl::Now());
+  epochs_->Report(*request, clock_->Now());
+  Regroup(clock_->Now());
   tandem::v1::WeightManifest manifest;
   std::string weight_server_address;
   ledger_->LatestVersion(&manifest, &weight_server_address);
@@ -562,7 +573,10 @@ void Coordinator::GracefulStop(absl::Duration deadline) {
 void Coordinator::Stop() {
   if (stopped_.exchange(true)) return;
   const absl::Time start = absl::Now();
-  if (!stop_maintenance_.HasBeenNotified()) stop_maintenance_.Notify();
+  {
+    absl::MutexLock lock(&maintenance_mu_);
+    stop_maintenance_ = true;
+  }
   if (maintenance_thread_.joinable()) maintenance_thread_.join();
   if (scoring_) scoring_->Stop();
   if (runtime_) {

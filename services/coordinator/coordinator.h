@@ -26,7 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
+#include "common/base/clock.h"
 #include "common/daemon/daemon_runtime.h"
 #include "services/coordinator/broadcast_epochs.h"
 #include "services/coordinator/cluster_watchers.h"
@@ -42,8 +42,11 @@ namespace tandem::coordinator {
 
 class Coordinator : public tandem::v1::Coordinator::CallbackService {
  public:
+  // `clock` times lease expiry, member heartbeat timeouts, scoring
+  // backoffs and broadcast epochs (common/base/clock.h); it outlives the
+  // coordinator.
   static absl::StatusOr<std::unique_ptr<Coordinator>> Create(
-      const CoordinatorConfig& config);
+      const CoordinatorConfig& config, Clock* clock = RealClock());
   ~Coordinator() override;
 
   // Starts the maintenance loop and the scoring threads and marks the
@@ -135,7 +138,7 @@ class Coordinator : public tandem::v1::Coordinator::CallbackService {
     absl::Time parked_at;  // for tandem_coordinator_trainer_wait_seconds_total
   };
 
-  explicit Coordinator(const CoordinatorConfig& config);
+  Coordinator(const CoordinatorConfig& config, Clock* clock);
   // OK when every field of `request` is within its size limit
   // (request_limits.h); else INVALID_ARGUMENT naming the field, counted
   // for `rpc`.
@@ -196,11 +199,14 @@ class Coordinator : public tandem::v1::Coordinator::CallbackService {
   // Declared before runtime_: its streams end before it goes.
   std::unique_ptr<ClusterWatchers> watchers_;
   std::unique_ptr<daemon::DaemonRuntime> runtime_;
-  const absl::Time started_;
+  Clock* const clock_;
+  const absl::Time started_;  // on clock_
 
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> members_expired_{0};
-  absl::Notification stop_maintenance_;
+  // Guards stop_maintenance_, which ends the maintenance loop.
+  absl::Mutex maintenance_mu_;
+  bool stop_maintenance_ ABSL_GUARDED_BY(maintenance_mu_) = false;
   std::thread maintenance_thread_;
   std::atomic<bool> stopped_{false};
 

@@ -29,7 +29,7 @@ bool Coordinator::TryPull(const tandem::v1::PullTrainingBatchRequest& request,
                           tandem::v1::PullTrainingBatchResponse* response,
                           uint32_t* dropped) {
   tandem::v1::PullTrainingBatchResponse attempt =
-      ledger_->Pull(request, absl::Now());
+      ledger_->Pull(request, clock_->Now());
   *dropped += attempt.dropped_stale_groups();
   if (attempt.batch_id().empty()) return false;
   *response = std::move(attempt);

@@ -77,7 +77,7 @@ grpc::ServerUnaryReactor* Coordinator::PublishPolicyVersion(
       metrics_.policy_version().Set(static_cast<double>(version));
       const uint64_t before = epochs_->Current().epoch();
       tandem::v1::BroadcastGroup group =
-          epochs_->OnPublish(version, absl::Now());
+          epochs_->OnPublish(version, clock_->Now());
       if (group.epoch() != before) {
         Log()->info(
             "weight broadcast epoch {} from version {}: {} receivers ({})",

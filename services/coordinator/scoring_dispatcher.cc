@@ -76,7 +76,7 @@ void ScoringDispatcher::Stop() {
 }
 
 void ScoringDispatcher::Enqueue(std::vector<ScoringTask> tasks) {
-  const absl::Time now = absl::Now();
+  const absl::Time now = options_.clock->Now();
   absl::MutexLock lock(&mu_);
   bool takeable = false;
   for (auto& task : tasks) {
@@ -115,14 +115,15 @@ bool ScoringDispatcher::TakeBatch(std::vector<Entry>* batch,
     };
     mu_.Await(absl::Condition(&has_work));
     if (stop_) return false;
-    const absl::Time now = absl::Now();
+    const absl::Time now = options_.clock->Now();
     if (queue->not_before > now) {
       // Held back: sleep until the hold ends or new entries arrive.
       const uint64_t seen = enqueue_seq_;
       auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stop_ || enqueue_seq_ != seen;
       };
-      mu_.AwaitWithTimeout(absl::Condition(&changed), queue->not_before - now);
+      options_.clock->AwaitWithDeadline(&mu_, absl::Condition(&changed),
+                                        queue->not_before);
       continue;
     }
     std::deque<Entry>& entries = queue->entries;
@@ -135,7 +136,8 @@ bool ScoringDispatcher::TakeBatch(std::vector<Entry>* batch,
       auto full = [this, pending, want]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stop_ || pending->size() >= want || pending->empty();
       };
-      mu_.AwaitWithTimeout(absl::Condition(&full), options_.batch_wait);
+      options_.clock->AwaitWithTimeout(&mu_, absl::Condition(&full),
+                                       options_.batch_wait);
       continue;
     }
     if (entries.front().alone) {
@@ -182,7 +184,7 @@ void ScoringDispatcher::ScoreZero(const std::vector<Entry>& batch,
 void ScoringDispatcher::HandleUnroutable(
     std::vector<Entry> batch, const std::string& verifier,
     const std::vector<VerifierReplica>& replicas) {
-  const absl::Time now = absl::Now();
+  const absl::Time now = options_.clock->Now();
   bool give_up = false;
   bool log = false;
   {
@@ -228,7 +230,7 @@ void ScoringDispatcher::HandleUnroutable(
 void ScoringDispatcher::SleepUnlessStopped(absl::Duration duration) {
   absl::MutexLock lock(&mu_);
   auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
-  mu_.AwaitWithTimeout(absl::Condition(&stopping), duration);
+  options_.clock->AwaitWithTimeout(&mu_, absl::Condition(&stopping), duration);
 }
 
 void ScoringDispatcher::Run(const std::string& verifier) {

@@ -51,6 +51,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/base/clock.h"
 #include "common/rpc/tls_options.h"
 #include "services/coordinator/group_ledger.h"
 #include "tandem/v1/verifier.grpc.pb.h"
@@ -92,6 +93,9 @@ struct ScoringDispatcherOptions {
   // How long an unroutable sample waits for a replica serving its verifier
   // before it is scored 0 ("no_verifier"); zero waits forever.
   absl::Duration unroutable_timeout = absl::ZeroDuration();
+  // Times batch_wait, retry_backoff and unroutable_timeout (not the gRPC
+  // deadline of a call, which is real time). Outlives the dispatcher.
+  Clock* clock = RealClock();
 };
 
 // A live verifier replica and the verifier names it serves.

@@ -16,11 +16,12 @@ constexpr absl::Duration kIdlePoll = absl::Milliseconds(20);
 PromptPrefetcher::PromptPrefetcher(cluster::CoordinatorClient* coordinator,
                                    std::function<std::string()> member_id,
                                    std::function<uint64_t()> policy_version,
-                                   int32_t target_depth)
+                                   int32_t target_depth, Clock* clock)
     : coordinator_(coordinator),
       member_id_(std::move(member_id)),
       policy_version_(std::move(policy_version)),
-      target_depth_(target_depth) {}
+      target_depth_(target_depth),
+      clock_(clock) {}
 
 PromptPrefetcher::~PromptPrefetcher() { Stop(); }
 
@@ -43,7 +44,7 @@ void PromptPrefetcher::SetLeasing(bool enabled) {
 
 void PromptPrefetcher::Backoff(absl::Duration duration) {
   absl::MutexLock lock(&mu_);
-  backoff_until_ = std::max(backoff_until_, absl::Now() + duration);
+  backoff_until_ = std::max(backoff_until_, clock_->Now() + duration);
 }
 
 std::vector<tandem::v1::PromptLease> PromptPrefetcher::Take(int32_t n) {
@@ -112,9 +113,9 @@ void PromptPrefetcher::Run() {
     {
       absl::MutexLock lock(&mu_);
       auto stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_; };
-      mu_.AwaitWithTimeout(absl::Condition(&stop), wait);
+      clock_->AwaitWithTimeout(&mu_, absl::Condition(&stop), wait);
       if (stop_) return;
-      if (leasing_ && absl::Now() >= backoff_until_) {
+      if (leasing_ && clock_->Now() >= backoff_until_) {
         want = target_depth_ - static_cast<int32_t>(queue_.size());
       }
     }

@@ -14,6 +14,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/base/clock.h"
 #include "common/cluster/coordinator_client.h"
 #include "tandem/v1/coordinator.pb.h"
 
@@ -27,7 +28,7 @@ class PromptPrefetcher {
   PromptPrefetcher(cluster::CoordinatorClient* coordinator,
                    std::function<std::string()> member_id,
                    std::function<uint64_t()> policy_version,
-                   int32_t target_depth);
+                   int32_t target_depth, Clock* clock = RealClock());
   ~PromptPrefetcher();
 
   void Start();
@@ -57,12 +58,16 @@ class PromptPrefetcher {
   const std::function<std::string()> member_id_;
   const std::function<uint64_t()> policy_version_;
   const int32_t target_depth_;
+  // Times Backoff and the waits between lease calls (not the calls' gRPC
+  // deadlines). Outlives the prefetcher.
+  Clock* const clock_;
   std::thread thread_;
 
   mutable absl::Mutex mu_;
   std::deque<tandem::v1::PromptLease> queue_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool leasing_ ABSL_GUARDED_BY(mu_) = true;
+  // On clock_.
   absl::Time backoff_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   uint64_t leased_total_ ABSL_GUARDED_BY(mu_) = 0;
 };

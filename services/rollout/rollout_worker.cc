@@ -53,15 +53,16 @@ engine::EngineOptions ToEngineOptions(const RolloutConfig& config,
 
 }  // namespace
 
-RolloutWorker::RolloutWorker(const RolloutConfig& config)
+RolloutWorker::RolloutWorker(const RolloutConfig& config, Clock* clock)
     : config_(config),
+      clock_(clock),
       registry_(std::make_shared<prometheus::Registry>()),
       metrics_(*registry_) {}
 
 absl::StatusOr<std::unique_ptr<RolloutWorker>> RolloutWorker::Create(
-    const RolloutConfig& config) {
+    const RolloutConfig& config, Clock* clock) {
   RETURN_IF_ERROR(Validate(config));
-  std::unique_ptr<RolloutWorker> w(new RolloutWorker(config));
+  std::unique_ptr<RolloutWorker> w(new RolloutWorker(config, clock));
   if (!config.model_path.empty() &&
       !std::filesystem::exists(config.model_path + "/config.json")) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -89,10 +90,10 @@ absl::StatusOr<std::unique_ptr<RolloutWorker>> RolloutWorker::Create(
         absl::MutexLock lock(&self->mu_);
         return self->snapshot_.policy_version;
       },
-      static_cast<int32_t>(config.prefetch_prompts));
+      static_cast<int32_t>(config.prefetch_prompts), clock);
   w->submitter_ = std::make_unique<SampleSubmitter>(
       session->client(), member_id, /*max_batch=*/64,
-      &w->metrics_.samples_refused);
+      &w->metrics_.samples_refused, clock);
   w->weight_sync_metrics_ =
       std::make_unique<weights::WeightSyncMetrics>(*w->registry_);
   return w;
@@ -141,6 +142,7 @@ absl::Status RolloutWorker::LoadModelAndEngine() {
                   : WeightSyncOptions::Mode::kBroadcast;
   sync.sync_weight_group = SyncWeightGroupVia(session->client());
   sync.member_id = member_id;
+  sync.clock = clock_;
   sync.bind_host = config.weight_sync_bind_host.empty()
                        ? config::ReachableHostOf(config.server.grpc_address)
                        : config.weight_sync_bind_host;

@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/base/clock.h"
 #include "common/chat/chat_template.h"
 #include "common/cluster/cluster_watcher.h"
 #include "common/cluster/member_daemon.h"
@@ -43,8 +44,10 @@ namespace tandem::rollout {
 
 class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
  public:
+  // `clock` times lease backoff and the weight subscriber's retry pauses
+  // (common/base/clock.h); it outlives the worker.
   static absl::StatusOr<std::unique_ptr<RolloutWorker>> Create(
-      const RolloutConfig& config);
+      const RolloutConfig& config, Clock* clock = RealClock());
   ~RolloutWorker() override;
 
   // Returns at once: the gRPC server already answers (state LOADING, health
@@ -103,7 +106,7 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
     absl::Time answer_by;
   };
 
-  explicit RolloutWorker(const RolloutConfig& config);
+  RolloutWorker(const RolloutConfig& config, Clock* clock);
   void Stop(absl::Duration deadline);
   // Loader thread: the model-dependent parts, then the rest of Start.
   absl::Status LoadModelAndEngine();
@@ -152,6 +155,7 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
   void FillHeartbeat(tandem::v1::HeartbeatRequest* request);
 
   const RolloutConfig config_;
+  Clock* const clock_;
   std::shared_ptr<prometheus::Registry> registry_;
   RolloutMetrics metrics_;
   model::LoadedModel model_;

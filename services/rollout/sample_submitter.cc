@@ -10,11 +10,12 @@ namespace tandem::rollout {
 SampleSubmitter::SampleSubmitter(cluster::CoordinatorClient* coordinator,
                                  std::function<std::string()> member_id,
                                  int32_t max_batch,
-                                 prometheus::Counter* refused)
+                                 prometheus::Counter* refused, Clock* clock)
     : coordinator_(coordinator),
       member_id_(std::move(member_id)),
       max_batch_(max_batch),
-      refused_counter_(refused) {}
+      refused_counter_(refused),
+      clock_(clock) {}
 
 SampleSubmitter::~SampleSubmitter() { Stop(); }
 
@@ -132,7 +133,7 @@ void SampleSubmitter::Run() {
       }
       backoff = absl::Milliseconds(50);
     } else if (retry) {
-      absl::SleepFor(backoff);
+      clock_->SleepFor(backoff);
       backoff = std::min(backoff * 2, absl::Seconds(2));
     } else if (split) {
       log->warn(

@@ -20,6 +20,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/base/clock.h"
 #include "common/cluster/coordinator_client.h"
 #include "prometheus/counter.h"
 #include "tandem/v1/coordinator.pb.h"
@@ -33,7 +34,8 @@ class SampleSubmitter {
   SampleSubmitter(cluster::CoordinatorClient* coordinator,
                   std::function<std::string()> member_id,
                   int32_t max_batch = 64,
-                  prometheus::Counter* refused = nullptr);
+                  prometheus::Counter* refused = nullptr,
+                  Clock* clock = RealClock());
   ~SampleSubmitter();
 
   void Start();
@@ -60,6 +62,8 @@ class SampleSubmitter {
   const std::function<std::string()> member_id_;
   const int32_t max_batch_;
   prometheus::Counter* const refused_counter_;
+  // Times the retry backoff after UNAVAILABLE (not the calls' deadlines).
+  Clock* const clock_;
   std::thread thread_;
 
   mutable absl::Mutex mu_;

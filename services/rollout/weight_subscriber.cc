@@ -89,7 +89,7 @@ void WeightSubscriber::Stop() {
 
 void WeightSubscriber::WaitForCluster(bool recovering) {
   if (options_.watcher == nullptr) {
-    absl::SleepFor(options_.poll_interval);
+    options_.clock->SleepFor(options_.poll_interval);
     return;
   }
   options_.watcher->WaitForChange(options_.watcher->watching() && !recovering
@@ -150,7 +150,7 @@ void WeightSubscriber::Run() {
     // The coordinator's answer, or while it cannot be asked the trainer it
     // last named.
     if (trainer_address_.empty()) {
-      absl::SleepFor(absl::Milliseconds(200));
+      options_.clock->SleepFor(absl::Milliseconds(200));
       continue;
     }
     PullOnce(trainer_address_, absl::Now() + PullWait(broadcast));
@@ -202,7 +202,7 @@ int WeightSubscriber::RankIn(const tandem::v1::BroadcastGroup& group) const {
 bool WeightSubscriber::AwaitingResend(const ClusterView& view) const {
   return !abandoned_prefix_.empty() &&
          view.group.key_prefix() == abandoned_prefix_ &&
-         absl::Now() < abandoned_at_ + options_.resend_wait;
+         options_.clock->Now() < abandoned_at_ + options_.resend_wait;
 }
 
 }  // namespace tandem::rollout

@@ -68,6 +68,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/base/clock.h"
 #include "common/cluster/coordinator_client.h"
 #include "common/model/model_config.h"
 #include "common/rpc/tls_options.h"
@@ -153,6 +154,10 @@ struct WeightSyncOptions {
   // converted and moved to the live weights' dtype and device on this
   // thread before it is staged, so the engine's swap stays a pointer swap.
   std::optional<model::WeightDType> wire_dtype;
+  // Times poll_interval without a watcher, the retry pauses after a failed
+  // pull and resend_wait (not the pulls' long-poll deadlines, which bound
+  // real transfers). Must outlive the subscriber.
+  Clock* clock = RealClock();
 };
 
 // WeightSyncOptions::sync_weight_group through the coordinator client (each
@@ -296,7 +301,7 @@ class WeightSubscriber {
   absl::Status broadcast_off_;
   std::string joined_prefix_;
   std::string abandoned_prefix_;
-  absl::Time abandoned_at_ = absl::InfinitePast();
+  absl::Time abandoned_at_ = absl::InfinitePast();  // on options_.clock
   uint64_t stream_version_ = 0;     // last version of the group's stream seen
   bool received_in_epoch_ = false;  // a version was delivered in this epoch
   uint64_t failed_epoch_ = 0;       // to report once

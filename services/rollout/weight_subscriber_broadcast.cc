@@ -195,7 +195,7 @@ void WeightSubscriber::LeaveGroup() {
 void WeightSubscriber::AbandonGroup(const std::string& why) {
   const uint64_t epoch = received_.epoch();
   abandoned_prefix_ = joined_prefix_;
-  abandoned_at_ = absl::Now();
+  abandoned_at_ = options_.clock->Now();
   failed_epoch_ = epoch;
   failure_ = why;
   if (options_.metrics != nullptr) options_.metrics->RecordAborted();

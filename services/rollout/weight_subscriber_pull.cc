@@ -81,7 +81,7 @@ void WeightSubscriber::PullOnce(const std::string& address,
     }
     Log()->warn("weight pull from {} failed: {}", address,
                 version.status().ToString());
-    absl::SleepFor(absl::Milliseconds(200));
+    options_.clock->SleepFor(absl::Milliseconds(200));
   }
 }
 
@@ -108,7 +108,7 @@ void WeightSubscriber::RecoverLostWeights() {
   Poll(&view);
   const std::string address = trainer_address_;
   if (address.empty()) {
-    absl::SleepFor(absl::Milliseconds(200));
+    options_.clock->SleepFor(absl::Milliseconds(200));
     return;
   }
   Log()->warn(

@@ -9,6 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "services/coordinator/member_registry.h"
 #include "services/coordinator/scoring_dispatcher.h"
+#include "tests/support/fake_clock.h"
 
 namespace tandem::coordinator {
 namespace {
@@ -78,12 +79,12 @@ struct Sink {
     absl::MutexLock lock(&mu);
     scores[task.item.item_id()] = score;
   }
-  bool WaitFor(size_t n) {
+  bool WaitFor(size_t n, absl::Duration timeout = absl::Seconds(10)) {
     absl::MutexLock lock(&mu);
     auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
       return scores.size() >= n;
     };
-    return mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(10));
+    return mu.AwaitWithTimeout(absl::Condition(&done), timeout);
   }
 };
 
@@ -283,8 +284,10 @@ TEST_CASE("Scoring: items wait while no verifier is registered",
   FakeVerifiers verifiers;
   Sink sink;
   std::atomic<bool> registered{false};
+  testing::FakeClock clock;
   ScoringDispatcherOptions options;
   options.retry_backoff = absl::Milliseconds(5);
+  options.clock = &clock;
   ScoringDispatcher dispatcher(
       options, &verifiers,
       [&registered] {
@@ -296,13 +299,19 @@ TEST_CASE("Scoring: items wait while no verifier is registered",
       });
   dispatcher.Start();
   dispatcher.Enqueue(Tasks(3));
-  absl::SleepFor(absl::Milliseconds(50));
+  // 50 ms of retries (batch_wait and retry_backoff pass on the fake clock):
+  // at least 5 attempts found no replica.
+  CHECK(testing::AdvanceUntil(clock, absl::Milliseconds(5), [&] {
+    return dispatcher.Stats().unroutable_attempts >= 5 * 3;
+  }));
   {
     absl::MutexLock lock(&sink.mu);
     CHECK(sink.scores.empty());
   }
   registered = true;
-  CHECK(sink.WaitFor(3));
+  CHECK(testing::AdvanceUntil(clock, absl::Milliseconds(5), [&] {
+    return sink.WaitFor(3, absl::ZeroDuration());
+  }));
 }
 
 TEST_CASE(
@@ -387,10 +396,12 @@ TEST_CASE(
   FakeVerifiers verifiers;
   Sink sink;
   std::atomic<bool> code_up{false};
+  testing::FakeClock clock;
   ScoringDispatcherOptions options;
   options.batch_wait = absl::ZeroDuration();
   options.retry_backoff = absl::Milliseconds(5);
   options.concurrency = 1;
+  options.clock = &clock;
   ScoringDispatcher dispatcher(
       options, &verifiers,
       [&code_up] {
@@ -406,7 +417,11 @@ TEST_CASE(
   dispatcher.Enqueue(tasks);
   dispatcher.Start();
   REQUIRE(sink.WaitFor(3));
-  absl::SleepFor(absl::Milliseconds(50));
+  // 50 ms of retries on the fake clock: the code samples were tried (and
+  // found no replica) again and again meanwhile.
+  CHECK(testing::AdvanceUntil(clock, absl::Milliseconds(5), [&] {
+    return dispatcher.Stats().unroutable_attempts >= 5 * 3;
+  }));
   {
     absl::MutexLock lock(&sink.mu);
     CHECK(sink.scores.size() == 3);
@@ -418,7 +433,9 @@ TEST_CASE(
   CHECK(waiting.unroutable_waiting == 3);
   CHECK(waiting.items_no_verifier == 0);
   code_up = true;
-  REQUIRE(sink.WaitFor(6));
+  REQUIRE(testing::AdvanceUntil(clock, absl::Milliseconds(5), [&] {
+    return sink.WaitFor(6, absl::ZeroDuration());
+  }));
   dispatcher.Stop();
   CHECK(dispatcher.Stats().unroutable_waiting == 0);
   absl::MutexLock lock(&verifiers.mu_);
@@ -436,17 +453,23 @@ TEST_CASE(
   options.batch_wait = absl::ZeroDuration();
   options.retry_backoff = absl::Milliseconds(5);
   options.unroutable_timeout = absl::Milliseconds(30);
+  testing::FakeClock clock;
+  options.clock = &clock;
   ScoringDispatcher dispatcher(
       options, &verifiers,
       [] { return std::vector<VerifierReplica>{{"math:1", {"math"}}}; },
       [&sink](const ScoringTask& t, const tandem::v1::Score& s) {
         sink.Add(t, s);
       });
-  const absl::Time start = absl::Now();
+  const absl::Time start = clock.Now();
   dispatcher.Enqueue(Tasks(2, "maht"));
   dispatcher.Start();
+  // Retries every 5 ms on the fake clock until the timeout scores them.
+  REQUIRE(testing::AdvanceUntil(clock, absl::Milliseconds(5), [&] {
+    return dispatcher.Stats().items_no_verifier == 2;
+  }));
   REQUIRE(sink.WaitFor(2));
-  CHECK(absl::Now() - start >= absl::Milliseconds(30));
+  CHECK(clock.Now() - start >= absl::Milliseconds(30));
   dispatcher.Stop();
   absl::MutexLock lock(&sink.mu);
   CHECK(sink.scores["maht0"].outcome() == "no_verifier");

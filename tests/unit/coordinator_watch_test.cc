@@ -5,6 +5,8 @@
 // ShutdownEvent and ends the stream with OK. ClusterWatcher (the client)
 // wakes on an event, notices a stopped coordinator, and reports no stream
 // (watching() false) against a server that does not serve WatchCluster.
+// On a FakeClock, the coordinator declares silent members dead only once
+// heartbeat_timeout_ms has passed on its clock, and their leases go back.
 
 #include <grpcpp/grpcpp.h>
 
@@ -21,6 +23,7 @@
 #include "common/cluster/cluster_watcher.h"
 #include "services/coordinator/coordinator.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
+#include "tests/support/fake_clock.h"
 
 namespace tandem::coordinator {
 namespace {
@@ -33,12 +36,13 @@ struct Cluster {
   std::string trainer_id;
   uint64_t version = 0;
 
-  explicit Cluster(const std::string& grpc_address = "127.0.0.1:0") {
+  explicit Cluster(const std::string& grpc_address = "127.0.0.1:0",
+                   Clock* clock = RealClock()) {
     CoordinatorConfig config;
     config.server.grpc_address = grpc_address;
     config.server.metrics_address = "";
     config.training.groups_per_version = 100000;
-    auto created = Coordinator::Create(config);
+    auto created = Coordinator::Create(config, clock);
     REQUIRE(created.ok());
     coordinator = *std::move(created);
     REQUIRE(coordinator->Start().ok());
@@ -196,6 +200,47 @@ TEST_CASE("watch_cluster_sends_shutdown_and_ends_ok_on_graceful_stop") {
   stop.join();
 }
 
+TEST_CASE("coordinator_declares_silent_members_dead_on_its_clock") {
+  testing::FakeClock clock;
+  Cluster cluster("127.0.0.1:0", &clock);  // heartbeat_timeout_ms 5000
+  const absl::Time registered = clock.Now();
+  tandem::v1::RegisterRequest worker;
+  worker.set_role(tandem::v1::ROLE_ROLLOUT);
+  worker.set_grpc_address("127.0.0.1:3");
+  const std::string member = cluster.Register(worker);
+  tandem::v1::LeasePromptsRequest lease;
+  lease.set_member_id(member);
+  lease.set_max_prompts(2);
+  tandem::v1::LeasePromptsResponse leased;
+  {
+    grpc::ClientContext context;
+    REQUIRE(cluster.stub->LeasePrompts(&context, lease, &leased).ok());
+  }
+  REQUIRE(leased.leases_size() > 0);
+  auto status = [&] {
+    tandem::v1::GetClusterStatusResponse response;
+    grpc::ClientContext context;
+    REQUIRE(cluster.stub
+                ->GetClusterStatus(
+                    &context, tandem::v1::GetClusterStatusRequest(), &response)
+                .ok());
+    return response;
+  };
+  CHECK(status().queues().leased_prompts() ==
+        static_cast<uint64_t>(leased.leases_size()));
+  // Neither the trainer nor the worker ever heartbeats. Nothing expires
+  // while the clock stands still, however long the test takes ...
+  clock.Advance(absl::Milliseconds(4900));
+  CHECK(status().counters().members_expired() == 0);
+  // ... and both are declared dead once 5 s have passed on the clock: the
+  // worker's leases are back in the queue.
+  REQUIRE(testing::AdvanceUntil(clock, absl::Milliseconds(50), [&] {
+    return status().counters().members_expired() == 2;
+  }));
+  CHECK(clock.Now() - registered >= absl::Seconds(5));
+  CHECK(status().queues().leased_prompts() == 0);
+}
+
 TEST_CASE("cluster_watcher_wakes_on_a_publish_and_notices_a_stopped_stream") {
   Cluster cluster;
   cluster::GrpcCoordinatorClient client(cluster.stub.get());
@@ -269,7 +314,11 @@ TEST_CASE("cluster_watcher_reconnects_to_a_restarted_coordinator") {
   // A new coordinator on the same address does not know the old member id:
   // the watcher keeps retrying (NOT_FOUND) without a stream ...
   Cluster second(address);
-  absl::SleepFor(absl::Milliseconds(600));
+  const absl::Time refused_by = absl::Now() + absl::Seconds(10);
+  while (watcher.last_status().code() != absl::StatusCode::kNotFound &&
+         absl::Now() < refused_by) {
+    watcher.WaitForChange(absl::Milliseconds(20));
+  }
   CHECK_FALSE(watcher.watching());
   CHECK(watcher.last_status().code() == absl::StatusCode::kNotFound);
   // ... until the worker has registered again.

@@ -3,3 +3,6 @@ tandem_add_test(logging_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/logging_test.cc
 # common/base/posix.h: errno and filesystem errors as statuses.
 tandem_add_test(posix_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/posix_test.cc
   LIBS tandem_base)
+# The clock seam: RealClock and the FakeClock tests advance by hand.
+tandem_add_test(clock_test SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/clock_test.cc
+  LIBS tandem_base)

@@ -2,10 +2,13 @@
 // coordinator (FakeCoordinatorClient): PromptPrefetcher keeps its queue at
 // the target depth from the leases it is given, names the worker and its
 // version, and gives back what it holds; SampleSubmitter loses only the
-// bad sample of a call the coordinator refuses. The coordinator's own side
-// of these RPCs is tested against the real coordinator (coordinator tests,
-// rollout_worker_test, the integration tests).
+// bad sample of a call the coordinator refuses; a Backoff holds leasing
+// for its whole length on the prefetcher's clock (a FakeClock here). The
+// coordinator's own side of these RPCs is tested against the real
+// coordinator (coordinator tests, rollout_worker_test, the integration
+// tests).
 
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -19,6 +22,7 @@
 #include "prometheus/registry.h"
 #include "services/rollout/prompt_prefetcher.h"
 #include "services/rollout/sample_submitter.h"
+#include "tests/support/fake_clock.h"
 #include "tests/support/fake_coordinator_client.h"
 #include "tests/support/wait_for.h"
 
@@ -169,6 +173,45 @@ TEST_CASE(
   CHECK(asked[1].max_prompts() == 3);
   CHECK(returned == std::vector<std::string>{"l3", "l4", "l5"});
   CHECK(return_reason == "test");
+}
+
+TEST_CASE(
+    "Prompt prefetcher: after Backoff it leases nothing until that much time "
+    "has passed on its clock, then fills its queue",
+    "[rollout][prefetcher]") {
+  testing::FakeCoordinatorClient coordinator;
+  std::atomic<int> calls{0};
+  coordinator.on_lease_prompts =
+      [&](const tandem::v1::LeasePromptsRequest& request,
+          tandem::v1::LeasePromptsResponse* response) {
+        const int call = calls.fetch_add(1);
+        for (uint32_t i = 0; i < request.max_prompts(); ++i) {
+          response->add_leases()->set_lease_id(absl::StrCat("l", call, ".", i));
+        }
+        return grpc::Status::OK;
+      };
+  testing::FakeClock clock;
+  const absl::Time start = clock.Now();
+  PromptPrefetcher prefetcher(
+      &coordinator, [] { return std::string("m-1"); },
+      [] { return uint64_t{1}; }, /*target_depth=*/2, &clock);
+  prefetcher.Backoff(absl::Seconds(30));
+  prefetcher.Start();
+  // 29 s pass on the clock, a second at a time, each once the prefetcher
+  // waits for it: still no lease call.
+  for (int i = 0; i < 29; ++i) {
+    REQUIRE(clock.WaitForWaiters(1));
+    clock.Advance(absl::Seconds(1));
+  }
+  REQUIRE(clock.WaitForWaiters(1));
+  CHECK(calls.load() == 0);
+  CHECK(prefetcher.depth() == 0);
+  // Past 30 s it leases up to its target depth.
+  REQUIRE(testing::AdvanceUntil(clock, absl::Milliseconds(20),
+                                [&] { return prefetcher.depth() == 2; }));
+  CHECK(clock.Now() - start >= absl::Seconds(30));
+  CHECK(calls.load() >= 1);
+  prefetcher.Stop();
 }
 
 }  // namespace

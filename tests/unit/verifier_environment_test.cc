@@ -16,6 +16,7 @@
 #include "services/verifier/environment/environment_request_limits.h"
 #include "services/verifier/environment/episode_table.h"
 #include "services/verifier/scoring/scorer_registry.h"
+#include "tests/support/fake_clock.h"
 
 namespace tandem::verifier {
 namespace {
@@ -92,7 +93,8 @@ struct Fixture {
     REQUIRE(
         RegisterBuiltinScorers(BuiltinScorerConfig{}, &scorer_registry).ok());
     scorers["exact"] = *scorer_registry.Create("exact");
-    table = std::make_unique<EpisodeTable>(config, &scorers, &metrics);
+    table = std::make_unique<EpisodeTable>(config, &scorers, &metrics,
+                                           absl::InfiniteDuration(), &clock);
   }
   std::string Open(const std::string& env = "calculator",
                    const std::string& owner = "") {
@@ -125,6 +127,8 @@ struct Fixture {
     request.mutable_action()->set_text(text);
     return table->Step(request);
   }
+  // Times episode_timeout_ms and idle reaping: tests advance it.
+  testing::FakeClock clock;
   prometheus::Registry registry;
   EnvironmentMetrics metrics;
   std::map<std::string, std::unique_ptr<Scorer>> scorers;
@@ -248,7 +252,7 @@ TEST_CASE("limits end the episode with a reason") {
   }
   SECTION("episode_timeout_ms") {
     const std::string id = f.Open();
-    absl::SleepFor(absl::Milliseconds(120));
+    f.clock.Advance(absl::Milliseconds(120));
     auto r = f.Answer(id, "42");
     REQUIRE(r.ok());
     CHECK(r->end_reason() == tandem::v1::EPISODE_END_TIMEOUT);
@@ -263,8 +267,8 @@ TEST_CASE("limits end the episode with a reason") {
     auto refused = f.table->Open(request);
     CHECK(refused.status().code() == absl::StatusCode::kResourceExhausted);
     CHECK(absl::StrContains(refused.status().message(), "max_open_episodes"));
-    CHECK(f.table->Reap(absl::Now()) == 0);
-    CHECK(f.table->Reap(absl::Now() + absl::Milliseconds(60)) == 2);
+    CHECK(f.table->Reap(f.clock.Now()) == 0);
+    CHECK(f.table->Reap(f.clock.Now() + absl::Milliseconds(60)) == 2);
     CHECK(f.table->size() == 0);
     CHECK(f.Answer(id, "1").status().code() == absl::StatusCode::kNotFound);
   }

@@ -29,12 +29,13 @@ EnvironmentService::EnvironmentService(
     const std::map<std::string, std::unique_ptr<Scorer>>* scorers,
     prometheus::Registry& registry, int step_threads,
     absl::Duration score_timeout, bool tls_enabled,
-    std::function<void(const char* reason)> refused)
+    std::function<void(const char* reason)> refused, Clock* clock)
     : config_(config),
       tls_enabled_(tls_enabled),
       refused_(std::move(refused)),
+      clock_(clock),
       metrics_(registry),
-      table_(config, scorers, &metrics_, score_timeout),
+      table_(config, scorers, &metrics_, score_timeout, clock),
       pool_(static_cast<size_t>(std::max(1, step_threads))),
       reaper_([this] { ReapLoop(); }) {}
 
@@ -56,9 +57,9 @@ void EnvironmentService::ReapLoop() {
   const absl::Duration period = std::min(
       absl::Milliseconds(config_.idle_timeout_ms) / 4, absl::Seconds(1));
   absl::MutexLock lock(&mu_);
-  while (!mu_.AwaitWithTimeout(absl::Condition(&stop_), period)) {
+  while (!clock_->AwaitWithTimeout(&mu_, absl::Condition(&stop_), period)) {
     mu_.Unlock();
-    table_.Reap(absl::Now());
+    table_.Reap(clock_->Now());
     mu_.Lock();
   }
 }

@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/status/statusor.h"
 #include "boost/asio/thread_pool.hpp"
+#include "common/base/clock.h"
 #include "common/rpc/peer_identity.h"
 #include "services/verifier/environment/episode_table.h"
 #include "tandem/v1/environment.grpc.pb.h"
@@ -33,7 +34,8 @@ class EnvironmentService : public tandem::v1::Environment::CallbackService {
       const std::map<std::string, std::unique_ptr<Scorer>>* scorers,
       prometheus::Registry& registry, int step_threads,
       absl::Duration score_timeout, bool tls_enabled = false,
-      std::function<void(const char* reason)> refused = nullptr);
+      std::function<void(const char* reason)> refused = nullptr,
+      Clock* clock = RealClock());
   ~EnvironmentService() override;
 
   // Kills the programs of running steps, so that they answer at once; call
@@ -74,9 +76,11 @@ class EnvironmentService : public tandem::v1::Environment::CallbackService {
   const EnvironmentConfig config_;
   const bool tls_enabled_;
   const std::function<void(const char*)> refused_;
+  Clock* const clock_;  // times the reaper and the episode limits
   EnvironmentMetrics metrics_;
   EpisodeTable table_;
   boost::asio::thread_pool pool_;
+  // Guards stop_, which ends the reaper.
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread reaper_;

@@ -32,9 +32,10 @@ absl::Status CheckOwnerOf(const std::string& owner, const std::string& id,
 EpisodeTable::EpisodeTable(
     const EnvironmentConfig& config,
     const std::map<std::string, std::unique_ptr<Scorer>>* scorers,
-    EnvironmentMetrics* metrics, absl::Duration score_timeout)
+    EnvironmentMetrics* metrics, absl::Duration score_timeout, Clock* clock)
     : config_(config),
       score_timeout_(score_timeout),
+      clock_(clock),
       scorers_(scorers),
       metrics_(metrics),
       random_(std::random_device{}()) {
@@ -98,9 +99,11 @@ absl::StatusOr<tandem::v1::OpenEpisodeResponse> EpisodeTable::Open(
           absl::StrCat("task (", request.verifier(), "): ", status.message()));
     }
   }
-  const absl::Time now = absl::Now();
+  const absl::Duration limit = absl::Milliseconds(config_.episode_timeout_ms);
+  const absl::Time now = clock_->Now();
   episode->last_call = now;
-  episode->task.deadline = now + absl::Milliseconds(config_.episode_timeout_ms);
+  episode->deadline = now + limit;
+  episode->task.deadline = absl::Now() + limit;
   tandem::v1::OpenEpisodeResponse response;
   {
     absl::MutexLock lock(&mu_);
@@ -148,7 +151,7 @@ absl::StatusOr<tandem::v1::StepResponse> EpisodeTable::Step(
       return owned;
     }
     episode = it->second;
-    episode->last_call = absl::Now();
+    episode->last_call = clock_->Now();
     if (episode->ended != tandem::v1::EPISODE_END_REASON_UNSPECIFIED) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the episode has ended (", EndLabel(episode->ended), ": ",
@@ -172,7 +175,7 @@ absl::StatusOr<tandem::v1::StepResponse> EpisodeTable::Step(
                        config_.max_tool_calls, ")"));
     }
     response.set_turn(++episode->turns);
-    if (absl::Now() >= episode->task.deadline) {
+    if (clock_->Now() >= episode->deadline) {
       End(*episode, tandem::v1::EPISODE_END_TIMEOUT,
           absl::StrCat("environment.episode_timeout_ms of ",
                        config_.episode_timeout_ms, " ms passed"));
@@ -187,12 +190,12 @@ absl::StatusOr<tandem::v1::StepResponse> EpisodeTable::Step(
       episode->environment->Step(episode->task, action, *metrics_);
   absl::MutexLock lock(&mu_);
   episode->busy = false;
-  episode->last_call = absl::Now();
+  episode->last_call = clock_->Now();
   size_t bytes = 0;
   for (const tandem::v1::Observation& obs : result.observations) {
     bytes += obs.content().size();
   }
-  if (!result.done && absl::Now() >= episode->task.deadline) {
+  if (!result.done && clock_->Now() >= episode->deadline) {
     result = StepResult{};
     result.done = true;
     result.end_reason = tandem::v1::EPISODE_END_TIMEOUT;

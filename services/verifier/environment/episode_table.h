@@ -10,6 +10,10 @@
 // FAILED_PRECONDITION with its end reason, until Close or until it is
 // reaped after idle_timeout_ms without a call. Close and reaping free it;
 // its id then answers NOT_FOUND. Thread-safe.
+//
+// The wall-time limit and idle reaping are timed on a Clock
+// (common/base/clock.h); the deadline handed to a scorer's program stays
+// real time.
 
 #include <atomic>
 #include <map>
@@ -22,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/base/clock.h"
 #include "services/verifier/environment/builtin_environments.h"
 #include "services/verifier/environment/environment_config.h"
 #include "services/verifier/environment/environment_metrics.h"
@@ -34,10 +39,13 @@ class EpisodeTable {
  public:
   // `scorers` (the verifier's, by name) and `metrics` outlive the table.
   // `score_timeout` bounds one scoring (the verifier's item_timeout_ms).
+  // `clock` (outlives the table) times episode_timeout_ms and the idle
+  // time that Reap compares with idle_timeout_ms.
   EpisodeTable(const EnvironmentConfig& config,
                const std::map<std::string, std::unique_ptr<Scorer>>* scorers,
                EnvironmentMetrics* metrics,
-               absl::Duration score_timeout = absl::InfiniteDuration());
+               absl::Duration score_timeout = absl::InfiniteDuration(),
+               Clock* clock = RealClock());
 
   // Kills the programs of running steps (their scorers return at once) and
   // makes every later step's scoring stop at once. For shutdown.
@@ -60,7 +68,8 @@ class EpisodeTable {
   // True when the id was held (and is now closed).
   absl::StatusOr<bool> Close(const std::string& episode_id,
                              const std::string& caller = "");
-  // Frees episodes idle for idle_timeout_ms at `now`; returns how many.
+  // Frees episodes idle for idle_timeout_ms at `now` (on the table's
+  // clock); returns how many.
   int Reap(absl::Time now);
   // Episodes held.
   size_t size() const;
@@ -72,7 +81,10 @@ class EpisodeTable {
     std::string owner;
     uint32_t turns = 0;
     bool busy = false;  // A Step runs.
-    absl::Time last_call;
+    absl::Time last_call;  // on clock_
+    // Opened + episode_timeout_ms, on clock_ (task.deadline is the same
+    // limit in real time, for the scorer's programs).
+    absl::Time deadline;
     tandem::v1::EpisodeEndReason ended =
         tandem::v1::EPISODE_END_REASON_UNSPECIFIED;
     std::string end_text;
@@ -85,6 +97,7 @@ class EpisodeTable {
 
   const EnvironmentConfig config_;
   const absl::Duration score_timeout_;
+  Clock* const clock_;
   std::atomic<bool> cancelled_{false};
   const std::map<std::string, std::unique_ptr<Scorer>>* const scorers_;
   EnvironmentMetrics* const metrics_;

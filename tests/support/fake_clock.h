@@ -1,0 +1,136 @@
+// A Clock that tests move by hand (common/base/clock.h): Now() stands
+// still until Advance(), and Advance() wakes every SleepFor and
+// AwaitWithDeadline whose deadline it passed, so a test of a timeout,
+// backoff or expiry advances time instead of sleeping through it.
+// Thread-safe.
+#ifndef TANDEM_TESTS_SUPPORT_FAKE_CLOCK_H_
+#define TANDEM_TESTS_SUPPORT_FAKE_CLOCK_H_
+
+#include <atomic>
+#include <set>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/base/clock.h"
+
+namespace tandem::testing {
+
+class FakeClock final : public Clock {
+ public:
+  // Starts at `start` (an arbitrary fixed time: nothing depends on the
+  // real date).
+  explicit FakeClock(absl::Time start = absl::FromUnixSeconds(2'000'000'000))
+      : now_(start) {}
+
+  absl::Time Now() const override {
+    absl::MutexLock lock(&mu_);
+    return now_;
+  }
+
+  void SleepFor(absl::Duration duration) const override {
+    absl::MutexLock lock(&mu_);
+    const absl::Time until = now_ + duration;
+    ++sleepers_;
+    auto due = [this, until]()
+                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return now_ >= until; };
+    mu_.Await(absl::Condition(&due));
+    --sleepers_;
+  }
+
+  bool AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& condition,
+                         absl::Time deadline) const override {
+    Waiter waiter{deadline, mu};
+    {
+      absl::MutexLock lock(&mu_);
+      if (now_ >= deadline)
+        waiter.expired.store(true);
+      else
+        waiters_.insert(&waiter);
+    }
+    auto done = [&waiter, &condition] {
+      return waiter.expired.load() || condition.Eval();
+    };
+    // Advance() wakes us by releasing *mu; the short real-time timeout only
+    // covers the window in which Advance() could not take *mu because this
+    // thread held it while starting to wait.
+    while (
+        !mu->AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(10))) {
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      waiters_.erase(&waiter);
+    }
+    return condition.Eval();
+  }
+
+  // Moves time forward by `duration` (>= 0) and wakes the sleepers and
+  // waiters whose deadline is now past.
+  void Advance(absl::Duration duration) {
+    absl::MutexLock lock(&mu_);
+    now_ += duration;
+    for (Waiter* waiter : waiters_) {
+      if (waiter->deadline > now_ || waiter->expired.load()) continue;
+      waiter->expired.store(true);
+      // Releasing *mu makes absl evaluate its waiters' conditions. TryLock
+      // never blocks, so this cannot deadlock with a waiter that holds *mu
+      // and wants mu_; such a waiter sees `expired` itself. The waiter
+      // stays registered (and *mu alive) until it takes mu_ to leave.
+      if (waiter->mu->TryLock()) waiter->mu->Unlock();
+    }
+  }
+
+  // Threads blocked now in SleepFor or AwaitWithDeadline on this clock.
+  int waiters() const {
+    absl::MutexLock lock(&mu_);
+    return sleepers_ + static_cast<int>(waiters_.size());
+  }
+
+  // Blocks (in real time, at most `timeout`) until at least `n` threads
+  // wait on this clock; whether they do. Lets a test advance time only
+  // after the code under test has started waiting for it.
+  bool WaitForWaiters(int n, absl::Duration timeout = absl::Seconds(10)) const {
+    absl::MutexLock lock(&mu_);
+    auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return sleepers_ + static_cast<int>(waiters_.size()) >= n;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+  }
+
+ private:
+  struct Waiter {
+    absl::Time deadline;
+    absl::Mutex* mu;
+    std::atomic<bool> expired{false};
+  };
+
+  // Guards the fake time and who waits for it.
+  mutable absl::Mutex mu_;
+  absl::Time now_ ABSL_GUARDED_BY(mu_);
+  // Threads in SleepFor.
+  mutable int sleepers_ ABSL_GUARDED_BY(mu_) = 0;
+  // Threads in AwaitWithDeadline (deadline not yet passed when they came).
+  mutable std::set<Waiter*> waiters_ ABSL_GUARDED_BY(mu_);
+};
+
+// Advances `clock` by `step` and checks `done`, every 2 ms of real time,
+// until `done()` returns true (then true) or `timeout` of real time has
+// passed (then false). For code that waits on the clock more than once
+// (a backoff, then a batch wait) or whose waits start at times the test
+// cannot see.
+template <typename Predicate>
+bool AdvanceUntil(FakeClock& clock, absl::Duration step, Predicate done,
+                  absl::Duration timeout = absl::Seconds(10)) {
+  const absl::Time give_up = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() >= give_up) return false;
+    clock.Advance(step);
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return true;
+}
+
+}  // namespace tandem::testing
+
+#endif  // TANDEM_TESTS_SUPPORT_FAKE_CLOCK_H_
