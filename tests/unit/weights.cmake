@@ -18,6 +18,7 @@ tandem_add_test(weights_data_plane_auth_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_data_plane_auth_test.cc
     ${CMAKE_CURRENT_SOURCE_DIR}/weights_data_plane_seal_test.cc
     ${CMAKE_CURRENT_SOURCE_DIR}/weights_raw_auth_test.cc
+    ${CMAKE_CURRENT_SOURCE_DIR}/weights_raw_seal_test.cc
   LIBS tandem_weights_grpc)
 tandem_add_test(weights_shm_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_shm_test.cc

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -70,14 +71,80 @@ SendResult SendAll(int fd, iovec* iov, int count) {
   return SendResult::kOk;
 }
 
-SendResult SendStatus(int fd, const absl::Status& status) {
-  const std::string message(status.message());
-  uint32_t head[3] = {kRawMagic, static_cast<uint32_t>(status.code()),
-                      static_cast<uint32_t>(message.size())};
-  iovec iov[2] = {{head, sizeof(head)},
-                  {const_cast<char*>(message.data()), message.size()}};
-  return SendAll(fd, iov, message.empty() ? 1 : 2);
-}
+// Sends what a proven connection is answered: in the clear, or with a
+// seal as sealed records (weight_server.h, "Raw data path
+// confidentiality"): each at most kRawSealedRecordBytes of the byte stream,
+// numbered from 0 on the connection.
+class RawSender {
+ public:
+  // `sealed`: counts records sealed by the server; the record it numbers
+  // `corrupt_at` has a ciphertext byte flipped (CorruptSealedRecordForTest).
+  RawSender(int fd, const WeightSeal* seal, std::atomic<uint64_t>* sealed,
+            const std::atomic<int64_t>* corrupt_at)
+      : fd_(fd), seal_(seal), sealed_(sealed), corrupt_at_(corrupt_at) {}
+
+  // Sends every byte of `iov` (modified).
+  SendResult Send(iovec* iov, int count) {
+    if (seal_ == nullptr) return SendAll(fd_, iov, count);
+    size_t total = 0;
+    for (int i = 0; i < count; ++i) total += iov[i].iov_len;
+    int at = 0;
+    size_t at_offset = 0;
+    while (total > 0) {
+      const size_t n = std::min<size_t>(total, kRawSealedRecordBytes);
+      parts_.clear();
+      for (size_t need = n; need > 0;) {
+        const size_t take = std::min(need, iov[at].iov_len - at_offset);
+        parts_.emplace_back(
+            static_cast<const uint8_t*>(iov[at].iov_base) + at_offset, take);
+        need -= take;
+        at_offset += take;
+        if (at_offset == iov[at].iov_len) {
+          ++at;
+          at_offset = 0;
+        }
+      }
+      cipher_.resize(n);
+      uint32_t length = static_cast<uint32_t>(n);
+      SealTag tag{};
+      if (!seal_
+               ->Seal(next_record_++,
+                      {reinterpret_cast<const uint8_t*>(&length),
+                       sizeof(length)},
+                      parts_, cipher_.data(), &tag)
+               .ok()) {
+        return SendResult::kClosed;
+      }
+      if (static_cast<int64_t>(sealed_->fetch_add(1)) == corrupt_at_->load()) {
+        cipher_[n / 2] ^= 0x10;
+      }
+      iovec out[3] = {{&length, sizeof(length)},
+                      {cipher_.data(), n},
+                      {tag.data(), tag.size()}};
+      if (SendResult r = SendAll(fd_, out, 3); r != SendResult::kOk) return r;
+      total -= n;
+    }
+    return SendResult::kOk;
+  }
+
+  SendResult SendStatus(const absl::Status& status) {
+    const std::string message(status.message());
+    uint32_t head[3] = {kRawMagic, static_cast<uint32_t>(status.code()),
+                        static_cast<uint32_t>(message.size())};
+    iovec iov[2] = {{head, sizeof(head)},
+                    {const_cast<char*>(message.data()), message.size()}};
+    return Send(iov, message.empty() ? 1 : 2);
+  }
+
+ private:
+  const int fd_;
+  const WeightSeal* const seal_;
+  std::atomic<uint64_t>* const sealed_;
+  const std::atomic<int64_t>* const corrupt_at_;
+  uint64_t next_record_ = 0;
+  std::vector<absl::Span<const uint8_t>> parts_;
+  std::vector<uint8_t> cipher_;
+};
 
 // An error answer to a connection the loop still holds (non-blocking): a
 // few bytes that fit any socket buffer; best effort.
@@ -276,13 +343,14 @@ void WeightServerService::RawDataServer::EventLoop() {
           break;
         case ReadResult::kReady: {
           const int fd = it->fd;
+          std::optional<WeightSeal> seal = std::move(it->seal);
           pending_.erase(it);
           // Streamed with blocking sends, each bounded by SO_SNDTIMEO.
           fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
           const timeval tv = absl::ToTimeval(send_timeout_);
           setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
           absl::MutexLock lock(&mu_);
-          ready_.push_back({fd, std::move(request)});
+          ready_.push_back({fd, std::move(request), std::move(seal)});
           break;
         }
       }
@@ -431,6 +499,17 @@ WeightServerService::RawDataServer::ReadProof(Pending& pending) {
           pending.bytes.size()),
       pending.challenge, *pending.key, &stale);
   if (verdict.ok()) {
+    // The stream to this connection is sealed under a key of its own: the
+    // challenge's fresh nonce salts the derivation.
+    absl::StatusOr<WeightSeal> seal = WeightSeal::Derive(
+        *pending.key,
+        absl::MakeConstSpan(pending.challenge).subspan(12, kSealSaltBytes),
+        kSealPurposeRaw);
+    if (!seal.ok()) {
+      SendStatusNow(pending.fd, seal.status());
+      return ReadResult::kClosed;
+    }
+    pending.seal = *std::move(seal);
     pending.proven = true;
     pending.bytes.clear();
     return ReadResult::kReady;
@@ -505,7 +584,8 @@ void WeightServerService::RawDataServer::StreamLoop() {
       ready_.pop_front();
       streaming_.insert(ready.fd);
     }
-    const bool sent = Serve(ready.fd, ready.request);
+    const bool sent = Serve(ready.fd, ready.request,
+                            ready.seal.has_value() ? &*ready.seal : nullptr);
     if (!sent) CountDropped(kSendTimeout);  // before the close
     absl::MutexLock lock(&mu_);
     streaming_.erase(ready.fd);
@@ -515,12 +595,15 @@ void WeightServerService::RawDataServer::StreamLoop() {
 }
 
 bool WeightServerService::RawDataServer::Serve(
-    int fd, const v1::FetchWeightsRequest& request) {
+    int fd, const v1::FetchWeightsRequest& request, const WeightSeal* seal) {
+  RawSender sender(fd, seal, &service_->sealed_records_,
+                   &service_->corrupt_record_at_);
   absl::StatusOr<Stream> stream = service_->OpenStream(request, /*raw=*/true);
   if (!stream.ok()) {
-    return SendStatus(fd, stream.status()) != SendResult::kTimedOut;
+    return sender.SendStatus(stream.status()) != SendResult::kTimedOut;
   }
-  if (SendResult r = SendStatus(fd, absl::OkStatus()); r != SendResult::kOk) {
+  if (SendResult r = sender.SendStatus(absl::OkStatus());
+      r != SendResult::kOk) {
     return r != SendResult::kTimedOut;
   }
   if (stream->segment != nullptr) {
@@ -529,7 +612,7 @@ bool WeightServerService::RawDataServer::Serve(
                      static_cast<uint32_t>(m.size()),
                      kernels::Crc32c(m.data(), m.size())};
     iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(m.data()), m.size()}};
-    return SendAll(fd, iov, 2) != SendResult::kTimedOut;
+    return sender.Send(iov, 2) != SendResult::kTimedOut;
   }
   std::vector<uint8_t> corrupted;
   for (;;) {
@@ -555,7 +638,7 @@ bool WeightServerService::RawDataServer::Serve(
       h.flags = kRawEnd;
     }
     iov[0] = {&h, sizeof(h)};
-    const SendResult r = SendAll(fd, iov, count);
+    const SendResult r = sender.Send(iov, count);
     if (r != SendResult::kOk) return r != SendResult::kTimedOut;
     if (count == 1) return true;
   }
