@@ -101,6 +101,9 @@ bool WeightSubscriber::JoinEpoch(const tandem::v1::BroadcastGroup& g,
   group_ = *std::move(group);
   group_receiver_ =
       std::make_unique<weights::BroadcastWeightReceiver>(group_.get());
+  // Under mTLS versions come sealed with the data-plane key; only those are
+  // accepted (docs/operations.md, "Sealed weight data").
+  group_receiver_->set_data_plane_keys(options_.data_plane_key.get());
   // The in-band manifest crossed the unauthenticated pair sockets: each
   // version's digest comes from the trainer's GetManifest instead.
   if (!trainer_address_.empty()) {
