@@ -27,6 +27,11 @@ tandem_add_test(weights_gloo_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_gloo_test.cc
   LIBS tandem_weights_gloo
   TIMEOUT 120)
+# Sealed broadcast under mTLS (issue 25 item 3): nothing in the clear.
+tandem_add_test(weights_gloo_seal_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_gloo_seal_test.cc
+  LIBS tandem_weights_gloo
+  TIMEOUT 120)
 tandem_add_test(weights_gloo_dying_peer_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_gloo_dying_peer_test.cc
   LIBS tandem_weights_gloo
