@@ -140,6 +140,10 @@ void WeightSubscriber::ReceiveBroadcast(const tandem::v1::BroadcastGroup& g) {
   absl::StatusOr<uint64_t> version =
       group_receiver_->ReceiveNext(staging_.get(), start + options_.timeout);
   CountNonFinite(nonfinite_before, weights::SyncTransport::kBroadcast);
+  if (group_receiver_->last_seal().decrypt_failed &&
+      options_.metrics != nullptr) {
+    options_.metrics->RecordDecryptFailure(weights::SyncTransport::kBroadcast);
+  }
   CountDigestChecks(staging_before, weights::SyncTransport::kBroadcast,
                     version.status());
   stream_version_ =

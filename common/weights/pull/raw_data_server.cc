@@ -23,11 +23,15 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/posix.h"
+#include "common/weights/pull/raw_sender.h"
 #include "common/weights/pull/weight_server_internal.h"
 #include "kernels/crc32c.h"
 
 namespace tandem::weights {
 namespace {
+
+using raw_internal::RawSender;
+using raw_internal::SendResult;
 
 constexpr char kOverCapacity[] = "over_capacity";
 constexpr char kEvicted[] = "evicted";
@@ -42,109 +46,6 @@ constexpr absl::Duration kMaxAcceptBackoff = absl::Seconds(1);
 // Largest serialized FetchWeightsRequest accepted.
 constexpr uint32_t kMaxRequestBytes = 1u << 16;
 
-enum class SendResult { kOk, kClosed, kTimedOut };
-
-// Sends every byte of `iov` (modified) on a blocking socket whose
-// SO_SNDTIMEO bounds each wait for the peer to read.
-SendResult SendAll(int fd, iovec* iov, int count) {
-  while (count > 0) {
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<size_t>(count);
-    const ssize_t sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
-    if (sent < 0 && errno == EINTR) continue;
-    if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      return SendResult::kTimedOut;
-    }
-    if (sent <= 0) return SendResult::kClosed;
-    auto left = static_cast<size_t>(sent);
-    while (count > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov;
-      --count;
-    }
-    if (count > 0) {
-      iov->iov_base = static_cast<uint8_t*>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
-  }
-  return SendResult::kOk;
-}
-
-// Sends what a proven connection is answered: in the clear, or with a
-// seal as sealed records (weight_server.h, "Raw data path
-// confidentiality"): each at most kRawSealedRecordBytes of the byte stream,
-// numbered from 0 on the connection.
-class RawSender {
- public:
-  // `sealed`: counts records sealed by the server; the record it numbers
-  // `corrupt_at` has a ciphertext byte flipped (CorruptSealedRecordForTest).
-  RawSender(int fd, const WeightSeal* seal, std::atomic<uint64_t>* sealed,
-            const std::atomic<int64_t>* corrupt_at)
-      : fd_(fd), seal_(seal), sealed_(sealed), corrupt_at_(corrupt_at) {}
-
-  // Sends every byte of `iov` (modified).
-  SendResult Send(iovec* iov, int count) {
-    if (seal_ == nullptr) return SendAll(fd_, iov, count);
-    size_t total = 0;
-    for (int i = 0; i < count; ++i) total += iov[i].iov_len;
-    int at = 0;
-    size_t at_offset = 0;
-    while (total > 0) {
-      const size_t n = std::min<size_t>(total, kRawSealedRecordBytes);
-      parts_.clear();
-      for (size_t need = n; need > 0;) {
-        const size_t take = std::min(need, iov[at].iov_len - at_offset);
-        parts_.emplace_back(
-            static_cast<const uint8_t*>(iov[at].iov_base) + at_offset, take);
-        need -= take;
-        at_offset += take;
-        if (at_offset == iov[at].iov_len) {
-          ++at;
-          at_offset = 0;
-        }
-      }
-      cipher_.resize(n);
-      uint32_t length = static_cast<uint32_t>(n);
-      SealTag tag{};
-      if (!seal_
-               ->Seal(next_record_++,
-                      {reinterpret_cast<const uint8_t*>(&length),
-                       sizeof(length)},
-                      parts_, cipher_.data(), &tag)
-               .ok()) {
-        return SendResult::kClosed;
-      }
-      if (static_cast<int64_t>(sealed_->fetch_add(1)) == corrupt_at_->load()) {
-        cipher_[n / 2] ^= 0x10;
-      }
-      iovec out[3] = {{&length, sizeof(length)},
-                      {cipher_.data(), n},
-                      {tag.data(), tag.size()}};
-      if (SendResult r = SendAll(fd_, out, 3); r != SendResult::kOk) return r;
-      total -= n;
-    }
-    return SendResult::kOk;
-  }
-
-  SendResult SendStatus(const absl::Status& status) {
-    const std::string message(status.message());
-    uint32_t head[3] = {kRawMagic, static_cast<uint32_t>(status.code()),
-                        static_cast<uint32_t>(message.size())};
-    iovec iov[2] = {{head, sizeof(head)},
-                    {const_cast<char*>(message.data()), message.size()}};
-    return Send(iov, message.empty() ? 1 : 2);
-  }
-
- private:
-  const int fd_;
-  const WeightSeal* const seal_;
-  std::atomic<uint64_t>* const sealed_;
-  const std::atomic<int64_t>* const corrupt_at_;
-  uint64_t next_record_ = 0;
-  std::vector<absl::Span<const uint8_t>> parts_;
-  std::vector<uint8_t> cipher_;
-};
 
 // An error answer to a connection the loop still holds (non-blocking): a
 // few bytes that fit any socket buffer; best effort.
