@@ -15,6 +15,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -81,7 +82,11 @@ struct Run {
   absl::Status trainer;
 };
 
-Run RunGroup(bool keys, uint64_t piece_bytes, const std::string& prefix) {
+// `pipelined`: pieces are started without waiting (StartBroadcast), as
+// BroadcastWeightSender does, so the next one is sealed while one is on the
+// wire; the capture sees the same bytes either way.
+Run RunGroup(bool keys, uint64_t piece_bytes, const std::string& prefix,
+             bool pipelined = false) {
   const FlatWeightLayout layout = testing::SmallLayout();
   auto server = GlooRendezvousStore::Create("127.0.0.1", 0, absl::Seconds(20));
   REQUIRE(server.ok());
@@ -126,6 +131,16 @@ Run RunGroup(bool keys, uint64_t piece_bytes, const std::string& prefix) {
                           bytes.size());
           return (*group)->Broadcast(bytes);
         };
+        std::function<std::function<absl::Status()>(absl::Span<uint8_t>)>
+            start;
+        if (pipelined) {
+          start = [&](absl::Span<uint8_t> bytes) {
+            if (count++ == alter_at) bytes[bytes.size() / 2] ^= 0x01;
+            run.wire.append(reinterpret_cast<const char*>(bytes.data()),
+                            bytes.size());
+            return (*group)->StartBroadcast(bytes);
+          };
+        }
         for (uint64_t v = 0; v < versions && run.trainer.ok(); ++v) {
           const WeightBuffer& w = run.versions[v == 1 ? 1 : v == 2 ? 2 : 0];
           auto m = layout.BuildManifest(w.span(), v);
@@ -143,7 +158,7 @@ Run RunGroup(bool keys, uint64_t piece_bytes, const std::string& prefix) {
           const DataPlaneKeyHolder* with =
               !keys ? nullptr : v == 5 ? empty.get() : holders[0].get();
           run.trainer = PublishOverBroadcast(broadcast, *m, payload,
-                                             piece_bytes, with);
+                                             piece_bytes, with, start);
         }
         return;
       }
@@ -180,9 +195,11 @@ TEST_CASE(
     "[weights][gloo][seal]") {
   // Buckets are 4096 bytes: 1000-byte pieces leave a short last piece.
   const uint64_t piece_bytes = GENERATE(uint64_t{0}, uint64_t{1000});
-  INFO("piece_bytes " << piece_bytes);
+  const bool pipelined = GENERATE(false, true);
+  INFO("piece_bytes " << piece_bytes << ", pipelined " << pipelined);
   Run run = RunGroup(/*keys=*/true, piece_bytes,
-                     absl::StrCat("seal-", piece_bytes));
+                     absl::StrCat("seal-", piece_bytes, "-", pipelined),
+                     pipelined);
   INFO("trainer: " << run.trainer.ToString());
   REQUIRE(run.trainer.ok());
   CHECK_FALSE(HasRun(run.wire, kPatternA));

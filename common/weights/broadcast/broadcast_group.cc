@@ -9,7 +9,8 @@ absl::Status BroadcastWeightSender::Publish(const v1::WeightManifest& manifest,
                                             absl::Time /*deadline*/) {
   return PublishOverBroadcast(
       [this](absl::Span<uint8_t> b) { return group_->Broadcast(b); }, manifest,
-      payload, group_->piece_bytes(), keys_);
+      payload, group_->piece_bytes(), keys_,
+      [this](absl::Span<uint8_t> b) { return group_->StartBroadcast(b); });
 }
 
 absl::StatusOr<uint64_t> BroadcastWeightReceiver::ReceiveNext(

@@ -59,11 +59,12 @@ std::array<uint8_t, 24> PieceAad(uint64_t version, uint64_t bucket,
 
 }  // namespace
 
-absl::Status PublishOverBroadcast(BroadcastBytesFn broadcast,
-                                  const v1::WeightManifest& manifest,
-                                  absl::Span<const uint8_t> payload,
-                                  uint64_t piece_bytes,
-                                  const DataPlaneKeyHolder* keys) {
+absl::Status PublishOverBroadcast(
+    BroadcastBytesFn broadcast, const v1::WeightManifest& manifest,
+    absl::Span<const uint8_t> payload, uint64_t piece_bytes,
+    const DataPlaneKeyHolder* keys,
+    const std::function<std::function<absl::Status()>(absl::Span<uint8_t>)>&
+        start) {
   const std::string serialized = manifest.SerializeAsString();
   piece_bytes &= ~uint64_t{3};
   Header header{serialized.size(), payload.size(), piece_bytes};
@@ -94,21 +95,41 @@ absl::Status PublishOverBroadcast(BroadcastBytesFn broadcast,
   // Root buffers are only read by the broadcast; the const_cast never
   // writes.
   auto* data = const_cast<uint8_t*>(payload.data());
-  // Sealed: each piece is sealed into `sealed` and broadcast from there,
-  // then its tag.
-  std::vector<float> sealed;
+  // Sealed: each piece is sealed into one of two buffers and broadcast
+  // from there, then its tag. With `start` the piece after it is sealed
+  // into the other buffer while it is on the wire.
+  std::vector<float> sealed[2];
+  int next_buffer = 0;
+  std::function<absl::Status()> in_flight;  // the piece on the wire
+  SealTag in_flight_tag{};
   uint64_t index = 0;
+  // Waits for the piece on the wire, then broadcasts its tag.
+  auto finish = [&]() -> absl::Status {
+    if (!in_flight) return absl::OkStatus();
+    const absl::Status s = in_flight();
+    in_flight = nullptr;
+    if (!s.ok()) return s;
+    return broadcast({in_flight_tag.data(), in_flight_tag.size()});
+  };
   auto send_piece = [&](uint8_t* bytes, uint64_t n, uint64_t bucket,
                         uint64_t offset) -> absl::Status {
     if (!seal.has_value()) return broadcast({bytes, n});
-    if (sealed.size() * 4 < RoundUp4(n)) sealed = Scratch(n);
-    absl::Span<uint8_t> out = AsBytes(sealed).subspan(0, RoundUp4(n));
+    std::vector<float>& buffer = sealed[next_buffer];
+    next_buffer ^= 1;
+    if (buffer.size() * 4 < RoundUp4(n)) buffer = Scratch(n);
+    absl::Span<uint8_t> out = AsBytes(buffer).subspan(0, RoundUp4(n));
     const std::array<uint8_t, 24> aad =
         PieceAad(manifest.policy_version(), bucket, offset);
     SealTag tag{};
-    if (absl::Status s = seal->Seal(index++, aad, {bytes, n}, out.data(), &tag);
-        !s.ok()) {
-      return s;
+    const absl::Status sealed_ok =
+        seal->Seal(index++, aad, {bytes, n}, out.data(), &tag);
+    if (absl::Status s = finish(); !s.ok() || !sealed_ok.ok()) {
+      return s.ok() ? sealed_ok : s;
+    }
+    in_flight_tag = tag;
+    if (start) {
+      in_flight = start(out);
+      return absl::OkStatus();
     }
     if (absl::Status s = broadcast(out); !s.ok()) return s;
     return broadcast({tag.data(), tag.size()});
@@ -127,7 +148,7 @@ absl::Status PublishOverBroadcast(BroadcastBytesFn broadcast,
         }
       }
     }
-    return absl::OkStatus();
+    return finish();
   }
   const uint64_t piece = std::max<uint64_t>(manifest.bucket_bytes(), 4);
   for (uint64_t off = 0; off < payload.size(); off += piece) {
@@ -141,7 +162,7 @@ absl::Status PublishOverBroadcast(BroadcastBytesFn broadcast,
       return s;
     }
   }
-  return absl::OkStatus();
+  return finish();
 }
 
 absl::StatusOr<uint64_t> ReceiveOverBroadcast(

@@ -66,12 +66,15 @@ using StartBroadcastFn = absl::FunctionRef<std::function<absl::Status()>(
 // `piece_bytes` (rounded down to a multiple of 4; 0: whole buckets). The
 // payload is only read.
 // `keys` (tls.mode mtls): seal with its current key, or withhold the
-// payload while it has none; null: plaintext.
-absl::Status PublishOverBroadcast(BroadcastBytesFn broadcast,
-                                  const v1::WeightManifest& manifest,
-                                  absl::Span<const uint8_t> payload,
-                                  uint64_t piece_bytes = 0,
-                                  const DataPlaneKeyHolder* keys = nullptr);
+// payload while it has none; null: plaintext. `start`, when set, starts a
+// piece's broadcast without waiting for it (BroadcastGroup::StartBroadcast):
+// the next sealed piece is sealed while the previous one is on the wire.
+absl::Status PublishOverBroadcast(
+    BroadcastBytesFn broadcast, const v1::WeightManifest& manifest,
+    absl::Span<const uint8_t> payload, uint64_t piece_bytes = 0,
+    const DataPlaneKeyHolder* keys = nullptr,
+    const std::function<std::function<absl::Status()>(absl::Span<uint8_t>)>&
+        start = nullptr);
 
 inline constexpr uint64_t kBroadcastPlain = 0;
 inline constexpr uint64_t kBroadcastSealed = 1;
