@@ -117,7 +117,7 @@ absl::Status PublishOverBroadcast(
     std::vector<float>& buffer = sealed[next_buffer];
     next_buffer ^= 1;
     if (buffer.size() * 4 < RoundUp4(n)) buffer = Scratch(n);
-    absl::Span<uint8_t> out = AsBytes(buffer).subspan(0, RoundUp4(n));
+    absl::Span<uint8_t> out = AsBytes(buffer).subspan(0, n);
     const std::array<uint8_t, 24> aad =
         PieceAad(manifest.policy_version(), bucket, offset);
     SealTag tag{};

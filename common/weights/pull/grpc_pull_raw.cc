@@ -194,19 +194,27 @@ absl::Status GrpcPullReceiver::ReadRawStream(
               *offset, ": sealed record ", record_index, " of ", length,
               " bytes (at most ", kRawSealedRecordBytes, ")"));
         }
-        record.resize(length + kSealTagBytes);
-        if (absl::Status s =
-                RawRead(fd, record.data(), record.size(), deadline);
+        // A record the caller wants whole is read and opened where it
+        // goes (the caller uses none of it unless its tag holds); others
+        // through `record`.
+        const bool direct = n >= length;
+        uint8_t* into = direct ? p : nullptr;
+        if (!direct) {
+          record.resize(length);
+          into = record.data();
+        }
+        SealTag tag;
+        if (absl::Status s = RawRead(fd, into, length, deadline); !s.ok()) {
+          return s;
+        }
+        if (absl::Status s = RawRead(fd, tag.data(), tag.size(), deadline);
             !s.ok()) {
           return s;
         }
-        SealTag tag;
-        std::memcpy(tag.data(), record.data() + length, tag.size());
         if (absl::Status s = seal->Open(
                 record_index,
                 {reinterpret_cast<const uint8_t*>(&length), sizeof(length)},
-                absl::MakeConstSpan(record.data(), length), tag,
-                record.data(), "raw");
+                absl::MakeConstSpan(into, length), tag, into, "raw");
             !s.ok()) {
           tag_failed = true;
           return absl::DataLossError(absl::StrCat(
@@ -215,7 +223,13 @@ absl::Status GrpcPullReceiver::ReadRawStream(
               *offset, ": ", s.message()));
         }
         ++record_index;
-        record.resize(length);
+        if (direct) {
+          record.clear();
+          record_at = 0;
+          p += length;
+          n -= length;
+          continue;
+        }
         record_at = 0;
       }
       const size_t take = std::min(n, record.size() - record_at);
