@@ -158,6 +158,16 @@ WeightSyncMetrics::WeightSyncMetrics(prometheus::Registry& registry)
                           "check (the trainer's manifest carried none: an "
                           "older trainer), by transport.")
                     .Register(registry)),
+      decrypt_failures_(
+          prometheus::BuildCounter()
+              .Name("tandem_weight_sync_decrypt_failures_total")
+              .Help("Sealed weight data refused (tls.mode mtls): a "
+                    "broadcast version with a piece that failed its "
+                    "AES-256-GCM tag, sealed under a data-plane epoch this "
+                    "worker holds no secret of, or sent unsealed; a raw pull "
+                    "stream with a record that failed its tag. The version "
+                    "was pulled over gRPC instead, by transport.")
+              .Register(registry)),
       data_connections_(prometheus::BuildGauge()
                             .Name("tandem_weight_sync_data_connections")
                             .Help("Connections open on the weight server's "
@@ -194,6 +204,18 @@ void WeightSyncMetrics::RecordNonFinite(SyncTransport transport) {
 void WeightSyncMetrics::RecordDigestMismatch(SyncTransport transport) {
   digest_mismatches_.Add({{"transport", SyncTransportName(transport)}})
       .Increment();
+}
+
+void WeightSyncMetrics::RecordDecryptFailure(SyncTransport transport,
+                                             double count) {
+  decrypt_failures_.Add({{"transport", SyncTransportName(transport)}})
+      .Increment(count);
+}
+
+void WeightSyncMetrics::ExposeDecryptFailures() {
+  for (SyncTransport t : {SyncTransport::kBroadcast, SyncTransport::kPull}) {
+    decrypt_failures_.Add({{"transport", SyncTransportName(t)}});
+  }
 }
 
 void WeightSyncMetrics::RecordUnsigned(SyncTransport transport) {

@@ -24,6 +24,7 @@
 //   tandem_weight_sync_nonfinite_versions_total{transport}     counter
 //   tandem_weight_sync_digest_mismatches_total{transport}      counter
 //   tandem_weight_sync_unsigned_versions_total{transport}      counter
+//   tandem_weight_sync_decrypt_failures_total{transport}       counter
 //   tandem_weight_sync_data_connections                        gauge
 //   tandem_weight_sync_data_connections_dropped_total{reason}  counter
 //
@@ -36,6 +37,13 @@
 // (for a broadcast, fetched by GetManifest, not the in-band copy); also
 // counted as rejected, and pulled again over gRPC. Unsigned versions:
 // verified without a digest because the trainer sent none (an older one).
+//
+// Decrypt failures (worker side, tls.mode mtls): sealed weight data
+// refused (docs/operations.md, "Sealed weight data"): a broadcast version a
+// piece of which failed its AES-256-GCM tag, that was sealed under an epoch
+// whose secret this worker does not hold, or that came unsealed; a raw
+// pull stream a record of which failed its tag. The version is pulled over
+// gRPC instead (FetchWeights, under TLS).
 //
 // Data connections (trainer side): connections open on the weight
 // server's raw data path, and those it closed before serving them, by
@@ -115,6 +123,10 @@ class WeightSyncMetrics {
   // committed without a digest to check (see above).
   void RecordDigestMismatch(SyncTransport transport);
   void RecordUnsigned(SyncTransport transport);
+  // Worker side: sealed weight data refused (see above); and, at start
+  // under tls.mode mtls, both transports' series at 0.
+  void RecordDecryptFailure(SyncTransport transport, double count = 1);
+  void ExposeDecryptFailures();
   // Weight server side: raw data connections open now, and one closed
   // unserved for `reason` (see above).
   void SetDataConnections(double open);
@@ -140,6 +152,7 @@ class WeightSyncMetrics {
   prometheus::Family<prometheus::Counter>& nonfinite_;
   prometheus::Family<prometheus::Counter>& digest_mismatches_;
   prometheus::Family<prometheus::Counter>& unsigned_;
+  prometheus::Family<prometheus::Counter>& decrypt_failures_;
   prometheus::Gauge& data_connections_;
   prometheus::Family<prometheus::Counter>& data_dropped_;
 };

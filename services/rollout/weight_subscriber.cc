@@ -59,6 +59,9 @@ void WeightSubscriber::Start() {
   if (options_.metrics != nullptr && options_.pull_shared_memory) {
     options_.metrics->ExposeShmFallbacks();
   }
+  if (options_.metrics != nullptr && options_.data_plane_key != nullptr) {
+    options_.metrics->ExposeDecryptFailures();
+  }
   if (options_.watcher != nullptr &&
       options_.mode == WeightSyncOptions::Mode::kBroadcast) {
     options_.watcher->SetChangeListener(

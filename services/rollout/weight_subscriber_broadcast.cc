@@ -101,6 +101,9 @@ bool WeightSubscriber::JoinEpoch(const tandem::v1::BroadcastGroup& g,
   group_ = *std::move(group);
   group_receiver_ =
       std::make_unique<weights::BroadcastWeightReceiver>(group_.get());
+  // Under mTLS versions come sealed with the data-plane key; only those are
+  // accepted (docs/operations.md, "Sealed weight data").
+  group_receiver_->set_data_plane_keys(options_.data_plane_key.get());
   // The in-band manifest crossed the unauthenticated pair sockets: each
   // version's digest comes from the trainer's GetManifest instead.
   if (!trainer_address_.empty()) {
@@ -137,6 +140,10 @@ void WeightSubscriber::ReceiveBroadcast(const tandem::v1::BroadcastGroup& g) {
   absl::StatusOr<uint64_t> version =
       group_receiver_->ReceiveNext(staging_.get(), start + options_.timeout);
   CountNonFinite(nonfinite_before, weights::SyncTransport::kBroadcast);
+  if (group_receiver_->last_seal().decrypt_failed &&
+      options_.metrics != nullptr) {
+    options_.metrics->RecordDecryptFailure(weights::SyncTransport::kBroadcast);
+  }
   CountDigestChecks(staging_before, weights::SyncTransport::kBroadcast,
                     version.status());
   stream_version_ =

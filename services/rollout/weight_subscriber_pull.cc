@@ -67,6 +67,13 @@ void WeightSubscriber::PullOnce(const std::string& address,
   CountNonFinite(nonfinite_before, transport);
   CountDigestChecks(staging_before, transport, version.status());
   RecordShmFallbacks(before, after);
+  if (options_.metrics != nullptr &&
+      after.raw_decrypt_failures > before.raw_decrypt_failures) {
+    options_.metrics->RecordDecryptFailure(
+        weights::SyncTransport::kPull,
+        static_cast<double>(after.raw_decrypt_failures -
+                            before.raw_decrypt_failures));
+  }
   if (version.ok()) {
     Deliver(*version, transport, start, bytes_before);
     return;

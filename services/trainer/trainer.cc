@@ -255,6 +255,9 @@ absl::Status Trainer::CreateWeightServing() {
       // and no store port, whose protocol has no credential at all.
       // weight_sync.store_port is not used then.
       broadcast.rendezvous_keys = std::make_shared<weights::RendezvousKeys>();
+      // And every version crosses the pair sockets sealed with the
+      // data-plane key (docs/operations.md, "Sealed weight data").
+      broadcast.data_plane_key = data_plane_key_;
       rendezvous_service_ = std::make_unique<RendezvousService>(
           broadcast.rendezvous_keys, /*tls_enabled=*/true,
           &metrics_.auth_refused);

@@ -6,7 +6,7 @@
 //                           [--socket-read-kib=K] [MiB...]
 //       (defaults: 7 rounds, receivers 1,2,3, sizes 64 256 1024, every
 //       column; --columns picks some of grpc, raw, raw-secret, shm,
-//       shm-publish, shm-made, gloo; the baseline's receiver asks each read() for all
+//       shm-publish, shm-made, gloo, gloo-sealed; the baseline's receiver asks each read() for all
 //       that is missing, or for at most K KiB with --socket-read-kib=K)
 //
 // This process is the sender in every row; every receiver is a separate
@@ -36,12 +36,18 @@
 //               announced (and every worker after the first, either way).
 //             pull raw, epoch secret: the raw data path with a data-plane
 //               key on both ends (tls.mode mtls): every connection first
-//               answers the server's challenge (data_plane_auth.h);
+//               answers the server's challenge (data_plane_auth.h),
+//               and the stream after it is sealed (AES-256-GCM records,
+//               weight_server.h, "Raw data path confidentiality");
 //   gloo k  c10d ProcessGroupGloo broadcast (GlooWeightSender /
 //           GlooWeightReceiver) into StagingWeights, k receivers; a
 //           receiver checksums each bucket (or piece, --piece-kib=K: the
 //           sender's BroadcastGroupConfig.piece_bytes, whole buckets by
 //           default) while the next one arrives.
+//   gloo 1, sealed (--columns=gloo-sealed): the same, 1 receiver, with a
+//           data-plane key on both ends (tls.mode mtls): every version is
+//           sealed by the sender and opened by the receiver before its
+//           checksums (broadcast_protocol.h, "Sealed");
 //   gloo 1, serial checksums (--serial): the same with 1 receiver, whole
 //           64 MiB buckets, each checksummed before the next is asked for:
 //           the transport as it was before the overlap.
@@ -250,7 +256,7 @@ class SerialGroup : public BroadcastGroup {
 
 // Receives broadcast versions until a round of version 0.
 void ChildGloo(uint16_t port, uint64_t bytes, int rank, int world,
-               bool serial) {
+               bool serial, const std::string& secret) {
   auto staging =
       StagingWeights::Create(MakeLayout(bytes), StagingMode::kDoubleBuffer);
   if (!staging.ok()) Die(staging.status().ToString());
@@ -265,11 +271,21 @@ void ChildGloo(uint16_t port, uint64_t bytes, int rank, int world,
   SerialGroup serial_group(group->get());
   GlooWeightReceiver receiver(serial ? &serial_group
                                      : static_cast<BroadcastGroup*>(group->get()));
+  DataPlaneKeyHolder keys;
+  if (!secret.empty()) {
+    auto parsed = DataPlaneKeyFromBytes(
+        1, absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(secret.data()),
+                               secret.size()));
+    if (!parsed.ok()) Die(parsed.status().ToString());
+    keys.Set(*parsed);
+    receiver.set_data_plane_keys(&keys);
+  }
   for (;;) {
     auto got = receiver.ReceiveNext(staging->get(), absl::InfiniteFuture());
     if (receiver.last_round_version() == 0) return;  // the stop round
     if (!got.ok()) Die(got.status().ToString());
     if (!(*staging)->Commit().ok()) Die("commit");
+    if (!secret.empty() && !receiver.last_seal().sealed) Die("not sealed");
     Say(absl::StrCat("done ", *got));
   }
 }
@@ -493,8 +509,17 @@ class GlooColumn : public Column {
  public:
   GlooColumn(const v1::WeightManifest& manifest,
              const std::vector<uint8_t>& payload, int receivers,
-             bool serial = false)
+             bool serial = false, bool sealed = false)
       : manifest_(manifest), payload_(payload) {
+    std::string hex;
+    if (sealed) {
+      auto key = NewDataPlaneKey(1);
+      if (!key.ok()) Die(key.status().ToString());
+      keys_.Set(*key);
+      hex = absl::BytesToHexString(absl::string_view(
+          reinterpret_cast<const char*>(key->secret.data()),
+          key->secret.size()));
+    }
     auto store =
         GlooRendezvousStore::Create("127.0.0.1", 0, absl::Seconds(60));
     if (!store.ok()) Die(store.status().ToString());
@@ -505,7 +530,8 @@ class GlooColumn : public Column {
            absl::StrCat("--bytes=", payload.size()),
            absl::StrCat("--rank=", rank),
            absl::StrCat("--world=", receivers + 1),
-           absl::StrCat("--serial=", serial ? 1 : 0)}));
+           absl::StrCat("--serial=", serial ? 1 : 0),
+           absl::StrCat("--secret=", hex)}));
     }
     GlooGroupConfig c;
     c.store_port = store_->port();
@@ -518,7 +544,8 @@ class GlooColumn : public Column {
     auto group = GlooBroadcastGroup::Create(c, store_.get());
     if (!group.ok()) Die(group.status().ToString());
     group_ = *std::move(group);
-    sender_ = std::make_unique<GlooWeightSender>(group_.get());
+    sender_ = std::make_unique<GlooWeightSender>(
+        group_.get(), sealed ? &keys_ : nullptr);
   }
   ~GlooColumn() override {
     // Version 0 tells the receivers to stop.
@@ -548,6 +575,7 @@ class GlooColumn : public Column {
  private:
   const v1::WeightManifest manifest_;
   const std::vector<uint8_t>& payload_;
+  DataPlaneKeyHolder keys_;  // sealed: the sender's key
   std::unique_ptr<GlooRendezvousStore> store_;
   std::vector<Child> children_;
   std::unique_ptr<GlooBroadcastGroup> group_;
@@ -627,6 +655,11 @@ void Run(uint64_t mib, const std::vector<int>& receivers, int rounds,
       cell(gloo_serial);
     }
   }
+  if (Picked("gloo-sealed")) {
+    GlooColumn gloo_sealed(*manifest, *payload, 1, /*serial=*/false,
+                           /*sealed=*/true);
+    cell(gloo_sealed);
+  }
   absl::PrintF("%s\n", row);
   std::fflush(stdout);
 }
@@ -670,7 +703,7 @@ int ChildMain(int argc, char** argv) {
   } else if (mode == "pull") {
     ChildPull(p, bytes, raw != 0, shm != 0, secret);
   } else if (mode == "gloo") {
-    ChildGloo(p, bytes, rank, world, serial != 0);
+    ChildGloo(p, bytes, rank, world, serial != 0, secret);
   } else {
     Die(absl::StrCat("unknown child mode '", mode, "'"));
   }
@@ -722,7 +755,7 @@ int main(int argc, char** argv) {
       }
       g_socket_read_bytes = kib << 10;
     } else if (arg.substr(0, 10) == "--columns=") {
-      std::string known = "gloo";
+      std::string known = "gloo, gloo-sealed";
       for (const PullSpec& spec : kPullColumns) {
         known = absl::StrCat(known, ", ", spec.name);
       }
@@ -730,7 +763,7 @@ int main(int argc, char** argv) {
         const bool pull =
             std::any_of(std::begin(kPullColumns), std::end(kPullColumns),
                         [&](const PullSpec& spec) { return c == spec.name; });
-        if (!pull && c != "gloo") {
+        if (!pull && c != "gloo" && c != "gloo-sealed") {
           Die(absl::StrCat("--columns: unknown column '", c, "' (", known,
                            ")"));
         }
@@ -763,6 +796,10 @@ int main(int argc, char** argv) {
       absl::StrAppend(&header, " gloo, 1 receiver, serial checksums |");
       absl::StrAppend(&rule, " --- |");
     }
+  }
+  if (Picked("gloo-sealed")) {
+    absl::StrAppend(&header, " gloo, 1 receiver, sealed |");
+    absl::StrAppend(&rule, " --- |");
   }
   absl::PrintF(
       "Each cell: median of %d per-round ratios (socket-copy seconds / row "

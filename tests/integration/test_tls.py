@@ -410,6 +410,17 @@ class TlsClusterTest(unittest.TestCase):
             print(self.launcher.log("trainer")[-3000:])
             print(self.launcher.log("rollout-0")[-3000:])
             raise
+        # Every version crossed the pair sockets sealed and opened: the
+        # workers count their decrypt failures (the family is exposed under
+        # mtls) and have none.
+        for name, info in self.ready.items():
+            if not name.startswith("rollout"):
+                continue
+            text = harness.scrape_metrics(info["metrics_address"])
+            self.assertIn('tandem_weight_sync_decrypt_failures_total'
+                          '{transport="broadcast"}', text)
+            self.assertEqual(harness.metric_sum(
+                text, "tandem_weight_sync_decrypt_failures_total"), 0)
         # Only trainer and rollout certificates may use the store.
         refused_before = harness.metric_sum(
             harness.scrape_metrics(trainer["metrics_address"], self.certs),

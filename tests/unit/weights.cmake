@@ -16,13 +16,20 @@ tandem_add_test(weights_authz_test
 # The raw data path's per-epoch challenge-response.
 tandem_add_test(weights_data_plane_auth_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_data_plane_auth_test.cc
+    ${CMAKE_CURRENT_SOURCE_DIR}/weights_data_plane_seal_test.cc
     ${CMAKE_CURRENT_SOURCE_DIR}/weights_raw_auth_test.cc
+    ${CMAKE_CURRENT_SOURCE_DIR}/weights_raw_seal_test.cc
   LIBS tandem_weights_grpc)
 tandem_add_test(weights_shm_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_shm_test.cc
   LIBS tandem_weights_grpc)
 tandem_add_test(weights_gloo_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_gloo_test.cc
+  LIBS tandem_weights_gloo
+  TIMEOUT 120)
+# Sealed broadcast under mTLS (issue 25 item 3): nothing in the clear.
+tandem_add_test(weights_gloo_seal_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_gloo_seal_test.cc
   LIBS tandem_weights_gloo
   TIMEOUT 120)
 tandem_add_test(weights_gloo_dying_peer_test

@@ -9,14 +9,16 @@ absl::Status BroadcastWeightSender::Publish(const v1::WeightManifest& manifest,
                                             absl::Time /*deadline*/) {
   return PublishOverBroadcast(
       [this](absl::Span<uint8_t> b) { return group_->Broadcast(b); }, manifest,
-      payload, group_->piece_bytes());
+      payload, group_->piece_bytes(), keys_,
+      [this](absl::Span<uint8_t> b) { return group_->StartBroadcast(b); });
 }
 
 absl::StatusOr<uint64_t> BroadcastWeightReceiver::ReceiveNext(
     StagingWeights* staging, absl::Time /*deadline*/) {
   return ReceiveOverBroadcast(
       [this](absl::Span<uint8_t> b) { return group_->StartBroadcast(b); },
-      [this] { group_->Abort(); }, staging, &last_round_version_, trusted_);
+      [this] { group_->Abort(); }, staging, &last_round_version_, trusted_,
+      keys_, &last_seal_);
 }
 
 }  // namespace tandem::weights

@@ -31,6 +31,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/weights/broadcast/broadcast_protocol.h"
 #include "common/weights/weight_transport.h"
 
 namespace tandem::weights {
@@ -84,7 +85,11 @@ class BroadcastGroup {
 // Rank 0's WeightSender. `group` must outlive it.
 class BroadcastWeightSender : public WeightSender {
  public:
-  explicit BroadcastWeightSender(BroadcastGroup* group) : group_(group) {}
+  // `keys` (tls.mode mtls): every version is sealed with its current key
+  // (broadcast_protocol.h); null: plaintext. Outlives this sender.
+  explicit BroadcastWeightSender(BroadcastGroup* group,
+                                 const DataPlaneKeyHolder* keys = nullptr)
+      : group_(group), keys_(keys) {}
   // `deadline` is not used: each collective carries the group's timeout.
   absl::Status Publish(const v1::WeightManifest& manifest,
                        absl::Span<const uint8_t> payload,
@@ -92,6 +97,7 @@ class BroadcastWeightSender : public WeightSender {
 
  private:
   BroadcastGroup* group_;
+  const DataPlaneKeyHolder* keys_;
 };
 
 // A worker rank's WeightReceiver. `group` must outlive it.
@@ -113,9 +119,18 @@ class BroadcastWeightReceiver : public WeightReceiver {
   // before ReceiveNext; outlives this receiver. Null: the in-band one.
   void set_trusted_digests(TrustedDigestSource* trusted) { trusted_ = trusted; }
 
+  // The keys sealed versions are opened with (tls.mode mtls); only sealed
+  // versions are accepted then. Null (tls.mode off): only plain ones.
+  // REQUIRES: set before ReceiveNext; outlives this receiver.
+  void set_data_plane_keys(const DataPlaneKeyHolder* keys) { keys_ = keys; }
+  // How the last round was sealed, and whether it failed to open.
+  const BroadcastSealOutcome& last_seal() const { return last_seal_; }
+
  private:
   BroadcastGroup* group_;
   TrustedDigestSource* trusted_ = nullptr;
+  const DataPlaneKeyHolder* keys_ = nullptr;
+  BroadcastSealOutcome last_seal_;
   uint64_t last_round_version_ = 0;
 };
 

@@ -228,7 +228,7 @@ void BroadcastSender::Send(const Job& job) {
   const StoredPayload& payload = delta ? *job.delta : job.full;
   outcome.full = !delta;
   outcome.bytes = payload.bytes->size();
-  BroadcastWeightSender sender(group_.get());
+  BroadcastWeightSender sender(group_.get(), options_.data_plane_key.get());
   ++collectives_started_;
   outcome.status = sender.Publish(payload.manifest, *payload.bytes,
                                   absl::Now() + options_.timeout);

@@ -93,6 +93,9 @@ struct BroadcastSenderOptions {
   // sender enters an epoch's scope when it forms the group and retires it
   // when it leaves the epoch (rendezvous_keys.h).
   std::shared_ptr<RendezvousKeys> rendezvous_keys;
+  // When set (tls.mode mtls), every version is sealed with the current
+  // data-plane key, and withheld while there is none (broadcast_protocol.h).
+  std::shared_ptr<const DataPlaneKeyHolder> data_plane_key;
 };
 
 // What happened to one job, for metrics and failure reports.

@@ -25,10 +25,10 @@
 // (garbage) is refused at once with UNAUTHENTICATED. All integers are
 // little-endian.
 //
-// Not confidentiality: the weights that follow travel in the clear, as
-// before. The secret keeps strangers from pulling them; an attacker who
-// can read the pod network's packets sees them (docs/operations.md, the
-// threat model).
+// The proof gives no confidentiality by itself: what the server sends
+// after it is sealed with a key derived from the same secret and the
+// challenge's nonce (data_plane_seal.h; weight_server.h, "Raw data path
+// confidentiality").
 
 #include <array>
 #include <cstdint>

@@ -11,11 +11,13 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
+#include "common/weights/data_plane_seal.h"
 #include "common/weights/pull/grpc_pull_receiver.h"
 #include "common/weights/pull/grpc_pull_receiver_internal.h"
 #include "common/weights/shared_weight_segment.h"
@@ -157,6 +159,87 @@ absl::Status GrpcPullReceiver::ReadRawStream(
     active_fd_ = fd;
     ++stats_.raw_streams;
   }
+  // With a key: the challenge (its nonce salts the stream's seal), the
+  // seal, and the record being read (weight_server.h, "Raw data path
+  // confidentiality").
+  uint8_t challenge[kRawChallengeBytes] = {};
+  std::optional<WeightSeal> seal;
+  std::vector<uint8_t> record;
+  size_t record_at = 0;
+  uint64_t record_index = 0;
+  bool tag_failed = false;
+  // The first record's length, read to tell it from a refusal in the clear.
+  std::optional<uint32_t> peeked_length;
+  // Reads n plaintext bytes of the stream: straight from the socket, or
+  // out of opened records, each opened whole before a byte of it is used.
+  auto read = [&](void* dst, size_t n) -> absl::Status {
+    if (!seal.has_value()) return RawRead(fd, dst, n, deadline);
+    auto* p = static_cast<uint8_t*>(dst);
+    while (n > 0) {
+      if (record_at == record.size()) {
+        uint32_t length = 0;
+        if (peeked_length.has_value()) {
+          length = *peeked_length;
+          peeked_length.reset();
+        } else if (absl::Status s =
+                       RawRead(fd, &length, sizeof(length), deadline);
+                   !s.ok()) {
+          return s;
+        }
+        if (length == 0 || length > kRawSealedRecordBytes) {
+          tag_failed = true;
+          return absl::DataLossError(absl::StrCat(
+              "raw weight stream from ", host, ":", port, ": weights v",
+              manifest.policy_version(), " bucket ", *bucket, " offset ",
+              *offset, ": sealed record ", record_index, " of ", length,
+              " bytes (at most ", kRawSealedRecordBytes, ")"));
+        }
+        // A record the caller wants whole is read and opened where it
+        // goes (the caller uses none of it unless its tag holds); others
+        // through `record`.
+        const bool direct = n >= length;
+        uint8_t* into = direct ? p : nullptr;
+        if (!direct) {
+          record.resize(length);
+          into = record.data();
+        }
+        SealTag tag;
+        if (absl::Status s = RawRead(fd, into, length, deadline); !s.ok()) {
+          return s;
+        }
+        if (absl::Status s = RawRead(fd, tag.data(), tag.size(), deadline);
+            !s.ok()) {
+          return s;
+        }
+        if (absl::Status s = seal->Open(
+                record_index,
+                {reinterpret_cast<const uint8_t*>(&length), sizeof(length)},
+                absl::MakeConstSpan(into, length), tag, into, "raw");
+            !s.ok()) {
+          tag_failed = true;
+          return absl::DataLossError(absl::StrCat(
+              "raw weight stream from ", host, ":", port, ": weights v",
+              manifest.policy_version(), " bucket ", *bucket, " offset ",
+              *offset, ": ", s.message()));
+        }
+        ++record_index;
+        if (direct) {
+          record.clear();
+          record_at = 0;
+          p += length;
+          n -= length;
+          continue;
+        }
+        record_at = 0;
+      }
+      const size_t take = std::min(n, record.size() - record_at);
+      std::memcpy(p, record.data() + record_at, take);
+      record_at += take;
+      p += take;
+      n -= take;
+    }
+    return absl::OkStatus();
+  };
   absl::Status result = [&]() -> absl::Status {
     v1::FetchWeightsRequest request =
         ResumeRequest(manifest, *bucket, *offset, options_.raw_chunk_bytes);
@@ -166,7 +249,6 @@ absl::Status GrpcPullReceiver::ReadRawStream(
     if (key.has_value()) {
       // The server speaks first: its challenge, or (no secret there yet)
       // a refusal in the raw status format.
-      uint8_t challenge[kRawChallengeBytes];
       if (absl::Status s = RawRead(fd, challenge, 4, deadline); !s.ok()) {
         return s;
       }
@@ -220,9 +302,50 @@ absl::Status GrpcPullReceiver::ReadRawStream(
           absl::StrCat("raw weight stream: sending the request to ", host, ":",
                        port, " failed: ", std::strerror(errno)));
     }
+    if (key.has_value()) {
+      // Everything the server sends from here on is sealed under a key of
+      // this connection: the challenge's nonce salts it.
+      absl::StatusOr<WeightSeal> derived = WeightSeal::Derive(
+          *key, absl::MakeConstSpan(challenge).subspan(12, kSealSaltBytes),
+          kSealPurposeRaw);
+      if (!derived.ok()) return derived.status();
+      seal = *std::move(derived);
+      // A refused proof is answered in the clear (the server has no seal
+      // for this connection then); kRawMagic is far above any record
+      // length, so the first word tells the two apart. Only a refusal may
+      // come in the clear: a plaintext OK could be anyone's.
+      uint32_t word = 0;
+      if (absl::Status s = RawRead(fd, &word, sizeof(word), deadline);
+          !s.ok()) {
+        return s;
+      }
+      if (word == kRawMagic) {
+        uint32_t tail[2] = {0, 0};
+        if (absl::Status s = RawRead(fd, tail, sizeof(tail), deadline);
+            !s.ok()) {
+          return s;
+        }
+        std::string message(std::min<uint32_t>(tail[1], 1u << 16), '\0');
+        if (absl::Status s =
+                RawRead(fd, message.data(), message.size(), deadline);
+            !s.ok()) {
+          return s;
+        }
+        if (tail[0] == 0) {
+          tag_failed = true;
+          return absl::DataLossError(absl::StrCat(
+              "raw weight stream from ", host, ":", port, ": weights v",
+              manifest.policy_version(),
+              ": an unsealed answer to a sealed request"));
+        }
+        return absl::Status(static_cast<absl::StatusCode>(tail[0]),
+                            absl::StrCat("raw weight stream from ", host, ":",
+                                         port, " refused: ", message));
+      }
+      peeked_length = word;
+    }
     uint32_t status[3] = {0, 0, 0};
-    if (absl::Status s = RawRead(fd, status, sizeof(status), deadline);
-        !s.ok()) {
+    if (absl::Status s = read(status, sizeof(status)); !s.ok()) {
       return s;
     }
     if (status[0] != kRawMagic || status[2] > (1u << 16)) {
@@ -233,7 +356,7 @@ absl::Status GrpcPullReceiver::ReadRawStream(
     if (status[1] != 0) {
       std::string message(status[2], '\0');
       if (absl::Status s =
-              RawRead(fd, message.data(), message.size(), deadline);
+              read(message.data(), message.size());
           !s.ok()) {
         return s;
       }
@@ -246,7 +369,7 @@ absl::Status GrpcPullReceiver::ReadRawStream(
     absl::Span<uint8_t> dst;  // the current bucket in staging (FULL)
     while (*bucket < num_buckets) {
       RawChunkHeader h{};
-      if (absl::Status s = RawRead(fd, &h, sizeof(h), deadline); !s.ok()) {
+      if (absl::Status s = read(&h, sizeof(h)); !s.ok()) {
         return s;
       }
       if (h.flags & kRawEnd) {
@@ -259,7 +382,7 @@ absl::Status GrpcPullReceiver::ReadRawStream(
               absl::StrCat("weights v", manifest.policy_version(),
                            ": unexpected shared-memory segment offer"));
         }
-        if (absl::Status s = RawRead(fd, m.data(), m.size(), deadline);
+        if (absl::Status s = read(m.data(), m.size());
             !s.ok()) {
           return s;
         }
@@ -310,7 +433,7 @@ absl::Status GrpcPullReceiver::ReadRawStream(
       uint64_t k = 0;
       do {
         const uint64_t n = std::min(piece, h.size - k);
-        if (absl::Status s = RawRead(fd, into + k, n, deadline); !s.ok()) {
+        if (absl::Status s = read(into + k, n); !s.ok()) {
           if (!full) delta->resize(*offset);
           return s;
         }
@@ -358,6 +481,18 @@ absl::Status GrpcPullReceiver::ReadRawStream(
   absl::MutexLock lock(&mu_);
   active_fd_ = -1;
   close(fd);
+  if (tag_failed && !result.ok()) {
+    // Tampered or garbled on the wire: nothing of the failed record was
+    // used. FetchWeights (mTLS) carries the rest of the version from the
+    // resume point; the next version tries the raw path again.
+    ++stats_.raw_decrypt_failures;
+    --stats_.raw_streams;
+    ComponentLogger("weights")->warn("refused a sealed raw stream: {}; "
+                                     "pulling over FetchWeights",
+                                     std::string(result.message()));
+    *connected = false;
+    return absl::OkStatus();
+  }
   if (absl::IsUnauthenticated(result)) {
     // No stale or refused secret stops a pull: FetchWeights (mTLS)
     // carries the stream; the next one tries the raw path again with

@@ -122,6 +122,10 @@ struct PullStats {
   uint64_t shm_not_offered = 0;    // asked for, streamed instead
   uint64_t raw_auth_fallbacks = 0;  // raw streams refused or not tried for
                                     // want of a good data-plane key
+  // Sealed raw streams given up because a record failed its tag
+  // (weight_server.h, "Raw data path confidentiality"); the rest of the
+  // version came over FetchWeights.
+  uint64_t raw_decrypt_failures = 0;
 
   uint64_t shm_fallbacks() const { return shm_open_failures + shm_mismatches; }
 };

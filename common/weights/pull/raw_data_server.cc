@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -22,11 +23,15 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/base/posix.h"
+#include "common/weights/pull/raw_sender.h"
 #include "common/weights/pull/weight_server_internal.h"
 #include "kernels/crc32c.h"
 
 namespace tandem::weights {
 namespace {
+
+using raw_internal::RawSender;
+using raw_internal::SendResult;
 
 constexpr char kOverCapacity[] = "over_capacity";
 constexpr char kEvicted[] = "evicted";
@@ -41,43 +46,6 @@ constexpr absl::Duration kMaxAcceptBackoff = absl::Seconds(1);
 // Largest serialized FetchWeightsRequest accepted.
 constexpr uint32_t kMaxRequestBytes = 1u << 16;
 
-enum class SendResult { kOk, kClosed, kTimedOut };
-
-// Sends every byte of `iov` (modified) on a blocking socket whose
-// SO_SNDTIMEO bounds each wait for the peer to read.
-SendResult SendAll(int fd, iovec* iov, int count) {
-  while (count > 0) {
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<size_t>(count);
-    const ssize_t sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
-    if (sent < 0 && errno == EINTR) continue;
-    if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      return SendResult::kTimedOut;
-    }
-    if (sent <= 0) return SendResult::kClosed;
-    auto left = static_cast<size_t>(sent);
-    while (count > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov;
-      --count;
-    }
-    if (count > 0) {
-      iov->iov_base = static_cast<uint8_t*>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
-  }
-  return SendResult::kOk;
-}
-
-SendResult SendStatus(int fd, const absl::Status& status) {
-  const std::string message(status.message());
-  uint32_t head[3] = {kRawMagic, static_cast<uint32_t>(status.code()),
-                      static_cast<uint32_t>(message.size())};
-  iovec iov[2] = {{head, sizeof(head)},
-                  {const_cast<char*>(message.data()), message.size()}};
-  return SendAll(fd, iov, message.empty() ? 1 : 2);
-}
 
 // An error answer to a connection the loop still holds (non-blocking): a
 // few bytes that fit any socket buffer; best effort.
@@ -276,13 +244,14 @@ void WeightServerService::RawDataServer::EventLoop() {
           break;
         case ReadResult::kReady: {
           const int fd = it->fd;
+          std::optional<WeightSeal> seal = std::move(it->seal);
           pending_.erase(it);
           // Streamed with blocking sends, each bounded by SO_SNDTIMEO.
           fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
           const timeval tv = absl::ToTimeval(send_timeout_);
           setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
           absl::MutexLock lock(&mu_);
-          ready_.push_back({fd, std::move(request)});
+          ready_.push_back({fd, std::move(request), std::move(seal)});
           break;
         }
       }
@@ -431,6 +400,17 @@ WeightServerService::RawDataServer::ReadProof(Pending& pending) {
           pending.bytes.size()),
       pending.challenge, *pending.key, &stale);
   if (verdict.ok()) {
+    // The stream to this connection is sealed under a key of its own: the
+    // challenge's fresh nonce salts the derivation.
+    absl::StatusOr<WeightSeal> seal = WeightSeal::Derive(
+        *pending.key,
+        absl::MakeConstSpan(pending.challenge).subspan(12, kSealSaltBytes),
+        kSealPurposeRaw);
+    if (!seal.ok()) {
+      SendStatusNow(pending.fd, seal.status());
+      return ReadResult::kClosed;
+    }
+    pending.seal = *std::move(seal);
     pending.proven = true;
     pending.bytes.clear();
     return ReadResult::kReady;
@@ -505,7 +485,8 @@ void WeightServerService::RawDataServer::StreamLoop() {
       ready_.pop_front();
       streaming_.insert(ready.fd);
     }
-    const bool sent = Serve(ready.fd, ready.request);
+    const bool sent = Serve(ready.fd, ready.request,
+                            ready.seal.has_value() ? &*ready.seal : nullptr);
     if (!sent) CountDropped(kSendTimeout);  // before the close
     absl::MutexLock lock(&mu_);
     streaming_.erase(ready.fd);
@@ -515,12 +496,15 @@ void WeightServerService::RawDataServer::StreamLoop() {
 }
 
 bool WeightServerService::RawDataServer::Serve(
-    int fd, const v1::FetchWeightsRequest& request) {
+    int fd, const v1::FetchWeightsRequest& request, const WeightSeal* seal) {
+  RawSender sender(fd, seal, &service_->sealed_records_,
+                   &service_->corrupt_record_at_);
   absl::StatusOr<Stream> stream = service_->OpenStream(request, /*raw=*/true);
   if (!stream.ok()) {
-    return SendStatus(fd, stream.status()) != SendResult::kTimedOut;
+    return sender.SendStatus(stream.status()) != SendResult::kTimedOut;
   }
-  if (SendResult r = SendStatus(fd, absl::OkStatus()); r != SendResult::kOk) {
+  if (SendResult r = sender.SendStatus(absl::OkStatus());
+      r != SendResult::kOk) {
     return r != SendResult::kTimedOut;
   }
   if (stream->segment != nullptr) {
@@ -529,7 +513,7 @@ bool WeightServerService::RawDataServer::Serve(
                      static_cast<uint32_t>(m.size()),
                      kernels::Crc32c(m.data(), m.size())};
     iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(m.data()), m.size()}};
-    return SendAll(fd, iov, 2) != SendResult::kTimedOut;
+    return sender.Send(iov, 2) != SendResult::kTimedOut;
   }
   std::vector<uint8_t> corrupted;
   for (;;) {
@@ -555,7 +539,7 @@ bool WeightServerService::RawDataServer::Serve(
       h.flags = kRawEnd;
     }
     iov[0] = {&h, sizeof(h)};
-    const SendResult r = SendAll(fd, iov, count);
+    const SendResult r = sender.Send(iov, count);
     if (r != SendResult::kOk) return r != SendResult::kTimedOut;
     if (count == 1) return true;
   }

@@ -73,6 +73,21 @@
 // one. While the holder has no key yet every connection is refused
 // ({reason="no_secret"}).
 //
+// Raw data path confidentiality. On a proven connection everything the
+// server sends after the proof (the status, the chunk headers and the
+// chunks) is sealed (data_plane_seal.h): AES-256-GCM under
+// HKDF(epoch secret, salt = the challenge's 32-byte nonce, "raw"), cut into
+// records of at most kRawSealedRecordBytes of that byte stream:
+//
+//   u32 n, n bytes of ciphertext, 16-byte tag    (record k: nonce k, AAD n)
+//
+// numbered from 0 on the connection. The nonce is fresh per connection, so
+// the key is too, and record numbers never repeat under it. The client
+// opens each record before it reads a byte of it; a record whose tag fails
+// (tampered, reordered, cut) ends the stream and the pull goes on over
+// FetchWeights. The request itself (version, resume point) travels in the
+// clear, as does everything without a data-plane key (tls.mode off).
+//
 // Raw data path bounds: whatever its clients do (idle sockets, requests
 // sent a byte a minute, receivers that stop reading), the raw path holds at
 // most max_data_connections connections and 1 + data_stream_threads
@@ -188,6 +203,8 @@ inline constexpr uint32_t kRawSharedSegment = 4;
 // Largest raw chunk; FetchWeightsRequest.chunk_bytes 0 on the raw path asks
 // for whole buckets (up to this size).
 inline constexpr uint32_t kMaxRawChunkBytes = 1u << 30;
+// Largest sealed record's plaintext (see "Raw data path confidentiality").
+inline constexpr uint32_t kRawSealedRecordBytes = 1u << 20;
 struct RawChunkHeader {
   uint32_t bucket;
   uint32_t flags;
@@ -251,6 +268,12 @@ class WeightServerService final : public v1::WeightServer::CallbackService {
   void CorruptChunkForTest(int64_t index) {
     corrupt_at_ = static_cast<int64_t>(chunks_.load()) + index;
   }
+  // The `index`-th sealed raw record sent from now on (counting across
+  // connections) has one ciphertext byte flipped after it was sealed, as
+  // someone on the path between trainer and worker could.
+  void CorruptSealedRecordForTest(int64_t index) {
+    corrupt_record_at_ = static_cast<int64_t>(sealed_records_.load()) + index;
+  }
 
  private:
   class FetchReactor;
@@ -299,6 +322,8 @@ class WeightServerService final : public v1::WeightServer::CallbackService {
   std::atomic<uint64_t> shm_failures_{0};
   std::atomic<int> fail_after_{-1};
   std::atomic<int64_t> corrupt_at_{-1};
+  std::atomic<uint64_t> sealed_records_{0};  // sent on the raw path
+  std::atomic<int64_t> corrupt_record_at_{-1};
 };
 
 }  // namespace tandem::weights

@@ -18,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/weights/data_plane_seal.h"
 #include "common/weights/pull/data_plane_auth.h"
 #include "common/weights/pull/weight_server.h"
 
@@ -94,10 +95,14 @@ class WeightServerService::RawDataServer {
     std::optional<DataPlaneKey> key;
     RawChallenge challenge{};
     bool proven = false;
+    // Once proven: the key the stream to this connection is sealed with
+    // (data_plane_seal.h; the challenge's nonce is its salt).
+    std::optional<WeightSeal> seal;
   };
   struct Ready {
     int fd = -1;
     v1::FetchWeightsRequest request;
+    std::optional<WeightSeal> seal;  // set: every byte sent is sealed
   };
   enum class ReadResult { kMore, kReady, kClosed };
 
@@ -127,7 +132,10 @@ class WeightServerService::RawDataServer {
   void SetOpen(int delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StreamLoop();
   // Serves one request; false when a send timed out.
-  bool Serve(int fd, const v1::FetchWeightsRequest& request);
+  // With `seal`, everything after the proof is sent in sealed records
+  // (weight_server.h, "Raw data path confidentiality").
+  bool Serve(int fd, const v1::FetchWeightsRequest& request,
+             const WeightSeal* seal);
 
   WeightServerService* const service_;
   const int max_connections_;
