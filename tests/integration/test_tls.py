@@ -416,7 +416,7 @@ class TlsClusterTest(unittest.TestCase):
         for name, info in self.ready.items():
             if not name.startswith("rollout"):
                 continue
-            text = harness.scrape_metrics(info["metrics_address"])
+            text = harness.scrape_metrics(info["metrics_address"], self.certs)
             self.assertIn('tandem_weight_sync_decrypt_failures_total'
                           '{transport="broadcast"}', text)
             self.assertEqual(harness.metric_sum(
