@@ -30,24 +30,16 @@
 #include "common/weights/weight_transport.h"
 #include "kernels/crc32c.h"
 #include "kernels/finite_scan.h"
+#include "tests/bench/bench_util.h"
 
 namespace tandem::weights {
 namespace {
 
-double Seconds(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                       since)
-      .count();
-}
+using bench::Median;
+constexpr auto Seconds = bench::SecondsSince;
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-void Die(const std::string& why) {
-  std::fprintf(stderr, "finite_scan_bench: %s\n", why.c_str());
-  std::exit(1);
+[[noreturn]] void Die(const std::string& why) {
+  bench::Die("finite_scan_bench", why);
 }
 
 int Main(int argc, char** argv) {

@@ -29,18 +29,15 @@
 #include "common/weights/staging_weights.h"
 #include "common/weights/weight_transport.h"
 #include "tests/unit/model_test_util.h"
+#include "tests/bench/bench_util.h"
 
 namespace tandem::weights {
 namespace {
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::Median;
 
-void Die(const std::string& why) {
-  std::fprintf(stderr, "staged_swap_bench: %s\n", why.c_str());
-  std::exit(1);
+[[noreturn]] void Die(const std::string& why) {
+  bench::Die("staged_swap_bench", why);
 }
 
 int Main(int argc, char** argv) {

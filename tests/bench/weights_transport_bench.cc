@@ -95,6 +95,7 @@
 #include "common/weights/weight_store.h"
 #include "kernels/crc32c.h"
 #include "tests/unit/weight_server_test_util.h"
+#include "tests/bench/bench_util.h"
 
 namespace tandem::weights {
 namespace {
@@ -588,11 +589,7 @@ struct Paired {
   std::vector<double> ratios;  // socket seconds / column seconds, per round
 };
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
+using bench::Median;
 
 // Runs `column` and a socket copy of the same bytes in alternating order,
 // round after round: each round's ratio compares two transfers made moments
