@@ -17,7 +17,8 @@ absl::StatusOr<std::unique_ptr<MemberDaemon>> MemberDaemon::Create(
     MemberSession::HeartbeatFiller filler,
     std::map<std::string, std::string> capabilities,
     std::function<void(const tandem::v1::DataPlaneSecret&)>
-        on_data_plane_secret) {
+        on_data_plane_secret,
+    Clock* clock) {
   if (coordinator_address.empty()) {
     return absl::InvalidArgumentError("coordinator_address must be set");
   }
@@ -34,6 +35,7 @@ absl::StatusOr<std::unique_ptr<MemberDaemon>> MemberDaemon::Create(
   options.metrics_address = member->runtime_->metrics_address();
   options.capabilities = std::move(capabilities);
   options.on_data_plane_secret = std::move(on_data_plane_secret);
+  options.clock = clock;
   member->session_ =
       std::make_unique<MemberSession>(std::move(options), std::move(filler));
   return member;

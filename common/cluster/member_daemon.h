@@ -36,7 +36,8 @@ class MemberDaemon {
       MemberSession::HeartbeatFiller filler,
       std::map<std::string, std::string> capabilities = {},
       std::function<void(const tandem::v1::DataPlaneSecret&)>
-          on_data_plane_secret = nullptr);
+          on_data_plane_secret = nullptr,
+      Clock* clock = RealClock());
   ~MemberDaemon();
 
   absl::Status Start();

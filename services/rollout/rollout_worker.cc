@@ -81,7 +81,8 @@ absl::StatusOr<std::unique_ptr<RolloutWorker>> RolloutWorker::Create(
           {{"max_num_seqs", std::to_string(config.max_num_seqs)}},
           w->data_plane_key_ == nullptr
               ? nullptr
-              : weights::DataPlaneSecretSink(w->data_plane_key_, "rollout")));
+              : weights::DataPlaneSecretSink(w->data_plane_key_, "rollout"),
+          clock));
   cluster::MemberSession* session = &w->member_->session();
   auto member_id = [session] { return session->member_id(); };
   w->prefetcher_ = std::make_unique<PromptPrefetcher>(
@@ -161,7 +162,8 @@ absl::Status RolloutWorker::LoadModelAndEngine() {
       config.weight_sync_watch) {
     w->watcher_ = std::make_unique<cluster::ClusterWatcher>(
         session->client(),
-        cluster::ClusterWatcherOptions{.member_id = member_id});
+        cluster::ClusterWatcherOptions{.member_id = member_id,
+                                       .clock = clock_});
     sync.watcher = w->watcher_.get();
   }
   if (w->inplace_source_) sync.inplace_staging = w->inplace_source_->staging();
