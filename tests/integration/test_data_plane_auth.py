@@ -12,7 +12,10 @@ hmac and a plain socket as independent clients:
     secret (epoch, 32 bytes); a verifier certificate is handed none;
   * a raw connection that answers the trainer's challenge with HMAC-SHA256
     of that secret (computed here by Python's hmac, not our code) is
-    served the whole payload; one that sends its request without a proof,
+    served the whole payload, sealed: every record opens with AES-256-GCM
+    under the HKDF-SHA256 key of docs/operations.md ("Sealed weight data"),
+    derived and opened here by Debian's python3-cryptography, and nothing
+    of the answer crosses in the clear; one that sends its request without a proof,
     or a garbage proof, is refused UNAUTHENTICATED at once (well under the
     raw path's 10 s request timeout) and counted;
   * when a member leaves, the coordinator rotates the secret: the trainer
@@ -39,6 +42,9 @@ import time
 import unittest
 
 import grpc
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 import harness
 
@@ -49,8 +55,47 @@ from tandem.v1 import coordinator_pb2 as pb  # noqa: E402
 RAW_MAGIC = 0x31445754       # "TWD1": a raw request or status
 AUTH_MAGIC = 0x31415754      # "TWA1": challenge and proof
 PROOF_CONTEXT = b"tandem weight data v1\x00"
+SEAL_CONTEXT = b"tandem weight data enc v1\x00"
+SEAL_TAG = 16
 UNAUTHENTICATED = 16
 RAW_END = 2
+
+
+class SealedReader:
+    """The plaintext of a raw stream sealed after the proof: records of
+    u32 length (little-endian, the record's associated data), that many
+    bytes of AES-256-GCM ciphertext and a 16-byte tag; the key is
+    HKDF-SHA256(the epoch secret, salt = the challenge's 32-byte nonce,
+    info = SEAL_CONTEXT || "raw" NUL || u64 epoch); record k's nonce is
+    4 zero bytes || u64 k. Raises InvalidTag on a record that does not
+    open. `wire` counts the bytes that crossed."""
+
+    def __init__(self, sock, secret, epoch, nonce):
+        info = SEAL_CONTEXT + b"raw\x00" + struct.pack("<Q", epoch)
+        key = HKDF(algorithm=hashes.SHA256(), length=32, salt=nonce,
+                   info=info).derive(secret)
+        self.aead = AESGCM(key)
+        self.sock = sock
+        self.buffer = b""
+        self.index = 0
+        self.opened = 0
+        self.wire = b""
+
+    def read(self, n):
+        while len(self.buffer) < n:
+            head = recv_exactly(self.sock, 4)
+            if len(head) < 4:
+                break
+            (length,) = struct.unpack("<I", head)
+            body = recv_exactly(self.sock, length + SEAL_TAG)
+            self.wire += head + body
+            plain = self.aead.decrypt(
+                b"\0" * 4 + struct.pack("<Q", self.index), body, head)
+            self.buffer += plain
+            self.opened += len(plain)
+            self.index += 1
+        out, self.buffer = self.buffer[:n], self.buffer[n:]
+        return out
 
 
 def credentials(certs, role):
@@ -157,20 +202,23 @@ class DataPlaneTest(unittest.TestCase):
         body = fetch_request(version)
         return struct.pack("<II", RAW_MAGIC, len(body)) + body
 
-    def answer(self, sock):
-        """The raw status (code, message) and the payload bytes after it."""
-        head = recv_exactly(sock, 12)
+    def answer(self, sock, reader=None):
+        """The raw status (code, message) and the payload bytes after it,
+        read from `reader` (a SealedReader) or in the clear from `sock`."""
+        def read(n):
+            return reader.read(n) if reader else recv_exactly(sock, n)
+        head = read(12)
         self.assertEqual(len(head), 12)
         magic, code, length = struct.unpack("<III", head)
         self.assertEqual(magic, RAW_MAGIC)
-        message = recv_exactly(sock, length).decode()
+        message = read(length).decode()
         payload = 0
         if code == 0:
             while True:
-                h = recv_exactly(sock, 24)
+                h = read(24)
                 self.assertEqual(len(h), 24)
                 _, flags, _, size, _ = struct.unpack("<IIQII", h)
-                payload += len(recv_exactly(sock, size))
+                payload += len(read(size))
                 if flags & RAW_END:
                     break
         return code, message, payload
@@ -254,12 +302,20 @@ class DataPlaneTest(unittest.TestCase):
             with sock:
                 sock.sendall(self.proof(secret.secret, epoch, nonce) +
                              self.request(manifest.policy_version))
-                code, message, payload = self.answer(sock)
+                reader = SealedReader(sock, secret.secret, epoch, nonce)
+                code, message, payload = self.answer(sock, reader)
             if code != 5:  # NOT_FOUND: the version was dropped meanwhile
                 break
         self.assertEqual(code, 0, message)
         self.assertEqual(payload, manifest.total_bytes)
         self.assertGreater(payload, 0)
+        # Nothing of the answer crossed in the clear (not even the
+        # status's magic), and every byte that crossed belongs to a record
+        # that opened: its length, its ciphertext, its tag.
+        self.assertNotIn(struct.pack("<I", RAW_MAGIC), reader.wire)
+        self.assertGreater(reader.index, 0)
+        self.assertEqual(len(reader.wire),
+                         reader.opened + reader.index * (4 + SEAL_TAG))
 
     def test_4_no_or_garbage_proof_is_refused_at_once(self):
         _, port = self.manifest()
