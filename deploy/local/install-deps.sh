@@ -22,6 +22,9 @@ PACKAGES=(
   libssl-dev
   # tests: unit framework, independent gRPC client, real Prometheus server
   catch2 python3 python3-venv python3-grpcio prometheus
+  # an independent AES-GCM/HKDF to open the sealed raw stream
+  # (tests/integration/test_data_plane_auth.py)
+  python3-cryptography
   # memory errors of the trainer's shutdown (tests/valgrind)
   valgrind
   # the chaos soak's network faults (tests/integration/test_chaos.py --net)
