@@ -18,6 +18,19 @@
 namespace tandem::rollout {
 namespace {
 
+// The chat messages of an environment's observations.
+nlohmann::ordered_json ObservationMessages(
+    const std::vector<tandem::v1::Observation>& observations) {
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  for (const tandem::v1::Observation& o : observations) {
+    nlohmann::ordered_json m = {{"role", o.role()}, {"content", o.content()}};
+    if (!o.tool_call_id().empty()) m["tool_call_id"] = o.tool_call_id();
+    if (!o.name().empty()) m["name"] = o.name();
+    messages.push_back(std::move(m));
+  }
+  return messages;
+}
+
 auto Log() { return ComponentLogger("rollout"); }
 
 }  // namespace
@@ -70,13 +83,7 @@ absl::Status RolloutWorker::StartEpisodes() {
       [templates, tokenizer,
        turn_end](const std::vector<tandem::v1::Observation>& observations)
       -> absl::StatusOr<std::vector<int32_t>> {
-    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-    for (const tandem::v1::Observation& o : observations) {
-      nlohmann::ordered_json m = {{"role", o.role()}, {"content", o.content()}};
-      if (!o.tool_call_id().empty()) m["tool_call_id"] = o.tool_call_id();
-      if (!o.name().empty()) m["name"] = o.name();
-      messages.push_back(std::move(m));
-    }
+    const nlohmann::ordered_json messages = ObservationMessages(observations);
     ASSIGN_OR_RETURN(const chat::ChatTemplate* tmpl, templates->Get());
     ASSIGN_OR_RETURN(std::string text, chat::RenderContinuation(
                                            *tmpl, messages, turn_end, nullptr,
@@ -90,13 +97,7 @@ absl::Status RolloutWorker::StartEpisodes() {
       [templates,
        tokenizer](const std::vector<tandem::v1::Observation>& observations)
       -> absl::StatusOr<std::vector<int32_t>> {
-    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-    for (const tandem::v1::Observation& o : observations) {
-      nlohmann::ordered_json m = {{"role", o.role()}, {"content", o.content()}};
-      if (!o.tool_call_id().empty()) m["tool_call_id"] = o.tool_call_id();
-      if (!o.name().empty()) m["name"] = o.name();
-      messages.push_back(std::move(m));
-    }
+    const nlohmann::ordered_json messages = ObservationMessages(observations);
     ASSIGN_OR_RETURN(const chat::ChatTemplate* tmpl, templates->Get());
     ASSIGN_OR_RETURN(std::string text,
                      chat::RenderOpening(*tmpl, messages, nullptr,

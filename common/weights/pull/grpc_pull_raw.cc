@@ -16,6 +16,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
 #include "common/base/logging.h"
 #include "common/weights/data_plane_seal.h"
 #include "common/weights/pull/grpc_pull_receiver.h"
@@ -170,6 +171,14 @@ absl::Status GrpcPullReceiver::ReadRawStream(
   bool tag_failed = false;
   // The first record's length, read to tell it from a refusal in the clear.
   std::optional<uint32_t> peeked_length;
+  // The rest of a raw status sent in the clear, its magic already read:
+  // code and message length into `tail`, the message (at most 64 KiB).
+  auto read_clear_status = [&](uint32_t tail[2],
+                               std::string* message) -> absl::Status {
+    RETURN_IF_ERROR(RawRead(fd, tail, 2 * sizeof(uint32_t), deadline));
+    message->assign(std::min<uint32_t>(tail[1], 1u << 16), '\0');
+    return RawRead(fd, message->data(), message->size(), deadline);
+  };
   // Reads n plaintext bytes of the stream: straight from the socket, or
   // out of opened records, each opened whole before a byte of it is used.
   auto read = [&](void* dst, size_t n) -> absl::Status {
@@ -256,14 +265,8 @@ absl::Status GrpcPullReceiver::ReadRawStream(
       std::memcpy(&magic, challenge, 4);
       if (magic == kRawMagic) {
         uint32_t tail[2] = {0, 0};
-        if (absl::Status s = RawRead(fd, tail, sizeof(tail), deadline);
-            !s.ok()) {
-          return s;
-        }
-        std::string message(std::min<uint32_t>(tail[1], 1u << 16), '\0');
-        if (absl::Status s =
-                RawRead(fd, message.data(), message.size(), deadline);
-            !s.ok()) {
+        std::string message;
+        if (absl::Status s = read_clear_status(tail, &message); !s.ok()) {
           return s;
         }
         return absl::UnauthenticatedError(
@@ -321,14 +324,8 @@ absl::Status GrpcPullReceiver::ReadRawStream(
       }
       if (word == kRawMagic) {
         uint32_t tail[2] = {0, 0};
-        if (absl::Status s = RawRead(fd, tail, sizeof(tail), deadline);
-            !s.ok()) {
-          return s;
-        }
-        std::string message(std::min<uint32_t>(tail[1], 1u << 16), '\0');
-        if (absl::Status s =
-                RawRead(fd, message.data(), message.size(), deadline);
-            !s.ok()) {
+        std::string message;
+        if (absl::Status s = read_clear_status(tail, &message); !s.ok()) {
           return s;
         }
         if (tail[0] == 0) {
