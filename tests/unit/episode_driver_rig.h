@@ -240,13 +240,16 @@ class RewardingEnvironment : public tandem::v1::Environment::CallbackService {
       grpc::CallbackServerContext* context,
       const tandem::v1::OpenEpisodeRequest*,
       tandem::v1::OpenEpisodeResponse* response) override {
-    response->set_episode_id(absl::StrCat("r-", ++opened));
+    // One read of the counter: two opens served at once each get their own
+    // number (a second load could see the other's increment).
+    const int number = ++opened;
+    response->set_episode_id(absl::StrCat("r-", number));
     if (opening_observation) {
       tandem::v1::Observation* o = response->add_observations();
       o->set_role("user");
       // numbered_opening: each episode its own room (a randomised reset).
       o->set_content(numbered_opening
-                         ? absl::StrCat("You are in room ", opened.load())
+                         ? absl::StrCat("You are in room ", number)
                          : std::string("You are in a maze."));
     }
     auto* reactor = context->DefaultReactor();
