@@ -22,55 +22,19 @@
 #include "common/weights/pull/weight_server.h"
 #include "common/weights/staging_weights.h"
 #include "common/weights/weight_store.h"
-#include "tests/support/raw_data_socket.h"
+#include "tests/support/raw_data_port.h"
 #include "weight_server_test_util.h"
 #include "weights_test_util.h"
 
 namespace tandem::weights {
 namespace {
 
+using AuthServer = testing::KeyedVersionServer;
 using testing::ConnectLoopback;
 using testing::HolderOf;
 using testing::RawRequestBytes;
 using testing::ReadN;
 using testing::TestKey;
-
-// One random FULL version in a store, served with `holder` as the raw
-// path's key.
-struct AuthServer {
-  explicit AuthServer(std::shared_ptr<const DataPlaneKeyHolder> holder)
-      : layout(testing::SmallLayout()),
-        weights(layout.total_bytes()),
-        store(4),
-        server(&store, {.data_plane_key = std::move(holder)}) {
-    std::mt19937_64 rng(5);
-    testing::FillRandom(layout, &weights, rng);
-    REQUIRE(testing::PutFullVersion(store, layout, weights, 1).ok());
-  }
-  uint16_t data_port() { return server.service().data_port(); }
-
-  FlatWeightLayout layout;
-  WeightBuffer weights;
-  WeightStore store;
-  testing::WeightServerLoopback server;
-};
-
-// Pulls version 1 with `options`; REQUIREs it arrived bit for bit.
-PullStats Pull(AuthServer& s, PullOptions options) {
-  auto staging = StagingWeights::Create(s.layout, StagingMode::kDoubleBuffer);
-  REQUIRE(staging.ok());
-  GrpcPullReceiver receiver(s.server.channel(), options);
-  auto got = receiver.ReceiveNext(staging->get(),
-                                  absl::Now() + absl::Seconds(20));
-  INFO(got.status().ToString());
-  REQUIRE(got.ok());
-  REQUIRE(*got == 1);
-  REQUIRE((*staging)->Commit().ok());
-  const auto live = (*staging)->live().bytes;
-  REQUIRE(live.size() == s.weights.size());
-  REQUIRE(std::memcmp(live.data(), s.weights.data(), live.size()) == 0);
-  return receiver.stats();
-}
 
 // What the server answered a client that sent `first` after the
 // challenge: the raw status code and message (code -1: nothing), and how
@@ -118,7 +82,7 @@ TEST_CASE("a receiver with the epoch's key pulls over the raw path") {
   const DataPlaneKey key = TestKey(3);
   AuthServer s(HolderOf(key));
   REQUIRE(s.data_port() != 0);
-  const PullStats stats = Pull(s, {.shared_memory = false,
+  const PullStats stats = s.Pull({.shared_memory = false,
                                    .data_plane_key = HolderOf(key)});
   CHECK(stats.raw_streams >= 1);
   CHECK(stats.grpc_streams == 0);
@@ -205,7 +169,7 @@ TEST_CASE("garbage and truncated proofs are refused at once") {
 
 TEST_CASE("a receiver with a stale key still pulls, over FetchWeights") {
   AuthServer s(HolderOf(TestKey(4)));
-  const PullStats stats = Pull(s, {.shared_memory = false,
+  const PullStats stats = s.Pull({.shared_memory = false,
                                    .data_plane_key = HolderOf(TestKey(3))});
   CHECK(stats.raw_auth_fallbacks >= 1);
   CHECK(stats.raw_streams == 0);
@@ -225,7 +189,7 @@ TEST_CASE("before the first epoch every raw connection is refused") {
   close(fd);
   CHECK(s.server.service().stats().data_auth_refused == 1);
   // A receiver (holding a key, or not yet) gets its bytes over gRPC.
-  const PullStats stats = Pull(s, {.shared_memory = false,
+  const PullStats stats = s.Pull({.shared_memory = false,
                                    .data_plane_key = HolderOf(TestKey(1))});
   CHECK(stats.grpc_streams >= 1);
   CHECK(stats.raw_streams == 0);

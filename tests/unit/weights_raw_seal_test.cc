@@ -24,7 +24,7 @@
 #include "common/weights/pull/weight_server.h"
 #include "common/weights/staging_weights.h"
 #include "common/weights/weight_store.h"
-#include "tests/support/raw_data_socket.h"
+#include "tests/support/raw_data_port.h"
 #include "weight_server_test_util.h"
 #include "weights_test_util.h"
 

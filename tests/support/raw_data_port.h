@@ -1,9 +1,11 @@
-// A plain-socket client of the trainer's raw weight data port, for tests
-// that play a client the receiver would never be (one without the secret,
-// one that records what crossed): connecting on loopback, reading, the raw
-// request's bytes, and data-plane keys made for a test.
-#ifndef TANDEM_TESTS_SUPPORT_RAW_DATA_SOCKET_H_
-#define TANDEM_TESTS_SUPPORT_RAW_DATA_SOCKET_H_
+// The trainer's raw weight data port in tests: data-plane keys made for a
+// test, a real weight server holding one random version behind a key, a
+// pull of it checked bit for bit, and a plain-socket client for tests that
+// play a client the receiver would never be (one without the secret, one
+// that records what crossed): connecting on loopback, reading, the raw
+// request's bytes.
+#ifndef TANDEM_TESTS_SUPPORT_RAW_DATA_PORT_H_
+#define TANDEM_TESTS_SUPPORT_RAW_DATA_PORT_H_
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -16,12 +18,18 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/weights/pull/data_plane_auth.h"
+#include "common/weights/pull/grpc_pull_receiver.h"
 #include "common/weights/pull/weight_server.h"
+#include "common/weights/staging_weights.h"
+#include "common/weights/weight_store.h"
+#include "tests/unit/weight_server_test_util.h"
+#include "tests/unit/weights_test_util.h"
 
 namespace tandem::weights::testing {
 
@@ -38,6 +46,45 @@ inline std::shared_ptr<DataPlaneKeyHolder> HolderOf(const DataPlaneKey& key) {
   holder->Set(key);
   return holder;
 }
+
+// One random FULL version 1 (SmallLayout) in a store, served by a real
+// weight server on loopback whose raw port holds `holder` (null: no key,
+// tls.mode off).
+struct KeyedVersionServer {
+  explicit KeyedVersionServer(std::shared_ptr<const DataPlaneKeyHolder> holder)
+      : layout(SmallLayout()),
+        weights(layout.total_bytes()),
+        store(4),
+        server(&store, {.data_plane_key = std::move(holder)}) {
+    std::mt19937_64 rng(5);
+    FillRandom(layout, &weights, rng);
+    REQUIRE(PutFullVersion(store, layout, weights, 1).ok());
+  }
+  uint16_t data_port() { return server.service().data_port(); }
+
+  // Pulls version 1 with `options`; REQUIREs it arrived bit for bit. The
+  // receiver's stats.
+  PullStats Pull(PullOptions options) {
+    auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+    REQUIRE(staging.ok());
+    GrpcPullReceiver receiver(server.channel(), std::move(options));
+    auto got =
+        receiver.ReceiveNext(staging->get(), absl::Now() + absl::Seconds(20));
+    INFO(got.status().ToString());
+    REQUIRE(got.ok());
+    REQUIRE(*got == 1);
+    REQUIRE((*staging)->Commit().ok());
+    const auto live = (*staging)->live().bytes;
+    REQUIRE(live.size() == weights.size());
+    REQUIRE(std::memcmp(live.data(), weights.data(), live.size()) == 0);
+    return receiver.stats();
+  }
+
+  FlatWeightLayout layout;
+  WeightBuffer weights;
+  WeightStore store;
+  WeightServerLoopback server;
+};
 
 // A TCP connection to 127.0.0.1:`port`.
 inline int ConnectLoopback(uint16_t port) {
@@ -85,4 +132,4 @@ inline std::string RawRequestBytes(uint64_t version = 1) {
 
 }  // namespace tandem::weights::testing
 
-#endif  // TANDEM_TESTS_SUPPORT_RAW_DATA_SOCKET_H_
+#endif  // TANDEM_TESTS_SUPPORT_RAW_DATA_PORT_H_
