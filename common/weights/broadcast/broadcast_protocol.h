@@ -95,8 +95,9 @@ struct BroadcastSealOutcome {
 // (StagingWeights, "Digest check").
 // `keys` (tls.mode mtls): the keys sealed versions are opened with (the
 // current epoch's, or the previous epoch's in its grace:
-// DataPlaneKeyHolder::ForEpoch); only sealed versions are accepted. Null: only plain ones. `seal`, when not
-// null, is told how the round was sealed and whether it failed to open.
+// DataPlaneKeyHolder::ForEpoch); only sealed versions are accepted. Null:
+// only plain ones. `seal`, when not null, is told how the round was sealed
+// and whether it failed to open.
 absl::StatusOr<uint64_t> ReceiveOverBroadcast(
     StartBroadcastFn start, absl::FunctionRef<void()> abort_group,
     StagingWeights* staging, uint64_t* round_version,

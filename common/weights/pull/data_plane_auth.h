@@ -112,8 +112,11 @@ absl::Status VerifyRawProof(absl::Span<const uint8_t> proof,
 //
 // The previous key only *opens*: what this process seals, and whom its
 // raw port admits, use the current key alone (Get()). A member removed by
-// the rotation holds the previous secret; it must not receive a byte sealed
-// after the rotation, and it never does, whatever the grace.
+// the rotation holds the previous secret, and the grace gives it nothing:
+// once the trainer has taken the new epoch, it neither seals under the
+// previous one nor admits its proofs. (Until the trainer's own next
+// heartbeat the previous epoch is still its current one, as it was before
+// there was a grace.)
 //
 // Thread-safe. `clock` times the grace and outlives the holder.
 class DataPlaneKeyHolder {
