@@ -16,7 +16,8 @@ absl::StatusOr<std::unique_ptr<MemberDaemon>> MemberDaemon::Create(
     const std::vector<grpc::Service*>& services,
     MemberSession::HeartbeatFiller filler,
     std::map<std::string, std::string> capabilities,
-    std::function<void(const tandem::v1::DataPlaneSecret&)>
+    std::function<void(const tandem::v1::DataPlaneSecret&,
+                       absl::Duration)>
         on_data_plane_secret,
     Clock* clock) {
   if (coordinator_address.empty()) {

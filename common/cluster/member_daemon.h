@@ -35,7 +35,8 @@ class MemberDaemon {
       const std::vector<grpc::Service*>& services,
       MemberSession::HeartbeatFiller filler,
       std::map<std::string, std::string> capabilities = {},
-      std::function<void(const tandem::v1::DataPlaneSecret&)>
+      std::function<void(const tandem::v1::DataPlaneSecret&,
+                       absl::Duration)>
           on_data_plane_secret = nullptr,
       Clock* clock = RealClock());
   ~MemberDaemon();

@@ -65,13 +65,16 @@ bool MemberSession::TryRegister() {
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   grpc::Status status = client_->Register(&context, request, &response);
   if (!status.ok()) return false;
+  {
+    absl::MutexLock lock(&mu_);
+    heartbeat_interval_ = absl::Milliseconds(
+        std::max<int64_t>(50, response.heartbeat_interval_ms()));
+  }
   TakeDataPlaneSecret(response.data_plane());
   absl::MutexLock lock(&mu_);
   member_id_ = response.member_id();
   previous_member_id_ = response.member_id();
   registered_ = true;
-  heartbeat_interval_ = absl::Milliseconds(
-      std::max<int64_t>(50, response.heartbeat_interval_ms()));
   cluster_policy_version_ = response.policy_version();
   ComponentLogger(RoleName(options_.role))
       ->info("registered with coordinator {} as {} (heartbeat every {} ms)",
@@ -111,7 +114,14 @@ void MemberSession::TakeDataPlaneSecret(
     const tandem::v1::DataPlaneSecret& secret) {
   if (secret.epoch() == 0 || secret.epoch() == data_plane_epoch_) return;
   data_plane_epoch_ = secret.epoch();
-  if (options_.on_data_plane_secret) options_.on_data_plane_secret(secret);
+  absl::Duration interval;
+  {
+    absl::MutexLock lock(&mu_);
+    interval = heartbeat_interval_;
+  }
+  if (options_.on_data_plane_secret) {
+    options_.on_data_plane_secret(secret, interval);
+  }
 }
 
 void MemberSession::Run() {

@@ -36,8 +36,12 @@ struct MemberSessionOptions {
   absl::Duration max_backoff = absl::Seconds(2);
   // Told each new data-plane secret the coordinator hands out (in
   // Register and Heartbeat responses; tls.mode mtls, trainer and rollout
-  // members only), from the session thread. Optional.
-  std::function<void(const tandem::v1::DataPlaneSecret&)> on_data_plane_secret;
+  // members only), with the heartbeat interval the coordinator asks for
+  // (how long peers may still use the previous secret depends on it), from
+  // the session thread. Optional.
+  std::function<void(const tandem::v1::DataPlaneSecret&,
+                     absl::Duration heartbeat_interval)>
+      on_data_plane_secret;
   // Times the heartbeat interval and the registration backoff (not the
   // calls' gRPC deadlines). Outlives the session.
   Clock* clock = RealClock();

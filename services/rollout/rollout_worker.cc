@@ -70,7 +70,7 @@ absl::StatusOr<std::unique_ptr<RolloutWorker>> RolloutWorker::Create(
   }
   RolloutWorker* self = w.get();
   if (config.server.tls.enabled()) {
-    w->data_plane_key_ = std::make_shared<weights::DataPlaneKeyHolder>();
+    w->data_plane_key_ = std::make_shared<weights::DataPlaneKeyHolder>(clock);
   }
   ASSIGN_OR_RETURN(
       w->member_,

@@ -3,3 +3,9 @@ tandem_add_test(rollout_weight_subscriber_test
   LIBS tandem_rollout_weights)
 # LibTorch test: a shared precompiled header (cmake/TandemTorchPch.cmake).
 tandem_use_aten_pch(rollout_weight_subscriber_test)
+# Sealed broadcast (issue 25 item 3): a refused version is pulled instead.
+tandem_add_test(rollout_weight_subscriber_seal_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/rollout_weight_subscriber_seal_test.cc
+  LIBS tandem_rollout_weights
+  TIMEOUT 120)
+tandem_use_aten_pch(rollout_weight_subscriber_seal_test)

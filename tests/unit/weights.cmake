@@ -16,6 +16,7 @@ tandem_add_test(weights_authz_test
 # The raw data path's per-epoch challenge-response.
 tandem_add_test(weights_data_plane_auth_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_data_plane_auth_test.cc
+    ${CMAKE_CURRENT_SOURCE_DIR}/weights_data_plane_key_grace_test.cc
     ${CMAKE_CURRENT_SOURCE_DIR}/weights_data_plane_seal_test.cc
     ${CMAKE_CURRENT_SOURCE_DIR}/weights_raw_auth_test.cc
     ${CMAKE_CURRENT_SOURCE_DIR}/weights_raw_seal_test.cc

@@ -6,9 +6,6 @@
 // a truncated one is refused at once, counted; a receiver with a stale
 // key still gets every byte, over FetchWeights.
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -25,86 +22,19 @@
 #include "common/weights/pull/weight_server.h"
 #include "common/weights/staging_weights.h"
 #include "common/weights/weight_store.h"
+#include "tests/support/raw_data_port.h"
 #include "weight_server_test_util.h"
 #include "weights_test_util.h"
 
 namespace tandem::weights {
 namespace {
 
-std::shared_ptr<DataPlaneKeyHolder> Holder(const DataPlaneKey& key) {
-  auto holder = std::make_shared<DataPlaneKeyHolder>();
-  holder->Set(key);
-  return holder;
-}
-
-DataPlaneKey Key(uint64_t epoch) {
-  auto key = NewDataPlaneKey(epoch);
-  REQUIRE(key.ok());
-  return *key;
-}
-
-// One random FULL version in a store, served with `holder` as the raw
-// path's key.
-struct AuthServer {
-  explicit AuthServer(std::shared_ptr<const DataPlaneKeyHolder> holder)
-      : layout(testing::SmallLayout()),
-        weights(layout.total_bytes()),
-        store(4),
-        server(&store, {.data_plane_key = std::move(holder)}) {
-    std::mt19937_64 rng(5);
-    testing::FillRandom(layout, &weights, rng);
-    REQUIRE(testing::PutFullVersion(store, layout, weights, 1).ok());
-  }
-  uint16_t data_port() { return server.service().data_port(); }
-
-  FlatWeightLayout layout;
-  WeightBuffer weights;
-  WeightStore store;
-  testing::WeightServerLoopback server;
-};
-
-// Pulls version 1 with `options`; REQUIREs it arrived bit for bit.
-PullStats Pull(AuthServer& s, PullOptions options) {
-  auto staging = StagingWeights::Create(s.layout, StagingMode::kDoubleBuffer);
-  REQUIRE(staging.ok());
-  GrpcPullReceiver receiver(s.server.channel(), options);
-  auto got = receiver.ReceiveNext(staging->get(),
-                                  absl::Now() + absl::Seconds(20));
-  INFO(got.status().ToString());
-  REQUIRE(got.ok());
-  REQUIRE(*got == 1);
-  REQUIRE((*staging)->Commit().ok());
-  const auto live = (*staging)->live().bytes;
-  REQUIRE(live.size() == s.weights.size());
-  REQUIRE(std::memcmp(live.data(), s.weights.data(), live.size()) == 0);
-  return receiver.stats();
-}
-
-int Connect(uint16_t port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  return fd;
-}
-
-// Reads exactly n bytes within 5 s; what arrived.
-std::string ReadN(int fd, size_t n) {
-  std::string out;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (out.size() < n && std::chrono::steady_clock::now() < until) {
-    pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 100) <= 0) continue;
-    char buf[4096];
-    const ssize_t got = recv(fd, buf, std::min(sizeof(buf), n - out.size()), 0);
-    if (got <= 0) break;
-    out.append(buf, static_cast<size_t>(got));
-  }
-  return out;
-}
+using AuthServer = testing::KeyedVersionServer;
+using testing::ConnectLoopback;
+using testing::HolderOf;
+using testing::RawRequestBytes;
+using testing::ReadN;
+using testing::TestKey;
 
 // What the server answered a client that sent `first` after the
 // challenge: the raw status code and message (code -1: nothing), and how
@@ -118,7 +48,7 @@ struct Answer {
 
 Answer SendAfterChallenge(uint16_t port, const std::string& first,
                           bool half_close = false) {
-  const int fd = Connect(port);
+  const int fd = ConnectLoopback(port);
   const std::string challenge = ReadN(fd, kRawChallengeBytes);
   REQUIRE(challenge.size() == kRawChallengeBytes);
   const auto start = std::chrono::steady_clock::now();
@@ -145,25 +75,15 @@ Answer SendAfterChallenge(uint16_t port, const std::string& first,
   return answer;
 }
 
-std::string RequestBytes() {
-  v1::FetchWeightsRequest request;
-  request.set_policy_version(1);
-  const std::string body = request.SerializeAsString();
-  std::string out(8, '\0');
-  const uint32_t head[2] = {kRawMagic, static_cast<uint32_t>(body.size())};
-  std::memcpy(out.data(), head, sizeof(head));
-  return out + body;
-}
-
 constexpr int kUnauthenticated =
     static_cast<int>(absl::StatusCode::kUnauthenticated);
 
 TEST_CASE("a receiver with the epoch's key pulls over the raw path") {
-  const DataPlaneKey key = Key(3);
-  AuthServer s(Holder(key));
+  const DataPlaneKey key = TestKey(3);
+  AuthServer s(HolderOf(key));
   REQUIRE(s.data_port() != 0);
-  const PullStats stats = Pull(s, {.shared_memory = false,
-                                   .data_plane_key = Holder(key)});
+  const PullStats stats = s.Pull({.shared_memory = false,
+                                   .data_plane_key = HolderOf(key)});
   CHECK(stats.raw_streams >= 1);
   CHECK(stats.grpc_streams == 0);
   CHECK(stats.raw_auth_fallbacks == 0);
@@ -171,9 +91,9 @@ TEST_CASE("a receiver with the epoch's key pulls over the raw path") {
 }
 
 TEST_CASE("a raw client without the secret is refused at once") {
-  AuthServer s(Holder(Key(3)));
+  AuthServer s(HolderOf(TestKey(3)));
   // The request a client without a secret sends first.
-  const Answer answer = SendAfterChallenge(s.data_port(), RequestBytes());
+  const Answer answer = SendAfterChallenge(s.data_port(), RawRequestBytes());
   CHECK(answer.code == kUnauthenticated);
   CHECK(answer.message ==
         "raw weight data: no data-plane proof (the client holds no epoch "
@@ -185,9 +105,9 @@ TEST_CASE("a raw client without the secret is refused at once") {
 }
 
 TEST_CASE("a stale epoch's proof is refused at once") {
-  const DataPlaneKey old_key = Key(2);
-  AuthServer s(Holder(Key(3)));
-  const int fd = Connect(s.data_port());
+  const DataPlaneKey old_key = TestKey(2);
+  AuthServer s(HolderOf(TestKey(3)));
+  const int fd = ConnectLoopback(s.data_port());
   std::string challenge = ReadN(fd, kRawChallengeBytes);
   REQUIRE(challenge.size() == kRawChallengeBytes);
   std::memcpy(challenge.data() + 4, &old_key.epoch, 8);
@@ -198,7 +118,7 @@ TEST_CASE("a stale epoch's proof is refused at once") {
   REQUIRE(proof.ok());
   const std::string out =
       std::string(reinterpret_cast<const char*>(proof->data()), proof->size()) +
-      RequestBytes();
+      RawRequestBytes();
   REQUIRE(send(fd, out.data(), out.size(), MSG_NOSIGNAL) ==
           static_cast<ssize_t>(out.size()));
   const std::string head = ReadN(fd, 12);
@@ -215,7 +135,7 @@ TEST_CASE("a stale epoch's proof is refused at once") {
 }
 
 TEST_CASE("garbage and truncated proofs are refused at once") {
-  AuthServer s(Holder(Key(3)));
+  AuthServer s(HolderOf(TestKey(3)));
   std::mt19937_64 rng(3);
   std::string garbage(kRawProofBytes, '\0');
   for (char& c : garbage) c = static_cast<char>(rng());
@@ -248,9 +168,9 @@ TEST_CASE("garbage and truncated proofs are refused at once") {
 }
 
 TEST_CASE("a receiver with a stale key still pulls, over FetchWeights") {
-  AuthServer s(Holder(Key(4)));
-  const PullStats stats = Pull(s, {.shared_memory = false,
-                                   .data_plane_key = Holder(Key(3))});
+  AuthServer s(HolderOf(TestKey(4)));
+  const PullStats stats = s.Pull({.shared_memory = false,
+                                   .data_plane_key = HolderOf(TestKey(3))});
   CHECK(stats.raw_auth_fallbacks >= 1);
   CHECK(stats.raw_streams == 0);
   CHECK(stats.grpc_streams >= 1);
@@ -259,7 +179,7 @@ TEST_CASE("a receiver with a stale key still pulls, over FetchWeights") {
 
 TEST_CASE("before the first epoch every raw connection is refused") {
   AuthServer s(std::make_shared<DataPlaneKeyHolder>());
-  const int fd = Connect(s.data_port());
+  const int fd = ConnectLoopback(s.data_port());
   const std::string head = ReadN(fd, 12);
   REQUIRE(head.size() == 12);
   uint32_t h[3];
@@ -269,8 +189,8 @@ TEST_CASE("before the first epoch every raw connection is refused") {
   close(fd);
   CHECK(s.server.service().stats().data_auth_refused == 1);
   // A receiver (holding a key, or not yet) gets its bytes over gRPC.
-  const PullStats stats = Pull(s, {.shared_memory = false,
-                                   .data_plane_key = Holder(Key(1))});
+  const PullStats stats = s.Pull({.shared_memory = false,
+                                   .data_plane_key = HolderOf(TestKey(1))});
   CHECK(stats.grpc_streams >= 1);
   CHECK(stats.raw_streams == 0);
 }

@@ -8,14 +8,10 @@
 // ciphertext was altered on the way is refused (counted) and the version
 // still arrives bit-exact, over FetchWeights.
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
-#include <chrono>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -28,27 +24,22 @@
 #include "common/weights/pull/weight_server.h"
 #include "common/weights/staging_weights.h"
 #include "common/weights/weight_store.h"
+#include "tests/support/raw_data_port.h"
 #include "weight_server_test_util.h"
 #include "weights_test_util.h"
 
 namespace tandem::weights {
 namespace {
 
+using testing::ConnectLoopback;
+using testing::HolderOf;
+using testing::RawRequestBytes;
+using testing::ReadN;
+using testing::TestKey;
+
 // The float32 1.2345678f, little-endian: every tensor byte of the version
 // is this pattern, so any 16 bytes of the plaintext on the wire show it.
 constexpr uint8_t kPattern[4] = {0x52, 0x06, 0x9E, 0x3F};
-
-DataPlaneKey Key(uint64_t epoch) {
-  auto key = NewDataPlaneKey(epoch);
-  REQUIRE(key.ok());
-  return *key;
-}
-
-std::shared_ptr<DataPlaneKeyHolder> Holder(const DataPlaneKey& key) {
-  auto holder = std::make_shared<DataPlaneKeyHolder>();
-  holder->Set(key);
-  return holder;
-}
 
 struct PatternServer {
   explicit PatternServer(std::shared_ptr<const DataPlaneKeyHolder> holder)
@@ -79,45 +70,6 @@ bool HasPattern(const std::string& bytes) {
   return bytes.find(needle) != std::string::npos;
 }
 
-int Connect(uint16_t port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  return fd;
-}
-
-// Reads n bytes (everything until the peer closes when n is 0) within 10 s.
-std::string ReadN(int fd, size_t n) {
-  std::string out;
-  const auto until =
-      std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while ((n == 0 || out.size() < n) &&
-         std::chrono::steady_clock::now() < until) {
-    pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 100) <= 0) continue;
-    char buf[65536];
-    const size_t want = n == 0 ? sizeof(buf) : std::min(sizeof(buf), n - out.size());
-    const ssize_t got = recv(fd, buf, want, 0);
-    if (got <= 0) break;
-    out.append(buf, static_cast<size_t>(got));
-  }
-  return out;
-}
-
-std::string RequestBytes() {
-  v1::FetchWeightsRequest request;
-  request.set_policy_version(1);
-  const std::string body = request.SerializeAsString();
-  std::string out(8, '\0');
-  const uint32_t head[2] = {kRawMagic, static_cast<uint32_t>(body.size())};
-  std::memcpy(out.data(), head, sizeof(head));
-  return out + body;
-}
-
 // What crossed the socket from the server for one raw request of version 1
 // (after the proof, with `key`), and the challenge's nonce.
 struct Capture {
@@ -126,7 +78,7 @@ struct Capture {
 };
 
 Capture CaptureStream(uint16_t port, const std::optional<DataPlaneKey>& key) {
-  const int fd = Connect(port);
+  const int fd = ConnectLoopback(port);
   Capture c;
   std::string out;
   if (key.has_value()) {
@@ -140,7 +92,7 @@ Capture CaptureStream(uint16_t port, const std::optional<DataPlaneKey>& key) {
     REQUIRE(proof.ok());
     out.assign(reinterpret_cast<const char*>(proof->data()), proof->size());
   }
-  out += RequestBytes();
+  out += RawRequestBytes();
   REQUIRE(send(fd, out.data(), out.size(), MSG_NOSIGNAL) ==
           static_cast<ssize_t>(out.size()));
   c.wire = ReadN(fd, 0);
@@ -187,8 +139,8 @@ absl::StatusOr<std::string> OpenRecords(const Capture& c,
 }
 
 TEST_CASE("a sealed raw stream carries no plaintext weights on the wire") {
-  const DataPlaneKey key = Key(5);
-  PatternServer s(Holder(key));
+  const DataPlaneKey key = TestKey(5);
+  PatternServer s(HolderOf(key));
   REQUIRE(s.data_port() != 0);
   const Capture c = CaptureStream(s.data_port(), key);
   REQUIRE(c.wire.size() > s.weights.size());
@@ -205,7 +157,7 @@ TEST_CASE("a sealed raw stream carries no plaintext weights on the wire") {
   CHECK(status[1] == 0);
   CHECK(HasPattern(*plain));
   // Another secret (a stranger's, or another epoch's) does not open it.
-  CHECK(absl::IsDataLoss(OpenRecords(c, Key(5)).status()));
+  CHECK(absl::IsDataLoss(OpenRecords(c, TestKey(5)).status()));
 }
 
 TEST_CASE("without a data-plane key the raw stream is plaintext") {
@@ -217,13 +169,13 @@ TEST_CASE("without a data-plane key the raw stream is plaintext") {
 }
 
 TEST_CASE("a receiver with the key commits a sealed raw version bit-exact") {
-  const DataPlaneKey key = Key(5);
-  PatternServer s(Holder(key));
+  const DataPlaneKey key = TestKey(5);
+  PatternServer s(HolderOf(key));
   auto staging = StagingWeights::Create(s.layout, StagingMode::kDoubleBuffer);
   REQUIRE(staging.ok());
   GrpcPullReceiver receiver(
       s.server.channel(),
-      {.shared_memory = false, .data_plane_key = Holder(key)});
+      {.shared_memory = false, .data_plane_key = HolderOf(key)});
 
   SECTION("untouched") {
     auto got = receiver.ReceiveNext(staging->get(),

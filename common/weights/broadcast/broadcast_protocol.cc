@@ -224,15 +224,22 @@ absl::StatusOr<uint64_t> ReceiveOverBroadcast(
         " came unsealed under tls.mode mtls (refused: its header may have "
         "been rewritten on the way)"));
   } else if (sealed) {
-    const std::optional<DataPlaneKey> key = keys->Get();
-    if (!key.has_value() || key->epoch != header.epoch) {
+    // The current epoch's key, or the previous one in its grace (a trainer
+    // that has not heard of the rotation yet; data_plane_auth.h).
+    const std::optional<DataPlaneKey> key = keys->ForEpoch(header.epoch);
+    if (!key.has_value()) {
       seal_outcome->decrypt_failed = true;
+      const std::optional<DataPlaneKey> current = keys->Get();
+      const std::optional<uint64_t> grace = keys->grace_epoch();
       local = absl::UnauthenticatedError(absl::StrCat(
           "broadcast: weights v", manifest.policy_version(),
           " is sealed under data-plane epoch ", header.epoch,
           ", this worker holds ",
-          key.has_value() ? absl::StrCat("epoch ", key->epoch)
-                          : std::string("no secret yet")));
+          current.has_value() ? absl::StrCat("epoch ", current->epoch)
+                              : std::string("no secret yet"),
+          grace.has_value()
+              ? absl::StrCat(" (and epoch ", *grace, " in its grace)")
+              : std::string()));
     } else {
       absl::StatusOr<WeightSeal> derived =
           WeightSeal::Derive(*key, header.salt, kSealPurposeBroadcast);

@@ -93,9 +93,11 @@ struct BroadcastSealOutcome {
 // manifest travelled over the unauthenticated pair sockets: `trusted`, when
 // not null, supplies the SHA-256 the staged bytes are checked against
 // (StagingWeights, "Digest check").
-// `keys` (tls.mode mtls): the keys sealed versions are opened with; only
-// sealed versions are accepted. Null: only plain ones. `seal`, when not
-// null, is told how the round was sealed and whether it failed to open.
+// `keys` (tls.mode mtls): the keys sealed versions are opened with (the
+// current epoch's, or the previous epoch's in its grace:
+// DataPlaneKeyHolder::ForEpoch); only sealed versions are accepted. Null:
+// only plain ones. `seal`, when not null, is told how the round was sealed
+// and whether it failed to open.
 absl::StatusOr<uint64_t> ReceiveOverBroadcast(
     StartBroadcastFn start, absl::FunctionRef<void()> abort_group,
     StagingWeights* staging, uint64_t* round_version,

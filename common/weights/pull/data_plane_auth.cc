@@ -134,8 +134,35 @@ absl::Status VerifyRawProof(absl::Span<const uint8_t> proof,
   return absl::OkStatus();
 }
 
-void DataPlaneKeyHolder::Set(const DataPlaneKey& key) {
+namespace {
+
+void Wipe(std::optional<DataPlaneKey>* key) {
+  if (!key->has_value()) return;
+  OPENSSL_cleanse((*key)->secret.data(), (*key)->secret.size());
+  key->reset();
+}
+
+}  // namespace
+
+DataPlaneKeyHolder::~DataPlaneKeyHolder() {
   absl::MutexLock lock(&mu_);
+  Wipe(&key_);
+  Wipe(&previous_);
+}
+
+void DataPlaneKeyHolder::Set(const DataPlaneKey& key, absl::Duration grace) {
+  absl::MutexLock lock(&mu_);
+  if (key_.has_value() && key_->epoch == key.epoch &&
+      CRYPTO_memcmp(key_->secret.data(), key.secret.data(),
+                    key.secret.size()) == 0) {
+    return;  // the same epoch again
+  }
+  Wipe(&previous_);
+  if (key_.has_value() && grace > absl::ZeroDuration()) {
+    previous_ = key_;
+    previous_until_ = clock_->Now() + grace;
+  }
+  Wipe(&key_);
   key_ = key;
 }
 
@@ -144,10 +171,38 @@ std::optional<DataPlaneKey> DataPlaneKeyHolder::Get() const {
   return key_;
 }
 
-std::function<void(const tandem::v1::DataPlaneSecret&)> DataPlaneSecretSink(
-    std::shared_ptr<DataPlaneKeyHolder> holder, std::string component) {
+void DataPlaneKeyHolder::ExpireLocked() const {
+  if (previous_.has_value() && clock_->Now() >= previous_until_) {
+    Wipe(&previous_);
+  }
+}
+
+std::optional<DataPlaneKey> DataPlaneKeyHolder::ForEpoch(
+    uint64_t epoch) const {
+  absl::MutexLock lock(&mu_);
+  if (key_.has_value() && key_->epoch == epoch) return key_;
+  ExpireLocked();
+  if (previous_.has_value() && previous_->epoch == epoch) return previous_;
+  return std::nullopt;
+}
+
+std::optional<uint64_t> DataPlaneKeyHolder::grace_epoch() const {
+  absl::MutexLock lock(&mu_);
+  ExpireLocked();
+  if (!previous_.has_value()) return std::nullopt;
+  return previous_->epoch;
+}
+
+absl::Duration DataPlaneKeyGrace(absl::Duration heartbeat_interval) {
+  return 2 * heartbeat_interval;
+}
+
+std::function<void(const tandem::v1::DataPlaneSecret&, absl::Duration)>
+DataPlaneSecretSink(std::shared_ptr<DataPlaneKeyHolder> holder,
+                    std::string component) {
   return [holder = std::move(holder), component = std::move(component)](
-             const tandem::v1::DataPlaneSecret& secret) {
+             const tandem::v1::DataPlaneSecret& secret,
+             absl::Duration heartbeat_interval) {
     absl::StatusOr<DataPlaneKey> key = DataPlaneKeyFromBytes(
         secret.epoch(),
         absl::MakeConstSpan(
@@ -158,9 +213,12 @@ std::function<void(const tandem::v1::DataPlaneSecret&)> DataPlaneSecretSink(
                                         std::string(key.status().message()));
       return;
     }
-    holder->Set(*key);
-    ComponentLogger(component)->info("raw weight data: data-plane epoch {}",
-                                     secret.epoch());
+    const absl::Duration grace = DataPlaneKeyGrace(heartbeat_interval);
+    holder->Set(*key, grace);
+    ComponentLogger(component)->info(
+        "raw weight data: data-plane epoch {} (the previous epoch still "
+        "opens sealed data for {})",
+        secret.epoch(), absl::FormatDuration(grace));
   };
 }
 

@@ -283,9 +283,19 @@ absl::Status GrpcPullReceiver::ReadRawStream(
           !s.ok()) {
         return s;
       }
-      // At another epoch (this process's secret is stale, or newer than
-      // the server's), answer for our own epoch anyway: the server then
-      // logs and counts a stale secret, not garbage, and refuses it.
+      // A challenge for the previous epoch, in its grace (the server has
+      // not heard of the rotation yet), is answered with that epoch's key,
+      // which then opens the stream. At any other epoch (this process's
+      // secret is stale, or older than the server's), answer for our own
+      // epoch anyway: the server then logs and counts a stale secret, not
+      // garbage, and refuses it.
+      uint64_t challenge_epoch = 0;
+      std::memcpy(&challenge_epoch, challenge + 4, sizeof(challenge_epoch));
+      if (challenge_epoch != key->epoch) {
+        const std::optional<DataPlaneKey> in_grace =
+            options_.data_plane_key->ForEpoch(challenge_epoch);
+        if (in_grace.has_value()) key = in_grace;
+      }
       std::memcpy(challenge + 4, &key->epoch, sizeof(key->epoch));
       absl::StatusOr<RawProof> proof = ProveRawChallenge(challenge, *key);
       if (!proof.ok()) {

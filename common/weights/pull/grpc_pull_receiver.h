@@ -100,10 +100,11 @@ struct PullOptions {
   // Raw data path authentication (data_plane_auth.h): the key this
   // process holds now, set by whoever talks to the coordinator. When set,
   // the receiver answers the server's challenge with a proof before its
-  // request; while it holds no key, or when the server refuses the proof
-  // (a stale epoch) or speaks without a challenge, that stream goes over
-  // FetchWeights instead (gRPC, under mTLS), logged once per cause. Unset:
-  // the raw path as without TLS.
+  // request (made with the previous epoch's key, in its grace, when the
+  // server challenges for that epoch); while it holds no key, or when the
+  // server refuses the proof (a stale epoch) or speaks without a challenge,
+  // that stream goes over FetchWeights instead (gRPC, under mTLS), logged
+  // once per cause. Unset: the raw path as without TLS.
   std::shared_ptr<const DataPlaneKeyHolder> data_plane_key;
 };
 

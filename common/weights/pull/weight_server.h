@@ -64,8 +64,9 @@
 // nonce (data_plane_auth.h), and the client must answer it with a proof
 // made with that epoch's secret before its request. A connection whose
 // first bytes are not a proof (a client without the secret sends its
-// request), whose proof is for another epoch (a stale secret), is wrong
-// (garbage) or is cut short (the peer closed) is answered UNAUTHENTICATED
+// request), whose proof is for another epoch (a stale secret; the
+// previous epoch too, even in its grace: that key only opens, never
+// admits), is wrong (garbage) or is cut short (the peer closed) is answered UNAUTHENTICATED
 // in the raw status format and closed at once, logged with the peer's
 // address (at most one line a second) and counted as tandem_weight_sync_data_connections_dropped_total
 // {reason="unauthenticated"|"stale_epoch"}; a connection that sends part
