@@ -265,10 +265,9 @@ absl::Status Trainer::CreateWeightServing() {
           broadcast.rendezvous_keys, /*tls_enabled=*/true,
           &metrics_.auth_refused);
     }
-    ASSIGN_OR_RETURN(publisher_,
-                     WeightPublisher::Create(broadcast, &store_,
-                                             weight_sync_metrics_.get(),
-                                             clock_));
+    ASSIGN_OR_RETURN(publisher_, WeightPublisher::Create(
+                                     broadcast, &store_,
+                                     weight_sync_metrics_.get(), clock_));
     Log()->info("weight broadcast rendezvous store on {}",
                 rendezvous_service_ != nullptr
                     ? std::string("the trainer's gRPC server (mTLS)")
@@ -296,22 +295,20 @@ absl::Status Trainer::CreateMember() {
     services.push_back(rendezvous_service_.get());
   }
   ASSIGN_OR_RETURN(
-      member_,
-      cluster::MemberDaemon::Create(
-          "trainer", tandem::v1::ROLE_TRAINER, config.server,
-          config.coordinator_address, registry_,
-          services,
-          [this](tandem::v1::HeartbeatRequest* r) {
-            r->set_policy_version(grpo_->policy_version());
-            if (stopping_) {
-              r->set_state(tandem::v1::MEMBER_STATE_DRAINING);
-            }
-          },
-          std::move(capabilities),
-          data_plane_key_ == nullptr
-              ? nullptr
-              : weights::DataPlaneSecretSink(data_plane_key_, "trainer"),
-          clock_));
+      member_, cluster::MemberDaemon::Create(
+                   "trainer", tandem::v1::ROLE_TRAINER, config.server,
+                   config.coordinator_address, registry_, services,
+                   [this](tandem::v1::HeartbeatRequest* r) {
+                     r->set_policy_version(grpo_->policy_version());
+                     if (stopping_) {
+                       r->set_state(tandem::v1::MEMBER_STATE_DRAINING);
+                     }
+                   },
+                   std::move(capabilities),
+                   data_plane_key_ == nullptr ? nullptr
+                                              : weights::DataPlaneSecretSink(
+                                                    data_plane_key_, "trainer"),
+                   clock_));
   return absl::OkStatus();
 }
 

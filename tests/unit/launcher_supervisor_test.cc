@@ -26,8 +26,7 @@ class Supervised {
  public:
   explicit Supervised(Clock* clock)
       : log_(fs::temp_directory_path() /
-             ("launcher_supervisor_test." + std::to_string(getpid()) +
-              ".log")),
+             ("launcher_supervisor_test." + std::to_string(getpid()) + ".log")),
         supervisor_([this](const std::string& e) { events_.push_back(e); },
                     clock) {}
   ~Supervised() {
@@ -71,9 +70,9 @@ TEST_CASE(
   Supervised s(&clock);
   ProcessSupervisor& supervisor = s.supervisor();
   const std::vector<std::string> failing = {"/bin/sh", "-c", "exit 3"};
-  REQUIRE(supervisor
-              .Start({.name = "flaky", .argv = failing, .log_path = s.log()})
-              .ok());
+  REQUIRE(
+      supervisor.Start({.name = "flaky", .argv = failing, .log_path = s.log()})
+          .ok());
 
   // Each quick failure doubles the backoff: 500 ms, 1 s, 2 s. Poll() does
   // not restart a moment before it has passed, and does at once after.
@@ -81,8 +80,8 @@ TEST_CASE(
   for (const absl::Duration backoff :
        {absl::Milliseconds(500), absl::Seconds(1), absl::Seconds(2)}) {
     INFO("backoff " << absl::FormatDuration(backoff));
-    const std::string exited = s.PollUntilEvent(
-        "restarting in " + absl::FormatDuration(backoff));
+    const std::string exited =
+        s.PollUntilEvent("restarting in " + absl::FormatDuration(backoff));
     REQUIRE_FALSE(exited.empty());
     CHECK(absl::StrContains(exited, "exited with code 3"));
     clock.Advance(backoff - absl::Milliseconds(1));

@@ -193,8 +193,7 @@ TEST_CASE("A held GetManifest is answered as at once when wait_ms passes",
   }
   SECTION("a version stored into an empty store ends the wait") {
     Asking asking(server.channel(), 0, 20000);
-    REQUIRE(
-        WaitUntil([&] { return server.service().held_long_polls() == 1; }));
+    REQUIRE(WaitUntil([&] { return server.service().held_long_polls() == 1; }));
     PutFull(store, 1);
     asking.thread.join();
     const Answer& answer = asking.answer;
@@ -265,8 +264,7 @@ TEST_CASE("Held GetManifests end at once on Shutdown, cancel, server stop",
     Answer answer;
     std::thread asking(
         [&] { answer = Ask(server.channel(), 1, 30000, &context); });
-    REQUIRE(
-        WaitUntil([&] { return server.service().held_long_polls() == 1; }));
+    REQUIRE(WaitUntil([&] { return server.service().held_long_polls() == 1; }));
     context.TryCancel();
     asking.join();
     CHECK(answer.status.error_code() == grpc::StatusCode::CANCELLED);
@@ -308,8 +306,8 @@ struct Receiving {
 
 // ReceiveNext on its own thread, timed on `clock`.
 struct Receive {
-  Receive(GrpcPullReceiver* receiver, StagingWeights* staging,
-          FakeClock& clock, absl::Time deadline)
+  Receive(GrpcPullReceiver* receiver, StagingWeights* staging, FakeClock& clock,
+          absl::Time deadline)
       : thread([this, receiver, staging, &clock, deadline] {
           const absl::Time start = clock.Now();
           got = receiver->ReceiveNext(staging, deadline);
@@ -343,7 +341,7 @@ TEST_CASE(
     Receive receive(r.receiver.get(), r.staging.get(), clock,
                     clock.Now() + absl::Seconds(3));
     REQUIRE(AdvanceWhileWaiting(clock, absl::Milliseconds(10),
-                                         [&] { return receive.done.load(); }));
+                                [&] { return receive.done.load(); }));
     receive.thread.join();
     INFO(receive.got.status().ToString()
          << " after " << absl::FormatDuration(receive.took));
@@ -388,8 +386,8 @@ TEST_CASE(
       PutFull(store, 2);
     });
     const absl::Time start = absl::Now();
-    auto got =
-        r.receiver->ReceiveNext(r.staging.get(), clock.Now() + absl::Seconds(20));
+    auto got = r.receiver->ReceiveNext(r.staging.get(),
+                                       clock.Now() + absl::Seconds(20));
     const absl::Duration took = absl::Now() - start;
     publisher.join();
     INFO(got.status().ToString() << " after " << absl::FormatDuration(took));
@@ -404,8 +402,8 @@ TEST_CASE(
       r.receiver->Interrupt();
     });
     const absl::Time start = absl::Now();
-    auto got =
-        r.receiver->ReceiveNext(r.staging.get(), clock.Now() + absl::Seconds(20));
+    auto got = r.receiver->ReceiveNext(r.staging.get(),
+                                       clock.Now() + absl::Seconds(20));
     const absl::Duration took = absl::Now() - start;
     interrupter.join();
     INFO(got.status().ToString() << " after " << absl::FormatDuration(took));
@@ -431,8 +429,8 @@ TEST_CASE(
       r.receiver->Cancel();
     });
     const absl::Time start = absl::Now();
-    auto got =
-        r.receiver->ReceiveNext(r.staging.get(), clock.Now() + absl::Seconds(20));
+    auto got = r.receiver->ReceiveNext(r.staging.get(),
+                                       clock.Now() + absl::Seconds(20));
     const absl::Duration took = absl::Now() - start;
     canceller.join();
     INFO(got.status().ToString() << " after " << absl::FormatDuration(took));
@@ -443,7 +441,7 @@ TEST_CASE(
     const absl::Time deadline = clock.Now() + absl::Milliseconds(700);
     Receive receive(r.receiver.get(), r.staging.get(), clock, deadline);
     REQUIRE(AdvanceWhileWaiting(clock, absl::Milliseconds(10),
-                                         [&] { return receive.done.load(); }));
+                                [&] { return receive.done.load(); }));
     receive.thread.join();
     INFO(receive.got.status().ToString());
     CHECK(absl::IsDeadlineExceeded(receive.got.status()));
@@ -459,8 +457,7 @@ TEST_CASE(
   WeightStore store;
   FakeClock clock;
   testing::WeightServerLoopback server(&store, {.clock = &clock});
-  Receiving r(server, store,
-              {.long_poll = absl::Seconds(10), .clock = &clock});
+  Receiving r(server, store, {.long_poll = absl::Seconds(10), .clock = &clock});
   // After Shutdown the service answers every long poll at once with what
   // it has, as a server that ignores wait_ms does.
   server.service().Shutdown();
@@ -468,7 +465,7 @@ TEST_CASE(
   Receive receive(r.receiver.get(), r.staging.get(), clock,
                   clock.Now() + absl::Seconds(1));
   REQUIRE(AdvanceWhileWaiting(clock, absl::Milliseconds(10),
-                                       [&] { return receive.done.load(); }));
+                              [&] { return receive.done.load(); }));
   receive.thread.join();
   CHECK(absl::IsDeadlineExceeded(receive.got.status()));
   const uint64_t calls = server.service().stats().manifest_requests - before;

@@ -166,8 +166,7 @@ void CatchUp(GrpcPullReceiver& receiver, StagingWeights& staging,
              uint64_t target, Clock* clock = RealClock()) {
   while (!staging.live_version().has_value() ||
          *staging.live_version() < target) {
-    auto got =
-        receiver.ReceiveNext(&staging, clock->Now() + absl::Seconds(20));
+    auto got = receiver.ReceiveNext(&staging, clock->Now() + absl::Seconds(20));
     INFO(got.status().ToString());
     REQUIRE(got.ok());
     REQUIRE(staging.Commit().ok());
@@ -323,8 +322,7 @@ TEST_CASE(
       {.poll_interval = absl::Milliseconds(10), .clock = &clock});
   const absl::Time start = clock.Now();
   CHECK(absl::IsDeadlineExceeded(
-      ReceiveAdvancing(receiver, staging->get(), clock,
-                       absl::Milliseconds(50))
+      ReceiveAdvancing(receiver, staging->get(), clock, absl::Milliseconds(50))
           .status()));
   CHECK(clock.Now() - start >= absl::Milliseconds(40));
   // Cancel while it pauses between two questions (nothing advances the

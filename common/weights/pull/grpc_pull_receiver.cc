@@ -187,9 +187,8 @@ absl::StatusOr<v1::WeightManifest> GrpcPullReceiver::Plan(
     // and versions start at 0) the receiver asks at once.
     absl::Duration wait =
         live.has_value() || past_refused
-            ? std::min(options_.long_poll,
-                       deadline - options_.clock->Now() -
-                           kLongPollDeadlineMargin)
+            ? std::min(options_.long_poll, deadline - options_.clock->Now() -
+                                               kLongPollDeadlineMargin)
             : absl::ZeroDuration();
     {
       absl::MutexLock lock(&mu_);

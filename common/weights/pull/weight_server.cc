@@ -321,9 +321,9 @@ grpc::ServerUnaryReactor* WeightServerService::GetManifest(
         if (options_.metrics != nullptr) {
           options_.metrics->RecordManifestRequest(/*held=*/true);
         }
-        auto* poll = new LongPoll(this, response, request->newer_than(),
-                                  options_.clock->Now() +
-                                      absl::Milliseconds(wait_ms));
+        auto* poll =
+            new LongPoll(this, response, request->newer_than(),
+                         options_.clock->Now() + absl::Milliseconds(wait_ms));
         poll->pending = true;
         poll->it = polls_.insert(polls_.end(), poll);
         poll_dirty_ = true;
