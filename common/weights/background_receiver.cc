@@ -49,7 +49,7 @@ void BackgroundReceiver::Run() {
       ++stats_.errors;
       stats_.last_error = std::string(got.status().message());
     }
-    absl::SleepFor(options_.retry_backoff);
+    options_.clock->SleepFor(options_.retry_backoff);
   }
 }
 

@@ -20,6 +20,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/base/clock.h"
 #include "common/weights/weight_transport.h"
 
 namespace tandem::weights {
@@ -29,6 +30,9 @@ struct BackgroundReceiverOptions {
   // even for transports whose Cancel() is slow.
   absl::Duration receive_slice = absl::Seconds(1);
   absl::Duration retry_backoff = absl::Milliseconds(100);
+  // Times retry_backoff (the receive slices are deadlines of the
+  // transport's real I/O). Must outlive the receiver.
+  Clock* clock = RealClock();
 };
 
 struct BackgroundReceiverStats {

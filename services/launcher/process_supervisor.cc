@@ -35,7 +35,8 @@ std::string DescribeExit(int wait_status) {
 
 }  // namespace
 
-ProcessSupervisor::ProcessSupervisor(EventSink sink) : sink_(std::move(sink)) {}
+ProcessSupervisor::ProcessSupervisor(EventSink sink, Clock* clock)
+    : sink_(std::move(sink)), clock_(clock) {}
 
 ProcessSupervisor::~ProcessSupervisor() { StopAll(absl::Seconds(5)); }
 
@@ -79,7 +80,7 @@ absl::Status ProcessSupervisor::Spawn(Child* child) {
   }
   close(log_fd);
   child->pid = pid;
-  child->started = absl::Now();
+  child->started = clock_->Now();
   return absl::OkStatus();
 }
 
@@ -96,7 +97,7 @@ void ProcessSupervisor::HandleExit(Child* child, int wait_status) {
   const std::string how = DescribeExit(wait_status);
   child->pid = -1;
   if (stopping_) return;
-  const absl::Duration uptime = absl::Now() - child->started;
+  const absl::Duration uptime = clock_->Now() - child->started;
   if (uptime >= kStableUptime) child->consecutive_failures = 0;
   absl::Duration backoff = kInitialBackoff;
   for (int i = 0; i < child->consecutive_failures && backoff < kMaxBackoff;
@@ -105,7 +106,7 @@ void ProcessSupervisor::HandleExit(Child* child, int wait_status) {
   }
   backoff = std::min(backoff, kMaxBackoff);
   ++child->consecutive_failures;
-  child->restart_at = absl::Now() + backoff;
+  child->restart_at = clock_->Now() + backoff;
   sink_(absl::StrCat(child->spec.name, " ", how, "; restarting in ",
                      absl::FormatDuration(backoff), " (see ",
                      child->spec.log_path, ")"));
@@ -118,7 +119,7 @@ void ProcessSupervisor::Poll() {
       const pid_t r = waitpid(child.pid, &wait_status, WNOHANG);
       if (r == child.pid) HandleExit(&child, wait_status);
     }
-    if (child.pid < 0 && !stopping_ && absl::Now() >= child.restart_at) {
+    if (child.pid < 0 && !stopping_ && clock_->Now() >= child.restart_at) {
       if (absl::Status s = Spawn(&child); s.ok()) {
         ++child.restarts;
         sink_(absl::StrCat("restarted ", child.spec.name, " (pid ", child.pid,
@@ -126,7 +127,7 @@ void ProcessSupervisor::Poll() {
       } else {
         sink_(absl::StrCat("cannot restart ", child.spec.name, ": ",
                            s.message()));
-        child.restart_at = absl::Now() + kMaxBackoff;
+        child.restart_at = clock_->Now() + kMaxBackoff;
       }
     }
   }

@@ -5,6 +5,10 @@
 // process stays up long enough), and stops them all on request: SIGTERM,
 // a grace period, then SIGKILL. Not thread-safe: drive it from one thread
 // by calling Poll() periodically.
+//
+// The restart backoff and the uptime that resets it are on the clock given
+// to the constructor (docs/architecture.md, "The clock seam"); StopAll's
+// grace waits for real processes to exit and stays real time.
 
 #include <sys/types.h>
 
@@ -14,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/base/clock.h"
 
 namespace tandem::launcher {
 
@@ -34,7 +39,8 @@ class ProcessSupervisor {
   // restarting in 1s").
   using EventSink = std::function<void(const std::string&)>;
 
-  explicit ProcessSupervisor(EventSink sink);
+  // `clock` must outlive the supervisor.
+  explicit ProcessSupervisor(EventSink sink, Clock* clock = RealClock());
   ~ProcessSupervisor();
 
   // Starts a process and supervises it from now on.
@@ -55,8 +61,8 @@ class ProcessSupervisor {
   struct Child {
     ProcessSpec spec;
     pid_t pid = -1;  // -1 while waiting to restart
-    absl::Time started;
-    absl::Time restart_at;
+    absl::Time started;     // on clock_
+    absl::Time restart_at;  // on clock_
     int restarts = 0;
     int consecutive_failures = 0;
   };
@@ -67,6 +73,7 @@ class ProcessSupervisor {
   bool StopWave(size_t begin, size_t end, absl::Time give_up);
 
   EventSink sink_;
+  Clock* const clock_;
   std::vector<Child> children_;
   bool stopping_ = false;
 };

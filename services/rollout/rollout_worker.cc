@@ -413,7 +413,8 @@ void RolloutWorker::GenerationLoop() {
         return stop_ || state_ == tandem::v1::ROLLOUT_STATE_RUNNING ||
                state_ == tandem::v1::ROLLOUT_STATE_DRAINING;
       };
-      mu_.AwaitWithTimeout(absl::Condition(&runnable), absl::Seconds(1));
+      clock_->AwaitWithTimeout(&mu_, absl::Condition(&runnable),
+                               absl::Seconds(1));
       if (stop_) break;
       generating = state_ == tandem::v1::ROLLOUT_STATE_RUNNING;
       if (!runnable()) continue;
@@ -433,7 +434,8 @@ void RolloutWorker::GenerationLoop() {
       PublishStatus();
       // While running, a served request wakes the loop at once (draining
       // admits none: it would spin); leases and weight versions are
-      // looked for every 5 ms.
+      // looked for every 5 ms (on the worker's clock; the two waits for
+      // real I/O, an environment's reply and an HTTP request, are real).
       if (episodes_ && episodes_->active() > 0) {
         const absl::Time wait_start = absl::Now();
         environment_->WaitForReply(absl::Milliseconds(5));
@@ -443,7 +445,7 @@ void RolloutWorker::GenerationLoop() {
       } else if (generating) {
         serving_.WaitForWork(absl::Milliseconds(5));
       } else {
-        absl::SleepFor(absl::Milliseconds(5));
+        clock_->SleepFor(absl::Milliseconds(5));
       }
       continue;
     }
@@ -454,7 +456,7 @@ void RolloutWorker::GenerationLoop() {
       AbortAllWork("engine error",
                    absl::UnavailableError(absl::StrCat(
                        "the engine failed: ", step.status().message())));
-      absl::SleepFor(absl::Seconds(1));
+      clock_->SleepFor(absl::Seconds(1));
       continue;
     }
     metrics_.RecordStep(*step, engine_->Snapshot());

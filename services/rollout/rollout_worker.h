@@ -44,8 +44,12 @@ namespace tandem::rollout {
 
 class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
  public:
-  // `clock` times lease backoff and the weight subscriber's retry pauses
-  // (common/base/clock.h); it outlives the worker.
+  // `clock` times lease backoff, the weight subscriber's retry pauses, the
+  // membership session and watcher, and the generation loop's pacing (the
+  // re-check while paused, the 5 ms idle pause while draining, the pause
+  // after an engine error) (common/base/clock.h); it outlives the worker.
+  // Drain answers and the stop deadline are real time: they bound real
+  // calls.
   static absl::StatusOr<std::unique_ptr<RolloutWorker>> Create(
       const RolloutConfig& config, Clock* clock = RealClock());
   ~RolloutWorker() override;

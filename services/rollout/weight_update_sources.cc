@@ -125,6 +125,11 @@ void InplaceWeightSource::Shutdown() {
   shutdown_ = true;
 }
 
+bool InplaceWeightSource::ParkedForTest() const {
+  absl::MutexLock lock(&mu_);
+  return parked_;
+}
+
 InplaceWeightSource::Stats InplaceWeightSource::stats() const {
   absl::MutexLock lock(&mu_);
   return stats_;
@@ -146,7 +151,9 @@ absl::StatusOr<uint64_t> InplaceWeightSource::Commit(uint64_t version) {
   auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return shutdown_ || (!writing_ && valid_);
   };
+  parked_ = true;
   mu_.Await(absl::Condition(&done));
+  parked_ = false;
   if (!writing_ && valid_) {
     engine_in_step_ = true;
     return live_version_;

@@ -108,6 +108,10 @@ class InplaceWeightSource : public engine::WeightUpdateSource,
   };
   Stats stats() const;
 
+  // Whether the engine waits now in Commit() for a write to end (parked).
+  // Lets a test see the park without sleeping for it.
+  bool ParkedForTest() const;
+
   // WeightUpdateSource (engine thread).
   uint64_t ReadyVersion(uint64_t live) override;
   absl::StatusOr<uint64_t> Commit(uint64_t version) override;
@@ -136,6 +140,7 @@ class InplaceWeightSource : public engine::WeightUpdateSource,
   uint64_t live_version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t writing_version_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  bool parked_ ABSL_GUARDED_BY(mu_) = false;  // the engine waits in Commit
   Stats stats_ ABSL_GUARDED_BY(mu_);
 };
 

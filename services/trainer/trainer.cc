@@ -87,8 +87,9 @@ GrpoTrainerOptions ToOptions(const TrainerConfig& c) {
 
 }  // namespace
 
-Trainer::Trainer(const TrainerConfig& config)
+Trainer::Trainer(const TrainerConfig& config, Clock* clock)
     : config_(config),
+      clock_(clock),
       registry_(std::make_shared<prometheus::Registry>()),
       metrics_(*registry_),
       // With shared memory on, each FULL version is copied into its
@@ -104,9 +105,9 @@ absl::StatusOr<GrpoStepStats> Trainer::TrainAndStoreForTest(
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
-    const TrainerConfig& config) {
+    const TrainerConfig& config, Clock* clock) {
   RETURN_IF_ERROR(Validate(config));
-  std::unique_ptr<Trainer> trainer(new Trainer(config));
+  std::unique_ptr<Trainer> trainer(new Trainer(config, clock));
   ASSIGN_OR_RETURN(const model::WeightDType publish_dtype,
                    trainer->CreatePolicy());
   RETURN_IF_ERROR(trainer->CreateWeightServing());
@@ -128,6 +129,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
           .checkpoint_requests = &trainer->checkpoint_requests_,
           .coordinator = &member->session(),
           .weight_server_address = [member] { return member->grpc_address(); },
+          .clock = clock,
       }));
   return trainer;
 }
@@ -239,7 +241,8 @@ absl::Status Trainer::CreateWeightServing() {
           .auth_refused = &metrics_.auth_refused,
           // Under mTLS the raw data port admits only holders of the
           // coordinator's current data-plane secret.
-          .data_plane_key = data_plane_key_});
+          .data_plane_key = data_plane_key_,
+          .clock = clock_});
   if (config.weight_broadcast) {
     weights::BroadcastSenderOptions broadcast;
     broadcast.store_host =
@@ -262,9 +265,9 @@ absl::Status Trainer::CreateWeightServing() {
           broadcast.rendezvous_keys, /*tls_enabled=*/true,
           &metrics_.auth_refused);
     }
-    ASSIGN_OR_RETURN(publisher_,
-                     WeightPublisher::Create(broadcast, &store_,
-                                             weight_sync_metrics_.get()));
+    ASSIGN_OR_RETURN(publisher_, WeightPublisher::Create(
+                                     broadcast, &store_,
+                                     weight_sync_metrics_.get(), clock_));
     Log()->info("weight broadcast rendezvous store on {}",
                 rendezvous_service_ != nullptr
                     ? std::string("the trainer's gRPC server (mTLS)")
@@ -292,21 +295,20 @@ absl::Status Trainer::CreateMember() {
     services.push_back(rendezvous_service_.get());
   }
   ASSIGN_OR_RETURN(
-      member_,
-      cluster::MemberDaemon::Create(
-          "trainer", tandem::v1::ROLE_TRAINER, config.server,
-          config.coordinator_address, registry_,
-          services,
-          [this](tandem::v1::HeartbeatRequest* r) {
-            r->set_policy_version(grpo_->policy_version());
-            if (stopping_) {
-              r->set_state(tandem::v1::MEMBER_STATE_DRAINING);
-            }
-          },
-          std::move(capabilities),
-          data_plane_key_ == nullptr
-              ? nullptr
-              : weights::DataPlaneSecretSink(data_plane_key_, "trainer")));
+      member_, cluster::MemberDaemon::Create(
+                   "trainer", tandem::v1::ROLE_TRAINER, config.server,
+                   config.coordinator_address, registry_, services,
+                   [this](tandem::v1::HeartbeatRequest* r) {
+                     r->set_policy_version(grpo_->policy_version());
+                     if (stopping_) {
+                       r->set_state(tandem::v1::MEMBER_STATE_DRAINING);
+                     }
+                   },
+                   std::move(capabilities),
+                   data_plane_key_ == nullptr ? nullptr
+                                              : weights::DataPlaneSecretSink(
+                                                    data_plane_key_, "trainer"),
+                   clock_));
   return absl::OkStatus();
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/base/clock.h"
 #include "common/cluster/member_daemon.h"
 #include "common/model/model_config.h"
 #include "common/weights/pull/weight_server.h"
@@ -38,8 +39,11 @@ namespace tandem::trainer {
 // stop, the weight server's held polls, the gRPC server.
 class Trainer {
  public:
+  // `clock` (docs/architecture.md, "The clock seam") times the training
+  // loop's retry pauses, the re-send wait, the weight server's long polls
+  // and the member session; it must outlive the trainer.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(
-      const TrainerConfig& config);
+      const TrainerConfig& config, Clock* clock = RealClock());
   ~Trainer();
 
   absl::Status Start();
@@ -59,7 +63,7 @@ class Trainer {
   const GrpoTrainer& GrpoTrainerForTest() const { return *grpo_; }
 
  private:
-  explicit Trainer(const TrainerConfig& config);
+  Trainer(const TrainerConfig& config, Clock* clock);
   // The parts, in the order Create() makes them. The policy: the
   // checkpoint to resume from (when there is one), the GrpoTrainer on its
   // weights or the initial model's, and its KL reference; returns the dtype
@@ -75,6 +79,7 @@ class Trainer {
   void StopWithin(absl::Duration broadcast_drain);
 
   const TrainerConfig config_;
+  Clock* const clock_;
   std::shared_ptr<prometheus::Registry> registry_;
   TrainerMetrics metrics_;
   std::unique_ptr<GrpoTrainer> grpo_;

@@ -109,7 +109,7 @@ absl::Status TrainingLoop::PullBatch(
 absl::Status TrainingLoop::TrainOnce() {
   const std::string member = parts_.coordinator->member_id();
   if (member.empty()) {
-    absl::SleepFor(absl::Milliseconds(100));
+    parts_.clock->SleepFor(absl::Milliseconds(100));
     return absl::OkStatus();
   }
   tandem::v1::PullTrainingBatchResponse batch;
@@ -330,7 +330,7 @@ void TrainingLoop::Run() {
   MaybeEvaluate(/*initial=*/true);
   while (!stopping_) {
     if (!ReconcileVersionOnce()) {
-      absl::SleepFor(absl::Milliseconds(100));
+      parts_.clock->SleepFor(absl::Milliseconds(100));
       continue;
     }
     ServeCheckpointRequests();
@@ -339,7 +339,7 @@ void TrainingLoop::Run() {
     if (status.ok()) MaybeEvaluate(/*initial=*/false);
     if (!status.ok() && !stopping_) {
       Log()->warn("training step failed: {}", status.ToString());
-      absl::SleepFor(absl::Seconds(1));
+      parts_.clock->SleepFor(absl::Seconds(1));
     }
   }
 }

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/base/clock.h"
 #include "common/cluster/member_session.h"
 #include "common/model/model_config.h"
 #include "common/model/model_weights.h"
@@ -79,6 +80,10 @@ struct TrainingLoopParts {
   // The weight server's address, announced with each version (known once
   // the daemon serves).
   std::function<std::string()> weight_server_address;
+  // Times the pauses before a retry (no member id yet, a failed
+  // ResumeTraining or step, the publish backoff); gRPC deadlines and the
+  // durations measured for metrics stay real time.
+  Clock* clock = RealClock();
 };
 
 class TrainingLoop {

@@ -138,7 +138,7 @@ absl::Status TrainingLoop::Publish(uint64_t version,
           "publish until the coordinator answers",
           version, batch_id, status.error_message());
     }
-    absl::SleepFor(backoff);
+    parts_.clock->SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(2));
   }
   if (parts_.publisher != nullptr) {
@@ -181,7 +181,7 @@ bool TrainingLoop::ReconcileVersionOnce() {
   if (!status.ok()) {
     Log()->warn("ResumeTraining at policy version {} failed: {}; retrying",
                 parts_.grpo->policy_version(), status.error_message());
-    absl::SleepFor(absl::Milliseconds(400));
+    parts_.clock->SleepFor(absl::Milliseconds(400));
     return false;
   }
   version_reconciled_ = true;

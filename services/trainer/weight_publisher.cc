@@ -11,14 +11,16 @@ auto Log() { return ComponentLogger("trainer"); }
 }  // namespace
 
 WeightPublisher::WeightPublisher(const weights::WeightStore* store,
-                                 weights::WeightSyncMetrics* metrics)
-    : store_(store), metrics_(metrics) {}
+                                 weights::WeightSyncMetrics* metrics,
+                                 Clock* clock)
+    : store_(store), metrics_(metrics), clock_(clock) {}
 
 absl::StatusOr<std::unique_ptr<WeightPublisher>> WeightPublisher::Create(
     const weights::BroadcastSenderOptions& options,
-    const weights::WeightStore* store, weights::WeightSyncMetrics* metrics) {
+    const weights::WeightStore* store, weights::WeightSyncMetrics* metrics,
+    Clock* clock) {
   std::unique_ptr<WeightPublisher> publisher(
-      new WeightPublisher(store, metrics));
+      new WeightPublisher(store, metrics, clock));
   publisher->timeout_ = options.timeout;
   WeightPublisher* self = publisher.get();
   absl::StatusOr<std::unique_ptr<weights::BroadcastSender>> sender =
@@ -42,7 +44,8 @@ void WeightPublisher::Start(Coordinator coordinator) {
   // epoch.
   watcher_ = std::make_unique<cluster::ClusterWatcher>(
       coordinator_.client,
-      cluster::ClusterWatcherOptions{.member_id = coordinator_.member_id});
+      cluster::ClusterWatcherOptions{.member_id = coordinator_.member_id,
+                                     .clock = clock_});
   sender_->Start();
   watcher_->Start();
 }
@@ -132,8 +135,8 @@ void WeightPublisher::ResendAfterFailure(
   // re-send is dropped as a duplicate). The coordinator announces the
   // epoch on the watch stream; without one, ask every 50 ms.
   const std::string me = coordinator_.member_id();
-  const absl::Time deadline = absl::Now() + timeout_;
-  for (bool first = true; !stopping_ && absl::Now() < deadline;
+  const absl::Time deadline = clock_->Now() + timeout_;
+  for (bool first = true; !stopping_ && clock_->Now() < deadline;
        first = false) {
     if (!first) {
       watcher_->WaitForChange(watcher_->watching() ? absl::Seconds(1)

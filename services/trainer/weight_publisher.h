@@ -31,6 +31,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/base/clock.h"
 #include "common/cluster/cluster_watcher.h"
 #include "common/cluster/coordinator_client.h"
 #include "common/weights/broadcast/broadcast_sender.h"
@@ -51,11 +52,14 @@ class WeightPublisher {
   };
 
   // Starts the rendezvous store (options.store_port; 0 picks one).
-  // `store` (the versions to re-send) and `metrics` must outlive the
-  // publisher.
+  // `store` (the versions to re-send), `metrics` and `clock` (the wait for
+  // the re-send epoch, options.timeout, and the watch stream's waits) must
+  // outlive the publisher. The broadcasts themselves keep real-time Gloo
+  // deadlines.
   static absl::StatusOr<std::unique_ptr<WeightPublisher>> Create(
       const weights::BroadcastSenderOptions& options,
-      const weights::WeightStore* store, weights::WeightSyncMetrics* metrics);
+      const weights::WeightStore* store, weights::WeightSyncMetrics* metrics,
+      Clock* clock = RealClock());
   ~WeightPublisher();  // Stop()
   WeightPublisher(const WeightPublisher&) = delete;
   WeightPublisher& operator=(const WeightPublisher&) = delete;
@@ -79,7 +83,7 @@ class WeightPublisher {
 
  private:
   WeightPublisher(const weights::WeightStore* store,
-                  weights::WeightSyncMetrics* metrics);
+                  weights::WeightSyncMetrics* metrics, Clock* clock);
   // The sender's listener (sender thread).
   void OnBroadcast(const weights::BroadcastOutcome& outcome);
   // After reporting the failure of `failed` (sender thread): waits for the
@@ -88,6 +92,7 @@ class WeightPublisher {
 
   const weights::WeightStore* const store_;
   weights::WeightSyncMetrics* const metrics_;
+  Clock* const clock_;
   absl::Duration timeout_;
   Coordinator coordinator_;  // set by Start(), read on the sender thread
   std::unique_ptr<cluster::ClusterWatcher> watcher_;

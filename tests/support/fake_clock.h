@@ -32,11 +32,11 @@ class FakeClock final : public Clock {
   void SleepFor(absl::Duration duration) const override {
     absl::MutexLock lock(&mu_);
     const absl::Time until = now_ + duration;
-    ++sleepers_;
+    const auto sleeper = sleepers_.insert(until);
     auto due = [this, until]()
                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return now_ >= until; };
     mu_.Await(absl::Condition(&due));
-    --sleepers_;
+    sleepers_.erase(sleeper);
   }
 
   bool AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& condition,
@@ -81,10 +81,12 @@ class FakeClock final : public Clock {
     }
   }
 
-  // Threads blocked now in SleepFor or AwaitWithDeadline on this clock.
+  // Threads blocked now in SleepFor or AwaitWithDeadline on this clock
+  // whose deadline has not passed (one that Advance() woke no longer
+  // counts, even before its thread has run).
   int waiters() const {
     absl::MutexLock lock(&mu_);
-    return sleepers_ + static_cast<int>(waiters_.size());
+    return WaitingLocked();
   }
 
   // Blocks (in real time, at most `timeout`) until at least `n` threads
@@ -93,7 +95,7 @@ class FakeClock final : public Clock {
   bool WaitForWaiters(int n, absl::Duration timeout = absl::Seconds(10)) const {
     absl::MutexLock lock(&mu_);
     auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return sleepers_ + static_cast<int>(waiters_.size()) >= n;
+      return WaitingLocked() >= n;
     };
     return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
   }
@@ -105,11 +107,18 @@ class FakeClock final : public Clock {
     std::atomic<bool> expired{false};
   };
 
+  int WaitingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    int n = 0;
+    for (const absl::Time until : sleepers_) n += until > now_ ? 1 : 0;
+    for (const Waiter* waiter : waiters_) n += waiter->expired.load() ? 0 : 1;
+    return n;
+  }
+
   // Guards the fake time and who waits for it.
   mutable absl::Mutex mu_;
   absl::Time now_ ABSL_GUARDED_BY(mu_);
-  // Threads in SleepFor.
-  mutable int sleepers_ ABSL_GUARDED_BY(mu_) = 0;
+  // Threads in SleepFor, by the time they sleep until.
+  mutable std::multiset<absl::Time> sleepers_ ABSL_GUARDED_BY(mu_);
   // Threads in AwaitWithDeadline (deadline not yet passed when they came).
   mutable std::set<Waiter*> waiters_ ABSL_GUARDED_BY(mu_);
 };
@@ -127,6 +136,25 @@ bool AdvanceUntil(FakeClock& clock, absl::Duration step, Predicate done,
     if (absl::Now() >= give_up) return false;
     clock.Advance(step);
     absl::SleepFor(absl::Milliseconds(2));
+  }
+  return true;
+}
+
+// Advances `clock` by `step` whenever at least `waiting` threads wait on it
+// (FakeClock::waiters), checking `done` every 1 ms of real time, until
+// `done()` returns true (then true) or `timeout` of real time has passed
+// (then false). Unlike AdvanceUntil, time stands still while the code
+// under test is busy (a gRPC call, a computation), so a test that counts
+// what happens per unit of time counts the same under load.
+template <typename Predicate>
+bool AdvanceWhileWaiting(FakeClock& clock, absl::Duration step, Predicate done,
+                         int waiting = 1,
+                         absl::Duration timeout = absl::Seconds(20)) {
+  const absl::Time give_up = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() >= give_up) return false;
+    if (clock.waiters() >= waiting) clock.Advance(step);
+    absl::SleepFor(absl::Milliseconds(1));
   }
   return true;
 }

@@ -8,6 +8,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <memory>
 #include <string>
@@ -115,6 +116,7 @@ class HangingEnvironment : public tandem::v1::Environment::CallbackService {
   grpc::ServerUnaryReactor* Step(grpc::CallbackServerContext*,
                                  const tandem::v1::StepRequest*,
                                  tandem::v1::StepResponse*) override {
+    ++steps;
     class Hanging : public grpc::ServerUnaryReactor {
      public:
       void OnCancel() override { Finish(grpc::Status::CANCELLED); }
@@ -122,6 +124,7 @@ class HangingEnvironment : public tandem::v1::Environment::CallbackService {
     };
     return new Hanging;
   }
+  std::atomic<int> steps{0};  // Step calls that reached the server
 };
 
 struct HangingServer {
@@ -181,7 +184,12 @@ TEST_CASE("Stop cancels a call in flight at once; later calls are refused") {
   tandem::v1::StepRequest step;
   step.set_episode_id("e-2");
   client.Step("k", step);
-  absl::SleepFor(absl::Milliseconds(100));
+  // Stopped once the call is in flight at the server (real I/O).
+  const absl::Time arrive_by = absl::Now() + absl::Seconds(10);
+  while (hanging.service.steps.load() < 1 && absl::Now() < arrive_by) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  REQUIRE(hanging.service.steps.load() == 1);
   const absl::Time start = absl::Now();
   client.Stop();
   CHECK(absl::Now() - start < absl::Seconds(5));

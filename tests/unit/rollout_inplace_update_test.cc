@@ -28,6 +28,17 @@
 namespace tandem::rollout {
 namespace {
 
+// Waits (real time, at most 10 s) until the engine thread waits parked in
+// `source`'s Commit().
+bool WaitParked(const InplaceWeightSource& source) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (!source.ParkedForTest()) {
+    if (absl::Now() >= give_up) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
 std::shared_ptr<model::ModelWeights> Weights(uint64_t seed,
                                              model::WeightDType dtype) {
   model::ModelConfig config = model::testing::TinyQwen2Config();
@@ -262,6 +273,9 @@ TEST_CASE(
     parked_step = engine.Step();
     returned = true;
   });
+  REQUIRE(WaitParked(**source));
+  // Parked for 300 ms of real time: the step's pause (a duration for a
+  // metric, real time by the clock rule) must cover it.
   absl::SleepFor(absl::Milliseconds(300));
   CHECK(!returned);
 
@@ -425,7 +439,7 @@ TEST_CASE(
               .code() == absl::StatusCode::kDataLoss);
   absl::StatusOr<engine::StepStats> step;
   std::thread engine_thread([&] { step = engine.Step(); });
-  absl::SleepFor(absl::Milliseconds(100));
+  REQUIRE(WaitParked(**source));
   (*source)->Shutdown();
   engine_thread.join();
   CHECK(step.status().code() == absl::StatusCode::kCancelled);

@@ -203,9 +203,12 @@ TEST_CASE(
   CHECK_FALSE(done[0].status.ok());
   CHECK_FALSE(alive.status.ok());
   CHECK(absl::Now() - start < absl::Seconds(15));
-  // Later versions of the failed epoch are not attempted.
+  // Later versions of the failed epoch are not attempted: the sender goes
+  // idle without a rendezvous or an outcome.
+  const uint64_t rendezvous = sender->RendezvousStartedForTest();
   sender->Enqueue(e1, second.manifest, second.payload);
-  absl::SleepFor(absl::Milliseconds(300));
+  CHECK(sender->WaitIdleForTest(absl::Seconds(10)));
+  CHECK(sender->RendezvousStartedForTest() == rendezvous);
   CHECK(outcomes.Wait(1).size() == 1);
   sender->Stop();
 }
@@ -300,10 +303,14 @@ TEST_CASE(
   CHECK(done[1].group.epoch() == 2);
   // The publish of version 1 to epoch 2 arriving late, and a job of the
   // failed epoch: neither is sent (the latter would wait out a rendezvous).
+  const uint64_t rendezvous = sender->RendezvousStartedForTest();
+  const uint64_t collectives = sender->CollectivesStartedForTest();
   sender->Enqueue(e2, versions[1].manifest, versions[1].payload);
   sender->Enqueue(Group(1, store, 1), versions[2].manifest,
                   versions[2].payload);
-  absl::SleepFor(absl::Milliseconds(1500));
+  CHECK(sender->WaitIdleForTest(absl::Seconds(10)));
+  CHECK(sender->RendezvousStartedForTest() == rendezvous);
+  CHECK(sender->CollectivesStartedForTest() == collectives);
   CHECK(outcomes.Wait(2).size() == 2);
   sender->Enqueue(e2, versions[2].manifest, versions[2].payload);
   REQUIRE(outcomes.Wait(3).size() == 3);

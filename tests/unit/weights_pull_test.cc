@@ -21,6 +21,7 @@
 #include "kernels/anchor_policy.h"
 #include "kernels/bf16_change.h"
 #include "kernels/bf16_delta.h"
+#include "tests/support/fake_clock.h"
 #include "weight_server_test_util.h"
 #include "weights_test_util.h"
 
@@ -28,6 +29,8 @@ namespace tandem::weights {
 namespace {
 
 using Bytes = std::vector<uint8_t>;
+using ::tandem::testing::AdvanceWhileWaiting;
+using ::tandem::testing::FakeClock;
 
 // Publishes like the trainer: a FULL copy of anchors and of the latest
 // version, a DELTA for every other version.
@@ -91,6 +94,37 @@ bool SameBytes(absl::Span<const uint8_t> a, const WeightBuffer& b) {
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(20); }
 
+// Waits (real time, at most 10 s) until `ready()`: for a request to reach
+// the server, which is real I/O.
+template <typename Predicate>
+bool WaitUntil(Predicate ready) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (!ready()) {
+    if (absl::Now() >= give_up) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
+// ReceiveNext(deadline on `clock`) on another thread while the test
+// advances `clock` in 10 ms steps whenever something waits on it.
+absl::StatusOr<uint64_t> ReceiveAdvancing(GrpcPullReceiver& receiver,
+                                          StagingWeights* staging,
+                                          FakeClock& clock,
+                                          absl::Duration wait) {
+  std::atomic<bool> done{false};
+  absl::StatusOr<uint64_t> got = absl::UnknownError("not returned");
+  std::thread receiving([&] {
+    got = receiver.ReceiveNext(staging, clock.Now() + wait);
+    done.store(true);
+  });
+  const bool returned = AdvanceWhileWaiting(clock, absl::Milliseconds(10),
+                                            [&] { return done.load(); });
+  receiving.join();
+  REQUIRE(returned);
+  return got;
+}
+
 // One bf16 tensor of rows x cols in `bucket_bytes` buckets, filled from
 // `seed` and stored in `store` as FULL version 1.
 struct StoredVersion {
@@ -129,10 +163,10 @@ void CheckPath(const GrpcPullReceiver& receiver, bool raw) {
 
 // Receives and commits until live reaches `target`.
 void CatchUp(GrpcPullReceiver& receiver, StagingWeights& staging,
-             uint64_t target) {
+             uint64_t target, Clock* clock = RealClock()) {
   while (!staging.live_version().has_value() ||
          *staging.live_version() < target) {
-    auto got = receiver.ReceiveNext(&staging, Soon());
+    auto got = receiver.ReceiveNext(&staging, clock->Now() + absl::Seconds(20));
     INFO(got.status().ToString());
     REQUIRE(got.ok());
     REQUIRE(staging.Commit().ok());
@@ -279,20 +313,27 @@ TEST_CASE(
     "Cancel",
     "[weights][pull]") {
   const FlatWeightLayout layout = testing::SmallLayout();
-  Loopback loop;
+  FakeClock clock;
+  Loopback loop({.clock = &clock});
   auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
   REQUIRE(staging.ok());
-  GrpcPullReceiver receiver(loop.channel(),
-                            {.poll_interval = absl::Milliseconds(10)});
+  GrpcPullReceiver receiver(
+      loop.channel(),
+      {.poll_interval = absl::Milliseconds(10), .clock = &clock});
+  const absl::Time start = clock.Now();
   CHECK(absl::IsDeadlineExceeded(
-      receiver.ReceiveNext(staging->get(), absl::Now() + absl::Milliseconds(50))
+      ReceiveAdvancing(receiver, staging->get(), clock, absl::Milliseconds(50))
           .status()));
+  CHECK(clock.Now() - start >= absl::Milliseconds(40));
+  // Cancel while it pauses between two questions (nothing advances the
+  // clock: only Cancel can end this wait).
   std::thread canceller([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    REQUIRE(clock.WaitForWaiters(1));
     receiver.Cancel();
   });
-  CHECK(
-      absl::IsCancelled(receiver.ReceiveNext(staging->get(), Soon()).status()));
+  CHECK(absl::IsCancelled(
+      receiver.ReceiveNext(staging->get(), clock.Now() + absl::Seconds(20))
+          .status()));
   canceller.join();
 }
 
@@ -301,58 +342,75 @@ TEST_CASE(
     "goes on",
     "[weights][pull]") {
   const FlatWeightLayout layout = testing::SmallLayout();
-  Loopback loop;
+  // The server's long polls and the receiver's waits on one clock that
+  // only the deadline step below advances.
+  FakeClock clock;
+  Loopback loop({.clock = &clock});
   Publisher trainer(layout, &loop.store());
   trainer.Step(0);
   auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
   REQUIRE(staging.ok());
-  GrpcPullReceiver receiver(loop.channel(), {});
-  CatchUp(receiver, **staging, 0);
+  GrpcPullReceiver receiver(loop.channel(), {.clock = &clock});
+  CatchUp(receiver, **staging, 0, &clock);
+  auto soon = [&] { return clock.Now() + absl::Seconds(20); };
+  // The next long poll (the `polls`-th) is held by the server.
+  auto held = [&](uint64_t polls) {
+    return WaitUntil([&] {
+      return loop.service().stats().long_polls == polls &&
+             loop.service().held_long_polls() == 1;
+    });
+  };
 
   // Waiting (nothing newer than 0): an interrupt ends the wait at once,
   // with Cancelled, long before the 20 s deadline.
+  uint64_t polls = loop.service().stats().long_polls;
+  bool was_held = false;
   std::thread interrupter([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    was_held = held(polls + 1);
     receiver.Interrupt();
   });
   absl::Time start = absl::Now();
-  auto got = receiver.ReceiveNext(staging->get(), Soon());
+  auto got = receiver.ReceiveNext(staging->get(), soon());
   const absl::Duration waited = absl::Now() - start;
   interrupter.join();
   INFO(got.status().ToString() << " after " << absl::FormatDuration(waited));
+  CHECK(was_held);
   REQUIRE(absl::IsCancelled(got.status()));
   CHECK(std::string(got.status().message()).find("interrupted") !=
         std::string::npos);
-  CHECK(waited >= absl::Milliseconds(250));
   CHECK(waited < absl::Seconds(2));
 
   // It was taken by that wait: the next one runs to its deadline.
-  got = receiver.ReceiveNext(staging->get(),
-                             absl::Now() + absl::Milliseconds(300));
+  start = clock.Now();
+  got = ReceiveAdvancing(receiver, staging->get(), clock,
+                         absl::Milliseconds(300));
   CHECK(absl::IsDeadlineExceeded(got.status()));
+  CHECK(clock.Now() - start >= absl::Milliseconds(250));
 
   // An interrupt made between two calls ends the next wait (a wake just
   // before the call is not lost) ...
   receiver.Interrupt();
   start = absl::Now();
-  got = receiver.ReceiveNext(staging->get(), Soon());
+  got = receiver.ReceiveNext(staging->get(), soon());
   CHECK(absl::IsCancelled(got.status()));
   CHECK(absl::Now() - start < absl::Seconds(2));
   // ... but not a call that finds a newer version: it receives it.
   trainer.Step(1);
   receiver.Interrupt();
-  got = receiver.ReceiveNext(staging->get(), Soon());
+  got = receiver.ReceiveNext(staging->get(), soon());
   REQUIRE(got.ok());
   CHECK(*got == 1);
   REQUIRE((*staging)->Commit().ok());
   CHECK(SameBytes((*staging)->live().bytes, trainer.current()));
   // Not Cancel(): the receiver still waits for and receives later ones.
+  polls = loop.service().stats().long_polls;
   std::thread publisher([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    was_held = held(polls + 1);
     trainer.Step(2);
   });
-  got = receiver.ReceiveNext(staging->get(), Soon());
+  got = receiver.ReceiveNext(staging->get(), soon());
   publisher.join();
+  CHECK(was_held);
   REQUIRE(got.ok());
   CHECK(*got == 2);
   REQUIRE((*staging)->Commit().ok());

@@ -36,6 +36,14 @@ absl::Status BroadcastSender::unavailable() const {
   return unavailable_;
 }
 
+bool BroadcastSender::WaitIdleForTest(absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return jobs_.empty() && !busy_;
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
+}
+
 void BroadcastSender::Start() {
   thread_ = std::thread([this] { Run(); });
 }

@@ -144,6 +144,10 @@ class BroadcastSender {
   // group formed, the collective about to start).
   uint64_t RendezvousStartedForTest() const { return rendezvous_started_; }
   uint64_t CollectivesStartedForTest() const { return collectives_started_; }
+  // Blocks (real time, at most `timeout`) until no job is queued and none
+  // is being attempted; whether that happened. Lets a test see that a job
+  // was dropped without sleeping for as long as its rendezvous could take.
+  bool WaitIdleForTest(absl::Duration timeout) const;
 
   // Queues `full` for `group` ahead of everything else: the re-send of a
   // version a failed epoch did not deliver, in the epoch formed after it.

@@ -89,6 +89,14 @@ GrpcPullReceiver::GrpcPullReceiver(
     std::shared_ptr<grpc::ChannelInterface> channel, PullOptions options)
     : stub_(v1::WeightServer::NewStub(std::move(channel))), options_(options) {}
 
+absl::Time GrpcPullReceiver::RealDeadline(absl::Time deadline) const {
+  if (options_.clock == RealClock() || deadline == absl::InfiniteFuture() ||
+      deadline == absl::InfinitePast()) {
+    return deadline;
+  }
+  return absl::Now() + (deadline - options_.clock->Now());
+}
+
 bool GrpcPullReceiver::cancelled() const {
   absl::MutexLock lock(&mu_);
   return cancelled_;
@@ -118,7 +126,7 @@ absl::StatusOr<v1::WeightManifest> GrpcPullReceiver::GetManifest(
     uint64_t version, absl::Time deadline, uint64_t newer_than,
     absl::Duration wait) {
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(deadline));
+  context.set_deadline(absl::ToChronoTime(RealDeadline(deadline)));
   v1::GetManifestRequest request;
   request.set_policy_version(version);
   const bool long_poll = version == 0 && wait > absl::ZeroDuration();
@@ -179,15 +187,15 @@ absl::StatusOr<v1::WeightManifest> GrpcPullReceiver::Plan(
     // and versions start at 0) the receiver asks at once.
     absl::Duration wait =
         live.has_value() || past_refused
-            ? std::min(options_.long_poll,
-                       deadline - absl::Now() - kLongPollDeadlineMargin)
+            ? std::min(options_.long_poll, deadline - options_.clock->Now() -
+                                               kLongPollDeadlineMargin)
             : absl::ZeroDuration();
     {
       absl::MutexLock lock(&mu_);
       if (interrupted_) wait = absl::ZeroDuration();
     }
     if (wait < absl::Milliseconds(1)) wait = absl::ZeroDuration();
-    const absl::Time asked = absl::Now();
+    const absl::Time asked = options_.clock->Now();
     absl::StatusOr<v1::WeightManifest> latest =
         GetManifest(0, deadline, newer_than, wait);
     if (latest.ok() && past_refused && latest->policy_version() > newer_than) {
@@ -242,7 +250,7 @@ absl::StatusOr<v1::WeightManifest> GrpcPullReceiver::Plan(
         !(long_polled && absl::IsCancelled(latest.status()))) {
       return latest.status();
     }
-    if (absl::Now() + options_.poll_interval > deadline) {
+    if (options_.clock->Now() + options_.poll_interval > deadline) {
       return absl::DeadlineExceededError(
           "no newer weights version on the weight server before the "
           "deadline");
@@ -250,13 +258,14 @@ absl::StatusOr<v1::WeightManifest> GrpcPullReceiver::Plan(
     // At most one question per poll_interval: an answer that came sooner
     // (a server that does not hold long polls, an error) waits for the
     // rest of it.
-    const absl::Duration pause = asked + options_.poll_interval - absl::Now();
+    const absl::Duration pause =
+        asked + options_.poll_interval - options_.clock->Now();
     if (pause <= absl::ZeroDuration()) continue;
     absl::MutexLock lock(&mu_);
     auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return cancelled_ || interrupted_;
     };
-    mu_.AwaitWithTimeout(absl::Condition(&woken), pause);
+    options_.clock->AwaitWithTimeout(&mu_, absl::Condition(&woken), pause);
     if (interrupted_ && !cancelled_) {
       interrupted_ = false;
       return InterruptedStatus();
@@ -285,7 +294,9 @@ absl::StatusOr<uint64_t> GrpcPullReceiver::ReceiveNext(StagingWeights* staging,
   // `deadline` bounds the wait for a newer version; a transfer that has
   // begun gets at least transfer_timeout, so short waiting slices never cut
   // a large payload short (it would start over at the next call).
-  deadline = std::max(deadline, absl::Now() + options_.transfer_timeout);
+  // The transfer is real I/O: from here on the deadline is real time.
+  deadline = RealDeadline(
+      std::max(deadline, options_.clock->Now() + options_.transfer_timeout));
   absl::Status fetched = Fetch(staging, *manifest, deadline);
   if (!fetched.ok() && !IsFull(*manifest) && absl::IsNotFound(fetched)) {
     // The delta was not retained after all: fall back to the full copy.

@@ -64,6 +64,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/base/clock.h"
 #include "common/weights/pull/data_plane_auth.h"
 #include "common/weights/weight_transport.h"
 #include "tandem/v1/trainer.grpc.pb.h"
@@ -106,6 +107,12 @@ struct PullOptions {
   // that stream goes over FetchWeights instead (gRPC, under mTLS), logged
   // once per cause. Unset: the raw path as without TLS.
   std::shared_ptr<const DataPlaneKeyHolder> data_plane_key;
+  // The clock of the wait for a newer version: ReceiveNext's deadline is a
+  // time on it, and it times the poll_interval pauses and the wait_ms a
+  // long poll asks for. The gRPC and socket deadlines of the calls are real
+  // time, as long from now as the deadline is on this clock, so a fake
+  // clock never stops a real call from ending. Must outlive the receiver.
+  Clock* clock = RealClock();
 };
 
 struct PullStats {
@@ -156,7 +163,8 @@ class GrpcPullReceiver : public WeightReceiver {
  private:
   // With wait > 0 (version 0 only): a long poll for a latest version
   // newer than `newer_than`; Cancel() and Interrupt() cancel it, and it
-  // is not sent at all when either came first (Cancelled).
+  // is not sent at all when either came first (Cancelled). `deadline`,
+  // as Plan's, is on options.clock.
   absl::StatusOr<v1::WeightManifest> GetManifest(
       uint64_t version, absl::Time deadline, uint64_t newer_than = 0,
       absl::Duration wait = absl::ZeroDuration());
@@ -192,6 +200,9 @@ class GrpcPullReceiver : public WeightReceiver {
   // Reads exactly n bytes from the active raw socket before `deadline`.
   absl::Status RawRead(int fd, void* dst, size_t n, absl::Time deadline);
   bool cancelled() const;
+  // The real time as far from now as `deadline` is on options.clock (the
+  // deadline itself with the real clock): for gRPC and socket deadlines.
+  absl::Time RealDeadline(absl::Time deadline) const;
 
   std::unique_ptr<v1::WeightServer::Stub> stub_;
   const PullOptions options_;

@@ -206,7 +206,7 @@ void WeightServerService::LongPollLoop() {
     poll_dirty_ = false;
     // Read after the flag is cleared: a Put from here on sets it again.
     const std::optional<uint64_t> latest = store_->latest_version();
-    const absl::Time now = absl::Now();
+    const absl::Time now = options_.clock->Now();
     absl::Time next = absl::InfiniteFuture();
     std::vector<LongPoll*> ready;
     for (auto it = polls_.begin(); it != polls_.end();) {
@@ -231,7 +231,13 @@ void WeightServerService::LongPollLoop() {
     auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(poll_mu_) {
       return poll_dirty_ || poll_loop_exit_;
     };
-    poll_mu_.AwaitWithDeadline(absl::Condition(&woken), next);
+    if (polls_.empty()) {
+      // Nothing held: no deadline to wait for (and no waiter on the clock).
+      poll_mu_.Await(absl::Condition(&woken));
+    } else {
+      options_.clock->AwaitWithDeadline(&poll_mu_, absl::Condition(&woken),
+                                        next);
+    }
   }
   poll_mu_.Unlock();
 }
@@ -315,8 +321,9 @@ grpc::ServerUnaryReactor* WeightServerService::GetManifest(
         if (options_.metrics != nullptr) {
           options_.metrics->RecordManifestRequest(/*held=*/true);
         }
-        auto* poll = new LongPoll(this, response, request->newer_than(),
-                                  absl::Now() + absl::Milliseconds(wait_ms));
+        auto* poll =
+            new LongPoll(this, response, request->newer_than(),
+                         options_.clock->Now() + absl::Milliseconds(wait_ms));
         poll->pending = true;
         poll->it = polls_.insert(polls_.end(), poll);
         poll_dirty_ = true;
@@ -424,6 +431,11 @@ absl::StatusOr<WeightServerService::Stream> WeightServerService::OpenStream(
   stream.chunk_bytes = chunk;
   stream.raw = raw;
   return stream;
+}
+
+int WeightServerService::held_long_polls() const {
+  absl::MutexLock lock(&poll_mu_);
+  return static_cast<int>(polls_.size());
 }
 
 WeightServerStats WeightServerService::stats() const {

@@ -108,7 +108,8 @@
 // latest version is <= newer_than: the reactor is kept in a list (no gRPC
 // thread waits) and answered, as an immediate request would be, when a
 // Put makes the latest version newer (WeightStore listener), when
-// min(wait_ms, kMaxLongPollMs) has passed, when the client cancels, or on
+// min(wait_ms, kMaxLongPollMs) has passed on options.clock, when the
+// client cancels (its gRPC deadline, real time, included), or on
 // Shutdown() (and destruction). One small thread per service finishes
 // them, so the storing thread only flags the change. A gRPC server's
 // Shutdown waits for calls in flight: call the service's Shutdown() first
@@ -138,6 +139,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/base/clock.h"
 #include "common/rpc/peer_identity.h"
 #include "common/weights/pull/data_plane_auth.h"
 #include "common/weights/weight_store.h"
@@ -193,6 +195,9 @@ struct WeightServerOptions {
   // while the holder has no key every raw connection is refused at once
   // (receivers then use FetchWeights). Unset (tls.mode off): no check.
   std::shared_ptr<const DataPlaneKeyHolder> data_plane_key;
+  // Times how long a long poll is held (wait_ms; see above). Must outlive
+  // the service. The raw data path's socket timeouts stay real time.
+  Clock* clock = RealClock();
 };
 
 // Raw data path wire constants (see above).
@@ -257,6 +262,9 @@ class WeightServerService final : public v1::WeightServer::CallbackService {
 
   WeightServerStats stats() const;
 
+  // Long polls held now (not yet answered or cancelled).
+  int held_long_polls() const;
+
   // Answers every held long poll now (as at once) and later ones at once,
   // so that a gRPC server's Shutdown does not wait for them. Idempotent.
   void Shutdown();
@@ -305,7 +313,7 @@ class WeightServerService final : public v1::WeightServer::CallbackService {
 
   const WeightStore* store_;
   const WeightServerOptions options_;
-  absl::Mutex poll_mu_;
+  mutable absl::Mutex poll_mu_;
   std::list<LongPoll*> polls_ ABSL_GUARDED_BY(poll_mu_);
   // Something changed (a Put, a new poll, Shutdown): re-check the polls.
   bool poll_dirty_ ABSL_GUARDED_BY(poll_mu_) = false;
