@@ -73,8 +73,19 @@ struct SequenceStep {
 // Attention strategy over several sequences (see the file comment).
 enum class AttentionMode { kAuto, kPerSequence, kPadded };
 
+// How projections and the LM head multiply by a weight w [out, in]:
+// kLinear = at::linear (x @ w^T); kWeightLeft = (w @ x^T)^T, which on the
+// CPU spares MKL repacking w on every call (internal::Linear); kAuto =
+// kWeightLeft for float32 weights on the CPU when the call has 2 to
+// kWeightLeftMaxRows rows (batched decode steps), kLinear otherwise (one
+// row, where at::linear was as fast or faster; prefill; training; bfloat16,
+// not measured; GPUs, where nothing is repacked).
+enum class LinearMode { kAuto, kLinear, kWeightLeft };
+inline constexpr int64_t kWeightLeftMaxRows = 48;
+
 struct DecoderOptions {
   AttentionMode attention = AttentionMode::kAuto;
+  LinearMode linear = LinearMode::kAuto;
 };
 
 class DecoderModel {
@@ -153,6 +164,10 @@ class DecoderModel {
                                           const at::Tensor& input_ids,
                                           const at::Tensor& position_ids,
                                           const at::Tensor& cu_seqlens) const;
+
+  // Whether a product with `rows` rows on `weights` puts the weight on the
+  // left (options_.linear).
+  bool WeightLeft(const ModelWeights& weights, int64_t rows) const;
 
   bool UsePaddedAttention(const ModelConfig& config, int64_t element_size,
                           const std::vector<int64_t>& n,

@@ -15,6 +15,15 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return weight * normed.to(x.scalar_type());
 }
 
+at::Tensor Linear(const at::Tensor& x, const at::Tensor& w,
+                  const at::Tensor& bias, bool weight_left) {
+  if (!weight_left) return at::linear(x, w, bias);
+  const at::Tensor product = bias.defined()
+                                 ? at::addmm(bias.unsqueeze(1), w, x.t())
+                                 : at::mm(w, x.t());
+  return product.t().contiguous();
+}
+
 at::Tensor RopeInverseFrequencies(const ModelConfig& config) {
   const int64_t dim = config.head_dim;
   const at::Tensor exponents =
