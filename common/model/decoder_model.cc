@@ -26,12 +26,12 @@ using internal::RmsNorm;
 // Runs embedding, all layers and the final norm over the packed tokens
 // `input_ids` [T] at `positions` [T]. `attend(layer, q, k, v, scale)` gets
 // the post-RoPE q [T, heads, head_dim] and k, v [T, kv_heads, head_dim] and
-// returns attention outputs [T, heads * head_dim]. `weight_left` picks
-// internal::Linear's form for every projection. May throw c10::Error.
+// returns attention outputs [T, heads * head_dim]. `form` is internal::
+// Linear's for every projection. May throw c10::Error.
 template <typename Attend>
 at::Tensor RunDecoder(const ModelWeights& w, const at::Tensor& inv_freq,
                       const at::Tensor& input_ids, const at::Tensor& positions,
-                      bool weight_left, Attend&& attend) {
+                      internal::LinearForm form, Attend&& attend) {
   const ModelConfig& c = w.config();
   const int64_t t = input_ids.size(0);
   const double eps = c.rms_norm_eps;
@@ -41,11 +41,11 @@ at::Tensor RunDecoder(const ModelWeights& w, const at::Tensor& inv_freq,
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& l = w.layer(i);
     at::Tensor h = RmsNorm(x, l.input_layernorm, eps);
-    at::Tensor q = Linear(h, l.q_proj, l.q_bias, weight_left)
+    at::Tensor q = Linear(h, l.q_proj, l.q_bias, form)
                        .view({t, c.num_attention_heads, c.head_dim});
-    at::Tensor k = Linear(h, l.k_proj, l.k_bias, weight_left)
+    at::Tensor k = Linear(h, l.k_proj, l.k_bias, form)
                        .view({t, c.num_key_value_heads, c.head_dim});
-    at::Tensor v = Linear(h, l.v_proj, l.v_bias, weight_left)
+    at::Tensor v = Linear(h, l.v_proj, l.v_bias, form)
                        .view({t, c.num_key_value_heads, c.head_dim});
     if (c.qk_norm) {
       q = RmsNorm(q, l.q_norm, eps);
@@ -54,12 +54,12 @@ at::Tensor RunDecoder(const ModelWeights& w, const at::Tensor& inv_freq,
     q = ApplyRope(q, cos, sin);
     k = ApplyRope(k, cos, sin);
     const at::Tensor attn = attend(i, q, k, v, scale);
-    x = x + Linear(attn, l.o_proj, l.o_bias, weight_left);
+    x = x + Linear(attn, l.o_proj, l.o_bias, form);
     h = RmsNorm(x, l.post_attention_layernorm, eps);
     const at::Tensor none;
-    x = x + Linear(at::silu(Linear(h, l.gate_proj, none, weight_left)) *
-                       Linear(h, l.up_proj, none, weight_left),
-                   l.down_proj, none, weight_left);
+    x = x + Linear(at::silu(Linear(h, l.gate_proj, none, form)) *
+                       Linear(h, l.up_proj, none, form),
+                   l.down_proj, none, form);
   }
   return RmsNorm(x, w.final_norm(), eps);
 }
@@ -106,18 +106,27 @@ DecoderModel::DecoderModel(std::shared_ptr<ModelWeights> weights,
       inv_freq_(internal::RopeInverseFrequencies(weights->config())),
       weights_(std::move(weights)) {}
 
-bool DecoderModel::WeightLeft(const ModelWeights& weights,
-                              int64_t rows) const {
+internal::LinearForm DecoderModel::FormFor(const ModelWeights& weights,
+                                           int64_t rows) const {
+  using internal::LinearForm;
+  LinearForm form = LinearForm::kLinear;
   switch (options_.linear) {
     case LinearMode::kLinear:
-      return false;
+      break;
     case LinearMode::kWeightLeft:
-      return true;
+      form = LinearForm::kWeightLeft;
+      break;
+    case LinearMode::kRowKernel:
+      form = LinearForm::kRowKernel;
+      break;
     case LinearMode::kAuto:
+      if (weights.device().is_cpu() && weights.dtype() == at::kFloat &&
+          rows >= 2 && rows <= kWeightLeftMaxRows) {
+        form = LinearForm::kRowKernel;
+      }
       break;
   }
-  return weights.device().is_cpu() && weights.dtype() == at::kFloat &&
-         rows >= 2 && rows <= kWeightLeftMaxRows;
+  return form;
 }
 
 bool DecoderModel::UsePaddedAttention(
@@ -263,7 +272,7 @@ absl::StatusOr<at::Tensor> DecoderModel::PackedHidden(
       }
       return at::cat(outs, 0);
     };
-    return RunDecoder(*w, inv_freq_, ids, positions, WeightLeft(*w, t), attend);
+    return RunDecoder(*w, inv_freq_, ids, positions, FormFor(*w, t), attend);
   } catch (const std::exception& e) {
     return internal::TorchErrorToStatus(kWhat, e);
   }
@@ -278,7 +287,7 @@ absl::StatusOr<at::Tensor> DecoderModel::ForwardPacked(
                    PackedHidden(*w, input_ids, position_ids, cu_seqlens));
   try {
     return Linear(hidden, w->lm_head(), at::Tensor(),
-                  WeightLeft(*w, hidden.size(0)));
+                  FormFor(*w, hidden.size(0)));
   } catch (const std::exception& e) {
     return internal::TorchErrorToStatus("ForwardPacked: lm_head", e);
   }
@@ -290,7 +299,7 @@ absl::StatusOr<at::Tensor> DecoderModel::LmHead(
   try {
     if (hidden.dim() == 2) {
       return Linear(hidden, w->lm_head(), at::Tensor(),
-                    WeightLeft(*w, hidden.size(0)));
+                    FormFor(*w, hidden.size(0)));
     }
     return at::linear(hidden, w->lm_head());
   } catch (const std::exception& e) {
@@ -387,7 +396,7 @@ absl::StatusOr<at::Tensor> DecoderModel::ForwardWithCache(
       return num_seqs == 1 ? outs[0] : at::cat(outs, 0);
     };
     at::Tensor hidden = RunDecoder(*w, inv_freq_, ids, positions,
-                                   WeightLeft(*w, total), attend);
+                                   FormFor(*w, total), attend);
     if (!all_logits) {
       std::vector<int64_t> last(num_seqs);
       for (int64_t b = 0; b < num_seqs; ++b) last[b] = starts[b + 1] - 1;
@@ -396,7 +405,7 @@ absl::StatusOr<at::Tensor> DecoderModel::ForwardWithCache(
                  .to(w->device()));
     }
     at::Tensor logits = Linear(hidden, w->lm_head(), at::Tensor(),
-                               WeightLeft(*w, hidden.size(0)))
+                               FormFor(*w, hidden.size(0)))
                             .to(at::kFloat);
     for (int64_t b = 0; b < num_seqs; ++b) {
       steps[b].cache->Commit(static_cast<int64_t>(steps[b].tokens.size()));

@@ -25,8 +25,9 @@
 // needed), so that every engine in the race decodes the same tokens.
 // --paths measures several compute paths side by side in one process, runs
 // alternating (path A, path B, A, B, ...), one JSON line per path and case
-// with a "path" field: LINEAR is linear | weight-left | auto
-// (model::LinearMode: at::linear, (W x^T)^T, or the default rule) and
+// with a "path" field: LINEAR is linear | weight-left | row-kernel | auto
+// (model::LinearMode: at::linear, (W x^T)^T, kernels::RowGemmF32, or the
+// default rule) and
 // SAMPLING is host | tensor | auto (engine::SampleWhere: logits copied to
 // the host and sampled there, sampled in LibTorch on the [B, vocab] tensor,
 // or the default). E.g. --paths linear/host,auto/auto compares the old
@@ -211,6 +212,8 @@ absl::StatusOr<std::vector<Path>> MakePaths(
         options.linear = model::LinearMode::kLinear;
       } else if (parts[0] == "weight-left") {
         options.linear = model::LinearMode::kWeightLeft;
+      } else if (parts[0] == "row-kernel") {
+        options.linear = model::LinearMode::kRowKernel;
       } else {
         ok = parts[0] == "auto";
       }
@@ -225,7 +228,8 @@ absl::StatusOr<std::vector<Path>> MakePaths(
     if (!ok) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--paths: '", spec,
-          "' is not LINEAR/SAMPLING with LINEAR linear|weight-left|auto and "
+          "' is not LINEAR/SAMPLING with LINEAR linear|weight-left|row-kernel|auto "
+          "and "
           "SAMPLING host|tensor|auto"));
     }
     path.decoder = std::make_shared<model::DecoderModel>(weights, options);

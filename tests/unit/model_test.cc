@@ -245,24 +245,29 @@ TEST_CASE("Training forward propagates gradients to the weights", "[model]") {
 }
 
 // LinearMode::kWeightLeft computes every projection and the LM head as
-// (W x^T)^T, not at::linear's x W^T (issue 20): the same logits and
-// gradients up to summation order, with and without biases (Qwen2 has q/k/v
-// biases, Llama none), in the training forward and in cached decode.
-TEST_CASE("Weight-left projections equal at::linear", "[model]") {
+// (W x^T)^T and kRowKernel with kernels::RowGemmF32 (outside autograd; with
+// gradients it falls back to kWeightLeft), not at::linear's x W^T (issue
+// 20): the same logits and gradients up to summation order, with and
+// without biases (Qwen2 has q/k/v biases, Llama none), in the training
+// forward and in cached decode.
+TEST_CASE("Weight-left and row-kernel projections equal at::linear",
+          "[model]") {
   for (const ModelConfig& config : {TinyQwen2Config(), TinyLlama3Config()}) {
     INFO(std::string(ArchitectureName(config.architecture)));
     auto weights = MakeWeights(config);
     const DecoderModel linear(weights, {.linear = LinearMode::kLinear});
     const DecoderModel left(weights, {.linear = LinearMode::kWeightLeft});
+    const DecoderModel kernel(weights, {.linear = LinearMode::kRowKernel});
+    const DecoderModel* models[] = {&linear, &left, &kernel};
     const auto tokens = RandomTokens(11, config.vocab_size, 5);
     const at::Tensor ids = ToTensor(tokens);
     const at::Tensor positions =
         at::tensor({0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5}, at::kLong);
     const at::Tensor cu = at::tensor({0, 5, 11}, at::kLong);
-    std::vector<at::Tensor> grads[2];
-    at::Tensor logits[2];
-    for (int m = 0; m < 2; ++m) {
-      const DecoderModel& model = m == 0 ? linear : left;
+    std::vector<at::Tensor> grads[3];
+    at::Tensor logits[3];
+    for (int m = 0; m < 3; ++m) {
+      const DecoderModel& model = *models[m];
       for (const auto& [name, t] : weights->tensors()) {
         at::Tensor(t).mutable_grad() = at::Tensor();
         at::Tensor(t).requires_grad_(true);
@@ -276,16 +281,18 @@ TEST_CASE("Weight-left projections equal at::linear", "[model]") {
         at::Tensor(t).requires_grad_(false);
       }
     }
-    CHECK(MaxAbsDiff(logits[0], logits[1]) < kFp32Tolerance);
-    for (size_t i = 0; i < grads[0].size(); ++i) {
-      CHECK(MaxAbsDiff(grads[0][i], grads[1][i]) < kFp32Tolerance);
+    for (int m = 1; m < 3; ++m) {
+      CHECK(MaxAbsDiff(logits[0], logits[m]) < kFp32Tolerance);
+      for (size_t i = 0; i < grads[0].size(); ++i) {
+        CHECK(MaxAbsDiff(grads[0][i], grads[m][i]) < kFp32Tolerance);
+      }
     }
     // Cached decode of two sequences: prefill of 5 and 6 tokens (one call),
     // then one token each.
     c10::NoGradGuard no_grad;
-    at::Tensor decoded[2];
-    for (int m = 0; m < 2; ++m) {
-      const DecoderModel& model = m == 0 ? linear : left;
+    at::Tensor decoded[3];
+    for (int m = 0; m < 3; ++m) {
+      const DecoderModel& model = *models[m];
       auto a = MakeCache(model);
       auto b = MakeCache(model);
       const std::vector<int32_t> head_a(tokens.begin(), tokens.begin() + 4);
@@ -299,11 +306,13 @@ TEST_CASE("Weight-left projections equal at::linear", "[model]") {
       REQUIRE(step.ok());
       decoded[m] = *step;
     }
-    CHECK(MaxAbsDiff(decoded[0], decoded[1]) < kFp32Tolerance);
-    CHECK(MaxAbsDiff(decoded[1][0], logits[0][4].to(at::kFloat)) <
-          kFp32Tolerance);
-    CHECK(MaxAbsDiff(decoded[1][1], logits[0][10].to(at::kFloat)) <
-          kFp32Tolerance);
+    for (int m = 1; m < 3; ++m) {
+      CHECK(MaxAbsDiff(decoded[0], decoded[m]) < kFp32Tolerance);
+      CHECK(MaxAbsDiff(decoded[m][0], logits[0][4].to(at::kFloat)) <
+            kFp32Tolerance);
+      CHECK(MaxAbsDiff(decoded[m][1], logits[0][10].to(at::kFloat)) <
+            kFp32Tolerance);
+    }
   }
 }
 
