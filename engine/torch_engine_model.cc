@@ -137,9 +137,9 @@ absl::StatusOr<std::vector<SampledToken>> SampleRows(
     };
     // Scaling by 1 is exact, so an all-greedy (or T = 1) step skips it.
     const at::Tensor scaled =
-        all_unit ? logits.to(at::kFloat)
-                 : logits.to(at::kFloat) *
-                       to_device(inv_t, at::kFloat).unsqueeze(1);
+        all_unit
+            ? logits.to(at::kFloat)
+            : logits.to(at::kFloat) * to_device(inv_t, at::kFloat).unsqueeze(1);
     const at::Tensor log_z = at::logsumexp(scaled, 1);
     at::Tensor token = scaled.argmax(1);
     if (!full.empty()) {

@@ -28,7 +28,7 @@ namespace tandem::engine {
 // host, and on the CPU no per-row copy and double-precision pass over the
 // vocabulary); kHost = the logits copied into a std::vector and sampled by
 // the host sampler (engine/sampler.h; tests compare the two); kAuto =
-// kDevice on every device (issue 20: 1.03-1.05x decode at batch 32 on the
+// kDevice on every device (issue 20: 1.02-1.06x decode at batch 32 on the
 // CPU, docs/benchmarks.md).
 enum class SampleWhere { kAuto, kHost, kDevice };
 

@@ -23,30 +23,30 @@ void RowGemmScalar(const float* x, const float* w, float* y, int64_t m,
 }
 
 #if defined(__x86_64__)
-#define TANDEM_ROW_GEMM_STEP(LOAD)                                      \
-  {                                                                     \
+#define TANDEM_ROW_GEMM_STEP(LOAD)                                        \
+  {                                                                       \
     const __m512 v0 = LOAD(w0 + k), v1 = LOAD(w1 + k), v2 = LOAD(w2 + k), \
-                 v3 = LOAD(w3 + k);                                     \
-    __m512 u = LOAD(x0 + k);                                            \
-    a00 = _mm512_fmadd_ps(u, v0, a00);                                  \
-    a01 = _mm512_fmadd_ps(u, v1, a01);                                  \
-    a02 = _mm512_fmadd_ps(u, v2, a02);                                  \
-    a03 = _mm512_fmadd_ps(u, v3, a03);                                  \
-    u = LOAD(x1 + k);                                                   \
-    a10 = _mm512_fmadd_ps(u, v0, a10);                                  \
-    a11 = _mm512_fmadd_ps(u, v1, a11);                                  \
-    a12 = _mm512_fmadd_ps(u, v2, a12);                                  \
-    a13 = _mm512_fmadd_ps(u, v3, a13);                                  \
-    u = LOAD(x2 + k);                                                   \
-    a20 = _mm512_fmadd_ps(u, v0, a20);                                  \
-    a21 = _mm512_fmadd_ps(u, v1, a21);                                  \
-    a22 = _mm512_fmadd_ps(u, v2, a22);                                  \
-    a23 = _mm512_fmadd_ps(u, v3, a23);                                  \
-    u = LOAD(x3 + k);                                                   \
-    a30 = _mm512_fmadd_ps(u, v0, a30);                                  \
-    a31 = _mm512_fmadd_ps(u, v1, a31);                                  \
-    a32 = _mm512_fmadd_ps(u, v2, a32);                                  \
-    a33 = _mm512_fmadd_ps(u, v3, a33);                                  \
+                 v3 = LOAD(w3 + k);                                       \
+    __m512 u = LOAD(x0 + k);                                              \
+    a00 = _mm512_fmadd_ps(u, v0, a00);                                    \
+    a01 = _mm512_fmadd_ps(u, v1, a01);                                    \
+    a02 = _mm512_fmadd_ps(u, v2, a02);                                    \
+    a03 = _mm512_fmadd_ps(u, v3, a03);                                    \
+    u = LOAD(x1 + k);                                                     \
+    a10 = _mm512_fmadd_ps(u, v0, a10);                                    \
+    a11 = _mm512_fmadd_ps(u, v1, a11);                                    \
+    a12 = _mm512_fmadd_ps(u, v2, a12);                                    \
+    a13 = _mm512_fmadd_ps(u, v3, a13);                                    \
+    u = LOAD(x2 + k);                                                     \
+    a20 = _mm512_fmadd_ps(u, v0, a20);                                    \
+    a21 = _mm512_fmadd_ps(u, v1, a21);                                    \
+    a22 = _mm512_fmadd_ps(u, v2, a22);                                    \
+    a23 = _mm512_fmadd_ps(u, v3, a23);                                    \
+    u = LOAD(x3 + k);                                                     \
+    a30 = _mm512_fmadd_ps(u, v0, a30);                                    \
+    a31 = _mm512_fmadd_ps(u, v1, a31);                                    \
+    a32 = _mm512_fmadd_ps(u, v2, a32);                                    \
+    a33 = _mm512_fmadd_ps(u, v3, a33);                                    \
   }
 
 // Columns [n_begin, n_end) in groups of 4 rows of w, each against all rows
@@ -100,16 +100,16 @@ __attribute__((target("avx512f,fma"))) void RowGemmAvx512(
 
 bool RowGemmF32Fast() {
 #if defined(__x86_64__)
-  static const bool fast = __builtin_cpu_supports("avx512f") &&
-                           __builtin_cpu_supports("fma");
+  static const bool fast =
+      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
   return fast;
 #else
   return false;
 #endif
 }
 
-void RowGemmF32(const float* x, const float* w, float* y, int64_t m,
-                int64_t n, int64_t k_dim, int64_t n_begin, int64_t n_end) {
+void RowGemmF32(const float* x, const float* w, float* y, int64_t m, int64_t n,
+                int64_t k_dim, int64_t n_begin, int64_t n_end) {
 #if defined(__x86_64__)
   if (RowGemmF32Fast()) {
     RowGemmAvx512(x, w, y, m, n, k_dim, n_begin, n_end);

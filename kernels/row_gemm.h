@@ -26,7 +26,7 @@ bool RowGemmF32Fast();
 // and j in [n_begin, n_end): x [m, k_dim], w [n, k_dim] and y [m, n], all
 // row-major and dense. Sums in float32 in a blocked order (16 lanes, then a
 // tree): equal to a BLAS product up to float32 rounding.
-void RowGemmF32(const float* x, const float* w, float* y, int64_t m,
-                int64_t n, int64_t k_dim, int64_t n_begin, int64_t n_end);
+void RowGemmF32(const float* x, const float* w, float* y, int64_t m, int64_t n,
+                int64_t k_dim, int64_t n_begin, int64_t n_end);
 
 }  // namespace tandem::kernels

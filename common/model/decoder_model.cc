@@ -395,8 +395,8 @@ absl::StatusOr<at::Tensor> DecoderModel::ForwardWithCache(
       if (padded) return internal::PaddedCausalAttention(qs, ks, vs, scale);
       return num_seqs == 1 ? outs[0] : at::cat(outs, 0);
     };
-    at::Tensor hidden = RunDecoder(*w, inv_freq_, ids, positions,
-                                   FormFor(*w, total), attend);
+    at::Tensor hidden =
+        RunDecoder(*w, inv_freq_, ids, positions, FormFor(*w, total), attend);
     if (!all_logits) {
       std::vector<int64_t> last(num_seqs);
       for (int64_t b = 0; b < num_seqs; ++b) last[b] = starts[b + 1] - 1;
@@ -404,9 +404,9 @@ absl::StatusOr<at::Tensor> DecoderModel::ForwardWithCache(
           0, at::tensor(last, at::TensorOptions().dtype(at::kLong))
                  .to(w->device()));
     }
-    at::Tensor logits = Linear(hidden, w->lm_head(), at::Tensor(),
-                               FormFor(*w, hidden.size(0)))
-                            .to(at::kFloat);
+    at::Tensor logits =
+        Linear(hidden, w->lm_head(), at::Tensor(), FormFor(*w, hidden.size(0)))
+            .to(at::kFloat);
     for (int64_t b = 0; b < num_seqs; ++b) {
       steps[b].cache->Commit(static_cast<int64_t>(steps[b].tokens.size()));
     }

@@ -172,8 +172,7 @@ class DecoderModel {
 
   // How a product with `rows` rows on `weights` is computed
   // (options_.linear resolved).
-  internal::LinearForm FormFor(const ModelWeights& weights,
-                               int64_t rows) const;
+  internal::LinearForm FormFor(const ModelWeights& weights, int64_t rows) const;
 
   bool UsePaddedAttention(const ModelConfig& config, int64_t element_size,
                           const std::vector<int64_t>& n,

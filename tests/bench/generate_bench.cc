@@ -179,7 +179,8 @@ void PrintCase(const Flags& flags, const std::string& path, const char* name,
       "\"dtype\":\"%s\",\"batch\":%d,"
       "\"prompt_tokens\":%d,\"new_tokens\":%d,\"threads\":%d,\"tokens\":%llu,"
       "\"seconds\":%.6f,\"tokens_per_second\":%.3f,\"runs\":[%s]}\n",
-      path_field.c_str(), name, flags.device.c_str(), flags.dtype.c_str(), batch, prompt, new_tokens, flags.threads,
+      path_field.c_str(), name, flags.device.c_str(), flags.dtype.c_str(),
+      batch, prompt, new_tokens, flags.threads,
       static_cast<unsigned long long>(best.tokens), best.seconds,
       best.tokens_per_second(), absl::StrJoin(each, ",").c_str());
   std::fflush(stdout);
@@ -226,11 +227,11 @@ absl::StatusOr<std::vector<Path>> MakePaths(
       }
     }
     if (!ok) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--paths: '", spec,
-          "' is not LINEAR/SAMPLING with LINEAR linear|weight-left|row-kernel|auto "
-          "and "
-          "SAMPLING host|tensor|auto"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--paths: '", spec,
+                       "' is not LINEAR/SAMPLING with LINEAR "
+                       "linear|weight-left|row-kernel|auto and SAMPLING "
+                       "host|tensor|auto"));
     }
     path.decoder = std::make_shared<model::DecoderModel>(weights, options);
     out.push_back(std::move(path));
@@ -268,9 +269,9 @@ absl::Status Main(const Flags& flags) {
   for (int batch : flags.batches) {
     // Warm-up, not measured: a short run of the same shape.
     for (const Path& path : paths) {
-      RETURN_IF_ERROR(Decode(path, max_tokens, prompt, batch,
-                             std::min(4, flags.new_tokens))
-                          .status());
+      RETURN_IF_ERROR(
+          Decode(path, max_tokens, prompt, batch, std::min(4, flags.new_tokens))
+              .status());
     }
     std::vector<std::vector<Run>> runs(n);
     for (int r = 0; r < flags.repeat; ++r) {
@@ -299,8 +300,7 @@ absl::Status Main(const Flags& flags) {
       }
     }
     for (size_t i = 0; i < n; ++i) {
-      PrintCase(flags, name(i), "prefill", 1, flags.prefill_tokens, 1,
-                runs[i]);
+      PrintCase(flags, name(i), "prefill", 1, flags.prefill_tokens, 1, runs[i]);
     }
   }
   return absl::OkStatus();

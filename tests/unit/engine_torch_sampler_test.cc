@@ -131,8 +131,8 @@ TEST_CASE("SampleRows' greedy-only and mostly-greedy steps",
     for (int64_t r = 0; r < rows; ++r) {
       INFO("row " << r);
       const SampledToken host = SampleTokenWithUniform(
-          logits[r].contiguous().data_ptr<float>(), vocab,
-          *requests[r].params, requests[r].uniform);
+          logits[r].contiguous().data_ptr<float>(), vocab, *requests[r].params,
+          requests[r].uniform);
       CHECK((*device)[r].token == host.token);
       CHECK(std::abs((*device)[r].logprob - host.logprob) < 1e-4);
       if (requests[r].params == &greedy) {

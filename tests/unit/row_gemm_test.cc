@@ -21,9 +21,9 @@ TEST_CASE("RowGemmF32 equals the product at every tile edge", "[row_gemm]") {
   struct Shape {
     int64_t m, n, k;
   };
-  for (const Shape s : {Shape{1, 1, 1}, Shape{2, 5, 16}, Shape{3, 7, 13},
-                        Shape{4, 8, 32}, Shape{5, 9, 37}, Shape{32, 128, 896},
-                        Shape{33, 66, 100}}) {
+  for (const Shape s :
+       {Shape{1, 1, 1}, Shape{2, 5, 16}, Shape{3, 7, 13}, Shape{4, 8, 32},
+        Shape{5, 9, 37}, Shape{32, 128, 896}, Shape{33, 66, 100}}) {
     INFO("m " << s.m << " n " << s.n << " k " << s.k);
     std::vector<float> x(s.m * s.k), w(s.n * s.k);
     for (float& v : x) v = normal(rng);
@@ -35,8 +35,8 @@ TEST_CASE("RowGemmF32 equals the product at every tile edge", "[row_gemm]") {
     RowGemmF32(x.data(), w.data(), y.data(), s.m, s.n, s.k, 0, cut1);
     RowGemmF32(x.data(), w.data(), y.data(), s.m, s.n, s.k, cut1,
                std::min(cut2, s.n));
-    RowGemmF32(x.data(), w.data(), y.data(), s.m, s.n, s.k,
-               std::min(cut2, s.n), s.n);
+    RowGemmF32(x.data(), w.data(), y.data(), s.m, s.n, s.k, std::min(cut2, s.n),
+               s.n);
     double worst = 0;
     for (int64_t i = 0; i < s.m; ++i) {
       for (int64_t j = 0; j < s.n; ++j) {
