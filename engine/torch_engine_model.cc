@@ -90,11 +90,9 @@ absl::StatusOr<std::vector<float>> TorchEngineModel::Forward(
 absl::StatusOr<std::vector<SampledToken>> TorchEngineModel::ForwardSample(
     const std::vector<ForwardChunk>& chunks,
     const std::vector<SampleRequest>& requests) {
-  const bool on_device =
-      options_.sampling == SampleWhere::kDevice ||
-      (options_.sampling == SampleWhere::kAuto &&
-       model_->weights()->device().is_cuda());
-  if (!on_device) return EngineModel::ForwardSample(chunks, requests);
+  if (options_.sampling == SampleWhere::kHost) {
+    return EngineModel::ForwardSample(chunks, requests);
+  }
   at::Tensor logits;
   RETURN_IF_ERROR(RunStep(chunks, &logits));
   return SampleRows(logits, requests);
@@ -116,32 +114,57 @@ absl::StatusOr<std::vector<SampledToken>> SampleRows(
     const int64_t vocab = logits.size(1);
     std::vector<float> inv_t(rows);
     std::vector<double> uniform(rows);
-    std::vector<uint8_t> greedy(rows);
-    std::vector<int64_t> truncated;
+    // Greedy rows need only the argmax and log_z; `full` rows draw from the
+    // whole vocabulary by inverse CDF; `truncated` ones from their top-k /
+    // top-p candidates.
+    std::vector<int64_t> full, truncated;
+    bool all_unit = true;
     for (int64_t r = 0; r < rows; ++r) {
       const SamplingParams& p = *requests[r].params;
-      greedy[r] = p.temperature <= 0.0f;
-      inv_t[r] = greedy[r] ? 1.0f : 1.0f / p.temperature;
+      const bool greedy = p.temperature <= 0.0f;
+      inv_t[r] = greedy ? 1.0f : 1.0f / p.temperature;
+      all_unit = all_unit && inv_t[r] == 1.0f;
       uniform[r] = requests[r].uniform;
-      if (!greedy[r] && ((p.top_k > 0 && p.top_k < vocab) || p.top_p < 1.0f)) {
+      if (greedy) continue;
+      if ((p.top_k > 0 && p.top_k < vocab) || p.top_p < 1.0f) {
         truncated.push_back(r);
+      } else {
+        full.push_back(r);
       }
     }
     const auto to_device = [&](auto& v, at::ScalarType type) {
       return at::tensor(v, at::TensorOptions().dtype(type)).to(device);
     };
+    // Scaling by 1 is exact, so an all-greedy (or T = 1) step skips it.
     const at::Tensor scaled =
-        logits.to(at::kFloat) * to_device(inv_t, at::kFloat).unsqueeze(1);
+        all_unit
+            ? logits.to(at::kFloat)
+            : logits.to(at::kFloat) * to_device(inv_t, at::kFloat).unsqueeze(1);
     const at::Tensor log_z = at::logsumexp(scaled, 1);
-    const at::Tensor u = to_device(uniform, at::kDouble);
-    // Inverse CDF over the whole vocabulary (in double, as the host does).
-    const at::Tensor cdf =
-        (scaled - log_z.unsqueeze(1)).exp().to(at::kDouble).cumsum(1);
-    const at::Tensor target = (u * cdf.select(1, vocab - 1)).unsqueeze(1);
-    at::Tensor token =
-        at::searchsorted(cdf, target).squeeze(1).clamp_max(vocab - 1);
-    token = at::where(to_device(greedy, at::kByte).to(at::kBool),
-                      scaled.argmax(1), token);
+    at::Tensor token = scaled.argmax(1);
+    if (!full.empty()) {
+      // Inverse CDF over the whole vocabulary (in double, as the host
+      // does), for those rows only.
+      const bool every_row = static_cast<int64_t>(full.size()) == rows;
+      const at::Tensor index = to_device(full, at::kLong);
+      const at::Tensor rows_scaled =
+          every_row ? scaled : scaled.index_select(0, index);
+      const at::Tensor rows_log_z =
+          every_row ? log_z : log_z.index_select(0, index);
+      std::vector<double> u_full;
+      u_full.reserve(full.size());
+      for (int64_t r : full) u_full.push_back(uniform[r]);
+      const at::Tensor cdf = (rows_scaled - rows_log_z.unsqueeze(1))
+                                 .exp()
+                                 .to(at::kDouble)
+                                 .cumsum(1);
+      const at::Tensor target =
+          (to_device(u_full, at::kDouble) * cdf.select(1, vocab - 1))
+              .unsqueeze(1);
+      const at::Tensor drawn =
+          at::searchsorted(cdf, target).squeeze(1).clamp_max(vocab - 1);
+      token = every_row ? drawn : token.index_copy(0, index, drawn);
+    }
     // Top-k / top-p rows (rare in RL): candidates sorted by logit (ties by
     // id), cut, then the same inverse CDF.
     for (int64_t r : truncated) {

@@ -23,10 +23,13 @@ class KvCache;
 
 namespace tandem::engine {
 
-// Where ForwardSample samples: kAuto = on the weights' device when it is a
-// GPU (only ids and log-probs cross to the host), on the host otherwise
-// (the exact double-precision sampler); kDevice forces the tensor sampler
-// also on the CPU (tests compare the two).
+// Where ForwardSample samples: kDevice = in LibTorch on the [rows, vocab]
+// logits where they are (SampleRows: only ids and log-probs cross to the
+// host, and on the CPU no per-row copy and double-precision pass over the
+// vocabulary); kHost = the logits copied into a std::vector and sampled by
+// the host sampler (engine/sampler.h; tests compare the two); kAuto =
+// kDevice on every device (issue 20: 1.02-1.06x decode at batch 32 on the
+// CPU, docs/benchmarks.md).
 enum class SampleWhere { kAuto, kHost, kDevice };
 
 struct TorchEngineModelOptions {

@@ -20,16 +20,18 @@ namespace {
 
 using internal::ApplyRope;
 using internal::CausalAttention;
+using internal::Linear;
 using internal::RmsNorm;
 
 // Runs embedding, all layers and the final norm over the packed tokens
 // `input_ids` [T] at `positions` [T]. `attend(layer, q, k, v, scale)` gets
 // the post-RoPE q [T, heads, head_dim] and k, v [T, kv_heads, head_dim] and
-// returns attention outputs [T, heads * head_dim]. May throw c10::Error.
+// returns attention outputs [T, heads * head_dim]. `form` is internal::
+// Linear's for every projection. May throw c10::Error.
 template <typename Attend>
 at::Tensor RunDecoder(const ModelWeights& w, const at::Tensor& inv_freq,
                       const at::Tensor& input_ids, const at::Tensor& positions,
-                      Attend&& attend) {
+                      internal::LinearForm form, Attend&& attend) {
   const ModelConfig& c = w.config();
   const int64_t t = input_ids.size(0);
   const double eps = c.rms_norm_eps;
@@ -39,11 +41,11 @@ at::Tensor RunDecoder(const ModelWeights& w, const at::Tensor& inv_freq,
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& l = w.layer(i);
     at::Tensor h = RmsNorm(x, l.input_layernorm, eps);
-    at::Tensor q = at::linear(h, l.q_proj, l.q_bias)
+    at::Tensor q = Linear(h, l.q_proj, l.q_bias, form)
                        .view({t, c.num_attention_heads, c.head_dim});
-    at::Tensor k = at::linear(h, l.k_proj, l.k_bias)
+    at::Tensor k = Linear(h, l.k_proj, l.k_bias, form)
                        .view({t, c.num_key_value_heads, c.head_dim});
-    at::Tensor v = at::linear(h, l.v_proj, l.v_bias)
+    at::Tensor v = Linear(h, l.v_proj, l.v_bias, form)
                        .view({t, c.num_key_value_heads, c.head_dim});
     if (c.qk_norm) {
       q = RmsNorm(q, l.q_norm, eps);
@@ -52,11 +54,12 @@ at::Tensor RunDecoder(const ModelWeights& w, const at::Tensor& inv_freq,
     q = ApplyRope(q, cos, sin);
     k = ApplyRope(k, cos, sin);
     const at::Tensor attn = attend(i, q, k, v, scale);
-    x = x + at::linear(attn, l.o_proj, l.o_bias);
+    x = x + Linear(attn, l.o_proj, l.o_bias, form);
     h = RmsNorm(x, l.post_attention_layernorm, eps);
-    x = x + at::linear(
-                at::silu(at::linear(h, l.gate_proj)) * at::linear(h, l.up_proj),
-                l.down_proj);
+    const at::Tensor none;
+    x = x + Linear(at::silu(Linear(h, l.gate_proj, none, form)) *
+                       Linear(h, l.up_proj, none, form),
+                   l.down_proj, none, form);
   }
   return RmsNorm(x, w.final_norm(), eps);
 }
@@ -102,6 +105,29 @@ DecoderModel::DecoderModel(std::shared_ptr<ModelWeights> weights,
     : options_(options),
       inv_freq_(internal::RopeInverseFrequencies(weights->config())),
       weights_(std::move(weights)) {}
+
+internal::LinearForm DecoderModel::FormFor(const ModelWeights& weights,
+                                           int64_t rows) const {
+  using internal::LinearForm;
+  LinearForm form = LinearForm::kLinear;
+  switch (options_.linear) {
+    case LinearMode::kLinear:
+      break;
+    case LinearMode::kWeightLeft:
+      form = LinearForm::kWeightLeft;
+      break;
+    case LinearMode::kRowKernel:
+      form = LinearForm::kRowKernel;
+      break;
+    case LinearMode::kAuto:
+      if (weights.device().is_cpu() && weights.dtype() == at::kFloat &&
+          rows >= 2 && rows <= kWeightLeftMaxRows) {
+        form = LinearForm::kRowKernel;
+      }
+      break;
+  }
+  return form;
+}
 
 bool DecoderModel::UsePaddedAttention(
     const ModelConfig& c, int64_t element_size, const std::vector<int64_t>& n,
@@ -246,7 +272,7 @@ absl::StatusOr<at::Tensor> DecoderModel::PackedHidden(
       }
       return at::cat(outs, 0);
     };
-    return RunDecoder(*w, inv_freq_, ids, positions, attend);
+    return RunDecoder(*w, inv_freq_, ids, positions, FormFor(*w, t), attend);
   } catch (const std::exception& e) {
     return internal::TorchErrorToStatus(kWhat, e);
   }
@@ -260,7 +286,8 @@ absl::StatusOr<at::Tensor> DecoderModel::ForwardPacked(
   ASSIGN_OR_RETURN(at::Tensor hidden,
                    PackedHidden(*w, input_ids, position_ids, cu_seqlens));
   try {
-    return at::linear(hidden, w->lm_head());
+    return Linear(hidden, w->lm_head(), at::Tensor(),
+                  FormFor(*w, hidden.size(0)));
   } catch (const std::exception& e) {
     return internal::TorchErrorToStatus("ForwardPacked: lm_head", e);
   }
@@ -270,6 +297,10 @@ absl::StatusOr<at::Tensor> DecoderModel::LmHead(
     const at::Tensor& hidden) const {
   const std::shared_ptr<ModelWeights> w = weights_.load();
   try {
+    if (hidden.dim() == 2) {
+      return Linear(hidden, w->lm_head(), at::Tensor(),
+                    FormFor(*w, hidden.size(0)));
+    }
     return at::linear(hidden, w->lm_head());
   } catch (const std::exception& e) {
     return internal::TorchErrorToStatus("LmHead", e);
@@ -364,7 +395,8 @@ absl::StatusOr<at::Tensor> DecoderModel::ForwardWithCache(
       if (padded) return internal::PaddedCausalAttention(qs, ks, vs, scale);
       return num_seqs == 1 ? outs[0] : at::cat(outs, 0);
     };
-    at::Tensor hidden = RunDecoder(*w, inv_freq_, ids, positions, attend);
+    at::Tensor hidden =
+        RunDecoder(*w, inv_freq_, ids, positions, FormFor(*w, total), attend);
     if (!all_logits) {
       std::vector<int64_t> last(num_seqs);
       for (int64_t b = 0; b < num_seqs; ++b) last[b] = starts[b + 1] - 1;
@@ -372,7 +404,9 @@ absl::StatusOr<at::Tensor> DecoderModel::ForwardWithCache(
           0, at::tensor(last, at::TensorOptions().dtype(at::kLong))
                  .to(w->device()));
     }
-    at::Tensor logits = at::linear(hidden, w->lm_head()).to(at::kFloat);
+    at::Tensor logits =
+        Linear(hidden, w->lm_head(), at::Tensor(), FormFor(*w, hidden.size(0)))
+            .to(at::kFloat);
     for (int64_t b = 0; b < num_seqs; ++b) {
       steps[b].cache->Commit(static_cast<int64_t>(steps[b].tokens.size()));
     }

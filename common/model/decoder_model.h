@@ -60,6 +60,9 @@
 #include "common/model/model_weights.h"
 
 namespace tandem::model {
+namespace internal {
+enum class LinearForm : int;  // layers.h
+}  // namespace internal
 
 // One sequence's share of a cached forward step: `tokens` (at least one)
 // are appended to `cache` at positions cache->num_tokens(),
@@ -73,8 +76,21 @@ struct SequenceStep {
 // Attention strategy over several sequences (see the file comment).
 enum class AttentionMode { kAuto, kPerSequence, kPadded };
 
+// How projections and the LM head multiply by a weight w [out, in]
+// (internal::LinearForm in layers.h): kLinear = at::linear (x @ w^T);
+// kWeightLeft = (w @ x^T)^T, which on the CPU makes MKL's per-call copy of
+// w cheaper; kRowKernel = kernels::RowGemmF32, no copy at all (float32 on
+// the CPU outside autograd, else as kWeightLeft); kAuto = kRowKernel for
+// float32 weights on the CPU when the call has 2 to kWeightLeftMaxRows rows
+// (batched decode steps), kLinear otherwise (one row, where at::linear was
+// as fast or faster; prefill; training; bfloat16, not measured; GPUs, where
+// nothing is repacked).
+enum class LinearMode { kAuto, kLinear, kWeightLeft, kRowKernel };
+inline constexpr int64_t kWeightLeftMaxRows = 48;
+
 struct DecoderOptions {
   AttentionMode attention = AttentionMode::kAuto;
+  LinearMode linear = LinearMode::kAuto;
 };
 
 class DecoderModel {
@@ -153,6 +169,10 @@ class DecoderModel {
                                           const at::Tensor& input_ids,
                                           const at::Tensor& position_ids,
                                           const at::Tensor& cu_seqlens) const;
+
+  // How a product with `rows` rows on `weights` is computed
+  // (options_.linear resolved).
+  internal::LinearForm FormFor(const ModelWeights& weights, int64_t rows) const;
 
   bool UsePaddedAttention(const ModelConfig& config, int64_t element_size,
                           const std::vector<int64_t>& n,

@@ -1,10 +1,14 @@
 #include "common/model/layers.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/GradMode.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+
+#include "kernels/row_gemm.h"
 
 namespace tandem::model::internal {
 
@@ -13,6 +17,35 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const at::Tensor variance = x32.pow(2).mean(-1, /*keepdim=*/true);
   const at::Tensor normed = x32 * at::rsqrt(variance + eps);
   return weight * normed.to(x.scalar_type());
+}
+
+at::Tensor Linear(const at::Tensor& x, const at::Tensor& w,
+                  const at::Tensor& bias, LinearForm form) {
+  if (form == LinearForm::kLinear) return at::linear(x, w, bias);
+  const bool wants_grad =
+      at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() ||
+                                     (bias.defined() && bias.requires_grad()));
+  if (form == LinearForm::kRowKernel && !wants_grad &&
+      kernels::RowGemmF32Fast() && x.device().is_cpu() && w.device().is_cpu() &&
+      x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat &&
+      w.is_contiguous() && x.dim() == 2) {
+    const at::Tensor xc = x.contiguous();
+    const int64_t m = xc.size(0), k = xc.size(1), n = w.size(0);
+    at::Tensor y = at::empty({m, n}, xc.options());
+    const float* xp = xc.data_ptr<float>();
+    const float* wp = w.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    // Groups of 4 rows of w; at least 16 groups (64 x k values) per task.
+    at::parallel_for(0, (n + 3) / 4, 16, [&](int64_t begin, int64_t end) {
+      kernels::RowGemmF32(xp, wp, yp, m, n, k, begin * 4, std::min(n, end * 4));
+    });
+    if (bias.defined()) y.add_(bias);
+    return y;
+  }
+  const at::Tensor product = bias.defined()
+                                 ? at::addmm(bias.unsqueeze(1), w, x.t())
+                                 : at::mm(w, x.t());
+  return product.t().contiguous();
 }
 
 at::Tensor RopeInverseFrequencies(const ModelConfig& config) {

@@ -10,6 +10,7 @@
 //                  [--device cpu|cuda|cuda:N]
 //                  [--batch B[,B...]] [--prompt-tokens P] [--new-tokens C]
 //                  [--prefill-tokens N] [--repeat R] [--prompt-ids a,b,...]
+//                  [--paths LINEAR/SAMPLING[,...]]
 //
 // decode: B requests of the same P-token prompt (separate requests, so each
 // prefills its own copy, as the peers do), all admitted together, greedy,
@@ -22,6 +23,15 @@
 // LibTorch's first-call paths), then R times; the best run is reported and
 // every run is listed. --prompt-ids gives the prompt (cycled to the length
 // needed), so that every engine in the race decodes the same tokens.
+// --paths measures several compute paths side by side in one process, runs
+// alternating (path A, path B, A, B, ...), one JSON line per path and case
+// with a "path" field: LINEAR is linear | weight-left | row-kernel | auto
+// (model::LinearMode: at::linear, (W x^T)^T, kernels::RowGemmF32, or the
+// default rule) and
+// SAMPLING is host | tensor | auto (engine::SampleWhere: logits copied to
+// the host and sampled there, sampled in LibTorch on the [B, vocab] tensor,
+// or the default). E.g. --paths linear/host,auto/auto compares the old
+// path with the default one.
 
 #include <ATen/Parallel.h>
 
@@ -60,6 +70,14 @@ struct Flags {
   int prefill_tokens = 512;
   int repeat = 2;
   std::vector<int32_t> prompt_ids;
+  std::vector<std::string> paths;  // empty: the defaults, no "path" field
+};
+
+// One compute path: a decoder with its linear mode, and where to sample.
+struct Path {
+  std::string name;
+  std::shared_ptr<model::DecoderModel> decoder;
+  SampleWhere sampling = SampleWhere::kAuto;
 };
 
 struct Run {
@@ -81,11 +99,11 @@ std::vector<int32_t> Prompt(const Flags& flags, int length, int vocab) {
 }
 
 // One decode run: `batch` requests of `prompt`, `new_tokens` each.
-absl::StatusOr<Run> Decode(std::shared_ptr<model::DecoderModel> decoder,
-                           int64_t max_tokens,
+absl::StatusOr<Run> Decode(const Path& path, int64_t max_tokens,
                            const std::vector<int32_t>& prompt, int batch,
                            int new_tokens) {
-  TorchEngineModel torch_model(decoder, max_tokens);
+  TorchEngineModel torch_model(path.decoder, max_tokens,
+                               {.sampling = path.sampling});
   EngineOptions options;
   options.limits.max_num_seqs = batch;
   // Every prompt fits in the first step: all sequences decode together.
@@ -117,10 +135,10 @@ absl::StatusOr<Run> Decode(std::shared_ptr<model::DecoderModel> decoder,
 }
 
 // One prefill run: a single request of `prompt`, one new token.
-absl::StatusOr<Run> Prefill(std::shared_ptr<model::DecoderModel> decoder,
-                            int64_t max_tokens,
+absl::StatusOr<Run> Prefill(const Path& path, int64_t max_tokens,
                             const std::vector<int32_t>& prompt) {
-  TorchEngineModel torch_model(decoder, max_tokens);
+  TorchEngineModel torch_model(path.decoder, max_tokens,
+                               {.sampling = path.sampling});
   EngineOptions options;
   options.limits.max_num_seqs = 1;
   options.limits.max_batched_tokens =
@@ -143,8 +161,9 @@ absl::StatusOr<Run> Prefill(std::shared_ptr<model::DecoderModel> decoder,
   return run;
 }
 
-void PrintCase(const Flags& flags, const char* name, int batch, int prompt,
-               int new_tokens, const std::vector<Run>& runs) {
+void PrintCase(const Flags& flags, const std::string& path, const char* name,
+               int batch, int prompt, int new_tokens,
+               const std::vector<Run>& runs) {
   const Run best = *std::max_element(
       runs.begin(), runs.end(), [](const Run& a, const Run& b) {
         return a.tokens_per_second() < b.tokens_per_second();
@@ -153,12 +172,15 @@ void PrintCase(const Flags& flags, const char* name, int batch, int prompt,
   for (const Run& r : runs) {
     each.push_back(absl::StrCat(r.tokens_per_second()));
   }
+  const std::string path_field =
+      path.empty() ? "" : absl::StrCat("\"path\":\"", path, "\",");
   std::printf(
-      "{\"engine\":\"tandem\",\"case\":\"%s\",\"device\":\"%s\","
+      "{\"engine\":\"tandem\",%s\"case\":\"%s\",\"device\":\"%s\","
       "\"dtype\":\"%s\",\"batch\":%d,"
       "\"prompt_tokens\":%d,\"new_tokens\":%d,\"threads\":%d,\"tokens\":%llu,"
       "\"seconds\":%.6f,\"tokens_per_second\":%.3f,\"runs\":[%s]}\n",
-      name, flags.device.c_str(), flags.dtype.c_str(), batch, prompt, new_tokens, flags.threads,
+      path_field.c_str(), name, flags.device.c_str(), flags.dtype.c_str(),
+      batch, prompt, new_tokens, flags.threads,
       static_cast<unsigned long long>(best.tokens), best.seconds,
       best.tokens_per_second(), absl::StrJoin(each, ",").c_str());
   std::fflush(stdout);
@@ -172,6 +194,49 @@ bool ParseInts(const std::string& text, std::vector<int>* out) {
     out->push_back(v);
   }
   return !out->empty();
+}
+
+// The paths of --paths (or the one default path), all on `weights`.
+absl::StatusOr<std::vector<Path>> MakePaths(
+    const std::vector<std::string>& specs,
+    std::shared_ptr<model::ModelWeights> weights) {
+  std::vector<Path> out;
+  for (const std::string& spec :
+       specs.empty() ? std::vector<std::string>{"auto/auto"} : specs) {
+    const std::vector<std::string> parts = absl::StrSplit(spec, '/');
+    model::DecoderOptions options;
+    Path path;
+    path.name = spec;
+    bool ok = parts.size() == 2;
+    if (ok) {
+      if (parts[0] == "linear") {
+        options.linear = model::LinearMode::kLinear;
+      } else if (parts[0] == "weight-left") {
+        options.linear = model::LinearMode::kWeightLeft;
+      } else if (parts[0] == "row-kernel") {
+        options.linear = model::LinearMode::kRowKernel;
+      } else {
+        ok = parts[0] == "auto";
+      }
+      if (parts[1] == "host") {
+        path.sampling = SampleWhere::kHost;
+      } else if (parts[1] == "tensor") {
+        path.sampling = SampleWhere::kDevice;
+      } else {
+        ok = ok && parts[1] == "auto";
+      }
+    }
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--paths: '", spec,
+                       "' is not LINEAR/SAMPLING with LINEAR "
+                       "linear|weight-left|row-kernel|auto and SAMPLING "
+                       "host|tensor|auto"));
+    }
+    path.decoder = std::make_shared<model::DecoderModel>(weights, options);
+    out.push_back(std::move(path));
+  }
+  return out;
 }
 
 absl::Status Main(const Flags& flags) {
@@ -192,34 +257,51 @@ absl::Status Main(const Flags& flags) {
                    model::LoadHfModel(flags.model, load));
   const int vocab = static_cast<int>(weights->config().vocab_size);
   const int64_t max_tokens = weights->config().max_position_embeddings;
-  auto decoder = std::make_shared<model::DecoderModel>(std::move(weights));
+  ASSIGN_OR_RETURN(const std::vector<Path> paths,
+                   MakePaths(flags.paths, std::move(weights)));
+  const size_t n = paths.size();
+  const auto name = [&](size_t i) {
+    return flags.paths.empty() ? std::string() : paths[i].name;
+  };
 
   const std::vector<int32_t> prompt =
       Prompt(flags, flags.prompt_tokens, vocab);
   for (int batch : flags.batches) {
     // Warm-up, not measured: a short run of the same shape.
-    RETURN_IF_ERROR(
-        Decode(decoder, max_tokens, prompt, batch, std::min(4, flags.new_tokens))
-            .status());
-    std::vector<Run> runs;
-    for (int r = 0; r < flags.repeat; ++r) {
-      ASSIGN_OR_RETURN(Run run, Decode(decoder, max_tokens, prompt, batch,
-                                       flags.new_tokens));
-      runs.push_back(run);
+    for (const Path& path : paths) {
+      RETURN_IF_ERROR(
+          Decode(path, max_tokens, prompt, batch, std::min(4, flags.new_tokens))
+              .status());
     }
-    PrintCase(flags, "decode", batch, flags.prompt_tokens, flags.new_tokens,
-              runs);
+    std::vector<std::vector<Run>> runs(n);
+    for (int r = 0; r < flags.repeat; ++r) {
+      for (size_t i = 0; i < n; ++i) {
+        ASSIGN_OR_RETURN(Run run, Decode(paths[i], max_tokens, prompt, batch,
+                                         flags.new_tokens));
+        runs[i].push_back(run);
+      }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      PrintCase(flags, name(i), "decode", batch, flags.prompt_tokens,
+                flags.new_tokens, runs[i]);
+    }
   }
   if (flags.prefill_tokens > 0) {
     const std::vector<int32_t> long_prompt =
         Prompt(flags, flags.prefill_tokens, vocab);
-    RETURN_IF_ERROR(Prefill(decoder, max_tokens, long_prompt).status());
-    std::vector<Run> runs;
-    for (int r = 0; r < flags.repeat; ++r) {
-      ASSIGN_OR_RETURN(Run run, Prefill(decoder, max_tokens, long_prompt));
-      runs.push_back(run);
+    for (const Path& path : paths) {
+      RETURN_IF_ERROR(Prefill(path, max_tokens, long_prompt).status());
     }
-    PrintCase(flags, "prefill", 1, flags.prefill_tokens, 1, runs);
+    std::vector<std::vector<Run>> runs(n);
+    for (int r = 0; r < flags.repeat; ++r) {
+      for (size_t i = 0; i < n; ++i) {
+        ASSIGN_OR_RETURN(Run run, Prefill(paths[i], max_tokens, long_prompt));
+        runs[i].push_back(run);
+      }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      PrintCase(flags, name(i), "prefill", 1, flags.prefill_tokens, 1, runs[i]);
+    }
   }
   return absl::OkStatus();
 }
@@ -242,6 +324,8 @@ int ParseAndRun(int argc, char** argv) {
       flags.device = v;
     } else if (f == "--batch") {
       ok = ParseInts(v, &flags.batches);
+    } else if (f == "--paths") {
+      flags.paths = absl::StrSplit(v, ',');
     } else if (f == "--prompt-ids") {
       std::vector<int> ids;
       ok = ParseInts(v, &ids);

@@ -111,6 +111,37 @@ TEST_CASE("SampleRows' tokens follow the softmax probabilities",
   }
 }
 
+// The shortcuts of SampleRows: a step of greedy rows only (no scaling, no
+// inverse CDF) and one with a single temperature row among greedy ones (the
+// CDF of that row only) give the host sampler's tokens and log-probs.
+TEST_CASE("SampleRows' greedy-only and mostly-greedy steps",
+          "[engine][sampler]") {
+  torch::manual_seed(8);
+  const int64_t rows = 6, vocab = 1000;
+  const at::Tensor logits = torch::randn({rows, vocab}) * 4.0;
+  SamplingParams greedy, warm;
+  greedy.temperature = 0.0f;
+  warm.temperature = 0.7f;
+  for (bool mixed : {false, true}) {
+    INFO((mixed ? "one temperature row" : "greedy only"));
+    std::vector<SampleRequest> requests(rows, SampleRequest{&greedy, 0.0});
+    if (mixed) requests[3] = {&warm, 0.62};
+    auto device = SampleRows(logits, requests);
+    REQUIRE(device.ok());
+    for (int64_t r = 0; r < rows; ++r) {
+      INFO("row " << r);
+      const SampledToken host = SampleTokenWithUniform(
+          logits[r].contiguous().data_ptr<float>(), vocab, *requests[r].params,
+          requests[r].uniform);
+      CHECK((*device)[r].token == host.token);
+      CHECK(std::abs((*device)[r].logprob - host.logprob) < 1e-4);
+      if (requests[r].params == &greedy) {
+        CHECK((*device)[r].token == logits[r].argmax().item<int64_t>());
+      }
+    }
+  }
+}
+
 std::map<std::string, FinishedSample> Generate(SampleWhere where) {
   auto weights = model::RandomInit(model::testing::TinyQwen2Config(), 9);
   REQUIRE(weights.ok());

@@ -244,6 +244,78 @@ TEST_CASE("Training forward propagates gradients to the weights", "[model]") {
   }
 }
 
+// LinearMode::kWeightLeft computes every projection and the LM head as
+// (W x^T)^T and kRowKernel with kernels::RowGemmF32 (outside autograd; with
+// gradients it falls back to kWeightLeft), not at::linear's x W^T (issue
+// 20): the same logits and gradients up to summation order, with and
+// without biases (Qwen2 has q/k/v biases, Llama none), in the training
+// forward and in cached decode.
+TEST_CASE("Weight-left and row-kernel projections equal at::linear",
+          "[model]") {
+  for (const ModelConfig& config : {TinyQwen2Config(), TinyLlama3Config()}) {
+    INFO(std::string(ArchitectureName(config.architecture)));
+    auto weights = MakeWeights(config);
+    const DecoderModel linear(weights, {.linear = LinearMode::kLinear});
+    const DecoderModel left(weights, {.linear = LinearMode::kWeightLeft});
+    const DecoderModel kernel(weights, {.linear = LinearMode::kRowKernel});
+    const DecoderModel* models[] = {&linear, &left, &kernel};
+    const auto tokens = RandomTokens(11, config.vocab_size, 5);
+    const at::Tensor ids = ToTensor(tokens);
+    const at::Tensor positions =
+        at::tensor({0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5}, at::kLong);
+    const at::Tensor cu = at::tensor({0, 5, 11}, at::kLong);
+    std::vector<at::Tensor> grads[3];
+    at::Tensor logits[3];
+    for (int m = 0; m < 3; ++m) {
+      const DecoderModel& model = *models[m];
+      for (const auto& [name, t] : weights->tensors()) {
+        at::Tensor(t).mutable_grad() = at::Tensor();
+        at::Tensor(t).requires_grad_(true);
+      }
+      auto out = model.ForwardPacked(ids, positions, cu);
+      REQUIRE(out.ok());
+      at::log_softmax(*out, -1).select(1, 3).sum().backward();
+      logits[m] = out->detach();
+      for (const auto& [name, t] : weights->tensors()) {
+        grads[m].push_back(t.grad().clone());
+        at::Tensor(t).requires_grad_(false);
+      }
+    }
+    for (int m = 1; m < 3; ++m) {
+      CHECK(MaxAbsDiff(logits[0], logits[m]) < kFp32Tolerance);
+      for (size_t i = 0; i < grads[0].size(); ++i) {
+        CHECK(MaxAbsDiff(grads[0][i], grads[m][i]) < kFp32Tolerance);
+      }
+    }
+    // Cached decode of two sequences: prefill of 5 and 6 tokens (one call),
+    // then one token each.
+    c10::NoGradGuard no_grad;
+    at::Tensor decoded[3];
+    for (int m = 0; m < 3; ++m) {
+      const DecoderModel& model = *models[m];
+      auto a = MakeCache(model);
+      auto b = MakeCache(model);
+      const std::vector<int32_t> head_a(tokens.begin(), tokens.begin() + 4);
+      const std::vector<int32_t> head_b(tokens.begin() + 5,
+                                        tokens.begin() + 10);
+      const SequenceStep prefill[] = {{head_a, a.get()}, {head_b, b.get()}};
+      REQUIRE(model.ForwardWithCache(prefill).ok());
+      const std::vector<int32_t> next = {tokens[4], tokens[10]};
+      KvCache* caches[] = {a.get(), b.get()};
+      auto step = model.DecodeStep(next, caches);
+      REQUIRE(step.ok());
+      decoded[m] = *step;
+    }
+    for (int m = 1; m < 3; ++m) {
+      CHECK(MaxAbsDiff(decoded[0], decoded[m]) < kFp32Tolerance);
+      CHECK(MaxAbsDiff(decoded[m][0], logits[0][4].to(at::kFloat)) <
+            kFp32Tolerance);
+      CHECK(MaxAbsDiff(decoded[m][1], logits[0][10].to(at::kFloat)) <
+            kFp32Tolerance);
+    }
+  }
+}
+
 TEST_CASE("Packed forward rejects inconsistent inputs", "[model]") {
   DecoderModel model(MakeWeights(TinyQwen2Config()));
   const at::Tensor ids = at::tensor({1, 2, 3}, at::kLong);
