@@ -7,10 +7,10 @@
 #endif
 
 namespace tandem::kernels {
-namespace {
 
-void RowGemmScalar(const float* x, const float* w, float* y, int64_t m,
-                   int64_t n, int64_t k_dim, int64_t n_begin, int64_t n_end) {
+void RowGemmF32Portable(const float* x, const float* w, float* y, int64_t m,
+                        int64_t n, int64_t k_dim, int64_t n_begin,
+                        int64_t n_end) {
   for (int64_t j = n_begin; j < n_end; ++j) {
     for (int64_t i = 0; i < m; ++i) {
       float sum = 0.0f;
@@ -21,6 +21,8 @@ void RowGemmScalar(const float* x, const float* w, float* y, int64_t m,
     }
   }
 }
+
+namespace {
 
 #if defined(__x86_64__)
 #define TANDEM_ROW_GEMM_STEP(LOAD)                                        \
@@ -116,7 +118,7 @@ void RowGemmF32(const float* x, const float* w, float* y, int64_t m, int64_t n,
     return;
   }
 #endif
-  RowGemmScalar(x, w, y, m, n, k_dim, n_begin, n_end);
+  RowGemmF32Portable(x, w, y, m, n, k_dim, n_begin, n_end);
 }
 
 }  // namespace tandem::kernels

@@ -29,4 +29,10 @@ bool RowGemmF32Fast();
 void RowGemmF32(const float* x, const float* w, float* y, int64_t m, int64_t n,
                 int64_t k_dim, int64_t n_begin, int64_t n_end);
 
+// The same product by a plain loop: what RowGemmF32 runs without AVX-512F;
+// public so that its test covers it on every CPU.
+void RowGemmF32Portable(const float* x, const float* w, float* y, int64_t m,
+                        int64_t n, int64_t k_dim, int64_t n_begin,
+                        int64_t n_end);
+
 }  // namespace tandem::kernels
