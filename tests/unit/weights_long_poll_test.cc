@@ -24,6 +24,7 @@
 #include "common/weights/weight_sync_metrics.h"
 #include "prometheus/registry.h"
 #include "tests/support/fake_clock.h"
+#include "tests/support/wait_for.h"
 #include "weight_server_test_util.h"
 #include "weights_test_util.h"
 
@@ -92,12 +93,7 @@ double ManifestRequests(prometheus::Registry& registry,
 // the server, which is real I/O.
 template <typename Predicate>
 bool WaitUntil(Predicate ready) {
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  while (!ready()) {
-    if (absl::Now() >= give_up) return false;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  return true;
+  return ::tandem::testing::WaitFor(ready, absl::Seconds(10));
 }
 
 // Asks GetManifest(newer_than, wait_ms) on its own thread.

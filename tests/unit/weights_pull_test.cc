@@ -22,6 +22,7 @@
 #include "kernels/bf16_change.h"
 #include "kernels/bf16_delta.h"
 #include "tests/support/fake_clock.h"
+#include "tests/support/wait_for.h"
 #include "weight_server_test_util.h"
 #include "weights_test_util.h"
 
@@ -98,12 +99,7 @@ absl::Time Soon() { return absl::Now() + absl::Seconds(20); }
 // the server, which is real I/O.
 template <typename Predicate>
 bool WaitUntil(Predicate ready) {
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  while (!ready()) {
-    if (absl::Now() >= give_up) return false;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  return true;
+  return ::tandem::testing::WaitFor(ready, absl::Seconds(10));
 }
 
 // ReceiveNext(deadline on `clock`) on another thread while the test
