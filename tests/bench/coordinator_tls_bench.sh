@@ -36,6 +36,12 @@ run() {  # run MODE: one coordinator, one bench; prints samples/s
     --set log.level=warn "${tls_set[@]}" 2>"$tmp/coordinator-$mode.log" &
   pid=$!
   for _ in $(seq 100); do [ -s "$tmp/ready.json" ] && break; sleep 0.1; done
+  if [ ! -s "$tmp/ready.json" ]; then
+    echo "coordinator_tls_bench: the $mode coordinator wrote no ready file" \
+         "in 10 s; its log:" >&2
+    cat "$tmp/coordinator-$mode.log" >&2
+    exit 1
+  fi
   local address
   address=$(sed -n 's/.*"grpc_address": "\([^"]*\)".*/\1/p' "$tmp/ready.json")
   "$build/bin/coordinator_bench" --coordinator "$address" "$@" \
@@ -44,6 +50,8 @@ run() {  # run MODE: one coordinator, one bench; prints samples/s
   local rate
   rate=$(sed -n 's/.*(\([0-9]*\) samples\/s).*/\1/p' "$tmp/bench.out")
   if [ -z "$rate" ]; then
+    echo "coordinator_tls_bench: the $mode run gave no samples/s; bench" \
+         "output, bench errors, coordinator log:" >&2
     cat "$tmp/bench.out" "$tmp/bench.err" "$tmp/coordinator-$mode.log" >&2
     exit 1
   fi
