@@ -132,8 +132,12 @@ def worker_main(address):
     stdout and heartbeats until it is killed."""
     client = Client(address)
     member = Member(client, common.ROLE_ROLLOUT)
+    # A real worker leases at the policy version its heartbeat reports, so
+    # its leases are not throttled as one version stale.
+    version = client.call("Heartbeat", pb.HeartbeatRequest(
+        member_id=member.member_id)).policy_version
     response = client.call("LeasePrompts", pb.LeasePromptsRequest(
-        member_id=member.member_id, max_prompts=4))
+        member_id=member.member_id, max_prompts=4, policy_version=version))
     leases = [{"lease_id": l.lease_id, "group_id": l.group_id,
                "prompt_id": l.prompt_id, "prompt_text": l.prompt_text,
                "group_size": l.group_size} for l in response.leases]
@@ -320,10 +324,13 @@ scoring:
             trainer.close()
 
     def test_2_killed_worker_leases_are_re_leased_and_trained_once(self):
-        # The coordinator dispatches at most max_lag versions' worth of
-        # groups, a version being the last pull's max_groups: test 1's last
-        # pull may have asked for 1 (its pulls are answered at the first
-        # ready group), so max_lag is 4 for the victim's 4 leases.
+        # The coordinator dispatches at most (max_lag - lag) versions' worth
+        # of groups, a version being the last pull's max_groups, and lag the
+        # leasing worker's versions behind the policy (1 after test 1).
+        # Test 1's last pull may have asked for 1 group (its pulls are
+        # answered at the first ready group), so a worker one version
+        # behind could lease only 3: both workers here lease at the current
+        # version (lag 0), which leaves room for max_lag = 4 leases.
         trainer = Member(self.client, common.ROLE_TRAINER)
         worker_b = Member(self.client, common.ROLE_ROLLOUT)
         child = subprocess.Popen(
@@ -358,7 +365,8 @@ scoring:
                 self.log_text("coordinator"), 5, "the coordinator's log")
             # Its unfinished prompts come first, under new leases.
             again = self.client.call("LeasePrompts", pb.LeasePromptsRequest(
-                member_id=worker_b.member_id, max_prompts=3)).leases
+                member_id=worker_b.member_id, max_prompts=3,
+                policy_version=1)).leases
             self.assertEqual({l.prompt_id for l in again},
                              prompts - {finished_prompt_id(victim_leases)})
             old_ids = {l["lease_id"] for l in victim_leases}
@@ -379,7 +387,8 @@ scoring:
                 reason="drain")).returned
             self.assertEqual(returned, 1)
             third = self.client.call("LeasePrompts", pb.LeasePromptsRequest(
-                member_id=worker_b.member_id, max_prompts=1)).leases
+                member_id=worker_b.member_id, max_prompts=1,
+                policy_version=1)).leases
             self.assertEqual(third[0].prompt_id, again[0].prompt_id)
             for lease in list(again[1:]) + list(third):
                 self.client.call("SubmitSamples", pb.SubmitSamplesRequest(
