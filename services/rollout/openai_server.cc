@@ -168,9 +168,11 @@ class Session : public std::enable_shared_from_this<Session> {
     const std::string_view target(req.target().data(), req.target().size());
     const std::string_view path = target.substr(0, target.find('?'));
     if (IsHarnessPath(path)) {
+      // Episode times are on the harness's clock (unused without one).
+      HarnessEpisodes* harness = server_->options.harness;
       return ServeHarness(HandleHarnessRequest(
-          server_->options.harness, req.method() == http::verb::post, path,
-          req.body(), absl::Now()));
+          harness, req.method() == http::verb::post, path, req.body(),
+          harness != nullptr ? harness->Now() : absl::InfinitePast()));
     }
     if (path == "/v1/models" || path == "/models") {
       if (req.method() != http::verb::get) return MethodNotAllowed("GET");
@@ -203,23 +205,25 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // A claim that found nothing polls every 20 ms until its wait is over.
+  // The wait is real time, as a parked PullTrainingBatch's: it answers a
+  // real HTTP client before that client's own timeout.
   void ServeHarness(HarnessReply reply) {
     if (reply.status != 204 || reply.claim_wait <= absl::ZeroDuration()) {
       return WriteJson(reply.status, reply.body);
     }
     const absl::Time give_up = absl::Now() + reply.claim_wait;
     timer_.expires_after(std::chrono::milliseconds(20));
-    timer_.async_wait([self = shared_from_this(), give_up](
-                          beast::error_code e) {
-      if (e) return;
-      if (auto claimed = TryClaim(self->server_->options.harness,
-                                  absl::Now())) {
-        return self->WriteJson(200, *claimed);
-      }
-      self->ServeHarness(
-          {.status = 204,
-           .claim_wait = std::max(give_up - absl::Now(), absl::ZeroDuration())});
-    });
+    timer_.async_wait(
+        [self = shared_from_this(), give_up](beast::error_code e) {
+          if (e) return;
+          HarnessEpisodes* harness = self->server_->options.harness;
+          if (auto claimed = TryClaim(harness, harness->Now())) {
+            return self->WriteJson(200, *claimed);
+          }
+          self->ServeHarness({.status = 204,
+                              .claim_wait = std::max(give_up - absl::Now(),
+                                                     absl::ZeroDuration())});
+        });
   }
 
   // The harness episode's turn ends: recorded when `completed`, else
