@@ -36,27 +36,30 @@ absl::Status CallWithRetry(
     const std::string& what, const RetryPolicy& policy,
     const std::function<grpc::Status(grpc::ClientContext*)>& call) {
   thread_local std::mt19937_64 rng(std::random_device{}());
-  const absl::Time give_up = absl::Now() + policy.total_timeout;
+  Clock* const clock = policy.clock;
+  const absl::Time give_up = clock->Now() + policy.total_timeout;
   absl::Duration backoff = policy.initial_backoff;
   for (int attempt = 1;; ++attempt) {
     grpc::ClientContext context;
-    const absl::Time deadline =
-        std::min(absl::Now() + policy.attempt_timeout, give_up);
-    context.set_deadline(absl::ToChronoTime(deadline));
+    // On the clock: whether this attempt's deadline is the budget's end.
+    const absl::Duration budget_left = give_up - clock->Now();
+    const bool last_by_budget = budget_left <= policy.attempt_timeout;
+    context.set_deadline(absl::ToChronoTime(
+        absl::Now() + std::min(policy.attempt_timeout, budget_left)));
     grpc::Status status = call(&context);
     if (status.ok()) return absl::OkStatus();
     const bool retryable =
         status.error_code() == grpc::StatusCode::UNAVAILABLE ||
         (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
-         deadline < give_up);
-    if (!retryable || absl::Now() + backoff >= give_up) {
+         !last_by_budget);
+    if (!retryable || clock->Now() + backoff >= give_up) {
       absl::Status out = ToAbslStatus(status);
       return absl::Status(out.code(),
                           absl::StrCat(what, " failed after ", attempt,
                                        " attempt(s): ", out.message()));
     }
     std::uniform_real_distribution<double> jitter(0.5, 1.0);
-    absl::SleepFor(backoff * jitter(rng));
+    clock->SleepFor(backoff * jitter(rng));
     backoff = std::min(backoff * 2, policy.max_backoff);
   }
 }

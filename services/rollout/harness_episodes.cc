@@ -321,7 +321,7 @@ void HarnessEpisodes::CancelTurn(const std::string& episode_id,
   auto it = episodes_.find(episode_id);
   if (it == episodes_.end() || it->second.in_flight != request_id) return;
   it->second.in_flight.clear();
-  Touched(it->second, absl::Now());
+  Touched(it->second, Now());
 }
 
 absl::Status HarnessEpisodes::Finish(const std::string& episode_id,

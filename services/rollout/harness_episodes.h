@@ -37,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/base/clock.h"
 #include "common/environment/reward_range.h"
 #include "engine/engine.h"
 
@@ -54,6 +55,9 @@ struct HarnessOptions {
   // group) before the worker stops taking leases; a lease offered at it is
   // refused (one offered just below it may pass it by its group size - 1).
   int32_t max_episodes = 64;
+  // The clock of the idle and lifetime limits (common/base/clock.h): what
+  // Now() reads, and what CancelTurn stamps. Outlives the episodes.
+  Clock* clock = RealClock();
 };
 
 // One leased task, as the worker hands it over (a PromptLease's fields).
@@ -115,6 +119,9 @@ class HarnessEpisodes {
                   std::function<uint64_t()> policy_version);
 
   const HarnessOptions& options() const { return options_; }
+  // The time on options.clock: what callers pass as `now` below (the
+  // HTTP routes, the worker's offers and expiry scans).
+  absl::Time Now() const { return options_.clock->Now(); }
 
   // ---- Engine thread. ----
   // Offers the task's group_size episodes. RESOURCE_EXHAUSTED when full(),

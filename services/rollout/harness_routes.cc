@@ -93,8 +93,9 @@ std::optional<ApiError> BeginEpisodeTurn(
         "this worker runs no harness episodes (openai.harness_environment "
         "is not set)"));
   }
-  absl::Status turn = episodes->BeginTurn(
-      request.episode_id, request_id, prompt, request.temperature, absl::Now());
+  absl::Status turn =
+      episodes->BeginTurn(request.episode_id, request_id, prompt,
+                          request.temperature, episodes->Now());
   if (turn.ok()) return std::nullopt;
   return HarnessError(turn);
 }
@@ -106,7 +107,7 @@ void EndEpisodeTurn(HarnessEpisodes* episodes, const std::string& episode_id,
   if (!result) return episodes->CancelTurn(episode_id, request_id);
   episodes->EndTurn(episode_id, request_id, result->token_ids, result->logprobs,
                     result->policy_versions, result->finish_reason,
-                    absl::Now());
+                    episodes->Now());
 }
 
 std::optional<Json> TryClaim(HarnessEpisodes* episodes, absl::Time now) {

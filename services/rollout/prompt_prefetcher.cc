@@ -79,6 +79,7 @@ void PromptPrefetcher::Return(const std::vector<std::string>& lease_ids,
   rpc::RetryPolicy policy;
   policy.attempt_timeout = kRpcTimeout;
   policy.total_timeout = absl::Seconds(5);
+  policy.clock = clock_;
   absl::Status status = rpc::CallWithRetry(
       "ReturnLeases", policy, [&](grpc::ClientContext* context) {
         return coordinator_->ReturnLeases(context, request, &response);

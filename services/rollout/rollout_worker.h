@@ -45,7 +45,8 @@ namespace tandem::rollout {
 class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
  public:
   // `clock` times lease backoff, the weight subscriber's retry pauses, the
-  // membership session and watcher, and the generation loop's pacing (the
+  // membership session and watcher, harness episodes' idle and lifetime
+  // limits (HarnessOptions::clock), and the generation loop's pacing (the
   // re-check while paused, the 5 ms idle pause while draining, the pause
   // after an engine error) (common/base/clock.h); it outlives the worker.
   // Drain answers and the stop deadline are real time: they bound real

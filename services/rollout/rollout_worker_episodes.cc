@@ -216,7 +216,7 @@ absl::Status RolloutWorker::OfferHarnessLease(
   if (lease.has_reward_range()) {
     task.reward_range = {lease.reward_range().min(), lease.reward_range().max()};
   }
-  return harness_->Offer(std::move(task), absl::Now());
+  return harness_->Offer(std::move(task), harness_->Now());
 }
 
 void RolloutWorker::DeliverHarness() {
@@ -231,7 +231,7 @@ void RolloutWorker::DeliverHarness() {
       Deliver(std::move(s.sample), &result);
     }
   }
-  for (HarnessAbandoned& a : harness_->TakeAbandoned(absl::Now())) {
+  for (HarnessAbandoned& a : harness_->TakeAbandoned(harness_->Now())) {
     Log()->warn("harness episodes of lease {} given back: {}", a.lease_id,
                 a.reason);
     metrics_.harness_leases_returned

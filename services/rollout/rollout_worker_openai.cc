@@ -39,6 +39,7 @@ absl::Status RolloutWorker::StartOpenAIServer() {
     HarnessOptions h;
     h.idle_timeout = absl::Seconds(config_.openai_harness_idle_timeout_s);
     h.max_episodes = static_cast<int32_t>(config_.openai_harness_max_episodes);
+    h.clock = clock_;
     if (config_.openai_harness_max_episode_s > 0) {
       h.max_lifetime = absl::Seconds(config_.openai_harness_max_episode_s);
     }

@@ -24,14 +24,17 @@ auto Log() { return ComponentLogger("trainer"); }
 // drain: the checkpoint on stop and the gRPC shutdown (member_->Shutdown).
 constexpr absl::Duration kStopReserve = absl::Seconds(2);
 
-// The coordinator's latest policy version (one short retried call).
+// The coordinator's latest policy version (one short retried call, its
+// budget and backoff on `clock`).
 absl::StatusOr<uint64_t> CoordinatorPolicyVersion(const std::string& address,
-                                                  const rpc::TlsOptions& tls) {
+                                                  const rpc::TlsOptions& tls,
+                                                  Clock* clock) {
   std::unique_ptr<cluster::CoordinatorClient> coordinator =
       cluster::ConnectCoordinator(address, tls);
   rpc::RetryPolicy retry;
   retry.attempt_timeout = absl::Seconds(2);
   retry.total_timeout = absl::Seconds(5);
+  retry.clock = clock;
   tandem::v1::GetClusterStatusResponse response;
   RETURN_IF_ERROR(rpc::CallWithRetry(
       "GetClusterStatus", retry, [&](grpc::ClientContext* context) {
@@ -141,9 +144,9 @@ absl::StatusOr<model::WeightDType> Trainer::CreatePolicy() {
   // A checkpoint to resume from replaces the initial policy: its hf/ is a
   // Hugging Face directory with the fp32 master weights.
   ASSIGN_OR_RETURN(std::optional<LoadedCheckpoint> resumed,
-                   checkpoints_->FindResumePoint([&config] {
+                   checkpoints_->FindResumePoint([&config, this] {
                      return CoordinatorPolicyVersion(config.coordinator_address,
-                                                     config.server.tls);
+                                                     config.server.tls, clock_);
                    }));
   resumed_ = resumed.has_value();
   ASSIGN_OR_RETURN(

@@ -1,5 +1,7 @@
 #include "services/trainer/weight_publisher.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 
@@ -33,6 +35,10 @@ absl::StatusOr<std::unique_ptr<WeightPublisher>> WeightPublisher::Create(
 }
 
 WeightPublisher::~WeightPublisher() { Stop(); }
+
+bool WeightPublisher::WaitIdleForTest(absl::Duration timeout) const {
+  return sender_->WaitIdleForTest(timeout);
+}
 
 std::string WeightPublisher::store_address() const {
   return sender_->store_address();
@@ -133,14 +139,17 @@ void WeightPublisher::ResendAfterFailure(
   // reported leaving it, or after its regroup wait; a publish meanwhile
   // forms it too (then the queued version is the one to send and this
   // re-send is dropped as a duplicate). The coordinator announces the
-  // epoch on the watch stream; without one, ask every 50 ms.
+  // epoch on the watch stream; without one, ask every 50 ms. The last look
+  // is at the deadline itself, none after it.
   const std::string me = coordinator_.member_id();
   const absl::Time deadline = clock_->Now() + timeout_;
   for (bool first = true; !stopping_ && clock_->Now() < deadline;
        first = false) {
     if (!first) {
-      watcher_->WaitForChange(watcher_->watching() ? absl::Seconds(1)
-                                                   : absl::Milliseconds(50));
+      const absl::Duration interval = watcher_->watching()
+                                          ? absl::Seconds(1)
+                                          : absl::Milliseconds(50);
+      watcher_->WaitForChange(std::min(interval, deadline - clock_->Now()));
       if (stopping_) break;
     }
     tandem::v1::SyncWeightGroupRequest poll;

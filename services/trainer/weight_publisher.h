@@ -9,7 +9,8 @@
 // (OnBroadcast). A failed collective is reported to the coordinator
 // (SyncWeightGroup with failed_epoch), which forms the next epoch without
 // the dead member; the publisher then waits (at most the broadcast
-// timeout, woken by the watch stream) for that epoch and hands its first
+// timeout on its clock, woken by the watch stream, with a last look at the
+// coordinator when the timeout ends) for that epoch and hands its first
 // version, FULL from the weight store, back to the sender (Resend).
 //
 // Shutdown (c10d's shutdown() then abort()): Stop(drain) stops taking
@@ -80,6 +81,11 @@ class WeightPublisher {
 
   // See the top of this file. Idempotent.
   void Stop(absl::Duration drain = absl::ZeroDuration());
+
+  // Blocks (real time, at most `timeout`) until the sender has no job and
+  // none under way, the listener included: a failed broadcast's re-send
+  // has been handed over or given up. Whether that happened.
+  bool WaitIdleForTest(absl::Duration timeout) const;
 
  private:
   WeightPublisher(const weights::WeightStore* store,

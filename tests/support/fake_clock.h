@@ -2,12 +2,15 @@
 // still until Advance(), and Advance() wakes every SleepFor and
 // AwaitWithDeadline whose deadline it passed, so a test of a timeout,
 // backoff or expiry advances time instead of sleeping through it.
+// SteppingClock, below, is the one for code that waits on one thread only.
 // Thread-safe.
 #ifndef TANDEM_TESTS_SUPPORT_FAKE_CLOCK_H_
 #define TANDEM_TESTS_SUPPORT_FAKE_CLOCK_H_
 
+#include <algorithm>
 #include <atomic>
 #include <set>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -121,6 +124,57 @@ class FakeClock final : public Clock {
   mutable std::multiset<absl::Time> sleepers_ ABSL_GUARDED_BY(mu_);
   // Threads in AwaitWithDeadline (deadline not yet passed when they came).
   mutable std::set<Waiter*> waiters_ ABSL_GUARDED_BY(mu_);
+};
+
+// A Clock for code that waits on the calling thread only (a retry loop):
+// SleepFor moves time forward by its duration at once and records it, so
+// the test reads the exact schedule of pauses afterwards without a second
+// thread to advance time. AwaitWithDeadline returns at once too: with the
+// condition true, or else at its deadline with time moved there (nothing
+// else can make the condition true while this thread waits). Thread-safe,
+// but two threads waiting on it would each see time jump.
+class SteppingClock final : public Clock {
+ public:
+  explicit SteppingClock(
+      absl::Time start = absl::FromUnixSeconds(2'000'000'000))
+      : now_(start) {}
+
+  absl::Time Now() const override {
+    absl::MutexLock lock(&mu_);
+    return now_;
+  }
+
+  void SleepFor(absl::Duration duration) const override {
+    absl::MutexLock lock(&mu_);
+    sleeps_.push_back(duration);
+    if (duration > absl::ZeroDuration()) now_ += duration;
+  }
+
+  bool AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& condition,
+                         absl::Time deadline) const override {
+    mu->AssertHeld();
+    if (condition.Eval()) return true;
+    absl::MutexLock lock(&mu_);
+    now_ = std::max(now_, deadline);
+    return false;
+  }
+
+  // Moves time forward by `duration` (a call that takes time, say).
+  void Advance(absl::Duration duration) {
+    absl::MutexLock lock(&mu_);
+    now_ += duration;
+  }
+
+  // Every SleepFor's duration so far, in call order.
+  std::vector<absl::Duration> sleeps() const {
+    absl::MutexLock lock(&mu_);
+    return sleeps_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  mutable absl::Time now_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<absl::Duration> sleeps_ ABSL_GUARDED_BY(mu_);
 };
 
 // Advances `clock` by `step` and checks `done`, every 2 ms of real time,

@@ -18,12 +18,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "services/rollout/episode_driver.h"
+#include "tests/support/wait_for.h"
 #include "tests/unit/episode_driver_rig.h"
 
 namespace tandem::rollout {
 namespace {
 
 using namespace test;  // NOLINT: the rig's names
+using tandem::testing::WaitFor;
 
 TEST_CASE(
     "a calculator episode: a real parsed call, its observation as "
@@ -194,10 +196,7 @@ TEST_CASE(
     CHECK_THAT(r.end_text, Catch::Contains("no answer after"));
     CHECK(rig.others.size() == 1);
     // The failed episode is closed.
-    const absl::Time give_up = absl::Now() + absl::Seconds(10);
-    while (service.closes < 1 && absl::Now() < give_up) {
-      absl::SleepFor(absl::Milliseconds(10));
-    }
+    CHECK(WaitFor([&] { return service.closes >= 1; }, absl::Seconds(10)));
     CHECK(service.closes == 1);
 
     // Aborted while its open may still be in flight: closed once opened.
@@ -206,11 +205,12 @@ TEST_CASE(
     CHECK(rig.engine.Abort("aborted") == 1);
     EpisodeResult aborted = rig.RunOne();
     CHECK(aborted.end_reason == "aborted");
-    const absl::Time give_up2 = absl::Now() + absl::Seconds(10);
-    while (service.closes < 2 && absl::Now() < give_up2) {
-      rig.driver.Poll();
-      absl::SleepFor(absl::Milliseconds(10));
-    }
+    CHECK(WaitFor(
+        [&] {
+          rig.driver.Poll();
+          return service.closes >= 2;
+        },
+        absl::Seconds(10)));
     CHECK(service.closes == 2);
   }
   {
@@ -289,11 +289,12 @@ TEST_CASE(
              Catch::Contains("opened the episode with 1 observations before "
                              "the first turn"));
   CHECK(service.steps == 0);
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  while (service.closed < 1 && absl::Now() < give_up) {
-    rig.driver.Poll();
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  CHECK(WaitFor(
+      [&] {
+        rig.driver.Poll();
+        return service.closed >= 1;
+      },
+      absl::Seconds(10)));
   CHECK(service.closed == 1);
 }
 

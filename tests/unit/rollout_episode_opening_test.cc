@@ -12,12 +12,14 @@
 
 #include "absl/time/clock.h"
 #include "services/rollout/episode_driver.h"
+#include "tests/support/wait_for.h"
 #include "tests/unit/episode_driver_rig.h"
 
 namespace tandem::rollout {
 namespace {
 
 using namespace test;  // NOLINT: the rig's names
+using tandem::testing::WaitFor;
 
 // `r` begins with `opening` as the environment's (log-prob 0), then the
 // model's tokens.
@@ -141,11 +143,12 @@ TEST_CASE(
     CHECK(r.sample.turns == 1);
     CHECK(rig.decoded.empty());
     CHECK_FALSE(r.reward.has_value());
-    const absl::Time give_up = absl::Now() + absl::Seconds(10);
-    while (service.closed < 1 && absl::Now() < give_up) {
-      rig.driver.Poll();
-      absl::SleepFor(absl::Milliseconds(10));
-    }
+    CHECK(WaitFor(
+        [&] {
+          rig.driver.Poll();
+          return service.closed >= 1;
+        },
+        absl::Seconds(10)));
     CHECK(service.closed == 1);
   }
   {
@@ -204,11 +207,12 @@ TEST_CASE(
   CHECK(rig.driver.active() == 0);
   CHECK(rig.driver.AbortUnstarted().empty());
   // Both opens answer later; their episodes are closed then.
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  while (service.closes < 2 && absl::Now() < give_up) {
-    rig.driver.Poll();
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  CHECK(WaitFor(
+      [&] {
+        rig.driver.Poll();
+        return service.closes >= 2;
+      },
+      absl::Seconds(10)));
   CHECK(service.closes == 2);
   CHECK(rig.engine.idle());
 }

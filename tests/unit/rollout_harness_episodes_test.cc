@@ -1,12 +1,15 @@
 // HarnessEpisodes (services/rollout/harness_episodes.h) and its HTTP
 // routes: offers, claims, turns that extend or do not extend the episode,
 // the sample a finished group becomes (sources, log-probs, versions),
-// finish twice, abort and idle expiry giving the lease back.
+// finish twice, abort and idle expiry giving the lease back; on a fake
+// clock, the 10 minute lifetime and the idle limit of turns that the routes
+// stamp with HarnessOptions::clock.
 
 #include <catch2/catch.hpp>
 
 #include "services/rollout/harness_episodes.h"
 #include "services/rollout/harness_routes.h"
+#include "tests/support/fake_clock.h"
 
 namespace tandem::rollout {
 namespace {
@@ -253,6 +256,96 @@ TEST_CASE("an episode's lifetime bounds its lease, active harness or not") {
   episodes.EndTurn(id, "r4", {21}, {-0.5f}, {1}, "stop", now);
   CHECK(episodes.Finish(id, 1.0, now).code() ==
         absl::StatusCode::kFailedPrecondition);
+}
+
+// A completion request of `episode_id`'s turn, as the HTTP layer parses it.
+openai::CompletionRequest TurnRequest(const std::string& episode_id) {
+  openai::CompletionRequest request;
+  request.episode_id = episode_id;
+  request.temperature = 0.7;
+  return request;
+}
+
+// The response of a turn that sampled `token` at version 1.
+openai::ChoiceResult TurnResult(int32_t token) {
+  openai::ChoiceResult result;
+  result.token_ids = {token};
+  result.logprobs = {-0.5f};
+  result.policy_versions = {1};
+  result.finish_reason = "stop";
+  return result;
+}
+
+TEST_CASE(
+    "a 10 minute episode lifetime ends on the harness's clock, with turns "
+    "through the routes stamped by it") {
+  testing::FakeClock clock;
+  HarnessEpisodes episodes(HarnessOptions{.idle_timeout = absl::Seconds(60),
+                                          .max_lifetime = absl::Minutes(10),
+                                          .max_episodes = 4,
+                                          .clock = &clock},
+                           [] { return uint64_t{1}; });
+  const absl::Time offered = clock.Now();
+  REQUIRE(episodes.Offer(Task("L1", 1), episodes.Now()).ok());
+  HarnessReply claim = HandleHarnessRequest(
+      &episodes, true, "/tandem/v1/episodes:claim", "{}", episodes.Now());
+  REQUIRE(claim.status == 200);
+  const std::string id = claim.body["episode_id"].get<std::string>();
+  // A turn every 50 s through the routes (BeginEpisodeTurn, EndEpisodeTurn
+  // read the clock): never idle for 60 s, up to 9 min 10 s.
+  std::vector<int32_t> context = {10, 11, 12};
+  for (int turn = 1; turn <= 11; ++turn) {
+    clock.Advance(absl::Seconds(50));
+    const std::string request = "r" + std::to_string(turn);
+    REQUIRE_FALSE(
+        BeginEpisodeTurn(&episodes, TurnRequest(id), request, context));
+    EndEpisodeTurn(&episodes, id, request, TurnResult(20));
+    context.push_back(20);
+    CHECK(episodes.TakeAbandoned(episodes.Now()).empty());
+  }
+  // A turn that fails at 9 min 50 s (CancelTurn, also on the clock).
+  clock.Advance(absl::Seconds(40));
+  REQUIRE_FALSE(BeginEpisodeTurn(&episodes, TurnRequest(id), "r12", context));
+  EndEpisodeTurn(&episodes, id, "r12", std::nullopt);
+  // Not a millisecond before 10 minutes...
+  clock.Advance(absl::Seconds(10) - absl::Milliseconds(1));
+  CHECK(episodes.TakeAbandoned(episodes.Now()).empty());
+  CHECK(episodes.active() == 1);
+  // ...and at 10 minutes the lease goes back.
+  clock.Advance(absl::Milliseconds(1));
+  REQUIRE(episodes.Now() - offered == absl::Minutes(10));
+  std::vector<HarnessAbandoned> back = episodes.TakeAbandoned(episodes.Now());
+  REQUIRE(back.size() == 1);
+  CHECK(back[0].lease_id == "L1");
+  CHECK(back[0].why == HarnessReturn::kLifetime);
+  CHECK_THAT(back[0].reason, Catch::Contains("10m"));
+  CHECK(episodes.active() == 0);
+}
+
+TEST_CASE(
+    "a harness episode idles out on its clock from its last turn, a failed "
+    "one included") {
+  testing::FakeClock clock;
+  HarnessEpisodes episodes(HarnessOptions{.idle_timeout = absl::Seconds(60),
+                                          .max_episodes = 4,
+                                          .clock = &clock},
+                           [] { return uint64_t{1}; });
+  REQUIRE(episodes.Offer(Task("L1", 1), episodes.Now()).ok());
+  const std::optional<openai::Json> claimed = TryClaim(&episodes, episodes.Now());
+  REQUIRE(claimed);
+  const std::string id = (*claimed)["episode_id"].get<std::string>();
+  clock.Advance(absl::Seconds(50));
+  REQUIRE_FALSE(
+      BeginEpisodeTurn(&episodes, TurnRequest(id), "r1", {10, 11, 12}));
+  // The turn fails (the client went away): the episode was active at 50 s.
+  EndEpisodeTurn(&episodes, id, "r1", std::nullopt);
+  clock.Advance(absl::Seconds(60) - absl::Milliseconds(1));
+  CHECK(episodes.TakeAbandoned(episodes.Now()).empty());
+  clock.Advance(absl::Milliseconds(1));
+  std::vector<HarnessAbandoned> back = episodes.TakeAbandoned(episodes.Now());
+  REQUIRE(back.size() == 1);
+  CHECK(back[0].why == HarnessReturn::kIdleTimeout);
+  CHECK_THAT(back[0].reason, Catch::Contains("idle for 1m"));
 }
 
 TEST_CASE("counts by state and turns, for the metrics") {

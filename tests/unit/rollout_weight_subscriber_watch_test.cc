@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -118,7 +119,17 @@ class OutsideGroup {
     watcher_->Start();
     WeightSyncOptions options;
     options.mode = WeightSyncOptions::Mode::kBroadcast;
-    options.sync_weight_group = SyncWeightGroupVia(client_.get());
+    // Through the coordinator, remembering the newest version reported.
+    options.sync_weight_group =
+        [this, via = SyncWeightGroupVia(client_.get())](
+            const v1::SyncWeightGroupRequest& request,
+            v1::SyncWeightGroupResponse* response) {
+          grpc::Status status = via(request, response);
+          if (status.ok() && request.policy_version() > reported_) {
+            reported_ = request.policy_version();
+          }
+          return status;
+        };
     options.member_id = [this] { return worker_id_; };
     options.watcher = watcher_.get();
     options.watch_poll_interval = absl::Seconds(60);
@@ -135,6 +146,9 @@ class OutsideGroup {
 
   WeightSubscriber& subscriber() { return *subscriber_; }
   const std::string& worker_id() const { return worker_id_; }
+  // The newest version the worker has reported holding to the coordinator
+  // (answered).
+  uint64_t reported() const { return reported_; }
 
  private:
   std::string Register(v1::Role role) {
@@ -164,6 +178,8 @@ class OutsideGroup {
   std::unique_ptr<StagedWeightSource> source_;
   std::unique_ptr<cluster::ClusterWatcher> watcher_;
   std::unique_ptr<WeightSubscriber> subscriber_;
+  // Written by the subscriber's thread only.
+  std::atomic<uint64_t> reported_{0};
 };
 
 TEST_CASE(
@@ -176,7 +192,7 @@ TEST_CASE(
   REQUIRE(cluster.Announce(1).member_ids_size() == 1);
   // Catches up by pull (version 1), then reports it and waits.
   cluster.StartWorker(1);
-  absl::SleepFor(absl::Milliseconds(300));
+  REQUIRE(WaitFor([&] { return cluster.reported() == 1; }, absl::Seconds(10)));
 
   // A new version on the weight server while it waits: the pull takes it
   // at once.
@@ -187,7 +203,7 @@ TEST_CASE(
   const absl::Duration version_took = absl::Now() - start;
   // It reports version 2 right after receiving it; wait for that report
   // (the coordinator lists only workers caught up at the version).
-  absl::SleepFor(absl::Seconds(1));
+  REQUIRE(WaitFor([&] { return cluster.reported() == 2; }, absl::Seconds(10)));
 
   // The coordinator forms an epoch listing it (caught up at 2): nothing
   // newer to pull, so only the epoch event can end its 60 s wait.

@@ -26,6 +26,7 @@
 #include "common/base/posix.h"
 #include "common/base/status_macros.h"
 #include "services/verifier/scoring/sandbox_child.h"
+#include "services/verifier/scoring/sandbox_run_directory.h"
 
 namespace tandem::verifier {
 namespace {
@@ -33,6 +34,7 @@ namespace {
 using sandbox_internal::ChildFailure;
 using sandbox_internal::ChildSpec;
 using sandbox_internal::ChildStageName;
+using sandbox_internal::RunDirectory;
 using sandbox_internal::SandboxInitMain;
 
 // ---------------------------------------------------------------------------
@@ -64,84 +66,6 @@ class UniqueFd {
 absl::Status ErrnoStatus(absl::string_view what) {
   return PosixError(errno, what);
 }
-
-// Removes a directory tree that an untrusted program wrote into. When not
-// running as root the program may have removed permissions from its own
-// directories, so on failure every directory is made accessible and the
-// removal retried. Never follows symlinks.
-void RemoveTree(const std::string& path) {
-  namespace fs = std::filesystem;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-    if (!ec) return;
-    chmod(path.c_str(), 0700);
-    fs::recursive_directory_iterator it(
-        path, fs::directory_options::skip_permission_denied, ec);
-    for (; !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-      std::error_code status_ec;
-      if (it->symlink_status(status_ec).type() == fs::file_type::directory) {
-        chmod(it->path().c_str(), 0700);
-      }
-    }
-  }
-}
-
-// The per-run directory: <work_root>/tandem-sandbox-XXXXXX (owned by the
-// daemon, 0711) holding "work" (owned by the sandbox user, 0700), the
-// program's cwd. The program cannot rename or replace its own cwd because
-// the outer directory is not writable by it. Removed on destruction.
-class RunDirectory {
- public:
-  static absl::StatusOr<std::unique_ptr<RunDirectory>> Create(
-      const SandboxConfig& config, bool chown_to_sandbox_user, uid_t uid,
-      const SandboxCommand& command) {
-    std::string outer =
-        absl::StrCat(config.work_root, "/tandem-sandbox-XXXXXX");
-    if (mkdtemp(outer.data()) == nullptr) {
-      return ErrnoStatus(absl::StrCat("mkdtemp in ", config.work_root));
-    }
-    auto dir = std::unique_ptr<RunDirectory>(new RunDirectory(outer));
-    if (chmod(outer.c_str(), 0711) != 0) {
-      return ErrnoStatus(absl::StrCat("chmod ", outer));
-    }
-    const std::string& work = dir->work_dir();
-    if (mkdir(work.c_str(), 0700) != 0) {
-      return ErrnoStatus(absl::StrCat("mkdir ", work));
-    }
-    for (const auto& [name, content] : command.files) {
-      const std::string path = absl::StrCat(work, "/", name);
-      UniqueFd fd(
-          open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0444));
-      if (!fd.valid()) return ErrnoStatus(absl::StrCat("creating ", path));
-      size_t written = 0;
-      while (written < content.size()) {
-        const ssize_t n =
-            write(fd.get(), content.data() + written, content.size() - written);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return ErrnoStatus(absl::StrCat("writing ", path));
-        written += static_cast<size_t>(n);
-      }
-    }
-    if (chown_to_sandbox_user &&
-        chown(work.c_str(), uid, config.run_as_gid) != 0) {
-      return ErrnoStatus(absl::StrCat("chown ", work));
-    }
-    return dir;
-  }
-
-  ~RunDirectory() { RemoveTree(outer_); }
-
-  const std::string& outer_dir() const { return outer_; }
-  const std::string& work_dir() const { return work_; }
-
- private:
-  explicit RunDirectory(std::string outer)
-      : outer_(std::move(outer)), work_(outer_ + "/work") {}
-
-  const std::string outer_;
-  const std::string work_;
-};
 
 absl::StatusOr<UniqueFd> MakeStdinFile(const std::string& data) {
   UniqueFd fd(memfd_create("sandbox-stdin", MFD_CLOEXEC));
