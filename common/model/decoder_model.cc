@@ -121,7 +121,7 @@ internal::LinearForm DecoderModel::FormFor(const ModelWeights& weights,
       break;
     case LinearMode::kAuto:
       if (weights.device().is_cpu() && weights.dtype() == at::kFloat &&
-          rows >= 2 && rows <= kWeightLeftMaxRows) {
+          rows >= internal::RowKernelMinRows() && rows <= kWeightLeftMaxRows) {
         form = LinearForm::kRowKernel;
       }
       break;

@@ -33,6 +33,11 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
 // Same values up to float32 summation order.
 enum class LinearForm : int { kLinear, kWeightLeft, kRowKernel };
 
+// The fewest rows for which LinearMode::kAuto takes kRowKernel on float32
+// CPU weights (up to kWeightLeftMaxRows): 1 where the row kernel runs on
+// AVX2, else 2 (see layers.cc for the measurements).
+int64_t RowKernelMinRows();
+
 // x [T, in] @ w^T (+ bias): w [out, in] as stored, bias [out] or undefined.
 // kWeightLeft and kRowKernel need a 2-D x. Differentiable except through
 // the row kernel (which is used only when no gradient is wanted).
