@@ -11,14 +11,15 @@
 //    than MKL with W on the left and 2.6x faster than at::linear (issue 20,
 //    docs/benchmarks.md).
 //  * AVX2 + FMA (16 registers): 4 rows of X x 3 rows of W, 8 lanes (12
-//    accumulators + 3 of W + 1 of X); for 1-2 rows of X, 2 x 6. Of nine
-//    tiles measured on an AVX2-only EPYC (one decode step's products, one
-//    thread) 4 x 3 was fastest at 8 rows (205 ms against 229 for 3 x 4 and
-//    262-313 for 2 x 6, 6 x 2, 3 x 3, 4 x 2), tied 3 x 4 at 32 rows (602
-//    against 584 ms; the rest 649-932), and 2 x 6 was fastest at 2 rows
-//    (131 against 152 ms). Against MKL on the same CPU: 1.3x (W on the
-//    left) and 1.4x (at::linear) at 32 rows, 2.0x and 1.9x at 8, 1.3x and
-//    1.2x at one row (docs/benchmarks.md, "AVX2 machines").
+//    accumulators + 3 registers of W + 1 of X), the k loop unrolled twice;
+//    for 1-2 rows of X, 2 x 6. On an AVX2-only EPYC (one decode step's
+//    products at Qwen2.5-0.5B shapes, one thread, thread CPU time, two
+//    runs) 4 x 3, 3 x 4 and 2 x 6 were within 8 % of each other at 8 and
+//    32 rows, 3 x 3, 2 x 4, 4 x 2 and 6 x 2 10-35 % slower than the best;
+//    2 x 6 was the fastest at 2 rows (4-11 %). Of the three, 4 x 3 needs
+//    the fewest loads per FMA (7 per 12).
+//    Against MKL on that CPU: 1.3x faster than W on the left or
+//    at::linear at 32 rows, 1.9x at 8, 2.0-2.6x at 2, 1.4x at one row.
 //  * Elsewhere a plain loop (slow: callers should prefer their BLAS).
 //
 // The caller splits the columns [0, n) of Y into ranges, one per thread

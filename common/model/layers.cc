@@ -24,11 +24,11 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 //  * AVX-512 (session 21): it beat the weight-left form at 8 and 32 rows and
 //    tied at::linear at one row, so one row kept at::linear.
 //  * AVX2 + FMA (session 22, AVX2-only EPYC, 2 threads, loaded machine):
-//    the engine decoded 1.4x faster than with the weight-left form at 32
-//    rows, 2.1x at 8 and 2.0x at 2, and 1.4x faster than at::linear at one
-//    row; alone, the products of one decode step ran 1.2-2.0x faster than
-//    MKL's at every row count from 1 to 64 (one thread). So on AVX2 it
-//    starts at one row.
+//    the engine decoded 1.3-1.4x faster than with the weight-left form at
+//    32 rows, 1.9-2.1x at 8 and 2.0x at 2, and 1.4x faster than at::linear
+//    at one row; alone, the products of one decode step ran 1.2-2.0x
+//    faster than MKL's weight-left form at every row count from 1 to 64
+//    (one thread). So on AVX2 it starts at one row.
 // Both stop at kWeightLeftMaxRows (48): above it come prefill chunks,
 // where MKL's blocking wins (at 128 rows the AVX2 kernel only tied the
 // weight-left form) and AVX-512 was not measured.
