@@ -125,7 +125,9 @@ TANDEM_AVX2_INLINE inline void StepAvx2(const float* const (&xr)[MR],
     for (int i = 0; i < MR; ++i) {
       const __m256 u = LoadAvx2<kMasked>(xr[i] + k, mask);
 #pragma GCC unroll 8
-      for (int j = 0; j < NR; ++j) acc[i][j] = _mm256_fmadd_ps(u, v[j], acc[i][j]);
+      for (int j = 0; j < NR; ++j) {
+        acc[i][j] = _mm256_fmadd_ps(u, v[j], acc[i][j]);
+      }
     }
   } else {
     __m256 u[MR];
@@ -135,7 +137,9 @@ TANDEM_AVX2_INLINE inline void StepAvx2(const float* const (&xr)[MR],
     for (int j = 0; j < NR; ++j) {
       const __m256 v = LoadAvx2<kMasked>(wr[j] + k, mask);
 #pragma GCC unroll 8
-      for (int i = 0; i < MR; ++i) acc[i][j] = _mm256_fmadd_ps(u[i], v, acc[i][j]);
+      for (int i = 0; i < MR; ++i) {
+        acc[i][j] = _mm256_fmadd_ps(u[i], v, acc[i][j]);
+      }
     }
   }
 }
@@ -240,6 +244,8 @@ TANDEM_AVX2 void RowGemmAvx2Tiles(const float* x, const float* w, float* y,
     if (i0 < m) RowTailAvx2<MR, NR>(x, i0, m, wj, nn, k_dim, y + j0, n);
   }
 }
+#undef TANDEM_AVX2_INLINE
+#undef TANDEM_AVX2
 #endif
 
 }  // namespace
