@@ -47,7 +47,7 @@ TEST_CASE("RowGemmF32 equals the product at every tile edge", "[row_gemm]") {
         Shape{5, 9, 37}, Shape{6, 10, 7}, Shape{7, 11, 24}, Shape{8, 12, 9},
         Shape{32, 128, 896}, Shape{33, 66, 100}, Shape{34, 13, 15},
         Shape{35, 14, 17}, Shape{1, 23, 8}, Shape{2, 20, 19},
-        Shape{2, 6, 896}}) {
+        Shape{2, 6, 896}, Shape{5, 7, 27}}) {
     INFO("m " << s.m << " n " << s.n << " k " << s.k);
     std::vector<float> x(s.m * s.k), w(s.n * s.k);
     for (float& v : x) v = normal(rng);
