@@ -33,10 +33,12 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
 // Same values up to float32 summation order.
 enum class LinearForm : int { kLinear, kWeightLeft, kRowKernel };
 
-// The fewest rows for which LinearMode::kAuto takes kRowKernel on float32
-// CPU weights (up to kWeightLeftMaxRows): 1 where the row kernel runs on
-// AVX2, else 2 (see layers.cc for the measurements).
-int64_t RowKernelMinRows();
+// The form LinearMode::kAuto takes for float32 CPU weights and a call of
+// `rows` rows (see layers.cc for the measurements): kRowKernel for 2 to
+// kWeightLeftMaxRows (48) rows where the row kernel runs on AVX-512, for 1
+// to 16 on AVX2 and kWeightLeft for 17 to 48 there, kWeightLeft for 2 to
+// 48 on a CPU without either, kLinear otherwise.
+LinearForm AutoLinearForm(int64_t rows);
 
 // x [T, in] @ w^T (+ bias): w [out, in] as stored, bias [out] or undefined.
 // kWeightLeft and kRowKernel need a 2-D x. Differentiable except through
