@@ -27,8 +27,9 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
 //  * kWeightLeft: the same product as (w @ x^T)^T, which MKL packs more
 //    cheaply for few rows: 1.1-1.5x faster for 2-32 rows at 2 threads.
 //  * kRowKernel: kernels::RowGemmF32 on float32 CPU tensors (no packing at
-//    all; 1.7x faster than kWeightLeft at 32 rows with AVX-512, 1.3x with
-//    AVX2), outside autograd only; elsewhere, or on a CPU with neither
+//    all; 1.7x faster than kWeightLeft at 32 rows with AVX-512; with AVX2
+//    1.6-2.1x at 8-16 rows, at 32 rows faster only under load), outside
+//    autograd only; elsewhere, or on a CPU with neither
 //    AVX-512F nor AVX2 + FMA, it falls back to kWeightLeft.
 // Same values up to float32 summation order.
 enum class LinearForm : int { kLinear, kWeightLeft, kRowKernel };
