@@ -3,11 +3,26 @@
 // Y = X W^T for a few rows of X against a large row-major weight W, the
 // shape of a decode step's projections (X: one row per sequence). MKL's
 // sgemm copies (packs) W into its own layout on every call; this kernel
-// streams W as stored instead: each group of 4 rows of W is read once from
-// memory and multiplied, from L1, with every row of X (which stays in L2),
-// in 4 x 4 tiles of AVX-512 accumulators. On 2 cores it computed a batch-32
-// decode step's products (Qwen2.5-0.5B shapes) 1.7x faster than MKL with W
-// on the left and 2.6x faster than at::linear (issue 20, docs/benchmarks.md).
+// streams W as stored instead: each group of a few rows of W is read once
+// from memory and multiplied, from L1, with every row of X (which stays in
+// L2), in tiles of vector accumulators:
+//  * AVX-512F: 4 rows of X x 4 rows of W, 16 lanes. On 2 cores it computed
+//    a batch-32 decode step's products (Qwen2.5-0.5B shapes) 1.7x faster
+//    than MKL with W on the left and 2.6x faster than at::linear (issue 20,
+//    docs/benchmarks.md).
+//  * AVX2 + FMA (16 registers): 4 rows of X x 3 rows of W, 8 lanes (12
+//    accumulators + 3 registers of W + 1 of X), the k loop unrolled twice;
+//    for 1-2 rows of X, 2 x 6. On an AVX2-only EPYC (one decode step's
+//    products at Qwen2.5-0.5B shapes, one thread, thread CPU time, two
+//    runs) 4 x 3, 3 x 4 and 2 x 6 were within 8 % of each other at 8 and
+//    32 rows, 3 x 3, 2 x 4, 4 x 2 and 6 x 2 10-35 % slower than the best;
+//    2 x 6 was the fastest at 2 rows (4-11 %). Of the three, 4 x 3 needs
+//    the fewest loads per FMA (7 per 12).
+//    Against MKL on that CPU, one thread: 1.3x faster than W on the left
+//    or at::linear at 32 rows, 1.9x at 8, 2.0-2.6x at 2, 1.4x at one row;
+//    in the engine (2 threads) MKL's weight-left form won at 32 rows when
+//    the machine was not loaded (see model::internal::AutoLinearForm).
+//  * Elsewhere a plain loop (slow: callers should prefer their BLAS).
 //
 // The caller splits the columns [0, n) of Y into ranges, one per thread
 // (RowGemmF32 handles one range), so that this library stays free of any
@@ -17,22 +32,37 @@
 
 namespace tandem::kernels {
 
-// Whether RowGemmF32 has a vector path on this CPU (AVX-512F; checked
-// once). Without it RowGemmF32 still computes the product, slowly (a
+// The code paths of RowGemmF32, fastest first.
+enum class RowGemmPath {
+  kAvx512,    // AVX-512F + FMA: 4 x 4 tiles of 16 lanes
+  kAvx2,      // AVX2 + FMA: 4 x 3 (or 2 x 6) tiles of 8 lanes
+  kPortable,  // a plain loop, any CPU
+};
+
+// Whether this CPU can run `path`.
+bool RowGemmF32Supports(RowGemmPath path);
+
+// The path RowGemmF32 takes on this CPU: the first of kAvx512, kAvx2,
+// kPortable that it supports (checked once).
+RowGemmPath RowGemmF32Path();
+
+// Whether RowGemmF32 has a vector path on this CPU (RowGemmF32Path() is not
+// kPortable). Without one RowGemmF32 still computes the product, slowly (a
 // scalar loop): callers should prefer their BLAS then.
 bool RowGemmF32Fast();
 
 // y[i * n + j] = sum_k x[i * k_dim + k] * w[j * k_dim + k] for i in [0, m)
 // and j in [n_begin, n_end): x [m, k_dim], w [n, k_dim] and y [m, n], all
-// row-major and dense. Sums in float32 in a blocked order (16 lanes, then a
-// tree): equal to a BLAS product up to float32 rounding.
+// row-major and dense. Sums in float32 in a blocked order (8 or 16 lanes,
+// then a tree): equal to a BLAS product up to float32 rounding. Runs
+// RowGemmF32Path().
 void RowGemmF32(const float* x, const float* w, float* y, int64_t m, int64_t n,
                 int64_t k_dim, int64_t n_begin, int64_t n_end);
 
-// The same product by a plain loop: what RowGemmF32 runs without AVX-512F;
-// public so that its test covers it on every CPU.
-void RowGemmF32Portable(const float* x, const float* w, float* y, int64_t m,
-                        int64_t n, int64_t k_dim, int64_t n_begin,
-                        int64_t n_end);
+// The same product by the given path, so that a test can check every path
+// this CPU runs. REQUIRES: RowGemmF32Supports(path).
+void RowGemmF32On(RowGemmPath path, const float* x, const float* w, float* y,
+                  int64_t m, int64_t n, int64_t k_dim, int64_t n_begin,
+                  int64_t n_end);
 
 }  // namespace tandem::kernels

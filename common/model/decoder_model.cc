@@ -120,9 +120,8 @@ internal::LinearForm DecoderModel::FormFor(const ModelWeights& weights,
       form = LinearForm::kRowKernel;
       break;
     case LinearMode::kAuto:
-      if (weights.device().is_cpu() && weights.dtype() == at::kFloat &&
-          rows >= 2 && rows <= kWeightLeftMaxRows) {
-        form = LinearForm::kRowKernel;
+      if (weights.device().is_cpu() && weights.dtype() == at::kFloat) {
+        form = internal::AutoLinearForm(rows);
       }
       break;
   }

@@ -80,11 +80,12 @@ enum class AttentionMode { kAuto, kPerSequence, kPadded };
 // (internal::LinearForm in layers.h): kLinear = at::linear (x @ w^T);
 // kWeightLeft = (w @ x^T)^T, which on the CPU makes MKL's per-call copy of
 // w cheaper; kRowKernel = kernels::RowGemmF32, no copy at all (float32 on
-// the CPU outside autograd, else as kWeightLeft); kAuto = kRowKernel for
-// float32 weights on the CPU when the call has 2 to kWeightLeftMaxRows rows
-// (batched decode steps), kLinear otherwise (one row, where at::linear was
-// as fast or faster; prefill; training; bfloat16, not measured; GPUs, where
-// nothing is repacked).
+// the CPU outside autograd, else as kWeightLeft); kAuto = for float32
+// weights on the CPU, internal::AutoLinearForm(rows): the row kernel or the
+// weight-left form for decode steps up to kWeightLeftMaxRows rows, by the
+// CPU's vector path and the row count; kLinear otherwise (one row on
+// AVX-512, where at::linear was as fast; prefill; training; bfloat16, not
+// measured; GPUs, where nothing is repacked).
 enum class LinearMode { kAuto, kLinear, kWeightLeft, kRowKernel };
 inline constexpr int64_t kWeightLeftMaxRows = 48;
 

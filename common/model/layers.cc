@@ -19,6 +19,32 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return weight * normed.to(x.scalar_type());
 }
 
+// The row range of kAuto's row kernel, from decode steps of a random
+// Qwen2.5-0.5B-shaped model (docs/benchmarks.md, generation section):
+//  * AVX-512 (session 21): it beat the weight-left form at 8 and 32 rows and
+//    tied at::linear at one row, so one row keeps at::linear.
+//  * AVX2 + FMA (session 22, AVX2-only EPYC, 2 threads, shared machine):
+//    the engine decoded 1.8-2.1x faster than with the weight-left form at
+//    8 rows, 1.6x at 16 and 2.0x at 2, and 1.4-1.5x faster than at::linear
+//    at one row, at every load; at 32 rows it won 1.3-1.4x at load 5-8 but
+//    lost (0.83-0.91x) at load 2-3, where MKL runs well. So on AVX2 it
+//    takes 1 to 16 rows (17-31 not measured) and the weight-left form the
+//    rest up to 48.
+// All stop at 48 rows: above come prefill chunks, where MKL's blocking wins
+// (at 128 rows the AVX2 kernel only tied the weight-left form).
+LinearForm AutoLinearForm(int64_t rows) {
+  if (rows < 1 || rows > 48) return LinearForm::kLinear;
+  switch (kernels::RowGemmF32Path()) {
+    case kernels::RowGemmPath::kAvx512:
+      return rows >= 2 ? LinearForm::kRowKernel : LinearForm::kLinear;
+    case kernels::RowGemmPath::kAvx2:
+      return rows <= 16 ? LinearForm::kRowKernel : LinearForm::kWeightLeft;
+    case kernels::RowGemmPath::kPortable:
+      break;
+  }
+  return rows >= 2 ? LinearForm::kWeightLeft : LinearForm::kLinear;
+}
+
 at::Tensor Linear(const at::Tensor& x, const at::Tensor& w,
                   const at::Tensor& bias, LinearForm form) {
   if (form == LinearForm::kLinear) return at::linear(x, w, bias);

@@ -27,10 +27,19 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
 //  * kWeightLeft: the same product as (w @ x^T)^T, which MKL packs more
 //    cheaply for few rows: 1.1-1.5x faster for 2-32 rows at 2 threads.
 //  * kRowKernel: kernels::RowGemmF32 on float32 CPU tensors (no packing at
-//    all; 1.7x faster than kWeightLeft at 32 rows), outside autograd only;
-//    elsewhere, or without AVX-512, it falls back to kWeightLeft.
+//    all; 1.7x faster than kWeightLeft at 32 rows with AVX-512; with AVX2
+//    1.6-2.1x at 8-16 rows, at 32 rows faster only under load), outside
+//    autograd only; elsewhere, or on a CPU with neither
+//    AVX-512F nor AVX2 + FMA, it falls back to kWeightLeft.
 // Same values up to float32 summation order.
 enum class LinearForm : int { kLinear, kWeightLeft, kRowKernel };
+
+// The form LinearMode::kAuto takes for float32 CPU weights and a call of
+// `rows` rows (see layers.cc for the measurements): kRowKernel for 2 to
+// kWeightLeftMaxRows (48) rows where the row kernel runs on AVX-512, for 1
+// to 16 on AVX2 and kWeightLeft for 17 to 48 there, kWeightLeft for 2 to
+// 48 on a CPU without either, kLinear otherwise.
+LinearForm AutoLinearForm(int64_t rows);
 
 // x [T, in] @ w^T (+ bias): w [out, in] as stored, bias [out] or undefined.
 // kWeightLeft and kRowKernel need a 2-D x. Differentiable except through

@@ -10,26 +10,44 @@
 namespace tandem::kernels {
 namespace {
 
-// RowGemmF32 against a double-precision loop, on shapes that exercise every
-// edge of its tiling: rows of x and of w not multiples of 4, k not a
-// multiple of 16 (the masked tail) or shorter than 16, column ranges that
-// start and end inside a group of 4, and the scalar path's shapes alike.
-// The portable loop is checked the same way (on a CPU with AVX-512F
-// RowGemmF32 never runs it).
+// Every path of RowGemmF32 that this CPU runs (the portable loop always,
+// AVX2 and AVX-512 where present; RowGemmF32 itself, whichever it picks)
+// against a double-precision loop, on shapes that exercise every edge of
+// the tilings: rows of x not multiples of 4 or 3 (AVX2's short tiles of 1,
+// 2 and 3 rows; its 2 x 6 tiles for one or two rows), rows of w not
+// multiples of 3, 4 or 6 (a repeated last row), k
+// not a multiple of 8 or 16 (the masked tails) or shorter than 8, column
+// ranges that start and end inside a group of w rows, and the scalar
+// path's shapes alike.
 TEST_CASE("RowGemmF32 equals the product at every tile edge", "[row_gemm]") {
-  using Gemm = void (*)(const float*, const float*, float*, int64_t, int64_t,
-                        int64_t, int64_t, int64_t);
-  const bool portable = GENERATE(false, true);
-  const Gemm gemm = portable ? &RowGemmF32Portable : &RowGemmF32;
+  const int which = GENERATE(0, 1, 2, 3);
+  const RowGemmPath paths[] = {RowGemmPath::kPortable, RowGemmPath::kAvx2,
+                               RowGemmPath::kAvx512};
+  if (which < 3 && !RowGemmF32Supports(paths[which])) {
+    SUCCEED("path " << which << " not supported by this CPU");
+    return;
+  }
+  const auto gemm = [&](const float* x, const float* w, float* y, int64_t m,
+                        int64_t n, int64_t k, int64_t begin, int64_t end) {
+    if (which == 3) {
+      RowGemmF32(x, w, y, m, n, k, begin, end);
+    } else {
+      RowGemmF32On(paths[which], x, w, y, m, n, k, begin, end);
+    }
+  };
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  INFO("portable loop: " << portable << ", vector path: " << RowGemmF32Fast());
+  INFO("path " << which << " (0 portable, 1 AVX2, 2 AVX-512, 3 RowGemmF32"
+               << " = " << static_cast<int>(RowGemmF32Path()) << ")");
   struct Shape {
     int64_t m, n, k;
   };
   for (const Shape s :
        {Shape{1, 1, 1}, Shape{2, 5, 16}, Shape{3, 7, 13}, Shape{4, 8, 32},
-        Shape{5, 9, 37}, Shape{32, 128, 896}, Shape{33, 66, 100}}) {
+        Shape{5, 9, 37}, Shape{6, 10, 7}, Shape{7, 11, 24}, Shape{8, 12, 9},
+        Shape{32, 128, 896}, Shape{33, 66, 100}, Shape{34, 13, 15},
+        Shape{35, 14, 17}, Shape{1, 23, 8}, Shape{2, 20, 19},
+        Shape{2, 6, 896}, Shape{5, 7, 27}}) {
     INFO("m " << s.m << " n " << s.n << " k " << s.k);
     std::vector<float> x(s.m * s.k), w(s.n * s.k);
     for (float& v : x) v = normal(rng);
@@ -40,9 +58,9 @@ TEST_CASE("RowGemmF32 equals the product at every tile edge", "[row_gemm]") {
     const int64_t cut1 = s.n / 3, cut2 = (2 * s.n) / 3 + 1;
     gemm(x.data(), w.data(), y.data(), s.m, s.n, s.k, 0, cut1);
     gemm(x.data(), w.data(), y.data(), s.m, s.n, s.k, cut1,
-               std::min(cut2, s.n));
+         std::min(cut2, s.n));
     gemm(x.data(), w.data(), y.data(), s.m, s.n, s.k, std::min(cut2, s.n),
-               s.n);
+         s.n);
     double worst = 0;
     for (int64_t i = 0; i < s.m; ++i) {
       for (int64_t j = 0; j < s.n; ++j) {
@@ -56,6 +74,19 @@ TEST_CASE("RowGemmF32 equals the product at every tile edge", "[row_gemm]") {
     // float32 sums of k products of N(0,1) values: error ~ sqrt(k) * 1e-7.
     CHECK(worst < 1e-4 * std::sqrt(static_cast<double>(s.k)) + 1e-5);
   }
+}
+
+// RowGemmF32 runs the fastest path the CPU supports: AVX-512, then AVX2,
+// then the portable loop (an AVX2-only CPU once fell to the loop).
+TEST_CASE("RowGemmF32 takes the fastest path this CPU supports",
+          "[row_gemm]") {
+  REQUIRE(RowGemmF32Supports(RowGemmPath::kPortable));
+  const RowGemmPath want =
+      RowGemmF32Supports(RowGemmPath::kAvx512) ? RowGemmPath::kAvx512
+      : RowGemmF32Supports(RowGemmPath::kAvx2) ? RowGemmPath::kAvx2
+                                               : RowGemmPath::kPortable;
+  CHECK(RowGemmF32Path() == want);
+  CHECK(RowGemmF32Fast() == (want != RowGemmPath::kPortable));
 }
 
 }  // namespace
