@@ -4,10 +4,12 @@
 
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/types/span.h"
 
 namespace tandem::rpc {
 namespace {
@@ -102,20 +104,27 @@ absl::StatusOr<PeerIdentity> ParseSpiffeId(absl::string_view uri) {
   return identity;
 }
 
-absl::StatusOr<PeerIdentity> IdentityFromSans(
-    const std::vector<std::string>& sans) {
-  std::vector<PeerIdentity> found;
+namespace {
+
+// IdentityFromSans over views, so that PeerIdentityOf reads the auth
+// context's values without copying them. A SPIFFE ID equal to one already
+// found is not parsed again: the verified peer's URI comes twice, as
+// "peer_uri" and among the SANs, on every call.
+absl::StatusOr<PeerIdentity> IdentityFromSanViews(
+    absl::Span<const absl::string_view> sans) {
+  absl::InlinedVector<PeerIdentity, 2> found;
   std::string last_error;
-  for (const std::string& san : sans) {
+  for (absl::string_view san : sans) {
     if (!absl::StartsWith(san, kSpiffeScheme)) continue;
+    bool same = false;
+    for (const PeerIdentity& seen : found) same |= seen.uri == san;
+    if (same) continue;
     absl::StatusOr<PeerIdentity> identity = ParseSpiffeId(san);
     if (!identity.ok()) {
       last_error = std::string(identity.status().message());
       continue;
     }
-    bool same = false;
-    for (const PeerIdentity& seen : found) same |= seen.uri == identity->uri;
-    if (!same) found.push_back(*std::move(identity));
+    found.push_back(*std::move(identity));
   }
   if (found.empty()) {
     return absl::UnauthenticatedError(
@@ -133,7 +142,15 @@ absl::StatusOr<PeerIdentity> IdentityFromSans(
         "the client certificate names ", found.size(), " identities (",
         absl::StrJoin(uris, ", "), "); a certificate must name one"));
   }
-  return found.front();
+  return std::move(found.front());
+}
+
+}  // namespace
+
+absl::StatusOr<PeerIdentity> IdentityFromSans(
+    const std::vector<std::string>& sans) {
+  const std::vector<absl::string_view> views(sans.begin(), sans.end());
+  return IdentityFromSanViews(views);
 }
 
 absl::StatusOr<PeerIdentity> PeerIdentityOf(
@@ -143,14 +160,16 @@ absl::StatusOr<PeerIdentity> PeerIdentityOf(
     return absl::UnauthenticatedError(
         "the call has no verified client certificate");
   }
-  std::vector<std::string> sans;
+  // Views into `auth`'s properties, which outlive this function's use of
+  // them: `auth` holds the call's auth context.
+  absl::InlinedVector<absl::string_view, 8> sans;
   for (const char* property :
        {GRPC_PEER_URI_PROPERTY_NAME, GRPC_X509_SAN_PROPERTY_NAME}) {
     for (const grpc::string_ref& value : auth->FindPropertyValues(property)) {
       sans.emplace_back(value.data(), value.size());
     }
   }
-  return IdentityFromSans(sans);
+  return IdentityFromSanViews(sans);
 }
 
 absl::Status CheckPeerRole(absl::string_view rpc, PeerRoleSet allowed,

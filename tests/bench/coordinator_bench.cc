@@ -1,11 +1,12 @@
 // Control-plane capacity: simulated rollout workers in this process (a
 // process separate from the coordinator) lease prompts and submit finished
 // samples over loopback as fast as they can. Reports accepted samples/s and
-// SubmitSamples / LeasePrompts latency percentiles. With --trainer 1 a
-// simulated trainer publishes versions back to back meanwhile (each
-// publish syncs the coordinator's journal when it has one; the bench script
-// runs it with a journal on a slowed disk to show whether workers wait for
-// it). Run it through tests/bench/coordinator_bench.sh, which starts a
+// SubmitSamples / LeasePrompts latency percentiles, and the CPU time this
+// process used (user and system), so a script can put the client's cost per
+// sample beside the coordinator's. With --trainer 1 a simulated trainer
+// publishes versions back to back meanwhile (each publish syncs the
+// coordinator's journal when it has one; the bench script runs it with a
+// journal on a slowed disk to show whether workers wait for it). Run it through tests/bench/coordinator_bench.sh, which starts a
 // coordinator for it.
 //
 //   coordinator_bench --coordinator HOST:PORT [--workers 16] [--seconds 10]
@@ -19,6 +20,7 @@
 // --tls-cert).
 
 #include <grpcpp/grpcpp.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
@@ -284,5 +286,10 @@ int main(int argc, char** argv) {
   std::printf("LeasePrompts:  %zu calls, p50 %.2f ms, p99 %.2f ms\n",
               latencies.lease.size(), Percentile(latencies.lease, 0.5),
               Percentile(latencies.lease, 0.99));
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto secs = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
+  std::printf("bench cpu: %.2f s user, %.2f s system\n",
+              secs(usage.ru_utime), secs(usage.ru_stime));
   return 0;
 }
