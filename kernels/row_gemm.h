@@ -18,10 +18,10 @@
 //    32 rows, 3 x 3, 2 x 4, 4 x 2 and 6 x 2 10-35 % slower than the best;
 //    2 x 6 was the fastest at 2 rows (4-11 %). Of the three, 4 x 3 needs
 //    the fewest loads per FMA (7 per 12).
-//    Against MKL on that CPU, one thread: 1.3x faster than W on the left
-//    or at::linear at 32 rows, 1.9x at 8, 2.0-2.6x at 2, 1.4x at one row;
-//    in the engine (2 threads) MKL's weight-left form won at 32 rows when
-//    the machine was not loaded (see model::internal::AutoLinearForm).
+//    Against MKL on that CPU (tests/bench/row_gemm_bench.cc, quiet
+//    machine): one thread 1.3x faster than W on the left at 32 rows, 2.1x
+//    at 8, 1.9x at 2, 1.3x at::linear at one row; two threads 1.2-1.9x
+//    at 8-48 rows.
 //  * Elsewhere a plain loop (slow: callers should prefer their BLAS).
 //
 // The caller splits the columns [0, n) of Y into ranges, one per thread

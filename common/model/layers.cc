@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <thread>
+#include <vector>
 
 #include "kernels/row_gemm.h"
 
@@ -22,14 +24,12 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 // The row range of kAuto's row kernel, from decode steps of a random
 // Qwen2.5-0.5B-shaped model (docs/benchmarks.md, generation section):
 //  * AVX-512 (session 21): it beat the weight-left form at 8 and 32 rows and
-//    tied at::linear at one row, so one row keeps at::linear.
-//  * AVX2 + FMA (session 22, AVX2-only EPYC, 2 threads, shared machine):
-//    the engine decoded 1.8-2.1x faster than with the weight-left form at
-//    8 rows, 1.6x at 16 and 2.0x at 2, and 1.4-1.5x faster than at::linear
-//    at one row, at every load; at 32 rows it won 1.3-1.4x at load 5-8 but
-//    lost (0.83-0.91x) at load 2-3, where MKL runs well. So on AVX2 it
-//    takes 1 to 16 rows (17-31 not measured) and the weight-left form the
-//    rest up to 48.
+//    tied at::linear at one row, so one row keeps at::linear. Those runs
+//    had the kernel on one thread (at::parallel_for, below) against MKL on
+//    two; not measured since.
+//  * AVX2 + FMA (session 22, AVX2-only EPYC, 2 threads, quiet machine,
+//    after the kernel got its second thread): 1.13-1.46x the weight-left
+//    form at 16-48 rows, 1.9x at 8, 1.39x at::linear at one row.
 // All stop at 48 rows: above come prefill chunks, where MKL's blocking wins
 // (at 128 rows the AVX2 kernel only tied the weight-left form).
 LinearForm AutoLinearForm(int64_t rows) {
@@ -38,7 +38,7 @@ LinearForm AutoLinearForm(int64_t rows) {
     case kernels::RowGemmPath::kAvx512:
       return rows >= 2 ? LinearForm::kRowKernel : LinearForm::kLinear;
     case kernels::RowGemmPath::kAvx2:
-      return rows <= 16 ? LinearForm::kRowKernel : LinearForm::kWeightLeft;
+      return LinearForm::kRowKernel;
     case kernels::RowGemmPath::kPortable:
       break;
   }
@@ -61,10 +61,25 @@ at::Tensor Linear(const at::Tensor& x, const at::Tensor& w,
     const float* xp = xc.data_ptr<float>();
     const float* wp = w.data_ptr<float>();
     float* yp = y.data_ptr<float>();
-    // Groups of 4 rows of w; at least 16 groups (64 x k values) per task.
-    at::parallel_for(0, (n + 3) / 4, 16, [&](int64_t begin, int64_t end) {
-      kernels::RowGemmF32(xp, wp, yp, m, n, k, begin * 4, std::min(n, end * 4));
-    });
+    // Column ranges of whole groups of 4 rows of w, at least 16 groups
+    // (64 x k values) each, one per thread: the calling thread takes the
+    // last. Not at::parallel_for: it is a header template whose OpenMP
+    // pragma is compiled into the caller, and this project compiles without
+    // -fopenmp (one OpenMP runtime, LibTorch's), so it ran every range on
+    // the calling thread (row_gemm_bench's "pf" path, docs/benchmarks.md).
+    const int64_t groups = (n + 3) / 4;
+    const int64_t threads = std::max<int64_t>(
+        1, std::min<int64_t>(at::get_num_threads(), groups / 16));
+    auto range = [&](int64_t t) {
+      const int64_t begin = groups * t / threads * 4;
+      const int64_t end = std::min(n, groups * (t + 1) / threads * 4);
+      kernels::RowGemmF32(xp, wp, yp, m, n, k, begin, end);
+    };
+    std::vector<std::thread> helpers;
+    helpers.reserve(static_cast<size_t>(threads - 1));
+    for (int64_t t = 0; t + 1 < threads; ++t) helpers.emplace_back(range, t);
+    range(threads - 1);
+    for (std::thread& helper : helpers) helper.join();
     if (bias.defined()) y.add_(bias);
     return y;
   }

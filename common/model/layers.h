@@ -28,7 +28,7 @@ at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
 //    cheaply for few rows: 1.1-1.5x faster for 2-32 rows at 2 threads.
 //  * kRowKernel: kernels::RowGemmF32 on float32 CPU tensors (no packing at
 //    all; 1.7x faster than kWeightLeft at 32 rows with AVX-512; with AVX2
-//    1.6-2.1x at 8-16 rows, at 32 rows faster only under load), outside
+//    1.1-1.9x at 8-48 rows in the engine, quiet machine), outside
 //    autograd only; elsewhere, or on a CPU with neither
 //    AVX-512F nor AVX2 + FMA, it falls back to kWeightLeft.
 // Same values up to float32 summation order.
@@ -36,9 +36,9 @@ enum class LinearForm : int { kLinear, kWeightLeft, kRowKernel };
 
 // The form LinearMode::kAuto takes for float32 CPU weights and a call of
 // `rows` rows (see layers.cc for the measurements): kRowKernel for 2 to
-// kWeightLeftMaxRows (48) rows where the row kernel runs on AVX-512, for 1
-// to 16 on AVX2 and kWeightLeft for 17 to 48 there, kWeightLeft for 2 to
-// 48 on a CPU without either, kLinear otherwise.
+// kWeightLeftMaxRows (48) rows where the row kernel runs on AVX-512 and
+// for 1 to 48 on AVX2, kWeightLeft for 2 to 48 on a CPU without either,
+// kLinear otherwise.
 LinearForm AutoLinearForm(int64_t rows);
 
 // x [T, in] @ w^T (+ bias): w [out, in] as stored, bias [out] or undefined.
