@@ -279,6 +279,17 @@ RowGemmPath RowGemmF32Path() {
 
 bool RowGemmF32Fast() { return RowGemmF32Path() != RowGemmPath::kPortable; }
 
+int64_t RowGemmParts(int64_t n, int64_t max_parts) {
+  const int64_t groups = (n + 3) / 4;
+  return std::max<int64_t>(1, std::min<int64_t>(max_parts, groups / 16));
+}
+
+ColumnRange RowGemmColumns(int64_t n, int64_t parts, int64_t part) {
+  const int64_t groups = (n + 3) / 4;
+  return {groups * part / parts * 4,
+          std::min(n, groups * (part + 1) / parts * 4)};
+}
+
 void RowGemmF32On(RowGemmPath path, const float* x, const float* w, float* y,
                   int64_t m, int64_t n, int64_t k_dim, int64_t n_begin,
                   int64_t n_end) {

@@ -25,8 +25,9 @@
 //  * Elsewhere a plain loop (slow: callers should prefer their BLAS).
 //
 // The caller splits the columns [0, n) of Y into ranges, one per thread
-// (RowGemmF32 handles one range), so that this library stays free of any
-// thread pool. Thread-safe, no allocation.
+// (RowGemmF32 handles one range; RowGemmParts and RowGemmColumns say how),
+// so that this library stays free of any thread pool. Thread-safe, no
+// allocation.
 
 #include <cstdint>
 
@@ -50,6 +51,21 @@ RowGemmPath RowGemmF32Path();
 // kPortable). Without one RowGemmF32 still computes the product, slowly (a
 // scalar loop): callers should prefer their BLAS then.
 bool RowGemmF32Fast();
+
+// How many column ranges a product with n columns is worth splitting into
+// on at most max_parts threads: ranges of whole groups of 4 rows of W, at
+// least 16 groups (64 x k_dim values) each, so that a thread's share pays
+// for waking it. At least 1.
+int64_t RowGemmParts(int64_t n, int64_t max_parts);
+
+// The columns [begin, end) of range `part` of `parts` (REQUIRES: 0 <= part <
+// parts): consecutive, whole groups of 4 (the last may end at n), covering
+// [0, n) exactly once over all parts.
+struct ColumnRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+ColumnRange RowGemmColumns(int64_t n, int64_t parts, int64_t part);
 
 // y[i * n + j] = sum_k x[i * k_dim + k] * w[j * k_dim + k] for i in [0, m)
 // and j in [n_begin, n_end): x [m, k_dim], w [n, k_dim] and y [m, n], all

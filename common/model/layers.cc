@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <thread>
 #include <vector>
 
+#include "common/base/range_pool.h"
 #include "kernels/row_gemm.h"
 
 namespace tandem::model::internal {
@@ -61,25 +61,21 @@ at::Tensor Linear(const at::Tensor& x, const at::Tensor& w,
     const float* xp = xc.data_ptr<float>();
     const float* wp = w.data_ptr<float>();
     float* yp = y.data_ptr<float>();
-    // Column ranges of whole groups of 4 rows of w, at least 16 groups
-    // (64 x k values) each, one per thread: the calling thread takes the
-    // last. Not at::parallel_for: it is a header template whose OpenMP
-    // pragma is compiled into the caller, and this project compiles without
-    // -fopenmp (one OpenMP runtime, LibTorch's), so it ran every range on
-    // the calling thread (row_gemm_bench's "pf" path, docs/benchmarks.md).
-    const int64_t groups = (n + 3) / 4;
-    const int64_t threads = std::max<int64_t>(
-        1, std::min<int64_t>(at::get_num_threads(), groups / 16));
-    auto range = [&](int64_t t) {
-      const int64_t begin = groups * t / threads * 4;
-      const int64_t end = std::min(n, groups * (t + 1) / threads * 4);
-      kernels::RowGemmF32(xp, wp, yp, m, n, k, begin, end);
-    };
-    std::vector<std::thread> helpers;
-    helpers.reserve(static_cast<size_t>(threads - 1));
-    for (int64_t t = 0; t + 1 < threads; ++t) helpers.emplace_back(range, t);
-    range(threads - 1);
-    for (std::thread& helper : helpers) helper.join();
+    // Column ranges (kernels::RowGemmParts), one per thread, on the shared
+    // pool's threads (the calling thread takes the last). Not
+    // at::parallel_for: it is a header template whose OpenMP pragma is
+    // compiled into the caller, and this project compiles without -fopenmp
+    // (one OpenMP runtime, LibTorch's), so it ran every range on the
+    // calling thread (row_gemm_bench's "pf" path, docs/benchmarks.md). Not
+    // a std::thread per call: about 170 calls a decode step
+    // (common/base/range_pool.h).
+    RangePool& pool = RangePool::Shared();
+    const int64_t parts = kernels::RowGemmParts(
+        n, std::min<int64_t>(at::get_num_threads(), pool.max_parallel()));
+    pool.Run(static_cast<int>(parts), [&](int part) {
+      const kernels::ColumnRange c = kernels::RowGemmColumns(n, parts, part);
+      kernels::RowGemmF32(xp, wp, yp, m, n, k, c.begin, c.end);
+    });
     if (bias.defined()) y.add_(bias);
     return y;
   }

@@ -8,6 +8,6 @@ target_link_libraries(generate_bench PRIVATE tandem_engine_torch
 # One decode step's products by the row kernel's paths against at::linear
 # and the weight-left form (see row_gemm_bench.cc for flags).
 add_executable(row_gemm_bench ${CMAKE_CURRENT_SOURCE_DIR}/row_gemm_bench.cc)
-target_link_libraries(row_gemm_bench PRIVATE tandem_kernels torch
+target_link_libraries(row_gemm_bench PRIVATE tandem_kernels tandem_base torch
                       absl::strings)
 tandem_use_aten_pch(row_gemm_bench)

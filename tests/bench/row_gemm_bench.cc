@@ -17,7 +17,10 @@
 // best and the median CPU milliseconds of each path and the row kernel's
 // speed-up against both LibTorch forms (best against best). With
 // --threads T > 1, LibTorch uses T threads and the row kernel is split
-// into T column ranges on T threads, as the model does.
+// into up to T column ranges, as the model does: "row <path>" on the shared
+// RangePool (the model's way), "row <path> spawn" on a thread per range
+// started per call (the model's way before the pool), "row <path> pf" by
+// at::parallel_for (serial in our build: the reason for either).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -33,6 +36,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/base/range_pool.h"
 #include "kernels/row_gemm.h"
 #include "tests/bench/bench_util.h"
 
@@ -88,25 +92,32 @@ Options Parse(int argc, char** argv) {
   return o;
 }
 
-// The row kernel over all of W's rows, split into `threads` column ranges
-// of whole groups of 4 rows, one thread each (the caller's thread runs the
-// last).
+// The row kernel over all of W's rows, split into column ranges
+// (kernels::RowGemmParts / RowGemmColumns) as common/model/layers.cc splits
+// them: on the shared RangePool's threads ("pool", the model's way), or on
+// a std::thread per range started and joined per call ("spawn", the model's
+// way before the pool). The caller's thread runs the last range.
 void RowKernel(kernels::RowGemmPath path, const at::Tensor& x,
-               const at::Tensor& w, at::Tensor& y, int threads) {
+               const at::Tensor& w, at::Tensor& y, int threads, bool spawn) {
   const int64_t m = x.size(0), n = w.size(0), k = w.size(1);
-  const int64_t groups = (n + 3) / 4;
   const float* xp = x.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  auto range = [&](int t) {
-    const int64_t begin = groups * t / threads * 4;
-    const int64_t end = std::min(n, groups * (t + 1) / threads * 4);
-    kernels::RowGemmF32On(path, xp, wp, yp, m, n, k, begin, end);
+  RangePool& pool = RangePool::Shared();
+  const int64_t parts = kernels::RowGemmParts(
+      n, spawn ? threads : std::min(threads, pool.max_parallel()));
+  auto range = [&](int part) {
+    const kernels::ColumnRange c = kernels::RowGemmColumns(n, parts, part);
+    kernels::RowGemmF32On(path, xp, wp, yp, m, n, k, c.begin, c.end);
   };
-  std::vector<std::thread> pool;
-  for (int t = 0; t + 1 < threads; ++t) pool.emplace_back(range, t);
-  range(threads - 1);
-  for (std::thread& th : pool) th.join();
+  if (!spawn) {
+    pool.Run(static_cast<int>(parts), range);
+    return;
+  }
+  std::vector<std::thread> started;
+  for (int t = 0; t + 1 < parts; ++t) started.emplace_back(range, t);
+  range(static_cast<int>(parts) - 1);
+  for (std::thread& th : started) th.join();
 }
 
 struct Path {
@@ -173,9 +184,15 @@ int Main(int argc, char** argv) {
       paths.push_back(
           {name, [path, &o](const at::Tensor& x, const at::Tensor& w) {
              at::Tensor y = at::empty({x.size(0), w.size(0)});
-             RowKernel(path, x, w, y, o.threads);
+             RowKernel(path, x, w, y, o.threads, /*spawn=*/false);
            }});
       if (o.threads > 1) {
+        paths.push_back(
+            {std::string(name) + " spawn",
+             [path, &o](const at::Tensor& x, const at::Tensor& w) {
+               at::Tensor y = at::empty({x.size(0), w.size(0)});
+               RowKernel(path, x, w, y, o.threads, /*spawn=*/true);
+             }});
         // The same split by at::parallel_for, as common/model/layers.cc
         // does it (LibTorch's intra-op pool).
         paths.push_back(

@@ -89,5 +89,37 @@ TEST_CASE("RowGemmF32 takes the fastest path this CPU supports",
   CHECK(RowGemmF32Fast() == (want != RowGemmPath::kPortable));
 }
 
+// The column split that the model and row_gemm_bench share: consecutive
+// ranges of whole groups of 4, covering [0, n) once, at least 16 groups a
+// range, never more ranges than asked for, at least one.
+TEST_CASE("RowGemmParts and RowGemmColumns split the columns exactly once",
+          "[row_gemm]") {
+  CHECK(RowGemmParts(0, 4) == 1);
+  CHECK(RowGemmParts(124, 4) == 1);  // 31 groups: too few for two ranges
+  CHECK(RowGemmParts(128, 4) == 2);
+  CHECK(RowGemmParts(4864, 2) == 2);
+  CHECK(RowGemmParts(4864, 64) == 64);
+  CHECK(RowGemmParts(4864, 100) == 76);  // 1216 groups / 16
+  CHECK(RowGemmParts(151936, 1) == 1);
+  for (int64_t n : {1, 3, 4, 63, 64, 65, 127, 128, 129, 896, 4864, 151936}) {
+    for (int64_t max_parts : {1, 2, 3, 7}) {
+      const int64_t parts = RowGemmParts(n, max_parts);
+      INFO("n " << n << " max_parts " << max_parts << " parts " << parts);
+      REQUIRE(parts >= 1);
+      REQUIRE(parts <= max_parts);
+      int64_t next = 0;
+      for (int64_t part = 0; part < parts; ++part) {
+        const ColumnRange c = RowGemmColumns(n, parts, part);
+        REQUIRE(c.begin == next);
+        REQUIRE(c.end >= c.begin);
+        if (part + 1 < parts) REQUIRE(c.end % 4 == 0);
+        if (parts > 1) REQUIRE((c.end - c.begin + 3) / 4 >= 16);
+        next = c.end;
+      }
+      REQUIRE(next == n);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tandem::kernels
