@@ -21,7 +21,8 @@ Steps, each printed with its time:
    the LibTorch mounts, the trainer's log at debug (its step lines name the
    groups each step trained), the warm-start service shortened to
    SFT_STEPS steps (the trainer and the workers must start from its
-   checkpoint; its defaults train ~12 minutes). A thread runs `podman healthcheck run` for
+   checkpoint; its defaults train ~2-5 minutes: test_compose_learns.py runs
+   them). A thread runs `podman healthcheck run` for
    every container of the project every 2 s (Podman 4.3 runs healthchecks
    from systemd timers, which these machines lack), so `depends_on:
    service_healthy` and the health states work.
@@ -253,7 +254,11 @@ def build_prometheus_image():
     log(f"image {PROM_IMAGE}: {time.monotonic() - t:.0f} s")
 
 
-def write_override(stack):
+def write_override(stack, warm_start_steps=SFT_STEPS):
+    """The compose override: the LibTorch mounts, quick certificate
+    rotation, the trainer's debug log, and the warm start cut to
+    warm_start_steps (None: the compose file's own command, as users run
+    it; test_compose_learns.py)."""
     mounts = []
     if stack.image == IMAGE:
         mounts = [f"{d}:{d}:ro" for d in
@@ -268,13 +273,16 @@ def write_override(stack):
         services[name]["environment"] = {"TANDEM_TLS_REFRESH_S": "2"}
     services["trainer"]["environment"] = {"TANDEM_LOG_LEVEL": "debug",
                                           "TANDEM_TLS_REFRESH_S": "2"}
-    # The warm start shortened to seconds (its defaults train ~12 minutes):
+    # The warm start shortened to seconds (its defaults train ~2-5 minutes):
     # this test checks that the stack runs it first and starts from its
     # checkpoint, not how well it learns (README: the full stack by hand).
-    services["warm-start"] = {"volumes": mounts, "command": [
-        "tandem-trainer", "sft", "--output",
-        "/var/lib/tandem/warm-start/arith3-add", "--steps", str(SFT_STEPS),
-        "--eval-every", str(SFT_STEPS), "--eval-problems", "64"]}
+    services["warm-start"] = {"volumes": mounts}
+    if warm_start_steps is not None:
+        services["warm-start"]["command"] = [
+            "tandem-trainer", "sft", "--output",
+            "/var/lib/tandem/warm-start/arith3-add", "--steps",
+            str(warm_start_steps), "--eval-every", str(warm_start_steps),
+            "--eval-problems", "64"]
     with open(stack.override, "w") as f:
         json.dump({"services": services}, f, indent=1)  # JSON is YAML
 

@@ -25,7 +25,7 @@ Steps, each printed with its time:
      status.podIP); `coordinator` resolves through hostAliases to the
      coordinator pod's address (no Services in Podman); names get the
      prefix PREFIX; the trainer's warm start is shortened to SFT_STEPS
-     steps (its defaults train ~12 minutes);
+     steps (its defaults train ~2-5 minutes);
    - the Secrets that cert-manager's Certificates would issue come from
      `tandemctl certs init` (what components/dev-certs makes), mounted by
      hostPath (Podman 4.3 panics on secret volumes); the containers' ports
