@@ -1,6 +1,7 @@
 #include "kernels/row_gemm.h"
 
 #include <algorithm>
+#include <vector>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -318,6 +319,45 @@ void RowGemmF32On(RowGemmPath path, const float* x, const float* w, float* y,
 void RowGemmF32(const float* x, const float* w, float* y, int64_t m, int64_t n,
                 int64_t k_dim, int64_t n_begin, int64_t n_end) {
   RowGemmF32On(RowGemmF32Path(), x, w, y, m, n, k_dim, n_begin, n_end);
+}
+
+const std::vector<Avx2Tile>& RowGemmAvx2TileShapes() {
+  static const std::vector<Avx2Tile> shapes = {
+      {4, 3}, {3, 4}, {2, 6}, {6, 2}, {3, 3}, {2, 4}, {4, 2}};
+  return shapes;
+}
+
+bool RowGemmF32Avx2Tile(Avx2Tile tile, const float* x, const float* w,
+                        float* y, int64_t m, int64_t n, int64_t k_dim,
+                        int64_t n_begin, int64_t n_end) {
+#if defined(__x86_64__)
+  if (!RowGemmF32Supports(RowGemmPath::kAvx2)) return false;
+  const auto is = [&](int rows, int cols) {
+    return tile.x_rows == rows && tile.w_rows == cols;
+  };
+  if (is(4, 3)) {
+    RowGemmAvx2Tiles<4, 3>(x, w, y, m, n, k_dim, n_begin, n_end);
+  } else if (is(3, 4)) {
+    RowGemmAvx2Tiles<3, 4>(x, w, y, m, n, k_dim, n_begin, n_end);
+  } else if (is(2, 6)) {
+    RowGemmAvx2Tiles<2, 6>(x, w, y, m, n, k_dim, n_begin, n_end);
+  } else if (is(6, 2)) {
+    RowGemmAvx2Tiles<6, 2>(x, w, y, m, n, k_dim, n_begin, n_end);
+  } else if (is(3, 3)) {
+    RowGemmAvx2Tiles<3, 3>(x, w, y, m, n, k_dim, n_begin, n_end);
+  } else if (is(2, 4)) {
+    RowGemmAvx2Tiles<2, 4>(x, w, y, m, n, k_dim, n_begin, n_end);
+  } else if (is(4, 2)) {
+    RowGemmAvx2Tiles<4, 2>(x, w, y, m, n, k_dim, n_begin, n_end);
+  } else {
+    return false;
+  }
+  return true;
+#else
+  (void)tile, (void)x, (void)w, (void)y, (void)m, (void)n, (void)k_dim,
+      (void)n_begin, (void)n_end;
+  return false;
+#endif
 }
 
 }  // namespace tandem::kernels

@@ -30,6 +30,7 @@
 // allocation.
 
 #include <cstdint>
+#include <vector>
 
 namespace tandem::kernels {
 
@@ -80,5 +81,22 @@ void RowGemmF32(const float* x, const float* w, float* y, int64_t m, int64_t n,
 void RowGemmF32On(RowGemmPath path, const float* x, const float* w, float* y,
                   int64_t m, int64_t n, int64_t k_dim, int64_t n_begin,
                   int64_t n_end);
+
+// The AVX2 path's tile shapes, for the tile sweep of row_gemm_bench
+// (--tiles) and its test: rows of x by rows of w per tile, 8 to 12
+// accumulators each. RowGemmF32 itself takes 4 x 3 (2 x 6 for 1-2 rows).
+struct Avx2Tile {
+  int x_rows = 0;
+  int w_rows = 0;
+};
+const std::vector<Avx2Tile>& RowGemmAvx2TileShapes();
+
+// RowGemmF32's product by the AVX2 path with every tile of the given shape
+// (the short tiles at the edges as RowGemmF32's). False, computing nothing,
+// when the CPU has no AVX2 + FMA or the shape is not one of
+// RowGemmAvx2TileShapes().
+bool RowGemmF32Avx2Tile(Avx2Tile tile, const float* x, const float* w,
+                        float* y, int64_t m, int64_t n, int64_t k_dim,
+                        int64_t n_begin, int64_t n_end);
 
 }  // namespace tandem::kernels

@@ -4,7 +4,7 @@
 // (W x^T)^T that common/model/layers.cc falls back to.
 //
 //   row_gemm_bench [--rows 1,2,8,16,24,32,48,64] [--layers 24]
-//                  [--rounds 5] [--threads 1]
+//                  [--rounds 5] [--threads 1] [--tiles 4x3,2x6,...|all]
 //
 // The products are those of a model shaped like Qwen2.5-0.5B: per layer q
 // and o (896 x 896), k and v (128 x 896), gate and up (4864 x 896), down
@@ -20,7 +20,10 @@
 // into up to T column ranges, as the model does: "row <path>" on the shared
 // RangePool (the model's way), "row <path> spawn" on a thread per range
 // started per call (the model's way before the pool), "row <path> pf" by
-// at::parallel_for (serial in our build: the reason for either).
+// at::parallel_for (serial in our build: the reason for either). --tiles
+// adds the AVX2 path with each given tile shape ("tile 4x3", split as
+// "row avx2"): the sweep behind the choice of 4 x 3 and 2 x 6
+// (kernels/row_gemm.h).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -59,6 +62,9 @@ struct Options {
   int layers = 24;
   int rounds = 5;
   int threads = 1;
+  // --tiles: the AVX2 path with these tile shapes as paths of their own
+  // ("tile 4x3" ...), for the tile sweep; empty: none.
+  std::vector<kernels::Avx2Tile> tiles;
 };
 
 Options Parse(int argc, char** argv) {
@@ -84,9 +90,35 @@ Options Parse(int argc, char** argv) {
       (flag == "--layers"   ? o.layers
        : flag == "--rounds" ? o.rounds
                             : o.threads) = parsed;
+    } else if (flag == "--tiles") {
+      for (absl::string_view part : absl::StrSplit(value, ',')) {
+        if (part == "all") {
+          o.tiles = kernels::RowGemmAvx2TileShapes();
+          continue;
+        }
+        const std::vector<std::string> rc = absl::StrSplit(part, 'x');
+        kernels::Avx2Tile tile;
+        bool known = false;
+        if (rc.size() == 2 && absl::SimpleAtoi(rc[0], &tile.x_rows) &&
+            absl::SimpleAtoi(rc[1], &tile.w_rows)) {
+          for (const kernels::Avx2Tile& t : kernels::RowGemmAvx2TileShapes()) {
+            known = known || (t.x_rows == tile.x_rows && t.w_rows == tile.w_rows);
+          }
+        }
+        if (!known) {
+          std::string shapes;
+          for (const kernels::Avx2Tile& t : kernels::RowGemmAvx2TileShapes()) {
+            shapes += " " + std::to_string(t.x_rows) + "x" +
+                      std::to_string(t.w_rows);
+          }
+          Die("--tiles: '" + std::string(part) + "' is not one of" + shapes +
+              " or all");
+        }
+        o.tiles.push_back(tile);
+      }
     } else {
       Die("unknown flag " + flag +
-          " (--rows LIST, --layers N, --rounds N, --threads N)");
+          " (--rows LIST, --layers N, --rounds N, --threads N, --tiles LIST)");
     }
   }
   return o;
@@ -97,8 +129,11 @@ Options Parse(int argc, char** argv) {
 // them: on the shared RangePool's threads ("pool", the model's way), or on
 // a std::thread per range started and joined per call ("spawn", the model's
 // way before the pool). The caller's thread runs the last range.
+// `tile`, when set, runs the AVX2 path with that tile shape instead of
+// `path`.
 void RowKernel(kernels::RowGemmPath path, const at::Tensor& x,
-               const at::Tensor& w, at::Tensor& y, int threads, bool spawn) {
+               const at::Tensor& w, at::Tensor& y, int threads, bool spawn,
+               const kernels::Avx2Tile* tile = nullptr) {
   const int64_t m = x.size(0), n = w.size(0), k = w.size(1);
   const float* xp = x.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
@@ -108,6 +143,13 @@ void RowKernel(kernels::RowGemmPath path, const at::Tensor& x,
       n, spawn ? threads : std::min(threads, pool.max_parallel()));
   auto range = [&](int part) {
     const kernels::ColumnRange c = kernels::RowGemmColumns(n, parts, part);
+    if (tile != nullptr) {
+      if (!kernels::RowGemmF32Avx2Tile(*tile, xp, wp, yp, m, n, k, c.begin,
+                                       c.end)) {
+        Die("this CPU has no AVX2 + FMA for --tiles");
+      }
+      return;
+    }
     kernels::RowGemmF32On(path, xp, wp, yp, m, n, k, c.begin, c.end);
   };
   if (!spawn) {
@@ -210,6 +252,16 @@ int Main(int argc, char** argv) {
              }});
       }
     }
+    for (const kernels::Avx2Tile& tile : o.tiles) {
+      paths.push_back(
+          {"tile " + std::to_string(tile.x_rows) + "x" +
+               std::to_string(tile.w_rows),
+           [tile, &o](const at::Tensor& x, const at::Tensor& w) {
+             at::Tensor y = at::empty({x.size(0), w.size(0)});
+             RowKernel(kernels::RowGemmPath::kAvx2, x, w, y, o.threads,
+                       /*spawn=*/false, &tile);
+           }});
+    }
     for (int round = -1; round < o.rounds; ++round) {  // -1: warm-up
       for (size_t i = 0; i < paths.size(); ++i) {
         Path& p = paths[(i + static_cast<size_t>(round + 1)) % paths.size()];
@@ -233,7 +285,7 @@ int Main(int argc, char** argv) {
                   static_cast<long long>(rows), p.name.c_str(), best,
                   bench::Median(p.cpu_ms),
                   *std::min_element(p.wall_ms.begin(), p.wall_ms.end()));
-      if (p.name.rfind("row", 0) == 0) {
+      if (p.name.rfind("row", 0) == 0 || p.name.rfind("tile", 0) == 0) {
         std::printf("   linear/row %.2f  weight-left/row %.2f",
                     best_linear / best, best_left / best);
       }

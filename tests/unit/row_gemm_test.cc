@@ -20,16 +20,24 @@ namespace {
 // ranges that start and end inside a group of w rows, and the scalar
 // path's shapes alike.
 TEST_CASE("RowGemmF32 equals the product at every tile edge", "[row_gemm]") {
-  const int which = GENERATE(0, 1, 2, 3);
+  // 0-2: the paths; 3: RowGemmF32; 4 on: the AVX2 path with each tile
+  // shape of row_gemm_bench's sweep (RowGemmAvx2TileShapes).
+  const std::vector<Avx2Tile>& tiles = RowGemmAvx2TileShapes();
+  const int which = GENERATE(range(0, 11));
+  REQUIRE(tiles.size() == 7);
   const RowGemmPath paths[] = {RowGemmPath::kPortable, RowGemmPath::kAvx2,
                                RowGemmPath::kAvx512};
-  if (which < 3 && !RowGemmF32Supports(paths[which])) {
+  if ((which < 3 && !RowGemmF32Supports(paths[which])) ||
+      (which >= 4 && !RowGemmF32Supports(RowGemmPath::kAvx2))) {
     SUCCEED("path " << which << " not supported by this CPU");
     return;
   }
   const auto gemm = [&](const float* x, const float* w, float* y, int64_t m,
                         int64_t n, int64_t k, int64_t begin, int64_t end) {
-    if (which == 3) {
+    if (which >= 4) {
+      REQUIRE(RowGemmF32Avx2Tile(tiles[which - 4], x, w, y, m, n, k, begin,
+                                 end));
+    } else if (which == 3) {
       RowGemmF32(x, w, y, m, n, k, begin, end);
     } else {
       RowGemmF32On(paths[which], x, w, y, m, n, k, begin, end);
@@ -38,7 +46,8 @@ TEST_CASE("RowGemmF32 equals the product at every tile edge", "[row_gemm]") {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   INFO("path " << which << " (0 portable, 1 AVX2, 2 AVX-512, 3 RowGemmF32"
-               << " = " << static_cast<int>(RowGemmF32Path()) << ")");
+               << " = " << static_cast<int>(RowGemmF32Path())
+               << ", 4-10 AVX2 tiles)");
   struct Shape {
     int64_t m, n, k;
   };
@@ -74,6 +83,13 @@ TEST_CASE("RowGemmF32 equals the product at every tile edge", "[row_gemm]") {
     // float32 sums of k products of N(0,1) values: error ~ sqrt(k) * 1e-7.
     CHECK(worst < 1e-4 * std::sqrt(static_cast<double>(s.k)) + 1e-5);
   }
+}
+
+TEST_CASE("RowGemmF32Avx2Tile refuses a shape it does not have",
+          "[row_gemm]") {
+  float x = 1, w = 1, y = 0;
+  CHECK_FALSE(RowGemmF32Avx2Tile({5, 5}, &x, &w, &y, 1, 1, 1, 0, 1));
+  CHECK(y == 0);
 }
 
 // RowGemmF32 runs the fastest path the CPU supports: AVX-512, then AVX2,
