@@ -5,8 +5,6 @@
 // one attempt's real-time gRPC deadline, and an attempt that runs into it
 // is not repeated.
 
-#include "services/tandemctl/remote_calls.h"
-
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -18,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "services/tandemctl/remote_calls.h"
 #include "tests/support/fake_clock.h"
 
 namespace tandem::ctl {
@@ -56,8 +55,7 @@ void CheckRetrySchedule(const std::vector<absl::Duration>& sleeps,
     b = std::min(b * 2, absl::Seconds(2));
   }
   INFO(sleeps.size() << " pauses, " << absl::FormatDuration(elapsed)
-                     << " on the clock, next step "
-                     << absl::FormatDuration(b));
+                     << " on the clock, next step " << absl::FormatDuration(b));
   CHECK(elapsed < timeout);
   CHECK(elapsed + b >= timeout);
 }
