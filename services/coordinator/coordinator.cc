@@ -280,13 +280,11 @@ grpc::ServerUnaryReactor* Coordinator::Register(
     const tandem::v1::RegisterRequest* request,
     tandem::v1::RegisterResponse* response) {
   std::string owner;
-  if (grpc::Status auth = Authorize(CoordinatorRpc::kRegister, *context, "",
-                                    &owner, request->role());
-      !auth.ok()) {
-    return Finish(context, auth);
-  }
-  if (grpc::Status limits = CheckLimits("Register", *request); !limits.ok()) {
-    return Finish(context, limits);
+  if (grpc::Status admitted =
+          Admit(CoordinatorRpc::kRegister, *context, "", *request, &owner,
+                request->role());
+      !admitted.ok()) {
+    return Finish(context, admitted);
   }
   if (draining_) return Finish(context, Draining());
   if (request->role() == tandem::v1::ROLE_UNSPECIFIED) {
@@ -329,13 +327,11 @@ grpc::ServerUnaryReactor* Coordinator::Heartbeat(
     grpc::CallbackServerContext* context,
     const tandem::v1::HeartbeatRequest* request,
     tandem::v1::HeartbeatResponse* response) {
-  if (grpc::Status auth =
-          Authorize(CoordinatorRpc::kHeartbeat, *context, request->member_id());
-      !auth.ok()) {
-    return Finish(context, auth);
-  }
-  if (grpc::Status limits = CheckLimits("Heartbeat", *request); !limits.ok()) {
-    return Finish(context, limits);
+  if (grpc::Status admitted =
+          Admit(CoordinatorRpc::kHeartbeat, *context, request->member_id(),
+                *request);
+      !admitted.ok()) {
+    return Finish(context, admitted);
   }
   const absl::Time now = clock_->Now();
   absl::Status status = members_.Heartbeat(*request, now);
@@ -355,13 +351,11 @@ grpc::ServerUnaryReactor* Coordinator::Deregister(
     grpc::CallbackServerContext* context,
     const tandem::v1::DeregisterRequest* request,
     tandem::v1::DeregisterResponse* response) {
-  if (grpc::Status auth = Authorize(CoordinatorRpc::kDeregister, *context,
-                                    request->member_id());
-      !auth.ok()) {
-    return Finish(context, auth);
-  }
-  if (grpc::Status limits = CheckLimits("Deregister", *request); !limits.ok()) {
-    return Finish(context, limits);
+  if (grpc::Status admitted =
+          Admit(CoordinatorRpc::kDeregister, *context, request->member_id(),
+                *request);
+      !admitted.ok()) {
+    return Finish(context, admitted);
   }
   absl::Status status = members_.Deregister(request->member_id());
   if (status.ok()) {
@@ -380,14 +374,11 @@ grpc::ServerUnaryReactor* Coordinator::LeasePrompts(
     grpc::CallbackServerContext* context,
     const tandem::v1::LeasePromptsRequest* request,
     tandem::v1::LeasePromptsResponse* response) {
-  if (grpc::Status auth = Authorize(CoordinatorRpc::kLeasePrompts, *context,
-                                    request->member_id());
-      !auth.ok()) {
-    return Finish(context, auth);
-  }
-  if (grpc::Status limits = CheckLimits("LeasePrompts", *request);
-      !limits.ok()) {
-    return Finish(context, limits);
+  if (grpc::Status admitted =
+          Admit(CoordinatorRpc::kLeasePrompts, *context, request->member_id(),
+                *request);
+      !admitted.ok()) {
+    return Finish(context, admitted);
   }
   if (draining_) return Finish(context, Draining());
   if (request->max_prompts() == 0) {
@@ -415,14 +406,11 @@ grpc::ServerUnaryReactor* Coordinator::RenewLeases(
     grpc::CallbackServerContext* context,
     const tandem::v1::RenewLeasesRequest* request,
     tandem::v1::RenewLeasesResponse* response) {
-  if (grpc::Status auth = Authorize(CoordinatorRpc::kRenewLeases, *context,
-                                    request->member_id());
-      !auth.ok()) {
-    return Finish(context, auth);
-  }
-  if (grpc::Status limits = CheckLimits("RenewLeases", *request);
-      !limits.ok()) {
-    return Finish(context, limits);
+  if (grpc::Status admitted =
+          Admit(CoordinatorRpc::kRenewLeases, *context, request->member_id(),
+                *request);
+      !admitted.ok()) {
+    return Finish(context, admitted);
   }
   if (request->lease_ids_size() == 0) {
     return Finish(context, Invalid("lease_ids must not be empty"));
@@ -439,14 +427,11 @@ grpc::ServerUnaryReactor* Coordinator::ReturnLeases(
     grpc::CallbackServerContext* context,
     const tandem::v1::ReturnLeasesRequest* request,
     tandem::v1::ReturnLeasesResponse* response) {
-  if (grpc::Status auth = Authorize(CoordinatorRpc::kReturnLeases, *context,
-                                    request->member_id());
-      !auth.ok()) {
-    return Finish(context, auth);
-  }
-  if (grpc::Status limits = CheckLimits("ReturnLeases", *request);
-      !limits.ok()) {
-    return Finish(context, limits);
+  if (grpc::Status admitted =
+          Admit(CoordinatorRpc::kReturnLeases, *context, request->member_id(),
+                *request);
+      !admitted.ok()) {
+    return Finish(context, admitted);
   }
   std::vector<std::string> ids(request->lease_ids().begin(),
                                request->lease_ids().end());
@@ -525,14 +510,11 @@ grpc::ServerUnaryReactor* Coordinator::SyncWeightGroup(
     grpc::CallbackServerContext* context,
     const tandem::v1::SyncWeightGroupRequest* request,
     tandem::v1::SyncWeightGroupResponse* response) {
-  if (grpc::Status auth = Authorize(CoordinatorRpc::kSyncWeightGroup, *context,
-                                    request->member_id());
-      !auth.ok()) {
-    return Finish(context, auth);
-  }
-  if (grpc::Status limits = CheckLimits("SyncWeightGroup", *request);
-      !limits.ok()) {
-    return Finish(context, limits);
+  if (grpc::Status admitted =
+          Admit(CoordinatorRpc::kSyncWeightGroup, *context,
+                request->member_id(), *request);
+      !admitted.ok()) {
+    return Finish(context, admitted);
   }
   metrics_.CountWeightGroupSync();
   if (!members_.IsLive(request->member_id())) {

@@ -155,6 +155,14 @@ class Coordinator : public tandem::v1::Coordinator::CallbackService {
       CoordinatorRpc method, const grpc::ServerContextBase& context,
       const std::string& member_id, std::string* owner = nullptr,
       tandem::v1::Role register_as = tandem::v1::ROLE_UNSPECIFIED);
+  // The prelude of a handler: Authorize(method, context, member_id, owner,
+  // register_as), then CheckLimits(request) under the RPC's name in the
+  // access table (coordinator_authz.h). The first refusal, or OK.
+  grpc::Status Admit(
+      CoordinatorRpc method, const grpc::ServerContextBase& context,
+      const std::string& member_id, const google::protobuf::Message& request,
+      std::string* owner = nullptr,
+      tandem::v1::Role register_as = tandem::v1::ROLE_UNSPECIFIED);
   void MaintenanceLoop();
   // Forms the re-send epoch after a failed broadcast when due
   // (BroadcastEpochs::Regroup) and logs it.

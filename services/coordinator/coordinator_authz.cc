@@ -137,4 +137,18 @@ grpc::Status Coordinator::Authorize(CoordinatorRpc method,
   return grpc::Status::OK;
 }
 
+grpc::Status Coordinator::Admit(CoordinatorRpc method,
+                                const grpc::ServerContextBase& context,
+                                const std::string& member_id,
+                                const google::protobuf::Message& request,
+                                std::string* owner,
+                                tandem::v1::Role register_as) {
+  if (grpc::Status auth =
+          Authorize(method, context, member_id, owner, register_as);
+      !auth.ok()) {
+    return auth;
+  }
+  return CheckLimits(AccessOf(method).name, request);
+}
+
 }  // namespace tandem::coordinator

@@ -41,14 +41,11 @@ grpc::ServerUnaryReactor* Coordinator::PullTrainingBatch(
     grpc::CallbackServerContext* context,
     const tandem::v1::PullTrainingBatchRequest* request,
     tandem::v1::PullTrainingBatchResponse* response) {
-  if (grpc::Status auth = Authorize(CoordinatorRpc::kPullTrainingBatch,
-                                    *context, request->member_id());
-      !auth.ok()) {
-    return Finish(context, auth);
-  }
-  if (grpc::Status limits = CheckLimits("PullTrainingBatch", *request);
-      !limits.ok()) {
-    return Finish(context, limits);
+  if (grpc::Status admitted =
+          Admit(CoordinatorRpc::kPullTrainingBatch, *context,
+                request->member_id(), *request);
+      !admitted.ok()) {
+    return Finish(context, admitted);
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // Handing out a batch syncs the journal: off the reactor.
@@ -106,14 +103,11 @@ grpc::ServerUnaryReactor* Coordinator::CommitTrainingBatch(
     grpc::CallbackServerContext* context,
     const tandem::v1::CommitTrainingBatchRequest* request,
     tandem::v1::CommitTrainingBatchResponse* response) {
-  if (grpc::Status auth = Authorize(CoordinatorRpc::kCommitTrainingBatch,
-                                    *context, request->member_id());
-      !auth.ok()) {
-    return Finish(context, auth);
-  }
-  if (grpc::Status limits = CheckLimits("CommitTrainingBatch", *request);
-      !limits.ok()) {
-    return Finish(context, limits);
+  if (grpc::Status admitted =
+          Admit(CoordinatorRpc::kCommitTrainingBatch, *context,
+                request->member_id(), *request);
+      !admitted.ok()) {
+    return Finish(context, admitted);
   }
   if (request->batch_id().empty()) {
     return Finish(context, Invalid("batch_id is empty"));
@@ -135,14 +129,11 @@ grpc::ServerUnaryReactor* Coordinator::ReleaseTrainingBatch(
     grpc::CallbackServerContext* context,
     const tandem::v1::ReleaseTrainingBatchRequest* request,
     tandem::v1::ReleaseTrainingBatchResponse* response) {
-  if (grpc::Status auth = Authorize(CoordinatorRpc::kReleaseTrainingBatch,
-                                    *context, request->member_id());
-      !auth.ok()) {
-    return Finish(context, auth);
-  }
-  if (grpc::Status limits = CheckLimits("ReleaseTrainingBatch", *request);
-      !limits.ok()) {
-    return Finish(context, limits);
+  if (grpc::Status admitted =
+          Admit(CoordinatorRpc::kReleaseTrainingBatch, *context,
+                request->member_id(), *request);
+      !admitted.ok()) {
+    return Finish(context, admitted);
   }
   if (request->batch_id().empty()) {
     return Finish(context, Invalid("batch_id is empty"));

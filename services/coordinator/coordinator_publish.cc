@@ -41,14 +41,11 @@ grpc::ServerUnaryReactor* Coordinator::PublishPolicyVersion(
     grpc::CallbackServerContext* context,
     const tandem::v1::PublishPolicyVersionRequest* request,
     tandem::v1::PublishPolicyVersionResponse* response) {
-  if (grpc::Status auth = Authorize(CoordinatorRpc::kPublishPolicyVersion,
-                                    *context, request->member_id());
-      !auth.ok()) {
-    return Finish(context, auth);
-  }
-  if (grpc::Status limits = CheckLimits("PublishPolicyVersion", *request);
-      !limits.ok()) {
-    return Finish(context, limits);
+  if (grpc::Status admitted =
+          Admit(CoordinatorRpc::kPublishPolicyVersion, *context,
+                request->member_id(), *request);
+      !admitted.ok()) {
+    return Finish(context, admitted);
   }
   if (!request->has_manifest()) {
     return Finish(context, Invalid("manifest is required"));
@@ -112,14 +109,11 @@ grpc::ServerUnaryReactor* Coordinator::ResumeTraining(
     grpc::CallbackServerContext* context,
     const tandem::v1::ResumeTrainingRequest* request,
     tandem::v1::ResumeTrainingResponse* response) {
-  if (grpc::Status auth = Authorize(CoordinatorRpc::kResumeTraining, *context,
-                                    request->member_id());
-      !auth.ok()) {
-    return Finish(context, auth);
-  }
-  if (grpc::Status limits = CheckLimits("ResumeTraining", *request);
-      !limits.ok()) {
-    return Finish(context, limits);
+  if (grpc::Status admitted =
+          Admit(CoordinatorRpc::kResumeTraining, *context, request->member_id(),
+                *request);
+      !admitted.ok()) {
+    return Finish(context, admitted);
   }
   if (draining_) return Finish(context, Draining());
   if (!members_.IsLive(request->member_id())) {

@@ -44,13 +44,15 @@ namespace tandem::rollout {
 
 class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
  public:
-  // `clock` times lease backoff, the weight subscriber's retry pauses, the
-  // membership session and watcher, harness episodes' idle and lifetime
-  // limits (HarnessOptions::clock), and the generation loop's pacing (the
-  // re-check while paused, the 5 ms idle pause while draining, the pause
-  // after an engine error) (common/base/clock.h); it outlives the worker.
-  // Drain answers and the stop deadline are real time: they bound real
-  // calls.
+  // `clock` times lease backoff, the weight subscriber's retry pauses and
+  // pull waits, the membership session and watcher, harness episodes' idle
+  // and lifetime limits (HarnessOptions::clock), and the generation loop's
+  // pacing (the re-check while paused, the 5 ms idle pause while draining,
+  // the pause after an engine error) (common/base/clock.h); it outlives
+  // the worker. Drain answers and the stop deadline are real time: they
+  // bound real calls. So are the idle loop's 5 ms waits for an
+  // environment's reply or an HTTP request (real I/O; the 5 ms only caps
+  // how soon leases and weights are looked for again).
   static absl::StatusOr<std::unique_ptr<RolloutWorker>> Create(
       const RolloutConfig& config, Clock* clock = RealClock());
   ~RolloutWorker() override;

@@ -156,7 +156,7 @@ void WeightSubscriber::Run() {
       options_.clock->SleepFor(absl::Milliseconds(200));
       continue;
     }
-    PullOnce(trainer_address_, absl::Now() + PullWait(broadcast));
+    PullOnce(trainer_address_, options_.clock->Now() + PullWait(broadcast));
   }
   LeaveGroup();
   absl::MutexLock lock(&mu_);

@@ -155,8 +155,11 @@ struct WeightSyncOptions {
   // thread before it is staged, so the engine's swap stays a pointer swap.
   std::optional<model::WeightDType> wire_dtype;
   // Times poll_interval without a watcher, the retry pauses after a failed
-  // pull and resend_wait (not the pulls' long-poll deadlines, which bound
-  // real transfers). Must outlive the subscriber.
+  // pull, resend_wait, and a pull's wait for a newer version (the deadline
+  // of ReceiveNext, so also a worker outside the group's wait between two
+  // reports to the coordinator): the pull receiver runs on this clock
+  // (PullOptions::clock), whose gRPC and socket deadlines and transfers
+  // stay real time. Must outlive the subscriber.
   Clock* clock = RealClock();
 };
 
@@ -240,8 +243,8 @@ class WeightSubscriber {
   // Ends a pull's wait for a newer version (never a transfer); called by
   // the watcher on an epoch event and when its stream opens or ends.
   void InterruptPullWait();
-  // Pull path: waits until `deadline` for a version newer than the staged
-  // one from the trainer at `address`; stages it.
+  // Pull path: waits until `deadline` (on options_.clock) for a version
+  // newer than the staged one from the trainer at `address`; stages it.
   void PullOnce(const std::string& address, absl::Time deadline);
   // The receiver for `address` (a new one when the trainer moved); false
   // when stopping.

@@ -181,7 +181,7 @@ void WeightSubscriber::RejectBroadcast(const absl::Status& why) {
   Log()->warn("broadcast version {} rejected: {}; pulling it instead",
               group_receiver_->last_round_version(), why.ToString());
   if (!trainer_address_.empty()) {
-    PullOnce(trainer_address_, absl::Now() + absl::Seconds(2));
+    PullOnce(trainer_address_, options_.clock->Now() + absl::Seconds(2));
   }
 }
 

@@ -43,7 +43,8 @@ bool WeightSubscriber::EnsurePullReceiver(const std::string& address) {
   auto receiver = std::make_unique<weights::GrpcPullReceiver>(
       rpc::MakeChannel(address, options_.tls),
       weights::PullOptions{.shared_memory = options_.pull_shared_memory,
-                           .data_plane_key = options_.data_plane_key});
+                           .data_plane_key = options_.data_plane_key,
+                           .clock = options_.clock});
   absl::MutexLock lock(&mu_);
   receiver_ = receiver.get();
   pull_ = std::move(receiver);
@@ -125,7 +126,8 @@ void WeightSubscriber::RecoverLostWeights() {
       address);
   // A whole transfer's worth of time: a pull cut by its deadline would
   // leave the buffer half-written again.
-  PullOnce(address, absl::Now() + std::max(absl::Seconds(2), options_.timeout));
+  const absl::Duration wait = std::max(absl::Seconds(2), options_.timeout);
+  PullOnce(address, options_.clock->Now() + wait);
 }
 
 }  // namespace tandem::rollout

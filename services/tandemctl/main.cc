@@ -18,7 +18,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -31,6 +30,7 @@
 #include "common/config/tls_flags.h"
 #include "common/rpc/grpc_client.h"
 #include "services/tandemctl/certs_init.h"
+#include "services/tandemctl/remote_calls.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 #include "tandem/v1/rollout.grpc.pb.h"
@@ -51,13 +51,6 @@ std::string ToJson(const google::protobuf::Message& message) {
   return text;
 }
 
-tandem::rpc::RetryPolicy Policy(double timeout_s) {
-  tandem::rpc::RetryPolicy policy;
-  policy.attempt_timeout = absl::Seconds(timeout_s);
-  policy.total_timeout = absl::Seconds(timeout_s);
-  return policy;
-}
-
 int Fail(const std::string& what, const std::string& address,
          const absl::Status& status) {
   std::cerr << "tandemctl: " << what << " at " << address << ": "
@@ -67,12 +60,10 @@ int Fail(const std::string& what, const std::string& address,
 
 int RunStatus(const std::string& coordinator, bool json, double timeout_s,
               const tandem::rpc::TlsOptions& tls) {
-  auto client = tandem::cluster::ConnectCoordinator(coordinator, tls);
   tandem::v1::GetClusterStatusResponse response;
-  absl::Status status = tandem::rpc::CallWithRetry(
-      "GetClusterStatus", Policy(timeout_s), [&](grpc::ClientContext* c) {
-        return client->GetClusterStatus(c, {}, &response);
-      });
+  absl::Status status = tandem::ctl::GetClusterStatus(
+      coordinator, tls,
+      tandem::ctl::CommandRetryPolicy(absl::Seconds(timeout_s)), &response);
   if (!status.ok())
     return Fail("cannot reach coordinator", coordinator, status);
   std::cout << (json ? ToJson(response)
@@ -133,33 +124,10 @@ int RunHealth(const std::string& address, const std::string& service,
 
 int RunWorker(const std::string& action, const std::string& address, bool json,
               double timeout_s, const tandem::rpc::TlsOptions& tls) {
-  auto stub = tandem::v1::RolloutWorker::NewStub(
-      tandem::rpc::MakeChannel(address, tls));
   tandem::v1::RolloutStatus response;
-  std::function<grpc::Status(grpc::ClientContext*)> call;
-  if (action == "status") {
-    call = [&](grpc::ClientContext* c) {
-      return stub->GetStatus(c, {}, &response);
-    };
-  } else if (action == "pause") {
-    tandem::v1::PauseRequest request;
-    request.set_reason("tandemctl");
-    call = [&, request](grpc::ClientContext* c) {
-      return stub->Pause(c, request, &response);
-    };
-  } else if (action == "resume") {
-    call = [&](grpc::ClientContext* c) {
-      return stub->Resume(c, {}, &response);
-    };
-  } else {
-    tandem::v1::DrainRequest request;
-    request.set_reason("tandemctl");
-    call = [&, request](grpc::ClientContext* c) {
-      return stub->Drain(c, request, &response);
-    };
-  }
-  absl::Status status =
-      tandem::rpc::CallWithRetry("worker " + action, Policy(timeout_s), call);
+  absl::Status status = tandem::ctl::CallWorker(
+      action, address, tls,
+      tandem::ctl::CommandRetryPolicy(absl::Seconds(timeout_s)), &response);
   if (!status.ok())
     return Fail("worker " + action + " failed", address, status);
   if (json) {

@@ -399,6 +399,77 @@ TEST_CASE("register_refuses_oversized_fields_and_leaves_status_intact") {
              Catch::Contains("SyncWeightGroupRequest.failure is 4097 bytes"));
 }
 
+// Calls `method` with a request whose member_id is one byte over its
+// limit; the RPC's name (its request type's, less "Request") in `rpc`.
+template <typename Request, typename Response>
+grpc::Status CallWithOversizedId(
+    tandem::v1::Coordinator::Stub* stub,
+    grpc::Status (tandem::v1::Coordinator::Stub::*method)(
+        grpc::ClientContext*, const Request&, Response*),
+    std::string* rpc) {
+  *rpc = Request::descriptor()->name();
+  rpc->resize(rpc->size() - std::string("Request").size());
+  Request request;
+  request.set_member_id(std::string(kMaxIdBytes + 1, 'm'));
+  Response response;
+  grpc::ClientContext context;
+  return (stub->*method)(&context, request, &response);
+}
+
+TEST_CASE(
+    "every_rpc_that_names_a_member_refuses_an_oversized_member_id_counted_"
+    "under_its_own_name") {
+  Cluster cluster;
+  using Stub = tandem::v1::Coordinator::Stub;
+  Stub* stub = cluster.stub.get();
+  std::vector<std::function<grpc::Status(std::string*)>> calls = {
+      [&](std::string* rpc) {
+        return CallWithOversizedId(stub, &Stub::Heartbeat, rpc);
+      },
+      [&](std::string* rpc) {
+        return CallWithOversizedId(stub, &Stub::Deregister, rpc);
+      },
+      [&](std::string* rpc) {
+        return CallWithOversizedId(stub, &Stub::LeasePrompts, rpc);
+      },
+      [&](std::string* rpc) {
+        return CallWithOversizedId(stub, &Stub::RenewLeases, rpc);
+      },
+      [&](std::string* rpc) {
+        return CallWithOversizedId(stub, &Stub::ReturnLeases, rpc);
+      },
+      [&](std::string* rpc) {
+        return CallWithOversizedId(stub, &Stub::PullTrainingBatch, rpc);
+      },
+      [&](std::string* rpc) {
+        return CallWithOversizedId(stub, &Stub::CommitTrainingBatch, rpc);
+      },
+      [&](std::string* rpc) {
+        return CallWithOversizedId(stub, &Stub::ReleaseTrainingBatch, rpc);
+      },
+      [&](std::string* rpc) {
+        return CallWithOversizedId(stub, &Stub::PublishPolicyVersion, rpc);
+      },
+      [&](std::string* rpc) {
+        return CallWithOversizedId(stub, &Stub::ResumeTraining, rpc);
+      },
+      [&](std::string* rpc) {
+        return CallWithOversizedId(stub, &Stub::SyncWeightGroup, rpc);
+      },
+  };
+  for (const auto& call : calls) {
+    std::string rpc;
+    const grpc::Status status = call(&rpc);
+    INFO(rpc << ": " << status.error_message());
+    CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(status.error_message() ==
+          absl::StrCat(rpc, "Request.member_id is ", kMaxIdBytes + 1,
+                       " bytes; the limit is ", kMaxIdBytes));
+    CHECK(cluster.Counter("tandem_coordinator_oversized_requests_total",
+                          absl::StrCat("rpc=\"", rpc, "\"")) == 1);
+  }
+}
+
 TEST_CASE("release_training_batch_checks_its_fields_and_names_what_is_wrong") {
   Cluster cluster;
   auto release = [&](const std::string& member, const std::string& batch,

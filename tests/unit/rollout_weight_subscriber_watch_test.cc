@@ -4,6 +4,9 @@
 // watch_poll_interval (60 s here) for a newer version, yet an epoch that
 // lists it wakes it at once (the epoch event interrupts the pull's wait),
 // and a new version still arrives at once (the pull waits for exactly that).
+// A worker outside the group keeps its report fresh for the coordinator's
+// report timeout, on a fake clock that coordinator, weight server, watcher
+// and worker share (tests/support/fake_clock.h): no real-time sleep.
 
 #include <ATen/ATen.h>
 #include <grpcpp/grpcpp.h>
@@ -25,8 +28,9 @@
 #include "common/weights/weight_store.h"
 #include "services/coordinator/coordinator.h"
 #include "services/rollout/weight_subscriber.h"
-#include "tests/unit/model_test_util.h"
+#include "tests/support/fake_clock.h"
 #include "tests/support/wait_for.h"
+#include "tests/unit/model_test_util.h"
 #include "tests/unit/silent_port.h"
 #include "tests/unit/weight_server_test_util.h"
 
@@ -57,17 +61,18 @@ using ::tandem::testing::WaitFor;
 // A coordinator (weight_sync.report_timeout_ms `report_timeout_ms`) whose
 // trainer's rendezvous store never answers, the trainer's weight server,
 // and one broadcast-mode worker with a ClusterWatcher whose watch interval
-// is 60 s.
+// is 60 s, all on `clock` (which outlives them).
 class OutsideGroup {
  public:
-  explicit OutsideGroup(int64_t report_timeout_ms) {
+  explicit OutsideGroup(int64_t report_timeout_ms, Clock* clock = RealClock())
+      : clock_(clock), server_(&store_, {.clock = clock}) {
     coordinator::CoordinatorConfig config;
     config.server.grpc_address = "127.0.0.1:0";
     config.server.metrics_address = "";
     config.training.groups_per_version = 100000;
     config.heartbeat_timeout_ms = 600000;  // no heartbeats in this test
     config.weight_sync.report_timeout_ms = report_timeout_ms;
-    auto created = coordinator::Coordinator::Create(config);
+    auto created = coordinator::Coordinator::Create(config, clock_);
     REQUIRE(created.ok());
     coordinator_ = *std::move(created);
     REQUIRE(coordinator_->Start().ok());
@@ -114,8 +119,9 @@ class OutsideGroup {
     decoder_ = std::make_shared<model::DecoderModel>(*initial);
     source_ = std::make_unique<StagedWeightSource>(decoder_);
     watcher_ = std::make_unique<cluster::ClusterWatcher>(
-        client_.get(), cluster::ClusterWatcherOptions{
-                         .member_id = [this] { return worker_id_; }});
+        client_.get(),
+        cluster::ClusterWatcherOptions{
+            .member_id = [this] { return worker_id_; }, .clock = clock_});
     watcher_->Start();
     WeightSyncOptions options;
     options.mode = WeightSyncOptions::Mode::kBroadcast;
@@ -125,6 +131,7 @@ class OutsideGroup {
             const v1::SyncWeightGroupRequest& request,
             v1::SyncWeightGroupResponse* response) {
           grpc::Status status = via(request, response);
+          if (status.ok()) ++reports_;
           if (status.ok() && request.policy_version() > reported_) {
             reported_ = request.policy_version();
           }
@@ -134,6 +141,7 @@ class OutsideGroup {
     options.watcher = watcher_.get();
     options.watch_poll_interval = absl::Seconds(60);
     options.timeout = absl::Seconds(3);
+    options.clock = clock_;
     auto subscriber =
         WeightSubscriber::Create(decoder_, source_.get(), 0, options);
     REQUIRE(subscriber.ok());
@@ -149,6 +157,11 @@ class OutsideGroup {
   // The newest version the worker has reported holding to the coordinator
   // (answered).
   uint64_t reported() const { return reported_; }
+  // How many reports the coordinator answered.
+  int reports() const { return reports_; }
+  // Pulls of the worker that the weight server holds now, waiting for a
+  // newer version.
+  int held_pulls() { return server_.service().held_long_polls(); }
 
  private:
   std::string Register(v1::Role role) {
@@ -165,13 +178,14 @@ class OutsideGroup {
     return response.member_id();
   }
 
+  Clock* const clock_;
   std::unique_ptr<coordinator::Coordinator> coordinator_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
   std::unique_ptr<cluster::GrpcCoordinatorClient> client_;
   SilentPort store_port_;
   std::string trainer_id_, worker_id_;
   weights::WeightStore store_{4};
-  weights::testing::WeightServerLoopback server_{&store_};
+  weights::testing::WeightServerLoopback server_;
   const model::ModelConfig model_config_ = model::testing::TinyQwen2Config();
   std::map<uint64_t, v1::WeightManifest> manifests_;
   std::shared_ptr<model::DecoderModel> decoder_;
@@ -180,6 +194,7 @@ class OutsideGroup {
   std::unique_ptr<WeightSubscriber> subscriber_;
   // Written by the subscriber's thread only.
   std::atomic<uint64_t> reported_{0};
+  std::atomic<int> reports_{0};
 };
 
 TEST_CASE(
@@ -226,17 +241,30 @@ TEST_CASE(
 TEST_CASE(
     "a worker outside the group reports at least twice per the "
     "coordinator's report timeout, however long its own watch interval") {
-  // Reports older than 600 ms do not count; the worker's watch interval is
-  // 60 s, so without the coordinator's hint its last report (right after
-  // catching up) would be stale when the next version is announced.
-  OutsideGroup cluster(600);
+  // Reports older than 20 s on the shared clock do not count; the worker's
+  // watch interval is 60 s, so without the coordinator's hint its last
+  // report (right after catching up) would be stale when the next version
+  // is announced.
+  testing::FakeClock clock;
+  const absl::Duration report_timeout = absl::Seconds(20);
+  OutsideGroup cluster(absl::ToInt64Milliseconds(report_timeout), &clock);
   cluster.Put(1);
   REQUIRE(cluster.Announce(1).member_ids_size() == 1);
   cluster.StartWorker(1);
   // No events for three report timeouts: only its own reports keep it
-  // fresh. Then version 2 is announced (not yet on the weight server, so
-  // no pull wakes the worker first).
-  absl::SleepFor(absl::Milliseconds(1800));
+  // fresh. Each time its pull waits on the weight server for a newer
+  // version, time moves half a report timeout, and it reports again.
+  for (int i = 0; i < 6; ++i) {
+    INFO("after " << i << " half report timeouts");
+    REQUIRE(WaitFor([&] { return cluster.held_pulls() == 1; },
+                    absl::Seconds(10)));
+    const int reports = cluster.reports();
+    clock.Advance(report_timeout / 2);
+    REQUIRE(WaitFor([&] { return cluster.reports() > reports; },
+                    absl::Seconds(10)));
+  }
+  // Then version 2 is announced (not yet on the weight server, so no pull
+  // wakes the worker first).
   cluster.Put(2, /*on_server=*/false);
   const v1::BroadcastGroup group = cluster.Announce(2);
   INFO("epoch " << group.epoch() << " lists " << group.member_ids_size());
