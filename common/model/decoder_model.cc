@@ -252,22 +252,19 @@ absl::StatusOr<at::Tensor> DecoderModel::PackedHidden(
         return CausalAttention(q, k.transpose(0, 1), v.transpose(0, 1), scale);
       }
       if (padded) {
-        std::vector<at::Tensor> qs, ks, vs;
-        for (int64_t b = 0; b < num_seqs; ++b) {
-          qs.push_back(q.narrow(0, bounds[b], lengths[b]));
-          ks.push_back(k.narrow(0, bounds[b], lengths[b]));
-          vs.push_back(v.narrow(0, bounds[b], lengths[b]));
-        }
-        return internal::PaddedCausalAttention(qs, ks, vs, scale);
+        return internal::PackedPaddedCausalAttention(q, k, v, lengths, scale);
       }
+      // One split per tensor, not a narrow per sequence: the backward of
+      // a split is one concatenation, that of B narrows B zero-padded
+      // gradients of the whole tensor, summed.
+      const std::vector<at::Tensor> qs = q.split_with_sizes(lengths, 0);
+      const std::vector<at::Tensor> ks = k.split_with_sizes(lengths, 0);
+      const std::vector<at::Tensor> vs = v.split_with_sizes(lengths, 0);
       std::vector<at::Tensor> outs;
       outs.reserve(num_seqs);
       for (int64_t b = 0; b < num_seqs; ++b) {
-        const int64_t start = bounds[b];
-        const int64_t n = lengths[b];
-        outs.push_back(CausalAttention(
-            q.narrow(0, start, n), k.narrow(0, start, n).transpose(0, 1),
-            v.narrow(0, start, n).transpose(0, 1), scale));
+        outs.push_back(CausalAttention(qs[b], ks[b].transpose(0, 1),
+                                       vs[b].transpose(0, 1), scale));
       }
       return at::cat(outs, 0);
     };

@@ -160,27 +160,22 @@ at::Tensor CausalAttention(const at::Tensor& q, const at::Tensor& k,
   return out.squeeze(0).permute({1, 0, 2}).reshape({n, heads * dim});
 }
 
-at::Tensor PaddedCausalAttention(const std::vector<at::Tensor>& qs,
-                                 const std::vector<at::Tensor>& ks,
-                                 const std::vector<at::Tensor>& vs,
-                                 double scale) {
-  const int64_t batch = static_cast<int64_t>(qs.size());
-  const int64_t heads = qs[0].size(1);
-  const int64_t dim = qs[0].size(2);
-  const int64_t kv_heads = ks[0].size(1);
+namespace {
+
+// Attention over padded batches: q [B, max_n, heads, head_dim] and k, v
+// [B, max_length, kv_heads, head_dim], sequence b's query i at position
+// offset[b] + i of its length[b] keys. Returns [B * max_n, heads * head_dim]
+// with the padded query rows (which see every real key) included.
+at::Tensor AttendPadded(const at::Tensor& q, const at::Tensor& k,
+                        const at::Tensor& v, const std::vector<int64_t>& offset,
+                        const std::vector<int64_t>& length, double scale) {
+  const int64_t batch = q.size(0);
+  const int64_t max_n = q.size(1);
+  const int64_t heads = q.size(2);
+  const int64_t dim = q.size(3);
+  const int64_t max_length = k.size(1);
+  const int64_t kv_heads = k.size(2);
   const int64_t group = heads / kv_heads;
-  std::vector<int64_t> n(batch), offset(batch), length(batch);
-  int64_t max_n = 0, max_length = 0;
-  for (int64_t b = 0; b < batch; ++b) {
-    n[b] = qs[b].size(0);
-    length[b] = ks[b].size(0);
-    offset[b] = length[b] - n[b];
-    max_n = std::max(max_n, n[b]);
-    max_length = std::max(max_length, length[b]);
-  }
-  const at::Tensor q = at::pad_sequence(qs, /*batch_first=*/true);
-  const at::Tensor k = at::pad_sequence(ks, /*batch_first=*/true);
-  const at::Tensor v = at::pad_sequence(vs, /*batch_first=*/true);
   // [B, kv_heads, group * max_n, dim]
   const at::Tensor qg = q.view({batch, max_n, kv_heads, group, dim})
                             .permute({0, 2, 3, 1, 4})
@@ -205,10 +200,31 @@ at::Tensor PaddedCausalAttention(const std::vector<at::Tensor>& qs,
                .view({batch, kv_heads, group * max_n, max_length});
   const at::Tensor probs =
       at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
-  const at::Tensor out = at::matmul(probs, v.permute({0, 2, 1, 3}))
-                             .view({batch, kv_heads, group, max_n, dim})
-                             .permute({0, 3, 1, 2, 4})
-                             .reshape({batch * max_n, heads * dim});
+  return at::matmul(probs, v.permute({0, 2, 1, 3}))
+      .view({batch, kv_heads, group, max_n, dim})
+      .permute({0, 3, 1, 2, 4})
+      .reshape({batch * max_n, heads * dim});
+}
+
+}  // namespace
+
+at::Tensor PaddedCausalAttention(const std::vector<at::Tensor>& qs,
+                                 const std::vector<at::Tensor>& ks,
+                                 const std::vector<at::Tensor>& vs,
+                                 double scale) {
+  const int64_t batch = static_cast<int64_t>(qs.size());
+  std::vector<int64_t> n(batch), offset(batch), length(batch);
+  int64_t max_n = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    n[b] = qs[b].size(0);
+    length[b] = ks[b].size(0);
+    offset[b] = length[b] - n[b];
+    max_n = std::max(max_n, n[b]);
+  }
+  const at::Tensor out = AttendPadded(at::pad_sequence(qs, /*batch_first=*/true),
+                                      at::pad_sequence(ks, /*batch_first=*/true),
+                                      at::pad_sequence(vs, /*batch_first=*/true),
+                                      offset, length, scale);
   bool dense = true;
   for (int64_t b = 0; b < batch; ++b) dense = dense && n[b] == max_n;
   if (dense) return out;
@@ -216,7 +232,34 @@ at::Tensor PaddedCausalAttention(const std::vector<at::Tensor>& qs,
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t i = 0; i < n[b]; ++i) rows.push_back(b * max_n + i);
   }
-  return out.index_select(0, at::tensor(rows, at::kLong).to(q.device()));
+  return out.index_select(0, at::tensor(rows, at::kLong).to(qs[0].device()));
+}
+
+at::Tensor PackedPaddedCausalAttention(const at::Tensor& q,
+                                       const at::Tensor& k,
+                                       const at::Tensor& v,
+                                       const std::vector<int64_t>& lengths,
+                                       double scale) {
+  const int64_t batch = static_cast<int64_t>(lengths.size());
+  const int64_t max_n = *std::max_element(lengths.begin(), lengths.end());
+  // Row r of sequence b (its i-th) goes to padded slot b * max_n + i.
+  std::vector<int64_t> slots;
+  slots.reserve(static_cast<size_t>(q.size(0)));
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t i = 0; i < lengths[b]; ++i) slots.push_back(b * max_n + i);
+  }
+  const at::Tensor index = at::tensor(slots, at::kLong).to(q.device());
+  // Zero padding, as pad_sequence pads.
+  const auto pad = [&](const at::Tensor& x) {
+    return at::zeros({batch * max_n, x.size(1), x.size(2)}, x.options())
+        .index_copy(0, index, x)
+        .view({batch, max_n, x.size(1), x.size(2)});
+  };
+  const at::Tensor out =
+      AttendPadded(pad(q), pad(k), pad(v), std::vector<int64_t>(batch, 0),
+                   lengths, scale);
+  if (static_cast<int64_t>(slots.size()) == batch * max_n) return out;
+  return out.index_select(0, index);
 }
 
 }  // namespace tandem::model::internal

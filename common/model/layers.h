@@ -86,4 +86,19 @@ at::Tensor PaddedCausalAttention(const std::vector<at::Tensor>& qs,
                                  const std::vector<at::Tensor>& vs,
                                  double scale);
 
+// PaddedCausalAttention for a packed batch of whole sequences (the training
+// shape, n_b == L_b): q [T, heads, head_dim] and k, v [T, kv_heads,
+// head_dim] hold the B sequences back to back, sequence b in `lengths[b]`
+// rows. The same values, bit for bit, as PaddedCausalAttention over the
+// sequences' narrow views, forward and backward; but it pads each tensor
+// with one index_copy, so its backward is one gather per tensor. Through
+// per-sequence views, autograd cloned the whole padded gradient once per
+// sequence (pad_sequence's copies into views) and summed one zero-padded
+// gradient per view: B times the batch's size per tensor and layer.
+at::Tensor PackedPaddedCausalAttention(const at::Tensor& q,
+                                       const at::Tensor& k,
+                                       const at::Tensor& v,
+                                       const std::vector<int64_t>& lengths,
+                                       double scale);
+
 }  // namespace tandem::model::internal

@@ -157,6 +157,72 @@ TEST_CASE("Padded attention gradients equal per-sequence (all decoding)",
   CheckAttentionGrads(at::kFloat, {1, 1, 1, 1, 1, 1}, kLengths, kFp32Tolerance);
 }
 
+// The packed batch's attention (PackedPaddedCausalAttention, what
+// DecoderModel's padded training path runs) against PaddedCausalAttention
+// over the sequences' narrow views (what it ran before): the same
+// operations on the same values, so output and gradients are equal bit for
+// bit; only autograd's graph differs.
+void CheckPackedEqualsViews(at::ScalarType dtype,
+                            const std::vector<int64_t>& lengths) {
+  c10::AutoGradMode grad_mode(true);
+  int64_t total = 0;
+  for (int64_t n : lengths) total += n;
+  const at::Tensor q32 = at::randn({total, kHeads, kDim});
+  const at::Tensor k32 = at::randn({total, kKvHeads, kDim});
+  const at::Tensor v32 = at::randn({total, kKvHeads, kDim});
+  const at::Tensor weight = at::randn({total, kHeads * kDim});
+  const double scale = 1.0 / std::sqrt(static_cast<double>(kDim));
+  AttentionGrads got[2];
+  for (bool packed : {false, true}) {
+    const at::Tensor q = q32.to(dtype).detach().requires_grad_(true);
+    const at::Tensor k = k32.to(dtype).detach().requires_grad_(true);
+    const at::Tensor v = v32.to(dtype).detach().requires_grad_(true);
+    at::Tensor out;
+    if (packed) {
+      out = internal::PackedPaddedCausalAttention(q, k, v, lengths, scale);
+    } else {
+      std::vector<at::Tensor> qs, ks, vs;
+      int64_t start = 0;
+      for (int64_t n : lengths) {
+        qs.push_back(q.narrow(0, start, n));
+        ks.push_back(k.narrow(0, start, n));
+        vs.push_back(v.narrow(0, start, n));
+        start += n;
+      }
+      out = internal::PaddedCausalAttention(qs, ks, vs, scale);
+    }
+    (out.to(at::kFloat) * weight).sum().backward();
+    got[packed] = {out.detach().to(at::kFloat), q.grad().to(at::kFloat),
+                   k.grad().to(at::kFloat), v.grad().to(at::kFloat)};
+  }
+  REQUIRE(got[1].out.sizes() == got[0].out.sizes());
+  // == (not a byte compare): a gradient of exactly zero is +0 after the
+  // views' zero-padded sum and may be -0 from the gather.
+  CHECK((got[1].out == got[0].out).all().item<bool>());
+  CHECK((got[1].dq == got[0].dq).all().item<bool>());
+  CHECK((got[1].dk == got[0].dk).all().item<bool>());
+  CHECK((got[1].dv == got[0].dv).all().item<bool>());
+  // Not vacuous: every gradient has non-zero entries.
+  CHECK(got[1].dq.abs().sum().item<double>() > 0.0);
+  CHECK(got[1].dk.abs().sum().item<double>() > 0.0);
+  CHECK(got[1].dv.abs().sum().item<double>() > 0.0);
+}
+
+TEST_CASE("Packed padded attention equals padded attention over views, bit "
+          "for bit",
+          "[model][attention_grad]") {
+  at::manual_seed(14);
+  SECTION("fp32, unequal lengths") {
+    CheckPackedEqualsViews(at::kFloat, kLengths);
+  }
+  SECTION("bf16, unequal lengths") {
+    CheckPackedEqualsViews(at::kBFloat16, kLengths);
+  }
+  SECTION("fp32, equal lengths (no padded query rows)") {
+    CheckPackedEqualsViews(at::kFloat, {7, 7, 7});
+  }
+}
+
 std::vector<int32_t> Tokens(int64_t n, int64_t vocab, uint64_t seed) {
   std::vector<int32_t> out(n);
   uint64_t state = seed * 6364136223846793005ull + 1442695040888963407ull;
