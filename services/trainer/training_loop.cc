@@ -29,7 +29,7 @@ absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(
     TrainingLoopParts parts) {
   std::unique_ptr<TrainingLoop> loop(new TrainingLoop(std::move(parts)));
   const TrainerConfig& config = *loop->parts_.config;
-  ASSIGN_OR_RETURN(std::shared_ptr<model::ModelWeights> published,
+  ASSIGN_OR_RETURN(std::shared_ptr<const model::ModelWeights> published,
                    loop->PublishedWeights());
   ASSIGN_OR_RETURN(weights::FlatWeightLayout layout,
                    weights::LayoutForModel(*published));

@@ -107,8 +107,11 @@ class TrainingLoop {
   // coordinator did not acknowledge) and answers the calls still queued.
   void FinishOnStop();
 
-  // The current policy converted to the published dtype.
-  absl::StatusOr<std::shared_ptr<model::ModelWeights>> PublishedWeights() const;
+  // The current policy in the published dtype: the master weights
+  // themselves when that is their dtype (valid until the next step; read
+  // on the loop's thread), else a converted copy.
+  absl::StatusOr<std::shared_ptr<const model::ModelWeights>> PublishedWeights()
+      const;
 
   // Test hook, usable without Start() and without a coordinator: one step
   // on `groups` whose version is stored exactly as a publish stores it

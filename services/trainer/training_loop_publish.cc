@@ -25,12 +25,17 @@ auto Log() { return ComponentLogger("trainer"); }
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<model::ModelWeights>>
+absl::StatusOr<std::shared_ptr<const model::ModelWeights>>
 TrainingLoop::PublishedWeights() const {
-  ASSIGN_OR_RETURN(std::shared_ptr<model::ModelWeights> weights,
-                   parts_.grpo->SnapshotWeights());
+  // No snapshot: StoreVersion flattens the weights into the published
+  // buffer before the next step, on this thread, so the master weights
+  // (or their conversion) are copied once, not twice.
+  ASSIGN_OR_RETURN(std::shared_ptr<const model::ModelWeights> weights,
+                   parts_.grpo->CheckedMasterWeights());
   if (weights->config().dtype == parts_.publish_dtype) return weights;
-  return weights->To(weights->device(), parts_.publish_dtype);
+  ASSIGN_OR_RETURN(std::shared_ptr<model::ModelWeights> converted,
+                   weights->To(weights->device(), parts_.publish_dtype));
+  return std::shared_ptr<const model::ModelWeights>(std::move(converted));
 }
 
 absl::StatusOr<weights::PublishedVersion> TrainingLoop::StoreVersion(

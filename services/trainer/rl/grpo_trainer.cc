@@ -539,6 +539,12 @@ GrpoTrainer::SnapshotWeights() const {
   return copy;
 }
 
+absl::StatusOr<std::shared_ptr<const model::ModelWeights>>
+GrpoTrainer::CheckedMasterWeights() const {
+  RETURN_IF_ERROR(CheckFiniteWeights(*master_));
+  return std::shared_ptr<const model::ModelWeights>(master_);
+}
+
 absl::Status CheckFiniteWeights(const model::ModelWeights& weights) {
   try {
     torch::NoGradGuard no_grad;

@@ -190,6 +190,12 @@ class GrpoTrainer {
   // never published or checkpointed (one min/max reduction per tensor and
   // one host sync, next to the copy itself).
   absl::StatusOr<std::shared_ptr<model::ModelWeights>> SnapshotWeights() const;
+  // The master weights themselves, checked as SnapshotWeights checks them
+  // but not copied: for a caller that copies them at once (publishing
+  // flattens them into its own buffer). REQUIRES: called on the thread that
+  // calls Step, and the tensors read before the next Step changes them.
+  absl::StatusOr<std::shared_ptr<const model::ModelWeights>>
+  CheckedMasterWeights() const;
   // Safe to call from any thread (the trainer daemon's heartbeat reads it).
   uint64_t policy_version() const { return version_.load(); }
   // The policy in the compute dtype (what the loss is computed with).
