@@ -6,8 +6,8 @@
 # docs/peer-trl.md), alternating OLD, NEW, OLD, NEW, ... ROUNDS times.
 # Prints per run the policy versions made (= optimizer steps), the median
 # and mean seconds of the trainer's steps (GrpoTrainer::Step, from its log)
-# and the load average before and after; then the totals and the ratio
-# NEW / OLD of the versions made.
+# and the load average before and after; then the totals, the ratio NEW /
+# OLD of the versions made and OLD / NEW of the runs' median step seconds.
 #
 #   bash tests/bench/trainer_step_rate.sh OLD_BIN_DIR NEW_BIN_DIR [ROUNDS] [DURATION]
 #
@@ -27,7 +27,7 @@ for dir in "$old" "$new"; do
   done
 done
 out=$(mktemp -d /tmp/tandem-step-rate-XXXXXX)
-declare -A total=([OLD]=0 [NEW]=0)
+declare -A total=([OLD]=0 [NEW]=0) medians=([OLD]="" [NEW]="")
 printf '%-4s %-5s %9s %14s %12s  %-16s %-16s\n' side round versions \
   "step s median" "step s mean" "load before" "load after"
 for round in $(seq 1 "$rounds"); do
@@ -51,11 +51,17 @@ for round in $(seq 1 "$rounds"); do
              END { if (NR == 0) { print "- -"; exit }
                    printf "%.4f %.4f\n", v[int((NR + 1) / 2)], s / NR }')
     total[$side]=$((total[$side] + versions))
+    medians[$side]+=" $median"
     printf '%-4s %-5s %9s %14s %12s  %-16s %-16s\n' "$side" "$round" \
       "$versions" "$median" "$mean" "$before" "$after"
   done
 done
 awk -v o="${total[OLD]}" -v n="${total[NEW]}" -v r="$rounds" -v d="$duration" \
-  'BEGIN { printf "versions in %d x %d s: OLD %d, NEW %d, NEW / OLD %.2f\n",
-           r, d, o, n, (o > 0 ? n / o : 0) }'
+  -v om="${medians[OLD]}" -v nm="${medians[NEW]}" '
+  function mean(list,   a, k, s) { k = split(list, a, " "); s = 0
+    for (i = 1; i <= k; ++i) s += a[i]; return k > 0 ? s / k : 0 }
+  BEGIN { printf "versions in %d x %d s: OLD %d, NEW %d, NEW / OLD %.2f\n",
+            r, d, o, n, (o > 0 ? n / o : 0)
+          printf "median step seconds (mean of the runs): OLD %.3f, NEW %.3f, OLD / NEW %.2f\n",
+            mean(om), mean(nm), (mean(nm) > 0 ? mean(om) / mean(nm) : 0) }'
 echo "runs kept in $out"
