@@ -221,10 +221,10 @@ at::Tensor PaddedCausalAttention(const std::vector<at::Tensor>& qs,
     offset[b] = length[b] - n[b];
     max_n = std::max(max_n, n[b]);
   }
-  const at::Tensor out = AttendPadded(at::pad_sequence(qs, /*batch_first=*/true),
-                                      at::pad_sequence(ks, /*batch_first=*/true),
-                                      at::pad_sequence(vs, /*batch_first=*/true),
-                                      offset, length, scale);
+  const at::Tensor out = AttendPadded(
+      at::pad_sequence(qs, /*batch_first=*/true),
+      at::pad_sequence(ks, /*batch_first=*/true),
+      at::pad_sequence(vs, /*batch_first=*/true), offset, length, scale);
   bool dense = true;
   for (int64_t b = 0; b < batch; ++b) dense = dense && n[b] == max_n;
   if (dense) return out;
@@ -235,8 +235,7 @@ at::Tensor PaddedCausalAttention(const std::vector<at::Tensor>& qs,
   return out.index_select(0, at::tensor(rows, at::kLong).to(qs[0].device()));
 }
 
-at::Tensor PackedPaddedCausalAttention(const at::Tensor& q,
-                                       const at::Tensor& k,
+at::Tensor PackedPaddedCausalAttention(const at::Tensor& q, const at::Tensor& k,
                                        const at::Tensor& v,
                                        const std::vector<int64_t>& lengths,
                                        double scale) {
@@ -255,9 +254,8 @@ at::Tensor PackedPaddedCausalAttention(const at::Tensor& q,
         .index_copy(0, index, x)
         .view({batch, max_n, x.size(1), x.size(2)});
   };
-  const at::Tensor out =
-      AttendPadded(pad(q), pad(k), pad(v), std::vector<int64_t>(batch, 0),
-                   lengths, scale);
+  const at::Tensor out = AttendPadded(
+      pad(q), pad(k), pad(v), std::vector<int64_t>(batch, 0), lengths, scale);
   if (static_cast<int64_t>(slots.size()) == batch * max_n) return out;
   return out.index_select(0, index);
 }

@@ -95,8 +95,7 @@ at::Tensor PaddedCausalAttention(const std::vector<at::Tensor>& qs,
 // per-sequence views, autograd cloned the whole padded gradient once per
 // sequence (pad_sequence's copies into views) and summed one zero-padded
 // gradient per view: B times the batch's size per tensor and layer.
-at::Tensor PackedPaddedCausalAttention(const at::Tensor& q,
-                                       const at::Tensor& k,
+at::Tensor PackedPaddedCausalAttention(const at::Tensor& q, const at::Tensor& k,
                                        const at::Tensor& v,
                                        const std::vector<int64_t>& lengths,
                                        double scale);

@@ -208,9 +208,10 @@ void CheckPackedEqualsViews(at::ScalarType dtype,
   CHECK(got[1].dv.abs().sum().item<double>() > 0.0);
 }
 
-TEST_CASE("Packed padded attention equals padded attention over views, bit "
-          "for bit",
-          "[model][attention_grad]") {
+TEST_CASE(
+    "Packed padded attention equals padded attention over views, bit "
+    "for bit",
+    "[model][attention_grad]") {
   at::manual_seed(14);
   SECTION("fp32, unequal lengths") {
     CheckPackedEqualsViews(at::kFloat, kLengths);

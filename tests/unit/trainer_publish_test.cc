@@ -83,9 +83,9 @@ TEST_CASE("float32 versions are the master weights, and keep their bytes") {
     REQUIRE(master.ok());
     after_step.push_back((*master)->tensors());
     // This version's bytes are the weights after its step.
-    CHECK(SameTensors(StoredTensors(**trainer, *layout, model_config,
-                                    stats->policy_version),
-                      after_step.back()));
+    CHECK(SameTensors(
+        StoredTensors(**trainer, *layout, model_config, stats->policy_version),
+        after_step.back()));
   }
   // Every step moved the weights, and the earlier versions still hold
   // their own step's bytes.
