@@ -63,9 +63,9 @@ ToolCallStream::ToolCallStream(ToolCallFormat format, std::string id_prefix)
       id_prefix_(std::move(id_prefix)),
       marker_(format == ToolCallFormat::kLlama3 ? kPythonTag : kHermesOpen),
       preferred_(format == ToolCallFormat::kLlama3 ? "parameters"
-                                                    : "arguments"),
+                                                   : "arguments"),
       fallback_(format == ToolCallFormat::kLlama3 ? "arguments"
-                                                   : "parameters") {}
+                                                  : "parameters") {}
 
 void ToolCallStream::Append(std::string_view text) {
   text_.append(text);
@@ -310,8 +310,8 @@ void ToolCallStream::EndObject() {
   }
   s.call.arguments = std::move(arguments);
   s.call.complete = true;
-  mode_ = format_ == ToolCallFormat::kLlama3 ? Mode::kCallList
-                                             : Mode::kAfterBody;
+  mode_ =
+      format_ == ToolCallFormat::kLlama3 ? Mode::kCallList : Mode::kAfterBody;
 }
 
 ToolCallStream::Delta ToolCallStream::Take() {

@@ -120,7 +120,7 @@ class ToolCallStream {
 
   const ToolCallFormat format_;
   const std::string id_prefix_;
-  const std::string_view marker_;    // <tool_call> or <|python_tag|>
+  const std::string_view marker_;     // <tool_call> or <|python_tag|>
   const std::string_view preferred_;  // "arguments" or "parameters"
   const std::string_view fallback_;
 

@@ -219,8 +219,7 @@ TEST_CASE("hermes: a call streams as a header then argument fragments") {
   CHECK(run.whole.tool_calls[0].id == "call_9_0_0");
   CHECK(run.whole.tool_calls[0].name == "calculator");
   // The model's text of the arguments, whitespace outside strings removed.
-  CHECK(run.whole.tool_calls[0].arguments_json ==
-        R"({"expression":"12 * 7"})");
+  CHECK(run.whole.tool_calls[0].arguments_json == R"({"expression":"12 * 7"})");
   CHECK(run.whole.text == "Let me compute.");
   CheckCallsEqual(run);
   CHECK(run.stream.content == run.whole.text);
@@ -330,8 +329,8 @@ TEST_CASE("a stop string after a call: the text before it is parsed") {
 }
 
 TEST_CASE("without calls, text streams with tools as without them") {
-  const Run run = Generate("The answer is 84.<|im_end|>",
-                           chat::ToolCallFormat::kHermes);
+  const Run run =
+      Generate("The answer is 84.<|im_end|>", chat::ToolCallFormat::kHermes);
   CHECK(run.whole.finish_reason == "stop");
   CHECK(run.whole.text == "The answer is 84.");
   CHECK(run.stream.content == "The answer is 84.");
