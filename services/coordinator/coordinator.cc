@@ -391,8 +391,12 @@ grpc::ServerUnaryReactor* Coordinator::LeasePrompts(
                                             "' is not registered or was "
                                             "declared dead; register again")));
   }
+  const std::vector<std::string> excluded(
+      request->exclude_environments().begin(),
+      request->exclude_environments().end());
   *response = ledger_->Lease(request->member_id(), request->max_prompts(),
-                             request->policy_version(), clock_->Now());
+                             request->policy_version(), clock_->Now(),
+                             excluded);
   if (response->leases_size() > 0) {
     const uint64_t version = ledger_->policy_version();
     metrics_.ObserveDispatchStaleness(version > request->policy_version()

@@ -16,6 +16,12 @@ constexpr size_t kRememberedLeases = 100000;
 // Versions whose trained group counts are remembered for ResumeTraining.
 constexpr uint64_t kRememberedVersions = 100000;
 
+bool Excluded(const Prompt& prompt, const std::vector<std::string>& excluded) {
+  return !prompt.environment.empty() &&
+         std::find(excluded.begin(), excluded.end(), prompt.environment) !=
+             excluded.end();
+}
+
 }  // namespace
 
 GroupLedger::GroupLedger(GroupLedgerOptions options,
@@ -46,9 +52,38 @@ std::unique_ptr<GroupState> GroupLedger::NewGroup(
   return group;
 }
 
+std::shared_ptr<const Prompt> GroupLedger::NextFromSourceLocked(
+    const std::vector<std::string>& excluded, size_t* skipped) {
+  while (!source_exhausted_) {
+    if (!excluded.empty() && (*skipped >= kMaxSkippedPerLease ||
+                              pending_.size() >= kMaxSkippedPending)) {
+      return nullptr;
+    }
+    std::optional<Prompt> next = source_->Next();
+    if (!next) {
+      source_exhausted_ = true;
+      return nullptr;
+    }
+    auto prompt = std::make_shared<const Prompt>(std::move(*next));
+    if (!Excluded(*prompt, excluded)) return prompt;
+    // Skipped: it waits with the pending prompts. Journaled (the source
+    // moved on, the prompt is pending), so that a recovered ledger neither
+    // loses it nor reads it or a later prompt twice.
+    if (journal_) {
+      journal::Record pending;
+      *pending.mutable_pending()->mutable_prompt() = ToJournal(*prompt);
+      pending.mutable_pending()->set_from_source(true);
+      Record(pending);
+    }
+    pending_.push_back(std::move(prompt));
+    ++*skipped;
+  }
+  return nullptr;
+}
+
 tandem::v1::LeasePromptsResponse GroupLedger::Lease(
     const std::string& member_id, uint32_t max_prompts, uint64_t worker_version,
-    absl::Time now) {
+    absl::Time now, const std::vector<std::string>& excluded) {
   tandem::v1::LeasePromptsResponse response;
   absl::MutexLock lock(&mu_);
   if (worker_version + options_.max_lag < policy_version_) {
@@ -68,6 +103,7 @@ tandem::v1::LeasePromptsResponse GroupLedger::Lease(
   const uint64_t limit =
       std::max<uint64_t>(options_.max_lag - lag, 1) * groups_per_version_;
   bool throttled = false;
+  size_t skipped = 0;  // source prompts this lease skipped
   while (static_cast<uint32_t>(response.leases_size()) < max_prompts) {
     if (in_flight >= limit) {
       throttled = true;
@@ -75,19 +111,17 @@ tandem::v1::LeasePromptsResponse GroupLedger::Lease(
     }
     std::shared_ptr<const Prompt> prompt;
     bool from_source = false;
-    if (!pending_.empty()) {
-      prompt = std::move(pending_.front());
-      pending_.pop_front();
-    } else if (!source_exhausted_) {
-      std::optional<Prompt> next = source_->Next();
-      if (!next) {
-        source_exhausted_ = true;
-        break;
-      }
-      prompt = std::make_shared<const Prompt>(std::move(*next));
-      from_source = true;
+    auto take = std::find_if(pending_.begin(), pending_.end(),
+                             [&](const std::shared_ptr<const Prompt>& p) {
+                               return !Excluded(*p, excluded);
+                             });
+    if (take != pending_.end()) {
+      prompt = std::move(*take);
+      pending_.erase(take);
     } else {
-      break;
+      prompt = NextFromSourceLocked(excluded, &skipped);
+      if (prompt == nullptr) break;
+      from_source = true;
     }
     std::unique_ptr<GroupState> group =
         NewGroup(std::move(prompt), member_id, worker_version, now);

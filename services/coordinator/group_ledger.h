@@ -94,6 +94,11 @@
 
 namespace tandem::coordinator {
 
+// Bounds on the source prompts a lease with excluded environments skips
+// (GroupLedger::Lease).
+inline constexpr size_t kMaxSkippedPerLease = 256;
+inline constexpr size_t kMaxSkippedPending = 4096;
+
 struct GroupLedgerOptions {
   uint32_t group_size = 8;
   uint32_t max_lag = 4;
@@ -179,11 +184,17 @@ class GroupLedger {
   GroupLedger(GroupLedgerOptions options, std::unique_ptr<PromptSource> source);
 
   // Leases up to `max_prompts` prompts to `member_id`, whose weights are at
-  // `worker_version`.
-  tandem::v1::LeasePromptsResponse Lease(const std::string& member_id,
-                                         uint32_t max_prompts,
-                                         uint64_t worker_version,
-                                         absl::Time now);
+  // `worker_version`. Prompts whose environment is in `excluded` are
+  // skipped and stay queued in their order, ahead of the prompts not yet
+  // read from the source (a prompt read from the source and skipped joins
+  // the pending prompts, journaled as such, so that recovery finds it
+  // there). A lease skips at most kMaxSkippedPerLease source prompts, and
+  // none while kMaxSkippedPending prompts are pending: a filtered lease of
+  // a dataset of excluded tasks does not read the whole dataset.
+  tandem::v1::LeasePromptsResponse Lease(
+      const std::string& member_id, uint32_t max_prompts,
+      uint64_t worker_version, absl::Time now,
+      const std::vector<std::string>& excluded = {});
   // Extends the member's leases (all of them when `lease_ids` is empty).
   // Leases that do not exist or belong to another member are `unknown`.
   RenewResult Renew(const std::string& member_id,
@@ -283,6 +294,12 @@ class GroupLedger {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends a lease unfinished: the prompt goes back to the front of pending.
   void AbandonLocked(const std::string& group_id, bool expired)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The next source prompt not excluded; the excluded ones read on the way
+  // join pending_ (journaled). Null when the source is exhausted or the
+  // skip bounds are reached; `skipped` counts this lease's skips.
+  std::shared_ptr<const Prompt> NextFromSourceLocked(
+      const std::vector<std::string>& excluded, size_t* skipped)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Installs a dispatched group in the lease tables.
   void InsertLeasedLocked(std::unique_ptr<GroupState> group)

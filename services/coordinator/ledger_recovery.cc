@@ -122,6 +122,9 @@ absl::Status GroupLedger::ApplyLocked(const journal::Record& record) {
       }
       return absl::OkStatus();
     case journal::Record::kPending:
+      if (record.pending().from_source() && !source_->Next()) {
+        source_exhausted_ = true;
+      }
       pending_.push_back(std::make_shared<const Prompt>(
           FromJournal(record.pending().prompt())));
       return absl::OkStatus();

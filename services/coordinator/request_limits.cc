@@ -33,6 +33,8 @@ const absl::flat_hash_map<std::string_view, FieldLimits>& Fields() {
       {"tandem.v1.DeregisterRequest.reason", Bytes(kMaxReasonBytes)},
       // Leases
       {"tandem.v1.LeasePromptsRequest.member_id", Bytes(kMaxIdBytes)},
+      {"tandem.v1.LeasePromptsRequest.exclude_environments",
+       EntriesOfBytes(kMaxExcludedEnvironments, kMaxIdBytes)},
       {"tandem.v1.RenewLeasesRequest.member_id", Bytes(kMaxIdBytes)},
       {"tandem.v1.RenewLeasesRequest.lease_ids",
        EntriesOfBytes(kMaxLeaseIdsPerCall, kMaxIdBytes)},

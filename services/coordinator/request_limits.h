@@ -43,6 +43,8 @@ inline constexpr size_t kMaxCapabilityKeyBytes = 128;
 inline constexpr size_t kMaxCapabilityValueBytes = 4096;
 // Leases named in one RenewLeases / ReturnLeases call.
 inline constexpr size_t kMaxLeaseIdsPerCall = 4096;
+// Environments one LeasePrompts call excludes.
+inline constexpr size_t kMaxExcludedEnvironments = 16;
 // Samples in one SubmitSamples call (the rollout worker sends up to 64).
 inline constexpr size_t kMaxSamplesPerSubmit = 1024;
 // Completion tokens of one sample, and so its behavior log-probs and

@@ -12,10 +12,17 @@
 // for the model's tool calls (chat::ParseToolCalls on its text with
 // special tokens, trailing special tokens such as the end of turn
 // dropped); when it made any, the choice carries them, its text becomes
-// the text outside them, and its finish_reason is "tool_calls". A stream
-// then holds the choice's text back until it ends (token ids, log-probs
-// and versions still stream) and sends the text and calls in its last
-// delta. A call that does not parse leaves the text as it is.
+// the text outside them, and its finish_reason is "tool_calls". A call's
+// arguments are the model's own JSON text with the whitespace outside
+// strings removed (chat::ToolCallStream reads them), so that a stream and
+// a response carry the same text. A stream sends the calls as they are
+// generated (chat::ToolCallStream): the content outside them, a call's
+// header (index, id, name) once its name is known, then fragments of its
+// arguments; the markup of the calls never goes out as content. A turn
+// whose calls do not parse ends as without tools (finish_reason "stop",
+// the whole text as content): its last delta carries as content the text
+// the stream held back; deltas of a call sent before the turn turned out
+// malformed are not taken back.
 //
 // Not thread-safe: the HTTP session that owns it uses it from its one
 // thread.
@@ -25,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "common/chat/tool_call_stream.h"
 #include "engine/sequence.h"
 #include "services/rollout/openai_protocol.h"
 #include "services/rollout/serving_queue.h"
@@ -65,6 +73,12 @@ class ChoiceAssembler {
   std::vector<ChoiceResult> Results() const;
 
  private:
+  // One token's bytes as the tool-call reader sees them (ToolParsing).
+  struct Piece {
+    std::string bytes;
+    bool special = false;
+    size_t visible_end = 0;  // Choice::bytes's size after this token
+  };
   struct Choice {
     ChoiceResult result;
     std::string bytes;  // decoded so far (may end inside a character)
@@ -73,10 +87,25 @@ class ChoiceAssembler {
     bool sent_any = false;
     bool sent_final = false;
     bool done = false;
+    // ToolParsing: the tokens not yet given to `calls`, the reader of the
+    // calls, the content a stream sent, and whether the reader's calls are
+    // the parsed ones.
+    std::vector<Piece> pieces;
+    size_t fed_pieces = 0;
+    std::optional<chat::ToolCallStream> calls;
+    std::string sent_content;
+    bool calls_agree = false;
   };
 
+  // Gives choice `c`'s tool-call reader the tokens whose visible text ends
+  // at or before `limit` bytes (`last`: cuts the token that crosses it and
+  // drops the trailing special tokens; otherwise holds trailing special
+  // tokens back until a plain token follows them).
+  void FeedCalls(Choice& c, size_t limit, bool last) const;
   // Parses choice `c`'s calls once it ended (ToolParsing).
   void ParseCalls(Choice& c) const;
+  // The delta of a choice with ToolParsing.
+  void TakeToolDelta(Choice& c, ChoiceResult* delta);
 
   const tokenizer::Tokenizer* const tokenizer_;
   const std::vector<std::string> stop_;

@@ -475,7 +475,25 @@ void AddContent(const CompletionRequest& request, const ChoiceResult& c,
   if (request.endpoint == Endpoint::kChatCompletions) {
     Json m = Json::object();
     if (with_role) m["role"] = "assistant";
-    if (c.tool_calls.empty()) {
+    if (!c.tool_call_deltas.empty()) {
+      // A stream's call parts, as OpenAI streams them: the header with the
+      // index, id, type and name; then the index and an arguments fragment.
+      m["content"] = c.text.empty() ? Json(nullptr) : Json(c.text);
+      Json calls = Json::array();
+      for (const chat::ToolCallStream::CallDelta& d : c.tool_call_deltas) {
+        Json call = Json{{"index", d.index}};
+        if (d.header) {
+          call["id"] = d.id;
+          call["type"] = "function";
+          call["function"] =
+              Json{{"name", d.name}, {"arguments", d.arguments}};
+        } else {
+          call["function"] = Json{{"arguments", d.arguments}};
+        }
+        calls.push_back(std::move(call));
+      }
+      m["tool_calls"] = std::move(calls);
+    } else if (c.tool_calls.empty()) {
       m["content"] = c.text;
     } else {
       // As OpenAI answers a call: content null when the model wrote

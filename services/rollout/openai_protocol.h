@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/chat/tool_call_stream.h"
 #include "common/chat/tool_calls.h"
 #include "nlohmann/json.hpp"
 
@@ -104,6 +105,10 @@ struct ChoiceResult {
   // Chat with tools: the calls parsed from the model's text (`text` is then
   // the text outside them).
   std::vector<chat::ParsedToolCall> tool_calls;
+  // A stream chunk of a chat with tools: the calls' parts new in this
+  // chunk (a call's header, fragments of its arguments). A chunk that has
+  // any carries them as `delta.tool_calls` instead of `tool_calls`.
+  std::vector<chat::ToolCallStream::CallDelta> tool_call_deltas;
 };
 
 struct ResponseHeader {

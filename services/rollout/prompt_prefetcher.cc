@@ -47,12 +47,22 @@ void PromptPrefetcher::Backoff(absl::Duration duration) {
   backoff_until_ = std::max(backoff_until_, clock_->Now() + duration);
 }
 
+void PromptPrefetcher::SetExcludedEnvironment(std::string environment) {
+  absl::MutexLock lock(&mu_);
+  excluded_ = std::move(environment);
+}
+
 std::vector<tandem::v1::PromptLease> PromptPrefetcher::Take(int32_t n) {
   std::vector<tandem::v1::PromptLease> out;
   absl::MutexLock lock(&mu_);
-  while (n-- > 0 && !queue_.empty()) {
-    out.push_back(std::move(queue_.front()));
-    queue_.pop_front();
+  for (auto it = queue_.begin();
+       it != queue_.end() && static_cast<int32_t>(out.size()) < n;) {
+    if (!excluded_.empty() && it->environment() == excluded_) {
+      ++it;
+      continue;
+    }
+    out.push_back(std::move(*it));
+    it = queue_.erase(it);
   }
   return out;
 }
@@ -111,13 +121,20 @@ void PromptPrefetcher::Run() {
   bool warned = false;
   while (true) {
     int32_t want = 0;
+    std::string excluded;
     {
       absl::MutexLock lock(&mu_);
       auto stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stop_; };
       clock_->AwaitWithTimeout(&mu_, absl::Condition(&stop), wait);
       if (stop_) return;
       if (leasing_ && clock_->Now() >= backoff_until_) {
-        want = target_depth_ - static_cast<int32_t>(queue_.size());
+        excluded = excluded_;
+        const auto takeable = std::count_if(
+            queue_.begin(), queue_.end(),
+            [&](const tandem::v1::PromptLease& lease) {
+              return excluded.empty() || lease.environment() != excluded;
+            });
+        want = target_depth_ - static_cast<int32_t>(takeable);
       }
     }
     wait = kIdlePoll;
@@ -127,6 +144,7 @@ void PromptPrefetcher::Run() {
     request.set_member_id(member);
     request.set_max_prompts(want);
     request.set_policy_version(policy_version_());
+    if (!excluded.empty()) request.add_exclude_environments(excluded);
     tandem::v1::LeasePromptsResponse response;
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + kRpcTimeout));

@@ -40,7 +40,15 @@ class PromptPrefetcher {
   // that it does not lease and return the same prompts in a tight loop).
   void Backoff(absl::Duration duration);
 
-  // Up to `n` queued leases, oldest first; never blocks.
+  // Leases of tasks of `environment` ("" none) are neither taken nor
+  // leased until this is called again: Take() passes over the queued ones
+  // (they stay queued, in order), they do not count towards the queue's
+  // depth, and lease requests ask the coordinator to skip such tasks (a
+  // worker at its limit of harness episodes, openai.harness_max_episodes).
+  void SetExcludedEnvironment(std::string environment);
+
+  // Up to `n` queued leases, oldest first, but for the excluded ones;
+  // never blocks.
   std::vector<tandem::v1::PromptLease> Take(int32_t n);
   // Gives every queued lease back to the coordinator; returns how many.
   int32_t ReturnQueued(const std::string& reason);
@@ -67,6 +75,7 @@ class PromptPrefetcher {
   std::deque<tandem::v1::PromptLease> queue_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool leasing_ ABSL_GUARDED_BY(mu_) = true;
+  std::string excluded_ ABSL_GUARDED_BY(mu_);
   // On clock_.
   absl::Time backoff_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   uint64_t leased_total_ ABSL_GUARDED_BY(mu_) = 0;

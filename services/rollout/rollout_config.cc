@@ -132,7 +132,7 @@ void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config) {
                  &config->openai_harness_max_episodes, 1, 1 << 20,
                  "Harness episodes held (offered, claimed, or finished and "
                  "waiting for their group); while they reach it the worker "
-                 "leases nothing.");
+                 "leases only tasks of other environments.");
   schema->AddInt("openai.harness_max_episode_s",
                  &config->openai_harness_max_episode_s, 0, 7 * 86400,
                  "A harness episode's whole life (s), from the offer of its "

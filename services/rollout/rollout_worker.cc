@@ -268,11 +268,15 @@ void RolloutWorker::AdmitLeases() {
                             snap.waiting - snap.parked;
   const int32_t room =
       static_cast<int32_t>(std::min(batch_room, held_room));
-  if (room <= 0) return;
   // Harness episodes wait for their harnesses, not for the engine: they
-  // are bounded by openai.harness_max_episodes (a mixed dataset's other
-  // leases wait too, rather than be leased and returned).
-  if (harness_ && harness_->full()) return;
+  // are bounded by openai.harness_max_episodes. At the bound the worker
+  // takes and leases only the other tasks of a mixed dataset (the
+  // coordinator keeps the harness tasks queued for a later lease).
+  if (harness_) {
+    prefetcher_->SetExcludedEnvironment(
+        harness_->full() ? config_.openai_harness_environment : "");
+  }
+  if (room <= 0) return;
   // More work would take the blocks the parked episodes keep (they are
   // dropped first and recomputed on resume).
   if (snap.parked > 0 &&

@@ -435,17 +435,47 @@ class HarnessTest(unittest.TestCase):
         none = self.tool_calls["none"].choices[0]
         self.assertIsNone(none.message.tool_calls)
         self.assertEqual(none.message.content, plain.message.content)
-        # Streaming: no text deltas before the end; the last delta carries
-        # the call and finish_reason tool_calls; the tokens stream.
+        # Streaming: the call goes out piecewise as the model writes it, as
+        # OpenAI and vLLM stream calls: a first part with the call's index,
+        # id, type and name, then parts with fragments of its arguments;
+        # the call's markup is never content; the last chunk says
+        # tool_calls; what the client accumulates is the response's call.
         chunks = [ch for ch in self.tool_calls["chunks"] if ch["choices"]]
         deltas = [ch["choices"][0] for ch in chunks]
         self.assertEqual(deltas[-1]["finish_reason"], "tool_calls")
-        streamed = deltas[-1]["delta"]["tool_calls"]
-        self.assertEqual(len(streamed), 1)
-        self.assertEqual(streamed[0]["function"]["name"], expected["name"])
-        self.assertEqual(json.loads(streamed[0]["function"]["arguments"]),
-                         expected["arguments"])
-        self.assertFalse(any(d["delta"].get("content") for d in deltas[:-1]))
+        self.assertTrue(all(d["finish_reason"] is None for d in deltas[:-1]))
+        calls, fragments = {}, 0
+        for d in deltas:
+            content = d["delta"].get("content") or ""
+            self.assertNotIn("tool_call", content)
+            self.assertNotIn("{", content)
+            for part in d["delta"].get("tool_calls") or []:
+                function = part.get("function") or {}
+                if part["index"] not in calls:
+                    # The header comes first, with the name.
+                    self.assertEqual(part["type"], "function")
+                    self.assertTrue(part["id"], part)
+                    self.assertTrue(function.get("name"), part)
+                    calls[part["index"]] = {"id": part["id"],
+                                            "name": function["name"],
+                                            "arguments": ""}
+                else:
+                    self.assertIsNone(function.get("name"), part)
+                arguments = function.get("arguments") or ""
+                fragments += bool(arguments)
+                calls[part["index"]]["arguments"] += arguments
+        self.assertGreater(fragments, 1, deltas)
+        self.assertEqual(sorted(calls), [0])
+        self.assertRegex(calls[0]["id"], r"^call_\d+_0_0$")
+        self.assertEqual(calls[0]["name"], call.function.name)
+        self.assertEqual(calls[0]["arguments"], call.function.arguments)
+        self.assertEqual(
+            "".join(d["delta"].get("content") or "" for d in deltas),
+            c.message.content or "")
+        # The call's header went out before its arguments were complete.
+        first_call = next(i for i, d in enumerate(deltas)
+                          if d["delta"].get("tool_calls"))
+        self.assertLess(first_call, len(deltas) - 1)
         tokens = [t for d in deltas for t in (d.get("token_ids") or [])]
         self.assertEqual(tokens, plain.model_dump()["token_ids"])
 

@@ -9,6 +9,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <map>
@@ -268,6 +269,114 @@ TEST_CASE(
   REQUIRE(penalty.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK_THAT(std::string(penalty.status().message()),
              Catch::Contains("takes rewards in [0, 1]"));
+}
+
+// The prompt ids of a lease response, in order.
+std::vector<std::string> PromptIds(const tandem::v1::LeasePromptsResponse& r) {
+  std::vector<std::string> ids;
+  for (const auto& lease : r.leases()) ids.push_back(lease.prompt_id());
+  return ids;
+}
+
+TEST_CASE(
+    "a lease that excludes an environment skips its tasks: they stay "
+    "queued in order, first in line for the next lease, also after "
+    "recovery, and no task is leased twice",
+    "[coordinator][episodes][journal]") {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      absl::StrCat("tandem_excluded_", ::getpid());
+  std::filesystem::remove_all(dir);
+  const std::vector<std::string> calculator = {"calculator"};
+  std::vector<std::string> leased;  // prompt ids, every lease
+  auto note = [&](const tandem::v1::LeasePromptsResponse& r) {
+    for (const std::string& id : PromptIds(r)) leased.push_back(id);
+    return PromptIds(r);
+  };
+  // The source: e0 e1 s2 e3 e4 s5 e6 e7 s8 e9 ... (e: calculator tasks).
+  {
+    GroupLedger ledger(Options(), std::make_unique<EpisodePromptSource>());
+    auto journal = Journal::Open(dir.string());
+    REQUIRE(journal.ok());
+    std::vector<ScoringTask> none;
+    REQUIRE(ledger.Recover(*std::move(journal), kT0, &none).ok());
+
+    const auto filtered = ledger.Lease("w", 2, 0, kT0, calculator);
+    CHECK(note(filtered) == std::vector<std::string>{"s2", "s5"});
+    CHECK(ledger.Stats().pending_prompts == 4);  // e0 e1 e3 e4
+    // A lease that takes them gets them first, in order.
+    CHECK(note(ledger.Lease("w", 3, 0, kT0)) ==
+          std::vector<std::string>{"e0", "e1", "e3"});
+    // Excluded again: e4 stays, e6 and e7 join it.
+    CHECK(note(ledger.Lease("w", 1, 0, kT0, calculator)) ==
+          std::vector<std::string>{"s8"});
+    CHECK(ledger.Stats().pending_prompts == 3);
+
+    // A filtered lease's samples are taken exactly once, as any lease's.
+    const tandem::v1::PromptLease& lease = filtered.leases(0);
+    tandem::v1::SubmitSamplesRequest request;
+    request.set_member_id("w");
+    for (uint32_t i = 0; i < 2; ++i) {
+      *request.add_samples() =
+          testing::MakeSample(lease.lease_id(), lease.group_id(), i, 0);
+    }
+    absl::StatusOr<SubmitResult> first = ledger.Submit(request);
+    REQUIRE(first.ok());
+    CHECK(first->response.accepted() == 2);
+    absl::StatusOr<SubmitResult> again = ledger.Submit(request);
+    REQUIRE(again.ok());
+    CHECK(again->response.accepted() == 0);
+    CHECK(again->response.duplicates() == 2);
+    REQUIRE(ledger.SyncJournal().ok());
+  }
+  // Recovered from the journal: e4 e6 e7 wait first, then the source goes
+  // on after s8.
+  GroupLedger recovered(Options(), std::make_unique<EpisodePromptSource>());
+  auto journal = Journal::Open(dir.string());
+  REQUIRE(journal.ok());
+  std::vector<ScoringTask> to_score;
+  REQUIRE(recovered.Recover(*std::move(journal), kT0, &to_score).ok());
+  CHECK(recovered.Stats().pending_prompts == 3);
+  CHECK(note(recovered.Lease("w", 4, 0, kT0)) ==
+        std::vector<std::string>{"e4", "e6", "e7", "e9"});
+  std::vector<std::string> sorted = leased;
+  std::sort(sorted.begin(), sorted.end());
+  CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end());
+  CHECK(sorted.size() == 10);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE(
+    "a filtered lease of a dataset of excluded tasks reads a bounded part "
+    "of it",
+    "[coordinator][episodes]") {
+  class AllCalculator : public PromptSource {
+   public:
+    std::optional<Prompt> Next() override {
+      Prompt prompt;
+      prompt.id = absl::StrCat("e", cursor_++);
+      prompt.token_ids = {1, 2, 3};
+      prompt.environment = "calculator";
+      return prompt;
+    }
+    uint64_t cursor() const override { return cursor_; }
+    std::string Describe() const override { return "calculator only"; }
+
+   private:
+    uint64_t cursor_ = 0;
+  };
+  GroupLedger ledger(Options(), std::make_unique<AllCalculator>());
+  const auto none = ledger.Lease("w", 4, 0, kT0, {"calculator"});
+  CHECK(none.leases_size() == 0);
+  CHECK_FALSE(none.exhausted());
+  CHECK(none.retry_after_ms() > 0);
+  CHECK(ledger.Stats().pending_prompts == kMaxSkippedPerLease);
+  for (size_t i = 0; i < 2 * kMaxSkippedPending / kMaxSkippedPerLease; ++i) {
+    ledger.Lease("w", 4, 0, kT0, {"calculator"});
+  }
+  CHECK(ledger.Stats().pending_prompts == kMaxSkippedPending);
+  CHECK(PromptIds(ledger.Lease("w", 2, 0, kT0)) ==
+        std::vector<std::string>{"e0", "e1"});
 }
 
 }  // namespace

@@ -4,6 +4,12 @@ tandem_add_test(rollout_openai_protocol_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/rollout_openai_protocol_test.cc
   LIBS tandem_rollout_openai)
 
+# ChoiceAssembler: streamed tool calls (a header, then argument fragments,
+# no markup as content) equal to the non-streaming choice; malformed calls.
+tandem_add_test(rollout_openai_choices_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/rollout_openai_choices_test.cc
+  LIBS tandem_rollout_openai)
+
 # ServingQueue: served requests through a real Engine (toy model) beside
 # rollout requests; tokens, versions, cancellation, refusal, shutdown.
 tandem_add_test(rollout_serving_queue_test
