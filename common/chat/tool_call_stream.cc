@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/tokenizer/utf8.h"
 #include "nlohmann/json.hpp"
 
 namespace tandem::chat {
@@ -18,25 +19,6 @@ bool IsSpace(char c) {
   return absl::ascii_isspace(static_cast<unsigned char>(c));
 }
 
-// The length of the longest prefix of `s` that does not end inside a UTF-8
-// sequence.
-size_t CompleteUtf8(std::string_view s) {
-  const size_t n = s.size();
-  for (size_t back = 1; back <= 4 && back <= n; ++back) {
-    const unsigned char c = static_cast<unsigned char>(s[n - back]);
-    if ((c & 0xC0) == 0x80) continue;  // continuation byte
-    size_t need = 1;
-    if ((c & 0xE0) == 0xC0) {
-      need = 2;
-    } else if ((c & 0xF0) == 0xE0) {
-      need = 3;
-    } else if ((c & 0xF8) == 0xF0) {
-      need = 4;
-    }
-    return back < need ? n - back : n;
-  }
-  return n;
-}
 
 // The length of the longest suffix of `text` that is a proper prefix of
 // `marker` (the marker may be completed by the next bytes).
@@ -316,7 +298,7 @@ void ToolCallStream::EndObject() {
 
 ToolCallStream::Delta ToolCallStream::Take() {
   Delta delta;
-  const size_t ready = CompleteUtf8(content_);
+  const size_t ready = tokenizer::CompleteUtf8Length(content_);
   if (ready > sent_content_) {
     delta.content = content_.substr(sent_content_, ready - sent_content_);
     sent_content_ = ready;
@@ -331,7 +313,7 @@ ToolCallStream::Delta ToolCallStream::Take() {
     if (s.call.complete) {
       end = args.size();
     } else if (s.streams_arguments) {
-      end = std::max(CompleteUtf8(args), s.sent_arguments);
+      end = std::max(tokenizer::CompleteUtf8Length(args), s.sent_arguments);
     }
     if (s.header_sent && end == s.sent_arguments) continue;
     CallDelta d;

@@ -25,4 +25,22 @@ std::string ToValidUtf8(absl::string_view bytes) {
   return out;
 }
 
+size_t CompleteUtf8Length(absl::string_view bytes) {
+  const size_t n = bytes.size();
+  for (size_t back = 1; back <= 4 && back <= n; ++back) {
+    const unsigned char c = static_cast<unsigned char>(bytes[n - back]);
+    if ((c & 0xC0) == 0x80) continue;  // continuation byte
+    size_t need = 1;
+    if ((c & 0xE0) == 0xC0) {
+      need = 2;
+    } else if ((c & 0xF0) == 0xE0) {
+      need = 3;
+    } else if ((c & 0xF8) == 0xF0) {
+      need = 4;
+    }
+    return back < need ? n - back : n;
+  }
+  return n;
+}
+
 }  // namespace tandem::tokenizer

@@ -16,4 +16,9 @@ namespace tandem::tokenizer {
 // replaced by U+FFFD; valid input comes back unchanged.
 std::string ToValidUtf8(absl::string_view bytes);
 
+// The length of the longest prefix of `bytes` that does not end inside a
+// UTF-8 sequence (its last, incomplete character cut off): what a stream
+// may send now and still never split a character across two chunks.
+size_t CompleteUtf8Length(absl::string_view bytes);
+
 }  // namespace tandem::tokenizer

@@ -13,24 +13,6 @@
 namespace tandem::rollout::openai {
 namespace {
 
-// Length of the longest prefix of `s` that does not end inside a UTF-8
-// sequence.
-size_t CompleteUtf8Prefix(const std::string& s, size_t n) {
-  for (size_t back = 1; back <= 4 && back <= n; ++back) {
-    const unsigned char c = static_cast<unsigned char>(s[n - back]);
-    if ((c & 0xC0) == 0x80) continue;  // continuation byte
-    size_t need = 1;
-    if ((c & 0xE0) == 0xC0) {
-      need = 2;
-    } else if ((c & 0xF0) == 0xE0) {
-      need = 3;
-    } else if ((c & 0xF8) == 0xF0) {
-      need = 4;
-    }
-    return back < need ? n - back : n;
-  }
-  return n;
-}
 
 template <typename T>
 std::vector<T> From(const std::vector<T>& v, size_t start) {
@@ -208,7 +190,8 @@ std::optional<ChoiceResult> ChoiceAssembler::TakeDelta(int32_t index,
   if (!c.done) {
     const size_t hold = max_stop_bytes_ > 0 ? max_stop_bytes_ - 1 : 0;
     safe = safe > hold ? safe - hold : 0;
-    safe = std::max(CompleteUtf8Prefix(c.bytes, std::max(safe, c.sent_bytes)),
+    safe = std::max(tokenizer::CompleteUtf8Length(absl::string_view(c.bytes).substr(
+                        0, std::max(safe, c.sent_bytes))),
                     c.sent_bytes);
   }
   const bool new_tokens = c.result.token_ids.size() > c.sent_tokens;

@@ -37,16 +37,13 @@ Skips (exit 77) like test_compose_stack.py. Exit 0 on success, 1 on a
 failed check (the last logs of every service are printed)."""
 
 import os
-import shutil
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import podman_fixture  # noqa: E402
 import test_compose_stack as stack_test  # noqa: E402
-from podman_fixture import SKIP, log, skip_reason, wait_for  # noqa: E402
+from podman_fixture import log, wait_for  # noqa: E402
 
 BY_VERSION = 150
 MARGIN = 0.10
@@ -138,34 +135,8 @@ def scenario(stack):
 
 
 def main():
-    reason = skip_reason((("podman", "podman"), ("runc", "runc"),
-                          ("debootstrap", "debootstrap"),
-                          ("docker-compose", "docker-compose"),
-                          ("curl", "curl")))
-    if reason:
-        print(f"SKIP: {reason}")
-        return SKIP
-    tmp = tempfile.mkdtemp(prefix="tandem-compose-learns-")
-    image = os.environ.get("TANDEM_COMPOSE_IMAGE") or stack_test.IMAGE
-    stack = stack_test.Stack(tmp, image)
-    service = {"pid": None}
-
-    def body():
-        service["pid"] = stack_test.setup()
-        for line in stack_test.remove_leftovers():
-            log(f"removed from an earlier run: {line}")
-        log("podman ready")
-        stack_test.write_override(stack, warm_start_steps=None)
-        stack_test.build_images(tmp, image == stack_test.IMAGE)
-        scenario(stack)
-
-    def cleanup():
-        leftovers = stack_test.teardown(stack, service["pid"])
-        shutil.rmtree(tmp, ignore_errors=True)
-        return leftovers
-
-    return podman_fixture.run_scenario(
-        body, lambda: stack_test.print_logs(stack), cleanup)
+    return stack_test.main(lambda stack, tmp: scenario(stack),
+                           warm_start_steps=None)
 
 
 if __name__ == "__main__":

@@ -545,7 +545,10 @@ def print_logs(stack):
               flush=True)
 
 
-def main():
+def main(run=None, warm_start_steps=SFT_STEPS):
+    """The fixture around a scenario: `run(stack, tmp)` (default: this
+    test's scenario) with the warm start cut to warm_start_steps (None: the
+    compose file's own; test_compose_learns.py)."""
     reason = skip_reason((("podman", "podman"), ("runc", "runc"),
                           ("debootstrap", "debootstrap"),
                           ("docker-compose", "docker-compose"),
@@ -558,6 +561,7 @@ def main():
     stack = Stack(tmp, image)
     counts = {}
     service = {"pid": None}
+    run = run or (lambda stack, tmp: scenario(stack, tmp, counts))
 
     def body():
         service["pid"] = setup()
@@ -565,9 +569,9 @@ def main():
         for line in remove_leftovers():
             log(f"removed from an earlier run: {line}")
         log("podman ready")
-        write_override(stack)
+        write_override(stack, warm_start_steps)
         build_images(tmp, image == IMAGE)
-        scenario(stack, tmp, counts)
+        run(stack, tmp)
 
     def cleanup():
         leftovers = teardown(stack, service["pid"])
