@@ -21,8 +21,8 @@ seconds; this test runs the stack as a user starts it, warm start included:
    >= BY_VERSION.
 3. Checks: the first evaluation is the warm start's (version 0, above
    FLOOR: the trainer did start from the warm start, not from random
-   weights), the mean reward of a trained step is above 0 while the first
-   50 versions train, and the evaluation at BY_VERSION or later is at
+   weights), the highest mean reward of a trained step up to version 50
+   (Prometheus's stored series) is above 0, and the evaluation at BY_VERSION or later is at
    least MARGIN above version 0's.
 
 Margins: the demo's runs on this kind of machine (docs/demo.md) went from
@@ -97,17 +97,24 @@ def scenario(stack):
                         "not start from the warm start")
 
     curve = [first]
-    rewards = []
+    since_first = time.monotonic()
+    # The highest mean reward Prometheus scraped (every 5 s) from before
+    # the first evaluation until the evaluation at version 50 was seen:
+    # read once from the stored series, so that a fast machine that gets
+    # from version 0 to 50 between two polls of this loop still has its
+    # samples counted.
+    early_reward = None
     deadline = time.monotonic() + LEARN_TIMEOUT_S
     while time.monotonic() < deadline:
         e = evaluation()
         if e and e != curve[-1]:
             curve.append(e)
             log(f"held-out at version {e[0]}: {e[1]:.1%}")
-        if curve[-1][0] < 50:
-            r = stack_test.prometheus("tandem_trainer_reward_mean")
-            if r:
-                rewards.append(float(r[0]["value"][1]))
+        if early_reward is None and curve[-1][0] >= 50:
+            window = int(time.monotonic() - since_first) + 15
+            r = stack_test.prometheus(
+                f"max_over_time(tandem_trainer_reward_mean[{window}s])")
+            early_reward = float(r[0]["value"][1]) if r else 0.0
         if curve[-1][0] >= BY_VERSION:
             break
         time.sleep(3)
@@ -121,12 +128,11 @@ def scenario(stack):
         problems.append(f"held-out {first[1]:.1%} (v {first[0]}) -> "
                         f"{last[1]:.1%} (v {last[0]}): less than "
                         f"+{MARGIN * 100:.0f} points")
-    log(f"mean reward of the trained steps before version 50: "
-        f"{min(rewards, default=0):.3f} .. {max(rewards, default=0):.3f} "
-        f"({len(rewards)} reads)")
-    if not rewards or max(rewards) <= 0:
-        problems.append(f"the trainer's mean reward stayed at 0 before "
-                        f"version 50 ({len(rewards)} reads)")
+    log(f"highest mean reward of a trained step up to version 50: "
+        f"{early_reward if early_reward is not None else 'not read'}")
+    if not early_reward or early_reward <= 0:
+        problems.append(f"the trainer's mean reward stayed at 0 up to "
+                        f"version 50 ({early_reward})")
     print(f"held-out {first[1]:.1%} (v {first[0]}) -> {last[1]:.1%} "
           f"(v {last[0]}), {(last[1] - first[1]) * 100:+.1f} points",
           flush=True)
