@@ -1,8 +1,18 @@
 #include "common/weights/broadcast/broadcast_group.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/weights/broadcast/broadcast_protocol.h"
 
 namespace tandem::weights {
+
+absl::Status BroadcastGroup::BroadcastDevice(void* /*device_ptr*/,
+                                             uint64_t bytes) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "broadcast group rank ", rank(), "/", world_size(),
+      ": this backend cannot broadcast device memory (", bytes,
+      " bytes asked); use the nccl backend, or copy the bytes to the host "
+      "and call Broadcast()"));
+}
 
 absl::Status BroadcastWeightSender::Publish(const v1::WeightManifest& manifest,
                                             absl::Span<const uint8_t> payload,

@@ -71,6 +71,27 @@ class BroadcastGroup {
     return [status] { return status; };
   }
 
+  // Whether BroadcastDevice() can move device memory: true for NCCL, false
+  // for Gloo (a CPU backend). Senders and receivers check it before the
+  // first broadcast of a version, so that no rank refuses half way through
+  // one (broadcast/device_broadcast.h).
+  virtual bool broadcasts_device_memory() const { return false; }
+
+  // Broadcasts `bytes` bytes of CUDA device memory at `device_ptr` from rank
+  // 0 into every rank's region, in place, with no host round trip. The
+  // region is cut into collectives exactly as Broadcast() cuts a host span
+  // of the same size, so one rank may send from device memory while
+  // another receives into host memory. REQUIRES: `bytes` a multiple of 4,
+  // `device_ptr` 4-byte aligned memory of this rank's device; on rank 0 the
+  // bytes are complete (the stream that wrote them was synchronised). On
+  // return the bytes are in place. Errors mark the group broken like
+  // Broadcast()'s, except refusals that send nothing: this default (Gloo)
+  // returns FailedPrecondition "... cannot broadcast device memory ..."
+  // and leaves the group as it was. Copying through pinned host memory is
+  // the caller's choice (it knows its stream); the group does not do it
+  // behind its back.
+  virtual absl::Status BroadcastDevice(void* device_ptr, uint64_t bytes);
+
   // Marks the group broken and interrupts a collective under way, which
   // then fails at once instead of at its deadline (Gloo fails the group's
   // connections, NCCL aborts the communicator); later collectives fail

@@ -38,6 +38,7 @@ constexpr absl::string_view kRefusal = "tandem-refused:";
   X(cudaGetErrorString)            \
   X(cudaGetLastError)              \
   X(cudaMemcpyAsync)               \
+  X(cudaPointerGetAttributes)      \
   X(cudaSetDevice)                 \
   X(cudaStreamCreateWithFlags)     \
   X(cudaStreamDestroy)             \
@@ -138,6 +139,10 @@ const CudaNcclApi& Api() { return **LoadedApi(); }
 std::string CudaError(cudaError_t e) {
   return absl::StrCat(Api().cudaGetErrorName(e), ": ",
                       Api().cudaGetErrorString(e));
+}
+
+std::string PointerText(const void* p) {
+  return absl::StrCat("0x", absl::Hex(reinterpret_cast<uintptr_t>(p)));
 }
 
 // Polls with a short spin, then sleeps of growing length (at most 1 ms), so
@@ -317,6 +322,9 @@ struct NcclBroadcastGroup::Impl {
         where, ": ", what, " failed: ", Api().ncclGetErrorString(r),
         last.empty() ? "" : " (", last, last.empty() ? "" : ")")));
   }
+
+  // Broadcast() (host memory) and BroadcastDevice() (`data` on `device`).
+  absl::Status Run(uint8_t* data, uint64_t size, bool device_memory);
 
   // The watchdog. Waits until the communicator has no operation being
   // enqueued (non-blocking mode) and, if `stream_too`, the stream is idle;
@@ -499,7 +507,48 @@ void NcclBroadcastGroup::Abort() {
 }
 
 absl::Status NcclBroadcastGroup::Broadcast(absl::Span<uint8_t> bytes) {
+  return impl_->Run(bytes.data(), bytes.size(), /*device_memory=*/false);
+}
+
+absl::Status NcclBroadcastGroup::BroadcastDevice(void* device_ptr,
+                                                 uint64_t bytes) {
   Impl& g = *impl_;
+  if (bytes == 0) return g.Run(nullptr, 0, /*device_memory=*/true);
+  // Refusals send nothing and leave the group as it is.
+  if (device_ptr == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        g.where, ": BroadcastDevice got a null pointer for ", bytes,
+        " bytes"));
+  }
+  cudaPointerAttributes attributes{};
+  const cudaError_t e = Api().cudaPointerGetAttributes(&attributes, device_ptr);
+  if (e != cudaSuccess) {
+    Api().cudaGetLastError();
+    return absl::InvalidArgumentError(
+        absl::StrCat(g.where, ": cudaPointerGetAttributes(",
+                     PointerText(device_ptr), "): ", CudaError(e)));
+  }
+  if (attributes.type != cudaMemoryTypeDevice &&
+      attributes.type != cudaMemoryTypeManaged) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        g.where, ": BroadcastDevice got ", PointerText(device_ptr),
+        ", which is not device memory (cudaMemoryType ",
+        static_cast<int>(attributes.type),
+        "); use Broadcast() for host bytes"));
+  }
+  if (attributes.device != g.device) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(g.where, ": BroadcastDevice got memory of device ",
+                     attributes.device, ", this rank runs on device ",
+                     g.device));
+  }
+  return g.Run(static_cast<uint8_t*>(device_ptr), bytes,
+               /*device_memory=*/true);
+}
+
+absl::Status NcclBroadcastGroup::Impl::Run(uint8_t* data, uint64_t size,
+                                           bool device_memory) {
+  Impl& g = *this;
   {
     absl::MutexLock lock(&g.mu);
     if (g.abort_requested.load()) {
@@ -511,7 +560,7 @@ absl::Status NcclBroadcastGroup::Broadcast(absl::Span<uint8_t> bytes) {
           absl::StrCat(g.where, " is broken (", g.broken_reason,
                        "); the next epoch must be formed"));
     }
-    if (bytes.empty()) return absl::OkStatus();
+    if (size == 0) return absl::OkStatus();
     g.in_collective = true;
   }
   absl::Status status = absl::OkStatus();
@@ -520,13 +569,17 @@ absl::Status NcclBroadcastGroup::Broadcast(absl::Span<uint8_t> bytes) {
         g.where, ": Api().cudaSetDevice(", g.device, "): ", CudaError(e))));
   }
   const bool root = g.config.rank == 0;
-  for (uint64_t off = 0; status.ok() && off < bytes.size();
+  // The same pieces for host and device memory: ranks may mix the two.
+  for (uint64_t off = 0; status.ok() && off < size;
        off += g.config.bucket_bytes) {
-    const uint64_t n =
-        std::min<uint64_t>(g.config.bucket_bytes, bytes.size() - off);
-    uint8_t* host = bytes.data() + off;
-    const std::string what = absl::StrCat("broadcast of bytes [", off, ", ",
-                                          off + n, ") of ", bytes.size());
+    const uint64_t n = std::min<uint64_t>(g.config.bucket_bytes, size - off);
+    uint8_t* host = data + off;
+    // Device memory is broadcast where it lies; host bytes go through the
+    // group's device buffer.
+    uint8_t* on_device = device_memory ? data + off : g.device_buffer;
+    const std::string what =
+        absl::StrCat(device_memory ? "device " : "", "broadcast of bytes [",
+                     off, ", ", off + n, ") of ", size);
     const absl::Time deadline = absl::Now() + g.config.timeout;
     auto cuda = [&](cudaError_t e, const char* call) {
       if (e == cudaSuccess) return true;
@@ -534,7 +587,7 @@ absl::Status NcclBroadcastGroup::Broadcast(absl::Span<uint8_t> bytes) {
           absl::StrCat(g.where, ": ", what, ": ", call, ": ", CudaError(e))));
       return false;
     };
-    if (root) {
+    if (root && !device_memory) {
       const uint8_t* src = host;
       if (g.pinned != nullptr) {
         std::memcpy(g.pinned, host, n);
@@ -556,8 +609,8 @@ absl::Status NcclBroadcastGroup::Broadcast(absl::Span<uint8_t> bytes) {
           absl::StrCat(g.where, ": ", what, " aborted (Abort() called)")));
       break;
     }
-    const ncclResult_t r = Api().ncclBroadcast(g.device_buffer, g.device_buffer,
-                                               n, ncclUint8, 0, comm, g.stream);
+    const ncclResult_t r = Api().ncclBroadcast(on_device, on_device, n,
+                                               ncclUint8, 0, comm, g.stream);
     if (r != ncclSuccess && r != ncclInProgress) {
       status = g.NcclFailure("ncclBroadcast (" + what + ")", r);
       break;
@@ -566,7 +619,7 @@ absl::Status NcclBroadcastGroup::Broadcast(absl::Span<uint8_t> bytes) {
     // block this thread on a hung kernel) and before the next piece reuses
     // the buffers.
     status = g.Wait(what, deadline, /*stream_too=*/true);
-    if (!status.ok() || root) continue;
+    if (!status.ok() || root || device_memory) continue;
     uint8_t* dst = g.pinned != nullptr ? g.pinned : host;
     if (!cuda(Api().cudaMemcpyAsync(dst, g.device_buffer, n,
                                     cudaMemcpyDeviceToHost, g.stream),

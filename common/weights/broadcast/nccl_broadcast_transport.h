@@ -13,10 +13,12 @@
 // TCPStore (GlooRendezvousStore) at store_host:store_port; rank 0 publishes
 // the ncclUniqueId under "<key_prefix>/nccl_unique_id", the others read it.
 //
-// Data path: the bytes of a broadcast travel host -> pinned host staging ->
-// device staging -> ncclBroadcast on the group's own stream -> device ->
+// Data path: the bytes of a Broadcast() travel host -> pinned host staging
+// -> device staging -> ncclBroadcast on the group's own stream -> device ->
 // pinned -> host, in pieces of at most `bucket_bytes`, so device and pinned
-// memory stay bounded whatever the model size.
+// memory stay bounded whatever the model size. BroadcastDevice() runs
+// ncclBroadcast on the caller's device memory itself, in the same pieces
+// (trainer's device payload -> worker's device staging buffer).
 //
 // Deadlines and abort: the communicator is non-blocking (ncclConfig_t
 // blocking = 0). The calling thread polls ncclCommGetAsyncError and the
@@ -99,6 +101,15 @@ class NcclBroadcastGroup : public BroadcastGroup {
   // (NCCL or CUDA error), Cancelled (Abort() was called, before or during
   // the call), FailedPrecondition (broken by an earlier failure).
   absl::Status Broadcast(absl::Span<uint8_t> bytes) override;
+
+  // Broadcasts device memory of this rank's device where it lies: no host
+  // copy, no staging buffer, the same pieces of at most bucket_bytes and
+  // the same deadline per piece, abort and broken semantics as Broadcast().
+  // Any size and alignment (NCCL moves bytes). InvalidArgument, with the
+  // group left as it was, for a region that is not device memory of this
+  // rank's device (cudaPointerGetAttributes, before anything is sent).
+  bool broadcasts_device_memory() const override { return true; }
+  absl::Status BroadcastDevice(void* device_ptr, uint64_t bytes) override;
 
   // Marks the group broken and aborts the communicator: a Broadcast() under
   // way in another thread returns Cancelled at its next poll (within
