@@ -1,5 +1,6 @@
 #include "kernels/crc32c.h"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <thread>
@@ -233,6 +234,24 @@ uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t size_b) {
     if (bits & 1u) shift = MultiplyModP(kPowers[k], shift);
   }
   return MultiplyModP(shift, crc_a) ^ crc_b;
+}
+
+uint32_t Crc32cOfChunks(const uint32_t* chunk_crcs, size_t num_chunks,
+                        uint64_t chunk_bytes, uint64_t total_bytes) {
+  // x^(8 chunk_bytes), the shift of every whole chunk, computed once.
+  uint32_t shift = kOne;
+  uint64_t bits = chunk_bytes;
+  for (size_t k = 3; bits != 0; bits >>= 1, ++k) {
+    if (bits & 1u) shift = MultiplyModP(kPowers[k], shift);
+  }
+  uint32_t crc = 0;
+  for (size_t i = 0; i < num_chunks; ++i) {
+    const uint64_t begin = i * chunk_bytes;
+    const uint64_t n = std::min(chunk_bytes, total_bytes - begin);
+    crc = n == chunk_bytes ? MultiplyModP(shift, crc) ^ chunk_crcs[i]
+                           : Crc32cCombine(crc, chunk_crcs[i], n);
+  }
+  return crc;
 }
 
 uint32_t Crc32cExtendParallel(uint32_t crc, const void* data, size_t size,

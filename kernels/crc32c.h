@@ -26,6 +26,15 @@ uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size);
 // O(log size_b) carry-less multiplications, no pass over the bytes.
 uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t size_b);
 
+// The CRC-32C of a buffer of `total_bytes` cut into chunks of
+// `chunk_bytes` (the last one shorter when they do not divide), from each
+// chunk's own CRC-32C in order: how chunks checksummed in parallel (on a
+// GPU: kernels/cuda/crc32c_cuda.h) are joined on the host. One
+// carry-less multiplication per chunk. REQUIRES: chunk_bytes > 0 and
+// num_chunks == ceil(total_bytes / chunk_bytes).
+uint32_t Crc32cOfChunks(const uint32_t* chunk_crcs, size_t num_chunks,
+                        uint64_t chunk_bytes, uint64_t total_bytes);
+
 // Crc32cExtend with the bytes split across `threads` threads (this one and
 // threads - 1 it starts and joins), each part's CRC combined in order. For
 // a buffer that nothing else can overlap with; inputs under 4 MiB per

@@ -143,5 +143,38 @@ TEST_CASE("Crc32cExtendParallel equals Crc32cExtend", "[crc32c]") {
   CHECK(after != before);
 }
 
+TEST_CASE("Crc32cOfChunks joins per-chunk CRCs into the CRC of the whole",
+          "[crc32c]") {
+  // The host half of the device checksum (kernels/cuda/crc32c_cuda.h):
+  // chunks checksummed independently, joined in order.
+  std::mt19937_64 rng(11);
+  std::vector<uint8_t> data(100'003);
+  for (auto& b : data) b = static_cast<uint8_t>(rng());
+  for (uint64_t chunk : {uint64_t{1}, uint64_t{4}, uint64_t{4096},
+                         uint64_t{16384}, uint64_t{100'003},
+                         uint64_t{1} << 20}) {
+    for (uint64_t total : {uint64_t{0}, uint64_t{1}, uint64_t{4096},
+                           uint64_t{99'999}, uint64_t{100'003}}) {
+      if (chunk == 1 && total > 4096) continue;  // one combine per byte
+      const size_t chunks = (total + chunk - 1) / chunk;
+      std::vector<uint32_t> crcs(chunks);
+      for (size_t i = 0; i < chunks; ++i) {
+        const uint64_t begin = i * chunk;
+        crcs[i] = Crc32c(data.data() + begin, std::min(chunk, total - begin));
+      }
+      INFO("chunk " << chunk << ", total " << total);
+      CHECK(Crc32cOfChunks(crcs.data(), crcs.size(), chunk, total) ==
+            Crc32c(data.data(), total));
+    }
+  }
+  // A chunk's CRC out of place changes the result.
+  std::vector<uint32_t> crcs(2);
+  crcs[0] = Crc32c(data.data(), 4096);
+  crcs[1] = Crc32c(data.data() + 4096, 4096);
+  std::swap(crcs[0], crcs[1]);
+  CHECK(Crc32cOfChunks(crcs.data(), 2, 4096, 8192) !=
+        Crc32c(data.data(), 8192));
+}
+
 }  // namespace
 }  // namespace tandem::kernels
