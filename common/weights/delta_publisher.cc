@@ -44,16 +44,24 @@ absl::StatusOr<DeltaPublisher> DeltaPublisher::Create(
 void DeltaPublisher::Reset() {
   last_version_.reset();
   last_.reset();
+  last_device_.reset();
 }
 
 absl::StatusOr<PublishedVersion> DeltaPublisher::Publish(
     v1::WeightManifest manifest,
-    std::shared_ptr<const std::vector<uint8_t>> flat) {
+    std::shared_ptr<const std::vector<uint8_t>> flat,
+    std::optional<DeviceFlat> device) {
   const uint64_t v = manifest.policy_version();
   if (flat == nullptr || flat->size() != manifest.total_bytes()) {
     return absl::InvalidArgumentError(
         absl::StrCat("weights v", v, ": payload is ", flat ? flat->size() : 0,
                      " bytes, manifest says ", manifest.total_bytes()));
+  }
+  if (device.has_value() &&
+      (device->data == nullptr || device->bytes != flat->size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weights v", v, ": device copy is ", device->bytes,
+        " bytes, the payload ", flat->size()));
   }
   PublishedVersion out;
   const bool have_base = last_version_.has_value() && *last_version_ + 1 == v &&
@@ -67,15 +75,40 @@ absl::StatusOr<PublishedVersion> DeltaPublisher::Publish(
   } else {
     const absl::Span<const uint16_t> prev = kernels::AsWords(*last_);
     const absl::Span<const uint16_t> next = kernels::AsWords(*flat);
-    out.changed_words = kernels::CountChangedWords(prev, next);
+    // The most changed words max_density allows.
+    const auto max_changed = static_cast<uint64_t>(
+        options_.max_density * static_cast<double>(next.size()));
+    std::optional<CompactedChange> change;
+    if (compactor_ != nullptr && device.has_value() &&
+        last_device_.has_value()) {
+      absl::StatusOr<CompactedChange> found =
+          compactor_->Compact(*last_device_, *device, max_changed);
+      if (!found.ok()) {
+        return absl::Status(found.status().code(),
+                            absl::StrCat("weights v", v, ": device change "
+                                         "detection: ",
+                                         found.status().message()));
+      }
+      change = *std::move(found);
+      out.compared_on_device = true;
+      out.changed_words = change->changed_words;
+    } else {
+      out.changed_words = kernels::CountChangedWords(prev, next);
+    }
     out.density = next.empty() ? 0.0
                                : static_cast<double>(out.changed_words) /
                                      static_cast<double>(next.size());
-    if (*out.density > options_.max_density) {
+    // (A compactor that did not list the words counted them as too many.)
+    if (*out.density > options_.max_density ||
+        (change.has_value() && change->indices.size() != out.changed_words)) {
       out.reason = PublishReason::kDense;
     } else {
       absl::StatusOr<std::vector<uint8_t>> encoded =
-          kernels::EncodeBf16Delta(prev, next);
+          change.has_value()
+              ? kernels::EncodeSparseDelta(next.size(), change->indices,
+                                           change->new_words,
+                                           change->old_words)
+              : kernels::EncodeBf16Delta(prev, next);
       if (!encoded.ok()) return encoded.status();
       if (encoded->size() >= flat->size()) {
         out.reason = PublishReason::kLarge;
@@ -103,6 +136,7 @@ absl::StatusOr<PublishedVersion> DeltaPublisher::Publish(
   out.full = StoredPayload{std::move(manifest), flat};
   last_version_ = v;
   last_ = std::move(flat);
+  last_device_ = std::move(device);
   return out;
 }
 

@@ -26,6 +26,15 @@
 // ULP or two. A float32 step changes the low mantissa bits of nearly every
 // weight, so a float32 delta would be about as large as the full copy.
 //
+// Change detection on the device (issue 22 item 4): when the publisher has
+// a ChangeCompactor (set_change_compactor; CudaChangeCompactor in
+// common/weights/device_delta.h) and both v-1 and v came with a device copy
+// (Publish's `device`), the changed words are found and compacted where the
+// bytes lie, only the compacted lists (indices, new and old words) come to
+// the host, and the host coder encodes them (kernels::EncodeSparseDelta):
+// the same decision and the same delta bytes as the host path, without a
+// pass of the CPU over both buffers. Otherwise the host path runs.
+//
 // Thread-compatible: one publishing thread calls Publish().
 
 #include <cstdint>
@@ -34,6 +43,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/weights/weight_store.h"
 #include "kernels/anchor_policy.h"
 #include "tandem/v1/common.pb.h"
@@ -51,6 +61,37 @@ struct DeltaPublishOptions {
   // 10-25% density (docs/benchmarks.md), so a delta at 50% is still about
   // a quarter of the full copy; denser versions are rare and are anchors.
   double max_density = 0.5;
+};
+
+// A version's flat buffer as it also lies in device memory (the trainer's
+// device copy). The publisher keeps it, through `owner`, while it is the
+// base of the next version; its bytes must not change meanwhile and must
+// equal the host `flat` given with it.
+struct DeviceFlat {
+  const uint8_t* data = nullptr;  // device pointer
+  uint64_t bytes = 0;
+  std::shared_ptr<const void> owner;  // keeps `data` alive; may be null
+};
+
+// What a ChangeCompactor found between two versions.
+struct CompactedChange {
+  uint64_t changed_words = 0;
+  // In increasing index order; filled only when changed_words <= the
+  // limit Compact() was given (a denser change is not encoded anyway).
+  std::vector<uint64_t> indices;
+  std::vector<uint16_t> new_words;
+  std::vector<uint16_t> old_words;
+};
+
+// Finds and compacts the 16-bit words where two device buffers differ.
+class ChangeCompactor {
+ public:
+  virtual ~ChangeCompactor() = default;
+  // REQUIRES: prev.bytes == next.bytes, even. `max_listed`: the lists are
+  // copied to the host only when at most this many words changed.
+  virtual absl::StatusOr<CompactedChange> Compact(const DeviceFlat& prev,
+                                                  const DeviceFlat& next,
+                                                  uint64_t max_listed) = 0;
 };
 
 // Why a version was published the way it was.
@@ -77,6 +118,8 @@ struct PublishedVersion {
   // Changed fraction of 16-bit words against v-1, when compared.
   std::optional<double> density;
   uint64_t changed_words = 0;
+  // The change was found on the device (ChangeCompactor), not the host.
+  bool compared_on_device = false;
 };
 
 class DeltaPublisher {
@@ -91,9 +134,18 @@ class DeltaPublisher {
   // afterwards. A version that is not the last one + 1 (a restart, a
   // renumbering) is a FULL anchor. InvalidArgument when `flat` is not
   // manifest.total_bytes() long.
+  // `device`: the same bytes in device memory (see DeviceFlat), kept as the
+  // next version's device base; InvalidArgument when its size differs.
   absl::StatusOr<PublishedVersion> Publish(
       v1::WeightManifest manifest,
-      std::shared_ptr<const std::vector<uint8_t>> flat);
+      std::shared_ptr<const std::vector<uint8_t>> flat,
+      std::optional<DeviceFlat> device = std::nullopt);
+
+  // Where change detection runs when both versions have device copies.
+  // Null (the default): always on the host. Outlives this publisher.
+  void set_change_compactor(ChangeCompactor* compactor) {
+    compactor_ = compactor;
+  }
 
   // Forgets the base, so the next version is FULL (e.g. when a version
   // could not be published).
@@ -111,7 +163,9 @@ class DeltaPublisher {
   // The last version published, its bytes and its anchor.
   std::optional<uint64_t> last_version_;
   std::shared_ptr<const std::vector<uint8_t>> last_;
+  std::optional<DeviceFlat> last_device_;
   uint64_t anchor_version_ = 0;
+  ChangeCompactor* compactor_ = nullptr;
 };
 
 }  // namespace tandem::weights

@@ -165,6 +165,57 @@ absl::Status PublishOverBroadcast(
   return finish();
 }
 
+absl::Status BroadcastPlainPreamble(BroadcastBytesFn broadcast,
+                                    const v1::WeightManifest& manifest,
+                                    uint64_t payload_bytes,
+                                    uint64_t piece_bytes) {
+  const std::string serialized = manifest.SerializeAsString();
+  Header header{serialized.size(), payload_bytes, piece_bytes};
+  if (absl::Status s =
+          broadcast({reinterpret_cast<uint8_t*>(&header), sizeof(header)});
+      !s.ok()) {
+    return s;
+  }
+  std::vector<float> scratch = Scratch(serialized.size());
+  std::memcpy(scratch.data(), serialized.data(), serialized.size());
+  return broadcast(AsBytes(scratch));
+}
+
+absl::StatusOr<BroadcastPreamble> ReceiveBroadcastPreamble(
+    BroadcastBytesFn broadcast, absl::FunctionRef<void()> abort_group) {
+  Header header;
+  if (absl::Status s =
+          broadcast({reinterpret_cast<uint8_t*>(&header), sizeof(header)});
+      !s.ok()) {
+    return s;
+  }
+  if (header.piece_bytes % 4 != 0 ||
+      header.manifest_bytes > (uint64_t{1} << 30) ||
+      header.sealing > kBroadcastWithheld) {
+    abort_group();  // cannot know how the rest is cut
+    return absl::DataLossError(absl::StrCat(
+        "broadcast: bad header (manifest ", header.manifest_bytes,
+        " bytes, piece ", header.piece_bytes, " bytes, sealing ",
+        header.sealing, ")"));
+  }
+  std::vector<float> manifest_bytes = Scratch(header.manifest_bytes);
+  if (absl::Status s = broadcast(AsBytes(manifest_bytes)); !s.ok()) {
+    return s;
+  }
+  BroadcastPreamble out;
+  if (!out.manifest.ParseFromArray(manifest_bytes.data(),
+                                   static_cast<int>(header.manifest_bytes))) {
+    abort_group();  // cannot know how many broadcasts follow
+    return absl::DataLossError("broadcast: received an unparsable manifest");
+  }
+  out.payload_bytes = header.payload_bytes;
+  out.piece_bytes = header.piece_bytes;
+  out.sealing = header.sealing;
+  out.epoch = header.epoch;
+  out.salt = header.salt;
+  return out;
+}
+
 absl::StatusOr<uint64_t> ReceiveOverBroadcast(
     StartBroadcastFn start, absl::FunctionRef<void()> abort_group,
     StagingWeights* staging, uint64_t* round_version,
@@ -174,31 +225,12 @@ absl::StatusOr<uint64_t> ReceiveOverBroadcast(
   if (seal_outcome == nullptr) seal_outcome = &ignored;
   *seal_outcome = {};
   auto broadcast = [&](absl::Span<uint8_t> bytes) { return start(bytes)(); };
-  Header header;
-  if (absl::Status s =
-          broadcast({reinterpret_cast<uint8_t*>(&header), sizeof(header)});
-      !s.ok()) {
-    return s;
-  }
+  absl::StatusOr<BroadcastPreamble> preamble =
+      ReceiveBroadcastPreamble(broadcast, abort_group);
+  if (!preamble.ok()) return preamble.status();
+  const BroadcastPreamble& header = *preamble;
+  const v1::WeightManifest& manifest = preamble->manifest;
   const uint64_t piece_bytes = header.piece_bytes;
-  if (piece_bytes % 4 != 0 || header.manifest_bytes > (uint64_t{1} << 30) ||
-      header.sealing > kBroadcastWithheld) {
-    abort_group();  // cannot know how the rest is cut
-    return absl::DataLossError(absl::StrCat(
-        "broadcast: bad header (manifest ", header.manifest_bytes,
-        " bytes, piece ", piece_bytes, " bytes, sealing ", header.sealing,
-        ")"));
-  }
-  std::vector<float> manifest_bytes = Scratch(header.manifest_bytes);
-  if (absl::Status s = broadcast(AsBytes(manifest_bytes)); !s.ok()) {
-    return s;
-  }
-  v1::WeightManifest manifest;
-  if (!manifest.ParseFromArray(manifest_bytes.data(),
-                               static_cast<int>(header.manifest_bytes))) {
-    abort_group();  // cannot know how many broadcasts follow
-    return absl::DataLossError("broadcast: received an unparsable manifest");
-  }
   *round_version = manifest.policy_version();
   if (header.sealing == kBroadcastWithheld) {
     // Nothing else of this version crosses the wire.

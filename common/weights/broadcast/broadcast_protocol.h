@@ -49,6 +49,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/weights/data_plane_seal.h"
 #include "common/weights/pull/data_plane_auth.h"
 #include "common/weights/staging_weights.h"
 #include "tandem/v1/common.pb.h"
@@ -85,6 +86,30 @@ struct BroadcastSealOutcome {
   bool sealed = false;          // the version came sealed
   bool decrypt_failed = false;  // a piece failed its tag, or no key for it
 };
+
+// The first two broadcasts of a version (1. and 2. above), unsealed, for a
+// sender that moves the payload itself (broadcast/device_broadcast.h):
+// `payload_bytes` and `piece_bytes` go into the header as they are.
+absl::Status BroadcastPlainPreamble(BroadcastBytesFn broadcast,
+                                    const v1::WeightManifest& manifest,
+                                    uint64_t payload_bytes,
+                                    uint64_t piece_bytes);
+
+// What a receiving rank learnt from a version's first two broadcasts.
+struct BroadcastPreamble {
+  v1::WeightManifest manifest;
+  uint64_t payload_bytes = 0;
+  uint64_t piece_bytes = 0;  // FULL pieces; 0: whole buckets
+  uint64_t sealing = kBroadcastPlain;
+  uint64_t epoch = 0;  // data-plane epoch of the seal
+  SealSalt salt{};
+};
+
+// Joins the first two broadcasts of the next version. DataLoss, after
+// `abort_group()` (the rest of the stream cannot be followed), for a bad
+// header or an unparsable manifest; the broadcast's own errors as they are.
+absl::StatusOr<BroadcastPreamble> ReceiveBroadcastPreamble(
+    BroadcastBytesFn broadcast, absl::FunctionRef<void()> abort_group);
 
 // A receiving rank: joins every broadcast of the next version and stages it
 // into `staging`. `abort_group` is called when the stream cannot be
