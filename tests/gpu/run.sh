@@ -8,7 +8,9 @@
 # writes one Markdown report (default DIR/gpu-report.md):
 #   1. the GPU tests (device forward = CPU forward, GRPO step on the GPU =
 #      on the CPU, mixed precision, placement, the CUDA kernels; NCCL
-#      broadcast with two or more GPUs), each PASS / FAIL / SKIPPED;
+#      broadcast with two or more GPUs), each PASS / FAIL / SKIPPED; with
+#      two or more GPUs, NCCL broadcast of device memory bit-exact and its
+#      GB/s against a GPU-to-GPU copy (1b);
 #   2. decode tokens/s of a random model shaped like Qwen2.5-0.5B in
 #      bfloat16 at batch 1/8/64/256, next to the GPU's memory-bandwidth
 #      bound for the same work (weights + KV cache read per step / measured
@@ -34,7 +36,7 @@ while [[ $# -gt 0 ]]; do
     --build) build="$2"; shift 2 ;;
     --minutes) minutes="$2"; shift 2 ;;
     --report) report="$2"; shift 2 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -112,7 +114,7 @@ echo "| test | result | seconds |" >>"$report"
 echo "|---|---|---|" >>"$report"
 details="$work/details.md"
 : >"$details"
-for t in gpu_device_test kernels_logprobs_cuda_test kernels_cuda_test weights_nccl_test; do
+for t in gpu_device_test kernels_logprobs_cuda_test kernels_cuda_test weights_nccl_test weights_device_sync_test; do
   if [[ ! -x "$bin/$t" ]]; then
     echo "| $t | NOT BUILT | |" >>"$report"
     continue
@@ -137,6 +139,29 @@ for t in gpu_device_test kernels_logprobs_cuda_test kernels_cuda_test weights_nc
 done
 echo >>"$report"
 cat "$details" >>"$report"
+
+# ---- 1b. NCCL broadcast of device memory against a GPU-to-GPU copy ----
+echo "## 1b. NCCL broadcast: device memory, against a GPU 0 -> GPU 1 copy" >>"$report"
+echo >>"$report"
+if [[ "$gpu_count" -lt 2 ]]; then
+  echo "SKIPPED: $gpu_count GPU(s); a 2-rank NCCL group needs 2 (NCCL rejects two ranks on one GPU)." >>"$report"
+  echo "  nccl_broadcast_bench: SKIPPED ($gpu_count GPU(s), needs 2)"
+elif [[ ! -x "$bin/nccl_broadcast_bench" ]]; then
+  echo "NOT BUILT: nccl_broadcast_bench" >>"$report"
+else
+  run_bin timeout 600 "$bin/nccl_broadcast_bench" --mib 1024 --repeat 5 \
+    >"$work/nccl_bench.txt" 2>&1
+  rc=$?
+  case $rc in
+    0) echo "  nccl_broadcast_bench: PASS (bit-exact)" ;;
+    77) echo "  nccl_broadcast_bench: SKIPPED" ;;
+    *) status=1; echo "FAIL: nccl_broadcast_bench exit $rc" >>"$report"
+       echo "  nccl_broadcast_bench: FAIL (exit $rc)" ;;
+  esac
+  { echo "Command: nccl_broadcast_bench --mib 1024 --repeat 5"; echo;
+    tail -n 8 "$work/nccl_bench.txt"; } >>"$report"
+fi
+echo >>"$report"
 
 # ---- 2. Decode throughput against the memory-bandwidth bound ----
 echo "## 2. Decode tokens/s, Qwen2.5-0.5B-shaped random model, bfloat16" >>"$report"
@@ -232,9 +257,9 @@ echo >>"$report"
 cat >>"$report" <<'EOF'
 Not built yet (issue 22, docs/gpu.md): a paged device KV layout and CUDA
 graphs; CUDA IPC weight sync (workers on the trainer's GPU receive versions through the host,
-by Gloo or pull); NCCL broadcast from device buffers and its GB/s against a
-device-to-device copy (the NCCL transport sends host buffers; its
-bit-exactness test is in section 1).
+by Gloo or pull); the daemons on the device broadcast path (the trainer and
+worker do not call common/weights/broadcast/device_broadcast.h yet; its
+tests are in section 1, its GB/s in section 1b).
 
 EOF
 

@@ -81,7 +81,10 @@ struct DeviceReceiveOptions {
 };
 
 // A worker rank: joins every broadcast of the next version and receives it
-// into `bytes` bytes of device memory at d_staging (this rank's device).
+// into `bytes` bytes of device memory at d_staging (this rank's device):
+// the staging buffer of a double-buffered worker, whose swap stays a
+// pointer swap, or in inplace mode the live weights themselves, whose
+// readers stay paused until this returns OK.
 // FULL: the buckets land in place; DELTA: the encoded delta arrives on the
 // host, is decoded there (kernels::DecodeBf16DeltaOps, which validates it)
 // and patched into d_staging on the device (ApplyDeltaOnDevice). Returns
