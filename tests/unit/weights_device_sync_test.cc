@@ -29,6 +29,7 @@
 #include "common/weights/device_delta.h"
 #include "kernels/bf16_change.h"
 #include "kernels/bf16_delta.h"
+#include "kernels/crc32c.h"
 #include "kernels/cuda/bf16_delta_cuda.h"
 #include "weights_test_util.h"
 
@@ -65,14 +66,20 @@ class RecordingGroup : public BroadcastGroup {
   std::vector<bool> from_device;
 };
 
-// Plays a recording to a receiving rank, one broadcast after the other.
+// Plays a recording to a receiving rank, one broadcast after the other;
+// with `device`, it also takes "device" broadcasts, into host memory.
 class ReplayGroup : public BroadcastGroup {
  public:
-  explicit ReplayGroup(std::vector<Bytes> record)
-      : record_(std::move(record)) {}
+  explicit ReplayGroup(std::vector<Bytes> record, bool device = false)
+      : record_(std::move(record)), device_(device) {}
   int rank() const override { return 1; }
   int world_size() const override { return 2; }
   bool broken() const override { return false; }
+  bool broadcasts_device_memory() const override { return device_; }
+  absl::Status BroadcastDevice(void* ptr, uint64_t bytes) override {
+    if (!device_) return BroadcastGroup::BroadcastDevice(ptr, bytes);
+    return Broadcast({static_cast<uint8_t*>(ptr), bytes});
+  }
   absl::Status Broadcast(absl::Span<uint8_t> bytes) override {
     if (next_ >= record_.size() || record_[next_].size() != bytes.size()) {
       return absl::DataLossError(
@@ -89,6 +96,7 @@ class ReplayGroup : public BroadcastGroup {
 
  private:
   std::vector<Bytes> record_;
+  bool device_;
   size_t next_ = 0;
 };
 
@@ -221,6 +229,161 @@ TEST_CASE(
                                           " bytes, the device buffer ",
                                           payload.size() - 64)));
   CHECK(group.record.empty());
+}
+
+// Host memory standing in for device memory in the device receiver.
+class HostMemory : public DeviceMemory {
+ public:
+  absl::StatusOr<uint32_t> Crc32c(const uint8_t* d, uint64_t n) override {
+    return kernels::Crc32c(d, n);
+  }
+  absl::Status ApplyDelta(absl::Span<const uint8_t> delta, uint8_t* d,
+                          uint64_t n) override {
+    return kernels::ApplyBf16Delta(
+        delta, absl::MakeSpan(reinterpret_cast<uint16_t*>(d), n / 2));
+  }
+  absl::StatusOr<uint8_t*> Allocate(uint64_t n) override {
+    ++allocations;
+    return new uint8_t[n];
+  }
+  void Free(uint8_t* d) override { delete[] d; }
+  int allocations = 0;
+};
+
+TEST_CASE(
+    "The device receiver stages FULL and DELTA versions from host and device "
+    "senders, verified, and joins every broadcast of what it refuses",
+    "[weights][device]") {
+  const FlatWeightLayout layout = testing::SmallLayout();
+  std::mt19937_64 rng(29);
+  std::vector<Bytes> versions;
+  WeightBuffer current(layout.total_bytes());
+  testing::FillRandom(layout, &current, rng);
+  for (int v = 0; v < 10; ++v) {
+    if (v > 0) testing::Perturb(layout, &current, rng, 0.02);
+    versions.emplace_back(current.data(), current.data() + current.size());
+  }
+  auto manifest = [&](uint64_t v) {
+    auto m = layout.BuildManifest(
+        absl::MakeConstSpan(versions[v].data(), versions[v].size()), v);
+    REQUIRE(m.ok());
+    return *m;
+  };
+  // Rank 0's broadcasts of a version: FULL from "device memory", or any
+  // kind from host bytes through the host sender.
+  auto from_device = [&](uint64_t v, Bytes payload) {
+    RecordingGroup g;
+    REQUIRE(PublishDeviceOverBroadcast(&g, manifest(v), payload.data(),
+                                       payload.size())
+                .ok());
+    return g.record;
+  };
+  auto from_host = [&](const v1::WeightManifest& m, const Bytes& payload,
+                       const DataPlaneKeyHolder* keys = nullptr) {
+    RecordingGroup g;
+    BroadcastWeightSender sender(&g, keys);
+    REQUIRE(sender.Publish(m, payload, absl::InfiniteFuture()).ok());
+    return g.record;
+  };
+  auto delta_on = [&](uint64_t v) {
+    v1::WeightManifest m = manifest(v);
+    m.set_kind(v1::WEIGHT_PAYLOAD_KIND_DELTA);
+    m.set_base_version(v - 1);
+    auto d = kernels::EncodeBf16Delta(kernels::AsWords(versions[v - 1]),
+                                      kernels::AsWords(versions[v]));
+    REQUIRE(d.ok());
+    return std::pair{m, *d};
+  };
+
+  HostMemory memory;
+  Bytes staging(layout.total_bytes(), 0);
+  int digests = 0;
+  DeviceReceiveOptions options;
+  options.memory_for_test = &memory;
+  options.digest_check = [&](const v1::WeightManifest& m, const uint8_t* d,
+                             uint64_t n) -> absl::Status {
+    ++digests;
+    if (m.policy_version() == 9) return absl::DataLossError("sha256 mismatch");
+    return Bytes(d, d + n) == versions[m.policy_version()]
+               ? absl::OkStatus()
+               : absl::InternalError("digest check saw other bytes");
+  };
+  // Receives one recorded version; every broadcast must be joined.
+  auto receive = [&](std::vector<Bytes> record) {
+    ReplayGroup group(std::move(record), /*device=*/true);
+    uint64_t round = 0;
+    auto got = ReceiveDeviceOverBroadcast(&group, staging.data(),
+                                          staging.size(), &round, options);
+    CHECK(group.done());
+    options.staged_version.reset();
+    if (got.ok()) options.staged_version = got->policy_version();
+    return got;
+  };
+
+  // FULL from a device sender and from a host sender.
+  auto got = receive(from_device(1, versions[1]));
+  REQUIRE(got.ok());
+  CHECK(staging == versions[1]);
+  got = receive(from_host(manifest(2), versions[2]));
+  REQUIRE(got.ok());
+  CHECK(staging == versions[2]);
+  // A DELTA on the staged version is patched in place and verified.
+  auto [m3, d3] = delta_on(3);
+  got = receive(from_host(m3, d3));
+  REQUIRE(got.ok());
+  CHECK(got->kind() == v1::WEIGHT_PAYLOAD_KIND_DELTA);
+  CHECK(staging == versions[3]);
+  CHECK(digests == 3);
+  CHECK(memory.allocations == 0);
+
+  // A flipped byte: DataLoss naming the bucket, no digest check.
+  Bytes corrupt = versions[4];
+  corrupt[corrupt.size() / 2] ^= 0x40;
+  got = receive(from_device(4, corrupt));
+  CHECK(absl::IsDataLoss(got.status()));
+  CHECK_THAT(std::string(got.status().message()),
+             Catch::Contains("crc32c mismatch"));
+  CHECK(digests == 3);
+  // A DELTA whose base is not staged (the last version failed).
+  auto [m5, d5] = delta_on(5);
+  got = receive(from_host(m5, d5));
+  CHECK(absl::IsFailedPrecondition(got.status()));
+  CHECK_THAT(std::string(got.status().message()),
+             Catch::Contains("DELTA v5 is on v4, the device staging holds no "
+                             "version"));
+
+  got = receive(from_device(6, versions[6]));
+  REQUIRE(got.ok());
+  // A sealed version is joined into scratch and refused; staging keeps v6.
+  DataPlaneKeyHolder keys;
+  auto key = NewDataPlaneKey(1);
+  REQUIRE(key.ok());
+  keys.Set(*key);
+  got = receive(from_host(manifest(7), versions[7], &keys));
+  CHECK(absl::IsFailedPrecondition(got.status()));
+  CHECK_THAT(std::string(got.status().message()), Catch::Contains("sealed"));
+  CHECK(memory.allocations >= 1);
+  CHECK(staging == versions[6]);
+  // Withheld (a key holder without a key): nothing follows the manifest.
+  DataPlaneKeyHolder empty_keys;
+  got = receive(from_host(manifest(8), versions[8], &empty_keys));
+  CHECK(absl::IsUnavailable(got.status()));
+  // The digest check has the last word.
+  got = receive(from_device(9, versions[9]));
+  CHECK(absl::IsDataLoss(got.status()));
+  CHECK(got.status().message() == "sha256 mismatch");
+
+  // A version of another size is joined and refused.
+  Bytes small(layout.total_bytes() - 64);
+  ReplayGroup group(from_device(6, versions[6]), /*device=*/true);
+  uint64_t round = 0;
+  got = ReceiveDeviceOverBroadcast(&group, small.data(), small.size(), &round,
+                                   options);
+  CHECK(group.done());
+  CHECK(round == 6);
+  CHECK(absl::IsFailedPrecondition(got.status()));
+  CHECK_THAT(std::string(got.status().message()),
+             Catch::Contains("the device buffer"));
 }
 
 // Compares on the host, treating the "device" pointers as host memory: the

@@ -36,31 +36,56 @@ absl::Status CheckBuckets(const v1::WeightManifest& m, uint64_t bytes) {
 // Device memory for pieces this rank joins but cannot keep; grown on use.
 class DeviceScratch {
  public:
+  explicit DeviceScratch(DeviceMemory* memory) : memory_(memory) {}
   ~DeviceScratch() {
-    if (data_ != nullptr) cudaFree(data_);
+    if (data_ != nullptr) memory_->Free(data_);
   }
   absl::StatusOr<uint8_t*> Get(uint64_t n) {
-    if (n <= size_) return data_;
-    if (data_ != nullptr) cudaFree(data_);
+    if (n <= size_ && data_ != nullptr) return data_;
+    if (data_ != nullptr) memory_->Free(data_);
     data_ = nullptr;
     size_ = 0;
-    if (cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&data_), n);
-        e != cudaSuccess) {
-      cudaGetLastError();
-      return absl::ResourceExhaustedError(
-          absl::StrCat("device broadcast: cudaMalloc of ", n,
-                       " scratch bytes: ", cudaGetErrorString(e)));
-    }
+    absl::StatusOr<uint8_t*> d = memory_->Allocate(std::max<uint64_t>(n, 4));
+    if (!d.ok()) return d.status();
+    data_ = *d;
     size_ = n;
     return data_;
   }
 
  private:
+  DeviceMemory* memory_;
   uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
 };
 
+class CudaMemory : public DeviceMemory {
+ public:
+  absl::StatusOr<uint32_t> Crc32c(const uint8_t* d, uint64_t n) override {
+    return kernels::cuda::Crc32cDevice(d, n);
+  }
+  absl::Status ApplyDelta(absl::Span<const uint8_t> delta, uint8_t* d,
+                          uint64_t n) override {
+    return ApplyDeltaOnDevice(delta, d, n);
+  }
+  absl::StatusOr<uint8_t*> Allocate(uint64_t n) override {
+    void* d = nullptr;
+    if (cudaError_t e = cudaMalloc(&d, n); e != cudaSuccess) {
+      cudaGetLastError();
+      return absl::ResourceExhaustedError(
+          absl::StrCat("device broadcast: cudaMalloc of ", n,
+                       " scratch bytes: ", cudaGetErrorString(e)));
+    }
+    return static_cast<uint8_t*>(d);
+  }
+  void Free(uint8_t* d) override { cudaFree(d); }
+};
+
 }  // namespace
+
+DeviceMemory* CudaDeviceMemory() {
+  static CudaMemory* const memory = new CudaMemory();
+  return memory;
+}
 
 absl::Status FillDeviceBucketCrcs(v1::WeightManifest* manifest,
                                   const uint8_t* d_payload, uint64_t bytes) {
@@ -173,7 +198,10 @@ absl::StatusOr<v1::WeightManifest> ReceiveDeviceOverBroadcast(
     uint8_t tag[kTagBytes];
     return group->Broadcast({tag, kTagBytes});
   };
-  DeviceScratch scratch;
+  DeviceMemory* memory = options.memory_for_test != nullptr
+                             ? options.memory_for_test
+                             : CudaDeviceMemory();
+  DeviceScratch scratch(memory);
   if (full) {
     const uint64_t piece_bytes = preamble->piece_bytes;
     for (int i = 0; i < manifest.buckets_size(); ++i) {
@@ -198,8 +226,8 @@ absl::StatusOr<v1::WeightManifest> ReceiveDeviceOverBroadcast(
         }
       }
       if (!local.ok()) continue;
-      absl::StatusOr<uint32_t> crc = kernels::cuda::Crc32cDevice(
-          d_staging + b.byte_offset(), b.byte_size());
+      absl::StatusOr<uint32_t> crc =
+          memory->Crc32c(d_staging + b.byte_offset(), b.byte_size());
       if (!crc.ok()) {
         local = crc.status();
       } else if (*crc != b.crc32c()) {
@@ -225,11 +253,11 @@ absl::StatusOr<v1::WeightManifest> ReceiveDeviceOverBroadcast(
       }
       std::copy(buf.begin(), buf.begin() + n, delta.begin() + off);
     }
-    if (local.ok()) local = ApplyDeltaOnDevice(delta, d_staging, bytes);
+    if (local.ok()) local = memory->ApplyDelta(delta, d_staging, bytes);
     for (int i = 0; local.ok() && i < manifest.buckets_size(); ++i) {
       const v1::BucketSpec& b = manifest.buckets(i);
-      absl::StatusOr<uint32_t> crc = kernels::cuda::Crc32cDevice(
-          d_staging + b.byte_offset(), b.byte_size());
+      absl::StatusOr<uint32_t> crc =
+          memory->Crc32c(d_staging + b.byte_offset(), b.byte_size());
       if (!crc.ok()) {
         local = crc.status();
       } else if (*crc != b.crc32c()) {

@@ -41,6 +41,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/weights/broadcast/broadcast_group.h"
 #include "tandem/v1/common.pb.h"
 
@@ -72,12 +73,32 @@ using DeviceDigestCheck =
     std::function<absl::Status(const v1::WeightManifest& manifest,
                                const uint8_t* d_staging, uint64_t bytes)>;
 
+// What the device receiver does to device memory besides broadcasting into
+// it: CudaDeviceMemory() on the current CUDA device in production; a test
+// substitutes host memory (DeviceReceiveOptions::memory_for_test) to run
+// the receiver's protocol on the CPU.
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  // kernels::Crc32c of `n` bytes at d.
+  virtual absl::StatusOr<uint32_t> Crc32c(const uint8_t* d, uint64_t n) = 0;
+  // ApplyDeltaOnDevice (device_delta.h).
+  virtual absl::Status ApplyDelta(absl::Span<const uint8_t> delta, uint8_t* d,
+                                  uint64_t n) = 0;
+  virtual absl::StatusOr<uint8_t*> Allocate(uint64_t n) = 0;
+  virtual void Free(uint8_t* d) = 0;
+};
+DeviceMemory* CudaDeviceMemory();
+
 struct DeviceReceiveOptions {
   // The version d_staging holds on entry (its base for a DELTA); empty: no
   // valid version (a DELTA is refused then).
   std::optional<uint64_t> staged_version;
   // Called after every bucket verified; null: CRC-32C only.
   DeviceDigestCheck digest_check;
+  // Test-only: memory operations on host memory (see DeviceMemory). Null:
+  // CudaDeviceMemory().
+  DeviceMemory* memory_for_test = nullptr;
 };
 
 // A worker rank: joins every broadcast of the next version and receives it
