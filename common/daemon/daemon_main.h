@@ -26,6 +26,7 @@ absl::Status InitDaemonLogging(const config::ServerOptions& options);
 template <typename Daemon, typename Config>
 int RunDaemon(int argc, char** argv, const std::string& name) {
   BlockTerminationSignals();
+  IgnoreBrokenPipeSignal();
   Config config;
   config::ConfigSchema schema;
   RegisterFields(&schema, &config);

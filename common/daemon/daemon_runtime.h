@@ -56,6 +56,14 @@ class DaemonRuntime {
 // Blocks SIGTERM, SIGINT and SIGHUP in the calling thread; call in main()
 // before any thread starts so every thread inherits the mask.
 void BlockTerminationSignals();
+
+// Ignores SIGPIPE for the whole process: a write to a socket whose peer
+// died returns EPIPE to the code that wrote instead of killing the daemon.
+// Gloo's pair sockets write without MSG_NOSIGNAL, so a rollout worker
+// killed during a broadcast could otherwise take the trainer down with it
+// (seen as a SIGPIPE death in weights_gloo_dying_peer_test). Programs the
+// daemons start reset it (the verifier's sandbox, ResetSignals).
+void IgnoreBrokenPipeSignal();
 // Waits for one of the blocked signals and returns its number.
 int WaitForTerminationSignal();
 

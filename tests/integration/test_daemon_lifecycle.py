@@ -16,6 +16,15 @@ DRAIN_TIMEOUT_MS = 3000
 DRAIN = ["--set", f"drain_timeout_ms={DRAIN_TIMEOUT_MS}"]
 
 
+def ignores_signal(pid, number):
+    """Whether process `pid` ignores signal `number` (/proc/PID/status)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("SigIgn:"):
+                return bool(int(line.split()[1], 16) >> (number - 1) & 1)
+    raise AssertionError(f"/proc/{pid}/status has no SigIgn line")
+
+
 class LifecycleTest(unittest.TestCase):
 
     def setUp(self):
@@ -33,6 +42,13 @@ class LifecycleTest(unittest.TestCase):
             self.assertEqual(harness.wait_for(
                 lambda: harness.health_check(info["grpc_address"]) ==
                 "SERVING", 10, f"{name} SERVING"), True)
+        # A peer that dies mid-write (a Gloo pair socket) must not kill a
+        # daemon with SIGPIPE: each one ignores it (RunDaemon).
+        for name, daemon in [("coordinator", coordinator),
+                             *members.items()]:
+            with self.subTest(daemon=name, check="SIGPIPE ignored"):
+                self.assertTrue(ignores_signal(daemon.process.pid,
+                                               signal.SIGPIPE))
         # Members first, then the coordinator, as an operator would.
         for name, daemon in list(members.items()) + [("coordinator",
                                                       coordinator)]:
