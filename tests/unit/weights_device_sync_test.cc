@@ -23,10 +23,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/weights/broadcast/device_broadcast.h"
+#include "common/weights/broadcast/device_digest_check.h"
 #include "common/weights/broadcast/gloo_broadcast_transport.h"
 #include "common/weights/broadcast/nccl_broadcast_transport.h"
 #include "common/weights/delta_publisher.h"
 #include "common/weights/device_delta.h"
+#include "common/weights/weight_digest.h"
 #include "kernels/bf16_change.h"
 #include "kernels/bf16_delta.h"
 #include "kernels/crc32c.h"
@@ -91,8 +93,9 @@ class ReplayGroup : public BroadcastGroup {
     std::memcpy(bytes.data(), record_[next_++].data(), bytes.size());
     return absl::OkStatus();
   }
-  void Abort() override {}
+  void Abort() override { aborted = true; }
   bool done() const { return next_ == record_.size(); }
+  bool aborted = false;
 
  private:
   std::vector<Bytes> record_;
@@ -373,6 +376,23 @@ TEST_CASE(
   CHECK(absl::IsDataLoss(got.status()));
   CHECK(got.status().message() == "sha256 mismatch");
 
+  // A header announcing a delta larger than the full copy cannot be
+  // followed: the group is aborted.
+  {
+    auto [m, d] = delta_on(9);
+    std::vector<Bytes> record = from_host(m, d);
+    const uint64_t huge = uint64_t{1} << 40;
+    std::memcpy(record[0].data() + 8, &huge, 8);  // the payload size
+    ReplayGroup group(record, /*device=*/true);
+    uint64_t round = 0;
+    auto bad = ReceiveDeviceOverBroadcast(&group, staging.data(),
+                                          staging.size(), &round, options);
+    CHECK(absl::IsDataLoss(bad.status()));
+    CHECK_THAT(std::string(bad.status().message()),
+               Catch::Contains("-byte delta for weights v9"));
+    CHECK(group.aborted);
+  }
+
   // A version of another size is joined and refused.
   Bytes small(layout.total_bytes() - 64);
   ReplayGroup group(from_device(6, versions[6]), /*device=*/true);
@@ -384,6 +404,86 @@ TEST_CASE(
   CHECK(absl::IsFailedPrecondition(got.status()));
   CHECK_THAT(std::string(got.status().message()),
              Catch::Contains("the device buffer"));
+}
+
+// Hands out a fixed digest, as the authenticated plane would.
+class FixedDigest : public TrustedDigestSource {
+ public:
+  explicit FixedDigest(std::string digest) : digest_(std::move(digest)) {}
+  absl::StatusOr<std::string> TrustedSha256(uint64_t) override {
+    return digest_;
+  }
+
+ private:
+  std::string digest_;
+};
+
+TEST_CASE(
+    "The device receiver's SHA-256 check refuses bytes rewritten to keep "
+    "their CRC-32C, and prefers the trusted digest to the in-band one",
+    "[weights][device][digest]") {
+  const FlatWeightLayout layout = testing::SmallLayout();
+  std::mt19937_64 rng(31);
+  WeightBuffer flat(layout.total_bytes());
+  testing::FillRandom(layout, &flat, rng);
+  const Bytes bytes(flat.data(), flat.data() + flat.size());
+  auto manifest = layout.BuildManifest(flat.span(), 3);
+  REQUIRE(manifest.ok());
+  REQUIRE(manifest->sha256().size() == 32);
+  RecordingGroup sender;
+  REQUIRE(
+      PublishDeviceOverBroadcast(&sender, *manifest, flat.data(), flat.size())
+          .ok());
+
+  HostMemory memory;
+  auto receive = [&](std::vector<Bytes> record, DeviceDigestCheck check) {
+    ReplayGroup group(std::move(record), /*device=*/true);
+    Bytes staging(layout.total_bytes());
+    DeviceReceiveOptions options;
+    options.memory_for_test = &memory;
+    options.digest_check = std::move(check);
+    uint64_t round = 0;
+    auto got = ReceiveDeviceOverBroadcast(&group, staging.data(),
+                                          staging.size(), &round, options);
+    CHECK(group.done());
+    return got.status();
+  };
+  const c10::Device cpu(c10::kCPU);
+  CHECK(receive(sender.record, DeviceSha256Check(cpu)).ok());
+
+  // An attacker on the wire rewrites bucket 1 keeping its CRC-32C.
+  std::vector<Bytes> tampered = sender.record;
+  REQUIRE(testing::FlipKeepingCrc32c(absl::MakeSpan(tampered[3]), 16) > 0);
+  absl::Status s = receive(tampered, DeviceSha256Check(cpu));
+  CHECK(IsDigestMismatch(s));
+  // ... and the in-band manifest's digest with it: the trusted one decides.
+  std::vector<Bytes> forged = tampered;
+  {
+    v1::WeightManifest m = *manifest;
+    Bytes flipped = bytes;
+    const v1::BucketSpec& b = m.buckets(1);
+    std::copy(tampered[3].begin(), tampered[3].end(),
+              flipped.begin() + b.byte_offset());
+    auto forged_manifest = layout.BuildManifest(flipped, 3);
+    REQUIRE(forged_manifest.ok());
+    RecordingGroup g;
+    REQUIRE(PublishDeviceOverBroadcast(&g, *forged_manifest, flipped.data(),
+                                       flipped.size())
+                .ok());
+    forged = g.record;
+  }
+  CHECK(receive(forged, DeviceSha256Check(cpu)).ok());  // in-band fooled
+  FixedDigest trusted(manifest->sha256());
+  CHECK(IsDigestMismatch(receive(forged, DeviceSha256Check(cpu, &trusted))));
+  CHECK(receive(sender.record, DeviceSha256Check(cpu, &trusted)).ok());
+  // No digest anywhere (a trainer that predates it): the CRCs decide.
+  auto unsigned_manifest = layout.BuildManifest(flat.span(), 3, false);
+  REQUIRE(unsigned_manifest.ok());
+  RecordingGroup old;
+  REQUIRE(PublishDeviceOverBroadcast(&old, *unsigned_manifest, flat.data(),
+                                     flat.size())
+              .ok());
+  CHECK(receive(old.record, DeviceSha256Check(cpu)).ok());
 }
 
 // Compares on the host, treating the "device" pointers as host memory: the

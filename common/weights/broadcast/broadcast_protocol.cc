@@ -208,6 +208,16 @@ absl::StatusOr<BroadcastPreamble> ReceiveBroadcastPreamble(
     abort_group();  // cannot know how many broadcasts follow
     return absl::DataLossError("broadcast: received an unparsable manifest");
   }
+  // A delta is only sent when smaller than the full copy (DeltaPublisher):
+  // a larger size cannot be what the sender meant.
+  if (out.manifest.kind() == v1::WEIGHT_PAYLOAD_KIND_DELTA &&
+      header.payload_bytes > out.manifest.total_bytes()) {
+    abort_group();  // cannot know how many broadcasts follow
+    return absl::DataLossError(absl::StrCat(
+        "broadcast: bad header: a ", header.payload_bytes,
+        "-byte delta for weights v", out.manifest.policy_version(), " of ",
+        out.manifest.total_bytes(), " bytes"));
+  }
   out.payload_bytes = header.payload_bytes;
   out.piece_bytes = header.piece_bytes;
   out.sealing = header.sealing;

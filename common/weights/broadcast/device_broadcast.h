@@ -13,8 +13,9 @@
 // Verification (nothing goes live unverified): the receiver checks every
 // bucket's CRC-32C on the device (kernels/cuda/crc32c_cuda.h: per-chunk
 // CRCs on the GPU, joined on the host) against the manifest, then calls
-// the caller's digest check (SHA-256 over the whole staged buffer) before
-// it returns OK. Only then may the caller make the staging buffer live
+// the caller's digest check (SHA-256 over the whole staged buffer against
+// the trusted digest: DeviceSha256Check, device_digest_check.h) before it
+// returns OK. Only then may the caller make the staging buffer live
 // (a pointer swap) or, in inplace mode, let readers back into it.
 //
 // What stays on the host path: sealed versions (tls.mode mtls: AES-GCM
