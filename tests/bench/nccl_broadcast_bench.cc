@@ -4,6 +4,10 @@
 // (host bytes through pinned and device staging, the host path), each
 // against a device-to-device cudaMemcpyPeer of the same bytes from GPU 0
 // to GPU 1, run side by side in one process: the ratios are what count.
+// Then whole versions of the same size (one bf16 tensor in buckets of
+// --bucket-mib) from device to device: PublishDeviceOverBroadcast into
+// ReceiveDeviceOverBroadcast with the CRC-32C of every bucket checked on
+// GPU 1, and with the SHA-256 check (DeviceSha256Check) on top.
 // Ranks are threads, rank r on GPU r, rendezvous through a TCPStore on an
 // ephemeral port. Also checks that the device broadcast is bit-exact.
 //
@@ -26,6 +30,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/weights/broadcast/device_broadcast.h"
+#include "common/weights/broadcast/device_digest_check.h"
 #include "common/weights/broadcast/gloo_broadcast_transport.h"
 #include "common/weights/broadcast/nccl_broadcast_transport.h"
 #include "tests/bench/bench_util.h"
@@ -137,9 +143,31 @@ int Main(int argc, char** argv) {
   Cuda(cudaSetDevice(1), "cudaSetDevice");
   Cuda(cudaMemset(d[1], 0, bytes), "cudaMemset");
 
+  // A version of the same bytes: one bf16 tensor in buckets.
+  auto layout = weights::FlatWeightLayout::Create(
+      {{"w", v1::DTYPE_BF16, {static_cast<int64_t>(bytes / 2)}, bytes}},
+      {.bucket_bytes = o.bucket_mib << 20, .alignment = 64});
+  if (!layout.ok()) bench::Die(kProgram, layout.status().ToString());
+  if (layout->total_bytes() != bytes) {
+    bench::Die(kProgram, "--mib: the layout pads the buffer");
+  }
+  auto manifest = layout->BuildManifest(host, 1);
+  if (!manifest.ok()) bench::Die(kProgram, manifest.status().ToString());
+
   // The two ranks; each round's time is the slower rank's.
   Barrier barrier;
-  std::vector<double> device_s[2], host_s[2];
+  std::vector<double> device_s[2], host_s[2], version_s[2], sha_s[2];
+  std::string sha_error;
+  // Bit-exact: what GPU 1 holds after the device broadcasts, and after the
+  // versions (cleared in between), is what GPU 0 sent.
+  bool device_exact = false, version_exact = false;
+  auto exact_on_gpu1 = [&] {
+    std::vector<uint8_t> got(bytes);
+    Cuda(cudaMemcpy(got.data(), d[1], bytes, cudaMemcpyDeviceToHost),
+         "cudaMemcpy D2H");
+    Cuda(cudaMemset(d[1], 0, bytes), "cudaMemset");
+    return got == host;
+  };
   std::string error[2];
   std::vector<uint8_t> host_received(bytes);
   auto rank = [&](int r) {
@@ -173,8 +201,35 @@ int Main(int argc, char** argv) {
     std::vector<double> warm;
     timed(device, &warm);  // the communicator's first collective
     for (int i = 0; i < o.repeat; ++i) timed(device, &device_s[r]);
+    if (r == 1) device_exact = exact_on_gpu1();
     timed(via_host, &warm);
     for (int i = 0; i < o.repeat; ++i) timed(via_host, &host_s[r]);
+    auto version = [&](bool sha) -> absl::Status {
+      if (r == 0) {
+        return weights::PublishDeviceOverBroadcast(group->get(), *manifest,
+                                                   d[0], bytes);
+      }
+      weights::DeviceReceiveOptions options;
+      if (sha) {
+        options.digest_check =
+            weights::DeviceSha256Check(c10::Device(c10::kCUDA, 1));
+      }
+      uint64_t round = 0;
+      auto got = weights::ReceiveDeviceOverBroadcast(group->get(), d[1], bytes,
+                                                     &round, options);
+      if (sha && !got.ok()) {
+        sha_error = got.status().ToString();
+        return absl::OkStatus();  // reported in its row
+      }
+      return got.status();
+    };
+    for (int i = 0; i < o.repeat; ++i) {
+      timed([&] { return version(false); }, &version_s[r]);
+    }
+    if (r == 1) version_exact = exact_on_gpu1();
+    for (int i = 0; i < o.repeat; ++i) {
+      timed([&] { return version(true); }, &sha_s[r]);
+    }
   };
   std::thread rank1(rank, 1);
   rank(0);
@@ -190,12 +245,6 @@ int Main(int argc, char** argv) {
     return bench::Median(out);
   };
 
-  // Bit-exact: what GPU 1 and the host rank received is what GPU 0 sent.
-  std::vector<uint8_t> got(bytes);
-  Cuda(cudaSetDevice(1), "cudaSetDevice");
-  Cuda(cudaMemcpy(got.data(), d[1], bytes, cudaMemcpyDeviceToHost),
-       "cudaMemcpy D2H");
-  const bool device_exact = got == host;
   const bool host_exact = host_received == host;
   for (uint8_t* p : d) cudaFree(p);
 
@@ -203,6 +252,8 @@ int Main(int argc, char** argv) {
   const double copy = bench::Median(copy_s);
   const double device = slower(device_s);
   const double via_host = slower(host_s);
+  const double version = slower(version_s);
+  const double sha = slower(sha_s);
   std::printf("%s: %llu MiB, %d rounds (median), buckets of %llu MiB\n",
               kProgram, static_cast<unsigned long long>(o.mib), o.repeat,
               static_cast<unsigned long long>(o.bucket_mib));
@@ -216,7 +267,22 @@ int Main(int argc, char** argv) {
   std::printf(
       "| NCCL Broadcast (host -> host, the host path) | %.1f | %.2f | %s |\n",
       gb / via_host, copy / via_host, host_exact ? "yes" : "NO");
-  return device_exact && host_exact ? 0 : 1;
+  std::printf(
+      "| version device -> device, CRC-32C per bucket on GPU 1 | %.1f | "
+      "%.2f | %s |\n",
+      gb / version, copy / version, version_exact ? "yes" : "NO");
+  if (sha_error.empty()) {
+    std::printf(
+        "| version device -> device, CRC-32C + SHA-256 | %.1f | %.2f | |\n",
+        gb / sha, copy / sha);
+  } else {
+    std::printf(
+        "| version device -> device, CRC-32C + SHA-256 | failed: %s "
+        "| | |\n",
+        sha_error.c_str());
+  }
+  return device_exact && host_exact && version_exact && sha_error.empty() ? 0
+                                                                          : 1;
 }
 
 }  // namespace

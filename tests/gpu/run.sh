@@ -159,7 +159,7 @@ else
        echo "  nccl_broadcast_bench: FAIL (exit $rc)" ;;
   esac
   { echo "Command: nccl_broadcast_bench --mib 1024 --repeat 5"; echo;
-    tail -n 8 "$work/nccl_bench.txt"; } >>"$report"
+    tail -n 12 "$work/nccl_bench.txt"; } >>"$report"
 fi
 echo >>"$report"
 
