@@ -30,7 +30,8 @@ uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t size_b);
 // `chunk_bytes` (the last one shorter when they do not divide), from each
 // chunk's own CRC-32C in order: how chunks checksummed in parallel (on a
 // GPU: kernels/cuda/crc32c_cuda.h) are joined on the host. One
-// carry-less multiplication per chunk. REQUIRES: chunk_bytes > 0 and
+// multiplication by a fixed power of x per chunk, four table lookups from
+// 256 chunks on. REQUIRES: chunk_bytes > 0 and
 // num_chunks == ceil(total_bytes / chunk_bytes).
 uint32_t Crc32cOfChunks(const uint32_t* chunk_crcs, size_t num_chunks,
                         uint64_t chunk_bytes, uint64_t total_bytes);

@@ -17,8 +17,9 @@
 
 namespace tandem::kernels::cuda {
 
-// Bytes per chunk of Crc32cDevice: 4 KiB keeps a 1 GiB bucket at 262144
-// threads (every SM busy) and its host join at 262144 multiplications.
+// Bytes per chunk of Crc32cDevice: 4 KiB gives a 1 GiB bucket 262144
+// threads (every SM busy) and its host join 262144 steps of four table
+// lookups each (Crc32cOfChunks).
 inline constexpr uint64_t kCrc32cChunkBytes = 4096;
 
 // d_chunk_crcs[i] = Crc32c of bytes [i * chunk_bytes, min((i + 1) *
