@@ -65,8 +65,9 @@ struct DeltaPublishOptions {
 
 // A version's flat buffer as it also lies in device memory (the trainer's
 // device copy). The publisher keeps it, through `owner`, while it is the
-// base of the next version; its bytes must not change meanwhile and must
-// equal the host `flat` given with it.
+// base of the next version; its bytes must be complete when Publish() is
+// called (the stream that wrote them synchronised), must not change
+// meanwhile, and must equal the host `flat` given with it.
 struct DeviceFlat {
   const uint8_t* data = nullptr;  // device pointer
   uint64_t bytes = 0;

@@ -20,7 +20,8 @@
 
 namespace tandem::weights {
 
-// Compacts on the current CUDA device, in slices of at most
+// Compacts on the calling thread's current CUDA device (where both buffers
+// must lie), on the default stream, in slices of at most
 // `slice_words` words, so its device scratch (12 bytes per word of a
 // slice) stays bounded whatever the model size; it stops listing (and only
 // counts) once more than max_listed words changed. Thread-compatible.
