@@ -2,6 +2,7 @@
 loopback, an independent gRPC health client (Debian's python3-grpcio), and a
 real Prometheus server."""
 
+import ctypes
 import importlib
 import json
 import os
@@ -13,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -28,6 +30,27 @@ SERVING_STATUS = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING",
 
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent():
+    """In the child, before exec: SIGTERM when the test process dies, even
+    by SIGKILL (a ctest timeout), so no daemon outlives its test (orphaned
+    clusters once used the machine's CPU for minutes)."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG,
+                                            int(signal.SIGTERM))
+
+
+def die_with_test():
+    """Popen keyword arguments that tie the child's life to this process.
+    Only from the main thread: the signal follows the thread that forked,
+    and a helper thread's exit would stop the child early."""
+    if threading.current_thread() is threading.main_thread():
+        return {"preexec_fn": _die_with_parent}
+    return {}
 
 
 def proto_stubs(*names, out_dir=None):
@@ -260,7 +283,7 @@ class Daemon:
              f"{host}:{grpc_port}", "--metrics-address", f"{host}:0",
              "--ready-file", self.ready_file, *extra],
             stdout=self.log, stderr=subprocess.STDOUT,
-            env=dict(os.environ, **(env or {})))
+            env=dict(os.environ, **(env or {})), **die_with_test())
 
     def wait_ready(self, timeout=30):
         def ready():
@@ -379,7 +402,8 @@ class Launcher:
                       [f"rollout-{i}" for i in range(rollout_workers)])
         self.output = open(os.path.join(self.run_dir, "launcher.out"), "w+")
         self.process = subprocess.Popen(args, stdout=self.output,
-                                        stderr=subprocess.STDOUT)
+                                        stderr=subprocess.STDOUT,
+                                        **die_with_test())
 
     def ready(self, name):
         return read_json(os.path.join(self.run_dir, "ready", f"{name}.json"))
@@ -475,7 +499,7 @@ class Prometheus:
             [prometheus, f"--config.file={config}",
              f"--storage.tsdb.path={self.dir}/data",
              f"--web.listen-address=127.0.0.1:{self.port}"],
-            stdout=self.log, stderr=subprocess.STDOUT)
+            stdout=self.log, stderr=subprocess.STDOUT, **die_with_test())
 
     def query(self, expr):
         url = (f"http://127.0.0.1:{self.port}/api/v1/query?" +

@@ -5,6 +5,7 @@ the file, line and key."""
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -23,6 +24,15 @@ def ignores_signal(pid, number):
             if line.startswith("SigIgn:"):
                 return bool(int(line.split()[1], 16) >> (number - 1) & 1)
     raise AssertionError(f"/proc/{pid}/status has no SigIgn line")
+
+
+def process_alive(pid):
+    """Whether `pid` runs (a zombie, dead but not reaped, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 class LifecycleTest(unittest.TestCase):
@@ -68,6 +78,31 @@ class LifecycleTest(unittest.TestCase):
         self.assertIn("left (shutdown)", coordinator.output())
         for daemon in [coordinator, *members.values()]:
             daemon.log.close()
+
+    def test_daemons_die_with_a_killed_test(self):
+        # A test killed by SIGKILL (a ctest timeout) must not leave its
+        # daemons running: harness.die_with_test() ties them to it.
+        script = (
+            "import sys, time\n"
+            f"sys.path.insert(0, {os.path.dirname(harness.__file__)!r})\n"
+            "import harness\n"
+            f"d = harness.Daemon('verifier', {self.tmp!r})\n"
+            "d.wait_ready()\n"
+            "print(d.process.pid, flush=True)\n"
+            "time.sleep(120)\n")
+        test = subprocess.Popen([sys.executable, "-c", script],
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            daemon_pid = int(test.stdout.readline())
+            self.assertTrue(process_alive(daemon_pid))
+            test.kill()
+            test.wait()
+            self.assertTrue(harness.wait_for(
+                lambda: not process_alive(daemon_pid), 15,
+                "the orphaned verifier to exit"))
+        finally:
+            if test.poll() is None:
+                test.kill()
 
     def write_config(self, daemon, text):
         path = os.path.join(self.tmp, f"{daemon}.yaml")
