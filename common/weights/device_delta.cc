@@ -20,32 +20,34 @@ absl::Status CudaFailure(cudaError_t e, const std::string& what) {
                                           cudaGetErrorString(e)));
 }
 
-// Device allocations freed together.
+// Device allocations on one stream, freed together (stream-ordered: no
+// device-wide synchronisation with other streams' kernels).
 class DeviceArrays {
  public:
+  explicit DeviceArrays(cudaStream_t stream) : stream_(stream) {}
   ~DeviceArrays() {
-    for (void* p : owned_) cudaFree(p);
+    for (void* p : owned_) cudaFreeAsync(p, stream_);
   }
   template <typename T>
   absl::StatusOr<T*> Alloc(uint64_t count) {
     void* p = nullptr;
-    if (cudaError_t e =
-            cudaMalloc(&p, std::max<uint64_t>(count, 1) * sizeof(T));
+    if (cudaError_t e = cudaMallocAsync(
+            &p, std::max<uint64_t>(count, 1) * sizeof(T), stream_);
         e != cudaSuccess) {
       return CudaFailure(
-          e, absl::StrCat("cudaMalloc of ", count * sizeof(T), " bytes"));
+          e, absl::StrCat("cudaMallocAsync of ", count * sizeof(T), " bytes"));
     }
     owned_.push_back(p);
     return static_cast<T*>(p);
   }
   // A device copy of `host`.
   template <typename T>
-  absl::StatusOr<T*> Upload(const std::vector<T>& host, cudaStream_t stream) {
+  absl::StatusOr<T*> Upload(const std::vector<T>& host) {
     absl::StatusOr<T*> d = Alloc<T>(host.size());
     if (!d.ok() || host.empty()) return d;
     if (cudaError_t e =
             cudaMemcpyAsync(*d, host.data(), host.size() * sizeof(T),
-                            cudaMemcpyHostToDevice, stream);
+                            cudaMemcpyHostToDevice, stream_);
         e != cudaSuccess) {
       return CudaFailure(e, "cudaMemcpyAsync H2D");
     }
@@ -53,6 +55,7 @@ class DeviceArrays {
   }
 
  private:
+  cudaStream_t stream_;
   std::vector<void*> owned_;
 };
 
@@ -67,7 +70,7 @@ absl::StatusOr<CompactedChange> CudaChangeCompactor::Compact(
   }
   const uint64_t words = next.bytes / 2;
   const uint64_t slice = std::min(slice_words_, std::max<uint64_t>(words, 1));
-  DeviceArrays arrays;
+  DeviceArrays arrays(nullptr);
   absl::StatusOr<uint64_t*> d_indices = arrays.Alloc<uint64_t>(slice);
   if (!d_indices.ok()) return d_indices.status();
   absl::StatusOr<uint16_t*> d_new = arrays.Alloc<uint16_t>(slice);
@@ -123,14 +126,14 @@ absl::Status ApplyDeltaOnDevice(absl::Span<const uint8_t> delta,
     return s;
   }
   auto stream = static_cast<cudaStream_t>(stream_ptr);
-  DeviceArrays arrays;
-  absl::StatusOr<uint64_t*> si = arrays.Upload(ops.set_index, stream);
+  DeviceArrays arrays(stream);
+  absl::StatusOr<uint64_t*> si = arrays.Upload(ops.set_index);
   if (!si.ok()) return si.status();
-  absl::StatusOr<uint16_t*> sv = arrays.Upload(ops.set_value, stream);
+  absl::StatusOr<uint16_t*> sv = arrays.Upload(ops.set_value);
   if (!sv.ok()) return sv.status();
-  absl::StatusOr<uint64_t*> ai = arrays.Upload(ops.add_index, stream);
+  absl::StatusOr<uint64_t*> ai = arrays.Upload(ops.add_index);
   if (!ai.ok()) return ai.status();
-  absl::StatusOr<uint16_t*> av = arrays.Upload(ops.add_value, stream);
+  absl::StatusOr<uint16_t*> av = arrays.Upload(ops.add_value);
   if (!av.ok()) return av.status();
   return kernels::cuda::ApplyPatch(reinterpret_cast<uint16_t*>(d_flat),
                                    bytes / 2, *si, *sv, ops.set_index.size(),

@@ -91,9 +91,12 @@ absl::StatusOr<uint32_t> Crc32cDevice(const void* d_data, uint64_t bytes,
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   const uint64_t chunks = (bytes + kCrc32cChunkBytes - 1) / kCrc32cChunkBytes;
   uint32_t* d_crcs = nullptr;
-  if (cudaError_t e = cudaMalloc(&d_crcs, chunks * sizeof(uint32_t));
+  // Stream-ordered: unlike cudaMalloc/cudaFree, no device-wide
+  // synchronisation with the kernels of other streams (the engine's).
+  if (cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&d_crcs),
+                                      chunks * sizeof(uint32_t), stream);
       e != cudaSuccess) {
-    return CudaError(e, "Crc32cDevice cudaMalloc");
+    return CudaError(e, "Crc32cDevice cudaMallocAsync");
   }
   std::vector<uint32_t> crcs(chunks);
   auto run = [&]() -> absl::Status {
@@ -114,7 +117,7 @@ absl::StatusOr<uint32_t> Crc32cDevice(const void* d_data, uint64_t bytes,
     return absl::OkStatus();
   };
   const absl::Status status = run();
-  cudaFree(d_crcs);
+  cudaFreeAsync(d_crcs, stream);
   if (!status.ok()) return status;
   return Crc32cOfChunks(crcs.data(), crcs.size(), kCrc32cChunkBytes, bytes);
 }

@@ -7,8 +7,10 @@
 // chunk CRCs in order with kernels::Crc32cOfChunks (kernels/crc32c.h), so
 // the result equals kernels::Crc32c of the same bytes.
 //
-// Pointers named d_* are device pointers. Work is enqueued on `stream`
-// (nullptr = the default stream), which is synchronised before returning.
+// Pointers named d_* are device pointers. Work, and the temporary device
+// memory (stream-ordered allocation: no device-wide synchronisation), go
+// on `stream` (nullptr = the default stream), which is synchronised before
+// returning.
 // Thread-safe as far as the CUDA runtime is.
 
 #include <cstdint>

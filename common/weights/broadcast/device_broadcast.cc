@@ -58,14 +58,19 @@ class DeviceScratch {
   uint64_t size_ = 0;
 };
 
+// Each operation runs on a stream of its own that does not synchronise with
+// the legacy default stream, so a receiver in the background never waits
+// for (nor holds up) the engine's kernels on the same device.
 class CudaMemory : public DeviceMemory {
  public:
   absl::StatusOr<uint32_t> Crc32c(const uint8_t* d, uint64_t n) override {
-    return kernels::cuda::Crc32cDevice(d, n);
+    return OnOwnStream(
+        [&](cudaStream_t s) { return kernels::cuda::Crc32cDevice(d, n, s); });
   }
   absl::Status ApplyDelta(absl::Span<const uint8_t> delta, uint8_t* d,
                           uint64_t n) override {
-    return ApplyDeltaOnDevice(delta, d, n);
+    return OnOwnStream(
+        [&](cudaStream_t s) { return ApplyDeltaOnDevice(delta, d, n, s); });
   }
   absl::StatusOr<uint8_t*> Allocate(uint64_t n) override {
     void* d = nullptr;
@@ -78,6 +83,23 @@ class CudaMemory : public DeviceMemory {
     return static_cast<uint8_t*>(d);
   }
   void Free(uint8_t* d) override { cudaFree(d); }
+
+ private:
+  // f(stream) on a new non-blocking stream; its Status or StatusOr.
+  template <typename F>
+  static auto OnOwnStream(F f) -> decltype(f(nullptr)) {
+    cudaStream_t stream = nullptr;
+    if (cudaError_t e =
+            cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+        e != cudaSuccess) {
+      cudaGetLastError();
+      return absl::InternalError(absl::StrCat(
+          "device broadcast: cudaStreamCreate: ", cudaGetErrorString(e)));
+    }
+    auto result = f(stream);
+    cudaStreamDestroy(stream);
+    return result;
+  }
 };
 
 }  // namespace
