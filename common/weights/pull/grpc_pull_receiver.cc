@@ -312,7 +312,8 @@ absl::Status GrpcPullReceiver::ReadStream(
     StagingWeights* staging, const v1::WeightManifest& manifest,
     absl::Time deadline, uint32_t* bucket, uint64_t* offset,
     std::vector<uint8_t>* delta,
-    std::optional<v1::SharedWeightSegment>* segment) {
+    std::optional<v1::SharedWeightSegment>* segment,
+    std::optional<absl::Status>* ipc) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
   {
@@ -323,6 +324,7 @@ absl::Status GrpcPullReceiver::ReadStream(
   v1::FetchWeightsRequest request =
       ResumeRequest(manifest, *bucket, *offset, options_.chunk_bytes);
   request.set_shared_memory(segment != nullptr);
+  if (ipc != nullptr) *request.mutable_cuda_ipc() = options_.cuda_ipc->peer();
   std::unique_ptr<grpc::ClientReader<v1::WeightChunk>> reader =
       stub_->FetchWeights(&context, request);
   {
@@ -334,7 +336,21 @@ absl::Status GrpcPullReceiver::ReadStream(
       full ? static_cast<uint32_t>(manifest.buckets_size()) : 1;
   absl::Status result;
   v1::WeightChunk chunk;
+  bool ipc_offered = false;
   while (*bucket < num_buckets && reader->Read(&chunk)) {
+    if (chunk.has_cuda_ipc()) {
+      if (ipc == nullptr ||
+          chunk.policy_version() != manifest.policy_version()) {
+        result = absl::AbortedError(
+            absl::StrCat("weights v", manifest.policy_version(),
+                         ": unexpected CUDA IPC offer"));
+      } else {
+        // Copied while the call (the server's lease) is open.
+        *ipc = CopyCudaIpcOffer(chunk.cuda_ipc(), manifest);
+        ipc_offered = true;
+      }
+      break;
+    }
     if (chunk.has_shared_memory()) {
       if (segment == nullptr ||
           chunk.policy_version() != manifest.policy_version()) {
@@ -395,13 +411,15 @@ absl::Status GrpcPullReceiver::ReadStream(
       *offset = 0;
     }
   }
-  if (!result.ok()) context.TryCancel();
+  // An offer's call is ended by the client: the copy is done (or given up).
+  if (!result.ok() || ipc_offered) context.TryCancel();
   grpc::Status finished = reader->Finish();
   {
     absl::MutexLock lock(&mu_);
     active_ = nullptr;
   }
   if (!result.ok()) return result;
+  if (ipc_offered) return absl::OkStatus();
   if (!finished.ok()) return FromGrpc(finished, "FetchWeights");
   if (segment != nullptr && segment->has_value()) return absl::OkStatus();
   if (*bucket < num_buckets) {
@@ -419,6 +437,7 @@ absl::Status GrpcPullReceiver::Fetch(StagingWeights* staging,
   std::vector<uint8_t> delta;
   int failures = 0;
   bool asked_shm = false, offered_shm = false;
+  bool asked_ipc = false, offered_ipc = false;
   for (;;) {
     const uint32_t bucket_before = bucket;
     const uint64_t offset_before = offset;
@@ -432,13 +451,39 @@ absl::Status GrpcPullReceiver::Fetch(StagingWeights* staging,
     }
     asked_shm = asked_shm || ask_shm;
     std::optional<v1::SharedWeightSegment>* want = ask_shm ? &segment : nullptr;
-    if (options_.raw_data) {
+    // CUDA IPC: once per version, for the whole payload, over FetchWeights.
+    std::optional<absl::Status> ipc;
+    const bool ask_ipc = options_.cuda_ipc != nullptr && IsFull(manifest) &&
+                         !asked_ipc && bucket == 0 && offset == 0;
+    if (ask_ipc) {
+      asked_ipc = true;
+      connected = true;
+      s = ReadStream(staging, manifest, deadline, &bucket, &offset, &delta,
+                     want, &ipc);
+    } else if (options_.raw_data) {
       s = ReadRawStream(staging, manifest, deadline, &bucket, &offset, &delta,
                         want, &connected);
     }
     if (!connected) {
       s = ReadStream(staging, manifest, deadline, &bucket, &offset, &delta,
                      want);
+    }
+    if (s.ok() && ipc.has_value()) {
+      offered_ipc = true;
+      if (!ipc->ok()) {
+        ComponentLogger("weights")->warn(
+            "weights v{}: CUDA IPC offer not used ({}); streaming it instead",
+            manifest.policy_version(), ipc->ToString());
+        absl::MutexLock lock(&mu_);
+        ++(absl::IsInvalidArgument(*ipc) ? stats_.cuda_ipc_refused
+                                         : stats_.cuda_ipc_open_failures);
+        continue;
+      }
+      s = StageCudaIpcCopy(staging, manifest, &bucket, &offset);
+      if (s.ok()) {
+        absl::MutexLock lock(&mu_);
+        ++stats_.cuda_ipc_versions;
+      }
     }
     if (s.ok() && segment.has_value()) {
       offered_shm = true;
@@ -490,6 +535,50 @@ absl::Status GrpcPullReceiver::Fetch(StagingWeights* staging,
   absl::MutexLock lock(&mu_);
   ++stats_.versions;
   if (asked_shm && !offered_shm) ++stats_.shm_not_offered;
+  if (asked_ipc && !offered_ipc) ++stats_.cuda_ipc_not_offered;
+  return absl::OkStatus();
+}
+
+absl::Status GrpcPullReceiver::CopyCudaIpcOffer(
+    const v1::CudaIpcOffer& offer, const v1::WeightManifest& manifest) {
+  absl::StatusOr<int> device =
+      ValidateCudaIpcOffer(offer, manifest, options_.cuda_ipc->local());
+  if (!device.ok()) return device.status();
+  return options_.cuda_ipc->CopyOffer(offer, *device);
+}
+
+absl::Status GrpcPullReceiver::StageCudaIpcCopy(
+    StagingWeights* staging, const v1::WeightManifest& manifest,
+    uint32_t* bucket, uint64_t* offset) {
+  const auto num_buckets = static_cast<uint32_t>(manifest.buckets_size());
+  while (*bucket < num_buckets) {
+    if (cancelled()) return CancelledStatus();
+    const v1::BucketSpec& b = manifest.buckets(static_cast<int>(*bucket));
+    absl::StatusOr<absl::Span<uint8_t>> dst = staging->MutableBucket(*bucket);
+    if (!dst.ok()) return dst.status();
+    if (dst->size() != b.byte_size() || *offset > b.byte_size()) {
+      return absl::DataLossError(
+          absl::StrCat("weights v", manifest.policy_version(), " bucket ",
+                       *bucket, ": staging holds ", dst->size(),
+                       " bytes, the manifest ", b.byte_size()));
+    }
+    const absl::Span<uint8_t> rest = dst->subspan(*offset);
+    if (absl::Status s =
+            options_.cuda_ipc->ReadStaged(b.byte_offset() + *offset, rest);
+        !s.ok()) {
+      return s;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      stats_.bytes += rest.size();
+      stats_.cuda_ipc_bytes += rest.size();
+    }
+    // A bad bucket means the server's device copy is bad: DataLoss rejects
+    // the version, as on the socket paths.
+    if (absl::Status s = staging->FinishBucket(*bucket); !s.ok()) return s;
+    ++*bucket;
+    *offset = 0;
+  }
   return absl::OkStatus();
 }
 
