@@ -15,19 +15,42 @@ constexpr absl::string_view kMismatch = "sha256 mismatch";
 
 }  // namespace
 
-absl::StatusOr<std::string> WeightSha256(absl::Span<const uint8_t> bytes) {
-  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(),
-                                                              EVP_MD_CTX_free);
+struct Sha256Hasher::Context {
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx{EVP_MD_CTX_new(),
+                                                              EVP_MD_CTX_free};
+};
+
+Sha256Hasher::Sha256Hasher() : context_(new Context) {
+  failed_ = context_->ctx == nullptr ||
+            EVP_DigestInit_ex(context_->ctx.get(), EVP_sha256(), nullptr) != 1;
+}
+
+Sha256Hasher::~Sha256Hasher() { delete context_; }
+
+void Sha256Hasher::Update(absl::Span<const uint8_t> piece) {
+  bytes_ += piece.size();
+  if (failed_ || piece.empty()) return;
+  failed_ = EVP_DigestUpdate(context_->ctx.get(), piece.data(),
+                             piece.size()) != 1;
+}
+
+absl::StatusOr<std::string> Sha256Hasher::Finish() {
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
-  if (ctx == nullptr || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1 ||
-      EVP_DigestUpdate(ctx.get(), bytes.data(), bytes.size()) != 1 ||
-      EVP_DigestFinal_ex(ctx.get(), out, &len) != 1 ||
+  if (failed_ ||
+      EVP_DigestFinal_ex(context_->ctx.get(), out, &len) != 1 ||
       len != kWeightSha256Bytes) {
+    failed_ = true;
     return absl::InternalError(absl::StrCat(
-        "SHA-256 of ", bytes.size(), " weight bytes failed in OpenSSL"));
+        "SHA-256 of ", bytes_, " weight bytes failed in OpenSSL"));
   }
   return std::string(reinterpret_cast<const char*>(out), len);
+}
+
+absl::StatusOr<std::string> WeightSha256(absl::Span<const uint8_t> bytes) {
+  Sha256Hasher hasher;
+  hasher.Update(bytes);
+  return hasher.Finish();
 }
 
 std::string DigestPrefixHex(const std::string& digest, size_t n) {
@@ -37,17 +60,25 @@ std::string DigestPrefixHex(const std::string& digest, size_t n) {
 absl::Status VerifyWeightSha256(uint64_t version, const std::string& expected,
                                 absl::Span<const uint8_t> flat) {
   if (expected.size() != kWeightSha256Bytes) {
+    return CheckWeightSha256(version, expected, "", flat.size());
+  }
+  absl::StatusOr<std::string> actual = WeightSha256(flat);
+  if (!actual.ok()) return actual.status();
+  return CheckWeightSha256(version, expected, *actual, flat.size());
+}
+
+absl::Status CheckWeightSha256(uint64_t version, const std::string& expected,
+                               const std::string& actual, uint64_t size) {
+  if (expected.size() != kWeightSha256Bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "weights v", version, ": manifest sha256 is ", expected.size(),
         " bytes, expected ", kWeightSha256Bytes));
   }
-  absl::StatusOr<std::string> actual = WeightSha256(flat);
-  if (!actual.ok()) return actual.status();
-  if (*actual != expected) {
+  if (actual != expected) {
     return absl::DataLossError(absl::StrCat(
-        "weights v", version, " refused: ", kMismatch, " over ", flat.size(),
+        "weights v", version, " refused: ", kMismatch, " over ", size,
         " bytes: expected ", DigestPrefixHex(expected), "…, got ",
-        DigestPrefixHex(*actual), "…"));
+        DigestPrefixHex(actual), "…"));
   }
   return absl::OkStatus();
 }

@@ -26,6 +26,29 @@ inline constexpr size_t kWeightSha256Bytes = 32;
 // (SHA-NI where the CPU has it). Internal when OpenSSL fails.
 absl::StatusOr<std::string> WeightSha256(absl::Span<const uint8_t> bytes);
 
+// SHA-256 over bytes given piece by piece (e.g. a device buffer copied to
+// the host in pieces, common/weights/device_digest.h): Update() with each
+// piece in order, then Finish() once; the digest equals WeightSha256 of
+// the concatenation. Thread-compatible.
+class Sha256Hasher {
+ public:
+  Sha256Hasher();
+  ~Sha256Hasher();
+  Sha256Hasher(const Sha256Hasher&) = delete;
+  Sha256Hasher& operator=(const Sha256Hasher&) = delete;
+
+  void Update(absl::Span<const uint8_t> piece);
+  // The 32-byte digest; Internal when OpenSSL failed at any step.
+  // REQUIRES: called once.
+  absl::StatusOr<std::string> Finish();
+
+ private:
+  struct Context;
+  Context* context_;
+  uint64_t bytes_ = 0;
+  bool failed_ = false;
+};
+
 // The first `n` bytes of `digest` as lower-case hex, for logs.
 std::string DigestPrefixHex(const std::string& digest, size_t n = 8);
 
@@ -35,6 +58,11 @@ std::string DigestPrefixHex(const std::string& digest, size_t n = 8);
 // not empty (an empty digest means "none", the caller decides).
 absl::Status VerifyWeightSha256(uint64_t version, const std::string& expected,
                                 absl::Span<const uint8_t> flat);
+
+// VerifyWeightSha256 with the digest of the `size` staged bytes already
+// computed (`actual`, e.g. by Sha256Hasher).
+absl::Status CheckWeightSha256(uint64_t version, const std::string& expected,
+                               const std::string& actual, uint64_t size);
 
 // True when `status` is VerifyWeightSha256's digest mismatch.
 bool IsDigestMismatch(const absl::Status& status);

@@ -12,7 +12,9 @@
 //    precision (bf16 compute, fp32 master) step moves the weights the way
 //    the fp32 one does;
 //  * LoadModel places the weights as model.device / model.dtype say, and a
-//    received CPU version is converted onto the device before staging.
+//    received CPU version is converted onto the device before staging;
+//  * the SHA-256 of weight bytes in device memory (pinned, double-buffered
+//    pieces) equals the host's.
 
 // This file has its own main (skip without a device); set before any
 // header that includes Catch.
@@ -33,6 +35,8 @@
 #include "common/model/kv_cache.h"
 #include "common/model/model_loader.h"
 #include "common/model/model_weights.h"
+#include "common/weights/device_digest.h"
+#include "common/weights/weight_digest.h"
 #include "engine/sampler.h"
 #include "engine/torch_sampler.h"
 #include "services/rollout/weight_update_sources.h"
@@ -301,6 +305,25 @@ TEST_CASE("LoadModel places the weights; received versions follow them",
   CHECK((*matched)->device().is_cuda());
   CHECK((*matched)->dtype() == at::kBFloat16);
   CHECK(loaded->decoder->SwapWeights(*matched).ok());
+}
+
+TEST_CASE("the digest of device bytes equals the host digest",
+          "[gpu][weights]") {
+  at::manual_seed(12);
+  const at::Tensor host = at::randint(
+      0, 256, {(int64_t{3} << 20) + 12345}, at::TensorOptions().dtype(at::kByte));
+  auto expected = weights::WeightSha256(
+      {host.data_ptr<uint8_t>(), static_cast<size_t>(host.numel())});
+  REQUIRE(expected.ok());
+  const at::Tensor device = host.to(kCuda);
+  // Pieces of 1 MiB: four pieces, the last one short.
+  auto digest = weights::TensorSha256(device, int64_t{1} << 20);
+  REQUIRE(digest.ok());
+  CHECK(*digest == *expected);
+  at::Tensor changed = device.clone();
+  changed.index_put_({int64_t{2} << 20}, changed[int64_t{2} << 20] + 1);
+  CHECK(weights::IsDigestMismatch(
+      weights::VerifyTensorWeightSha256(4, *expected, changed, 1 << 20)));
 }
 
 }  // namespace
