@@ -205,6 +205,9 @@ absl::StatusOr<v1::WeightManifest> GrpcPullReceiver::Plan(
     }
     if (latest.ok() && !past_refused &&
         (!live.has_value() || latest->policy_version() > *live)) {
+      // A device-to-device copy of the whole version beats any delta over
+      // a socket, while this server's offers work.
+      if (IsFull(*latest) && PreferCudaIpc()) return latest;
       // Follow deltas from live while live is at or past the latest anchor,
       // or just before it (the anchor may have a delta on live too).
       if (live.has_value() && *live + 1 >= latest->anchor_version()) {
@@ -347,6 +350,7 @@ absl::Status GrpcPullReceiver::ReadStream(
       } else {
         // Copied while the call (the server's lease) is open.
         *ipc = CopyCudaIpcOffer(chunk.cuda_ipc(), manifest);
+        ipc_offer_device_ = chunk.cuda_ipc().device_uuid();
         ipc_offered = true;
       }
       break;
@@ -470,11 +474,13 @@ absl::Status GrpcPullReceiver::Fetch(StagingWeights* staging,
     }
     if (s.ok() && ipc.has_value()) {
       offered_ipc = true;
+      const std::string ipc_device = ipc_offer_device_;
       if (!ipc->ok()) {
         ComponentLogger("weights")->warn(
             "weights v{}: CUDA IPC offer not used ({}); streaming it instead",
             manifest.policy_version(), ipc->ToString());
         absl::MutexLock lock(&mu_);
+        ipc_preferred_ = false;
         ++(absl::IsInvalidArgument(*ipc) ? stats_.cuda_ipc_refused
                                          : stats_.cuda_ipc_open_failures);
         continue;
@@ -482,7 +488,14 @@ absl::Status GrpcPullReceiver::Fetch(StagingWeights* staging,
       s = StageCudaIpcCopy(staging, manifest, &bucket, &offset);
       if (s.ok()) {
         absl::MutexLock lock(&mu_);
-        ++stats_.cuda_ipc_versions;
+        ipc_preferred_ = true;
+        if (++stats_.cuda_ipc_versions == 1) {
+          ComponentLogger("weights")->info(
+              "weights v{}: received by CUDA IPC from device {} ({} bytes "
+              "copied device-to-device); later versions are counted as "
+              "transport cuda_ipc",
+              manifest.policy_version(), ipc_device, manifest.total_bytes());
+        }
       }
     }
     if (s.ok() && segment.has_value()) {
@@ -535,8 +548,16 @@ absl::Status GrpcPullReceiver::Fetch(StagingWeights* staging,
   absl::MutexLock lock(&mu_);
   ++stats_.versions;
   if (asked_shm && !offered_shm) ++stats_.shm_not_offered;
-  if (asked_ipc && !offered_ipc) ++stats_.cuda_ipc_not_offered;
+  if (asked_ipc && !offered_ipc) {
+    ++stats_.cuda_ipc_not_offered;
+    ipc_preferred_ = false;
+  }
   return absl::OkStatus();
+}
+
+bool GrpcPullReceiver::PreferCudaIpc() const {
+  absl::MutexLock lock(&mu_);
+  return ipc_preferred_;
 }
 
 absl::Status GrpcPullReceiver::CopyCudaIpcOffer(

@@ -60,6 +60,10 @@
 // cuda_ipc_open_failures), the call ended, and the same version streamed
 // (or offered in shared memory) instead; the next version asks again. A
 // server that offers nothing streams as usual (stats().cuda_ipc_not_offered).
+// While the last FULL version asked for came by CUDA IPC, the receiver
+// fetches each newer version in full (by CUDA IPC) instead of following
+// deltas; after a refusal or a version not offered it follows deltas again
+// until a FULL fetch (an anchor, a catch-up) comes by CUDA IPC.
 //
 // Interrupt() ends a ReceiveNext that is waiting for a newer version
 // (nothing newer on the server yet) with Cancelled, as if its deadline had
@@ -210,6 +214,8 @@ class GrpcPullReceiver : public WeightReceiver {
                           uint64_t* offset, std::vector<uint8_t>* delta,
                           std::optional<v1::SharedWeightSegment>* segment,
                           std::optional<absl::Status>* ipc = nullptr);
+  // Whether the next version should be fetched in full by CUDA IPC.
+  bool PreferCudaIpc() const;
   // Checks `offer` and has the sink copy it (see above).
   absl::Status CopyCudaIpcOffer(const v1::CudaIpcOffer& offer,
                                 const v1::WeightManifest& manifest);
@@ -259,6 +265,11 @@ class GrpcPullReceiver : public WeightReceiver {
   // An offered segment could not be used here: socket paths from now on.
   bool shm_off_ ABSL_GUARDED_BY(mu_) = false;
   PullStats stats_ ABSL_GUARDED_BY(mu_);
+  // The last FULL version asked for by CUDA IPC came so: later versions
+  // are fetched in full (by CUDA IPC) rather than as deltas.
+  bool ipc_preferred_ ABSL_GUARDED_BY(mu_) = false;
+  // The device of the last CUDA IPC offer (ReceiveNext's thread only).
+  std::string ipc_offer_device_;
 };
 
 }  // namespace tandem::weights

@@ -468,6 +468,11 @@ absl::StatusOr<WeightServerService::Stream> WeightServerService::OpenStream(
     if (device.ok()) {
       stream.device = *std::move(device);
       ++cuda_ipc_offers_;
+      if (options_.metrics != nullptr) {
+        options_.metrics->RecordBytes(SyncDirection::kSent,
+                                      SyncTransport::kCudaIpc, /*full=*/true,
+                                      static_cast<double>(m.total_bytes()));
+      }
     }
   }
   if (stream.device == nullptr && request.shared_memory() &&
