@@ -105,12 +105,8 @@ DeviceVersionRing::Offer(uint64_t version, const v1::CudaIpcPeer& peer) const {
     return absl::NotFoundError("no version is held in device memory");
   }
   const std::shared_ptr<const DeviceWeightBuffer>* found = nullptr;
-  if (version == 0) {
-    found = &buffers_.back();
-  } else {
-    for (const auto& held : buffers_) {
-      if (held->policy_version == version) found = &held;
-    }
+  for (const auto& held : buffers_) {
+    if (held->policy_version == version) found = &held;
   }
   if (found == nullptr) {
     return absl::NotFoundError(

@@ -89,7 +89,8 @@ class DeviceVersionRing {
   // Adds `buffer` (replacing one of the same version).
   void Put(std::shared_ptr<const DeviceWeightBuffer> buffer);
 
-  // A lease on `version` (0 = the newest) for a client at `peer`: NotFound
+  // A lease on `version` (exactly: policy versions start at 0) for a
+  // client at `peer`: NotFound
   // when the ring does not hold it; FailedPrecondition when the client is
   // on another host (boot id differs or is empty), which cannot open it.
   absl::StatusOr<std::shared_ptr<const DeviceWeightBuffer>> Offer(

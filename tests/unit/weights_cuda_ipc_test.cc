@@ -25,6 +25,8 @@
 #include "common/weights/pull/grpc_pull_receiver.h"
 #include "common/weights/pull/weight_server.h"
 #include "common/weights/weight_store.h"
+#include "kernels/bf16_change.h"
+#include "kernels/bf16_delta.h"
 #include "weight_server_test_util.h"
 #include "weights_test_util.h"
 
@@ -248,6 +250,67 @@ TEST_CASE(
   CHECK(server.service().stats().bytes == 0);  // nothing streamed
   CHECK(server.service().stats().data_connections == 0);
   CHECK(LeasesAfterSettling(server.service(), 0) == 0);
+}
+
+TEST_CASE(
+    "CUDA IPC pull: while offers work, each version is fetched in full by "
+    "CUDA IPC instead of as a delta; after one is not offered, deltas again",
+    "[weights][pull][cuda_ipc]") {
+  const FlatWeightLayout layout = testing::SmallLayout();
+  WeightStore store(16);
+  DeviceVersionRing ring(2);
+  HostAllocations allocations;
+  testing::WeightServerLoopback server(&store, {.cuda_ipc = &ring});
+  std::mt19937_64 rng(5);
+  WeightBuffer current(layout.total_bytes());
+  testing::FillRandom(layout, &current, rng);
+  // Like the trainer: version 0 is the anchor; later ones are stored as a
+  // delta on v-1 and in full; `device`: also in the ring.
+  auto publish = [&](uint64_t v, bool device) {
+    const Bytes previous(current.data(), current.data() + current.size());
+    if (v > 0) testing::Perturb(layout, &current, rng, 0.02);
+    auto manifest = layout.BuildManifest(current.span(), v);
+    REQUIRE(manifest.ok());
+    manifest->set_anchor_version(0);
+    if (v > 0) {
+      auto delta = kernels::EncodeBf16Delta(kernels::AsWords(previous),
+                                            kernels::AsWords(current.span()));
+      REQUIRE(delta.ok());
+      v1::WeightManifest dm = *manifest;
+      dm.set_kind(v1::WEIGHT_PAYLOAD_KIND_DELTA);
+      dm.set_base_version(v - 1);
+      REQUIRE(
+          store.Put(dm, std::make_shared<const Bytes>(*std::move(delta))).ok());
+    }
+    REQUIRE(store
+                .Put(*manifest, std::make_shared<const Bytes>(
+                                    current.data(),
+                                    current.data() + current.size()))
+                .ok());
+    if (device) ring.Put(allocations.Allocate(v, current.span()));
+  };
+  auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  HostIpcSink sink(&allocations);
+  GrpcPullReceiver receiver(server.channel(), {.cuda_ipc = &sink});
+  for (uint64_t v = 0; v <= 3; ++v) {
+    publish(v, /*device=*/true);
+    ReceiveAndCommit(receiver, **staging, v);
+    REQUIRE(SameBytes((*staging)->live().bytes, current));
+  }
+  CHECK(receiver.stats().cuda_ipc_versions == 4);
+  CHECK((*staging)->stats().delta_versions == 0);
+  // v4 is not in device memory (not offered): fetched in full over the
+  // socket, and from then on the receiver follows deltas.
+  publish(4, /*device=*/false);
+  ReceiveAndCommit(receiver, **staging, 4);
+  CHECK(SameBytes((*staging)->live().bytes, current));
+  CHECK(receiver.stats().cuda_ipc_not_offered == 1);
+  publish(5, /*device=*/true);
+  ReceiveAndCommit(receiver, **staging, 5);
+  CHECK(SameBytes((*staging)->live().bytes, current));
+  CHECK((*staging)->stats().delta_versions == 1);
+  CHECK(receiver.stats().cuda_ipc_versions == 4);
 }
 
 TEST_CASE(
@@ -520,10 +583,12 @@ TEST_CASE(
   v1::CudaIpcPeer here;
   here.set_boot_id(LocalBootId());
   {
-    auto latest = ring.Offer(0, here);
-    REQUIRE(latest.ok());
-    CHECK((*latest)->policy_version == 4);
+    auto held = ring.Offer(4, here);
+    REQUIRE(held.ok());
+    CHECK((*held)->policy_version == 4);
   }
+  // Version 0 is a version like any other, not "the newest".
+  CHECK(absl::IsNotFound(ring.Offer(0, here).status()));
   CHECK(absl::IsNotFound(ring.Offer(2, here).status()));
   v1::CudaIpcPeer elsewhere;
   elsewhere.set_boot_id("another-boot");
