@@ -73,29 +73,56 @@ absl::StatusOr<int> ValidateCudaIpcOffer(const v1::CudaIpcOffer& offer,
   return static_cast<int>(it - local.device_uuids.begin());
 }
 
+void DeferredFrees::Defer(std::function<void()> free) {
+  absl::MutexLock lock(&mu_);
+  frees_.push_back(std::move(free));
+}
+
+void DeferredFrees::RunAll() {
+  std::vector<std::function<void()>> frees;
+  {
+    absl::MutexLock lock(&mu_);
+    frees.swap(frees_);
+  }
+  for (auto& free : frees) free();
+}
+
+size_t DeferredFrees::pending() const {
+  absl::MutexLock lock(&mu_);
+  return frees_.size();
+}
+
 DeviceVersionRing::DeviceVersionRing(size_t capacity)
     : capacity_(std::max<size_t>(capacity, 1)) {}
 
 void DeviceVersionRing::Put(std::shared_ptr<const DeviceWeightBuffer> buffer) {
-  // Declared before the lock: what is dropped is freed (cudaFree
-  // synchronizes the device) after the lock is released.
   std::vector<std::shared_ptr<const DeviceWeightBuffer>> dropped;
-  absl::MutexLock lock(&mu_);
-  for (auto& held : buffers_) {
-    if (held->policy_version == buffer->policy_version) {
-      dropped.push_back(std::exchange(held, std::move(buffer)));
-      return;
+  {
+    absl::MutexLock lock(&mu_);
+    bool replaced = false;
+    for (auto& held : buffers_) {
+      if (held->policy_version == buffer->policy_version) {
+        dropped.push_back(std::exchange(held, std::move(buffer)));
+        replaced = true;
+        break;
+      }
+    }
+    if (!replaced) {
+      buffers_.push_back(std::move(buffer));
+      std::sort(buffers_.begin(), buffers_.end(),
+                [](const auto& a, const auto& b) {
+                  return a->policy_version < b->policy_version;
+                });
+      while (buffers_.size() > capacity_) {
+        dropped.push_back(std::move(buffers_.front()));
+        buffers_.pop_front();
+      }
     }
   }
-  buffers_.push_back(std::move(buffer));
-  std::sort(buffers_.begin(), buffers_.end(),
-            [](const auto& a, const auto& b) {
-              return a->policy_version < b->policy_version;
-            });
-  while (buffers_.size() > capacity_) {
-    dropped.push_back(std::move(buffers_.front()));
-    buffers_.pop_front();
-  }
+  // What no lease holds is released here (its free deferred), then every
+  // deferred free runs, outside the lock.
+  dropped.clear();
+  frees_->RunAll();
 }
 
 absl::StatusOr<std::shared_ptr<const DeviceWeightBuffer>>

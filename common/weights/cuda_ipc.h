@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -78,16 +79,44 @@ absl::StatusOr<int> ValidateCudaIpcOffer(const v1::CudaIpcOffer& offer,
                                          const v1::WeightManifest& manifest,
                                          const CudaIpcLocalView& local);
 
+// Frees of device buffers, deferred to a thread that may block. cudaFree
+// waits for the whole device, so a buffer whose last lease ends on a gRPC
+// thread (a reactor's OnDone) must not be freed there: its deleter hands
+// the free to Defer(), and the trainer's publishing thread runs it at its
+// next DeviceVersionRing::Put (RunAll). Frees left at destruction run
+// then; a free deferred after destruction (a lease outliving the ring and
+// this object) runs at once. Thread-safe.
+class DeferredFrees {
+ public:
+  ~DeferredFrees() { RunAll(); }
+  void Defer(std::function<void()> free);
+  // Runs the deferred frees on the calling thread.
+  void RunAll();
+  size_t pending() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<std::function<void()>> frees_ ABSL_GUARDED_BY(mu_);
+};
+
 // The trainer's newest `capacity` device payloads. Put() of a version
 // evicts the oldest beyond capacity; an evicted buffer is freed once no
-// lease (a shared_ptr from Offer) holds it.
+// lease (a shared_ptr from Offer) holds it: by Put itself when no lease
+// holds it, else at a later Put (deferred_frees()).
 class DeviceVersionRing {
  public:
   // REQUIRES: capacity >= 1.
   explicit DeviceVersionRing(size_t capacity);
 
-  // Adds `buffer` (replacing one of the same version).
+  // Adds `buffer` (replacing one of the same version), then runs the
+  // deferred frees (on the caller's thread: the trainer's).
   void Put(std::shared_ptr<const DeviceWeightBuffer> buffer);
+
+  // Where buffers of this ring defer their frees
+  // (AllocateDeviceWeightBuffer's `frees`).
+  const std::shared_ptr<DeferredFrees>& deferred_frees() const {
+    return frees_;
+  }
 
   // A lease on `version` (exactly: policy versions start at 0) for a
   // client at `peer`: NotFound
@@ -102,6 +131,8 @@ class DeviceVersionRing {
 
  private:
   const size_t capacity_;
+  const std::shared_ptr<DeferredFrees> frees_ =
+      std::make_shared<DeferredFrees>();
   mutable absl::Mutex mu_;
   std::deque<std::shared_ptr<const DeviceWeightBuffer>> buffers_
       ABSL_GUARDED_BY(mu_);

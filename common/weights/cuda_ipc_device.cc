@@ -81,16 +81,27 @@ absl::StatusOr<CudaIpcLocalView> LocalCudaIpcView() {
 }
 
 absl::StatusOr<std::shared_ptr<DeviceWeightBuffer>> AllocateDeviceWeightBuffer(
-    int device, uint64_t policy_version, uint64_t payload_bytes) {
+    int device, uint64_t policy_version, uint64_t payload_bytes,
+    std::shared_ptr<DeferredFrees> frees) {
   auto peer = CudaIpcPeerOf(device);
   if (!peer.ok()) return peer.status();
   TANDEM_CUDA_RETURN(cudaSetDevice(device), "cudaSetDevice");
   void* base = nullptr;
   TANDEM_CUDA_RETURN(cudaMalloc(&base, payload_bytes + kCudaIpcTokenBytes),
                      "cudaMalloc of a device weight buffer");
-  std::shared_ptr<void> memory(base, [device](void* p) {
+  auto free = [device](void* p) {
     cudaSetDevice(device);
     cudaFree(p);
+  };
+  // The deferred free holds `frees` only weakly: a lease that outlives the
+  // ring (and its DeferredFrees) frees at once.
+  std::weak_ptr<DeferredFrees> defer = frees;
+  std::shared_ptr<void> memory(base, [free, defer](void* p) {
+    if (std::shared_ptr<DeferredFrees> to = defer.lock()) {
+      to->Defer([free, p] { free(p); });
+    } else {
+      free(p);
+    }
   });
   const std::string token = RandomIpcToken();
   auto* bytes = static_cast<uint8_t*>(base);

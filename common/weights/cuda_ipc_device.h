@@ -29,9 +29,11 @@ absl::StatusOr<CudaIpcLocalView> LocalCudaIpcView();
 // bytes of `policy_version`, exported with cudaIpcGetMemHandle, its token
 // written after the payload. The caller fills `payload` (device memory)
 // before the buffer is offered. Freed with cudaFree when the last
-// reference goes.
+// reference goes: through `frees` when given (a DeviceVersionRing's
+// deferred_frees(): the free runs on the ring's Put thread), else there.
 absl::StatusOr<std::shared_ptr<DeviceWeightBuffer>> AllocateDeviceWeightBuffer(
-    int device, uint64_t policy_version, uint64_t payload_bytes);
+    int device, uint64_t policy_version, uint64_t payload_bytes,
+    std::shared_ptr<DeferredFrees> frees = nullptr);
 
 // A CudaIpcSink on `device` (this process's CUDA index): a device staging
 // buffer grown to the largest payload copied.

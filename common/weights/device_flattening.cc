@@ -51,7 +51,7 @@ absl::Status FlattenModelInto(const model::ModelWeights& weights,
 
 absl::StatusOr<std::shared_ptr<DeviceWeightBuffer>> FlattenModelToDevice(
     const model::ModelWeights& weights, const FlatWeightLayout& layout,
-    uint64_t policy_version) {
+    uint64_t policy_version, std::shared_ptr<DeferredFrees> frees) {
   const c10::Device device = weights.device();
   if (!device.is_cuda()) {
     return absl::FailedPreconditionError(
@@ -59,8 +59,8 @@ absl::StatusOr<std::shared_ptr<DeviceWeightBuffer>> FlattenModelToDevice(
                      " cannot be flattened into CUDA IPC memory"));
   }
   const int index = device.has_index() ? device.index() : 0;
-  auto buffer =
-      AllocateDeviceWeightBuffer(index, policy_version, layout.total_bytes());
+  auto buffer = AllocateDeviceWeightBuffer(
+      index, policy_version, layout.total_bytes(), std::move(frees));
   if (!buffer.ok()) return buffer.status();
   try {
     at::Tensor dst = at::from_blob(

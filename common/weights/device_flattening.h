@@ -32,10 +32,11 @@ absl::Status FlattenModelInto(const model::ModelWeights& weights,
 // A new exported device buffer (AllocateDeviceWeightBuffer, on the
 // weights' CUDA device) holding the flat buffer of `weights` as version
 // `policy_version`; the copies have finished when it returns (the device
-// is synchronized), so it can be offered at once. FailedPrecondition when
+// is synchronized), so it can be offered at once. `frees`: as
+// AllocateDeviceWeightBuffer's. FailedPrecondition when
 // the weights are not on a CUDA device.
 absl::StatusOr<std::shared_ptr<DeviceWeightBuffer>> FlattenModelToDevice(
     const model::ModelWeights& weights, const FlatWeightLayout& layout,
-    uint64_t policy_version);
+    uint64_t policy_version, std::shared_ptr<DeferredFrees> frees = nullptr);
 
 }  // namespace tandem::weights

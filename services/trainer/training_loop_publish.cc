@@ -79,7 +79,8 @@ void TrainingLoop::StoreDeviceVersion(const model::ModelWeights& weights,
   // that reads its manifest finds the device copy. Not fatal: the version
   // is still served by every other path.
   absl::StatusOr<std::shared_ptr<weights::DeviceWeightBuffer>> buffer =
-      weights::FlattenModelToDevice(weights, *layout_, version);
+      weights::FlattenModelToDevice(weights, *layout_, version,
+                                    parts_.device_ring->deferred_frees());
   if (!buffer.ok()) {
     if (!device_ring_failed_) {
       Log()->warn(

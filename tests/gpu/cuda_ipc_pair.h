@@ -124,7 +124,8 @@ inline int RunIpcTrainer(int argc, char** argv) {
     auto host = std::make_shared<std::vector<uint8_t>>(layout.total_bytes());
     FillPayload(v, absl::MakeSpan(*host));
     auto manifest = layout.BuildManifest(*host, v);
-    auto buffer = AllocateDeviceWeightBuffer(0, v, layout.total_bytes());
+    auto buffer = AllocateDeviceWeightBuffer(0, v, layout.total_bytes(),
+                                             ring.deferred_frees());
     if (!manifest.ok() || !buffer.ok()) {
       std::fprintf(stderr, "ipc trainer: %s %s\n",
                    manifest.status().ToString().c_str(),

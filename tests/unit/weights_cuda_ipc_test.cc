@@ -9,6 +9,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
@@ -39,12 +40,14 @@ constexpr char kDevice[] = "GPU-00000000-1111-2222-3333-444444444444";
 
 // Host-memory stand-ins for exported device allocations: handle -> memory
 // (payload then token), held weakly as the CUDA driver holds nothing alive.
+// Freed like AllocateDeviceWeightBuffer's: through `frees` when given.
 class HostAllocations {
  public:
-  std::shared_ptr<DeviceWeightBuffer> Allocate(uint64_t version,
-                                               absl::Span<const uint8_t> bytes) {
+  std::shared_ptr<DeviceWeightBuffer> Allocate(
+      uint64_t version, absl::Span<const uint8_t> bytes,
+      std::shared_ptr<DeferredFrees> frees = nullptr) {
     const std::string token = RandomIpcToken();
-    auto memory = std::make_shared<Bytes>(bytes.begin(), bytes.end());
+    auto* memory = new Bytes(bytes.begin(), bytes.end());
     memory->insert(memory->end(), token.begin(), token.end());
     std::string handle(kCudaIpcHandleBytes, '\0');
     const uint64_t id = ++next_;
@@ -58,19 +61,34 @@ class HostAllocations {
     buffer->offer.set_pci_bus_id("0000:3b:00.0");
     buffer->offer.set_token(token);
     buffer->payload = memory->data();
-    buffer->memory = memory;
-    live_[handle] = memory;
+    auto free = [this, memory] {
+      delete memory;
+      ++freed;
+    };
+    std::weak_ptr<DeferredFrees> defer = frees;
+    buffer->memory =
+        std::shared_ptr<void>(memory->data(), [free, defer](void*) {
+          if (auto to = defer.lock()) {
+            to->Defer(free);
+          } else {
+            free();
+          }
+        });
+    live_[handle] = buffer->memory;
     return buffer;
   }
   // The memory behind `handle` while it is allocated.
-  std::shared_ptr<Bytes> Find(const std::string& handle) const {
+  std::shared_ptr<void> Find(const std::string& handle) const {
     const auto it = live_.find(handle);
     return it == live_.end() ? nullptr : it->second.lock();
   }
 
+  // Allocations actually freed (not merely released).
+  std::atomic<int> freed{0};
+
  private:
   uint64_t next_ = 0;
-  std::map<std::string, std::weak_ptr<Bytes>> live_;
+  std::map<std::string, std::weak_ptr<void>> live_;
 };
 
 // A CudaIpcSink over HostAllocations: "opens" a handle only while its
@@ -90,11 +108,12 @@ class HostIpcSink final : public CudaIpcSink {
   absl::Status CopyOffer(const v1::CudaIpcOffer& offer, int device) override {
     ++copies;
     CHECK(device == 0);
-    std::shared_ptr<Bytes> memory = allocations_->Find(offer.handle());
+    std::shared_ptr<void> memory = allocations_->Find(offer.handle());
     if (memory == nullptr) {
       return absl::FailedPreconditionError("no such allocation");
     }
-    const uint8_t* src = memory->data() + offer.offset();
+    const uint8_t* src = static_cast<const uint8_t*>(memory.get()) +
+                         offer.offset();
     if (std::memcmp(src + offer.size(), offer.token().data(),
                     kCudaIpcTokenBytes) != 0) {
       return absl::FailedPreconditionError("token differs");
@@ -146,7 +165,8 @@ class Trainer {
                           current_.data(), current_.data() + current_.size()))
                 .ok());
     if (ring_ != nullptr) {
-      auto buffer = allocations_->Allocate(v, current_.span());
+      auto buffer =
+          allocations_->Allocate(v, current_.span(), ring_->deferred_frees());
       if (mangle) mangle(buffer->offer);
       ring_->Put(buffer);
     }
@@ -224,8 +244,8 @@ TEST_CASE(
     "[weights][pull][cuda_ipc]") {
   const FlatWeightLayout layout = testing::SmallLayout();
   WeightStore store(16);
+  HostAllocations allocations;  // outlives the ring's deferred frees
   DeviceVersionRing ring(2);
-  HostAllocations allocations;
   testing::WeightServerLoopback server(&store, {.cuda_ipc = &ring});
   Trainer trainer(layout, &store, &ring, &allocations);
   auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
@@ -258,8 +278,8 @@ TEST_CASE(
     "[weights][pull][cuda_ipc]") {
   const FlatWeightLayout layout = testing::SmallLayout();
   WeightStore store(16);
+  HostAllocations allocations;  // outlives the ring's deferred frees
   DeviceVersionRing ring(2);
-  HostAllocations allocations;
   testing::WeightServerLoopback server(&store, {.cuda_ipc = &ring});
   std::mt19937_64 rng(5);
   WeightBuffer current(layout.total_bytes());
@@ -424,8 +444,8 @@ TEST_CASE(
     "[weights][pull][cuda_ipc]") {
   const FlatWeightLayout layout = testing::SmallLayout();
   WeightStore store(16);
+  HostAllocations allocations;  // outlives the ring's deferred frees
   DeviceVersionRing ring(2);
-  HostAllocations allocations;
   testing::WeightServerLoopback server(&store, {.cuda_ipc = &ring});
   Trainer trainer(layout, &store, &ring, &allocations);
   auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
@@ -482,8 +502,8 @@ TEST_CASE(
     "[weights][pull][cuda_ipc]") {
   const FlatWeightLayout layout = testing::SmallLayout();
   WeightStore store(16);
+  HostAllocations allocations;  // outlives the ring's deferred frees
   DeviceVersionRing ring(1);
-  HostAllocations allocations;
   testing::WeightServerLoopback server(&store, {.cuda_ipc = &ring});
   Trainer trainer(layout, &store, &ring, &allocations);
   trainer.Publish(1);
@@ -521,6 +541,13 @@ TEST_CASE(
     CHECK(reader->Finish().error_code() == grpc::StatusCode::CANCELLED);
     CHECK(ExpiresWithin10s(v1_memory));
     CHECK(LeasesAfterSettling(server.service(), 0) == 0);
+    // Released on a gRPC thread, v1 is freed by the trainer's next Put
+    // (cudaFree waits for the device: never on a reactor's thread).
+    const int freed = allocations.freed;
+    CHECK(ring.deferred_frees()->pending() == 1);
+    trainer.Publish(4);  // evicts v3 (no lease): freed with v1
+    CHECK(ring.deferred_frees()->pending() == 0);
+    CHECK(allocations.freed == freed + 2);
   }
   SECTION("the receiver: evicted while it copies, still copied whole") {
     auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
