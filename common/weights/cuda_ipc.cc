@@ -49,11 +49,11 @@ absl::StatusOr<int> ValidateCudaIpcOffer(const v1::CudaIpcOffer& offer,
         "cuda_ipc.size ", offer.size(), " does not match weights v",
         manifest.policy_version(), "'s total_bytes ", manifest.total_bytes()));
   }
-  if (offer.offset() >
-      std::numeric_limits<uint64_t>::max() - offer.size() - kCudaIpcTokenBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cuda_ipc.offset ", offer.offset(), " + size ", offer.size(),
-        " overflows"));
+  if (offer.offset() > std::numeric_limits<uint64_t>::max() - offer.size() -
+                           kCudaIpcTokenBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("cuda_ipc.offset ",
+                                                   offer.offset(), " + size ",
+                                                   offer.size(), " overflows"));
   }
   if (local.boot_id.empty() || offer.boot_id() != local.boot_id) {
     return absl::InvalidArgumentError(

@@ -151,8 +151,7 @@ class CudaIpcSink {
   // payload device-to-device into this sink's device staging buffer, checks
   // the token and closes the handle before returning. FailedPrecondition
   // when the handle does not open here or the token differs.
-  virtual absl::Status CopyOffer(const v1::CudaIpcOffer& offer,
-                                 int device) = 0;
+  virtual absl::Status CopyOffer(const v1::CudaIpcOffer& offer, int device) = 0;
   // Copies staged bytes [offset, offset + dst.size()) of the last
   // CopyOffer to host memory.
   virtual absl::Status ReadStaged(uint64_t offset, absl::Span<uint8_t> dst) = 0;

@@ -18,19 +18,20 @@ absl::Status CudaError(cudaError_t error, const char* what) {
                                              cudaGetErrorString(error), ")"));
 }
 
-#define TANDEM_CUDA_RETURN(call, what)      \
-  do {                                      \
-    const cudaError_t _e = (call);          \
-    if (_e != cudaSuccess) {                \
-      (void)cudaGetLastError();             \
-      return CudaError(_e, what);           \
-    }                                       \
+#define TANDEM_CUDA_RETURN(call, what) \
+  do {                                 \
+    const cudaError_t _e = (call);     \
+    if (_e != cudaSuccess) {           \
+      (void)cudaGetLastError();        \
+      return CudaError(_e, what);      \
+    }                                  \
   } while (0)
 
 std::string UuidString(const cudaUUID_t& uuid) {
   const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
   return absl::StrFormat(
-      "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+      "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%"
+      "02x",
       b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
       b[12], b[13], b[14], b[15]);
 }
@@ -158,14 +159,14 @@ absl::Status CudaIpcDeviceSink::CopyOffer(const v1::CudaIpcOffer& offer,
   void* mapped = nullptr;
   // Opened in this process's context on device_ (the offer's device may be
   // another GPU of the node: peer access is enabled lazily).
-  const cudaError_t opened = cudaIpcOpenMemHandle(
-      &mapped, handle, cudaIpcMemLazyEnablePeerAccess);
+  const cudaError_t opened =
+      cudaIpcOpenMemHandle(&mapped, handle, cudaIpcMemLazyEnablePeerAccess);
   if (opened != cudaSuccess) {
     (void)cudaGetLastError();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cudaIpcOpenMemHandle of device ", offer.device_uuid(), " (index ",
-        device, "): ", cudaGetErrorName(opened), " (",
-        cudaGetErrorString(opened), ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cudaIpcOpenMemHandle of device ", offer.device_uuid(),
+                     " (index ", device, "): ", cudaGetErrorName(opened), " (",
+                     cudaGetErrorString(opened), ")"));
   }
   absl::Cleanup close = [mapped] { cudaIpcCloseMemHandle(mapped); };
   const auto* src = static_cast<const uint8_t*>(mapped) + offer.offset();
@@ -191,9 +192,9 @@ absl::Status CudaIpcDeviceSink::CopyOffer(const v1::CudaIpcOffer& offer,
 absl::Status CudaIpcDeviceSink::ReadStaged(uint64_t offset,
                                            absl::Span<uint8_t> dst) {
   if (offset > staged_bytes_ || dst.size() > staged_bytes_ - offset) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "staged bytes [", offset, ", +", dst.size(), ") outside the ",
-        staged_bytes_, " staged"));
+    return absl::OutOfRangeError(absl::StrCat("staged bytes [", offset, ", +",
+                                              dst.size(), ") outside the ",
+                                              staged_bytes_, " staged"));
   }
   TANDEM_CUDA_RETURN(cudaSetDevice(device_), "cudaSetDevice");
   TANDEM_CUDA_RETURN(

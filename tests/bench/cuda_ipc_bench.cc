@@ -138,12 +138,14 @@ int main(int argc, char** argv) {
   uint64_t mib = 1024, versions = 6;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    uint64_t* into = arg == "--mib" ? &mib : arg == "--versions" ? &versions
-                                                                 : nullptr;
-    if (into == nullptr || i + 1 >= argc || !absl::SimpleAtoi(argv[++i], into)) {
-      std::fprintf(stderr,
-                   "usage: cuda_ipc_bench [--mib N] [--versions N] (got '%s')\n",
-                   arg.c_str());
+    uint64_t* into = arg == "--mib"        ? &mib
+                     : arg == "--versions" ? &versions
+                                           : nullptr;
+    if (into == nullptr || i + 1 >= argc ||
+        !absl::SimpleAtoi(argv[++i], into)) {
+      std::fprintf(
+          stderr, "usage: cuda_ipc_bench [--mib N] [--versions N] (got '%s')\n",
+          arg.c_str());
       return 2;
     }
   }

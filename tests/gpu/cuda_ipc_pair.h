@@ -14,6 +14,8 @@
 // bf16 values), so the worker checks what it got without a second copy.
 // Nothing here is a fake: real gRPC, real cudaIpc* calls, two processes.
 
+#include <cuda_runtime_api.h>
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -29,9 +31,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <cuda_runtime_api.h>
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/weights/cuda_ipc_device.h"
@@ -76,8 +75,10 @@ inline FlatWeightLayout PairLayout(uint64_t bytes) {
   constexpr uint64_t kTensor = uint64_t{32} << 20;
   for (uint64_t at = 0, i = 0; at < bytes; at += kTensor, ++i) {
     const uint64_t n = std::min(kTensor, bytes - at);
-    tensors.push_back({absl::StrCat("w", 1000 + i), v1::DTYPE_BF16,
-                       {static_cast<int64_t>(n / 2)}, n});
+    tensors.push_back({absl::StrCat("w", 1000 + i),
+                       v1::DTYPE_BF16,
+                       {static_cast<int64_t>(n / 2)},
+                       n});
   }
   return FlatWeightLayout::Create(std::move(tensors), {}).value();
 }
@@ -159,11 +160,10 @@ class TrainerProcess {
     const std::string b = std::to_string(bytes);
     const std::string n = std::to_string(versions);
     const std::string d = dir.string();
-    std::vector<char*> args = {const_cast<char*>(self.c_str()),
-                               const_cast<char*>(kTrainerFlag),
-                               const_cast<char*>(d.c_str()),
-                               const_cast<char*>(b.c_str()),
-                               const_cast<char*>(n.c_str()), nullptr};
+    std::vector<char*> args = {
+        const_cast<char*>(self.c_str()), const_cast<char*>(kTrainerFlag),
+        const_cast<char*>(d.c_str()),    const_cast<char*>(b.c_str()),
+        const_cast<char*>(n.c_str()),    nullptr};
     if (posix_spawn(&pid_, self.c_str(), nullptr, nullptr, args.data(),
                     environ) != 0) {
       pid_ = -1;

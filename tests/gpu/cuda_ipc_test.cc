@@ -126,12 +126,12 @@ TEST_CASE(
 }  // namespace tandem::weights
 
 int main(int argc, char** argv) {
-  if (argc > 1 && std::string(argv[1]) == tandem::weights::ipc_pair::kTrainerFlag) {
+  if (argc > 1 &&
+      std::string(argv[1]) == tandem::weights::ipc_pair::kTrainerFlag) {
     return tandem::weights::ipc_pair::RunIpcTrainer(argc, argv);
   }
   if (tandem::model::CudaDeviceCount() == 0) {
-    const absl::Status why =
-        tandem::model::CheckDeviceUsable("device", "cuda");
+    const absl::Status why = tandem::model::CheckDeviceUsable("device", "cuda");
     std::printf("SKIPPED: %s\n", std::string(why.message()).c_str());
     return 77;
   }

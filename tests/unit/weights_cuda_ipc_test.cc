@@ -112,8 +112,8 @@ class HostIpcSink final : public CudaIpcSink {
     if (memory == nullptr) {
       return absl::FailedPreconditionError("no such allocation");
     }
-    const uint8_t* src = static_cast<const uint8_t*>(memory.get()) +
-                         offer.offset();
+    const uint8_t* src =
+        static_cast<const uint8_t*>(memory.get()) + offer.offset();
     if (std::memcmp(src + offer.size(), offer.token().data(),
                     kCudaIpcTokenBytes) != 0) {
       return absl::FailedPreconditionError("token differs");
@@ -303,9 +303,9 @@ TEST_CASE(
           store.Put(dm, std::make_shared<const Bytes>(*std::move(delta))).ok());
     }
     REQUIRE(store
-                .Put(*manifest, std::make_shared<const Bytes>(
-                                    current.data(),
-                                    current.data() + current.size()))
+                .Put(*manifest,
+                     std::make_shared<const Bytes>(
+                         current.data(), current.data() + current.size()))
                 .ok());
     if (device) ring.Put(allocations.Allocate(v, current.span()));
   };
@@ -389,9 +389,8 @@ TEST_CASE(
   }
 }
 
-TEST_CASE(
-    "CUDA IPC offer checks name the field and the value",
-    "[weights][cuda_ipc]") {
+TEST_CASE("CUDA IPC offer checks name the field and the value",
+          "[weights][cuda_ipc]") {
   const v1::WeightManifest manifest = ManifestOfSize(7, 4096);
   CudaIpcLocalView local{LocalBootId(), {"GPU-other", kDevice}};
   REQUIRE_FALSE(local.boot_id.empty());
@@ -558,8 +557,8 @@ TEST_CASE(
     bool leased_during_copy = false;
     sink.during_copy = [&] {
       trainer.Publish(2);
-      leased_during_copy = !v1_memory.expired() &&
-                           server.service().stats().cuda_ipc_leases == 1;
+      leased_during_copy =
+          !v1_memory.expired() && server.service().stats().cuda_ipc_leases == 1;
     };
     auto manifest = store.Manifest(1);
     REQUIRE(manifest.ok());
