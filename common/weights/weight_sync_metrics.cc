@@ -44,6 +44,8 @@ const char* SyncTransportName(SyncTransport transport) {
       return "pull";
     case SyncTransport::kShm:
       return "shm";
+    case SyncTransport::kCudaIpc:
+      return "cuda_ipc";
   }
   return "pull";
 }

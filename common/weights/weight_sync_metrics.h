@@ -70,7 +70,7 @@
 
 namespace tandem::weights {
 
-enum class SyncTransport { kBroadcast, kPull, kShm };
+enum class SyncTransport { kBroadcast, kPull, kShm, kCudaIpc };
 enum class SyncDirection { kSent, kReceived };
 enum class ShmFallbackReason { kNotOffered, kOpenFailed, kMismatch };
 

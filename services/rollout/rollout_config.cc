@@ -81,6 +81,15 @@ void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config) {
                   "the trainer offers one (its weight_sync.shared_memory) "
                   "and it can be opened here; otherwise the bytes come "
                   "over the socket as before.");
+  schema->AddBool("weight_sync.cuda_ipc", &config->weight_sync_cuda_ipc,
+                  "With model.device on a GPU: catch-up pulls ask the "
+                  "trainer for a full version in its device memory (CUDA "
+                  "IPC), when the trainer runs on this host on a GPU and "
+                  "keeps device copies (its weight_sync.cuda_ipc_versions); "
+                  "the worker copies it device-to-device, then verifies it "
+                  "as any pull. Otherwise, or when the offer cannot be "
+                  "opened here, the bytes come as before. Ignored on the "
+                  "CPU.");
   schema->AddInt("weight_sync.poll_interval_ms",
                  &config->weight_sync_poll_interval_ms, 10, 600000,
                  "Broadcast mode: how often the coordinator is asked about "

@@ -49,6 +49,9 @@ struct RolloutConfig {
   int64_t weight_sync_poll_interval_ms = 1000;
   // Pulls ask for a same-host shared-memory segment of a full version.
   bool weight_sync_shared_memory = true;
+  // On a CUDA model.device, pulls ask for the trainer's device copy of a
+  // full version by CUDA IPC (same host).
+  bool weight_sync_cuda_ipc = true;
   // ---- OpenAI-compatible endpoint (openai.*, docs/openai-endpoint.md) ----
   // host:port of the HTTP endpoint; empty = off.
   std::string openai_listen;

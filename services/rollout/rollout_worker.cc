@@ -8,6 +8,7 @@
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
 #include "common/config/daemon_flags.h"
+#include "common/model/device.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/tokenizer/utf8.h"
 
@@ -152,6 +153,20 @@ absl::Status RolloutWorker::LoadModelAndEngine() {
   sync.watch_poll_interval =
       absl::Milliseconds(config.weight_sync_poll_interval_ms);
   sync.pull_shared_memory = config.weight_sync_shared_memory;
+  // model.device was checked when the model loaded.
+  const absl::StatusOr<model::DeviceName> device =
+      model::ParseDeviceName("model.device", config.device);
+  if (config.weight_sync_cuda_ipc && device.ok() && device->cuda) {
+    absl::StatusOr<std::unique_ptr<weights::CudaIpcDeviceSink>> sink =
+        weights::CudaIpcDeviceSink::Create(std::max(device->index, 0));
+    if (sink.ok()) {
+      w->cuda_ipc_sink_ = *std::move(sink);
+      sync.pull_cuda_ipc = w->cuda_ipc_sink_.get();
+    } else {
+      Log()->warn("weight_sync.cuda_ipc: {}; pulling without CUDA IPC",
+                  sink.status().ToString());
+    }
+  }
   sync.tls = config.server.tls;
   sync.data_plane_key = w->data_plane_key_;
   // The trainer publishes in the checkpoint's dtype; a worker computing in

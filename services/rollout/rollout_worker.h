@@ -25,6 +25,7 @@
 #include "common/cluster/cluster_watcher.h"
 #include "common/cluster/member_daemon.h"
 #include "common/model/model_loader.h"
+#include "common/weights/cuda_ipc_device.h"
 #include "engine/engine.h"
 #include "engine/torch_engine_model.h"
 #include "services/rollout/environment_client.h"
@@ -192,6 +193,9 @@ class RolloutWorker : public tandem::v1::RolloutWorker::CallbackService {
   std::unique_ptr<PromptPrefetcher> prefetcher_;
   std::unique_ptr<SampleSubmitter> submitter_;
   std::unique_ptr<weights::WeightSyncMetrics> weight_sync_metrics_;
+  // weight_sync.cuda_ipc on a GPU: the pulls' device side. Declared
+  // before the subscriber: outlives it.
+  std::unique_ptr<weights::CudaIpcDeviceSink> cuda_ipc_sink_;
   // Broadcast mode with weight_sync.watch: wakes the subscriber on
   // cluster events. Declared first: outlives the subscriber.
   std::unique_ptr<cluster::ClusterWatcher> watcher_;

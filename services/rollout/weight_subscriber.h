@@ -72,6 +72,7 @@
 #include "common/cluster/coordinator_client.h"
 #include "common/model/model_config.h"
 #include "common/rpc/tls_options.h"
+#include "common/weights/cuda_ipc.h"
 #include "common/weights/pull/data_plane_auth.h"
 #include "common/weights/staging_weights.h"
 #include "common/weights/weight_sync_metrics.h"
@@ -134,6 +135,9 @@ struct WeightSyncOptions {
   // Pulls ask for a same-host shared-memory segment (PullOptions); a
   // version copied from one is counted under transport "shm".
   bool pull_shared_memory = true;
+  // Pulls ask for a version in the trainer's device memory (CUDA IPC,
+  // PullOptions::cuda_ipc); null on the CPU. Must outlive the subscriber.
+  weights::CudaIpcSink* pull_cuda_ipc = nullptr;
   // The key that authenticates pulls on the trainer's raw data port
   // (tls.mode mtls; set by the member session from the coordinator's
   // data-plane secret). Null: no handshake (tls.mode off).

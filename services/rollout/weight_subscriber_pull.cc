@@ -43,6 +43,7 @@ bool WeightSubscriber::EnsurePullReceiver(const std::string& address) {
   auto receiver = std::make_unique<weights::GrpcPullReceiver>(
       rpc::MakeChannel(address, options_.tls),
       weights::PullOptions{.shared_memory = options_.pull_shared_memory,
+                           .cuda_ipc = options_.pull_cuda_ipc,
                            .data_plane_key = options_.data_plane_key,
                            .clock = options_.clock});
   absl::MutexLock lock(&mu_);
@@ -63,8 +64,11 @@ void WeightSubscriber::PullOnce(const std::string& address,
       pull_->ReceiveNext(staging_.get(), deadline);
   const weights::PullStats after = pull_->stats();
   const weights::SyncTransport transport =
-      after.shm_versions > before.shm_versions ? weights::SyncTransport::kShm
-                                               : weights::SyncTransport::kPull;
+      after.cuda_ipc_versions > before.cuda_ipc_versions
+          ? weights::SyncTransport::kCudaIpc
+      : after.shm_versions > before.shm_versions
+          ? weights::SyncTransport::kShm
+          : weights::SyncTransport::kPull;
   CountNonFinite(nonfinite_before, transport);
   CountDigestChecks(staging_before, transport, version.status());
   RecordShmFallbacks(before, after);

@@ -125,6 +125,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
           .resumed = trainer->resumed_,
           .publish_dtype = publish_dtype,
           .store = &trainer->store_,
+          .device_ring = trainer->device_ring_.get(),
           .weight_sync_metrics = trainer->weight_sync_metrics_.get(),
           .publisher = trainer->publisher_.get(),
           .metrics = &trainer->metrics_,
@@ -160,6 +161,10 @@ absl::StatusOr<model::WeightDType> Trainer::CreatePolicy() {
                    model::ParseDeviceName("model.device", config.device));
   ASSIGN_OR_RETURN(const std::optional<model::WeightDType> requested,
                    model::ParseDTypeName("model.dtype", config.dtype));
+  if (device.cuda && config.weight_cuda_ipc_versions > 0) {
+    device_ring_ = std::make_unique<weights::DeviceVersionRing>(
+        static_cast<size_t>(config.weight_cuda_ipc_versions));
+  }
   GrpoTrainerOptions options = ToOptions(config);
   options.compute_dtype =
       model::ResolveDType(requested, device, model::WeightDType::kFloat32);
@@ -233,6 +238,7 @@ absl::Status Trainer::CreateWeightServing() {
           .data_host = config::HostOfAddress(config.server.grpc_address),
           .data_port = static_cast<uint16_t>(config.weight_data_port),
           .shared_memory = config.weight_shared_memory,
+          .cuda_ipc = device_ring_.get(),
           .max_data_connections =
               static_cast<int>(config.weight_data_max_connections),
           .data_stream_threads = static_cast<int>(config.weight_data_threads),

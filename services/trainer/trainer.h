@@ -93,6 +93,9 @@ class Trainer {
   // Retains 4 versions; shares FULL ones in /dev/shm at publish when
   // weight_sync.shared_memory is on.
   weights::WeightStore store_;
+  // weight_sync.cuda_ipc_versions on a GPU (null otherwise): read by the
+  // weight server, filled by the training loop; outlives both.
+  std::unique_ptr<weights::DeviceVersionRing> device_ring_;
   // The raw data port's key (tls.mode mtls only; null otherwise), set by
   // the member session from the coordinator's data-plane secret.
   std::shared_ptr<weights::DataPlaneKeyHolder> data_plane_key_;

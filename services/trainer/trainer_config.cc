@@ -182,6 +182,15 @@ void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config) {
                   "published, on the training thread, used or not: it pays "
                   "off when several same-host workers pull each version "
                   "(docs/benchmarks.md).");
+  schema->AddInt("weight_sync.cuda_ipc_versions",
+                 &config->weight_cuda_ipc_versions, 0, 16,
+                 "With model.device on a GPU: how many of the newest "
+                 "published versions are also kept flattened in device "
+                 "memory (one extra copy of the weights each), offered to "
+                 "catch-up pulls from workers on this host's GPUs by CUDA "
+                 "IPC; a worker copies the version device-to-device. An "
+                 "offered buffer lives until that pull ends, even after "
+                 "newer versions push it out. 0: off. Ignored on the CPU.");
   schema->AddEnum("weight_sync.digest", &config->weight_digest,
                   {"sha256", "off"},
                   "sha256: every published version's manifest (sent over "

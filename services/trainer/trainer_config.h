@@ -83,6 +83,11 @@ struct TrainerConfig {
   // segment costs about as much as one socket pull, so it pays off only
   // when several same-host workers pull each version (docs/benchmarks.md).
   bool weight_shared_memory = false;
+  // On a CUDA model.device: how many of the newest published versions are
+  // also kept flattened in device memory and offered to same-host workers
+  // by CUDA IPC (common/weights/cuda_ipc.h); 0 turns that off. Ignored on
+  // the CPU.
+  int64_t weight_cuda_ipc_versions = 2;
   // "sha256": each published version's manifest carries the SHA-256 of its
   // full flat buffer, which workers check before a version goes live
   // (whatever path its bytes took); "off": CRC-32C only. About 1.7 GB/s on

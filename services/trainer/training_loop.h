@@ -38,6 +38,7 @@
 #include "common/cluster/member_session.h"
 #include "common/model/model_config.h"
 #include "common/model/model_weights.h"
+#include "common/weights/cuda_ipc.h"
 #include "common/weights/delta_publisher.h"
 #include "common/weights/flat_weight_layout.h"
 #include "common/weights/weight_store.h"
@@ -65,6 +66,9 @@ struct TrainingLoopParts {
   model::WeightDType publish_dtype = model::WeightDType::kFloat32;
   // Where published versions go (served to pulling workers).
   weights::WeightStore* store = nullptr;
+  // Versions kept in device memory for CUDA IPC (weight_sync
+  // .cuda_ipc_versions on a GPU); null otherwise.
+  weights::DeviceVersionRing* device_ring = nullptr;
   weights::WeightSyncMetrics* weight_sync_metrics = nullptr;
   // The broadcast to the epoch's group; null when weight_sync.broadcast is
   // off.
@@ -154,6 +158,11 @@ class TrainingLoop {
   // again or counted lost) and adopts its numbering; false until that
   // succeeded.
   bool ReconcileVersionOnce();
+  // weight_sync.cuda_ipc_versions: flattens `weights` into a new device
+  // buffer for `version` and puts it in parts_.device_ring; a failure is
+  // logged (once until one succeeds) and the version served without it.
+  void StoreDeviceVersion(const model::ModelWeights& weights,
+                          uint64_t version);
 
   // Checkpoints and held-out evaluation (training_loop.cc).
   absl::Status MaybeCheckpoint();
@@ -197,6 +206,7 @@ class TrainingLoop {
   // loop stopped while retrying): it must not be checkpointed. Written by
   // the loop's thread, read by FinishOnStop() after joining it.
   bool unacknowledged_step_ = false;
+  bool device_ring_failed_ = false;  // the loop's thread only
 
   std::thread thread_;
   std::atomic<bool> stopping_{false};

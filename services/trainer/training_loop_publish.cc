@@ -14,6 +14,7 @@
 #include "common/base/status_macros.h"
 #include "common/model/model_weights.h"
 #include "common/rpc/grpc_client.h"
+#include "common/weights/device_flattening.h"
 #include "common/weights/model_flattening.h"
 #include "services/trainer/training_loop.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
@@ -42,6 +43,7 @@ absl::StatusOr<weights::PublishedVersion> TrainingLoop::StoreVersion(
     uint64_t version) {
   ASSIGN_OR_RETURN(auto weights, PublishedWeights());
   ASSIGN_OR_RETURN(auto flat, weights::FlattenModel(*weights, *layout_));
+  if (parts_.device_ring != nullptr) StoreDeviceVersion(*weights, version);
   ASSIGN_OR_RETURN(tandem::v1::WeightManifest manifest,
                    layout_->BuildManifest(
                        *flat, version,
@@ -69,6 +71,28 @@ absl::StatusOr<weights::PublishedVersion> TrainingLoop::StoreVersion(
     parts_.weight_sync_metrics->RecordDeltaDensity(*published.density);
   }
   return published;
+}
+
+void TrainingLoop::StoreDeviceVersion(const model::ModelWeights& weights,
+                                      uint64_t version) {
+  // Flattened on the device, before the version is announced: a worker
+  // that reads its manifest finds the device copy. Not fatal: the version
+  // is still served by every other path.
+  absl::StatusOr<std::shared_ptr<weights::DeviceWeightBuffer>> buffer =
+      weights::FlattenModelToDevice(weights, *layout_, version,
+                                    parts_.device_ring->deferred_frees());
+  if (!buffer.ok()) {
+    if (!device_ring_failed_) {
+      Log()->warn(
+          "weight_sync.cuda_ipc_versions: version {} not kept in device "
+          "memory ({}); workers pull it by the other paths",
+          version, buffer.status().ToString());
+    }
+    device_ring_failed_ = true;
+    return;
+  }
+  device_ring_failed_ = false;
+  parts_.device_ring->Put(*std::move(buffer));
 }
 
 absl::StatusOr<GrpoStepStats> TrainingLoop::StepAndStoreForTest(

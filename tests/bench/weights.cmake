@@ -25,3 +25,10 @@ target_link_libraries(weight_digest_bench PRIVATE tandem_weights)
 add_executable(staged_swap_bench
   ${CMAKE_CURRENT_SOURCE_DIR}/staged_swap_bench.cc)
 target_link_libraries(staged_swap_bench PRIVATE tandem_weights_model)
+
+# CUDA IPC publish-to-live against a device-to-device copy (GPU only; exits
+# 77 without a device). Two processes: tests/gpu/cuda_ipc_pair.h.
+add_executable(cuda_ipc_bench ${CMAKE_CURRENT_SOURCE_DIR}/cuda_ipc_bench.cc)
+target_link_libraries(cuda_ipc_bench PRIVATE tandem_weights_cuda_ipc
+  tandem_weights_model)
+tandem_use_aten_pch(cuda_ipc_bench)

@@ -7,10 +7,12 @@
 # torch is the release this build linked (2.11.0+cu130), runs in order and
 # writes one Markdown report (default DIR/gpu-report.md):
 #   1. the GPU tests (device forward = CPU forward, GRPO step on the GPU =
-#      on the CPU, mixed precision, placement, the CUDA kernels; NCCL
-#      broadcast with two or more GPUs), each PASS / FAIL / SKIPPED; with
-#      two or more GPUs, NCCL broadcast of device memory bit-exact and its
-#      GB/s against a GPU-to-GPU copy (1b);
+#      on the CPU, mixed precision, placement, the CUDA kernels, CUDA IPC
+#      weight sync between two processes; NCCL broadcast with two or more
+#      GPUs), each PASS / FAIL / SKIPPED; CUDA IPC publish-to-live of
+#      1 GiB against a device-to-device copy (cuda_ipc_bench); with two or
+#      more GPUs, NCCL broadcast of device memory bit-exact and its GB/s
+#      against a GPU-to-GPU copy (1b);
 #   2. decode tokens/s of a random model shaped like Qwen2.5-0.5B in
 #      bfloat16 at batch 1/8/64/256, next to the GPU's memory-bandwidth
 #      bound for the same work (weights + KV cache read per step / measured
@@ -19,7 +21,8 @@
 #      continuous + inflight, no updates) on the same model, batch 64,
 #      long-tailed lengths (mean/max 0.44); and what is not built yet;
 #   4. an end-to-end run (coordinator, verifier, trainer and two rollout
-#      workers on GPU 0) for M minutes (default 5) with its held-out curve.
+#      workers on GPU 0, workers pulling every version, by CUDA IPC) for M
+#      minutes (default 5) with its held-out curve.
 # DIR is a build directory (default: build/ next to this script's
 # checkout) or an unpacked deploy/local/bundle.sh tarball; it need not have
 # been built on this machine, and nothing is downloaded. Without a GPU it
@@ -114,7 +117,7 @@ echo "| test | result | seconds |" >>"$report"
 echo "|---|---|---|" >>"$report"
 details="$work/details.md"
 : >"$details"
-for t in gpu_device_test kernels_logprobs_cuda_test kernels_cuda_test weights_nccl_test weights_device_sync_test; do
+for t in gpu_device_test gpu_cuda_ipc_test kernels_logprobs_cuda_test kernels_cuda_test weights_nccl_test weights_device_sync_test; do
   if [[ ! -x "$bin/$t" ]]; then
     echo "| $t | NOT BUILT | |" >>"$report"
     continue
@@ -140,6 +143,32 @@ for t in gpu_device_test kernels_logprobs_cuda_test kernels_cuda_test weights_nc
   { echo "<details><summary>$t output (tail)</summary>"; echo; echo '```';
     tail -n 40 "$work/$t.log"; echo '```'; echo "</details>"; echo; } >>"$details"
 done
+echo >>"$report"
+# CUDA IPC publish-to-live of 1 GiB (two processes on GPU 0) against a
+# device-to-device copy of the same bytes, medians of 5 versions.
+if [[ -x "$bin/cuda_ipc_bench" ]]; then
+  run_bin timeout 600 "$bin/cuda_ipc_bench" --mib 1024 --versions 6 \
+    >"$work/cuda_ipc.jsonl" 2>"$work/cuda_ipc.err"
+  rc=$?
+  if [[ $rc -ne 0 ]]; then
+    status=1
+    { echo "CUDA IPC publish-to-live, 1 GiB: FAIL (cuda_ipc_bench exit $rc)"; echo '```';
+      tail -n 20 "$work/cuda_ipc.err"; echo '```'; } >>"$report"
+  else
+    "$python" - "$work/cuda_ipc.jsonl" >>"$report" <<'EOF'
+import json, sys
+s = [json.loads(l) for l in open(sys.argv[1]) if '"summary"' in l][-1]
+print(f"CUDA IPC publish-to-live, 1 GiB (cuda_ipc_bench, median of "
+      f"{s['versions']} versions): {s['publish_to_live_ms_median']:.1f} ms; "
+      f"device-to-device copy of the same bytes: "
+      f"{s['device_copy_ms_median']:.2f} ms (ratio {s['ratio']:.1f}); "
+      f"SHA-256 of the device copy by TensorSha256: "
+      f"{s['device_sha256_ms_median']:.1f} ms. Target (issue 22): <= 10 ms.")
+EOF
+  fi
+else
+  echo "CUDA IPC publish-to-live, 1 GiB: NOT BUILT (cuda_ipc_bench)" >>"$report"
+fi
 echo >>"$report"
 cat "$details" >>"$report"
 
@@ -259,10 +288,11 @@ fi
 echo >>"$report"
 cat >>"$report" <<'EOF'
 Not built yet (issue 22, docs/gpu.md): a paged device KV layout and CUDA
-graphs; CUDA IPC weight sync (workers on the trainer's GPU receive versions through the host,
-by Gloo or pull); the daemons on the device broadcast path (the trainer and
-worker do not call common/weights/broadcast/device_broadcast.h yet; its
-tests are in section 1, its GB/s in section 1b).
+graphs; a device-resident go-live for CUDA IPC (a version copied by CUDA
+IPC is verified on the host and staged through it); the daemons on the
+device broadcast path (the trainer and worker do not call
+common/weights/broadcast/device_broadcast.h yet; its tests are in
+section 1, its GB/s in section 1b).
 
 EOF
 
@@ -271,7 +301,10 @@ echo "## 4. End to end on GPU 0: ${minutes} min" >>"$report"
 echo >>"$report"
 if [[ "$minutes" -gt 0 ]]; then
   run_dir="$work/e2e"
-  TANDEM_MODEL_DEVICE=cuda:0 run_bin timeout $((minutes * 60 + 600)) \
+  # Workers pull every version, so each comes by CUDA IPC from the
+  # trainer's device copy (weight_sync.cuda_ipc_versions, on by default).
+  TANDEM_MODEL_DEVICE=cuda:0 TANDEM_WEIGHT_SYNC_MODE=pull \
+    run_bin timeout $((minutes * 60 + 600)) \
     "$bin/tandem-local" --run-dir "$run_dir" --bin-dir "$bin" \
     --rollout-workers 2 --duration $((minutes * 60)) \
     --cache-dir "$work/cache" >"$work/e2e.out" 2>&1
@@ -283,6 +316,8 @@ if [[ "$minutes" -gt 0 ]]; then
   fi
   { echo "Placement from the logs:"; echo '```';
     grep -h -m1 -E "policy: |model: " "$run_dir"/logs/trainer.log "$run_dir"/logs/rollout-0.log 2>/dev/null;
+    echo '```'; echo; echo "CUDA IPC (rollout logs; a warning means a fallback):"; echo '```';
+    grep -h -E "CUDA IPC|cuda_ipc" "$run_dir"/logs/rollout-*.log "$trainer_log" 2>/dev/null | head -n 8;
     echo '```'; echo; echo "Held-out accuracy (trainer log):"; echo '```';
     grep -h "held-out accuracy at version" "$trainer_log" 2>/dev/null | sed 's/.*held-out/held-out/' | tail -n 40;
     echo '```'; echo; echo "Launcher output (tail):"; echo '```';

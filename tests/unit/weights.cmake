@@ -21,6 +21,10 @@ tandem_add_test(weights_data_plane_auth_test
     ${CMAKE_CURRENT_SOURCE_DIR}/weights_raw_auth_test.cc
     ${CMAKE_CURRENT_SOURCE_DIR}/weights_raw_seal_test.cc
   LIBS tandem_weights_grpc)
+# CUDA IPC negotiation, offer checks, leases and the ring, without a device.
+tandem_add_test(weights_cuda_ipc_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_cuda_ipc_test.cc
+  LIBS tandem_weights_grpc)
 tandem_add_test(weights_shm_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_shm_test.cc
   LIBS tandem_weights_grpc)

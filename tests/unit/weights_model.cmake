@@ -1,6 +1,6 @@
 tandem_add_test(weights_model_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_model_test.cc
-  LIBS tandem_weights_model tandem_weights_grpc)
+  LIBS tandem_weights_model tandem_weights_device_model tandem_weights_grpc)
 # LibTorch test: a shared precompiled header (cmake/TandemTorchPch.cmake).
 tandem_use_aten_pch(weights_model_test)
 

@@ -13,6 +13,7 @@
 #include "common/model/decoder_model.h"
 #include "common/model/model_weights.h"
 #include "common/weights/pull/grpc_pull_receiver.h"
+#include "common/weights/device_flattening.h"
 #include "common/weights/model_flattening.h"
 #include "common/weights/staging_weights.h"
 #include "common/weights/pull/weight_server.h"
@@ -145,6 +146,48 @@ TEST_CASE("unflatten refuses a buffer of the wrong size") {
   CHECK(rebuilt.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK_THAT(std::string(rebuilt.status().message()),
              Catch::Contains("layout needs"));
+}
+
+}  // namespace
+}  // namespace tandem::weights
+
+namespace tandem::weights {
+namespace {
+
+TEST_CASE(
+    "FlattenModelInto (the trainer's device flattening for CUDA IPC) writes "
+    "FlattenModel's bytes into a tensor, and refuses a wrong destination") {
+  for (const auto dtype :
+       {model::WeightDType::kFloat32, model::WeightDType::kBFloat16}) {
+    model::ModelConfig config = model::testing::TinyQwen2Config();
+    config.dtype = dtype;
+    auto weights = model::RandomInit(config, 31);
+    REQUIRE(weights.ok());
+    auto layout = LayoutForModel(**weights, {.alignment = 256});
+    REQUIRE(layout.ok());
+    auto flat = FlattenModel(**weights, *layout);
+    REQUIRE(flat.ok());
+    // Garbage first: the padding must be zeroed too.
+    at::Tensor dst = at::full({static_cast<int64_t>(layout->total_bytes())},
+                              0x5A, at::TensorOptions().dtype(at::kByte));
+    REQUIRE(FlattenModelInto(**weights, *layout, dst).ok());
+    CHECK(std::memcmp(dst.data_ptr(), (*flat)->data(), (*flat)->size()) == 0);
+
+    at::Tensor short_dst = at::empty(
+        {static_cast<int64_t>(layout->total_bytes()) - 1}, at::kByte);
+    const absl::Status refused =
+        FlattenModelInto(**weights, *layout, short_dst);
+    CHECK(absl::IsInvalidArgument(refused));
+    CHECK_THAT(std::string(refused.message()),
+               Catch::Contains(std::to_string(layout->total_bytes())));
+  }
+  // Weights on the CPU are not flattened into CUDA IPC memory.
+  auto cpu = model::RandomInit(model::testing::TinyQwen2Config(), 32);
+  REQUIRE(cpu.ok());
+  auto layout = LayoutForModel(**cpu);
+  REQUIRE(layout.ok());
+  CHECK(absl::IsFailedPrecondition(
+      FlattenModelToDevice(**cpu, *layout, 1).status()));
 }
 
 }  // namespace

@@ -205,6 +205,9 @@ absl::StatusOr<v1::WeightManifest> GrpcPullReceiver::Plan(
     }
     if (latest.ok() && !past_refused &&
         (!live.has_value() || latest->policy_version() > *live)) {
+      // A device-to-device copy of the whole version beats any delta over
+      // a socket, while this server's offers work.
+      if (IsFull(*latest) && PreferCudaIpc()) return latest;
       // Follow deltas from live while live is at or past the latest anchor,
       // or just before it (the anchor may have a delta on live too).
       if (live.has_value() && *live + 1 >= latest->anchor_version()) {
@@ -312,7 +315,8 @@ absl::Status GrpcPullReceiver::ReadStream(
     StagingWeights* staging, const v1::WeightManifest& manifest,
     absl::Time deadline, uint32_t* bucket, uint64_t* offset,
     std::vector<uint8_t>* delta,
-    std::optional<v1::SharedWeightSegment>* segment) {
+    std::optional<v1::SharedWeightSegment>* segment,
+    std::optional<absl::Status>* ipc) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
   {
@@ -323,6 +327,7 @@ absl::Status GrpcPullReceiver::ReadStream(
   v1::FetchWeightsRequest request =
       ResumeRequest(manifest, *bucket, *offset, options_.chunk_bytes);
   request.set_shared_memory(segment != nullptr);
+  if (ipc != nullptr) *request.mutable_cuda_ipc() = options_.cuda_ipc->peer();
   std::unique_ptr<grpc::ClientReader<v1::WeightChunk>> reader =
       stub_->FetchWeights(&context, request);
   {
@@ -334,7 +339,22 @@ absl::Status GrpcPullReceiver::ReadStream(
       full ? static_cast<uint32_t>(manifest.buckets_size()) : 1;
   absl::Status result;
   v1::WeightChunk chunk;
+  bool ipc_offered = false;
   while (*bucket < num_buckets && reader->Read(&chunk)) {
+    if (chunk.has_cuda_ipc()) {
+      if (ipc == nullptr ||
+          chunk.policy_version() != manifest.policy_version()) {
+        result = absl::AbortedError(
+            absl::StrCat("weights v", manifest.policy_version(),
+                         ": unexpected CUDA IPC offer"));
+      } else {
+        // Copied while the call (the server's lease) is open.
+        *ipc = CopyCudaIpcOffer(chunk.cuda_ipc(), manifest);
+        ipc_offer_device_ = chunk.cuda_ipc().device_uuid();
+        ipc_offered = true;
+      }
+      break;
+    }
     if (chunk.has_shared_memory()) {
       if (segment == nullptr ||
           chunk.policy_version() != manifest.policy_version()) {
@@ -395,13 +415,15 @@ absl::Status GrpcPullReceiver::ReadStream(
       *offset = 0;
     }
   }
-  if (!result.ok()) context.TryCancel();
+  // An offer's call is ended by the client: the copy is done (or given up).
+  if (!result.ok() || ipc_offered) context.TryCancel();
   grpc::Status finished = reader->Finish();
   {
     absl::MutexLock lock(&mu_);
     active_ = nullptr;
   }
   if (!result.ok()) return result;
+  if (ipc_offered) return absl::OkStatus();
   if (!finished.ok()) return FromGrpc(finished, "FetchWeights");
   if (segment != nullptr && segment->has_value()) return absl::OkStatus();
   if (*bucket < num_buckets) {
@@ -419,6 +441,7 @@ absl::Status GrpcPullReceiver::Fetch(StagingWeights* staging,
   std::vector<uint8_t> delta;
   int failures = 0;
   bool asked_shm = false, offered_shm = false;
+  bool asked_ipc = false, offered_ipc = false;
   for (;;) {
     const uint32_t bucket_before = bucket;
     const uint64_t offset_before = offset;
@@ -432,13 +455,48 @@ absl::Status GrpcPullReceiver::Fetch(StagingWeights* staging,
     }
     asked_shm = asked_shm || ask_shm;
     std::optional<v1::SharedWeightSegment>* want = ask_shm ? &segment : nullptr;
-    if (options_.raw_data) {
+    // CUDA IPC: once per version, for the whole payload, over FetchWeights.
+    std::optional<absl::Status> ipc;
+    const bool ask_ipc = options_.cuda_ipc != nullptr && IsFull(manifest) &&
+                         !asked_ipc && bucket == 0 && offset == 0;
+    if (ask_ipc) {
+      asked_ipc = true;
+      connected = true;
+      s = ReadStream(staging, manifest, deadline, &bucket, &offset, &delta,
+                     want, &ipc);
+    } else if (options_.raw_data) {
       s = ReadRawStream(staging, manifest, deadline, &bucket, &offset, &delta,
                         want, &connected);
     }
     if (!connected) {
       s = ReadStream(staging, manifest, deadline, &bucket, &offset, &delta,
                      want);
+    }
+    if (s.ok() && ipc.has_value()) {
+      offered_ipc = true;
+      const std::string ipc_device = ipc_offer_device_;
+      if (!ipc->ok()) {
+        ComponentLogger("weights")->warn(
+            "weights v{}: CUDA IPC offer not used ({}); streaming it instead",
+            manifest.policy_version(), ipc->ToString());
+        absl::MutexLock lock(&mu_);
+        ipc_preferred_ = false;
+        ++(absl::IsInvalidArgument(*ipc) ? stats_.cuda_ipc_refused
+                                         : stats_.cuda_ipc_open_failures);
+        continue;
+      }
+      s = StageCudaIpcCopy(staging, manifest, &bucket, &offset);
+      if (s.ok()) {
+        absl::MutexLock lock(&mu_);
+        ipc_preferred_ = true;
+        if (++stats_.cuda_ipc_versions == 1) {
+          ComponentLogger("weights")->info(
+              "weights v{}: received by CUDA IPC from device {} ({} bytes "
+              "copied device-to-device); later versions are counted as "
+              "transport cuda_ipc",
+              manifest.policy_version(), ipc_device, manifest.total_bytes());
+        }
+      }
     }
     if (s.ok() && segment.has_value()) {
       offered_shm = true;
@@ -490,6 +548,10 @@ absl::Status GrpcPullReceiver::Fetch(StagingWeights* staging,
   absl::MutexLock lock(&mu_);
   ++stats_.versions;
   if (asked_shm && !offered_shm) ++stats_.shm_not_offered;
+  if (asked_ipc && !offered_ipc) {
+    ++stats_.cuda_ipc_not_offered;
+    ipc_preferred_ = false;
+  }
   return absl::OkStatus();
 }
 

@@ -46,6 +46,25 @@
 // FULL version asked for in shared memory but streamed because the server
 // offered no segment counts in stats().shm_not_offered.
 //
+// CUDA IPC path (same host, device memory; cuda_ipc.h): with
+// options.cuda_ipc (a worker on a CUDA device), the first try of each FULL
+// version goes over FetchWeights with cuda_ipc set (never the raw path: the
+// server's lease on its buffer lasts as long as that call). An offer is
+// checked (ValidateCudaIpcOffer: handle and token sizes, size against the
+// manifest, boot id, a device this process sees), copied device-to-device
+// by the sink, which closes the handle, and only then is the call ended;
+// the staged copy is then read to the host bucket by bucket and verified
+// by FinishBucket as on every other path (CRC-32C, finite values, SHA-256).
+// An offer that fails a check or cannot be opened is logged (naming the
+// field and value) and counted (stats().cuda_ipc_refused,
+// cuda_ipc_open_failures), the call ended, and the same version streamed
+// (or offered in shared memory) instead; the next version asks again. A
+// server that offers nothing streams as usual (stats().cuda_ipc_not_offered).
+// While the last FULL version asked for came by CUDA IPC, the receiver
+// fetches each newer version in full (by CUDA IPC) instead of following
+// deltas; after a refusal or a version not offered it follows deltas again
+// until a FULL fetch (an anchor, a catch-up) comes by CUDA IPC.
+//
 // Interrupt() ends a ReceiveNext that is waiting for a newer version
 // (nothing newer on the server yet) with Cancelled, as if its deadline had
 // come, cancelling a long poll in flight; it never touches a transfer
@@ -65,6 +84,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/base/clock.h"
+#include "common/weights/cuda_ipc.h"
 #include "common/weights/pull/data_plane_auth.h"
 #include "common/weights/weight_transport.h"
 #include "tandem/v1/trainer.grpc.pb.h"
@@ -98,6 +118,9 @@ struct PullOptions {
   // back to the socket paths when the server offers none or it cannot be
   // opened here.
   bool shared_memory = true;
+  // Ask for FULL payloads in the server's device memory (CUDA IPC, see
+  // above); null (a CPU worker): never asked. Must outlive the receiver.
+  CudaIpcSink* cuda_ipc = nullptr;
   // Raw data path authentication (data_plane_auth.h): the key this
   // process holds now, set by whoever talks to the coordinator. When set,
   // the receiver answers the server's challenge with a proof before its
@@ -128,6 +151,12 @@ struct PullStats {
   uint64_t shm_open_failures = 0;  // could not be opened (another host)
   uint64_t shm_mismatches = 0;     // not the one offered (size, token)
   uint64_t shm_not_offered = 0;    // asked for, streamed instead
+  uint64_t cuda_ipc_versions = 0;  // versions copied by CUDA IPC
+  uint64_t cuda_ipc_bytes = 0;     // bytes copied by CUDA IPC
+  // CUDA IPC offers not used, by why (the version was streamed instead):
+  uint64_t cuda_ipc_refused = 0;        // failed ValidateCudaIpcOffer
+  uint64_t cuda_ipc_open_failures = 0;  // the sink could not open or copy
+  uint64_t cuda_ipc_not_offered = 0;    // asked for, streamed instead
   uint64_t raw_auth_fallbacks = 0;  // raw streams refused or not tried for
                                     // want of a good data-plane key
   // Sealed raw streams given up because a record failed its tag
@@ -175,12 +204,26 @@ class GrpcPullReceiver : public WeightReceiver {
   // Reads one stream from the resume point; advances it past every chunk
   // written. Returns the stream's status. A non-null `segment` asks for
   // the shared-memory path: when the server offers a segment it is stored
-  // there (nothing else is read) and OK returned.
+  // there (nothing else is read) and OK returned. A non-null `ipc` asks for
+  // the CUDA IPC path: when the server offers device memory, the offer is
+  // checked and copied (CopyCudaIpcOffer) while the call is open, *ipc set
+  // to how that went, the call ended and OK returned.
   absl::Status ReadStream(StagingWeights* staging,
                           const v1::WeightManifest& manifest,
                           absl::Time deadline, uint32_t* bucket,
                           uint64_t* offset, std::vector<uint8_t>* delta,
-                          std::optional<v1::SharedWeightSegment>* segment);
+                          std::optional<v1::SharedWeightSegment>* segment,
+                          std::optional<absl::Status>* ipc = nullptr);
+  // Whether the next version should be fetched in full by CUDA IPC.
+  bool PreferCudaIpc() const;
+  // Checks `offer` and has the sink copy it (see above).
+  absl::Status CopyCudaIpcOffer(const v1::CudaIpcOffer& offer,
+                                const v1::WeightManifest& manifest);
+  // Reads what the sink staged into `staging` from the resume point on,
+  // verifying each bucket.
+  absl::Status StageCudaIpcCopy(StagingWeights* staging,
+                                const v1::WeightManifest& manifest,
+                                uint32_t* bucket, uint64_t* offset);
   // The same over the raw data path. Sets *connected when a connection to
   // the data port was made (false: use FetchWeights instead).
   absl::Status ReadRawStream(StagingWeights* staging,
@@ -222,6 +265,11 @@ class GrpcPullReceiver : public WeightReceiver {
   // An offered segment could not be used here: socket paths from now on.
   bool shm_off_ ABSL_GUARDED_BY(mu_) = false;
   PullStats stats_ ABSL_GUARDED_BY(mu_);
+  // The last FULL version asked for by CUDA IPC came so: later versions
+  // are fetched in full (by CUDA IPC) rather than as deltas.
+  bool ipc_preferred_ ABSL_GUARDED_BY(mu_) = false;
+  // The device of the last CUDA IPC offer (ReceiveNext's thread only).
+  std::string ipc_offer_device_;
 };
 
 }  // namespace tandem::weights

@@ -1,8 +1,8 @@
 #pragma once
 
-// Helpers shared by the two files of GrpcPullReceiver (grpc_pull_receiver.cc:
+// Helpers shared by the files of GrpcPullReceiver (grpc_pull_receiver.cc:
 // planning, long poll, gRPC stream; grpc_pull_raw.cc: raw TCP stream and
-// shared memory). Not for other users.
+// shared memory; grpc_pull_cuda_ipc.cc: CUDA IPC). Not for other users.
 
 #include <cstdint>
 

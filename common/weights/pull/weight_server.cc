@@ -110,10 +110,28 @@ class WeightServerService::FetchReactor
  public:
   FetchReactor(WeightServerService* service, Stream stream)
       : service_(service), stream_(std::move(stream)) {
+    if (stream_.device != nullptr) {
+      bool shut_down;
+      {
+        absl::MutexLock lock(&service_->lease_mu_);
+        shut_down = service_->leases_shut_down_;
+        if (!shut_down) service_->leases_.push_back(this);
+      }
+      if (shut_down) {
+        stream_.device.reset();
+        Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                            "weight server shutting down"));
+        return;
+      }
+      WriteOffer();
+      return;
+    }
     NextWrite();
   }
 
   void OnWriteDone(bool ok) override {
+    // A CUDA IPC call is ended by the client (OnCancel) or Shutdown().
+    if (stream_.device != nullptr) return;
     if (!ok) {
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
       return;
@@ -121,9 +139,34 @@ class WeightServerService::FetchReactor
     NextWrite();
   }
 
-  void OnDone() override { delete this; }
+  void OnCancel() override {
+    if (stream_.device != nullptr) EndLease(grpc::Status::CANCELLED);
+  }
+
+  void OnDone() override {
+    if (stream_.device != nullptr) {
+      absl::MutexLock lock(&service_->lease_mu_);
+      service_->leases_.remove(this);
+    }
+    delete this;  // releases the lease (stream_.device)
+  }
+
+  // Ends a CUDA IPC call (once: the client's cancel and Shutdown may race).
+  void EndLease(grpc::Status status) {
+    if (ClaimEnd()) Finish(std::move(status));
+  }
+  // True for the one caller that may Finish the call; until it does, the
+  // reactor is not deleted.
+  bool ClaimEnd() { return !lease_ended_.exchange(true); }
 
  private:
+  void WriteOffer() {
+    chunk_.Clear();
+    chunk_.set_policy_version(stream_.payload.manifest.policy_version());
+    *chunk_.mutable_cuda_ipc() = stream_.device->offer;
+    StartWrite(&chunk_);
+  }
+
   void NextWrite() {
     if (stream_.segment != nullptr) {
       if (stream_.sent > 0) {
@@ -161,6 +204,7 @@ class WeightServerService::FetchReactor
 
   WeightServerService* service_;
   Stream stream_;
+  std::atomic<bool> lease_ended_{false};
   v1::WeightChunk chunk_;
 };
 
@@ -254,9 +298,25 @@ void WeightServerService::CancelLongPoll(LongPoll* poll) {
 }
 
 void WeightServerService::Shutdown() {
-  absl::MutexLock lock(&poll_mu_);
-  polls_shut_down_ = true;
-  poll_dirty_ = true;
+  {
+    absl::MutexLock lock(&poll_mu_);
+    polls_shut_down_ = true;
+    poll_dirty_ = true;
+  }
+  // Claimed under the lock (a claimed reactor is not deleted before its
+  // Finish), finished outside it (OnDone takes the lock).
+  std::vector<FetchReactor*> ending;
+  {
+    absl::MutexLock lock(&lease_mu_);
+    leases_shut_down_ = true;
+    for (FetchReactor* reactor : leases_) {
+      if (reactor->ClaimEnd()) ending.push_back(reactor);
+    }
+  }
+  for (FetchReactor* reactor : ending) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                 "weight server shutting down"));
+  }
 }
 
 WeightServerService::WeightServerService(const WeightStore* store,
@@ -400,7 +460,23 @@ absl::StatusOr<WeightServerService::Stream> WeightServerService::OpenStream(
                 : std::min(request.chunk_bytes(), kMaxRawChunkBytes);
   }
   Stream stream;
-  if (request.shared_memory() && options_.shared_memory &&
+  if (!raw && request.has_cuda_ipc() && options_.cuda_ipc != nullptr &&
+      kind == v1::WEIGHT_PAYLOAD_KIND_FULL && request.start_bucket() == 0 &&
+      request.start_offset() == 0) {
+    absl::StatusOr<std::shared_ptr<const DeviceWeightBuffer>> device =
+        options_.cuda_ipc->Offer(m.policy_version(), request.cuda_ipc());
+    if (device.ok()) {
+      stream.device = *std::move(device);
+      ++cuda_ipc_offers_;
+      if (options_.metrics != nullptr) {
+        options_.metrics->RecordBytes(SyncDirection::kSent,
+                                      SyncTransport::kCudaIpc, /*full=*/true,
+                                      static_cast<double>(m.total_bytes()));
+      }
+    }
+  }
+  if (stream.device == nullptr && request.shared_memory() &&
+      options_.shared_memory &&
       kind == v1::WEIGHT_PAYLOAD_KIND_FULL) {
     absl::StatusOr<std::shared_ptr<const SharedWeightSegment>> segment =
         store_->SharedFull(m.policy_version());
@@ -441,8 +517,13 @@ int WeightServerService::held_long_polls() const {
 WeightServerStats WeightServerService::stats() const {
   WeightServerStats stats{streams_.load(),    chunks_.load(),
                           bytes_.load(),      shm_offers_.load(),
-                          shm_failures_.load(), manifest_requests_.load(),
-                          long_polls_.load()};
+                          shm_failures_.load(), cuda_ipc_offers_.load()};
+  {
+    absl::MutexLock lock(&lease_mu_);
+    stats.cuda_ipc_leases = leases_.size();
+  }
+  stats.manifest_requests = manifest_requests_.load();
+  stats.long_polls = long_polls_.load();
   if (raw_ != nullptr) raw_->FillStats(&stats);
   return stats;
 }

@@ -58,6 +58,18 @@
 // copies on the first request for a version, on the thread that serves it
 // (for FetchWeights, the reactor's callback thread: one copy per version).
 //
+// CUDA IPC path (same host, cuda_ipc.h). A FetchWeights request with
+// cuda_ipc set for a FULL payload from its start, to a service with
+// options.cuda_ipc holding that version in device memory, from a client on
+// this host (same boot id), is answered with one WeightChunk carrying a
+// CudaIpcOffer and no data; the call then stays open, holding a lease on
+// the buffer (it outlives the ring's eviction of the version), until the
+// client ends it (cancels: it has copied) or its deadline passes or its
+// connection drops; Shutdown() ends such calls too (UNAVAILABLE). Anything
+// else (no device copy of that version, another host, a resume point, the
+// raw data path) is answered as without the field. Offers are counted in
+// stats().cuda_ipc_offers, open leases in stats().cuda_ipc_leases.
+//
 // Raw data path authentication. With options.data_plane_key set (the
 // trainer sets it under tls.mode mtls), the server speaks first on every raw
 // connection: a challenge for the current data-plane epoch with a fresh
@@ -141,6 +153,7 @@
 #include "absl/time/time.h"
 #include "common/base/clock.h"
 #include "common/rpc/peer_identity.h"
+#include "common/weights/cuda_ipc.h"
 #include "common/weights/pull/data_plane_auth.h"
 #include "common/weights/weight_store.h"
 #include "common/weights/weight_sync_metrics.h"
@@ -178,6 +191,10 @@ struct WeightServerOptions {
   // tandem_weight_sync_bytes_total{direction="sent", transport="shm"}
   // when offered.
   bool shared_memory = false;
+  // Offer versions held in device memory to clients that ask (CUDA IPC,
+  // see above); the trainer on a CUDA device sets it
+  // (weight_sync.cuda_ipc_versions). Must outlive the service.
+  const DeviceVersionRing* cuda_ipc = nullptr;
   // Raw data path bounds (see above); the trainer sets them from
   // weight_sync.data_*.
   int max_data_connections = 64;
@@ -230,6 +247,8 @@ struct WeightServerStats {
   uint64_t bytes = 0;              // streamed payload bytes (not shm)
   uint64_t shm_offers = 0;         // requests answered with a segment
   uint64_t shm_failures = 0;       // segments that could not be made
+  uint64_t cuda_ipc_offers = 0;    // requests answered with device memory
+  uint64_t cuda_ipc_leases = 0;    // such calls open now
   uint64_t manifest_requests = 0;  // GetManifest calls, long polls included
   uint64_t long_polls = 0;         // GetManifest calls that were held
   // Raw data path (0 when it is off):
@@ -266,7 +285,8 @@ class WeightServerService final : public v1::WeightServer::CallbackService {
   int held_long_polls() const;
 
   // Answers every held long poll now (as at once) and later ones at once,
-  // so that a gRPC server's Shutdown does not wait for them. Idempotent.
+  // and ends every call holding a CUDA IPC lease, so that a gRPC server's
+  // Shutdown does not wait for them. Idempotent.
   void Shutdown();
 
   // Fault injection for tests: every later stream fails with UNAVAILABLE
@@ -329,6 +349,11 @@ class WeightServerService final : public v1::WeightServer::CallbackService {
   std::atomic<uint64_t> bytes_{0};
   std::atomic<uint64_t> shm_offers_{0};
   std::atomic<uint64_t> shm_failures_{0};
+  std::atomic<uint64_t> cuda_ipc_offers_{0};
+  // Calls holding a CUDA IPC lease (see above), ended by Shutdown().
+  mutable absl::Mutex lease_mu_;
+  std::list<FetchReactor*> leases_ ABSL_GUARDED_BY(lease_mu_);
+  bool leases_shut_down_ ABSL_GUARDED_BY(lease_mu_) = false;
   std::atomic<int> fail_after_{-1};
   std::atomic<int64_t> corrupt_at_{-1};
   std::atomic<uint64_t> sealed_records_{0};  // sent on the raw path

@@ -33,6 +33,8 @@ struct WeightServerService::Stream {
   bool raw = false;  // the raw data path (see OpenStream)
   // Set when the request is answered with a shared-memory segment.
   std::shared_ptr<const SharedWeightSegment> segment;
+  // Set when it is answered with device memory (CUDA IPC): the lease.
+  std::shared_ptr<const DeviceWeightBuffer> device;
 
   bool full() const {
     return payload.manifest.kind() == v1::WEIGHT_PAYLOAD_KIND_FULL;

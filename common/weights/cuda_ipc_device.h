@@ -1,0 +1,73 @@
+#pragma once
+
+// The CUDA runtime side of CUDA IPC weight sync (cuda_ipc.h): the
+// trainer's exported device buffers and the worker's sink. Compiled in
+// every build (the torch wheel's cudart, target tandem_cudart); used only
+// by processes on a CUDA device. Every call names the CUDA error it met.
+//
+// Thread-safety: the functions may be called from any thread (each sets
+// the device it works on); a CudaIpcDeviceSink is used by one receiving
+// thread.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/weights/cuda_ipc.h"
+
+namespace tandem::weights {
+
+// The identity of CUDA device `device` of this process: boot id, UUID
+// ("GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx") and PCI bus id.
+absl::StatusOr<v1::CudaIpcPeer> CudaIpcPeerOf(int device);
+
+// The devices this process sees, with the host's boot id.
+absl::StatusOr<CudaIpcLocalView> LocalCudaIpcView();
+
+// A new device allocation on `device` for a payload of `payload_bytes`
+// bytes of `policy_version`, exported with cudaIpcGetMemHandle, its token
+// written after the payload. The caller fills `payload` (device memory)
+// before the buffer is offered. Freed with cudaFree when the last
+// reference goes: through `frees` when given (a DeviceVersionRing's
+// deferred_frees(): the free runs on the ring's Put thread), else there.
+absl::StatusOr<std::shared_ptr<DeviceWeightBuffer>> AllocateDeviceWeightBuffer(
+    int device, uint64_t policy_version, uint64_t payload_bytes,
+    std::shared_ptr<DeferredFrees> frees = nullptr);
+
+// A CudaIpcSink on `device` (this process's CUDA index): a device staging
+// buffer grown to the largest payload copied.
+class CudaIpcDeviceSink final : public CudaIpcSink {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaIpcDeviceSink>> Create(int device);
+  ~CudaIpcDeviceSink() override;
+
+  const v1::CudaIpcPeer& peer() const override { return peer_; }
+  const CudaIpcLocalView& local() const override { return local_; }
+  absl::Status CopyOffer(const v1::CudaIpcOffer& offer, int device) override;
+  absl::Status ReadStaged(uint64_t offset, absl::Span<uint8_t> dst) override;
+
+  // The staged payload of the last CopyOffer (device memory on device()).
+  const void* staged() const { return staging_; }
+  uint64_t staged_bytes() const { return staged_bytes_; }
+  int device() const { return device_; }
+
+ private:
+  CudaIpcDeviceSink(int device, v1::CudaIpcPeer peer, CudaIpcLocalView local)
+      : device_(device), peer_(std::move(peer)), local_(std::move(local)) {}
+
+  const int device_;
+  const v1::CudaIpcPeer peer_;
+  const CudaIpcLocalView local_;
+  void* staging_ = nullptr;
+  uint64_t capacity_ = 0;
+  uint64_t staged_bytes_ = 0;
+};
+
+// Whether this process sees a CUDA device (false without a driver).
+bool CudaIpcDeviceVisible();
+
+// Waits for every copy queued on `device` (all streams) to finish.
+absl::Status FinishDeviceWrites(int device);
+
+}  // namespace tandem::weights
