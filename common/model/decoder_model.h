@@ -24,7 +24,9 @@
 //    of short sequences;
 //  * padded: queries and keys padded to the longest sequence, one batched
 //    matmul pair with a mask; constant op count, but it copies the keys
-//    and values and computes the padding.
+//    and values and computes the padding. With paged caches of one pool
+//    (paged_kv_cache.h) the copy is one gather for the whole batch and the
+//    attention one scaled_dot_product_attention (PagedBatch).
 // Both beat one block-diagonal [T x T] mask over the packed tokens, which
 // wastes T^2 - sum n_i^2 work (98% of it for 64 equal sequences).
 //
@@ -175,9 +177,12 @@ class DecoderModel {
   // (options_.linear resolved).
   internal::LinearForm FormFor(const ModelWeights& weights, int64_t rows) const;
 
+  // `paged`: the caches are PagedKvCaches of one pool, which the padded
+  // strategy stores and gathers for the whole batch at once.
   bool UsePaddedAttention(const ModelConfig& config, int64_t element_size,
                           const std::vector<int64_t>& n,
-                          const std::vector<int64_t>& length) const;
+                          const std::vector<int64_t>& length,
+                          bool paged) const;
 
   const DecoderOptions options_;
   // RoPE inverse frequencies (float32, CPU); SwapWeights keeps them valid
