@@ -9,6 +9,7 @@
 #include "common/model/decoder_model.h"
 #include "common/model/kv_cache.h"
 #include "common/model/model_weights.h"
+#include "common/model/paged_kv_cache.h"
 
 namespace tandem::engine {
 
@@ -23,20 +24,53 @@ int32_t TorchEngineModel::vocab_size() const {
   return static_cast<int32_t>(model_->weights()->config().vocab_size);
 }
 
+absl::StatusOr<std::unique_ptr<model::KvCache>> TorchEngineModel::NewCache(
+    const Sequence& seq) {
+  const auto weights = model_->weights();
+  if (!layout_resolved_) {
+    const bool paged =
+        options_.kv_layout == KvLayout::kPaged ||
+        (options_.kv_layout == KvLayout::kAuto && options_.kv_blocks > 0);
+    if (paged) {
+      if (options_.kv_blocks <= 0 || options_.block_size <= 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "paged KV layout: kv_blocks and block_size must be > 0, got ",
+            options_.kv_blocks, " and ", options_.block_size));
+      }
+      ASSIGN_OR_RETURN(pool_, model::KvBlockPool::Create(
+                                  weights->config(), weights->dtype(),
+                                  weights->device(), options_.kv_blocks,
+                                  options_.block_size));
+    }
+    layout_resolved_ = true;
+  }
+  if (pool_ != nullptr) {
+    ASSIGN_OR_RETURN(auto cache, model::PagedKvCache::Create(
+                                     weights->config(), pool_, max_tokens_));
+    return std::unique_ptr<model::KvCache>(std::move(cache));
+  }
+  ASSIGN_OR_RETURN(
+      auto cache,
+      model::ContiguousKvCache::Create(
+          weights->config(), weights->dtype(), weights->device(), max_tokens_,
+          seq.prompt.size() + seq.params.max_tokens));
+  return std::unique_ptr<model::KvCache>(std::move(cache));
+}
+
 absl::Status TorchEngineModel::RunStep(const std::vector<ForwardChunk>& chunks,
                                        at::Tensor* logits) {
   std::vector<std::vector<int32_t>> tokens(chunks.size());
   std::vector<model::SequenceStep> steps(chunks.size());
-  const auto weights = model_->weights();
   for (size_t i = 0; i < chunks.size(); ++i) {
     const ForwardChunk& c = chunks[i];
     auto& cache = caches_[c.seq->id];
     if (cache == nullptr) {
-      ASSIGN_OR_RETURN(
-          cache,
-          model::ContiguousKvCache::Create(
-              weights->config(), weights->dtype(), weights->device(),
-              max_tokens_, c.seq->prompt.size() + c.seq->params.max_tokens));
+      auto created = NewCache(*c.seq);
+      if (!created.ok()) {
+        caches_.erase(c.seq->id);
+        return created.status();
+      }
+      cache = std::move(created).value();
     }
     if (cache->num_tokens() != c.start) {
       return absl::InternalError(absl::StrCat(
@@ -209,6 +243,12 @@ bool TorchEngineModel::ForkCache(uint64_t src, uint64_t dst,
   auto it = caches_.find(src);
   if (it == caches_.end() || it->second->num_tokens() < num_tokens) {
     return false;
+  }
+  if (auto* paged = dynamic_cast<model::PagedKvCache*>(it->second.get())) {
+    auto fork = paged->Fork(num_tokens);
+    if (!fork.ok()) return false;
+    caches_[dst] = std::move(fork).value();
+    return true;
   }
   auto* contiguous = dynamic_cast<model::ContiguousKvCache*>(it->second.get());
   if (contiguous == nullptr) return false;

@@ -1,9 +1,12 @@
 #pragma once
 
 // The engine's LibTorch adapter: an EngineModel over the shared decoder
-// (common/model/) that keeps one ContiguousKvCache per sequence and runs
-// each engine step as one DecoderModel::ForwardWithCache call. LibTorch
-// stays behind this class: this header includes none of it.
+// (common/model/) that keeps one KV cache per sequence and runs each
+// engine step as one DecoderModel::ForwardWithCache call. The caches are
+// ContiguousKvCaches (one growable tensor per layer and sequence) or
+// PagedKvCaches over one KvBlockPool sized like the engine's BlockManager
+// (common/model/paged_kv_cache.h), by TorchEngineModelOptions::kv_layout.
+// LibTorch stays behind this class: this header includes none of it.
 
 #include <cstdint>
 #include <map>
@@ -18,6 +21,7 @@ class Tensor;
 
 namespace tandem::model {
 class DecoderModel;
+class KvBlockPool;
 class KvCache;
 }  // namespace tandem::model
 
@@ -32,8 +36,22 @@ namespace tandem::engine {
 // CPU, docs/benchmarks.md).
 enum class SampleWhere { kAuto, kHost, kDevice };
 
+// How the KV caches are laid out: kContiguous = one ContiguousKvCache per
+// sequence; kPaged = PagedKvCaches over one pool of kv_blocks blocks of
+// block_size tokens, allocated at the first step on the weights' device;
+// kAuto = kPaged whenever kv_blocks > 0 (on the CPU too: engine_bench's
+// decode throughput paged / contiguous was 1.46 at batch 8 and 1.59 at
+// batch 32, 0.83 at batch 1; docs/benchmarks.md), else kContiguous.
+enum class KvLayout { kAuto, kContiguous, kPaged };
+
 struct TorchEngineModelOptions {
   SampleWhere sampling = SampleWhere::kAuto;
+  KvLayout kv_layout = KvLayout::kAuto;
+  // The paged pool: the engine's EngineOptions::num_kv_blocks and
+  // block_size, so that the pool holds whatever the scheduler admits.
+  // kv_blocks 0 = no pool (kPaged then fails the first step).
+  int64_t kv_blocks = 0;
+  int64_t block_size = 16;
 };
 
 class TorchEngineModel : public EngineModel {
@@ -54,15 +72,25 @@ class TorchEngineModel : public EngineModel {
   bool ForkCache(uint64_t src, uint64_t dst, int32_t num_tokens) override;
   void ReleaseCache(uint64_t seq_id) override;
 
+  // Whether the caches are paged (kv_layout resolved on the first step;
+  // false before it).
+  bool paged() const { return pool_ != nullptr; }
+
  private:
   // The step's forward pass; *logits = float32 rows of the chunks with
   // wants_logits, in order, on the weights' device.
   absl::Status RunStep(const std::vector<ForwardChunk>& chunks,
                        at::Tensor* logits);
+  // A new, empty cache of the resolved layout for `seq`.
+  absl::StatusOr<std::unique_ptr<model::KvCache>> NewCache(const Sequence& seq);
 
   std::shared_ptr<const model::DecoderModel> model_;
   const TorchEngineModelOptions options_;
   const int64_t max_tokens_;
+  bool layout_resolved_ = false;
+  // The paged layout's pool (null for contiguous caches); declared before
+  // caches_ so that the caches, which return their blocks to it, go first.
+  std::shared_ptr<model::KvBlockPool> pool_;
   std::map<uint64_t, std::unique_ptr<model::KvCache>> caches_;
 };
 

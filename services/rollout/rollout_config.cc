@@ -53,6 +53,15 @@ void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config) {
                   "at a step boundary; inplace holds one copy: the engine "
                   "parks at a step boundary while a version is received "
                   "into the live weights (needs update_policy inflight).");
+  schema->AddEnum("engine.kv_layout", &config->kv_layout,
+                  {"auto", "contiguous", "paged"},
+                  "How the KV cache is laid out: contiguous keeps one "
+                  "growable tensor per layer and sequence; paged allocates "
+                  "one pool of engine.num_kv_blocks blocks of "
+                  "engine.block_size tokens per layer on model.device at "
+                  "the first step and gathers each step's keys and values "
+                  "from it (faster on the CPU from batch 8 on, "
+                  "docs/benchmarks.md); auto is paged.");
   schema->AddInt("prefetch_prompts", &config->prefetch_prompts, 1, 1 << 20,
                  "Leased prompts kept queued ahead of the engine.");
 
