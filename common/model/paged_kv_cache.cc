@@ -258,23 +258,42 @@ std::unique_ptr<PagedBatch> PagedBatch::Plan(absl::Span<KvCache* const> caches,
     for (int64_t i = 0; i < n[b]; ++i) rows.push_back(b * plan->max_n_ + i);
     dense = dense && n[b] == plan->max_n_;
   }
+  // All of the step's indices cross to the device in one copy (on a GPU
+  // from pinned memory, asynchronously; the caching host allocator keeps
+  // the buffer until the copy is done).
   const at::Device device = plan->pool_->device();
-  const auto to_device = [&](const std::vector<int64_t>& v) {
-    return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(device);
-  };
-  plan->write_slots_ = to_device(write);
-  plan->read_slots_ = to_device(read);
-  if (!dense) plan->query_rows_ = to_device(rows);
+  const bool to_gpu = device.is_cuda();
+  const std::vector<int64_t>* parts[] = {&write, &read, &rows, &offset,
+                                         &length};
+  int64_t total = 0;
+  for (const auto* part : parts) total += static_cast<int64_t>(part->size());
+  at::Tensor host = at::empty(
+      {total}, at::TensorOptions().dtype(at::kLong).pinned_memory(to_gpu));
+  int64_t* data = host.data_ptr<int64_t>();
+  for (const auto* part : parts) {
+    data = std::copy(part->begin(), part->end(), data);
+  }
+  const at::Tensor all = host.to(device, /*non_blocking=*/to_gpu);
+  at::Tensor views[5];
+  int64_t start = 0;
+  for (int i = 0; i < 5; ++i) {
+    const int64_t size = static_cast<int64_t>(parts[i]->size());
+    views[i] = all.narrow(0, start, size);
+    start += size;
+  }
+  plan->write_slots_ = views[0];
+  plan->read_slots_ = views[1];
+  if (!dense) plan->query_rows_ = views[2];
   // Key j is visible to query i of sequence b iff j <= offset_b + i and
-  // j < length_b; padded query rows (i >= n_b) so see every real key, and
-  // no row of the softmax is empty.
+  // j < length_b; padded query rows (i >= n_b) thus see every real key,
+  // and no row of the softmax is empty.
   const auto long_options = at::TensorOptions().dtype(at::kLong).device(device);
   const at::Tensor key_pos =
       at::arange(plan->max_length_, long_options).view({1, 1, -1});
   const at::Tensor query_idx =
       at::arange(plan->max_n_, long_options).view({1, -1, 1});
-  const at::Tensor offsets = to_device(offset).view({-1, 1, 1});
-  const at::Tensor lengths = to_device(length).view({-1, 1, 1});
+  const at::Tensor offsets = views[3].view({-1, 1, 1});
+  const at::Tensor lengths = views[4].view({-1, 1, 1});
   plan->visible_ = (key_pos <= offsets + query_idx)
                        .logical_and(key_pos < lengths)
                        .unsqueeze(1);
