@@ -40,8 +40,8 @@ enum class SampleWhere { kAuto, kHost, kDevice };
 // sequence; kPaged = PagedKvCaches over one pool of kv_blocks blocks of
 // block_size tokens, allocated at the first step on the weights' device;
 // kAuto = kPaged whenever kv_blocks > 0 (on the CPU too: engine_bench's
-// decode throughput paged / contiguous was 1.46 at batch 8 and 1.59 at
-// batch 32, 0.83 at batch 1; docs/benchmarks.md), else kContiguous.
+// decode throughput paged / contiguous was 1.01 at batch 1, 1.47 at batch
+// 8 and 1.53 at batch 32; docs/benchmarks.md), else kContiguous.
 enum class KvLayout { kAuto, kContiguous, kPaged };
 
 struct TorchEngineModelOptions {

@@ -132,7 +132,7 @@ absl::Status PagedKvCache::Reserve(int64_t n) {
                      " new need ", missing, " more blocks of ", bs, ", ",
                      pool_->num_free(), " of ", pool_->num_blocks(), " free"));
   }
-  for (CachedIndex& c : index_cache_) c = CachedIndex();
+  BlocksChanged();
   return absl::OkStatus();
 }
 
@@ -159,15 +159,35 @@ const at::Tensor& PagedKvCache::SlotIndex(int64_t begin, int64_t end) {
   return index_cache_[0].index;
 }
 
+void PagedKvCache::BlocksChanged() {
+  for (CachedIndex& c : index_cache_) c = CachedIndex();
+  consecutive_ = true;
+  for (size_t i = 1; i < blocks_.size() && consecutive_; ++i) {
+    consecutive_ = blocks_[i] == blocks_[0] + static_cast<int32_t>(i);
+  }
+}
+
 void PagedKvCache::Store(int64_t layer, const at::Tensor& k,
                          const at::Tensor& v) {
-  const at::Tensor& index = SlotIndex(num_tokens_, num_tokens_ + k.size(0));
+  const int64_t n = k.size(0);
+  if (consecutive_) {
+    const int64_t first = blocks_[0] * pool_->block_size() + num_tokens_;
+    pool_->keys(layer).narrow(0, first, n).copy_(k);
+    pool_->values(layer).narrow(0, first, n).copy_(v);
+    return;
+  }
+  const at::Tensor& index = SlotIndex(num_tokens_, num_tokens_ + n);
   pool_->keys(layer).index_copy_(0, index, k);
   pool_->values(layer).index_copy_(0, index, v);
 }
 
 std::pair<at::Tensor, at::Tensor> PagedKvCache::Read(int64_t layer,
                                                      int64_t length) {
+  if (consecutive_) {
+    const int64_t first = blocks_[0] * pool_->block_size();
+    return {pool_->keys(layer).narrow(0, first, length).transpose(0, 1),
+            pool_->values(layer).narrow(0, first, length).transpose(0, 1)};
+  }
   const at::Tensor& index = SlotIndex(0, length);
   return {pool_->keys(layer).index_select(0, index).transpose(0, 1),
           pool_->values(layer).index_select(0, index).transpose(0, 1)};
@@ -179,7 +199,7 @@ void PagedKvCache::Truncate(int64_t length) {
   const size_t keep = static_cast<size_t>((length + bs - 1) / bs);
   if (keep < blocks_.size()) {
     pool_->Free(&blocks_, keep);
-    for (CachedIndex& c : index_cache_) c = CachedIndex();
+    BlocksChanged();
   }
 }
 
@@ -196,6 +216,7 @@ absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Fork(
         pool_->num_free(), " of ", pool_->num_blocks(), " free"));
   }
   copy->num_tokens_ = length;
+  copy->BlocksChanged();
   if (length == 0) return copy;
   try {
     c10::NoGradGuard no_grad;

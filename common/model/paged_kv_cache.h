@@ -16,9 +16,10 @@
 // PagedKvCache implements KvCache over one pool: Reserve takes blocks from
 // the free list, Store scatters the step's n tokens into their slots with
 // one index_copy_ per tensor, Read gathers the sequence's slots with one
-// index_select per tensor. DecoderModel::ForwardWithCache also reads the
-// pool directly (PagedSlots below) to gather a whole batch with one
-// index_select per tensor and layer.
+// index_select per tensor (or, while the blocks are consecutive in the pool,
+// both work on a slice of it, as the contiguous cache does).
+// DecoderModel::ForwardWithCache also reads the pool directly (PagedBatch
+// below) to gather a whole batch with one index_select per tensor and layer.
 //
 // Sizing: an engine sizes the pool like its BlockManager (engine/
 // block_manager.h: the same num_kv_blocks and block_size). The scheduler
@@ -120,7 +121,9 @@ class PagedKvCache final : public KvCache {
   // exceeded.
   absl::Status Reserve(int64_t n) override;
   void Store(int64_t layer, const at::Tensor& k, const at::Tensor& v) override;
-  // A gathered copy (not a view), [num_kv_heads, length, head_dim].
+  // [num_kv_heads, length, head_dim]: a view of the pool when the blocks
+  // are consecutive in it (a sequence alone on a pool, as at batch 1),
+  // else a gathered copy.
   std::pair<at::Tensor, at::Tensor> Read(int64_t layer,
                                          int64_t length) override;
   void Commit(int64_t n) override { num_tokens_ += n; }
@@ -134,6 +137,9 @@ class PagedKvCache final : public KvCache {
 
   const KvBlockPool& pool() const { return *pool_; }
   const std::vector<int32_t>& blocks() const { return blocks_; }
+  // Whether blocks() are b, b + 1, b + 2, ...: Store and Read then copy
+  // into and view a slice of the pool, with no index tensors.
+  bool consecutive() const { return consecutive_; }
 
   // Appends the pool slots of tokens [begin, end) to `slots`.
   // REQUIRES: end <= the tokens the reserved blocks cover.
@@ -145,11 +151,14 @@ class PagedKvCache final : public KvCache {
   // Slots of tokens [begin, end) as an int64 tensor on the pool's device,
   // remembered so that every layer of a step reuses one host copy.
   const at::Tensor& SlotIndex(int64_t begin, int64_t end);
+  // Called whenever blocks_ changes.
+  void BlocksChanged();
 
   std::shared_ptr<KvBlockPool> pool_;
   int64_t max_tokens_ = 0;
   int64_t num_tokens_ = 0;
   std::vector<int32_t> blocks_;
+  bool consecutive_ = true;
   // SlotIndex's last two answers (a step asks for its stores' and its
   // reads' range), keyed by [begin, end); cleared when blocks_ changes.
   struct CachedIndex {

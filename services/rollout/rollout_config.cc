@@ -60,8 +60,8 @@ void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config) {
                   "one pool of engine.num_kv_blocks blocks of "
                   "engine.block_size tokens per layer on model.device at "
                   "the first step and gathers each step's keys and values "
-                  "from it (faster on the CPU from batch 8 on, "
-                  "docs/benchmarks.md); auto is paged.");
+                  "from it (on the CPU as fast at batch 1 and about 1.5x "
+                  "at batch 8 and 32, docs/benchmarks.md); auto is paged.");
   schema->AddInt("prefetch_prompts", &config->prefetch_prompts, 1, 1 << 20,
                  "Leased prompts kept queued ahead of the engine.");
 

@@ -197,6 +197,8 @@ TEST_CASE("Paged caches return their blocks on truncate and release",
     REQUIRE(model.Prefill(Tokens(9, 1), a->get()).ok());  // 3 blocks
     REQUIRE(model.Prefill(Tokens(4, 2), b->get()).ok());  // 1 block
     CHECK((*pool)->num_free() == 12);
+    // A fresh pool hands out blocks in order: a sequence alone is one slice.
+    CHECK((*a)->consecutive());
     auto fork = (*a)->Fork(5);  // 2 blocks of its own
     REQUIRE(fork.ok());
     CHECK((*fork)->num_tokens() == 5);
@@ -207,6 +209,19 @@ TEST_CASE("Paged caches return their blocks on truncate and release",
     // A reservation with room left takes nothing.
     REQUIRE((*a)->Reserve(1).ok());
     CHECK((*pool)->num_free() == 12);
+    // b grows into a's freed blocks: no longer one slice, and its logits
+    // still equal a contiguous cache's (the gathered path).
+    const std::vector<int32_t> more = Tokens(5, 3);
+    const auto paged_logits = model.Prefill(more, b->get());
+    REQUIRE(paged_logits.ok());
+    CHECK_FALSE((*b)->consecutive());
+    auto reference =
+        ContiguousKvCache::Create(config, at::kFloat, at::kCPU, 256);
+    REQUIRE(reference.ok());
+    REQUIRE(model.Prefill(Tokens(4, 2), reference->get()).ok());
+    const auto contiguous_logits = model.Prefill(more, reference->get());
+    REQUIRE(contiguous_logits.ok());
+    CHECK(at::equal(*paged_logits, *contiguous_logits));
   }
   CHECK((*pool)->num_free() == 16);
 }
