@@ -27,6 +27,8 @@ class KvCache;
 
 namespace tandem::engine {
 
+class DecodeGraphs;
+
 // Where ForwardSample samples: kDevice = in LibTorch on the [rows, vocab]
 // logits where they are (SampleRows: only ids and log-probs cross to the
 // host, and on the CPU no per-row copy and double-precision pass over the
@@ -52,6 +54,10 @@ struct TorchEngineModelOptions {
   // kv_blocks 0 = no pool (kPaged then fails the first step).
   int64_t kv_blocks = 0;
   int64_t block_size = 16;
+  // Decode-only steps of paged caches on a CUDA device replay CUDA graphs
+  // (engine/decode_graphs.h); ignored elsewhere. Off by default until it
+  // has passed tests/gpu on a GPU (docs/gpu.md).
+  bool cuda_graphs = false;
 };
 
 class TorchEngineModel : public EngineModel {
@@ -75,12 +81,24 @@ class TorchEngineModel : public EngineModel {
   // Whether the caches are paged (kv_layout resolved on the first step;
   // false before it).
   bool paged() const { return pool_ != nullptr; }
+  // Decode steps run by CUDA graph replay, and graphs captured.
+  int64_t graph_replays() const;
+  int64_t graph_captures() const;
 
  private:
   // The step's forward pass; *logits = float32 rows of the chunks with
   // wants_logits, in order, on the weights' device.
   absl::Status RunStep(const std::vector<ForwardChunk>& chunks,
                        at::Tensor* logits);
+  // The decode step `chunks` (one token each, every cache paged and
+  // present) by CUDA graph replay: *logits = float32 [chunks, vocab], or
+  // *ran = false (nothing changed) when the step has no graph bucket.
+  absl::Status RunGraphStep(const std::vector<ForwardChunk>& chunks,
+                            at::Tensor* logits, bool* ran);
+  // *logits = float32 rows of `all` (one per chunk) whose chunks have
+  // wants_logits, in order.
+  static absl::Status SelectWanted(const std::vector<ForwardChunk>& chunks,
+                                   at::Tensor all, at::Tensor* logits);
   // A new, empty cache of the resolved layout for `seq`.
   absl::StatusOr<std::unique_ptr<model::KvCache>> NewCache(const Sequence& seq);
 
@@ -91,6 +109,10 @@ class TorchEngineModel : public EngineModel {
   // The paged layout's pool (null for contiguous caches); declared before
   // caches_ so that the caches, which return their blocks to it, go first.
   std::shared_ptr<model::KvBlockPool> pool_;
+  // With cuda_graphs: one pool block no cache owns (graph padding rows
+  // write there) and the graphs.
+  std::vector<int32_t> scratch_;
+  std::unique_ptr<DecodeGraphs> graphs_;
   std::map<uint64_t, std::unique_ptr<model::KvCache>> caches_;
 };
 

@@ -425,6 +425,22 @@ absl::StatusOr<at::Tensor> DecoderModel::ForwardWithCache(
   }
 }
 
+at::Tensor DecoderModel::DecodeOnDevice(const ModelWeights& w,
+                                        const at::Tensor& inv_freq,
+                                        const at::Tensor& ids,
+                                        const at::Tensor& positions,
+                                        const PagedBatch& batch) const {
+  c10::InferenceMode inference_mode;
+  const internal::LinearForm form = FormFor(w, ids.size(0));
+  auto attend = [&](int64_t layer, const at::Tensor& q, const at::Tensor& k,
+                    const at::Tensor& v, double scale) {
+    return batch.Attend(layer, q, k, v, scale);
+  };
+  const at::Tensor hidden =
+      RunDecoder(w, inv_freq, ids, positions, form, attend);
+  return Linear(hidden, w.lm_head(), at::Tensor(), form).to(at::kFloat);
+}
+
 absl::StatusOr<at::Tensor> DecoderModel::Prefill(
     absl::Span<const int32_t> tokens, KvCache* cache) const {
   const SequenceStep step{tokens, cache};

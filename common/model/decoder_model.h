@@ -65,6 +65,7 @@ namespace tandem::model {
 namespace internal {
 enum class LinearForm : int;  // layers.h
 }  // namespace internal
+class PagedBatch;  // paged_kv_cache.h
 
 // One sequence's share of a cached forward step: `tokens` (at least one)
 // are appended to `cache` at positions cache->num_tokens(),
@@ -164,6 +165,21 @@ class DecoderModel {
   absl::StatusOr<at::Tensor> DecodeStep(
       absl::Span<const int32_t> tokens,
       absl::Span<KvCache* const> caches) const;
+
+  // A decode step (one token per sequence) that neither copies from the
+  // host nor synchronises with it, so that it can be captured into a CUDA
+  // graph and replayed (engine/decode_graphs.h): ids and positions [B]
+  // int64 on `w`'s device, keys and values stored and read through `batch`
+  // (PagedBatch::ForDecode), `inv_freq` = rope_inverse_frequencies() on
+  // that device. Returns float32 logits [B, vocab]. No checks (the caller
+  // prepared every input); runs under c10::InferenceMode. May throw
+  // c10::Error.
+  at::Tensor DecodeOnDevice(const ModelWeights& w, const at::Tensor& inv_freq,
+                            const at::Tensor& ids, const at::Tensor& positions,
+                            const PagedBatch& batch) const;
+
+  // RoPE inverse frequencies (float32, on the CPU).
+  const at::Tensor& rope_inverse_frequencies() const { return inv_freq_; }
 
  private:
   // Whether attention over sequences with `n` new tokens each and `length`

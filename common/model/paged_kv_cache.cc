@@ -321,6 +321,25 @@ std::unique_ptr<PagedBatch> PagedBatch::Plan(absl::Span<KvCache* const> caches,
   return plan;
 }
 
+std::unique_ptr<PagedBatch> PagedBatch::ForDecode(const KvBlockPool* pool,
+                                                  at::Tensor write_slots,
+                                                  at::Tensor read_slots,
+                                                  const at::Tensor& lengths,
+                                                  int64_t max_length) {
+  std::unique_ptr<PagedBatch> plan(new PagedBatch());
+  plan->pool_ = pool;
+  plan->batch_ = write_slots.size(0);
+  plan->max_n_ = 1;
+  plan->max_length_ = max_length;
+  plan->write_slots_ = std::move(write_slots);
+  plan->read_slots_ = std::move(read_slots);
+  // The one query of sequence b sees keys [0, length_b).
+  const at::Tensor key_pos =
+      at::arange(max_length, lengths.options()).view({1, 1, -1});
+  plan->visible_ = (key_pos < lengths.view({-1, 1, 1})).unsqueeze(1);
+  return plan;
+}
+
 at::Tensor PagedBatch::Attend(int64_t layer, const at::Tensor& q,
                               const at::Tensor& k, const at::Tensor& v,
                               double scale) const {

@@ -188,6 +188,17 @@ class PagedBatch {
   static std::unique_ptr<PagedBatch> Plan(absl::Span<KvCache* const> caches,
                                           const std::vector<int64_t>& n);
 
+  // A decode step's plan (one token per sequence) from tensors already on
+  // the pool's device, built with device ops only (capturable in a CUDA
+  // graph): write_slots [B], read_slots [B * max_length] (sequence b's
+  // slots first, any slot after them), lengths [B] (tokens including the
+  // new one, >= 1), all int64.
+  static std::unique_ptr<PagedBatch> ForDecode(const KvBlockPool* pool,
+                                               at::Tensor write_slots,
+                                               at::Tensor read_slots,
+                                               const at::Tensor& lengths,
+                                               int64_t max_length);
+
   // q [sum n, heads, head_dim] and the new k, v [sum n, kv_heads,
   // head_dim], sequences back to back in the order of Plan's caches;
   // stores k, v in layer `layer` of the pool and returns the attention

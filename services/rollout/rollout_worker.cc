@@ -123,6 +123,7 @@ absl::Status RolloutWorker::LoadModelAndEngine() {
                                 : engine::KvLayout::kAuto;
   model_options.kv_blocks = config.num_kv_blocks;
   model_options.block_size = config.block_size;
+  model_options.cuda_graphs = config.cuda_graphs;
   w->engine_model_ = std::make_unique<engine::TorchEngineModel>(
       w->model_.decoder, w->model_.max_tokens, model_options);
   engine::WeightUpdateSource* source = nullptr;

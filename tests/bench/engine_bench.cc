@@ -15,11 +15,14 @@
 //                [--model DIR] [--device cpu|cuda|cuda:N]
 //                [--dtype auto|float32|bfloat16]
 //                [--kv-layout auto|contiguous|paged|both]
+//                [--cuda-graphs 0|1]
 //
 // --kv-layout picks TorchEngineModel's KV layout (engine.kv_layout) for
 // the table; `both` instead runs mode (d) with the contiguous and the paged
 // layout side by side (interleaved, best of --repeat each) and prints the
 // ratio paged / contiguous, which is how kAuto's CPU choice was made.
+// --cuda-graphs 1 replays decode steps from CUDA graphs (engine.cuda_graphs;
+// paged caches on a CUDA device only).
 //
 // --model DIR runs a Hugging Face model directory (config.json and
 // safetensors; no tokenizer needed: the prompts are token ids) instead of
@@ -75,6 +78,7 @@ struct Flags {
   // 0 auto, 1 per-sequence, 2 padded attention.
   int attention = 0;
   int flat_step_ms = 0;  // 0: real step times
+  int cuda_graphs = 0;
   std::string model;
   std::string device = "cpu";
   std::string dtype = "auto";
@@ -166,6 +170,7 @@ Result RunOnce(
   model_options.kv_layout = layout;
   model_options.kv_blocks = options.num_kv_blocks;
   model_options.block_size = options.block_size;
+  model_options.cuda_graphs = flags.cuda_graphs != 0;
   TorchEngineModel torch_model(decoder, loaded.max_tokens, model_options);
   FlatStepModel flat_model(&torch_model,
                            absl::Milliseconds(flags.flat_step_ms));
@@ -261,7 +266,8 @@ int Main(int argc, char** argv) {
       {"--threads", &flags.threads},
       {"--repeat", &flags.repeat},
       {"--attention", &flags.attention},
-      {"--flat-step-ms", &flags.flat_step_ms}};
+      {"--flat-step-ms", &flags.flat_step_ms},
+      {"--cuda-graphs", &flags.cuda_graphs}};
   const std::pair<const char*, std::string*> text[] = {
       {"--model", &flags.model},
       {"--device", &flags.device},
@@ -291,10 +297,13 @@ int Main(int argc, char** argv) {
     }
     int v = 0;
     if (i + 1 >= argc || !absl::SimpleAtoi(argv[i + 1], &v) || v < 0 ||
-        (v == 0 && f != "--attention" && f != "--flat-step-ms")) {
+        (v == 0 && f != "--attention" && f != "--flat-step-ms" &&
+         f != "--cuda-graphs")) {
       std::fprintf(stderr, "%s needs a %s integer, got '%s'\n", f.c_str(),
-                   f == "--attention" || f == "--flat-step-ms" ? "non-negative"
-                                                               : "positive",
+                   f == "--attention" || f == "--flat-step-ms" ||
+                           f == "--cuda-graphs"
+                       ? "non-negative"
+                       : "positive",
                    i + 1 < argc ? argv[i + 1] : "");
       return 2;
     }

@@ -16,7 +16,9 @@
 //  * the paged KV cache on CUDA (common/model/paged_kv_cache.h, the
 //    batched gather + one scaled_dot_product_attention) gives the
 //    contiguous cache's logits on CUDA, and the engine pages by default
-//    there and picks the contiguous layout's greedy tokens.
+//    there and picks the contiguous layout's greedy tokens; decode steps
+//    replayed from CUDA graphs (engine/decode_graphs.h) sample the eager
+//    steps' tokens.
 
 // This file has its own main (skip without a device); set before any
 // header that includes Catch.
@@ -386,6 +388,63 @@ TEST_CASE("the engine on CUDA pages by default and picks contiguous's tokens",
   }
   CHECK(outputs[0].size() == 32);
   CHECK(outputs[1] == outputs[0]);
+}
+
+TEST_CASE("CUDA graph replay of decode steps equals eager decode",
+          "[gpu][paged][graphs]") {
+  auto decoder = std::make_shared<model::DecoderModel>(
+      Weights(model::WeightDType::kFloat32, kCuda));
+  std::vector<engine::FinishedSample> runs[2];
+  int64_t replays = 0, captures = 0;
+  for (bool graphs : {false, true}) {
+    engine::EngineOptions options;
+    options.limits.max_num_seqs = 5;  // batches of 5, 4, ...: padded buckets
+    options.limits.max_batched_tokens = 64;
+    options.num_kv_blocks = 64;
+    options.block_size = 4;
+    engine::TorchEngineModelOptions model_options;
+    model_options.kv_layout = engine::KvLayout::kPaged;
+    model_options.kv_blocks = options.num_kv_blocks;
+    model_options.block_size = options.block_size;
+    model_options.cuda_graphs = graphs;
+    engine::TorchEngineModel m(decoder, 64, model_options);
+    engine::Engine e(options, &m, nullptr, 0);
+    for (int r = 0; r < 5; ++r) {
+      engine::SamplingParams p;
+      p.temperature = 1.0f;
+      p.seed = 10 + r;
+      p.max_tokens = 6 + 3 * r;
+      std::vector<int32_t> prompt;
+      for (int i = 0; i < 3 + r; ++i) prompt.push_back(1 + (r * 7 + i) % 90);
+      REQUIRE(e.Add("r" + std::to_string(r), prompt, p).ok());
+    }
+    for (int i = 0; i < 1000 && !e.idle(); ++i) {
+      const auto step = e.Step();
+      INFO((step.ok() ? "" : step.status().ToString()));
+      REQUIRE(step.ok());
+      for (auto& f : e.TakeFinished()) runs[graphs].push_back(f);
+    }
+    if (graphs) {
+      replays = m.graph_replays();
+      captures = m.graph_captures();
+    }
+  }
+  INFO("graph replays " << replays << ", captures " << captures);
+  CHECK(replays > 0);
+  CHECK(captures > 0);
+  CHECK(captures < replays);
+  REQUIRE(runs[0].size() == 5);
+  REQUIRE(runs[1].size() == 5);
+  for (size_t i = 0; i < 5; ++i) {
+    INFO(runs[0][i].request_id);
+    CHECK(runs[1][i].request_id == runs[0][i].request_id);
+    CHECK(runs[1][i].output == runs[0][i].output);
+    for (size_t t = 0; t < runs[0][i].logprobs.size() &&
+                       t < runs[1][i].logprobs.size();
+         ++t) {
+      CHECK(std::abs(runs[1][i].logprobs[t] - runs[0][i].logprobs[t]) < 1e-4);
+    }
+  }
 }
 
 }  // namespace

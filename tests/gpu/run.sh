@@ -230,8 +230,9 @@ else
 fi
 echo >>"$report"
 cat >>"$report" <<'EOF'
-Not built yet (issue 22, docs/gpu.md): CUDA graphs for decode steps (the
-paged KV layout is built; this table runs it, engine.kv_layout auto); CUDA IPC weight sync (workers on the trainer's GPU receive versions through the host,
+Not built yet (issue 22, docs/gpu.md): a paged attention kernel (this
+table runs the paged KV layout, engine.kv_layout auto, without CUDA graphs:
+engine_bench --cuda-graphs 1 measures them); CUDA IPC weight sync (workers on the trainer's GPU receive versions through the host,
 by Gloo or pull); NCCL broadcast from device buffers and its GB/s against a
 device-to-device copy (the NCCL transport sends host buffers; its
 bit-exactness test is in section 1).

@@ -256,16 +256,20 @@ TEST_CASE(
   CHECK(preemptions > 0);
 }
 
-TEST_CASE("torch engine: kAuto pages only with a block budget") {
+TEST_CASE(
+    "torch engine: kAuto pages only with a block budget; no CUDA graphs on "
+    "the CPU") {
   auto decoder = std::make_shared<model::DecoderModel>(Weights(1));
   for (int64_t blocks : {0, 256}) {
     TorchEngineModelOptions model_options;
     model_options.kv_blocks = blocks;
+    model_options.cuda_graphs = true;  // ignored on the CPU
     TorchEngineModel m(decoder, 256, model_options);
     Engine e(Options(2), &m, nullptr, 0);
     REQUIRE(e.Add("a", Prompt(1, 4), Greedy(3)).ok());
-    Run(&e);
+    CHECK(Run(&e).at("a").output.size() == 3);
     CHECK(m.paged() == (blocks > 0));
+    CHECK(m.graph_replays() == 0);
   }
   TorchEngineModelOptions no_pool;
   no_pool.kv_layout = KvLayout::kPaged;
