@@ -26,7 +26,9 @@
 // reserves at least the blocks a sequence's cache holds, and forks copy
 // blocks (below), so the pool never holds more blocks than the
 // BlockManager counts as used, and a step the scheduler admitted finds its
-// blocks free.
+// blocks free. (The engine forks during scheduling, before it releases the
+// caches that step preempted; a fork that finds the pool short then fails
+// and the sample prefills its prompt instead, as without a fork.)
 //
 // Fork copies the shared prefix's blocks instead of sharing full blocks
 // with copy-on-write. Sharing would save (G - 1) prompt copies per group
