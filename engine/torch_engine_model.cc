@@ -4,11 +4,15 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/model/decoder_model.h"
 #include "common/model/kv_cache.h"
 #include "common/model/model_weights.h"
+#include "common/model/paged_kv_cache.h"
+#include "engine/decode_graphs.h"
 
 namespace tandem::engine {
 
@@ -23,20 +27,118 @@ int32_t TorchEngineModel::vocab_size() const {
   return static_cast<int32_t>(model_->weights()->config().vocab_size);
 }
 
+absl::StatusOr<std::unique_ptr<model::KvCache>> TorchEngineModel::NewCache(
+    const Sequence& seq) {
+  const auto weights = model_->weights();
+  if (!layout_resolved_) {
+    const bool paged =
+        options_.kv_layout == KvLayout::kPaged ||
+        (options_.kv_layout == KvLayout::kAuto && options_.kv_blocks > 0);
+    if (paged) {
+      if (options_.kv_blocks <= 0 || options_.block_size <= 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "paged KV layout: kv_blocks and block_size must be > 0, got ",
+            options_.kv_blocks, " and ", options_.block_size));
+      }
+      // CUDA graphs pad their batches into one scratch block of their own.
+      const bool graphs = options_.cuda_graphs && weights->device().is_cuda();
+      ASSIGN_OR_RETURN(pool_, model::KvBlockPool::Create(
+                                  weights->config(), weights->dtype(),
+                                  weights->device(),
+                                  options_.kv_blocks + (graphs ? 1 : 0),
+                                  options_.block_size));
+      if (graphs && pool_->Allocate(1, &scratch_)) {
+        graphs_ = std::make_unique<DecodeGraphs>(
+            model_.get(), pool_, int64_t{scratch_[0]} * options_.block_size);
+      }
+    }
+    layout_resolved_ = true;
+  }
+  if (pool_ != nullptr) {
+    ASSIGN_OR_RETURN(auto cache, model::PagedKvCache::Create(
+                                     weights->config(), pool_, max_tokens_));
+    return std::unique_ptr<model::KvCache>(std::move(cache));
+  }
+  ASSIGN_OR_RETURN(
+      auto cache,
+      model::ContiguousKvCache::Create(
+          weights->config(), weights->dtype(), weights->device(), max_tokens_,
+          seq.prompt.size() + seq.params.max_tokens));
+  return std::unique_ptr<model::KvCache>(std::move(cache));
+}
+
+int64_t TorchEngineModel::graph_replays() const {
+  return graphs_ == nullptr ? 0 : graphs_->replays();
+}
+
+int64_t TorchEngineModel::graph_captures() const {
+  return graphs_ == nullptr ? 0 : graphs_->captures();
+}
+
+absl::Status TorchEngineModel::RunGraphStep(
+    const std::vector<ForwardChunk>& chunks, at::Tensor* logits, bool* ran) {
+  *ran = false;
+  const int32_t vocab = vocab_size();
+  std::vector<model::PagedKvCache*> caches;
+  int64_t longest = 0;
+  for (const ForwardChunk& c : chunks) {
+    if (c.end - c.start != 1) return absl::OkStatus();
+    auto it = caches_.find(c.seq->id);
+    auto* cache = it == caches_.end()
+                      ? nullptr
+                      : dynamic_cast<model::PagedKvCache*>(it->second.get());
+    const int32_t token = c.seq->token_at(c.start);
+    if (cache == nullptr || cache->num_tokens() != c.start || token < 0 ||
+        token >= vocab) {
+      return absl::OkStatus();  // the eager path checks and reports
+    }
+    caches.push_back(cache);
+    longest = std::max<int64_t>(longest, c.start + 1);
+  }
+  if (!DecodeGraphs::Fits(static_cast<int64_t>(chunks.size()), longest)) {
+    return absl::OkStatus();
+  }
+  for (model::PagedKvCache* cache : caches) {
+    // No side effects when it fails: the eager path then reports it.
+    if (!cache->Reserve(1).ok()) return absl::OkStatus();
+  }
+  const size_t n = chunks.size();
+  std::vector<int64_t> ids(n), positions(n), write;
+  std::vector<std::vector<int64_t>> read(n);
+  write.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    const ForwardChunk& c = chunks[i];
+    ids[i] = c.seq->token_at(c.start);
+    positions[i] = c.start;
+    caches[i]->AppendSlots(c.start, c.start + 1, &write);
+    caches[i]->AppendSlots(0, c.start + 1, &read[i]);
+  }
+  ASSIGN_OR_RETURN(*logits, graphs_->Run(ids, positions, write, read));
+  for (model::PagedKvCache* cache : caches) cache->Commit(1);
+  *ran = true;
+  return absl::OkStatus();
+}
+
 absl::Status TorchEngineModel::RunStep(const std::vector<ForwardChunk>& chunks,
                                        at::Tensor* logits) {
+  if (graphs_ != nullptr) {
+    at::Tensor all;
+    bool ran = false;
+    RETURN_IF_ERROR(RunGraphStep(chunks, &all, &ran));
+    if (ran) return SelectWanted(chunks, all, logits);
+  }
   std::vector<std::vector<int32_t>> tokens(chunks.size());
   std::vector<model::SequenceStep> steps(chunks.size());
-  const auto weights = model_->weights();
   for (size_t i = 0; i < chunks.size(); ++i) {
     const ForwardChunk& c = chunks[i];
     auto& cache = caches_[c.seq->id];
     if (cache == nullptr) {
-      ASSIGN_OR_RETURN(
-          cache,
-          model::ContiguousKvCache::Create(
-              weights->config(), weights->dtype(), weights->device(),
-              max_tokens_, c.seq->prompt.size() + c.seq->params.max_tokens));
+      auto created = NewCache(*c.seq);
+      if (!created.ok()) {
+        caches_.erase(c.seq->id);
+        return created.status();
+      }
+      cache = std::move(created).value();
     }
     if (cache->num_tokens() != c.start) {
       return absl::InternalError(absl::StrCat(
@@ -51,6 +153,12 @@ absl::Status TorchEngineModel::RunStep(const std::vector<ForwardChunk>& chunks,
     steps[i].cache = cache.get();
   }
   ASSIGN_OR_RETURN(at::Tensor all, model_->ForwardWithCache(steps));
+  return SelectWanted(chunks, all, logits);
+}
+
+absl::Status TorchEngineModel::SelectWanted(
+    const std::vector<ForwardChunk>& chunks, at::Tensor all,
+    at::Tensor* logits) {
   std::vector<int64_t> wanted;
   for (size_t i = 0; i < chunks.size(); ++i) {
     if (chunks[i].wants_logits) wanted.push_back(static_cast<int64_t>(i));
@@ -209,6 +317,12 @@ bool TorchEngineModel::ForkCache(uint64_t src, uint64_t dst,
   auto it = caches_.find(src);
   if (it == caches_.end() || it->second->num_tokens() < num_tokens) {
     return false;
+  }
+  if (auto* paged = dynamic_cast<model::PagedKvCache*>(it->second.get())) {
+    auto fork = paged->Fork(num_tokens);
+    if (!fork.ok()) return false;
+    caches_[dst] = std::move(fork).value();
+    return true;
   }
   auto* contiguous = dynamic_cast<model::ContiguousKvCache*>(it->second.get());
   if (contiguous == nullptr) return false;

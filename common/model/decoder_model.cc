@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "common/model/layers.h"
+#include "common/model/paged_kv_cache.h"
 #include "common/model/torch_status.h"
 
 namespace tandem::model {
@@ -128,9 +129,11 @@ internal::LinearForm DecoderModel::FormFor(const ModelWeights& weights,
   return form;
 }
 
-bool DecoderModel::UsePaddedAttention(
-    const ModelConfig& c, int64_t element_size, const std::vector<int64_t>& n,
-    const std::vector<int64_t>& length) const {
+bool DecoderModel::UsePaddedAttention(const ModelConfig& c,
+                                      int64_t element_size,
+                                      const std::vector<int64_t>& n,
+                                      const std::vector<int64_t>& length,
+                                      bool paged) const {
   const int64_t batch = static_cast<int64_t>(n.size());
   if (batch < 2 || options_.attention == AttentionMode::kPerSequence) {
     return false;
@@ -158,10 +161,12 @@ bool DecoderModel::UsePaddedAttention(
                                max_n * c.num_attention_heads);
   const double per_sequence_cost =
       batch * kPerSequenceOpsSeconds + real * flops_per_score / kFlopsPerSecond;
-  const double padded_cost = kPaddedFixedSeconds +
-                             batch * kPaddedPerSequenceSeconds +
-                             padded * flops_per_score / kFlopsPerSecond +
-                             2.0 * copied_bytes / kCopyBytesPerSecond;
+  // Paged caches are gathered (copied) by either strategy, so only a
+  // contiguous cache saves the copy by attending per sequence.
+  const double padded_cost =
+      kPaddedFixedSeconds + batch * kPaddedPerSequenceSeconds +
+      padded * flops_per_score / kFlopsPerSecond +
+      (paged ? 0.0 : 2.0 * copied_bytes / kCopyBytesPerSecond);
   return padded_cost < per_sequence_cost;
 }
 
@@ -244,8 +249,8 @@ absl::StatusOr<at::Tensor> DecoderModel::PackedHidden(
     for (int64_t b = 0; b < num_seqs; ++b) {
       lengths[b] = bounds[b + 1] - bounds[b];
     }
-    const bool padded =
-        UsePaddedAttention(c, c10::elementSize(w->dtype()), lengths, lengths);
+    const bool padded = UsePaddedAttention(c, c10::elementSize(w->dtype()),
+                                           lengths, lengths, /*paged=*/false);
     auto attend = [&](int64_t, const at::Tensor& q, const at::Tensor& k,
                       const at::Tensor& v, double scale) {
       if (num_seqs == 1) {
@@ -369,10 +374,18 @@ absl::StatusOr<at::Tensor> DecoderModel::ForwardWithCache(
       n[b] = starts[b + 1] - starts[b];
       lengths[b] = cached[b] + n[b];
     }
-    const bool padded =
-        UsePaddedAttention(c, c10::elementSize(w->dtype()), n, lengths);
+    std::vector<KvCache*> caches(num_seqs);
+    for (int64_t b = 0; b < num_seqs; ++b) caches[b] = steps[b].cache;
+    const bool paged = PagedBatch::SharesOnePool(caches);
+    const bool padded = UsePaddedAttention(c, c10::elementSize(w->dtype()), n,
+                                           lengths, paged);
+    // Paged caches of one pool: the whole batch's keys and values are
+    // stored and gathered with one op per tensor and layer (PagedBatch).
+    std::unique_ptr<PagedBatch> batch;
+    if (padded && paged) batch = PagedBatch::Plan(caches, n);
     auto attend = [&](int64_t layer, const at::Tensor& q, const at::Tensor& k,
                       const at::Tensor& v, double scale) {
+      if (batch != nullptr) return batch->Attend(layer, q, k, v, scale);
       std::vector<at::Tensor> outs, qs, ks, vs;
       for (int64_t b = 0; b < num_seqs; ++b) {
         KvCache* cache = steps[b].cache;
@@ -410,6 +423,22 @@ absl::StatusOr<at::Tensor> DecoderModel::ForwardWithCache(
   } catch (const std::exception& e) {
     return internal::TorchErrorToStatus(kWhat, e);
   }
+}
+
+at::Tensor DecoderModel::DecodeOnDevice(const ModelWeights& w,
+                                        const at::Tensor& inv_freq,
+                                        const at::Tensor& ids,
+                                        const at::Tensor& positions,
+                                        const PagedBatch& batch) const {
+  c10::InferenceMode inference_mode;
+  const internal::LinearForm form = FormFor(w, ids.size(0));
+  auto attend = [&](int64_t layer, const at::Tensor& q, const at::Tensor& k,
+                    const at::Tensor& v, double scale) {
+    return batch.Attend(layer, q, k, v, scale);
+  };
+  const at::Tensor hidden =
+      RunDecoder(w, inv_freq, ids, positions, form, attend);
+  return Linear(hidden, w.lm_head(), at::Tensor(), form).to(at::kFloat);
 }
 
 absl::StatusOr<at::Tensor> DecoderModel::Prefill(

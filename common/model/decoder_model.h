@@ -24,7 +24,9 @@
 //    of short sequences;
 //  * padded: queries and keys padded to the longest sequence, one batched
 //    matmul pair with a mask; constant op count, but it copies the keys
-//    and values and computes the padding.
+//    and values and computes the padding. With paged caches of one pool
+//    (paged_kv_cache.h) the copy is one gather for the whole batch and the
+//    attention one scaled_dot_product_attention (PagedBatch).
 // Both beat one block-diagonal [T x T] mask over the packed tokens, which
 // wastes T^2 - sum n_i^2 work (98% of it for 64 equal sequences).
 //
@@ -63,6 +65,7 @@ namespace tandem::model {
 namespace internal {
 enum class LinearForm : int;  // layers.h
 }  // namespace internal
+class PagedBatch;  // paged_kv_cache.h
 
 // One sequence's share of a cached forward step: `tokens` (at least one)
 // are appended to `cache` at positions cache->num_tokens(),
@@ -163,6 +166,21 @@ class DecoderModel {
       absl::Span<const int32_t> tokens,
       absl::Span<KvCache* const> caches) const;
 
+  // A decode step (one token per sequence) that neither copies from the
+  // host nor synchronises with it, so that it can be captured into a CUDA
+  // graph and replayed (engine/decode_graphs.h): ids and positions [B]
+  // int64 on `w`'s device, keys and values stored and read through `batch`
+  // (PagedBatch::ForDecode), `inv_freq` = rope_inverse_frequencies() on
+  // that device. Returns float32 logits [B, vocab]. No checks (the caller
+  // prepared every input); runs under c10::InferenceMode. May throw
+  // c10::Error.
+  at::Tensor DecodeOnDevice(const ModelWeights& w, const at::Tensor& inv_freq,
+                            const at::Tensor& ids, const at::Tensor& positions,
+                            const PagedBatch& batch) const;
+
+  // RoPE inverse frequencies (float32, on the CPU).
+  const at::Tensor& rope_inverse_frequencies() const { return inv_freq_; }
+
  private:
   // Whether attention over sequences with `n` new tokens each and `length`
   // tokens in all each should be padded into one batch.
@@ -175,9 +193,12 @@ class DecoderModel {
   // (options_.linear resolved).
   internal::LinearForm FormFor(const ModelWeights& weights, int64_t rows) const;
 
+  // `paged`: the caches are PagedKvCaches of one pool, which the padded
+  // strategy stores and gathers for the whole batch at once.
   bool UsePaddedAttention(const ModelConfig& config, int64_t element_size,
                           const std::vector<int64_t>& n,
-                          const std::vector<int64_t>& length) const;
+                          const std::vector<int64_t>& length,
+                          bool paged) const;
 
   const DecoderOptions options_;
   // RoPE inverse frequencies (float32, CPU); SwapWeights keeps them valid

@@ -5,9 +5,10 @@
 // The model (DecoderModel::Prefill / DecodeStep / ForwardWithCache) talks
 // to one KvCache per sequence through this interface, so an engine may keep
 // keys and values however it likes: ContiguousKvCache below is one growable
-// tensor per layer (simple and fast on CPU); a paged engine implements
-// KvCache over its shared block pool (Reserve allocates blocks, Store
-// scatters into them, Read gathers or returns a view).
+// tensor per layer and sequence; PagedKvCache (paged_kv_cache.h) is a block
+// table over a pool shared by an engine's sequences (Reserve allocates
+// blocks, Store scatters into them, Read gathers), which ForwardWithCache
+// also stores and gathers for a whole batch at once.
 //
 // Protocol for one forward step that adds n tokens to a sequence holding
 // L = num_tokens() tokens:

@@ -53,6 +53,20 @@ void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config) {
                   "at a step boundary; inplace holds one copy: the engine "
                   "parks at a step boundary while a version is received "
                   "into the live weights (needs update_policy inflight).");
+  schema->AddEnum("engine.kv_layout", &config->kv_layout,
+                  {"auto", "contiguous", "paged"},
+                  "How the KV cache is laid out: contiguous keeps one "
+                  "growable tensor per layer and sequence; paged allocates "
+                  "one pool of engine.num_kv_blocks blocks of "
+                  "engine.block_size tokens per layer on model.device at "
+                  "the first step and gathers each step's keys and values "
+                  "from it (on the CPU as fast at batch 1 and about 1.5x "
+                  "at batch 8 and 32, docs/benchmarks.md); auto is paged.");
+  schema->AddBool("engine.cuda_graphs", &config->cuda_graphs,
+                  "With a paged KV cache on a CUDA device, decode-only "
+                  "steps replay a CUDA graph captured per bucket of batch "
+                  "size and length (again after each staged weight swap). "
+                  "Off by default: not yet run on a GPU (docs/gpu.md).");
   schema->AddInt("prefetch_prompts", &config->prefetch_prompts, 1, 1 << 20,
                  "Leased prompts kept queued ahead of the engine.");
 

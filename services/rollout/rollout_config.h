@@ -30,6 +30,8 @@ struct RolloutConfig {
   std::string update_policy = "inflight";  // inflight | drain
   std::string kv_policy = "keep";          // keep | recompute
   std::string update_mode = "staged";      // staged | inplace
+  std::string kv_layout = "auto";          // auto | contiguous | paged
+  bool cuda_graphs = false;
   // Prompts leased ahead of the engine.
   int64_t prefetch_prompts = 16;
   // ---- Weight sync (weight_sync.*) ----

@@ -116,8 +116,17 @@ absl::Status RolloutWorker::LoadModelAndEngine() {
                          {.device = config.device, .dtype = config.dtype}));
   }
   Log()->info("model: {}", w->model_.description);
+  engine::TorchEngineModelOptions model_options;
+  model_options.kv_layout = config.kv_layout == "paged"
+                                ? engine::KvLayout::kPaged
+                            : config.kv_layout == "contiguous"
+                                ? engine::KvLayout::kContiguous
+                                : engine::KvLayout::kAuto;
+  model_options.kv_blocks = config.num_kv_blocks;
+  model_options.block_size = config.block_size;
+  model_options.cuda_graphs = config.cuda_graphs;
   w->engine_model_ = std::make_unique<engine::TorchEngineModel>(
-      w->model_.decoder, w->model_.max_tokens);
+      w->model_.decoder, w->model_.max_tokens, model_options);
   engine::WeightUpdateSource* source = nullptr;
   if (config.update_mode == "inplace") {
     // One copy of the weights: the model's tensors become views of the

@@ -14,6 +14,15 @@
 //                [--flat-step-ms F]
 //                [--model DIR] [--device cpu|cuda|cuda:N]
 //                [--dtype auto|float32|bfloat16]
+//                [--kv-layout auto|contiguous|paged|both]
+//                [--cuda-graphs 0|1]
+//
+// --kv-layout picks TorchEngineModel's KV layout (engine.kv_layout) for
+// the table; `both` instead runs mode (d) with the contiguous and the paged
+// layout side by side (interleaved, best of --repeat each) and prints the
+// ratio paged / contiguous, which is how kAuto's CPU choice was made.
+// --cuda-graphs 1 replays decode steps from CUDA graphs (engine.cuda_graphs;
+// paged caches on a CUDA device only).
 //
 // --model DIR runs a Hugging Face model directory (config.json and
 // safetensors; no tokenizer needed: the prompts are token ids) instead of
@@ -69,10 +78,18 @@ struct Flags {
   // 0 auto, 1 per-sequence, 2 padded attention.
   int attention = 0;
   int flat_step_ms = 0;  // 0: real step times
+  int cuda_graphs = 0;
   std::string model;
   std::string device = "cpu";
   std::string dtype = "auto";
+  std::string kv_layout = "auto";
 };
+
+KvLayout LayoutOf(const std::string& name) {
+  return name == "paged"        ? KvLayout::kPaged
+         : name == "contiguous" ? KvLayout::kContiguous
+                                : KvLayout::kAuto;
+}
 
 // The real model, each Forward() padded to a fixed duration (see above).
 class FlatStepModel : public EngineModel {
@@ -138,23 +155,28 @@ Result RunOnce(
     const model::LoadedModel& loaded,
     const std::vector<std::shared_ptr<model::ModelWeights>>& versions,
     const Flags& flags, const std::vector<int>& lengths, bool static_batching,
-    bool drain, bool updates) {
+    bool drain, bool updates, KvLayout layout) {
   model::DecoderOptions decoder_options;
   decoder_options.attention =
       static_cast<model::AttentionMode>(flags.attention);
   auto decoder =
       std::make_shared<model::DecoderModel>(versions[0], decoder_options);
-  TorchEngineModel torch_model(decoder, loaded.max_tokens);
-  FlatStepModel flat_model(&torch_model,
-                           absl::Milliseconds(flags.flat_step_ms));
-  EngineModel* engine_model = &torch_model;
-  if (flags.flat_step_ms > 0) engine_model = &flat_model;
-  rollout::StagedWeightSource source(decoder);
   EngineOptions options;
   options.limits.max_num_seqs = flags.batch;
   options.limits.max_batched_tokens = 4096;
   options.num_kv_blocks = 4096;
   options.block_size = 16;
+  TorchEngineModelOptions model_options;
+  model_options.kv_layout = layout;
+  model_options.kv_blocks = options.num_kv_blocks;
+  model_options.block_size = options.block_size;
+  model_options.cuda_graphs = flags.cuda_graphs != 0;
+  TorchEngineModel torch_model(decoder, loaded.max_tokens, model_options);
+  FlatStepModel flat_model(&torch_model,
+                           absl::Milliseconds(flags.flat_step_ms));
+  EngineModel* engine_model = &torch_model;
+  if (flags.flat_step_ms > 0) engine_model = &flat_model;
+  rollout::StagedWeightSource source(decoder);
   options.static_batching = static_batching;
   options.update_policy = drain ? EngineOptions::UpdatePolicy::kDrain
                                 : EngineOptions::UpdatePolicy::kInflight;
@@ -244,11 +266,13 @@ int Main(int argc, char** argv) {
       {"--threads", &flags.threads},
       {"--repeat", &flags.repeat},
       {"--attention", &flags.attention},
-      {"--flat-step-ms", &flags.flat_step_ms}};
+      {"--flat-step-ms", &flags.flat_step_ms},
+      {"--cuda-graphs", &flags.cuda_graphs}};
   const std::pair<const char*, std::string*> text[] = {
       {"--model", &flags.model},
       {"--device", &flags.device},
-      {"--dtype", &flags.dtype}};
+      {"--dtype", &flags.dtype},
+      {"--kv-layout", &flags.kv_layout}};
   for (int i = 1; i < argc; i += 2) {
     const std::string f = argv[i];
     std::string* text_target = nullptr;
@@ -273,14 +297,25 @@ int Main(int argc, char** argv) {
     }
     int v = 0;
     if (i + 1 >= argc || !absl::SimpleAtoi(argv[i + 1], &v) || v < 0 ||
-        (v == 0 && f != "--attention" && f != "--flat-step-ms")) {
+        (v == 0 && f != "--attention" && f != "--flat-step-ms" &&
+         f != "--cuda-graphs")) {
       std::fprintf(stderr, "%s needs a %s integer, got '%s'\n", f.c_str(),
-                   f == "--attention" || f == "--flat-step-ms" ? "non-negative"
-                                                               : "positive",
+                   f == "--attention" || f == "--flat-step-ms" ||
+                           f == "--cuda-graphs"
+                       ? "non-negative"
+                       : "positive",
                    i + 1 < argc ? argv[i + 1] : "");
       return 2;
     }
     *target = v;
+  }
+  if (flags.kv_layout != "auto" && flags.kv_layout != "contiguous" &&
+      flags.kv_layout != "paged" && flags.kv_layout != "both") {
+    std::fprintf(stderr,
+                 "--kv-layout must be auto, contiguous, paged or both, got "
+                 "'%s'\n",
+                 flags.kv_layout.c_str());
+    return 2;
   }
   auto loaded = Load(flags);
   if (!loaded.ok()) {
@@ -318,6 +353,33 @@ int Main(int argc, char** argv) {
         "a memory-bound accelerator); not this machine's throughput\n",
         flags.flat_step_ms);
   }
+  if (flags.kv_layout == "both") {
+    // Mode (d), contiguous then paged in each round.
+    Result best_layout[2];
+    std::vector<double> ratios;
+    for (int r = 0; r < flags.repeat; ++r) {
+      double tps[2];
+      for (int l = 0; l < 2; ++l) {
+        Result res = RunOnce(*loaded, versions, flags, lengths, false, false,
+                             false,
+                             l == 0 ? KvLayout::kContiguous : KvLayout::kPaged);
+        tps[l] = res.tokens_per_second;
+        if (tps[l] > best_layout[l].tokens_per_second) best_layout[l] = res;
+      }
+      ratios.push_back(tps[1] / tps[0]);
+    }
+    std::printf("(d) continuous, no updates, batch %d: contiguous %.1f tok/s, "
+                "paged %.1f tok/s, paged/contiguous %.3f; per round median "
+                "%.3f [%.3f, %.3f]\n",
+                flags.batch, best_layout[0].tokens_per_second,
+                best_layout[1].tokens_per_second,
+                best_layout[1].tokens_per_second /
+                    best_layout[0].tokens_per_second,
+                Percentile(ratios, 0.5),
+                *std::min_element(ratios.begin(), ratios.end()),
+                *std::max_element(ratios.begin(), ratios.end()));
+    return 0;
+  }
   struct Mode {
     const char* name;
     bool static_batching, drain, updates;
@@ -337,7 +399,8 @@ int Main(int argc, char** argv) {
     for (int m = 0; m < 4; ++m) {
       Result res =
           RunOnce(*loaded, versions, flags, lengths, modes[m].static_batching,
-                  modes[m].drain, modes[m].updates);
+                  modes[m].drain, modes[m].updates,
+                  LayoutOf(flags.kv_layout));
       tps[m] = res.tokens_per_second;
       if (res.tokens_per_second > best[m].tokens_per_second) best[m] = res;
     }

@@ -14,7 +14,13 @@
 //  * LoadModel places the weights as model.device / model.dtype say, and a
 //    received CPU version is converted onto the device before staging;
 //  * the SHA-256 of weight bytes in device memory (pinned, double-buffered
-//    pieces) equals the host's.
+//    pieces) equals the host's;
+//  * the paged KV cache on CUDA (common/model/paged_kv_cache.h, the
+//    batched gather + one scaled_dot_product_attention) gives the
+//    contiguous cache's logits on CUDA, and the engine pages by default
+//    there and picks the contiguous layout's greedy tokens; decode steps
+//    replayed from CUDA graphs (engine/decode_graphs.h) sample the eager
+//    steps' tokens.
 
 // This file has its own main (skip without a device); set before any
 // header that includes Catch.
@@ -35,9 +41,12 @@
 #include "common/model/kv_cache.h"
 #include "common/model/model_loader.h"
 #include "common/model/model_weights.h"
+#include "common/model/paged_kv_cache.h"
 #include "common/weights/device_digest.h"
 #include "common/weights/weight_digest.h"
+#include "engine/engine.h"
 #include "engine/sampler.h"
+#include "engine/torch_engine_model.h"
 #include "engine/torch_sampler.h"
 #include "services/rollout/weight_update_sources.h"
 #include "services/trainer/loss/chunked_logprobs.h"
@@ -82,11 +91,19 @@ at::Tensor PackedLogits(const model::DecoderModel& m) {
 }
 
 // Prefill of two prompts and 6 greedy decode steps; every step's logits.
-std::vector<at::Tensor> CachedLogits(const model::DecoderModel& m,
-                                     std::vector<int32_t>* tokens_out) {
+// `pool` non-null: paged caches on it, else contiguous ones.
+std::vector<at::Tensor> CachedLogits(
+    const model::DecoderModel& m, std::vector<int32_t>* tokens_out,
+    std::shared_ptr<model::KvBlockPool> pool = nullptr) {
   const auto w = m.weights();
-  std::vector<std::unique_ptr<model::ContiguousKvCache>> caches;
+  std::vector<std::unique_ptr<model::KvCache>> caches;
   for (int i = 0; i < 2; ++i) {
+    if (pool != nullptr) {
+      auto c = model::PagedKvCache::Create(w->config(), pool, 64);
+      REQUIRE(c.ok());
+      caches.push_back(*std::move(c));
+      continue;
+    }
     auto c = model::ContiguousKvCache::Create(w->config(), w->dtype(),
                                               w->device(), 64);
     REQUIRE(c.ok());
@@ -324,6 +341,133 @@ TEST_CASE("the digest of device bytes equals the host digest",
   changed.index_put_({int64_t{2} << 20}, changed[int64_t{2} << 20] + 1);
   CHECK(weights::IsDigestMismatch(
       weights::VerifyTensorWeightSha256(4, *expected, changed, 1 << 20)));
+}
+
+// Paged (blocks of 2 tokens, so the prompts span several) against
+// contiguous caches on CUDA, both with padded attention so that the paged
+// side runs the batched gather and one SDPA per layer.
+void ComparePagedOnCuda(model::WeightDType dtype, double tolerance) {
+  const model::DecoderModel m(Weights(dtype, kCuda),
+                              {.attention = model::AttentionMode::kPadded});
+  const auto w = m.weights();
+  auto pool = model::KvBlockPool::Create(w->config(), w->dtype(), kCuda, 64, 2);
+  REQUIRE(pool.ok());
+  CHECK((*pool)->keys(0).device().is_cuda());
+  std::vector<int32_t> contiguous_tokens, paged_tokens;
+  const auto a = CachedLogits(m, &contiguous_tokens);
+  const auto b = CachedLogits(m, &paged_tokens, *pool);
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO("step " << i);
+    CHECK(RelativeError(b[i], a[i]) < tolerance);
+  }
+  if (dtype == model::WeightDType::kFloat32) {
+    CHECK(paged_tokens == contiguous_tokens);
+  }
+  CHECK((*pool)->num_free() == 64);  // the caches returned their blocks
+}
+
+TEST_CASE("paged KV cache on CUDA gives the contiguous cache's logits",
+          "[gpu][paged]") {
+  // float32: the two padded paths differ in summation order only (the
+  // CPU test, model_paged_kv_test, sees 3e-6 absolute on logits ~4).
+  ComparePagedOnCuda(model::WeightDType::kFloat32, 1e-4);
+  // bfloat16: the same few units of the last place as CUDA vs CPU above.
+  ComparePagedOnCuda(model::WeightDType::kBFloat16, 3e-2);
+}
+
+TEST_CASE("the engine on CUDA pages by default and picks contiguous's tokens",
+          "[gpu][paged]") {
+  auto decoder = std::make_shared<model::DecoderModel>(
+      Weights(model::WeightDType::kFloat32, kCuda));
+  std::vector<std::vector<int32_t>> outputs;
+  for (engine::KvLayout layout :
+       {engine::KvLayout::kContiguous, engine::KvLayout::kAuto}) {
+    engine::EngineOptions options;
+    options.limits.max_num_seqs = 4;
+    options.limits.max_batched_tokens = 64;
+    options.num_kv_blocks = 64;
+    options.block_size = 4;
+    engine::TorchEngineModelOptions model_options;
+    model_options.kv_layout = layout;
+    model_options.kv_blocks = options.num_kv_blocks;
+    model_options.block_size = options.block_size;
+    engine::TorchEngineModel m(decoder, 64, model_options);
+    engine::Engine e(options, &m, nullptr, 0);
+    engine::SamplingParams greedy;
+    greedy.temperature = 0;
+    greedy.max_tokens = 8;
+    greedy.n = 2;
+    REQUIRE(e.Add("a", {1, 5, 9, 2, 7}, greedy).ok());
+    REQUIRE(e.Add("b", {3, 8, 4}, greedy).ok());
+    std::vector<int32_t> tokens;
+    for (int i = 0; i < 1000 && !e.idle(); ++i) {
+      REQUIRE(e.Step().ok());
+      for (auto& f : e.TakeFinished()) {
+        tokens.insert(tokens.end(), f.output.begin(), f.output.end());
+      }
+    }
+    CHECK(m.paged() == (layout == engine::KvLayout::kAuto));
+    outputs.push_back(tokens);
+  }
+  CHECK(outputs[0].size() == 32);
+  CHECK(outputs[1] == outputs[0]);
+}
+
+TEST_CASE("CUDA graph replay of decode steps equals eager decode",
+          "[gpu][paged][graphs]") {
+  auto decoder = std::make_shared<model::DecoderModel>(
+      Weights(model::WeightDType::kFloat32, kCuda));
+  std::vector<engine::FinishedSample> runs[2];
+  int64_t replays = 0, captures = 0;
+  for (bool graphs : {false, true}) {
+    engine::EngineOptions options;
+    options.limits.max_num_seqs = 5;  // batches of 5, 4, ...: padded buckets
+    options.limits.max_batched_tokens = 64;
+    options.num_kv_blocks = 64;
+    options.block_size = 4;
+    engine::TorchEngineModelOptions model_options;
+    model_options.kv_layout = engine::KvLayout::kPaged;
+    model_options.kv_blocks = options.num_kv_blocks;
+    model_options.block_size = options.block_size;
+    model_options.cuda_graphs = graphs;
+    engine::TorchEngineModel m(decoder, 64, model_options);
+    engine::Engine e(options, &m, nullptr, 0);
+    for (int r = 0; r < 5; ++r) {
+      engine::SamplingParams p;
+      p.temperature = 1.0f;
+      p.seed = 10 + r;
+      p.max_tokens = 6 + 3 * r;
+      std::vector<int32_t> prompt;
+      for (int i = 0; i < 3 + r; ++i) prompt.push_back(1 + (r * 7 + i) % 90);
+      REQUIRE(e.Add("r" + std::to_string(r), prompt, p).ok());
+    }
+    for (int i = 0; i < 1000 && !e.idle(); ++i) {
+      const auto step = e.Step();
+      INFO((step.ok() ? "" : step.status().ToString()));
+      REQUIRE(step.ok());
+      for (auto& f : e.TakeFinished()) runs[graphs].push_back(f);
+    }
+    if (graphs) {
+      replays = m.graph_replays();
+      captures = m.graph_captures();
+    }
+  }
+  INFO("graph replays " << replays << ", captures " << captures);
+  CHECK(replays > 0);
+  CHECK(captures > 0);
+  CHECK(captures < replays);
+  REQUIRE(runs[0].size() == 5);
+  REQUIRE(runs[1].size() == 5);
+  for (size_t i = 0; i < 5; ++i) {
+    INFO(runs[0][i].request_id);
+    CHECK(runs[1][i].request_id == runs[0][i].request_id);
+    CHECK(runs[1][i].output == runs[0][i].output);
+    for (size_t t = 0; t < runs[0][i].logprobs.size() &&
+                       t < runs[1][i].logprobs.size();
+         ++t) {
+      CHECK(std::abs(runs[1][i].logprobs[t] - runs[0][i].logprobs[t]) < 1e-4);
+    }
+  }
 }
 
 }  // namespace

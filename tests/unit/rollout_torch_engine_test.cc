@@ -193,3 +193,92 @@ TEST_CASE(
 
 }  // namespace
 }  // namespace tandem::engine
+
+namespace tandem::engine {
+namespace {
+
+// One seeded run of groups of samples (forked prompts) through a KV cache
+// small enough that the scheduler preempts; returns the samples by
+// "request/sample" and whether the caches were paged.
+std::map<std::string, FinishedSample> SeededGroups(KvLayout layout,
+                                                   bool* paged) {
+  auto decoder = std::make_shared<model::DecoderModel>(Weights(4));
+  EngineOptions options = Options(8);
+  options.num_kv_blocks = 24;
+  options.block_size = 4;
+  TorchEngineModelOptions model_options;
+  model_options.kv_layout = layout;
+  model_options.kv_blocks = options.num_kv_blocks;
+  model_options.block_size = options.block_size;
+  TorchEngineModel m(decoder, 256, model_options);
+  Engine e(options, &m, nullptr, 0);
+  for (int r = 0; r < 6; ++r) {
+    SamplingParams p;
+    p.temperature = 1.0f;
+    p.seed = 100 + r;
+    p.max_tokens = 14 + 2 * r;
+    p.n = 3;
+    REQUIRE(e.Add("r" + std::to_string(r), Prompt(r, 5 + r), p).ok());
+  }
+  std::map<std::string, FinishedSample> out;
+  for (int i = 0; i < 10000 && !e.idle(); ++i) {
+    REQUIRE(e.Step().ok());
+    for (auto& f : e.TakeFinished()) {
+      out[f.request_id + "/" + std::to_string(f.sample_index)] = f;
+    }
+  }
+  *paged = m.paged();
+  return out;
+}
+
+TEST_CASE(
+    "torch engine: paged and contiguous KV layouts give the same seeded "
+    "samples through forks and preemptions") {
+  bool contiguous_paged = true, paged_paged = false;
+  const auto contiguous = SeededGroups(KvLayout::kContiguous, &contiguous_paged);
+  const auto paged = SeededGroups(KvLayout::kPaged, &paged_paged);
+  CHECK_FALSE(contiguous_paged);
+  CHECK(paged_paged);
+  REQUIRE(contiguous.size() == 18);
+  REQUIRE(paged.size() == 18);
+  uint32_t preemptions = 0;
+  for (const auto& [id, sample] : contiguous) {
+    INFO(id);
+    const FinishedSample& other = paged.at(id);
+    CHECK(other.output == sample.output);
+    REQUIRE(other.logprobs.size() == sample.logprobs.size());
+    for (size_t t = 0; t < sample.logprobs.size(); ++t) {
+      CHECK(other.logprobs[t] == Approx(sample.logprobs[t]).margin(1e-4));
+    }
+    preemptions += other.preemptions;
+  }
+  // The pool was tight enough to exercise preemption (and release).
+  CHECK(preemptions > 0);
+}
+
+TEST_CASE(
+    "torch engine: kAuto pages only with a block budget; no CUDA graphs on "
+    "the CPU") {
+  auto decoder = std::make_shared<model::DecoderModel>(Weights(1));
+  for (int64_t blocks : {0, 256}) {
+    TorchEngineModelOptions model_options;
+    model_options.kv_blocks = blocks;
+    model_options.cuda_graphs = true;  // ignored on the CPU
+    TorchEngineModel m(decoder, 256, model_options);
+    Engine e(Options(2), &m, nullptr, 0);
+    REQUIRE(e.Add("a", Prompt(1, 4), Greedy(3)).ok());
+    CHECK(Run(&e).at("a").output.size() == 3);
+    CHECK(m.paged() == (blocks > 0));
+    CHECK(m.graph_replays() == 0);
+  }
+  TorchEngineModelOptions no_pool;
+  no_pool.kv_layout = KvLayout::kPaged;
+  TorchEngineModel m(decoder, 256, no_pool);
+  Engine e(Options(2), &m, nullptr, 0);
+  REQUIRE(e.Add("a", Prompt(1, 4), Greedy(3)).ok());
+  const auto step = e.Step();
+  CHECK(step.status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tandem::engine
