@@ -32,3 +32,10 @@ add_executable(cuda_ipc_bench ${CMAKE_CURRENT_SOURCE_DIR}/cuda_ipc_bench.cc)
 target_link_libraries(cuda_ipc_bench PRIVATE tandem_weights_cuda_ipc
   tandem_weights_model)
 tandem_use_aten_pch(cuda_ipc_bench)
+
+# Going live from a staged tensor on the CPU: TensorSha256 and the CRC +
+# finite checks per GiB against a memcpy (device_go_live.h).
+add_executable(device_go_live_bench
+  ${CMAKE_CURRENT_SOURCE_DIR}/device_go_live_bench.cc)
+target_link_libraries(device_go_live_bench PRIVATE tandem_weights_model)
+tandem_use_aten_pch(device_go_live_bench)

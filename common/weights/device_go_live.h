@@ -1,0 +1,96 @@
+#pragma once
+
+// Going live from device memory (issue 22 item 4): a version whose flat
+// bytes sit in a device staging buffer (CUDA IPC's device copy, a
+// broadcast received into device staging) is verified THERE and becomes
+// the live weights as tensor views into that buffer, with no host copy of
+// the weights. The same checks as StagingWeights' host path, in the same
+// order, and nothing is returned before all of them passed:
+//
+//   1. the manifest matches the layout (same tensors and buckets);
+//   2. CRC-32C of every bucket against the manifest (on the device through
+//      the caller's BucketCrc32c, e.g. DeviceMemory::Crc32c of
+//      device_broadcast.h; the host kernels::Crc32c for a CPU tensor);
+//   3. every float tensor finite (torch isfinite on the tensor's device,
+//      one host read of the result for the whole version);
+//   4. SHA-256 of the whole buffer against the trusted digest
+//      (TensorSha256: pinned host pieces of 16 MiB, never the whole model).
+//
+// The buffer is a contiguous uint8 tensor of layout.total_bytes() bytes on
+// any device, so the same code runs on the CPU in tests. The views hold a
+// reference to its storage: the buffer lives as long as the live weights,
+// and the caller must receive the next version into ANOTHER buffer (a
+// pointer swap at the step boundary, as for the host double buffer).
+//
+// Sealed (mtls) versions do not come here: AES-GCM opens host bytes, so
+// they stay on the host path.
+//
+// Thread-compatible; device work runs on the calling thread's current
+// stream of the tensor's device.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/weights/device_digest.h"
+#include "common/weights/flat_weight_layout.h"
+#include "tandem/v1/common.pb.h"
+
+namespace tandem::model {
+struct ModelConfig;
+class ModelWeights;
+}  // namespace tandem::model
+
+namespace tandem::weights {
+
+// kernels::Crc32c of `n` bytes at `d` (memory of the staged tensor's
+// device).
+using BucketCrc32c =
+    std::function<absl::StatusOr<uint32_t>(const uint8_t* d, uint64_t n)>;
+
+struct DeviceGoLiveOptions {
+  // Null: the host kernels::Crc32c (REQUIRES a CPU tensor; a CUDA tensor
+  // without it is refused with FailedPrecondition).
+  BucketCrc32c crc32c;
+  // The trusted SHA-256 (32 raw bytes) of the version; empty: the version
+  // is unsigned (a trainer that predates digests) and is checked by CRC-32C
+  // and the finite check only, as on the host path.
+  std::string expected_sha256;
+  int64_t piece_bytes = kDeviceDigestPieceBytes;
+};
+
+// Checks 1-4 above on `staged`. Errors name the version and what failed:
+// FailedPrecondition (layout, missing CRC function), InvalidArgument (a
+// tensor that is not a contiguous uint8 buffer of the layout's size),
+// DataLoss for a CRC mismatch ("bucket N") or a digest mismatch
+// (IsDigestMismatch), OutOfRange for a non-finite value naming the tensor
+// (IsNonFiniteWeights).
+absl::Status VerifyStagedTensor(const v1::WeightManifest& manifest,
+                                const FlatWeightLayout& layout,
+                                const at::Tensor& staged,
+                                const DeviceGoLiveOptions& options);
+
+// True for VerifyStagedTensor's non-finite refusal.
+bool IsNonFiniteWeights(const absl::Status& status);
+
+// ModelWeights for `config` whose tensors are views into `staged` (same
+// device, the config's dtype), holding its storage. No check of the bytes:
+// call after VerifyStagedTensor.
+absl::StatusOr<std::shared_ptr<model::ModelWeights>> ViewStagedTensor(
+    const model::ModelConfig& config, const FlatWeightLayout& layout,
+    const at::Tensor& staged);
+
+// VerifyStagedTensor, then ViewStagedTensor: the weights to stage for the
+// engine's swap, or the reason the version may not go live (nothing is
+// returned before every check passed).
+absl::StatusOr<std::shared_ptr<model::ModelWeights>> GoLiveFromStagedTensor(
+    const model::ModelConfig& config, const v1::WeightManifest& manifest,
+    const FlatWeightLayout& layout, const at::Tensor& staged,
+    const DeviceGoLiveOptions& options);
+
+}  // namespace tandem::weights
