@@ -13,6 +13,7 @@
 #include "common/model/model_weights.h"
 #include "common/model/torch_status.h"
 #include "kernels/crc32c.h"
+#include "kernels/finite_scan.h"
 
 namespace tandem::weights {
 namespace {
@@ -55,15 +56,37 @@ at::Tensor View(const at::Tensor& staged, const TensorPlacement& placement,
       .view(placement.info.shape);
 }
 
-absl::Status CheckFinite(uint64_t version, const FlatWeightLayout& layout,
-                         const at::Tensor& staged) {
-  // One flag per float tensor, computed on the device; the host reads them
-  // once for the whole version.
+// Host memory: the bit-pattern scan of the host path (kernels/
+// finite_scan.h), at memory bandwidth, naming the element.
+absl::Status CheckFiniteOnHost(uint64_t version, const FlatWeightLayout& layout,
+                               const at::Tensor& staged) {
+  const auto* base = static_cast<const uint8_t*>(staged.data_ptr());
+  for (const TensorPlacement& placement : layout.tensors()) {
+    const std::optional<at::ScalarType> dtype = FloatType(placement.info.dtype);
+    if (!dtype.has_value()) continue;
+    const kernels::FloatFormat format = *dtype == at::kFloat
+                                            ? kernels::FloatFormat::kF32
+                                            : kernels::FloatFormat::kBF16;
+    const std::optional<kernels::NonFiniteValue> bad = kernels::FindNonFinite(
+        {base + placement.offset, placement.info.byte_size}, format);
+    if (!bad.has_value()) continue;
+    return absl::OutOfRangeError(absl::StrCat(
+        kNonFinitePrefix, "weights v", version, " tensor '",
+        placement.info.name, "' holds Inf or NaN (",
+        kernels::NonFiniteName(*bad), " at element ", bad->index, ")"));
+  }
+  return absl::OkStatus();
+}
+
+// Any device: torch isfinite on the tensor's device. One flag per float
+// tensor, computed there; the host reads them once for the whole version.
+absl::Status CheckFiniteOnDevice(uint64_t version,
+                                 const FlatWeightLayout& layout,
+                                 const at::Tensor& staged) {
   std::vector<at::Tensor> bad;
   std::vector<const TensorPlacement*> which;
   for (const TensorPlacement& placement : layout.tensors()) {
-    const std::optional<at::ScalarType> dtype =
-        FloatType(placement.info.dtype);
+    const std::optional<at::ScalarType> dtype = FloatType(placement.info.dtype);
     if (!dtype.has_value() || placement.info.byte_size == 0) continue;
     bad.push_back(
         at::logical_not(at::isfinite(View(staged, placement, *dtype))).any());
@@ -115,15 +138,17 @@ absl::Status VerifyStagedTensor(const v1::WeightManifest& manifest,
       crc = kernels::Crc32c(base + b.byte_offset(), b.byte_size());
     }
     if (crc != b.crc32c()) {
-      return absl::DataLossError(absl::StrCat(
-          "weights v", version, " bucket ", i, ": CRC-32C ", crc,
-          " of the staged bytes, the manifest says ", b.crc32c()));
+      return absl::DataLossError(
+          absl::StrCat("weights v", version, " bucket ", i, ": CRC-32C ", crc,
+                       " of the staged bytes, the manifest says ", b.crc32c()));
     }
   }
   try {
-    if (absl::Status s = CheckFinite(version, layout, staged); !s.ok()) {
-      return s;
-    }
+    const absl::Status finite =
+        staged.is_cpu() && !options.torch_finite_check_for_test
+            ? CheckFiniteOnHost(version, layout, staged)
+            : CheckFiniteOnDevice(version, layout, staged);
+    if (!finite.ok()) return finite;
   } catch (const std::exception& e) {
     return model::internal::TorchErrorToStatus(
         absl::StrCat("weights v", version, ": finite check"), e);
@@ -144,18 +169,17 @@ absl::StatusOr<std::shared_ptr<model::ModelWeights>> ViewStagedTensor(
   try {
     for (const TensorPlacement& placement : layout.tensors()) {
       if (FloatType(placement.info.dtype) != dtype) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tensor '", placement.info.name,
-            "': dtype does not match the config's ",
-            model::WeightDTypeName(config.dtype)));
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor '", placement.info.name,
+                         "': dtype does not match the config's ",
+                         model::WeightDTypeName(config.dtype)));
       }
       // narrow/view share the staged tensor's storage: no copy, and the
       // buffer lives as long as any view.
       tensors.emplace(placement.info.name, View(staged, placement, dtype));
     }
   } catch (const std::exception& e) {
-    return model::internal::TorchErrorToStatus("viewing the staged weights",
-                                               e);
+    return model::internal::TorchErrorToStatus("viewing the staged weights", e);
   }
   return model::ModelWeights::Create(config, std::move(tensors),
                                      "received weights");

@@ -12,7 +12,8 @@
 //      the caller's BucketCrc32c, e.g. DeviceMemory::Crc32c of
 //      device_broadcast.h; the host kernels::Crc32c for a CPU tensor);
 //   3. every float tensor finite (torch isfinite on the tensor's device,
-//      one host read of the result for the whole version);
+//      one host read of the result for the whole version; for a CPU
+//      tensor the host path's bit-pattern scan, kernels/finite_scan.h);
 //   4. SHA-256 of the whole buffer against the trusted digest
 //      (TensorSha256: pinned host pieces of 16 MiB, never the whole model).
 //
@@ -62,6 +63,9 @@ struct DeviceGoLiveOptions {
   // and the finite check only, as on the host path.
   std::string expected_sha256;
   int64_t piece_bytes = kDeviceDigestPieceBytes;
+  // Runs the device finite check (torch isfinite) on a CPU tensor too, so
+  // that CPU tests cover the code a CUDA worker runs.
+  bool torch_finite_check_for_test = false;
 };
 
 // Checks 1-4 above on `staged`. Errors name the version and what failed:

@@ -93,9 +93,10 @@ TEST_CASE("N versions go live bit for bit as views of the staged buffer",
     for (uint64_t v = 1; v <= 4; ++v) {
       Version version = MakeVersion(config, v);
       int crcs = 0;
+      DeviceGoLiveOptions options = Options(version.manifest, &crcs);
+      options.torch_finite_check_for_test = v % 2 == 0;  // both checks pass
       auto got = GoLiveFromStagedTensor(config, version.manifest, layout,
-                                        version.staged,
-                                        Options(version.manifest, &crcs));
+                                        version.staged, options);
       INFO(got.status().ToString());
       REQUIRE(got.ok());
       CHECK(crcs == version.manifest.buckets_size());
@@ -124,49 +125,53 @@ TEST_CASE("a corrupted byte is refused by the bucket CRC, nothing goes live",
   Version version = MakeVersion(config, 7);
   const v1::BucketSpec& last =
       version.manifest.buckets(version.manifest.buckets_size() - 1);
-  auto* byte = static_cast<uint8_t*>(version.staged.data_ptr()) +
-               last.byte_offset() + 5;
+  auto* byte =
+      static_cast<uint8_t*>(version.staged.data_ptr()) + last.byte_offset() + 5;
   *byte ^= 0x40;
   int crcs = 0;
-  auto got = GoLiveFromStagedTensor(config, version.manifest, layout,
-                                    version.staged,
-                                    Options(version.manifest, &crcs));
+  auto got =
+      GoLiveFromStagedTensor(config, version.manifest, layout, version.staged,
+                             Options(version.manifest, &crcs));
   REQUIRE_FALSE(got.ok());
   CHECK(absl::IsDataLoss(got.status()));
-  CHECK_THAT(std::string(got.status().message()),
-             Catch::Contains("weights v7 bucket " +
-                             std::to_string(version.manifest.buckets_size() -
-                                            1) +
-                             ": CRC-32C"));
+  CHECK_THAT(
+      std::string(got.status().message()),
+      Catch::Contains("weights v7 bucket " +
+                      std::to_string(version.manifest.buckets_size() - 1) +
+                      ": CRC-32C"));
 }
 
 TEST_CASE("a non-finite value is refused naming the tensor",
           "[weights][device]") {
-  for (float bad : {std::numeric_limits<float>::quiet_NaN(),
-                    std::numeric_limits<float>::infinity()}) {
-    model::ModelConfig config = model::testing::TinyQwen2Config();
-    const FlatWeightLayout layout = WorkerLayout(config);
-    Version version = MakeVersion(config, 3);
-    const TensorPlacement* p = layout.Find("model.norm.weight");
-    REQUIRE(p != nullptr);
-    std::memcpy(static_cast<uint8_t*>(version.staged.data_ptr()) + p->offset +
-                    4,
-                &bad, sizeof(bad));
-    // CRCs and digest of the bad bytes: only the finite check can refuse.
-    ResealCrcs(&version.manifest, version.staged);
-    const auto* base = static_cast<const uint8_t*>(version.staged.data_ptr());
-    auto sha = WeightSha256({base, layout.total_bytes()});
-    REQUIRE(sha.ok());
-    version.manifest.set_sha256(*sha);
-    int crcs = 0;
-    auto got = GoLiveFromStagedTensor(config, version.manifest, layout,
-                                      version.staged,
-                                      Options(version.manifest, &crcs));
-    REQUIRE_FALSE(got.ok());
-    CHECK(IsNonFiniteWeights(got.status()));
-    CHECK_THAT(std::string(got.status().message()),
-               Catch::Contains("tensor 'model.norm.weight' holds Inf or NaN"));
-  }
+  for (const bool torch_check : {false, true})
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(),
+                      std::numeric_limits<float>::infinity()}) {
+      INFO("torch finite check: " << torch_check);
+      model::ModelConfig config = model::testing::TinyQwen2Config();
+      const FlatWeightLayout layout = WorkerLayout(config);
+      Version version = MakeVersion(config, 3);
+      const TensorPlacement* p = layout.Find("model.norm.weight");
+      REQUIRE(p != nullptr);
+      std::memcpy(
+          static_cast<uint8_t*>(version.staged.data_ptr()) + p->offset + 4,
+          &bad, sizeof(bad));
+      // CRCs and digest of the bad bytes: only the finite check can refuse.
+      ResealCrcs(&version.manifest, version.staged);
+      const auto* base = static_cast<const uint8_t*>(version.staged.data_ptr());
+      auto sha = WeightSha256({base, layout.total_bytes()});
+      REQUIRE(sha.ok());
+      version.manifest.set_sha256(*sha);
+      int crcs = 0;
+      DeviceGoLiveOptions options = Options(version.manifest, &crcs);
+      options.torch_finite_check_for_test = torch_check;
+      auto got = GoLiveFromStagedTensor(config, version.manifest, layout,
+                                        version.staged, options);
+      REQUIRE_FALSE(got.ok());
+      CHECK(IsNonFiniteWeights(got.status()));
+      CHECK_THAT(
+          std::string(got.status().message()),
+          Catch::Contains("tensor 'model.norm.weight' holds Inf or NaN"));
+    }
 }
 
 TEST_CASE("a digest mismatch is refused after the CRCs pass",
@@ -183,9 +188,9 @@ TEST_CASE("a digest mismatch is refused after the CRCs pass",
   norm.add_(1.0f);
   ResealCrcs(&version.manifest, version.staged);
   int crcs = 0;
-  auto got = GoLiveFromStagedTensor(config, version.manifest, layout,
-                                    version.staged,
-                                    Options(version.manifest, &crcs));
+  auto got =
+      GoLiveFromStagedTensor(config, version.manifest, layout, version.staged,
+                             Options(version.manifest, &crcs));
   REQUIRE_FALSE(got.ok());
   CHECK(IsDigestMismatch(got.status()));
   CHECK(crcs == version.manifest.buckets_size());
