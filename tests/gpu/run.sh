@@ -289,9 +289,11 @@ echo >>"$report"
 cat >>"$report" <<'EOF'
 Not built yet (issue 22, docs/gpu.md): a paged attention kernel (this
 table runs the paged KV layout, engine.kv_layout auto, without CUDA graphs:
-engine_bench --cuda-graphs 1 measures them); a device-resident go-live for
-CUDA IPC (a version copied by CUDA IPC is verified on the host and staged
-through it); the daemons on the device broadcast path (the trainer and
+engine_bench --cuda-graphs 1 measures them); the worker's device-resident
+go-live (common/weights/device_go_live.h verifies and views a version in
+device memory, tested in gpu_cuda_ipc_test, but the worker does not call
+it yet: a version copied by CUDA IPC is still verified on the host and
+staged through it); the daemons on the device broadcast path (the trainer and
 worker do not call common/weights/broadcast/device_broadcast.h yet; its
 tests are in section 1, its GB/s in section 1b).
 
