@@ -135,23 +135,30 @@ absl::StatusOr<std::unique_ptr<CudaIpcDeviceSink>> CudaIpcDeviceSink::Create(
       new CudaIpcDeviceSink(device, *std::move(peer), *std::move(local)));
 }
 
-CudaIpcDeviceSink::~CudaIpcDeviceSink() {
-  if (staging_ != nullptr) {
-    cudaSetDevice(device_);
-    cudaFree(staging_);
-  }
+CudaIpcDeviceSink::~CudaIpcDeviceSink() = default;
+
+std::shared_ptr<void> CudaIpcDeviceSink::TakeStaged() {
+  capacity_ = 0;
+  staged_bytes_ = 0;
+  return std::move(staging_);
 }
 
 absl::Status CudaIpcDeviceSink::CopyOffer(const v1::CudaIpcOffer& offer,
                                           int device) {
   static_assert(sizeof(cudaIpcMemHandle_t) == kCudaIpcHandleBytes);
   TANDEM_CUDA_RETURN(cudaSetDevice(device_), "cudaSetDevice");
-  if (capacity_ < offer.size()) {
-    if (staging_ != nullptr) cudaFree(staging_);
-    staging_ = nullptr;
+  if (staging_ == nullptr || capacity_ < offer.size()) {
+    staging_.reset();
     capacity_ = 0;
-    TANDEM_CUDA_RETURN(cudaMalloc(&staging_, offer.size()),
+    staged_bytes_ = 0;
+    void* fresh = nullptr;
+    TANDEM_CUDA_RETURN(cudaMalloc(&fresh, offer.size()),
                        "cudaMalloc of the device staging buffer");
+    const int device = device_;
+    staging_ = std::shared_ptr<void>(fresh, [device](void* p) {
+      cudaSetDevice(device);
+      cudaFree(p);
+    });
     capacity_ = offer.size();
   }
   cudaIpcMemHandle_t handle;
@@ -180,7 +187,7 @@ absl::Status CudaIpcDeviceSink::CopyOffer(const v1::CudaIpcOffer& offer,
         "buffer offered");
   }
   TANDEM_CUDA_RETURN(
-      cudaMemcpy(staging_, src, offer.size(), cudaMemcpyDeviceToDevice),
+      cudaMemcpy(staging_.get(), src, offer.size(), cudaMemcpyDeviceToDevice),
       "copying the offered payload device-to-device");
   // A device-to-device cudaMemcpy returns before the copy ends: wait, so
   // the handle is closed (and the server's buffer released) only after.
@@ -198,7 +205,8 @@ absl::Status CudaIpcDeviceSink::ReadStaged(uint64_t offset,
   }
   TANDEM_CUDA_RETURN(cudaSetDevice(device_), "cudaSetDevice");
   TANDEM_CUDA_RETURN(
-      cudaMemcpy(dst.data(), static_cast<const uint8_t*>(staging_) + offset,
+      cudaMemcpy(dst.data(),
+                 static_cast<const uint8_t*>(staging_.get()) + offset,
                  dst.size(), cudaMemcpyDeviceToHost),
       "copying staged weights to the host");
   return absl::OkStatus();

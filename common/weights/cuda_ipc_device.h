@@ -36,7 +36,10 @@ absl::StatusOr<std::shared_ptr<DeviceWeightBuffer>> AllocateDeviceWeightBuffer(
     std::shared_ptr<DeferredFrees> frees = nullptr);
 
 // A CudaIpcSink on `device` (this process's CUDA index): a device staging
-// buffer grown to the largest payload copied.
+// buffer grown to the largest payload copied. TakeStaged() hands the
+// buffer of the last copy over (to go live from it, device_go_live.h);
+// the next CopyOffer then copies into a new allocation, so a live
+// version's bytes are never overwritten.
 class CudaIpcDeviceSink final : public CudaIpcSink {
  public:
   static absl::StatusOr<std::unique_ptr<CudaIpcDeviceSink>> Create(int device);
@@ -48,7 +51,12 @@ class CudaIpcDeviceSink final : public CudaIpcSink {
   absl::Status ReadStaged(uint64_t offset, absl::Span<uint8_t> dst) override;
 
   // The staged payload of the last CopyOffer (device memory on device()).
-  const void* staged() const { return staging_; }
+  const void* staged() const { return staging_.get(); }
+  // The allocation holding the last CopyOffer's payload (staged_bytes()
+  // bytes at its start; freed with cudaFree when the last owner drops it),
+  // given up by the sink (staged() is null and staged_bytes() 0 after it:
+  // read them first); null when nothing was copied since the last take.
+  std::shared_ptr<void> TakeStaged();
   uint64_t staged_bytes() const { return staged_bytes_; }
   int device() const { return device_; }
 
@@ -59,7 +67,7 @@ class CudaIpcDeviceSink final : public CudaIpcSink {
   const int device_;
   const v1::CudaIpcPeer peer_;
   const CudaIpcLocalView local_;
-  void* staging_ = nullptr;
+  std::shared_ptr<void> staging_;
   uint64_t capacity_ = 0;
   uint64_t staged_bytes_ = 0;
 };

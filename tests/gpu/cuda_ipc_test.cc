@@ -58,6 +58,7 @@ TEST_CASE(
                             grpc::InsecureChannelCredentials()),
         {.cuda_ipc = sink->get()});
     std::vector<uint8_t> expected(layout.total_bytes());
+    std::shared_ptr<void> held;  // the previous version's device copy
     for (uint64_t v = 1; v <= kVersions; ++v) {
       REQUIRE(trainer.PublishedNs(v) > 0);
       auto got =
@@ -84,6 +85,20 @@ TEST_CASE(
       REQUIRE(manifest.has_value());
       REQUIRE_FALSE(manifest->sha256().empty());
       CHECK(VerifyTensorWeightSha256(v, manifest->sha256(), staged).ok());
+      // Handing the device copy over (to go live from it, device_go_live.h)
+      // keeps it intact: the next version is copied into another buffer.
+      std::shared_ptr<void> taken = (*sink)->TakeStaged();
+      CHECK(taken.get() == staged.data_ptr());
+      CHECK((*sink)->staged() == nullptr);
+      if (held != nullptr) {
+        CHECK(held.get() != taken.get());
+        std::vector<uint8_t> before(expected.size()), want(expected.size());
+        REQUIRE(cudaMemcpy(before.data(), held.get(), before.size(),
+                           cudaMemcpyDeviceToHost) == cudaSuccess);
+        ipc_pair::FillPayload(v - 1, absl::MakeSpan(want));
+        CHECK(before == want);  // v - 1 still whole after v arrived
+      }
+      held = std::move(taken);
       trainer.Ack(v);
     }
     const PullStats stats = receiver.stats();
