@@ -16,6 +16,8 @@
 #include "tandem/v1/coordinator.grpc.pb.h"
 
 #if TANDEM_TRAINER_DEVICE_SYNC
+#include <c10/cuda/CUDAFunctions.h>
+
 #include "common/weights/broadcast/device_broadcast.h"
 #include "common/weights/device_delta.h"
 #endif
@@ -175,6 +177,7 @@ absl::StatusOr<model::WeightDType> Trainer::CreatePolicy() {
 #if TANDEM_TRAINER_DEVICE_SYNC
   if (device.cuda) {
     device_sync_ = true;
+    cuda_index_ = device.index < 0 ? 0 : device.index;
     change_compactor_ = std::make_unique<weights::CudaChangeCompactor>();
   }
 #endif
@@ -300,6 +303,13 @@ absl::Status Trainer::CreateWeightServing() {
       return weights::PublishDeviceOverBroadcast(group, manifest, d_payload,
                                                  bytes);
     };
+    // The sender's NCCL groups run on the weights' device (the device copy
+    // lies there).
+    if (device_sync_) {
+      broadcast.on_thread_start = [index = cuda_index_] {
+        c10::cuda::set_device(static_cast<c10::DeviceIndex>(index));
+      };
+    }
 #endif
     ASSIGN_OR_RETURN(publisher_, WeightPublisher::Create(
                                      broadcast, &store_,

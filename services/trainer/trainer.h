@@ -103,6 +103,7 @@ class Trainer {
   // (CUDA and NCCL): versions get device copies (TrainingLoopParts::
   // device_copies) and deltas are found on the device (change_compactor_).
   bool device_sync_ = false;
+  int cuda_index_ = 0;  // the weights' CUDA device when device_sync_
   std::unique_ptr<weights::ChangeCompactor> change_compactor_;
   // The raw data port's key (tls.mode mtls only; null otherwise), set by
   // the member session from the coordinator's data-plane secret.

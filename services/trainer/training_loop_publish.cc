@@ -5,9 +5,12 @@
 // broadcasts it to the current epoch's group. Part of the TrainingLoop
 // class (training_loop.h); runs on the loop's thread.
 
+#include <c10/core/DeviceGuard.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
@@ -63,6 +66,9 @@ absl::StatusOr<weights::PublishedVersion> TrainingLoop::StoreVersion(
                        *flat, version,
                        /*with_sha256=*/parts_.config->weight_digest != "off"));
   manifest.set_published_unix_ms(absl::ToUnixMillis(absl::Now()));
+  // CudaChangeCompactor works on the current device: the weights' one.
+  c10::OptionalDeviceGuard device_guard;
+  if (weights->device().is_cuda()) device_guard.reset_device(weights->device());
   ASSIGN_OR_RETURN(weights::PublishedVersion published,
                    delta_publisher_->Publish(std::move(manifest), flat,
                                              std::move(device)));

@@ -125,6 +125,7 @@ void BroadcastSender::Resend(const v1::BroadcastGroup& group,
 }
 
 void BroadcastSender::Run() {
+  if (options_.on_thread_start) options_.on_thread_start();
   while (true) {
     Job job;
     {

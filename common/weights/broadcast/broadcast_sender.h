@@ -116,6 +116,10 @@ struct BroadcastSenderOptions {
   // NCCL built): FULL versions with a device copy go from it when the
   // group broadcasts device memory and nothing is sealed (SendPayload).
   DevicePublish device_publish;
+  // Runs first on the sender thread, e.g. to make the weights' CUDA device
+  // current there: NCCL groups use the thread's current device. May be
+  // null.
+  std::function<void()> on_thread_start;
 };
 
 // How SendPayload sent a payload.
