@@ -292,7 +292,7 @@ table runs the paged KV layout, engine.kv_layout auto, without CUDA graphs:
 engine_bench --cuda-graphs 1 measures them); a device-resident go-live for
 CUDA IPC (a version copied by CUDA IPC is verified on the host and staged
 through it); the daemons on the device broadcast path (the trainer and
-worker: only the trainer calls common/weights/broadcast/device_broadcast.h yet; its
+worker do not call common/weights/broadcast/device_broadcast.h yet; its
 tests are in section 1, its GB/s in section 1b).
 
 EOF
