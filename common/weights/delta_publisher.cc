@@ -136,6 +136,7 @@ absl::StatusOr<PublishedVersion> DeltaPublisher::Publish(
   out.full = StoredPayload{std::move(manifest), flat};
   last_version_ = v;
   last_ = std::move(flat);
+  out.full_device = device;
   last_device_ = std::move(device);
   return out;
 }

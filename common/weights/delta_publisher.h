@@ -121,6 +121,9 @@ struct PublishedVersion {
   uint64_t changed_words = 0;
   // The change was found on the device (ChangeCompactor), not the host.
   bool compared_on_device = false;
+  // The FULL payload's device copy: Publish's `device`, when given (the
+  // broadcast sends FULL versions from it; broadcast_sender.h).
+  std::optional<DeviceFlat> full_device;
 };
 
 class DeltaPublisher {

@@ -32,7 +32,8 @@ programs=(tandem-coordinator tandem-trainer tandem-rollout tandem-verifier
   tandem-local tandemctl tandem-model generate_bench engine_bench
   gpu_device_test gpu_cuda_ipc_test cuda_ipc_bench
   kernels_logprobs_cuda_test kernels_cuda_test
-  weights_nccl_test weights_device_sync_test nccl_broadcast_bench)
+  weights_nccl_test weights_device_sync_test trainer_publish_test
+  nccl_broadcast_bench)
 stage="$(mktemp -d /tmp/tandem-bundle-XXXXXX)"
 trap 'rm -rf "$stage"' EXIT
 top="$stage/tandem-gpu-bundle"

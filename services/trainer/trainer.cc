@@ -15,6 +15,13 @@
 #include "services/trainer/reference_policy.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 
+#if TANDEM_TRAINER_DEVICE_SYNC
+#include <c10/cuda/CUDAFunctions.h>
+
+#include "common/weights/broadcast/device_broadcast.h"
+#include "common/weights/device_delta.h"
+#endif
+
 namespace tandem::trainer {
 namespace {
 
@@ -103,8 +110,9 @@ Trainer::Trainer(const TrainerConfig& config, Clock* clock)
                     : weights::WeightStore::SharedMemory::kOnRequest) {}
 
 absl::StatusOr<GrpoStepStats> Trainer::TrainAndStoreForTest(
-    const std::vector<ScoredPromptGroup>& groups) {
-  return loop_->StepAndStoreForTest(groups);
+    const std::vector<ScoredPromptGroup>& groups,
+    weights::PublishedVersion* published) {
+  return loop_->StepAndStoreForTest(groups, published);
 }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
@@ -126,6 +134,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
           .publish_dtype = publish_dtype,
           .store = &trainer->store_,
           .device_ring = trainer->device_ring_.get(),
+          // Used by the device broadcast and by device delta detection.
+          .device_copies = trainer->device_sync_ &&
+                           (trainer->config_.weight_broadcast ||
+                            publish_dtype == model::WeightDType::kBFloat16),
+          .change_compactor = trainer->change_compactor_.get(),
           .weight_sync_metrics = trainer->weight_sync_metrics_.get(),
           .publisher = trainer->publisher_.get(),
           .metrics = &trainer->metrics_,
@@ -161,6 +174,13 @@ absl::StatusOr<model::WeightDType> Trainer::CreatePolicy() {
                    model::ParseDeviceName("model.device", config.device));
   ASSIGN_OR_RETURN(const std::optional<model::WeightDType> requested,
                    model::ParseDTypeName("model.dtype", config.dtype));
+#if TANDEM_TRAINER_DEVICE_SYNC
+  if (device.cuda) {
+    device_sync_ = true;
+    cuda_index_ = device.index < 0 ? 0 : device.index;
+    change_compactor_ = std::make_unique<weights::CudaChangeCompactor>();
+  }
+#endif
   if (device.cuda && config.weight_cuda_ipc_versions > 0) {
     device_ring_ = std::make_unique<weights::DeviceVersionRing>(
         static_cast<size_t>(config.weight_cuda_ipc_versions));
@@ -274,6 +294,23 @@ absl::Status Trainer::CreateWeightServing() {
           broadcast.rendezvous_keys, /*tls_enabled=*/true,
           &metrics_.auth_refused);
     }
+#if TANDEM_TRAINER_DEVICE_SYNC
+    // FULL versions with a device copy (device_sync_) go from it when the
+    // group is NCCL and nothing is sealed (broadcast_sender.h).
+    broadcast.device_publish = [](weights::BroadcastGroup* group,
+                                  const tandem::v1::WeightManifest& manifest,
+                                  const uint8_t* d_payload, uint64_t bytes) {
+      return weights::PublishDeviceOverBroadcast(group, manifest, d_payload,
+                                                 bytes);
+    };
+    // The sender's NCCL groups run on the weights' device (the device copy
+    // lies there).
+    if (device_sync_) {
+      broadcast.on_thread_start = [index = cuda_index_] {
+        c10::cuda::set_device(static_cast<c10::DeviceIndex>(index));
+      };
+    }
+#endif
     ASSIGN_OR_RETURN(publisher_, WeightPublisher::Create(
                                      broadcast, &store_,
                                      weight_sync_metrics_.get(), clock_));

@@ -56,9 +56,12 @@ class Trainer {
   // Test hooks, usable without Start() and without a coordinator: one
   // training step on `groups` whose new version is stored for the weight
   // server exactly as the TrainingLoop publishes it (without announcing it or
-  // committing a batch), and the store and trainer it uses.
+  // committing a batch), and the store and trainer it uses. `published`
+  // (when not null): what DeltaPublisher made of the version (its device
+  // copy, where its delta was found).
   absl::StatusOr<GrpoStepStats> TrainAndStoreForTest(
-      const std::vector<ScoredPromptGroup>& groups);
+      const std::vector<ScoredPromptGroup>& groups,
+      weights::PublishedVersion* published = nullptr);
   const weights::WeightStore& WeightStoreForTest() const { return store_; }
   const GrpoTrainer& GrpoTrainerForTest() const { return *grpo_; }
 
@@ -96,6 +99,12 @@ class Trainer {
   // weight_sync.cuda_ipc_versions on a GPU (null otherwise): read by the
   // weight server, filled by the training loop; outlives both.
   std::unique_ptr<weights::DeviceVersionRing> device_ring_;
+  // The weights are on a CUDA device and the device weight sync is built
+  // (CUDA and NCCL): versions get device copies (TrainingLoopParts::
+  // device_copies) and deltas are found on the device (change_compactor_).
+  bool device_sync_ = false;
+  int cuda_index_ = 0;  // the weights' CUDA device when device_sync_
+  std::unique_ptr<weights::ChangeCompactor> change_compactor_;
   // The raw data port's key (tls.mode mtls only; null otherwise), set by
   // the member session from the coordinator's data-plane secret.
   std::shared_ptr<weights::DataPlaneKeyHolder> data_plane_key_;

@@ -41,6 +41,9 @@ absl::StatusOr<std::unique_ptr<TrainingLoop>> TrainingLoop::Create(
                    weights::DeltaPublisher::Create(
                        {bf16, static_cast<uint64_t>(config.weight_anchor_every),
                         config.weight_delta_max_density}));
+  if (loop->parts_.change_compactor != nullptr) {
+    loop->delta_publisher_->set_change_compactor(loop->parts_.change_compactor);
+  }
   Log()->info("publishing {} (weight_sync.anchor_every {})",
               bf16 ? "bfloat16: sparse deltas between full anchors"
                    : "float32: every version in full",

@@ -69,6 +69,15 @@ struct TrainingLoopParts {
   // Versions kept in device memory for CUDA IPC (weight_sync
   // .cuda_ipc_versions on a GPU); null otherwise.
   weights::DeviceVersionRing* device_ring = nullptr;
+  // Each version is also flattened into device memory (the weights on a
+  // CUDA device, CUDA and NCCL built, and broadcast or deltas on): the
+  // copy a FULL broadcast goes from over NCCL and the device base of the
+  // next delta. One device flatten per version: with device_ring it is the
+  // ring's buffer.
+  bool device_copies = false;
+  // Where deltas are found when both versions have device copies
+  // (CudaChangeCompactor); null: on the host.
+  weights::ChangeCompactor* change_compactor = nullptr;
   weights::WeightSyncMetrics* weight_sync_metrics = nullptr;
   // The broadcast to the epoch's group; null when weight_sync.broadcast is
   // off.
@@ -119,9 +128,11 @@ class TrainingLoop {
 
   // Test hook, usable without Start() and without a coordinator: one step
   // on `groups` whose version is stored exactly as a publish stores it
-  // (without announcing it or committing a batch).
+  // (without announcing it or committing a batch); `published` (when not
+  // null) receives the stored payloads.
   absl::StatusOr<GrpoStepStats> StepAndStoreForTest(
-      const std::vector<ScoredPromptGroup>& groups);
+      const std::vector<ScoredPromptGroup>& groups,
+      weights::PublishedVersion* published = nullptr);
 
  private:
   explicit TrainingLoop(TrainingLoopParts parts);
@@ -158,11 +169,12 @@ class TrainingLoop {
   // again or counted lost) and adopts its numbering; false until that
   // succeeded.
   bool ReconcileVersionOnce();
-  // weight_sync.cuda_ipc_versions: flattens `weights` into a new device
-  // buffer for `version` and puts it in parts_.device_ring; a failure is
-  // logged (once until one succeeds) and the version served without it.
-  void StoreDeviceVersion(const model::ModelWeights& weights,
-                          uint64_t version);
+  // weight_sync.cuda_ipc_versions or device_copies: flattens `weights`
+  // into a new device buffer for `version`, puts it in parts_.device_ring
+  // (when there is one) and returns it; a failure is logged (once until
+  // one succeeds) and the version served without it (null).
+  std::shared_ptr<const weights::DeviceWeightBuffer> StoreDeviceVersion(
+      const model::ModelWeights& weights, uint64_t version);
 
   // Checkpoints and held-out evaluation (training_loop.cc).
   absl::Status MaybeCheckpoint();

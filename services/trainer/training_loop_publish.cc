@@ -5,9 +5,12 @@
 // broadcasts it to the current epoch's group. Part of the TrainingLoop
 // class (training_loop.h); runs on the loop's thread.
 
+#include <c10/core/DeviceGuard.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
@@ -42,15 +45,33 @@ TrainingLoop::PublishedWeights() const {
 absl::StatusOr<weights::PublishedVersion> TrainingLoop::StoreVersion(
     uint64_t version) {
   ASSIGN_OR_RETURN(auto weights, PublishedWeights());
+  // The host copy is still made when the version is also on the device:
+  // the weight store serves pulls, catch-up and shared memory from host
+  // bytes, and the manifest's CRCs and SHA-256 are computed from it (the
+  // device copy holds the same bytes, so they hold for both).
   ASSIGN_OR_RETURN(auto flat, weights::FlattenModel(*weights, *layout_));
-  if (parts_.device_ring != nullptr) StoreDeviceVersion(*weights, version);
+  std::optional<weights::DeviceFlat> device;
+  if (parts_.device_ring != nullptr || parts_.device_copies) {
+    std::shared_ptr<const weights::DeviceWeightBuffer> buffer =
+        StoreDeviceVersion(*weights, version);
+    if (buffer != nullptr && parts_.device_copies) {
+      device = weights::DeviceFlat{
+          .data = static_cast<const uint8_t*>(buffer->payload),
+          .bytes = layout_->total_bytes(),
+          .owner = buffer};
+    }
+  }
   ASSIGN_OR_RETURN(tandem::v1::WeightManifest manifest,
                    layout_->BuildManifest(
                        *flat, version,
                        /*with_sha256=*/parts_.config->weight_digest != "off"));
   manifest.set_published_unix_ms(absl::ToUnixMillis(absl::Now()));
+  // CudaChangeCompactor works on the current device: the weights' one.
+  c10::OptionalDeviceGuard device_guard;
+  if (weights->device().is_cuda()) device_guard.reset_device(weights->device());
   ASSIGN_OR_RETURN(weights::PublishedVersion published,
-                   delta_publisher_->Publish(std::move(manifest), flat));
+                   delta_publisher_->Publish(std::move(manifest), flat,
+                                             std::move(device)));
   // The delta first: a worker that sees v's manifest finds the delta it
   // prefers; the full copy serves late joiners and broadcast.
   if (published.delta) {
@@ -73,32 +94,41 @@ absl::StatusOr<weights::PublishedVersion> TrainingLoop::StoreVersion(
   return published;
 }
 
-void TrainingLoop::StoreDeviceVersion(const model::ModelWeights& weights,
-                                      uint64_t version) {
+std::shared_ptr<const weights::DeviceWeightBuffer>
+TrainingLoop::StoreDeviceVersion(const model::ModelWeights& weights,
+                                 uint64_t version) {
   // Flattened on the device, before the version is announced: a worker
   // that reads its manifest finds the device copy. Not fatal: the version
-  // is still served by every other path.
+  // is still served by every other path (pull, and broadcast and delta
+  // detection from the host copy).
   absl::StatusOr<std::shared_ptr<weights::DeviceWeightBuffer>> buffer =
-      weights::FlattenModelToDevice(weights, *layout_, version,
-                                    parts_.device_ring->deferred_frees());
+      weights::FlattenModelToDevice(
+          weights, *layout_, version,
+          parts_.device_ring != nullptr ? parts_.device_ring->deferred_frees()
+                                        : nullptr);
   if (!buffer.ok()) {
     if (!device_ring_failed_) {
       Log()->warn(
-          "weight_sync.cuda_ipc_versions: version {} not kept in device "
-          "memory ({}); workers pull it by the other paths",
+          "version {} not kept in device memory ({}); workers get it by the "
+          "host paths (pull, and broadcast from host bytes)",
           version, buffer.status().ToString());
     }
     device_ring_failed_ = true;
-    return;
+    return nullptr;
   }
   device_ring_failed_ = false;
-  parts_.device_ring->Put(*std::move(buffer));
+  std::shared_ptr<const weights::DeviceWeightBuffer> kept = *std::move(buffer);
+  if (parts_.device_ring != nullptr) parts_.device_ring->Put(kept);
+  return kept;
 }
 
 absl::StatusOr<GrpoStepStats> TrainingLoop::StepAndStoreForTest(
-    const std::vector<ScoredPromptGroup>& groups) {
+    const std::vector<ScoredPromptGroup>& groups,
+    weights::PublishedVersion* published) {
   ASSIGN_OR_RETURN(GrpoStepStats stats, parts_.grpo->Step(groups));
-  RETURN_IF_ERROR(StoreVersion(stats.policy_version).status());
+  ASSIGN_OR_RETURN(weights::PublishedVersion stored,
+                   StoreVersion(stats.policy_version));
+  if (published != nullptr) *published = std::move(stored);
   return stats;
 }
 

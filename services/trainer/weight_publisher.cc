@@ -68,7 +68,9 @@ void WeightPublisher::Broadcast(const tandem::v1::BroadcastGroup& group,
   if (ours.member_ids_size() == 0 || ours.member_ids(0) != member_id) {
     ours.clear_member_ids();
   }
-  sender_->Enqueue(ours, std::move(published.full), std::move(published.delta));
+  // A FULL version with a device copy goes from it over NCCL (unsealed).
+  sender_->Enqueue(ours, std::move(published.full), std::move(published.delta),
+                   std::move(published.full_device));
 }
 
 void WeightPublisher::Stop(absl::Duration drain) {

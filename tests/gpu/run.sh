@@ -117,7 +117,7 @@ echo "| test | result | seconds |" >>"$report"
 echo "|---|---|---|" >>"$report"
 details="$work/details.md"
 : >"$details"
-for t in gpu_device_test gpu_cuda_ipc_test kernels_logprobs_cuda_test kernels_cuda_test weights_nccl_test weights_device_sync_test; do
+for t in gpu_device_test gpu_cuda_ipc_test kernels_logprobs_cuda_test kernels_cuda_test weights_nccl_test weights_device_sync_test trainer_publish_test; do
   if [[ ! -x "$bin/$t" ]]; then
     echo "| $t | NOT BUILT | |" >>"$report"
     continue

@@ -6,3 +6,10 @@ tandem_add_test(trainer_publish_test
   TIMEOUT 300)
 # LibTorch test: a shared precompiled header (cmake/TandemTorchPch.cmake).
 tandem_use_torch_pch(trainer_publish_test)
+# The GPU cases (device copy, device deltas, NCCL to a device receiver)
+# need the device weight sync (CUDA and NCCL builds); they skip with a
+# warning without a CUDA device (tests/gpu/run.sh reports them).
+if(TARGET tandem_weights_cuda)
+  target_compile_definitions(trainer_publish_test PRIVATE
+    TANDEM_TEST_DEVICE_SYNC=1)
+endif()

@@ -7,6 +7,7 @@ if(TARGET tandem_weights_cuda)
     SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_device_broadcast_test.cc
       ${CMAKE_CURRENT_SOURCE_DIR}/weights_device_delta_test.cc
       ${CMAKE_CURRENT_SOURCE_DIR}/weights_device_nccl_test.cc
+      ${CMAKE_CURRENT_SOURCE_DIR}/weights_device_sender_test.cc
     LIBS tandem_weights_cuda tandem_weights_gloo
     LABELS gpu
     TIMEOUT 120)

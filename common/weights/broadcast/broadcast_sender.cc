@@ -6,6 +6,32 @@
 
 namespace tandem::weights {
 
+absl::Status SendPayload(BroadcastGroup* group, const StoredPayload& payload,
+                         const DeviceFlat* device,
+                         const DevicePublish& device_publish,
+                         const DataPlaneKeyHolder* keys, absl::Time deadline,
+                         SentFrom* from) {
+  const bool use_device =
+      device != nullptr && device->data != nullptr && device_publish &&
+      keys == nullptr &&
+      payload.manifest.kind() == v1::WEIGHT_PAYLOAD_KIND_FULL &&
+      group->broadcasts_device_memory();
+  if (from != nullptr) *from = use_device ? SentFrom::kDevice : SentFrom::kHost;
+  if (use_device) {
+    if (device->bytes != payload.manifest.total_bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "broadcast of weights v", payload.manifest.policy_version(),
+          ": the device copy holds ", device->bytes,
+          " bytes, the manifest's total_bytes is ",
+          payload.manifest.total_bytes()));
+    }
+    return device_publish(group, payload.manifest, device->data,
+                          device->bytes);
+  }
+  BroadcastWeightSender sender(group, keys);
+  return sender.Publish(payload.manifest, *payload.bytes, deadline);
+}
+
 BroadcastSender::BroadcastSender(const BroadcastSenderOptions& options,
                                  Listener listener)
     : options_(options), listener_(std::move(listener)) {}
@@ -77,10 +103,12 @@ void BroadcastSender::SetGroup(std::unique_ptr<BroadcastGroup> group) {
 
 void BroadcastSender::Enqueue(const v1::BroadcastGroup& group,
                               StoredPayload full,
-                              std::optional<StoredPayload> delta) {
+                              std::optional<StoredPayload> delta,
+                              std::optional<DeviceFlat> full_device) {
   absl::MutexLock lock(&mu_);
   if (stop_) return;
-  jobs_.push_back(Job{group, std::move(full), std::move(delta), false});
+  jobs_.push_back(Job{group, std::move(full), std::move(delta), false,
+                      std::move(full_device)});
 }
 
 void BroadcastSender::Enqueue(
@@ -97,6 +125,7 @@ void BroadcastSender::Resend(const v1::BroadcastGroup& group,
 }
 
 void BroadcastSender::Run() {
+  if (options_.on_thread_start) options_.on_thread_start();
   while (true) {
     Job job;
     {
@@ -236,10 +265,14 @@ void BroadcastSender::Send(const Job& job) {
   const StoredPayload& payload = delta ? *job.delta : job.full;
   outcome.full = !delta;
   outcome.bytes = payload.bytes->size();
-  BroadcastWeightSender sender(group_.get(), options_.data_plane_key.get());
   ++collectives_started_;
-  outcome.status = sender.Publish(payload.manifest, *payload.bytes,
-                                  absl::Now() + options_.timeout);
+  SentFrom from = SentFrom::kHost;
+  outcome.status =
+      SendPayload(group_.get(), payload,
+                  delta || !job.full_device ? nullptr : &*job.full_device,
+                  options_.device_publish, options_.data_plane_key.get(),
+                  absl::Now() + options_.timeout, &from);
+  outcome.from_device = from == SentFrom::kDevice;
   outcome.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   if (outcome.status.ok()) {
     sent_ = job.version();

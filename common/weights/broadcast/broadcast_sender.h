@@ -53,6 +53,15 @@
 // deadline, and never leaves a thread behind: after Stop() returns the
 // listener is not called again.
 //
+// From device memory (issue 22 item 4): a job may carry its FULL
+// version's device copy (Enqueue's `full_device`). SendPayload sends it
+// with options.device_publish (PublishDeviceOverBroadcast of
+// device_broadcast.h in the trainer) when the group broadcasts device
+// memory (NCCL), the version is not sealed (no data_plane_key) and the
+// payload sent is the FULL one; a DELTA, a Gloo group, a sealed version or
+// a job without a device copy takes the host path (BroadcastWeightSender).
+// Both send the same protocol, so receivers cannot tell them apart.
+//
 // Thread-safety: Enqueue() and Resend() from any thread (the listener
 // included); Start/Stop from the owner, not from the listener.
 
@@ -74,10 +83,17 @@
 #include "common/weights/broadcast/broadcast_group.h"
 #include "common/weights/broadcast/gloo_broadcast_transport.h"
 #include "common/weights/broadcast/rendezvous_keys.h"
+#include "common/weights/delta_publisher.h"
 #include "common/weights/weight_store.h"
 #include "tandem/v1/common.pb.h"
 
 namespace tandem::weights {
+
+// Sends a FULL version from `bytes` bytes of device memory at d_payload as
+// rank 0 of `group`: PublishDeviceOverBroadcast (device_broadcast.h).
+using DevicePublish = std::function<absl::Status(
+    BroadcastGroup* group, const v1::WeightManifest& manifest,
+    const uint8_t* d_payload, uint64_t bytes)>;
 
 struct BroadcastSenderOptions {
   // Host the rendezvous store listens on and that workers connect to.
@@ -96,7 +112,31 @@ struct BroadcastSenderOptions {
   // When set (tls.mode mtls), every version is sealed with the current
   // data-plane key, and withheld while there is none (broadcast_protocol.h).
   std::shared_ptr<const DataPlaneKeyHolder> data_plane_key;
+  // Null: every version goes from host bytes. Set (a CUDA trainer with
+  // NCCL built): FULL versions with a device copy go from it when the
+  // group broadcasts device memory and nothing is sealed (SendPayload).
+  DevicePublish device_publish;
+  // Runs first on the sender thread, e.g. to make the weights' CUDA device
+  // current there: NCCL groups use the thread's current device. May be
+  // null.
+  std::function<void()> on_thread_start;
 };
+
+// How SendPayload sent a payload.
+enum class SentFrom { kHost, kDevice };
+
+// Rank 0's send of one payload of `group`: from `device` (the payload's
+// bytes in device memory) through `device_publish` when `device` and
+// `device_publish` are set, the payload is FULL, `keys` is null and
+// group->broadcasts_device_memory(); else from payload.bytes with
+// BroadcastWeightSender (deadline `deadline`). `*from` (when not null)
+// says which. A device copy of the wrong size is InvalidArgument, nothing
+// sent.
+absl::Status SendPayload(BroadcastGroup* group, const StoredPayload& payload,
+                         const DeviceFlat* device,
+                         const DevicePublish& device_publish,
+                         const DataPlaneKeyHolder* keys, absl::Time deadline,
+                         SentFrom* from = nullptr);
 
 // What happened to one job, for metrics and failure reports.
 struct BroadcastOutcome {
@@ -104,6 +144,7 @@ struct BroadcastOutcome {
   uint64_t version = 0;
   bool full = true;
   bool resend = false;  // a Resend() job
+  bool from_device = false;  // sent from the version's device copy
   uint64_t bytes = 0;
   double seconds = 0;
   absl::Status status;  // not OK: the group was aborted
@@ -133,8 +174,11 @@ class BroadcastSender {
 
   // Queues version `full` (a FULL payload) for `group`, with its DELTA on
   // v-1 when one exists (sent instead when every receiver holds v-1).
+  // `full_device`: `full`'s bytes in device memory (see DeviceFlat), kept
+  // alive by the job until it is sent or dropped.
   void Enqueue(const v1::BroadcastGroup& group, StoredPayload full,
-               std::optional<StoredPayload> delta = std::nullopt);
+               std::optional<StoredPayload> delta = std::nullopt,
+               std::optional<DeviceFlat> full_device = std::nullopt);
   // The same for a FULL `manifest` + `payload`.
   void Enqueue(const v1::BroadcastGroup& group,
                const v1::WeightManifest& manifest,
@@ -159,6 +203,7 @@ class BroadcastSender {
     StoredPayload full;
     std::optional<StoredPayload> delta;
     bool resend = false;
+    std::optional<DeviceFlat> full_device;
     uint64_t version() const { return full.manifest.policy_version(); }
   };
 
