@@ -3,7 +3,12 @@ tandem_add_test(weights_test
     ${CMAKE_CURRENT_SOURCE_DIR}/flat_weight_layout_test.cc
     ${CMAKE_CURRENT_SOURCE_DIR}/staging_weights_test.cc
     ${CMAKE_CURRENT_SOURCE_DIR}/weights_digest_test.cc
+    ${CMAKE_CURRENT_SOURCE_DIR}/weights_tree_digest_test.cc
   LIBS tandem_weights tandem_weights_testing)
+# The tree digest's reference: hashlib in tree_digest_reference.py.
+target_compile_definitions(weights_test PRIVATE
+  TANDEM_TEST_PYTHON="${TANDEM_PYTHON}"
+  TANDEM_TREE_DIGEST_REFERENCE="${CMAKE_CURRENT_SOURCE_DIR}/tree_digest_reference.py")
 tandem_add_test(weights_pull_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_pull_test.cc
     ${CMAKE_CURRENT_SOURCE_DIR}/weights_raw_bounds_test.cc
