@@ -12,6 +12,7 @@
 #include "common/model/model_config.h"
 #include "common/model/model_weights.h"
 #include "common/model/torch_status.h"
+#include "common/weights/tree_digest.h"
 #include "kernels/crc32c.h"
 #include "kernels/finite_scan.h"
 
@@ -104,6 +105,52 @@ absl::Status CheckFiniteOnDevice(uint64_t version,
   return absl::OkStatus();
 }
 
+// Step 4: the tree root or the plain SHA-256 of the whole buffer
+// (GoLiveDigest).
+absl::Status CheckStagedDigest(uint64_t version, const at::Tensor& staged,
+                               const DeviceGoLiveOptions& options) {
+  const bool has_tree = !options.expected_tree_sha256.empty();
+  const bool has_sha256 = !options.expected_sha256.empty();
+  bool use_tree = false;
+  switch (options.digest) {
+    case GoLiveDigest::kAuto:
+      use_tree = has_tree && ((staged.is_cuda() && options.tree_sha256) ||
+                              !has_sha256);
+      break;
+    case GoLiveDigest::kTree:
+      if (!has_tree) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "weights v", version,
+            ": the tree digest is required but there is no trusted tree "
+            "root (manifest tree_sha256 empty)"));
+      }
+      use_tree = true;
+      break;
+    case GoLiveDigest::kSha256:
+      break;
+  }
+  if (!use_tree) {
+    if (!has_sha256) return absl::OkStatus();
+    return VerifyTensorWeightSha256(version, options.expected_sha256, staged,
+                                    options.piece_bytes);
+  }
+  const auto* base = static_cast<const uint8_t*>(staged.data_ptr());
+  const uint64_t size = static_cast<uint64_t>(staged.numel());
+  absl::StatusOr<std::string> root;
+  if (options.tree_sha256) {
+    root = options.tree_sha256(base, size);
+  } else if (staged.is_cpu()) {
+    root = WeightTreeSha256({base, size});
+  } else {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "weights v", version, ": no tree digest function for a buffer on ",
+        staged.device().str()));
+  }
+  if (!root.ok()) return root.status();
+  return CheckWeightTreeSha256(version, options.expected_tree_sha256, *root,
+                               size);
+}
+
 }  // namespace
 
 bool IsNonFiniteWeights(const absl::Status& status) {
@@ -153,9 +200,7 @@ absl::Status VerifyStagedTensor(const v1::WeightManifest& manifest,
     return model::internal::TorchErrorToStatus(
         absl::StrCat("weights v", version, ": finite check"), e);
   }
-  if (options.expected_sha256.empty()) return absl::OkStatus();
-  return VerifyTensorWeightSha256(version, options.expected_sha256, staged,
-                                  options.piece_bytes);
+  return CheckStagedDigest(version, staged, options);
 }
 
 absl::StatusOr<std::shared_ptr<model::ModelWeights>> ViewStagedTensor(

@@ -14,8 +14,11 @@
 //   3. every float tensor finite (torch isfinite on the tensor's device,
 //      one host read of the result for the whole version; for a CPU
 //      tensor the host path's bit-pattern scan, kernels/finite_scan.h);
-//   4. SHA-256 of the whole buffer against the trusted digest
-//      (TensorSha256: pinned host pieces of 16 MiB, never the whole model).
+//   4. the digest of the whole buffer against the trusted one: on a CUDA
+//      tensor whose manifest has a tree root, the tree digest on the
+//      device (tree_digest.h; milliseconds, no host copy); else the plain
+//      SHA-256 (TensorSha256: pinned host pieces of 16 MiB, never the
+//      whole model). GoLiveDigest below.
 //
 // The buffer is a contiguous uint8 tensor of layout.total_bytes() bytes on
 // any device, so the same code runs on the CPU in tests. The views hold a
@@ -54,6 +57,26 @@ namespace tandem::weights {
 using BucketCrc32c =
     std::function<absl::StatusOr<uint32_t>(const uint8_t* d, uint64_t n)>;
 
+// The tree root (tree_digest.h, 32 raw bytes) of `n` bytes at `d` (memory
+// of the staged tensor's device), e.g. kernels::cuda::Sha256TreeDevice.
+using TreeSha256Fn =
+    std::function<absl::StatusOr<std::string>(const uint8_t* d, uint64_t n)>;
+
+// Which digest step 4 checks.
+enum class GoLiveDigest {
+  // The tree root when there is one, the tensor is on a CUDA device and
+  // tree_sha256 is set (the device kernel); else the plain SHA-256 when
+  // there is one; else the tree root when there is one (host tree for a
+  // CPU tensor); else none.
+  kAuto,
+  // The tree root only, wherever the tensor is (the host TreeSha256Hasher
+  // for a CPU tensor): how CPU tests cover the tree check a CUDA worker
+  // runs. FailedPrecondition when there is no expected tree root.
+  kTree,
+  // The plain SHA-256 only (when there is one).
+  kSha256,
+};
+
 struct DeviceGoLiveOptions {
   // Null: the host kernels::Crc32c (REQUIRES a CPU tensor; a CUDA tensor
   // without it is refused with FailedPrecondition).
@@ -62,6 +85,13 @@ struct DeviceGoLiveOptions {
   // is unsigned (a trainer that predates digests) and is checked by CRC-32C
   // and the finite check only, as on the host path.
   std::string expected_sha256;
+  // The trusted tree root (WeightManifest.tree_sha256 of a manifest that
+  // came over gRPC); empty: none.
+  std::string expected_tree_sha256;
+  // The device tree digest; null: the host one (REQUIRES a CPU tensor when
+  // the tree is checked).
+  TreeSha256Fn tree_sha256;
+  GoLiveDigest digest = GoLiveDigest::kAuto;
   int64_t piece_bytes = kDeviceDigestPieceBytes;
   // Runs the device finite check (torch isfinite) on a CPU tensor too, so
   // that CPU tests cover the code a CUDA worker runs.

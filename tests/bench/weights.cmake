@@ -20,6 +20,19 @@ add_executable(weight_digest_bench
   ${CMAKE_CURRENT_SOURCE_DIR}/weight_digest_bench.cc)
 target_link_libraries(weight_digest_bench PRIVATE tandem_weights)
 
+# The tree digest against the plain SHA-256 on the host, and on the device
+# against a device-to-device copy where the CUDA kernels are built and a
+# GPU is (tree_digest.h).
+add_executable(tree_digest_bench
+  ${CMAKE_CURRENT_SOURCE_DIR}/tree_digest_bench.cc)
+target_link_libraries(tree_digest_bench PRIVATE tandem_weights)
+if(TARGET tandem_kernels_cuda)
+  target_link_libraries(tree_digest_bench PRIVATE tandem_kernels_cuda)
+  target_compile_definitions(tree_digest_bench PRIVATE TANDEM_TREE_BENCH_CUDA=1)
+else()
+  target_compile_definitions(tree_digest_bench PRIVATE TANDEM_TREE_BENCH_CUDA=0)
+endif()
+
 # The staged update mode's build of the engine's weights from a committed
 # version: copying the flat buffer against viewing it (issue 21 item 6).
 add_executable(staged_swap_bench

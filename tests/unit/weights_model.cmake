@@ -12,5 +12,6 @@ tandem_use_aten_pch(device_digest_test)
 # Going live from a staged (device) tensor, on the CPU (device_go_live.h).
 tandem_add_test(weights_device_go_live_test
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/weights_device_go_live_test.cc
+    ${CMAKE_CURRENT_SOURCE_DIR}/weights_device_go_live_tree_test.cc
   LIBS tandem_weights_model)
 tandem_use_aten_pch(weights_device_go_live_test)
