@@ -15,10 +15,10 @@
 //      one host read of the result for the whole version; for a CPU
 //      tensor the host path's bit-pattern scan, kernels/finite_scan.h);
 //   4. the digest of the whole buffer against the trusted one: on a CUDA
-//      tensor whose manifest has a tree root, the tree digest on the
-//      device (tree_digest.h; milliseconds, no host copy); else the plain
-//      SHA-256 (TensorSha256: pinned host pieces of 16 MiB, never the
-//      whole model). GoLiveDigest below.
+//      tensor with a trusted tree root and a device tree function, the
+//      tree digest on the device (tree_digest.h; one thread per 4 KiB
+//      leaf, no host copy); else the plain SHA-256 (TensorSha256: pinned
+//      host pieces of 16 MiB, never the whole model). GoLiveDigest below.
 //
 // The buffer is a contiguous uint8 tensor of layout.total_bytes() bytes on
 // any device, so the same code runs on the CPU in tests. The views hold a

@@ -30,7 +30,7 @@ limit_mib=60
 
 programs=(tandem-coordinator tandem-trainer tandem-rollout tandem-verifier
   tandem-local tandemctl tandem-model generate_bench engine_bench
-  gpu_device_test gpu_cuda_ipc_test cuda_ipc_bench
+  gpu_device_test gpu_cuda_ipc_test cuda_ipc_bench tree_digest_bench
   kernels_logprobs_cuda_test kernels_cuda_test
   weights_nccl_test weights_device_sync_test trainer_publish_test
   nccl_broadcast_bench)
@@ -70,6 +70,8 @@ for f in "$top"/bin/*; do
 done
 
 cp "$root/tests/gpu/run.sh" "$top/tests/gpu/run.sh"
+# kernels_cuda_test's hashlib reference for the tree digest.
+cp "$root/tests/unit/tree_digest_reference.py" "$top/tests/gpu/"
 commit="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 {
   echo "Tandem GPU bundle, commit $commit, made $(date -u '+%Y-%m-%d %H:%M UTC') on $(hostname)"

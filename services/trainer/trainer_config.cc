@@ -202,6 +202,16 @@ void RegisterFields(config::ConfigSchema* schema, TrainerConfig* config) {
                   "altered on purpose. Costs about 0.6 s per GiB of "
                   "weights on the trainer and on each worker "
                   "(docs/benchmarks.md).");
+  schema->AddEnum("weight_sync.tree_digest", &config->weight_tree_digest,
+                  {"auto", "on", "off"},
+                  "on: every published version's manifest also carries its "
+                  "tree digest (SHA-256 over 4 KiB leaves, fan-in 128; "
+                  "docs/operations.md), which workers whose received "
+                  "weights are on a GPU check there, in parallel, instead "
+                  "of the sequential SHA-256; off: not computed; auto: on "
+                  "when model.device is a GPU. Costs the trainer about as "
+                  "much hashing as the SHA-256 again, on up to 4 threads "
+                  "(docs/benchmarks.md, \"Tree digest\").");
   schema->AddInt("weight_sync.timeout_ms", &config->weight_broadcast_timeout_ms,
                  100, 3600000,
                  "Deadline of each broadcast rendezvous and collective (ms); "

@@ -93,6 +93,13 @@ struct TrainerConfig {
   // (whatever path its bytes took); "off": CRC-32C only. About 1.7 GB/s on
   // each side (docs/benchmarks.md, "Weight digest").
   std::string weight_digest = "sha256";
+  // "on": each manifest also carries the tree digest of the version
+  // (WeightManifest.tree_sha256, common/weights/tree_digest.h), which a
+  // worker with its staged bytes on a GPU checks on the device in place of
+  // the sequential SHA-256; "off": not computed; "auto": on when
+  // model.device is a GPU. Costs about as much host hashing as the
+  // SHA-256 again, spread over up to 4 threads.
+  std::string weight_tree_digest = "auto";
   // Deadline of each broadcast rendezvous and collective (ms).
   int64_t weight_broadcast_timeout_ms = 10000;
   // ---- Sparse delta sync (weight_sync.*), bfloat16 publishing only ----

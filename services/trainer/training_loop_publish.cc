@@ -19,6 +19,7 @@
 #include "common/rpc/grpc_client.h"
 #include "common/weights/device_flattening.h"
 #include "common/weights/model_flattening.h"
+#include "common/weights/tree_digest.h"
 #include "services/trainer/training_loop.h"
 #include "tandem/v1/coordinator.grpc.pb.h"
 
@@ -65,6 +66,14 @@ absl::StatusOr<weights::PublishedVersion> TrainingLoop::StoreVersion(
                    layout_->BuildManifest(
                        *flat, version,
                        /*with_sha256=*/parts_.config->weight_digest != "off"));
+  // The tree digest next to it (weight_sync.tree_digest): what a worker
+  // with its staged bytes on a GPU checks there, from the same host bytes.
+  if (parts_.config->weight_tree_digest == "on" ||
+      (parts_.config->weight_tree_digest == "auto" &&
+       parts_.config->device != "cpu")) {
+    ASSIGN_OR_RETURN(std::string tree, weights::WeightTreeSha256(*flat));
+    manifest.set_tree_sha256(std::move(tree));
+  }
   manifest.set_published_unix_ms(absl::ToUnixMillis(absl::Now()));
   // CudaChangeCompactor works on the current device: the weights' one.
   c10::OptionalDeviceGuard device_guard;

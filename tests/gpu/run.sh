@@ -91,6 +91,12 @@ EOF
 # Only for our programs (run_bin): python keeps its own libraries.
 libpath="$build/lib:$torch_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 run_bin() { LD_LIBRARY_PATH="$libpath" "$@"; }
+# The tree digest's hashlib reference (kernels_cuda_test): the bundle's
+# copy, else the checkout's; run by this python.
+for ref in "$here/tree_digest_reference.py" "$here/../unit/tree_digest_reference.py"; do
+  if [[ -f "$ref" ]]; then export TANDEM_TREE_DIGEST_REFERENCE="$ref"; break; fi
+done
+export TANDEM_TEST_PYTHON="$python"
 work="$(mktemp -d /tmp/tandem-gpu-XXXXXX)"
 trap 'rm -rf "$work"' EXIT
 status=0
@@ -168,6 +174,24 @@ EOF
   fi
 else
   echo "CUDA IPC publish-to-live, 1 GiB: NOT BUILT (cuda_ipc_bench)" >>"$report"
+fi
+echo >>"$report"
+# The tree digest of 1 GiB on the device against a device-to-device copy
+# of the same bytes, with the host's plain SHA-256 and tree beside it
+# (tree_digest_bench; the device root is checked equal to the host's).
+if [[ -x "$bin/tree_digest_bench" ]]; then
+  run_bin timeout 600 "$bin/tree_digest_bench" 1024 5 >"$work/tree.txt" 2>&1
+  rc=$?
+  if [[ $rc -ne 0 ]]; then
+    status=1
+    echo "Tree digest of 1 GiB: FAIL (tree_digest_bench exit $rc)" >>"$report"
+  else
+    echo "Tree digest of 1 GiB on the device (tree_digest_bench 1024 5, medians; target: well under the 10 ms publish-to-live budget):" >>"$report"
+  fi
+  { echo '```'; tail -n 12 "$work/tree.txt"; echo '```'; } >>"$report"
+  echo "  tree_digest_bench: $(grep -m1 'tree_dev /' "$work/tree.txt" || echo "exit $rc")"
+else
+  echo "Tree digest of 1 GiB: NOT BUILT (tree_digest_bench)" >>"$report"
 fi
 echo >>"$report"
 cat "$details" >>"$report"

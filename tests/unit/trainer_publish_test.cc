@@ -26,6 +26,7 @@
 #include "common/task/arith_tokenizer.h"
 #include "common/weights/delta_publisher.h"
 #include "common/weights/model_flattening.h"
+#include "common/weights/tree_digest.h"
 #include "services/trainer/trainer.h"
 #include "tests/unit/grpo_test_util.h"
 #include "tests/unit/model_test_util.h"
@@ -142,10 +143,12 @@ std::string WriteBf16Model(const model::testing::TempDir& dir) {
 // A bfloat16 trainer on `device` ("cpu", "cuda:0").
 std::unique_ptr<Trainer> Bf16Trainer(const model::testing::TempDir& dir,
                                      const std::string& path,
-                                     const std::string& device) {
+                                     const std::string& device,
+                                     const std::string& tree_digest = "auto") {
   TrainerConfig config;
   config.model_path = path;
   config.device = device;
+  config.weight_tree_digest = tree_digest;
   config.checkpoint_dir = dir.File("checkpoints");
   config.checkpoint_on_stop = false;
   config.weight_broadcast = false;
@@ -190,6 +193,32 @@ TEST_CASE("a CPU trainer publishes from host bytes only") {
     compared = compared || published.density.has_value();
   }
   CHECK(compared);  // versions 2 and 3 were compared with their base
+}
+
+TEST_CASE(
+    "weight_sync.tree_digest: manifests carry the tree root of the stored "
+    "full bytes when on, none when off or auto on the CPU") {
+  for (const std::string tree_digest : {"on", "off", "auto"}) {
+    INFO("weight_sync.tree_digest " << tree_digest);
+    model::testing::TempDir dir;
+    auto trainer =
+        Bf16Trainer(dir, WriteBf16Model(dir), "cpu", tree_digest);
+    for (uint64_t seed = 1; seed <= 2; ++seed) {
+      const weights::PublishedVersion published = Step(trainer.get(), seed);
+      const std::string& tree = published.full.manifest.tree_sha256();
+      if (tree_digest != "on") {
+        CHECK(tree.empty());
+        continue;
+      }
+      auto expected = weights::WeightTreeSha256(*published.full.bytes);
+      REQUIRE(expected.ok());
+      CHECK(tree == *expected);
+      // A delta's manifest names the full buffer it produces: the same.
+      if (published.delta) {
+        CHECK(published.delta->manifest.tree_sha256() == tree);
+      }
+    }
+  }
 }
 
 #if TANDEM_TEST_DEVICE_SYNC
