@@ -143,8 +143,8 @@ void TreeSha256Hasher::Push(size_t level, const uint8_t* digest) {
 absl::StatusOr<std::string> TreeSha256Hasher::Finish() {
   auto failure = [&] {
     failed_ = true;
-    return absl::InternalError(absl::StrCat(
-        "tree SHA-256 of ", bytes_, " weight bytes failed in OpenSSL"));
+    return absl::InternalError(absl::StrCat("tree SHA-256 of ", bytes_,
+                                            " weight bytes failed in OpenSSL"));
   };
   if (failed_) return failure();
   // The last, shorter leaf; or the one empty leaf of an empty buffer.
@@ -208,9 +208,9 @@ absl::Status CheckWeightTreeSha256(uint64_t version,
                                    const std::string& expected,
                                    const std::string& actual, uint64_t size) {
   if (expected.size() != kWeightSha256Bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "weights v", version, ": manifest tree_sha256 is ", expected.size(),
-        " bytes, expected ", kWeightSha256Bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("weights v", version, ": manifest tree_sha256 is ",
+                     expected.size(), " bytes, expected ", kWeightSha256Bytes));
   }
   if (actual != expected) {
     // "sha256 mismatch" in the message: IsDigestMismatch holds for it.

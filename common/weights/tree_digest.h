@@ -93,8 +93,8 @@ class TreeSha256Hasher {
 };
 
 // The tree root (32 raw bytes) of `bytes`. Internal when OpenSSL fails.
-absl::StatusOr<std::string> WeightTreeSha256(
-    absl::Span<const uint8_t> bytes, int threads = kTreeDigestThreads);
+absl::StatusOr<std::string> WeightTreeSha256(absl::Span<const uint8_t> bytes,
+                                             int threads = kTreeDigestThreads);
 
 // OK when `actual` (the tree root of the `size` staged bytes) is
 // `expected`. DataLoss naming the version and both prefixes on a mismatch

@@ -28,20 +28,22 @@ inline constexpr int kBlockBytes = 64;
 // FIPS 180-4 section 4.2.2: the first 32 bits of the fractional parts of
 // the cube roots of the first 64 primes. The device reads its copy from
 // constant memory, the host this one.
-#define TANDEM_SHA256_ROUND_CONSTANTS                                        \
-  {0x428a2f98u, 0x71374491u, 0xb5c0fbcfu, 0xe9b5dba5u, 0x3956c25bu,          \
-   0x59f111f1u, 0x923f82a4u, 0xab1c5ed5u, 0xd807aa98u, 0x12835b01u,          \
-   0x243185beu, 0x550c7dc3u, 0x72be5d74u, 0x80deb1feu, 0x9bdc06a7u,          \
-   0xc19bf174u, 0xe49b69c1u, 0xefbe4786u, 0x0fc19dc6u, 0x240ca1ccu,          \
-   0x2de92c6fu, 0x4a7484aau, 0x5cb0a9dcu, 0x76f988dau, 0x983e5152u,          \
-   0xa831c66du, 0xb00327c8u, 0xbf597fc7u, 0xc6e00bf3u, 0xd5a79147u,          \
-   0x06ca6351u, 0x14292967u, 0x27b70a85u, 0x2e1b2138u, 0x4d2c6dfcu,          \
-   0x53380d13u, 0x650a7354u, 0x766a0abbu, 0x81c2c92eu, 0x92722c85u,          \
-   0xa2bfe8a1u, 0xa81a664bu, 0xc24b8b70u, 0xc76c51a3u, 0xd192e819u,          \
-   0xd6990624u, 0xf40e3585u, 0x106aa070u, 0x19a4c116u, 0x1e376c08u,          \
-   0x2748774cu, 0x34b0bcb5u, 0x391c0cb3u, 0x4ed8aa4au, 0x5b9cca4fu,          \
-   0x682e6ff3u, 0x748f82eeu, 0x78a5636fu, 0x84c87814u, 0x8cc70208u,          \
-   0x90befffau, 0xa4506cebu, 0xbef9a3f7u, 0xc67178f2u}
+#define TANDEM_SHA256_ROUND_CONSTANTS                                    \
+  {                                                                      \
+    0x428a2f98u, 0x71374491u, 0xb5c0fbcfu, 0xe9b5dba5u, 0x3956c25bu,     \
+        0x59f111f1u, 0x923f82a4u, 0xab1c5ed5u, 0xd807aa98u, 0x12835b01u, \
+        0x243185beu, 0x550c7dc3u, 0x72be5d74u, 0x80deb1feu, 0x9bdc06a7u, \
+        0xc19bf174u, 0xe49b69c1u, 0xefbe4786u, 0x0fc19dc6u, 0x240ca1ccu, \
+        0x2de92c6fu, 0x4a7484aau, 0x5cb0a9dcu, 0x76f988dau, 0x983e5152u, \
+        0xa831c66du, 0xb00327c8u, 0xbf597fc7u, 0xc6e00bf3u, 0xd5a79147u, \
+        0x06ca6351u, 0x14292967u, 0x27b70a85u, 0x2e1b2138u, 0x4d2c6dfcu, \
+        0x53380d13u, 0x650a7354u, 0x766a0abbu, 0x81c2c92eu, 0x92722c85u, \
+        0xa2bfe8a1u, 0xa81a664bu, 0xc24b8b70u, 0xc76c51a3u, 0xd192e819u, \
+        0xd6990624u, 0xf40e3585u, 0x106aa070u, 0x19a4c116u, 0x1e376c08u, \
+        0x2748774cu, 0x34b0bcb5u, 0x391c0cb3u, 0x4ed8aa4au, 0x5b9cca4fu, \
+        0x682e6ff3u, 0x748f82eeu, 0x78a5636fu, 0x84c87814u, 0x8cc70208u, \
+        0x90befffau, 0xa4506cebu, 0xbef9a3f7u, 0xc67178f2u               \
+  }
 
 #if defined(__CUDACC__)
 static TANDEM_SHA256_CONST uint32_t kDeviceRoundConstants[64] =
@@ -128,8 +130,7 @@ TANDEM_SHA256_HD uint32_t LoadBigEndian(const uint8_t* p) {
 }
 
 TANDEM_SHA256_HD uint32_t ByteSwap(uint32_t x) {
-  return (x >> 24) | ((x >> 8) & 0xff00u) | ((x << 8) & 0xff0000u) |
-         (x << 24);
+  return (x >> 24) | ((x >> 8) & 0xff00u) | ((x << 8) & 0xff0000u) | (x << 24);
 }
 
 // SHA-256 of the `n` bytes at `data` followed by the one byte `suffix`
@@ -159,8 +160,8 @@ TANDEM_SHA256_HD void HashWithSuffix(const uint8_t* data, uint64_t n,
   for (uint64_t i = 0; i < rest; ++i) tail[i] = data[done + i];
   tail[rest] = suffix;
   tail[rest + 1] = 0x80;
-  const uint64_t tail_bytes = rest + 2 + 8 <= kBlockBytes ? kBlockBytes
-                                                          : 2 * kBlockBytes;
+  const uint64_t tail_bytes =
+      rest + 2 + 8 <= kBlockBytes ? kBlockBytes : 2 * kBlockBytes;
   for (uint64_t i = rest + 2; i < tail_bytes - 8; ++i) tail[i] = 0;
   const uint64_t bits = (n + 1) * 8;
   for (int i = 0; i < 8; ++i) {

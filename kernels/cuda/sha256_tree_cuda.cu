@@ -1,5 +1,3 @@
-#include "kernels/cuda/sha256_tree_cuda.h"
-
 #include <cuda_runtime.h>
 
 #include <string>
@@ -8,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/cuda/sha256_core.h"
+#include "kernels/cuda/sha256_tree_cuda.h"
 
 namespace tandem::kernels::cuda {
 namespace {
@@ -41,8 +40,7 @@ uint64_t Blocks(uint64_t threads) {
 
 }  // namespace
 
-absl::StatusOr<std::string> Sha256TreeDevice(const void* d_data,
-                                             uint64_t bytes,
+absl::StatusOr<std::string> Sha256TreeDevice(const void* d_data, uint64_t bytes,
                                              void* stream_ptr) {
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   const uint64_t leaves = sha::TreeLeafCount(bytes);
@@ -104,7 +102,8 @@ std::string Sha256TreeOnHost(const uint8_t* data, uint64_t bytes) {
     const uint64_t nodes = sha::TreeParentCount(count);
     std::vector<uint8_t> above(nodes * sha::kDigestBytes);
     for (uint64_t j = 0; j < nodes; ++j) {
-      sha::TreeNode(level.data(), count, j, above.data() + j * sha::kDigestBytes);
+      sha::TreeNode(level.data(), count, j,
+                    above.data() + j * sha::kDigestBytes);
     }
     level.swap(above);
     count = nodes;

@@ -24,8 +24,7 @@ namespace tandem::kernels::cuda {
 
 // The tree root (32 raw bytes) of `bytes` bytes of device memory at
 // d_data. Internal naming the CUDA call that failed.
-absl::StatusOr<std::string> Sha256TreeDevice(const void* d_data,
-                                             uint64_t bytes,
+absl::StatusOr<std::string> Sha256TreeDevice(const void* d_data, uint64_t bytes,
                                              void* stream = nullptr);
 
 // The same root computed on the host, one thread, by the functions the

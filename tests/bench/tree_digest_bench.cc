@@ -136,8 +136,7 @@ int Main(int argc, char** argv) {
   if (DeviceRows(flat, rounds, root, &d2d, &tree_dev)) {
     row("d2d_copy", Median(d2d));
     row("tree_dev", Median(tree_dev));
-    std::printf("tree_dev / d2d_copy = %.2f\n",
-                Median(tree_dev) / Median(d2d));
+    std::printf("tree_dev / d2d_copy = %.2f\n", Median(tree_dev) / Median(d2d));
   } else {
     std::printf("device: no CUDA device, skipped\n");
   }

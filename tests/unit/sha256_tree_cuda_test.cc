@@ -34,8 +34,8 @@ std::string Hex(const std::string& digest) {
 
 std::vector<uint64_t> EdgeSizes() {
   const uint64_t group = sha256::kTreeFanout * sha256::kTreeLeafBytes;
-  return {0,         1,         4095,      4096,          4097,
-          group - 1, group,     group + 1, 3 * group + 5, (uint64_t{5} << 20) + 3};
+  return {0,         1,     4095,      4096,          4097,
+          group - 1, group, group + 1, 3 * group + 5, (uint64_t{5} << 20) + 3};
 }
 
 TEST_CASE("The kernels' SHA-256 run on the CPU equals hashlib's",
@@ -94,8 +94,7 @@ TEST_CASE("The device tree digest equals the same tree on the host",
   const std::vector<uint8_t> host =
       RandomBytes((uint64_t{64} << 20) + 4099 + 17, 5);
   uint8_t* d = nullptr;
-  REQUIRE(cudaMalloc(reinterpret_cast<void**>(&d), host.size()) ==
-          cudaSuccess);
+  REQUIRE(cudaMalloc(reinterpret_cast<void**>(&d), host.size()) == cudaSuccess);
   REQUIRE(cudaMemcpy(d, host.data(), host.size(), cudaMemcpyHostToDevice) ==
           cudaSuccess);
   std::vector<uint64_t> sizes = EdgeSizes();

@@ -8,10 +8,10 @@
 // the environment variables of the same names override them (a GPU bundle
 // runs elsewhere: tests/gpu/run.sh sets both).
 
-#include <cstdint>
 #include <stdio.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>

@@ -98,9 +98,9 @@ TEST_CASE("kTree checks the tree root, not the plain SHA-256",
   // A wrong plain digest does not matter when the tree is checked...
   DeviceGoLiveOptions options = TreeOptions(staged.manifest);
   options.expected_sha256 = std::string(kWeightSha256Bytes, 'x');
-  CHECK(VerifyStagedTensor(staged.manifest, staged.layout, staged.bytes,
-                           options)
-            .ok());
+  CHECK(
+      VerifyStagedTensor(staged.manifest, staged.layout, staged.bytes, options)
+          .ok());
   // ...and refuses the version when it is (kAuto on a CPU tensor with
   // both digests: the plain one).
   options.digest = GoLiveDigest::kAuto;
@@ -113,9 +113,9 @@ TEST_CASE("kTree checks the tree root, not the plain SHA-256",
                                             staged.bytes, options)));
   // kSha256 never looks at the tree.
   options.digest = GoLiveDigest::kSha256;
-  CHECK(VerifyStagedTensor(staged.manifest, staged.layout, staged.bytes,
-                           options)
-            .ok());
+  CHECK(
+      VerifyStagedTensor(staged.manifest, staged.layout, staged.bytes, options)
+          .ok());
 }
 
 TEST_CASE("kTree runs the caller's tree function and needs a tree root",
@@ -131,9 +131,9 @@ TEST_CASE("kTree runs the caller's tree function and needs a tree root",
     hashed = n;
     return WeightTreeSha256({d, n});
   };
-  CHECK(VerifyStagedTensor(staged.manifest, staged.layout, staged.bytes,
-                           options)
-            .ok());
+  CHECK(
+      VerifyStagedTensor(staged.manifest, staged.layout, staged.bytes, options)
+          .ok());
   CHECK(calls == 1);
   CHECK(hashed == staged.layout.total_bytes());
   // A device function that fails: its error, nothing goes live.
@@ -145,8 +145,8 @@ TEST_CASE("kTree runs the caller's tree function and needs a tree root",
                                             staged.bytes, options)));
   options.tree_sha256 = nullptr;
   options.expected_tree_sha256.clear();
-  const absl::Status none = VerifyStagedTensor(staged.manifest, staged.layout,
-                                               staged.bytes, options);
+  const absl::Status none =
+      VerifyStagedTensor(staged.manifest, staged.layout, staged.bytes, options);
   CHECK(absl::IsFailedPrecondition(none));
   CHECK_THAT(std::string(none.message()),
              Catch::Contains("weights v5: the tree digest is required"));

@@ -2,12 +2,11 @@
 // independent reference: Python's hashlib computing the same tree from its
 // definition (tests/unit/tree_digest_reference.py).
 
-#include "common/weights/tree_digest.h"
-
 #include <catch2/catch.hpp>
 #include <random>
 #include <vector>
 
+#include "common/weights/tree_digest.h"
 #include "common/weights/weight_digest.h"
 #include "tests/unit/tree_digest_reference.h"
 
@@ -25,10 +24,19 @@ std::vector<uint8_t> RandomBytes(uint64_t n, uint64_t seed) {
 // leaves: a third level) edges, and several MiB.
 std::vector<uint64_t> EdgeSizes() {
   const uint64_t group = kTreeFanout * kTreeLeafBytes;
-  return {0,         1,         4095,          4096,
-          4097,      2 * 4096,  group - 1,     group,
-          group + 1, 5 * group, kTreeFanout * group - 1,
-          kTreeFanout * group + 1, (uint64_t{5} << 20) + 123};
+  return {0,
+          1,
+          4095,
+          4096,
+          4097,
+          2 * 4096,
+          group - 1,
+          group,
+          group + 1,
+          5 * group,
+          kTreeFanout * group - 1,
+          kTreeFanout * group + 1,
+          (uint64_t{5} << 20) + 123};
 }
 
 TEST_CASE("The tree digest equals hashlib's tree at leaf and fan-in edges",
@@ -60,8 +68,8 @@ TEST_CASE("The tree digest fed in pieces equals the digest of the whole",
     INFO("pieces of " << piece << " bytes");
     TreeSha256Hasher hasher(2);
     for (uint64_t at = 0; at < bytes.size(); at += piece) {
-      hasher.Update({bytes.data() + at,
-                     std::min<size_t>(piece, bytes.size() - at)});
+      hasher.Update(
+          {bytes.data() + at, std::min<size_t>(piece, bytes.size() - at)});
       hasher.Update({});
     }
     absl::StatusOr<std::string> root = hasher.Finish();
