@@ -23,9 +23,9 @@
 //   (their last bytes differ), so no leaf can pass for a node (the second
 //   preimage trick against plain Merkle trees); any two buffers with one
 //   root give a SHA-256 collision. The byte is a SUFFIX, not a prefix, so
-//   a leaf's bytes stay 4-byte aligned in the message: the device kernel
-//   reads whole words from global memory (a prefix byte would shift every
-//   word of the 4 KiB leaf by one byte).
+//   a leaf's bytes start the message and keep their alignment: the device
+//   kernel reads them as 16-byte words from global memory (a prefix byte
+//   would shift every word of the 4 KiB leaf by one byte).
 // - The root binds n, L and F: buffers of different lengths (truncation,
 //   a missing last leaf) and a receiver built with other constants cannot
 //   agree on a root by accident.

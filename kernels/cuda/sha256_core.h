@@ -11,6 +11,7 @@
 // Thread-safe (pure functions).
 
 #include <cstdint>
+#include <cstring>
 
 #if defined(__CUDACC__)
 #define TANDEM_SHA256_HD __host__ __device__ __forceinline__
@@ -133,21 +134,41 @@ TANDEM_SHA256_HD uint32_t ByteSwap(uint32_t x) {
   return (x >> 24) | ((x >> 8) & 0xff00u) | ((x << 8) & 0xff0000u) | (x << 24);
 }
 
+// The 16 big-endian words of the 64-byte block at `p`. REQUIRES: `p` is
+// 16-byte aligned. On the device: four 16-byte loads (the pattern of the
+// CRC-32C kernel), a quarter of the load instructions of 4-byte loads; on
+// the host: memcpy (no aliasing of the caller's bytes). The byte order and
+// word indices are the same code on both.
+struct alignas(16) Words4 {
+  uint32_t v[4];
+};
+
+TANDEM_SHA256_HD void LoadAlignedBlock(const uint8_t* p, uint32_t w[16]) {
+  for (int q = 0; q < 4; ++q) {
+    Words4 words;
+#if defined(__CUDA_ARCH__)
+    words = reinterpret_cast<const Words4*>(p)[q];
+#else
+    std::memcpy(&words, p + 16 * q, sizeof(words));
+#endif
+    for (int i = 0; i < 4; ++i) w[4 * q + i] = ByteSwap(words.v[i]);
+  }
+}
+
 // SHA-256 of the `n` bytes at `data` followed by the one byte `suffix`
 // (n + 1 bytes in all), into `out` (32 bytes, the digest's byte order).
-// Whole blocks are read as 32-bit words when `data` is 4-byte aligned (one
-// load instead of four on the device), bytewise otherwise.
+// Whole blocks are read as 16-byte words when `data` is 16-byte aligned
+// (LoadAlignedBlock), bytewise otherwise.
 TANDEM_SHA256_HD void HashWithSuffix(const uint8_t* data, uint64_t n,
                                      uint8_t suffix, uint8_t out[32]) {
   uint32_t h[8];
   Init(h);
   uint32_t w[16];
   uint64_t done = 0;
-  const bool aligned = (reinterpret_cast<uintptr_t>(data) & 3) == 0;
+  const bool aligned = (reinterpret_cast<uintptr_t>(data) & 15) == 0;
   for (; done + kBlockBytes <= n; done += kBlockBytes) {
     if (aligned) {
-      const auto* words = reinterpret_cast<const uint32_t*>(data + done);
-      for (int i = 0; i < 16; ++i) w[i] = ByteSwap(words[i]);
+      LoadAlignedBlock(data + done, w);
     } else {
       for (int i = 0; i < 16; ++i) w[i] = LoadBigEndian(data + done + 4 * i);
     }
