@@ -11,9 +11,10 @@
 //   2. CRC-32C of every bucket against the manifest (on the device through
 //      the caller's BucketCrc32c, e.g. DeviceMemory::Crc32c of
 //      device_broadcast.h; the host kernels::Crc32c for a CPU tensor);
-//   3. every float tensor finite (torch isfinite on the tensor's device,
-//      one host read of the result for the whole version; for a CPU
-//      tensor the host path's bit-pattern scan, kernels/finite_scan.h);
+//   3. every float tensor (F32, BF16, F16) finite (torch isfinite on the
+//      tensor's device, one host read of the result for the whole version;
+//      for a CPU tensor the host path's bit-pattern scan); refused exactly
+//      as the host path refuses (finite_weights.h);
 //   4. SHA-256 of the whole buffer against the trusted digest
 //      (TensorSha256: pinned host pieces of 16 MiB, never the whole model).
 //
@@ -39,6 +40,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/weights/device_digest.h"
+#include "common/weights/finite_weights.h"
 #include "common/weights/flat_weight_layout.h"
 #include "tandem/v1/common.pb.h"
 
@@ -71,16 +73,13 @@ struct DeviceGoLiveOptions {
 // Checks 1-4 above on `staged`. Errors name the version and what failed:
 // FailedPrecondition (layout, missing CRC function), InvalidArgument (a
 // tensor that is not a contiguous uint8 buffer of the layout's size),
-// DataLoss for a CRC mismatch ("bucket N") or a digest mismatch
-// (IsDigestMismatch), OutOfRange for a non-finite value naming the tensor
-// (IsNonFiniteWeights).
+// DataLoss for a CRC mismatch ("bucket N"), a digest mismatch
+// (IsDigestMismatch) or a non-finite value (finite_weights.h's refusal,
+// IsNonFiniteWeights).
 absl::Status VerifyStagedTensor(const v1::WeightManifest& manifest,
                                 const FlatWeightLayout& layout,
                                 const at::Tensor& staged,
                                 const DeviceGoLiveOptions& options);
-
-// True for VerifyStagedTensor's non-finite refusal.
-bool IsNonFiniteWeights(const absl::Status& status);
 
 // ModelWeights for `config` whose tensors are views into `staged` (same
 // device, the config's dtype), holding its storage. No check of the bytes:

@@ -5,29 +5,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/weights/finite_weights.h"
 #include "common/weights/weight_digest.h"
 #include "kernels/crc32c.h"
 #include "kernels/bf16_change.h"
 #include "kernels/bf16_delta.h"
-#include "kernels/finite_scan.h"
 
 namespace tandem::weights {
-namespace {
-
-std::optional<kernels::FloatFormat> FloatFormatOf(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_F32:
-      return kernels::FloatFormat::kF32;
-    case v1::DTYPE_BF16:
-      return kernels::FloatFormat::kBF16;
-    case v1::DTYPE_F16:
-      return kernels::FloatFormat::kF16;
-    default:
-      return std::nullopt;
-  }
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<StagingWeights>> StagingWeights::Create(
     FlatWeightLayout layout, StagingMode mode) {
@@ -56,9 +40,7 @@ StagingWeights::StagingWeights(FlatWeightLayout layout, StagingMode mode)
       const uint64_t from = std::max(begin, b.offset);
       const uint64_t to = std::min(end, b.offset + b.size);
       if (from >= to) continue;
-      float_pieces_[b.index].push_back(
-          {t, from, to - from,
-           (from - begin) / kernels::FloatFormatSize(*format)});
+      float_pieces_[b.index].push_back({t, from, to - from});
     }
   }
 }
@@ -66,16 +48,12 @@ StagingWeights::StagingWeights(FlatWeightLayout layout, StagingMode mode)
 absl::Status StagingWeights::CheckFinite(const uint8_t* flat, uint32_t bucket,
                                          uint64_t version) const {
   for (const FloatPiece& piece : float_pieces_[bucket]) {
-    const TensorPlacement& t = layout_.tensors()[piece.tensor];
-    const kernels::FloatFormat format = *FloatFormatOf(t.info.dtype);
-    const std::optional<kernels::NonFiniteValue> bad = kernels::FindNonFinite(
-        {flat + piece.offset, piece.size}, format);
-    if (!bad.has_value()) continue;
-    return absl::DataLossError(absl::StrCat(
-        "weights v", version, " refused: tensor '", t.info.name, "' (",
-        kernels::FloatFormatName(format), ") holds a non-finite value: "
-        "element ", piece.first + bad->index, " is ",
-        kernels::NonFiniteName(*bad), " (bucket ", bucket, ")"));
+    if (absl::Status s =
+            CheckTensorPieceFinite(version, layout_, piece.tensor, piece.offset,
+                                   {flat + piece.offset, piece.size});
+        !s.ok()) {
+      return s;
+    }
   }
   return absl::OkStatus();
 }

@@ -250,8 +250,9 @@ class StagingWeights {
   absl::Status Reject(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckReceivingFull(uint32_t bucket) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // DataLoss naming the first non-finite value of a floating-point tensor
-  // in `bucket` of `flat` (a whole version's buffer), else OK.
+  // The refusal of finite_weights.h for the first non-finite value of a
+  // floating-point tensor in `bucket` of `flat` (a whole version's
+  // buffer), else OK.
   absl::Status CheckFinite(const uint8_t* flat, uint32_t bucket,
                            uint64_t version) const;
   // The digest check of the whole staged buffer (see "Digest check").
@@ -269,7 +270,6 @@ class StagingWeights {
     size_t tensor;       // index in layout_.tensors()
     uint64_t offset;     // in the flat buffer
     uint64_t size;       // bytes
-    uint64_t first;      // index of its first element in the tensor
   };
 
   const FlatWeightLayout layout_;

@@ -110,6 +110,11 @@ TEST_CASE(
     auto nonfinite =
         GoLiveFromStagedTensor(config, resealed, *layout, nan, no_digest);
     CHECK(IsNonFiniteWeights(nonfinite.status()));
+    // The host staging path's refusal, element and all (finite_weights.h).
+    CHECK_THAT(std::string(nonfinite.status().message()),
+               Catch::Contains("tensor 'model.norm.weight' (") &&
+                   Catch::Contains("holds a non-finite value: element 0 is "
+                                   "NaN"));
   }
 }
 
