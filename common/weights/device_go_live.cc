@@ -114,6 +114,11 @@ absl::Status VerifyStagedTensor(const v1::WeightManifest& manifest,
   if (absl::Status s = CheckBuffer(version, layout, staged); !s.ok()) {
     return s;
   }
+  if (options.finite_check == FiniteCheck::kBitScan && !staged.is_cpu()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "weights v", version, ": the bit-scan finite check reads host memory, ",
+        "the buffer is on ", staged.device().str()));
+  }
   if (!options.crc32c && !staged.is_cpu()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "weights v", version, ": no CRC-32C function for a buffer on ",
@@ -138,10 +143,12 @@ absl::Status VerifyStagedTensor(const v1::WeightManifest& manifest,
     }
   }
   try {
+    const bool torch =
+        options.finite_check == FiniteCheck::kTorch ||
+        (options.finite_check == FiniteCheck::kAuto && !staged.is_cpu());
     const absl::Status finite =
-        staged.is_cpu() && !options.torch_finite_check_for_test
-            ? CheckWeightsFinite(version, layout, {base, layout.total_bytes()})
-            : CheckFiniteOnDevice(version, layout, staged);
+        torch ? CheckFiniteOnDevice(version, layout, staged)
+              : CheckWeightsFinite(version, layout, {base, layout.total_bytes()});
     if (!finite.ok()) return finite;
   } catch (const std::exception& e) {
     return model::internal::TorchErrorToStatus(

@@ -56,6 +56,9 @@ namespace tandem::weights {
 using BucketCrc32c =
     std::function<absl::StatusOr<uint32_t>(const uint8_t* d, uint64_t n)>;
 
+// Which finite check VerifyStagedTensor runs (check 3 above).
+enum class FiniteCheck { kAuto, kBitScan, kTorch };
+
 struct DeviceGoLiveOptions {
   // Null: the host kernels::Crc32c (REQUIRES a CPU tensor; a CUDA tensor
   // without it is refused with FailedPrecondition).
@@ -65,9 +68,12 @@ struct DeviceGoLiveOptions {
   // and the finite check only, as on the host path.
   std::string expected_sha256;
   int64_t piece_bytes = kDeviceDigestPieceBytes;
-  // Runs the device finite check (torch isfinite) on a CPU tensor too, so
-  // that CPU tests cover the code a CUDA worker runs.
-  bool torch_finite_check_for_test = false;
+  // How check 3 reads the values. kAuto: torch isfinite for a tensor on a
+  // device, the host bit-pattern scan for a CPU tensor. kTorch runs torch
+  // isfinite on a CPU tensor too (tests cover the code a CUDA worker runs
+  // that way). kBitScan REQUIRES a CPU tensor (FailedPrecondition
+  // otherwise). All three refuse alike (finite_weights.h).
+  FiniteCheck finite_check = FiniteCheck::kAuto;
 };
 
 // Checks 1-4 above on `staged`. Errors name the version and what failed:

@@ -98,7 +98,9 @@ TEST_CASE("N versions go live bit for bit as views of the staged buffer",
       Version version = MakeVersion(config, v);
       int crcs = 0;
       DeviceGoLiveOptions options = Options(version.manifest, &crcs);
-      options.torch_finite_check_for_test = v % 2 == 0;  // both checks pass
+      // Both checks pass.
+      options.finite_check = v % 2 == 0 ? FiniteCheck::kTorch
+                                        : FiniteCheck::kBitScan;
       auto got = GoLiveFromStagedTensor(config, version.manifest, layout,
                                         version.staged, options);
       INFO(got.status().ToString());
@@ -147,10 +149,11 @@ TEST_CASE("a corrupted byte is refused by the bucket CRC, nothing goes live",
 
 TEST_CASE("a non-finite value is refused naming the tensor",
           "[weights][device]") {
-  for (const bool torch_check : {false, true})
+  for (const FiniteCheck check : {FiniteCheck::kAuto, FiniteCheck::kBitScan,
+                                  FiniteCheck::kTorch})
     for (float bad : {std::numeric_limits<float>::quiet_NaN(),
                       std::numeric_limits<float>::infinity()}) {
-      INFO("torch finite check: " << torch_check);
+      INFO("finite check: " << static_cast<int>(check));
       model::ModelConfig config = model::testing::TinyQwen2Config();
       const FlatWeightLayout layout = WorkerLayout(config);
       Version version = MakeVersion(config, 3);
@@ -167,7 +170,7 @@ TEST_CASE("a non-finite value is refused naming the tensor",
       version.manifest.set_sha256(*sha);
       int crcs = 0;
       DeviceGoLiveOptions options = Options(version.manifest, &crcs);
-      options.torch_finite_check_for_test = torch_check;
+      options.finite_check = check;
       auto got = GoLiveFromStagedTensor(config, version.manifest, layout,
                                         version.staged, options);
       REQUIRE_FALSE(got.ok());
@@ -217,9 +220,10 @@ TEST_CASE(
     const absl::Status host = StagePayload(staging->get(), *manifest, flat);
     DeviceGoLiveOptions options;
     options.expected_sha256 = manifest->sha256();
+    options.finite_check = FiniteCheck::kBitScan;
     const absl::Status bit_scan =
         VerifyStagedTensor(*manifest, *layout, staged, options);
-    options.torch_finite_check_for_test = true;
+    options.finite_check = FiniteCheck::kTorch;
     const absl::Status torch =
         VerifyStagedTensor(*manifest, *layout, staged, options);
 
