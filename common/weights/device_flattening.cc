@@ -76,4 +76,29 @@ absl::StatusOr<std::shared_ptr<DeviceWeightBuffer>> FlattenModelToDevice(
   return buffer;
 }
 
+absl::StatusOr<std::shared_ptr<std::vector<uint8_t>>> CopyDeviceFlatToHost(
+    const DeviceWeightBuffer& buffer, const FlatWeightLayout& layout,
+    c10::Device device) {
+  if (buffer.payload == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weights v", buffer.policy_version, ": no device payload to copy"));
+  }
+  const auto n = static_cast<int64_t>(layout.total_bytes());
+  auto host = std::make_shared<std::vector<uint8_t>>(layout.total_bytes());
+  try {
+    const at::Tensor src =
+        at::from_blob(buffer.payload, {n},
+                      at::TensorOptions().dtype(at::kByte).device(device));
+    // Pageable destination: copy_ returns after the copy has finished.
+    at::from_blob(host->data(), {n}, at::TensorOptions().dtype(at::kByte))
+        .copy_(src);
+  } catch (const std::exception& e) {
+    return model::internal::TorchErrorToStatus(
+        absl::StrCat("copying weights v", buffer.policy_version, " from ",
+                     device.str(), " to the host"),
+        e);
+  }
+  return host;
+}
+
 }  // namespace tandem::weights

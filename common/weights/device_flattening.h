@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -38,5 +39,14 @@ absl::Status FlattenModelInto(const model::ModelWeights& weights,
 absl::StatusOr<std::shared_ptr<DeviceWeightBuffer>> FlattenModelToDevice(
     const model::ModelWeights& weights, const FlatWeightLayout& layout,
     uint64_t policy_version, std::shared_ptr<DeferredFrees> frees = nullptr);
+
+// A new host flat buffer (pageable) holding the layout.total_bytes() bytes
+// at `buffer.payload`, memory of `device` (a FlattenModelToDevice result on
+// the weights' device; tests pass host memory and kCPU): ONE copy, finished
+// when it returns. The trainer's host copy of a version it flattened on the
+// device, equal to FlattenModel's by construction.
+absl::StatusOr<std::shared_ptr<std::vector<uint8_t>>> CopyDeviceFlatToHost(
+    const DeviceWeightBuffer& buffer, const FlatWeightLayout& layout,
+    c10::Device device);
 
 }  // namespace tandem::weights

@@ -134,6 +134,12 @@ TEST_CASE(
     REQUIRE(cudaMemcpy(back.data(), (*device)->payload, back.size(),
                        cudaMemcpyDeviceToHost) == cudaSuccess);
     CHECK(back == **host);
+    // The trainer's host copy of the device-flattened version.
+    auto copied =
+        CopyDeviceFlatToHost(**device, *layout, at::Device(at::kCUDA, 0));
+    INFO(copied.status().ToString());
+    REQUIRE(copied.ok());
+    CHECK(**copied == **host);
   }
 }
 
