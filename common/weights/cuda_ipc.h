@@ -112,6 +112,15 @@ class DeviceVersionRing {
   // deferred frees (on the caller's thread: the trainer's).
   void Put(std::shared_ptr<const DeviceWeightBuffer> buffer);
 
+  // The buffer the next Put would evict, taken out now for its memory to
+  // be reused (FlattenModelToDevice's `reuse`) instead of allocating
+  // another: the oldest buffer when the ring is full, its payload is
+  // `payload_bytes` long and no lease holds it (none can begin once it is
+  // out). Null otherwise, and the ring is unchanged. Until the next Put
+  // the ring offers one version fewer (the one about to be evicted).
+  std::shared_ptr<const DeviceWeightBuffer> TakeOldestForReuse(
+      uint64_t payload_bytes);
+
   // Where buffers of this ring defer their frees
   // (AllocateDeviceWeightBuffer's `frees`).
   const std::shared_ptr<DeferredFrees>& deferred_frees() const {

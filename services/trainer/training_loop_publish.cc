@@ -117,11 +117,19 @@ TrainingLoop::StoreDeviceVersion(const model::ModelWeights& weights,
   // that reads its manifest finds the device copy. Not fatal: the version
   // is still served by every other path (pull, and broadcast and delta
   // detection from the host copy).
+  // A full ring's oldest version, which this one evicts, lends its memory
+  // when no lease holds it (nor the delta publisher, which keeps the
+  // previous version): no cudaMalloc per version once the ring is full.
+  std::shared_ptr<const weights::DeviceWeightBuffer> reuse;
+  if (parts_.device_ring != nullptr) {
+    reuse = parts_.device_ring->TakeOldestForReuse(layout_->total_bytes());
+  }
   absl::StatusOr<std::shared_ptr<weights::DeviceWeightBuffer>> buffer =
       weights::FlattenModelToDevice(
           weights, *layout_, version,
           parts_.device_ring != nullptr ? parts_.device_ring->deferred_frees()
-                                        : nullptr);
+                                        : nullptr,
+          std::move(reuse));
   if (!buffer.ok()) {
     if (!device_ring_failed_) {
       Log()->warn(

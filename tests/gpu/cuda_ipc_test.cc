@@ -140,6 +140,38 @@ TEST_CASE(
     INFO(copied.status().ToString());
     REQUIRE(copied.ok());
     CHECK(**copied == **host);
+
+    // The next version written into this buffer's memory (the ring lent
+    // it): same allocation and handle, a new token, the new bytes.
+    auto next = model::RandomInit(model::testing::TinyQwen2Config(), 4, {});
+    REQUIRE(next.ok());
+    auto next_gpu = (*next)->To(at::Device(at::kCUDA, 0), dtype);
+    REQUIRE(next_gpu.ok());
+    auto next_host = FlattenModel(**next_gpu, *layout);
+    REQUIRE(next_host.ok());
+    const void* payload = (*device)->payload;
+    const std::string handle = (*device)->offer.handle();
+    const std::string token = (*device)->offer.token();
+    std::shared_ptr<const DeviceWeightBuffer> lent = *std::move(device);
+    auto reused = FlattenModelToDevice(**next_gpu, *layout, 10, nullptr,
+                                       std::move(lent));
+    INFO(reused.status().ToString());
+    REQUIRE(reused.ok());
+    CHECK((*reused)->payload == payload);
+    CHECK((*reused)->offer.handle() == handle);
+    CHECK((*reused)->offer.token() != token);
+    CHECK((*reused)->policy_version == 10);
+    std::string device_token((*reused)->offer.token().size(), '\0');
+    REQUIRE(cudaMemcpy(device_token.data(),
+                       static_cast<const uint8_t*>(payload) +
+                           layout->total_bytes(),
+                       device_token.size(),
+                       cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(device_token == (*reused)->offer.token());
+    auto reused_bytes =
+        CopyDeviceFlatToHost(**reused, *layout, at::Device(at::kCUDA, 0));
+    REQUIRE(reused_bytes.ok());
+    CHECK(**reused_bytes == **next_host);
   }
 }
 

@@ -631,5 +631,41 @@ TEST_CASE(
   CHECK(memory[3].expired());
 }
 
+TEST_CASE(
+    "CUDA IPC ring: lends the buffer the next Put evicts for reuse only when "
+    "the ring is full, the size matches and no lease holds it",
+    "[weights][cuda_ipc]") {
+  HostAllocations allocations;
+  DeviceVersionRing ring(2);
+  const Bytes bytes(256, 7);
+  v1::CudaIpcPeer here;
+  here.set_boot_id(LocalBootId());
+  ring.Put(allocations.Allocate(1, bytes));
+  // Not full: the next Put evicts nothing, so nothing is lent.
+  CHECK(ring.TakeOldestForReuse(bytes.size()) == nullptr);
+  ring.Put(allocations.Allocate(2, bytes));
+  // Another size (a new layout) is not lent.
+  CHECK(ring.TakeOldestForReuse(bytes.size() + 64) == nullptr);
+  {
+    // A lease on v1 (a client copying it) keeps it offered, not lent.
+    auto lease = ring.Offer(1, here);
+    REQUIRE(lease.ok());
+    CHECK(ring.TakeOldestForReuse(bytes.size()) == nullptr);
+  }
+  CHECK(ring.versions() == std::vector<uint64_t>{1, 2});
+  auto lent = ring.TakeOldestForReuse(bytes.size());
+  REQUIRE(lent != nullptr);
+  CHECK(lent->policy_version == 1);
+  CHECK(lent.use_count() == 1);  // the caller's alone
+  // Out of the ring: no longer offered, and no lease can begin.
+  CHECK(ring.versions() == std::vector<uint64_t>{2});
+  CHECK(absl::IsNotFound(ring.Offer(1, here).status()));
+  const int freed = allocations.freed;
+  lent.reset();
+  ring.Put(allocations.Allocate(3, bytes));
+  CHECK(allocations.freed == freed + 1);  // a lent buffer dropped is freed
+  CHECK(ring.versions() == std::vector<uint64_t>{2, 3});
+}
+
 }  // namespace
 }  // namespace tandem::weights
