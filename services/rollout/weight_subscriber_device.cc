@@ -78,11 +78,19 @@ absl::Status WeightSubscriber::GoLiveOnDevice(
   const uint64_t version = manifest.policy_version();
   const weights::FlatWeightLayout& layout = staging_->layout();
   const weights::StagedIpcCopy copy = options_.pull_cuda_ipc->TakeStagedCopy();
+  if (copy.memory == nullptr) {
+    // Nothing to verify (cannot happen after a handoff): not a refusal of
+    // the version, which the next pull fetches again.
+    Log()->error("policy version {}: the CUDA IPC sink handed no copy over",
+                 version);
+    return absl::InternalError(
+        absl::StrCat("weights v", version, ": no CUDA IPC copy handed over"));
+  }
   absl::Status refused;
   absl::StatusOr<at::Tensor> staged = absl::InternalError("no copy");
   absl::StatusOr<std::shared_ptr<model::ModelWeights>> weights =
       absl::InternalError("no copy");
-  if (copy.memory == nullptr || copy.bytes != layout.total_bytes()) {
+  if (copy.bytes != layout.total_bytes()) {
     refused = absl::DataLossError(absl::StrCat(
         "weights v", version, ": the CUDA IPC sink handed over ", copy.bytes,
         " bytes, the layout has ", layout.total_bytes()));
