@@ -172,6 +172,61 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "CUDA IPC pull, handoff mode: an offered version is left in the sink, "
+    "nothing staged, its manifest handed over once; a version not offered "
+    "is staged as before",
+    "[weights][pull][cuda_ipc]") {
+  const FlatWeightLayout layout = testing::SmallLayout();
+  WeightStore store(16);
+  HostAllocations allocations;  // outlives the ring's deferred frees
+  DeviceVersionRing ring(2);
+  testing::WeightServerLoopback server(&store, {.cuda_ipc = &ring});
+  Trainer trainer(layout, &store, &ring, &allocations);
+  auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  HostIpcSink sink(&allocations);
+  sink.hand_over = true;
+  GrpcPullReceiver receiver(
+      server.channel(), {.cuda_ipc = &sink, .cuda_ipc_handoff = true});
+  trainer.Publish(1);
+  auto got = receiver.ReceiveNext(staging->get(), Soon());
+  INFO(got.status().ToString());
+  REQUIRE(got.ok());
+  CHECK(*got == 1);
+  CHECK_FALSE((*staging)->ready());
+  CHECK((*staging)->stats().bytes_received == 0);
+  const std::optional<v1::WeightManifest> handed =
+      receiver.TakeCudaIpcHandoff();
+  REQUIRE(handed.has_value());
+  CHECK(handed->policy_version() == 1);
+  CHECK_FALSE(receiver.TakeCudaIpcHandoff().has_value());  // once
+  const StagedIpcCopy copy = sink.TakeStagedCopy();
+  REQUIRE(copy.memory != nullptr);
+  CHECK(copy.bytes == layout.total_bytes());
+  CHECK(std::memcmp(copy.memory.get(), trainer.current().data(),
+                    copy.bytes) == 0);
+  CHECK(receiver.stats().cuda_ipc_versions == 1);
+  CHECK(receiver.stats().cuda_ipc_bytes == layout.total_bytes());
+  // The caller brings the staging to the version (as the subscriber does),
+  // then a version the server does not offer is staged as usual.
+  REQUIRE((*staging)
+              ->CommitVerifiedElsewhere(*handed,
+                                        [&](absl::Span<uint8_t> dst) {
+                                          std::memcpy(dst.data(),
+                                                      copy.memory.get(),
+                                                      dst.size());
+                                          return absl::OkStatus();
+                                        })
+              .ok());
+  Trainer host_only(layout, &store, nullptr, &allocations);
+  host_only.Publish(2);
+  ReceiveAndCommit(receiver, **staging, 2);
+  CHECK(SameBytes((*staging)->live().bytes, host_only.current()));
+  CHECK_FALSE(receiver.TakeCudaIpcHandoff().has_value());
+  CHECK(receiver.stats().cuda_ipc_not_offered == 1);
+}
+
+TEST_CASE(
     "CUDA IPC pull: while offers work, each version is fetched in full by "
     "CUDA IPC instead of as a delta; after one is not offered, deltas again",
     "[weights][pull][cuda_ipc]") {
