@@ -143,8 +143,8 @@ class CudaIpcDeviceSink::Pool {
 
   // An allocation of `capacity` bytes whose owner (pool or not) frees it:
   // back to this pool while it lives, else cudaFree.
-  static std::shared_ptr<void> Own(const std::shared_ptr<Pool>& pool,
-                                   void* p, uint64_t capacity) {
+  static std::shared_ptr<void> Own(const std::shared_ptr<Pool>& pool, void* p,
+                                   uint64_t capacity) {
     std::weak_ptr<Pool> home = pool;
     const int device = pool->device_;
     return std::shared_ptr<void>(p, [home, device, capacity](void* q) {

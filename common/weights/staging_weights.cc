@@ -498,9 +498,9 @@ absl::Status StagingWeights::CommitVerifiedElsewhere(
     if (!copied.ok()) {
       return Reject(absl::Status(
           copied.code(),
-          absl::StrCat("weights v", manifest.policy_version(),
-                       ": copy of a version verified elsewhere: ",
-                       copied.message())));
+          absl::StrCat(
+              "weights v", manifest.policy_version(),
+              ": copy of a version verified elsewhere: ", copied.message())));
     }
     if (manifest.sha256().empty()) ++stats_.unsigned_versions;
     bucket_done_.assign(layout_.num_buckets(), true);

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "common/model/decoder_model.h"
 #include "common/model/device.h"
 #include "common/model/model_weights.h"
 #include "common/weights/cuda_ipc_device.h"
@@ -28,7 +29,6 @@
 #include "common/weights/device_flattening.h"
 #include "common/weights/model_flattening.h"
 #include "common/weights/pull/grpc_pull_receiver.h"
-#include "common/model/decoder_model.h"
 #include "common/weights/staging_weights.h"
 #include "services/rollout/weight_subscriber.h"
 #include "services/rollout/weight_update_sources.h"
@@ -192,8 +192,7 @@ TEST_CASE(
     REQUIRE(sink.ok());
     rollout::WeightSyncOptions options;
     options.member_id = [] { return std::string("worker-gpu"); };
-    const std::string address =
-        "127.0.0.1:" + std::to_string(trainer.port());
+    const std::string address = "127.0.0.1:" + std::to_string(trainer.port());
     options.sync_weight_group = [address](const v1::SyncWeightGroupRequest&,
                                           v1::SyncWeightGroupResponse* r) {
       r->set_weight_server_address(address);

@@ -186,8 +186,8 @@ TEST_CASE(
   REQUIRE(staging.ok());
   HostIpcSink sink(&allocations);
   sink.hand_over = true;
-  GrpcPullReceiver receiver(
-      server.channel(), {.cuda_ipc = &sink, .cuda_ipc_handoff = true});
+  GrpcPullReceiver receiver(server.channel(),
+                            {.cuda_ipc = &sink, .cuda_ipc_handoff = true});
   trainer.Publish(1);
   auto got = receiver.ReceiveNext(staging->get(), Soon());
   INFO(got.status().ToString());
@@ -203,20 +203,19 @@ TEST_CASE(
   const StagedIpcCopy copy = sink.TakeStagedCopy();
   REQUIRE(copy.memory != nullptr);
   CHECK(copy.bytes == layout.total_bytes());
-  CHECK(std::memcmp(copy.memory.get(), trainer.current().data(),
-                    copy.bytes) == 0);
+  CHECK(std::memcmp(copy.memory.get(), trainer.current().data(), copy.bytes) ==
+        0);
   CHECK(receiver.stats().cuda_ipc_versions == 1);
   CHECK(receiver.stats().cuda_ipc_bytes == layout.total_bytes());
   // The caller brings the staging to the version (as the subscriber does),
   // then a version the server does not offer is staged as usual.
   REQUIRE((*staging)
-              ->CommitVerifiedElsewhere(*handed,
-                                        [&](absl::Span<uint8_t> dst) {
-                                          std::memcpy(dst.data(),
-                                                      copy.memory.get(),
-                                                      dst.size());
-                                          return absl::OkStatus();
-                                        })
+              ->CommitVerifiedElsewhere(
+                  *handed,
+                  [&](absl::Span<uint8_t> dst) {
+                    std::memcpy(dst.data(), copy.memory.get(), dst.size());
+                    return absl::OkStatus();
+                  })
               .ok());
   Trainer host_only(layout, &store, nullptr, &allocations);
   host_only.Publish(2);
