@@ -323,6 +323,7 @@ class WeightSubscriber {
   // (options_.pull_cuda_ipc hands copies over, staged mode, no data-plane
   // key); set by Create.
   bool device_go_live_ = false;
+  bool device_live_logged_ = false;  // the first device go-live was logged
   ReceivedVersions received_;
   std::thread thread_;
 

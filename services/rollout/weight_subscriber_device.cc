@@ -126,6 +126,13 @@ absl::Status WeightSubscriber::GoLiveOnDevice(
   }
   source_->Stage(version, *std::move(weights));
   const absl::Time staged_at = absl::Now();
+  if (!device_live_logged_) {
+    device_live_logged_ = true;
+    Log()->info(
+        "policy version {}: verified on {} and staged as views into the CUDA "
+        "IPC copy (no host round trip); later versions go live the same way",
+        version, staged->device().str());
+  }
   RecordReceived(manifest, transport, started, staged_at, 0);
   received_.Record(version, weights::ManifestDigest(manifest), transport,
                    manifest.published_unix_ms());
