@@ -449,6 +449,55 @@ StagingStats StagingWeights::stats() const {
   return stats_;
 }
 
+absl::Status StagingWeights::CommitVerifiedElsewhere(
+    const v1::WeightManifest& manifest,
+    const std::function<absl::Status(absl::Span<uint8_t>)>& fill) {
+  if (mode_ != StagingMode::kDoubleBuffer) {
+    return absl::FailedPreconditionError(
+        "a version verified elsewhere follows a double-buffered staging only");
+  }
+  if (manifest.kind() != v1::WEIGHT_PAYLOAD_KIND_FULL) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weights v", manifest.policy_version(),
+                     ": only a FULL version can be verified elsewhere"));
+  }
+  if (absl::Status s = Begin(manifest); !s.ok()) return s;
+  uint8_t* staging = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    staging = StagingBuffer().data();
+  }
+  // The staging buffer belongs to this (the receiving) thread until Commit.
+  const absl::Span<uint8_t> bytes(staging, layout_.total_bytes());
+  absl::Status copied = fill(bytes);
+  if (copied.ok()) copied = VerifyWeights(manifest, bytes);
+  {
+    absl::MutexLock lock(&mu_);
+    if (!copied.ok()) {
+      return Reject(absl::Status(
+          copied.code(),
+          absl::StrCat(
+              "weights v", manifest.policy_version(),
+              ": copy of a version verified elsewhere: ", copied.message())));
+    }
+    if (manifest.sha256().empty()) ++stats_.unsigned_versions;
+    bucket_done_.assign(layout_.num_buckets(), true);
+    buckets_left_ = 0;
+    state_ = State::kReady;
+  }
+  return Commit().status();
+}
+
+void StagingWeights::RecordRefusedElsewhere(uint64_t version, Refusal why) {
+  absl::MutexLock lock(&mu_);
+  ++stats_.rejected_versions;
+  if (why == Refusal::kNonFinite) ++stats_.nonfinite_versions;
+  if (why == Refusal::kDigestMismatch) ++stats_.digest_mismatches;
+  if (!refused_version_.has_value() || *refused_version_ < version) {
+    refused_version_ = version;
+  }
+}
+
 std::optional<uint64_t> StagingWeights::refused_version() const {
   absl::MutexLock lock(&mu_);
   return refused_version_;
