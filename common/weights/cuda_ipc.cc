@@ -125,6 +125,21 @@ void DeviceVersionRing::Put(std::shared_ptr<const DeviceWeightBuffer> buffer) {
   frees_->RunAll();
 }
 
+std::shared_ptr<const DeviceWeightBuffer> DeviceVersionRing::TakeOldestForReuse(
+    uint64_t payload_bytes) {
+  absl::MutexLock lock(&mu_);
+  // Leases are copied only here, under mu_ (Offer): a count of 1 (the
+  // ring's) cannot rise while it is held, nor once the buffer is out.
+  if (buffers_.size() < capacity_ || buffers_.front().use_count() != 1 ||
+      buffers_.front()->offer.size() != payload_bytes) {
+    return nullptr;
+  }
+  std::shared_ptr<const DeviceWeightBuffer> oldest =
+      std::move(buffers_.front());
+  buffers_.pop_front();
+  return oldest;
+}
+
 absl::StatusOr<std::shared_ptr<const DeviceWeightBuffer>>
 DeviceVersionRing::Offer(uint64_t version, const v1::CudaIpcPeer& peer) const {
   absl::MutexLock lock(&mu_);

@@ -112,6 +112,15 @@ class DeviceVersionRing {
   // deferred frees (on the caller's thread: the trainer's).
   void Put(std::shared_ptr<const DeviceWeightBuffer> buffer);
 
+  // The buffer the next Put would evict, taken out now for its memory to
+  // be reused (FlattenModelToDevice's `reuse`) instead of allocating
+  // another: the oldest buffer when the ring is full, its payload is
+  // `payload_bytes` long and no lease holds it (none can begin once it is
+  // out). Null otherwise, and the ring is unchanged. Until the next Put
+  // the ring offers one version fewer (the one about to be evicted).
+  std::shared_ptr<const DeviceWeightBuffer> TakeOldestForReuse(
+      uint64_t payload_bytes);
+
   // Where buffers of this ring defer their frees
   // (AllocateDeviceWeightBuffer's `frees`).
   const std::shared_ptr<DeferredFrees>& deferred_frees() const {
@@ -138,6 +147,28 @@ class DeviceVersionRing {
       ABSL_GUARDED_BY(mu_);
 };
 
+// A sink's copy of one version, handed over to go live from it
+// (CudaIpcSink::TakeStagedCopy, device_go_live.h).
+struct StagedIpcCopy {
+  // Owns the copy (null: nothing handed over). Its deleter may run on any
+  // thread (the engine's, when it drops the version's weights) and never
+  // blocks on the device.
+  std::shared_ptr<void> memory;
+  uint64_t bytes = 0;
+  // The CUDA index of the memory's device; -1: host memory (a sink that
+  // stands in for a device in CPU tests).
+  int device = -1;
+  // kernels::Crc32c of `n` bytes at `d` inside the copy, computed where
+  // the copy lies (the device CRC-32C kernel for device memory); null: the
+  // host kernels::Crc32c (host memory only).
+  std::function<absl::StatusOr<uint32_t>(const uint8_t* d, uint64_t n)> crc32c;
+  // The tree root (tree_digest.h) of `n` bytes at `d` inside the copy, on
+  // its device (kernels::cuda::Sha256TreeDevice); null: none (the plain
+  // SHA-256 is checked instead).
+  std::function<absl::StatusOr<std::string>(const uint8_t* d, uint64_t n)>
+      tree_sha256;
+};
+
 // The worker's device side of the path (cuda_ipc_device.h implements it
 // with the CUDA runtime). Called on the receiving thread only.
 class CudaIpcSink {
@@ -155,6 +186,15 @@ class CudaIpcSink {
   // Copies staged bytes [offset, offset + dst.size()) of the last
   // CopyOffer to host memory.
   virtual absl::Status ReadStaged(uint64_t offset, absl::Span<uint8_t> dst) = 0;
+  // Hands the last CopyOffer's copy over (the device go-live of
+  // GrpcPullReceiver's handoff mode): the caller owns it from now on, and
+  // the next CopyOffer copies into another buffer, so a live version's
+  // bytes are never overwritten. Empty (memory null) when nothing was
+  // copied since the last take, or when this sink cannot hand copies over
+  // (the default): the receiver then stages the copy through ReadStaged.
+  virtual StagedIpcCopy TakeStagedCopy() { return {}; }
+  // Whether TakeStagedCopy hands copies over.
+  virtual bool hands_over() const { return false; }
 };
 
 }  // namespace tandem::weights

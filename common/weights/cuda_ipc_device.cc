@@ -2,12 +2,21 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstring>
 #include <utility>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+
+#if TANDEM_ENABLE_CUDA
+#include "kernels/cuda/crc32c_cuda.h"
+#include "kernels/cuda/sha256_tree_cuda.h"
+#endif
 
 namespace tandem::weights {
 namespace {
@@ -125,6 +134,80 @@ absl::StatusOr<std::shared_ptr<DeviceWeightBuffer>> AllocateDeviceWeightBuffer(
   return buffer;
 }
 
+// Staging buffers handed over and dropped by their last owner, for the
+// next CopyOffer (cuda_ipc_device.h, "Pool"). Thread-safe: Return runs in
+// the deleters, on any thread; the rest on the sink's receiving thread.
+class CudaIpcDeviceSink::Pool {
+ public:
+  explicit Pool(int device) : device_(device) {}
+  ~Pool() { Trim(0); }
+
+  // An allocation of `capacity` bytes whose owner (pool or not) frees it:
+  // back to this pool while it lives, else cudaFree.
+  static std::shared_ptr<void> Own(const std::shared_ptr<Pool>& pool, void* p,
+                                   uint64_t capacity) {
+    std::weak_ptr<Pool> home = pool;
+    const int device = pool->device_;
+    return std::shared_ptr<void>(p, [home, device, capacity](void* q) {
+      if (std::shared_ptr<Pool> to = home.lock()) {
+        to->Return(q, capacity);
+      } else {
+        cudaSetDevice(device);
+        cudaFree(q);
+      }
+    });
+  }
+
+  void Return(void* p, uint64_t capacity) {
+    absl::MutexLock lock(&mu_);
+    free_.push_back({p, capacity});
+  }
+
+  // The smallest free buffer of at least `bytes` bytes, taken off the
+  // list; {nullptr, 0} when none is.
+  std::pair<void*, uint64_t> Take(uint64_t bytes) {
+    absl::MutexLock lock(&mu_);
+    size_t best = free_.size();
+    for (size_t i = 0; i < free_.size(); ++i) {
+      if (free_[i].second >= bytes &&
+          (best == free_.size() || free_[i].second < free_[best].second)) {
+        best = i;
+      }
+    }
+    if (best == free_.size()) return {nullptr, 0};
+    const std::pair<void*, uint64_t> taken = free_[best];
+    free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
+    return taken;
+  }
+
+  // Frees all but the `keep` most recently returned buffers (cudaFree
+  // waits for the device: the receiving thread only).
+  void Trim(size_t keep) {
+    std::vector<std::pair<void*, uint64_t>> freed;
+    {
+      absl::MutexLock lock(&mu_);
+      if (free_.size() <= keep) return;
+      const auto cut = free_.end() - static_cast<std::ptrdiff_t>(keep);
+      freed.assign(free_.begin(), cut);
+      free_.erase(free_.begin(), cut);
+    }
+    cudaSetDevice(device_);
+    for (const auto& [p, capacity] : freed) cudaFree(p);
+  }
+
+ private:
+  const int device_;
+  absl::Mutex mu_;
+  std::vector<std::pair<void*, uint64_t>> free_ ABSL_GUARDED_BY(mu_);
+};
+
+CudaIpcDeviceSink::CudaIpcDeviceSink(int device, v1::CudaIpcPeer peer,
+                                     CudaIpcLocalView local)
+    : device_(device),
+      peer_(std::move(peer)),
+      local_(std::move(local)),
+      pool_(std::make_shared<Pool>(device)) {}
+
 absl::StatusOr<std::unique_ptr<CudaIpcDeviceSink>> CudaIpcDeviceSink::Create(
     int device) {
   auto peer = CudaIpcPeerOf(device);
@@ -143,24 +226,59 @@ std::shared_ptr<void> CudaIpcDeviceSink::TakeStaged() {
   return std::move(staging_);
 }
 
+bool CudaIpcDeviceSink::hands_over() const { return TANDEM_ENABLE_CUDA != 0; }
+
+StagedIpcCopy CudaIpcDeviceSink::TakeStagedCopy() {
+  if (!hands_over() || staging_ == nullptr || staged_bytes_ == 0) return {};
+  StagedIpcCopy copy;
+  copy.bytes = staged_bytes_;
+  copy.device = device_;
+  copy.memory = TakeStaged();
+#if TANDEM_ENABLE_CUDA
+  const int device = device_;
+  copy.crc32c = [device](const uint8_t* d,
+                         uint64_t n) -> absl::StatusOr<uint32_t> {
+    TANDEM_CUDA_RETURN(cudaSetDevice(device), "cudaSetDevice");
+    return kernels::cuda::Crc32cDevice(d, n);
+  };
+  copy.tree_sha256 = [device](const uint8_t* d,
+                              uint64_t n) -> absl::StatusOr<std::string> {
+    TANDEM_CUDA_RETURN(cudaSetDevice(device), "cudaSetDevice");
+    return kernels::cuda::Sha256TreeDevice(d, n);
+  };
+#endif
+  return copy;
+}
+
 absl::Status CudaIpcDeviceSink::CopyOffer(const v1::CudaIpcOffer& offer,
                                           int device) {
   static_assert(sizeof(cudaIpcMemHandle_t) == kCudaIpcHandleBytes);
   TANDEM_CUDA_RETURN(cudaSetDevice(device_), "cudaSetDevice");
   if (staging_ == nullptr || capacity_ < offer.size()) {
-    staging_.reset();
+    staging_.reset();  // back to the pool
     capacity_ = 0;
     staged_bytes_ = 0;
-    void* fresh = nullptr;
-    TANDEM_CUDA_RETURN(cudaMalloc(&fresh, offer.size()),
-                       "cudaMalloc of the device staging buffer");
-    const int device = device_;
-    staging_ = std::shared_ptr<void>(fresh, [device](void* p) {
-      cudaSetDevice(device);
-      cudaFree(p);
-    });
-    capacity_ = offer.size();
+    auto [fresh, capacity] = pool_->Take(offer.size());
+    if (fresh != nullptr) {
+      // Its last owner dropped it, but kernels it queued before may still
+      // read it (on any stream): let them finish before it is overwritten.
+      if (const cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) {
+        pool_->Return(fresh, capacity);
+        (void)cudaGetLastError();
+        return CudaError(e, "waiting for the readers of a pooled buffer");
+      }
+    } else {
+      // Every free buffer is too small: give them back before growing.
+      pool_->Trim(0);
+      TANDEM_CUDA_RETURN(cudaMalloc(&fresh, offer.size()),
+                         "cudaMalloc of the device staging buffer");
+      capacity = offer.size();
+      ++allocations_;
+    }
+    staging_ = Pool::Own(pool_, fresh, capacity);
+    capacity_ = capacity;
   }
+  pool_->Trim(kMaxFreeBuffers);
   cudaIpcMemHandle_t handle;
   std::memcpy(handle.reserved, offer.handle().data(), sizeof(handle));
   void* mapped = nullptr;

@@ -36,12 +36,24 @@ absl::StatusOr<std::shared_ptr<DeviceWeightBuffer>> AllocateDeviceWeightBuffer(
     std::shared_ptr<DeferredFrees> frees = nullptr);
 
 // A CudaIpcSink on `device` (this process's CUDA index): a device staging
-// buffer grown to the largest payload copied. TakeStaged() hands the
-// buffer of the last copy over (to go live from it, device_go_live.h);
-// the next CopyOffer then copies into a new allocation, so a live
-// version's bytes are never overwritten.
+// buffer grown to the largest payload copied. TakeStaged() or
+// TakeStagedCopy() hands the buffer of the last copy over (to go live
+// from it, device_go_live.h); the next CopyOffer then copies into another
+// allocation, so a live version's bytes are never overwritten.
+//
+// Pool: a buffer handed over comes back to the sink when its last owner
+// drops it (the live weights of a version the engine swapped out): its
+// deleter only puts it on a free list (no cudaFree, so it never blocks the
+// engine's thread), and the next CopyOffer reuses a free buffer large
+// enough instead of calling cudaMalloc, after a cudaDeviceSynchronize
+// (kernels queued before the owner dropped it may still read it). At most
+// kMaxFreeBuffers stay on the list; CopyOffer frees the rest, and the
+// destructor every buffer not handed over (one still owned is freed by its
+// last owner then).
 class CudaIpcDeviceSink final : public CudaIpcSink {
  public:
+  static constexpr size_t kMaxFreeBuffers = 2;
+
   static absl::StatusOr<std::unique_ptr<CudaIpcDeviceSink>> Create(int device);
   ~CudaIpcDeviceSink() override;
 
@@ -49,27 +61,37 @@ class CudaIpcDeviceSink final : public CudaIpcSink {
   const CudaIpcLocalView& local() const override { return local_; }
   absl::Status CopyOffer(const v1::CudaIpcOffer& offer, int device) override;
   absl::Status ReadStaged(uint64_t offset, absl::Span<uint8_t> dst) override;
+  // The copy with the device CRC-32C (kernels::cuda::Crc32cDevice); only
+  // in builds with the CUDA kernels (TANDEM_ENABLE_CUDA): elsewhere
+  // hands_over() is false and the receiver stages through ReadStaged.
+  StagedIpcCopy TakeStagedCopy() override;
+  bool hands_over() const override;
 
   // The staged payload of the last CopyOffer (device memory on device()).
   const void* staged() const { return staging_.get(); }
   // The allocation holding the last CopyOffer's payload (staged_bytes()
-  // bytes at its start; freed with cudaFree when the last owner drops it),
+  // bytes at its start; back to the pool when the last owner drops it),
   // given up by the sink (staged() is null and staged_bytes() 0 after it:
   // read them first); null when nothing was copied since the last take.
   std::shared_ptr<void> TakeStaged();
   uint64_t staged_bytes() const { return staged_bytes_; }
   int device() const { return device_; }
+  // cudaMalloc calls made for staging buffers so far (the pool's test).
+  uint64_t allocations() const { return allocations_; }
 
  private:
-  CudaIpcDeviceSink(int device, v1::CudaIpcPeer peer, CudaIpcLocalView local)
-      : device_(device), peer_(std::move(peer)), local_(std::move(local)) {}
+  class Pool;
+
+  CudaIpcDeviceSink(int device, v1::CudaIpcPeer peer, CudaIpcLocalView local);
 
   const int device_;
   const v1::CudaIpcPeer peer_;
   const CudaIpcLocalView local_;
+  const std::shared_ptr<Pool> pool_;
   std::shared_ptr<void> staging_;
   uint64_t capacity_ = 0;
   uint64_t staged_bytes_ = 0;
+  uint64_t allocations_ = 0;
 };
 
 // Whether this process sees a CUDA device (false without a driver).

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -61,6 +62,26 @@ class DeviceArrays {
 
 }  // namespace
 
+// The compactor's device scratch, grown to the largest slice and kept: a
+// version costs no cudaMalloc after the first of its size.
+struct CudaChangeCompactor::Scratch {
+  kernels::cuda::DeviceScratch indices;
+  kernels::cuda::DeviceScratch new_words;
+  kernels::cuda::DeviceScratch old_words;
+  kernels::cuda::CompactScratch compact;
+};
+
+CudaChangeCompactor::CudaChangeCompactor(uint64_t slice_words)
+    : slice_words_(slice_words == 0 ? 1 : slice_words),
+      scratch_(std::make_unique<Scratch>()) {}
+
+CudaChangeCompactor::~CudaChangeCompactor() = default;
+
+int CudaChangeCompactor::DeviceAllocationsForTest() const {
+  return scratch_->indices.allocations() + scratch_->new_words.allocations() +
+         scratch_->old_words.allocations() + scratch_->compact.allocations();
+}
+
 absl::StatusOr<CompactedChange> CudaChangeCompactor::Compact(
     const DeviceFlat& prev, const DeviceFlat& next, uint64_t max_listed) {
   if (prev.bytes != next.bytes || prev.bytes % 2 != 0) {
@@ -70,13 +91,15 @@ absl::StatusOr<CompactedChange> CudaChangeCompactor::Compact(
   }
   const uint64_t words = next.bytes / 2;
   const uint64_t slice = std::min(slice_words_, std::max<uint64_t>(words, 1));
-  DeviceArrays arrays(nullptr);
-  absl::StatusOr<uint64_t*> d_indices = arrays.Alloc<uint64_t>(slice);
-  if (!d_indices.ok()) return d_indices.status();
-  absl::StatusOr<uint16_t*> d_new = arrays.Alloc<uint16_t>(slice);
-  if (!d_new.ok()) return d_new.status();
-  absl::StatusOr<uint16_t*> d_old = arrays.Alloc<uint16_t>(slice);
-  if (!d_old.ok()) return d_old.status();
+  absl::StatusOr<void*> indices = scratch_->indices.Get(slice * 8);
+  if (!indices.ok()) return indices.status();
+  absl::StatusOr<void*> new_words = scratch_->new_words.Get(slice * 2);
+  if (!new_words.ok()) return new_words.status();
+  absl::StatusOr<void*> old_words = scratch_->old_words.Get(slice * 2);
+  if (!old_words.ok()) return old_words.status();
+  auto* d_indices = static_cast<uint64_t*>(*indices);
+  auto* d_new = static_cast<uint16_t*>(*new_words);
+  auto* d_old = static_cast<uint16_t*>(*old_words);
   const auto* p = reinterpret_cast<const uint16_t*>(prev.data);
   const auto* n = reinterpret_cast<const uint16_t*>(next.data);
   CompactedChange out;
@@ -84,7 +107,8 @@ absl::StatusOr<CompactedChange> CudaChangeCompactor::Compact(
   for (uint64_t first = 0; first < words; first += slice) {
     const uint64_t count = std::min(slice, words - first);
     absl::StatusOr<uint64_t> changed = kernels::cuda::CompactChangedWords(
-        p + first, n + first, count, *d_indices, *d_new, *d_old);
+        p + first, n + first, count, d_indices, d_new, d_old,
+        /*stream=*/nullptr, &scratch_->compact);
     if (!changed.ok()) return changed.status();
     out.changed_words += *changed;
     if (listing && out.changed_words > max_listed) {
@@ -100,9 +124,9 @@ absl::StatusOr<CompactedChange> CudaChangeCompactor::Compact(
     out.old_words.resize(at + *changed);
     for (auto [dst, src, size] :
          {std::tuple<void*, const void*, size_t>{out.indices.data() + at,
-                                                 *d_indices, *changed * 8},
-          {out.new_words.data() + at, *d_new, *changed * 2},
-          {out.old_words.data() + at, *d_old, *changed * 2}}) {
+                                                 d_indices, *changed * 8},
+          {out.new_words.data() + at, d_new, *changed * 2},
+          {out.old_words.data() + at, d_old, *changed * 2}}) {
       if (cudaError_t e = cudaMemcpy(dst, src, size, cudaMemcpyDeviceToHost);
           e != cudaSuccess) {
         return CudaFailure(e, "cudaMemcpy of the compacted change");

@@ -12,6 +12,7 @@
 // Built only with TANDEM_ENABLE_CUDA (library tandem_weights_cuda).
 
 #include <cstdint>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -23,18 +24,28 @@ namespace tandem::weights {
 // Compacts on the calling thread's current CUDA device (where both buffers
 // must lie), on the default stream, in slices of at most
 // `slice_words` words, so its device scratch (12 bytes per word of a
-// slice) stays bounded whatever the model size; it stops listing (and only
-// counts) once more than max_listed words changed. Thread-compatible.
+// slice, kept between calls) stays bounded whatever the model size; it
+// stops listing (and only counts) once more than max_listed words
+// changed. Thread-compatible.
 class CudaChangeCompactor : public ChangeCompactor {
  public:
-  explicit CudaChangeCompactor(uint64_t slice_words = uint64_t{8} << 20)
-      : slice_words_(slice_words == 0 ? 1 : slice_words) {}
+  explicit CudaChangeCompactor(uint64_t slice_words = uint64_t{8} << 20);
+  ~CudaChangeCompactor() override;
+
   absl::StatusOr<CompactedChange> Compact(const DeviceFlat& prev,
                                           const DeviceFlat& next,
                                           uint64_t max_listed) override;
 
+  // cudaMalloc calls of its scratch so far: the device scratch (the slice's
+  // lists and the compaction's temporaries) is kept and grown, never
+  // freed between versions, so a version of a size already seen
+  // allocates nothing.
+  int DeviceAllocationsForTest() const;
+
  private:
+  struct Scratch;
   uint64_t slice_words_;
+  std::unique_ptr<Scratch> scratch_;
 };
 
 // Applies an encoded delta (kernels/bf16_delta.h) to `bytes` bytes of

@@ -23,7 +23,11 @@ absl::Span<const uint8_t> HostBytes(const at::Tensor& t, int64_t offset,
 }
 
 // Hashes a device tensor's bytes through two pinned pieces, the copy of
-// the next piece in flight while the host hashes this one.
+// the next piece in flight while the host hashes this one. The pieces come
+// from LibTorch's caching host allocator (at::empty with pinned_memory):
+// freed, they go back to its free list and the next version's are taken
+// from there, so only the first version pays for cudaHostAlloc
+// (gpu_device_test checks this with the allocator's statistics).
 absl::Status HashDeviceBytes(const at::Tensor& flat, int64_t piece_bytes,
                              Sha256Hasher* hasher) {
   const int64_t total = flat.numel();

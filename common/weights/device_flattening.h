@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -35,8 +36,25 @@ absl::Status FlattenModelInto(const model::ModelWeights& weights,
 // is synchronized), so it can be offered at once. `frees`: as
 // AllocateDeviceWeightBuffer's. FailedPrecondition when
 // the weights are not on a CUDA device.
+//
+// `reuse`: a buffer no one else holds (DeviceVersionRing::
+// TakeOldestForReuse) whose memory is written instead of allocating: same
+// allocation, handle and deleter, a new token (so that an offer of its
+// old version no longer matches it) and the new version. Used only when
+// its payload is layout.total_bytes() long and on the weights' device;
+// otherwise it is released and a buffer allocated.
 absl::StatusOr<std::shared_ptr<DeviceWeightBuffer>> FlattenModelToDevice(
     const model::ModelWeights& weights, const FlatWeightLayout& layout,
-    uint64_t policy_version, std::shared_ptr<DeferredFrees> frees = nullptr);
+    uint64_t policy_version, std::shared_ptr<DeferredFrees> frees = nullptr,
+    std::shared_ptr<const DeviceWeightBuffer> reuse = nullptr);
+
+// A new host flat buffer (pageable) holding the layout.total_bytes() bytes
+// at `buffer.payload`, memory of `device` (a FlattenModelToDevice result on
+// the weights' device; tests pass host memory and kCPU): ONE copy, finished
+// when it returns. The trainer's host copy of a version it flattened on the
+// device, equal to FlattenModel's by construction.
+absl::StatusOr<std::shared_ptr<std::vector<uint8_t>>> CopyDeviceFlatToHost(
+    const DeviceWeightBuffer& buffer, const FlatWeightLayout& layout,
+    c10::Device device);
 
 }  // namespace tandem::weights

@@ -7,29 +7,34 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/model/model_config.h"
 #include "common/model/model_weights.h"
 #include "common/model/torch_status.h"
 #include "common/weights/tree_digest.h"
 #include "kernels/crc32c.h"
-#include "kernels/finite_scan.h"
 
 namespace tandem::weights {
 namespace {
 
-constexpr char kNonFinitePrefix[] = "non-finite weights: ";
-
-std::optional<at::ScalarType> FloatType(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_F32:
+// The LibTorch dtype of a float format.
+at::ScalarType TorchTypeOf(kernels::FloatFormat format) {
+  switch (format) {
+    case kernels::FloatFormat::kF32:
       return at::kFloat;
-    case v1::DTYPE_BF16:
+    case kernels::FloatFormat::kBF16:
       return at::kBFloat16;
-    default:
-      return std::nullopt;
+    case kernels::FloatFormat::kF16:
+      return at::kHalf;
   }
+  return at::kFloat;
+}
+
+// The float dtype of a layout tensor, or nullopt for other dtypes.
+std::optional<at::ScalarType> FloatType(v1::DType dtype) {
+  const std::optional<kernels::FloatFormat> format = FloatFormatOf(dtype);
+  if (!format.has_value()) return std::nullopt;
+  return TorchTypeOf(*format);
 }
 
 absl::Status CheckBuffer(uint64_t version, const FlatWeightLayout& layout,
@@ -57,50 +62,44 @@ at::Tensor View(const at::Tensor& staged, const TensorPlacement& placement,
       .view(placement.info.shape);
 }
 
-// Host memory: the bit-pattern scan of the host path (kernels/
-// finite_scan.h), at memory bandwidth, naming the element.
-absl::Status CheckFiniteOnHost(uint64_t version, const FlatWeightLayout& layout,
-                               const at::Tensor& staged) {
-  const auto* base = static_cast<const uint8_t*>(staged.data_ptr());
-  for (const TensorPlacement& placement : layout.tensors()) {
-    const std::optional<at::ScalarType> dtype = FloatType(placement.info.dtype);
-    if (!dtype.has_value()) continue;
-    const kernels::FloatFormat format = *dtype == at::kFloat
-                                            ? kernels::FloatFormat::kF32
-                                            : kernels::FloatFormat::kBF16;
-    const std::optional<kernels::NonFiniteValue> bad = kernels::FindNonFinite(
-        {base + placement.offset, placement.info.byte_size}, format);
-    if (!bad.has_value()) continue;
-    return absl::OutOfRangeError(absl::StrCat(
-        kNonFinitePrefix, "weights v", version, " tensor '",
-        placement.info.name, "' holds Inf or NaN (",
-        kernels::NonFiniteName(*bad), " at element ", bad->index, ")"));
-  }
-  return absl::OkStatus();
-}
-
 // Any device: torch isfinite on the tensor's device. One flag per float
 // tensor, computed there; the host reads them once for the whole version.
+// A flagged tensor (a refusal, so its cost does not matter) is copied to
+// the host and scanned there by the host path's scan, so that both paths
+// refuse with the same code and message (finite_weights.h).
 absl::Status CheckFiniteOnDevice(uint64_t version,
                                  const FlatWeightLayout& layout,
                                  const at::Tensor& staged) {
   std::vector<at::Tensor> bad;
-  std::vector<const TensorPlacement*> which;
-  for (const TensorPlacement& placement : layout.tensors()) {
-    const std::optional<at::ScalarType> dtype = FloatType(placement.info.dtype);
-    if (!dtype.has_value() || placement.info.byte_size == 0) continue;
+  std::vector<size_t> which;
+  const std::vector<TensorPlacement>& tensors = layout.tensors();
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const std::optional<at::ScalarType> dtype =
+        FloatType(tensors[t].info.dtype);
+    if (!dtype.has_value() || tensors[t].info.byte_size == 0) continue;
     bad.push_back(
-        at::logical_not(at::isfinite(View(staged, placement, *dtype))).any());
-    which.push_back(&placement);
+        at::logical_not(at::isfinite(View(staged, tensors[t], *dtype))).any());
+    which.push_back(t);
   }
   if (bad.empty()) return absl::OkStatus();
   const at::Tensor flags = at::stack(bad).to(at::kCPU);
   const bool* flag = flags.data_ptr<bool>();
   for (size_t i = 0; i < which.size(); ++i) {
     if (!flag[i]) continue;
-    return absl::OutOfRangeError(
-        absl::StrCat(kNonFinitePrefix, "weights v", version, " tensor '",
-                     which[i]->info.name, "' holds Inf or NaN"));
+    const TensorPlacement& p = tensors[which[i]];
+    const at::Tensor bytes =
+        staged
+            .narrow(0, static_cast<int64_t>(p.offset),
+                    static_cast<int64_t>(p.info.byte_size))
+            .to(at::kCPU)
+            .contiguous();
+    absl::Status refused = CheckTensorPieceFinite(
+        version, layout, which[i], p.offset,
+        {static_cast<const uint8_t*>(bytes.data_ptr()), p.info.byte_size});
+    if (!refused.ok()) return refused;
+    return absl::InternalError(absl::StrCat(
+        "weights v", version, ": torch isfinite flagged tensor '",
+        p.info.name, "' but its host copy is finite"));
   }
   return absl::OkStatus();
 }
@@ -153,11 +152,6 @@ absl::Status CheckStagedDigest(uint64_t version, const at::Tensor& staged,
 
 }  // namespace
 
-bool IsNonFiniteWeights(const absl::Status& status) {
-  return absl::IsOutOfRange(status) &&
-         absl::StartsWith(status.message(), kNonFinitePrefix);
-}
-
 absl::Status VerifyStagedTensor(const v1::WeightManifest& manifest,
                                 const FlatWeightLayout& layout,
                                 const at::Tensor& staged,
@@ -166,6 +160,11 @@ absl::Status VerifyStagedTensor(const v1::WeightManifest& manifest,
   if (absl::Status s = layout.CheckSameLayout(manifest); !s.ok()) return s;
   if (absl::Status s = CheckBuffer(version, layout, staged); !s.ok()) {
     return s;
+  }
+  if (options.finite_check == FiniteCheck::kBitScan && !staged.is_cpu()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "weights v", version, ": the bit-scan finite check reads host memory, ",
+        "the buffer is on ", staged.device().str()));
   }
   if (!options.crc32c && !staged.is_cpu()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -191,10 +190,12 @@ absl::Status VerifyStagedTensor(const v1::WeightManifest& manifest,
     }
   }
   try {
+    const bool torch =
+        options.finite_check == FiniteCheck::kTorch ||
+        (options.finite_check == FiniteCheck::kAuto && !staged.is_cpu());
     const absl::Status finite =
-        staged.is_cpu() && !options.torch_finite_check_for_test
-            ? CheckFiniteOnHost(version, layout, staged)
-            : CheckFiniteOnDevice(version, layout, staged);
+        torch ? CheckFiniteOnDevice(version, layout, staged)
+              : CheckWeightsFinite(version, layout, {base, layout.total_bytes()});
     if (!finite.ok()) return finite;
   } catch (const std::exception& e) {
     return model::internal::TorchErrorToStatus(

@@ -11,9 +11,10 @@
 //   2. CRC-32C of every bucket against the manifest (on the device through
 //      the caller's BucketCrc32c, e.g. DeviceMemory::Crc32c of
 //      device_broadcast.h; the host kernels::Crc32c for a CPU tensor);
-//   3. every float tensor finite (torch isfinite on the tensor's device,
-//      one host read of the result for the whole version; for a CPU
-//      tensor the host path's bit-pattern scan, kernels/finite_scan.h);
+//   3. every float tensor (F32, BF16, F16) finite (torch isfinite on the
+//      tensor's device, one host read of the result for the whole version;
+//      for a CPU tensor the host path's bit-pattern scan); refused exactly
+//      as the host path refuses (finite_weights.h);
 //   4. the digest of the whole buffer against the trusted one: on a CUDA
 //      tensor with a trusted tree root and a device tree function, the
 //      tree digest on the device (tree_digest.h; one thread per 4 KiB
@@ -42,6 +43,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/weights/device_digest.h"
+#include "common/weights/finite_weights.h"
 #include "common/weights/flat_weight_layout.h"
 #include "tandem/v1/common.pb.h"
 
@@ -56,6 +58,9 @@ namespace tandem::weights {
 // device).
 using BucketCrc32c =
     std::function<absl::StatusOr<uint32_t>(const uint8_t* d, uint64_t n)>;
+
+// Which finite check VerifyStagedTensor runs (check 3 above).
+enum class FiniteCheck { kAuto, kBitScan, kTorch };
 
 // The tree root (tree_digest.h, 32 raw bytes) of `n` bytes at `d` (memory
 // of the staged tensor's device), e.g. kernels::cuda::Sha256TreeDevice.
@@ -93,24 +98,24 @@ struct DeviceGoLiveOptions {
   TreeSha256Fn tree_sha256;
   GoLiveDigest digest = GoLiveDigest::kAuto;
   int64_t piece_bytes = kDeviceDigestPieceBytes;
-  // Runs the device finite check (torch isfinite) on a CPU tensor too, so
-  // that CPU tests cover the code a CUDA worker runs.
-  bool torch_finite_check_for_test = false;
+  // How check 3 reads the values. kAuto: torch isfinite for a tensor on a
+  // device, the host bit-pattern scan for a CPU tensor. kTorch runs torch
+  // isfinite on a CPU tensor too (tests cover the code a CUDA worker runs
+  // that way). kBitScan REQUIRES a CPU tensor (FailedPrecondition
+  // otherwise). All three refuse alike (finite_weights.h).
+  FiniteCheck finite_check = FiniteCheck::kAuto;
 };
 
 // Checks 1-4 above on `staged`. Errors name the version and what failed:
 // FailedPrecondition (layout, missing CRC function), InvalidArgument (a
 // tensor that is not a contiguous uint8 buffer of the layout's size),
-// DataLoss for a CRC mismatch ("bucket N") or a digest mismatch
-// (IsDigestMismatch), OutOfRange for a non-finite value naming the tensor
-// (IsNonFiniteWeights).
+// DataLoss for a CRC mismatch ("bucket N"), a digest mismatch
+// (IsDigestMismatch) or a non-finite value (finite_weights.h's refusal,
+// IsNonFiniteWeights).
 absl::Status VerifyStagedTensor(const v1::WeightManifest& manifest,
                                 const FlatWeightLayout& layout,
                                 const at::Tensor& staged,
                                 const DeviceGoLiveOptions& options);
-
-// True for VerifyStagedTensor's non-finite refusal.
-bool IsNonFiniteWeights(const absl::Status& status);
 
 // ModelWeights for `config` whose tensors are views into `staged` (same
 // device, the config's dtype), holding its storage. No check of the bytes:

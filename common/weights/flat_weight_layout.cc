@@ -92,6 +92,19 @@ uint64_t DTypeSize(v1::DType dtype) {
   }
 }
 
+std::optional<kernels::FloatFormat> FloatFormatOf(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_F32:
+      return kernels::FloatFormat::kF32;
+    case v1::DTYPE_BF16:
+      return kernels::FloatFormat::kBF16;
+    case v1::DTYPE_F16:
+      return kernels::FloatFormat::kF16;
+    default:
+      return std::nullopt;
+  }
+}
+
 absl::StatusOr<FlatWeightLayout> FlatWeightLayout::Create(
     std::vector<TensorInfo> tensors, const LayoutOptions& options) {
   if (!IsPowerOfTwo(options.alignment) || options.alignment < 4) {

@@ -24,6 +24,7 @@
 // Thread-safety: immutable after creation; safe to share.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "kernels/finite_scan.h"
 #include "tandem/v1/common.pb.h"
 
 namespace tandem::weights {
@@ -39,6 +41,10 @@ namespace tandem::weights {
 // Size in bytes of one element of `dtype`; 0 for DTYPE_UNSPECIFIED or an
 // unknown value.
 uint64_t DTypeSize(v1::DType dtype);
+
+// The floating-point format of `dtype` that the finite check scans
+// (finite_weights.h): F32, BF16 and F16; nullopt for any other dtype.
+std::optional<kernels::FloatFormat> FloatFormatOf(v1::DType dtype);
 
 // One tensor to place.
 struct TensorInfo {

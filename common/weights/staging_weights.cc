@@ -5,29 +5,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/weights/finite_weights.h"
 #include "common/weights/weight_digest.h"
 #include "kernels/crc32c.h"
 #include "kernels/bf16_change.h"
 #include "kernels/bf16_delta.h"
-#include "kernels/finite_scan.h"
 
 namespace tandem::weights {
-namespace {
-
-std::optional<kernels::FloatFormat> FloatFormatOf(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_F32:
-      return kernels::FloatFormat::kF32;
-    case v1::DTYPE_BF16:
-      return kernels::FloatFormat::kBF16;
-    case v1::DTYPE_F16:
-      return kernels::FloatFormat::kF16;
-    default:
-      return std::nullopt;
-  }
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<StagingWeights>> StagingWeights::Create(
     FlatWeightLayout layout, StagingMode mode) {
@@ -56,9 +40,7 @@ StagingWeights::StagingWeights(FlatWeightLayout layout, StagingMode mode)
       const uint64_t from = std::max(begin, b.offset);
       const uint64_t to = std::min(end, b.offset + b.size);
       if (from >= to) continue;
-      float_pieces_[b.index].push_back(
-          {t, from, to - from,
-           (from - begin) / kernels::FloatFormatSize(*format)});
+      float_pieces_[b.index].push_back({t, from, to - from});
     }
   }
 }
@@ -66,16 +48,12 @@ StagingWeights::StagingWeights(FlatWeightLayout layout, StagingMode mode)
 absl::Status StagingWeights::CheckFinite(const uint8_t* flat, uint32_t bucket,
                                          uint64_t version) const {
   for (const FloatPiece& piece : float_pieces_[bucket]) {
-    const TensorPlacement& t = layout_.tensors()[piece.tensor];
-    const kernels::FloatFormat format = *FloatFormatOf(t.info.dtype);
-    const std::optional<kernels::NonFiniteValue> bad = kernels::FindNonFinite(
-        {flat + piece.offset, piece.size}, format);
-    if (!bad.has_value()) continue;
-    return absl::DataLossError(absl::StrCat(
-        "weights v", version, " refused: tensor '", t.info.name, "' (",
-        kernels::FloatFormatName(format), ") holds a non-finite value: "
-        "element ", piece.first + bad->index, " is ",
-        kernels::NonFiniteName(*bad), " (bucket ", bucket, ")"));
+    if (absl::Status s =
+            CheckTensorPieceFinite(version, layout_, piece.tensor, piece.offset,
+                                   {flat + piece.offset, piece.size});
+        !s.ok()) {
+      return s;
+    }
   }
   return absl::OkStatus();
 }
@@ -469,6 +447,55 @@ std::optional<v1::WeightManifest> StagingWeights::live_manifest() const {
 StagingStats StagingWeights::stats() const {
   absl::MutexLock lock(&mu_);
   return stats_;
+}
+
+absl::Status StagingWeights::CommitVerifiedElsewhere(
+    const v1::WeightManifest& manifest,
+    const std::function<absl::Status(absl::Span<uint8_t>)>& fill) {
+  if (mode_ != StagingMode::kDoubleBuffer) {
+    return absl::FailedPreconditionError(
+        "a version verified elsewhere follows a double-buffered staging only");
+  }
+  if (manifest.kind() != v1::WEIGHT_PAYLOAD_KIND_FULL) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weights v", manifest.policy_version(),
+                     ": only a FULL version can be verified elsewhere"));
+  }
+  if (absl::Status s = Begin(manifest); !s.ok()) return s;
+  uint8_t* staging = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    staging = StagingBuffer().data();
+  }
+  // The staging buffer belongs to this (the receiving) thread until Commit.
+  const absl::Span<uint8_t> bytes(staging, layout_.total_bytes());
+  absl::Status copied = fill(bytes);
+  if (copied.ok()) copied = VerifyWeights(manifest, bytes);
+  {
+    absl::MutexLock lock(&mu_);
+    if (!copied.ok()) {
+      return Reject(absl::Status(
+          copied.code(),
+          absl::StrCat(
+              "weights v", manifest.policy_version(),
+              ": copy of a version verified elsewhere: ", copied.message())));
+    }
+    if (manifest.sha256().empty()) ++stats_.unsigned_versions;
+    bucket_done_.assign(layout_.num_buckets(), true);
+    buckets_left_ = 0;
+    state_ = State::kReady;
+  }
+  return Commit().status();
+}
+
+void StagingWeights::RecordRefusedElsewhere(uint64_t version, Refusal why) {
+  absl::MutexLock lock(&mu_);
+  ++stats_.rejected_versions;
+  if (why == Refusal::kNonFinite) ++stats_.nonfinite_versions;
+  if (why == Refusal::kDigestMismatch) ++stats_.digest_mismatches;
+  if (!refused_version_.has_value() || *refused_version_ < version) {
+    refused_version_ = version;
+  }
 }
 
 std::optional<uint64_t> StagingWeights::refused_version() const {

@@ -208,6 +208,42 @@ class StagingWeights {
   void SetTamperHookForTest(
       std::function<void(uint64_t version, absl::Span<uint8_t> flat)> tamper);
 
+  // ---- A version verified elsewhere (device_go_live.h) ----
+  //
+  // A worker that verified a version where its bytes lie (a CUDA IPC copy
+  // in device memory: CRC-32C of every bucket, the finite check and the
+  // trusted SHA-256, GoLiveFromStagedTensor) and made it live from there
+  // keeps this (host) staging at that version, so that receivers plan from
+  // it (Plan asks for versions newer than live_version()) and deltas apply
+  // to its bytes.
+
+  // Makes the FULL version of `manifest` live: Begin()'s checks, then
+  // `fill` writes the version's bytes into the staging buffer (on the
+  // receiving thread, unlocked; an error drops the version), then each
+  // bucket's CRC-32C is checked against `manifest` and the version is
+  // committed (DataLoss: the copy differs from the bytes verified; the
+  // version is rejected and live stays). The finite check and the SHA-256
+  // are not run again: REQUIRES the caller verified these same bytes
+  // against this same manifest (and its trusted digest) already. Those
+  // checks guard against bad weights and against bytes altered on an
+  // unauthenticated network path; a copy within this process of bytes that
+  // passed them has neither, and the CRC-32C catches a copy gone wrong.
+  // An empty manifest `sha256` is counted in stats().unsigned_versions,
+  // as the receive path counts it. kDoubleBuffer only (FailedPrecondition
+  // otherwise). Counted as a commit, not in bytes_received.
+  absl::Status CommitVerifiedElsewhere(
+      const v1::WeightManifest& manifest,
+      const std::function<absl::Status(absl::Span<uint8_t>)>& fill);
+
+  // Why a version verified elsewhere was refused.
+  enum class Refusal { kCorrupt, kNonFinite, kDigestMismatch };
+  // Counts `version`'s refusal as the receive path would (rejected_versions,
+  // and nonfinite_versions or digest_mismatches) and keeps it in
+  // refused_version(), so that receivers wait for a newer version instead
+  // of fetching this one again: its bytes came from the trainer's own copy,
+  // which a second fetch would copy again.
+  void RecordRefusedElsewhere(uint64_t version, Refusal why);
+
   // ---- Engine side ----
 
   // True when a verified version waits for Commit().
@@ -237,7 +273,8 @@ class StagingWeights {
 
   StagingStats stats() const;
 
-  // The newest version refused for non-finite values (see above), if any.
+  // The newest version refused for non-finite values (see above), or by a
+  // verification made elsewhere (RecordRefusedElsewhere), if any.
   // A receiver asks for versions newer than max(live, refused): the
   // trainer's copy of a refused version is no better the second time.
   std::optional<uint64_t> refused_version() const;
@@ -250,8 +287,9 @@ class StagingWeights {
   absl::Status Reject(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckReceivingFull(uint32_t bucket) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // DataLoss naming the first non-finite value of a floating-point tensor
-  // in `bucket` of `flat` (a whole version's buffer), else OK.
+  // The refusal of finite_weights.h for the first non-finite value of a
+  // floating-point tensor in `bucket` of `flat` (a whole version's
+  // buffer), else OK.
   absl::Status CheckFinite(const uint8_t* flat, uint32_t bucket,
                            uint64_t version) const;
   // The digest check of the whole staged buffer (see "Digest check").
@@ -269,7 +307,6 @@ class StagingWeights {
     size_t tensor;       // index in layout_.tensors()
     uint64_t offset;     // in the flat buffer
     uint64_t size;       // bytes
-    uint64_t first;      // index of its first element in the tensor
   };
 
   const FlatWeightLayout layout_;

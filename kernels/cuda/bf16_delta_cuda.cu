@@ -95,57 +95,77 @@ bool DeviceAvailable() {
   return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
 }
 
+DeviceScratch::~DeviceScratch() {
+  if (data_ != nullptr) cudaFree(data_);
+}
+
+absl::StatusOr<void*> DeviceScratch::Get(uint64_t bytes) {
+  int device = 0;
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device), "cudaGetDevice");
+  if (data_ != nullptr && bytes <= capacity_ && device == device_) {
+    return data_;
+  }
+  if (data_ != nullptr) {
+    // Unified addressing: cudaFree finds the device it was allocated on.
+    cudaFree(data_);
+    data_ = nullptr;
+    capacity_ = 0;
+  }
+  const uint64_t size = bytes == 0 ? 1 : bytes;
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaMalloc(&data_, size), "cudaMalloc");
+  ++allocations_;
+  capacity_ = size;
+  device_ = device;
+  return data_;
+}
+
 absl::StatusOr<uint64_t> CompactChangedWords(const uint16_t* d_prev,
                                              const uint16_t* d_next, uint64_t n,
                                              uint64_t* d_indices,
                                              uint16_t* d_new, uint16_t* d_old,
-                                             void* stream_ptr) {
+                                             void* stream_ptr,
+                                             CompactScratch* scratch) {
   if (n == 0) return uint64_t{0};
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   const uint64_t tiles = (n + kWordsPerTile - 1) / kWordsPerTile;
-  uint64_t* d_counts = nullptr;
-  uint64_t* d_offsets = nullptr;
-  void* d_temp = nullptr;
+  // Without the caller's scratch: one for this call, freed on return.
+  CompactScratch own;
+  CompactScratch& use = scratch != nullptr ? *scratch : own;
+  absl::StatusOr<void*> counts = use.counts.Get(tiles * 8);
+  if (!counts.ok()) return counts.status();
+  absl::StatusOr<void*> offsets = use.offsets.Get(tiles * 8);
+  if (!offsets.ok()) return offsets.status();
+  auto* d_counts = static_cast<uint64_t*>(*counts);
+  auto* d_offsets = static_cast<uint64_t*>(*offsets);
+  CountTiles<<<tiles, kThreads, 0, stream>>>(d_prev, d_next, n, d_counts);
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "CountTiles launch");
   size_t temp_bytes = 0;
-  auto cleanup = [&] {
-    cudaFree(d_counts);
-    cudaFree(d_offsets);
-    cudaFree(d_temp);
-  };
-  auto run = [&]() -> absl::StatusOr<uint64_t> {
-    TANDEM_CUDA_RETURN_IF_ERROR(cudaMalloc(&d_counts, tiles * 8), "cudaMalloc");
-    TANDEM_CUDA_RETURN_IF_ERROR(cudaMalloc(&d_offsets, tiles * 8),
-                                "cudaMalloc");
-    CountTiles<<<tiles, kThreads, 0, stream>>>(d_prev, d_next, n, d_counts);
-    TANDEM_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "CountTiles launch");
-    TANDEM_CUDA_RETURN_IF_ERROR(
-        cub::DeviceScan::ExclusiveSum(d_temp, temp_bytes, d_counts, d_offsets,
-                                      static_cast<int>(tiles), stream),
-        "DeviceScan size");
-    TANDEM_CUDA_RETURN_IF_ERROR(cudaMalloc(&d_temp, temp_bytes), "cudaMalloc");
-    TANDEM_CUDA_RETURN_IF_ERROR(
-        cub::DeviceScan::ExclusiveSum(d_temp, temp_bytes, d_counts, d_offsets,
-                                      static_cast<int>(tiles), stream),
-        "DeviceScan");
-    ScatterTiles<<<tiles, kThreads, 0, stream>>>(d_prev, d_next, n, d_offsets,
-                                                 d_indices, d_new, d_old);
-    TANDEM_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "ScatterTiles launch");
-    uint64_t last_offset = 0, last_count = 0;
-    TANDEM_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(&last_offset, d_offsets + tiles - 1, 8,
-                        cudaMemcpyDeviceToHost, stream),
-        "cudaMemcpy");
-    TANDEM_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(&last_count, d_counts + tiles - 1, 8,
-                        cudaMemcpyDeviceToHost, stream),
-        "cudaMemcpy");
-    TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream),
-                                "cudaStreamSynchronize");
-    return last_offset + last_count;
-  };
-  absl::StatusOr<uint64_t> result = run();
-  cleanup();
-  return result;
+  TANDEM_CUDA_RETURN_IF_ERROR(
+      cub::DeviceScan::ExclusiveSum(nullptr, temp_bytes, d_counts, d_offsets,
+                                    static_cast<int>(tiles), stream),
+      "DeviceScan size");
+  absl::StatusOr<void*> temp = use.temp.Get(temp_bytes);
+  if (!temp.ok()) return temp.status();
+  TANDEM_CUDA_RETURN_IF_ERROR(
+      cub::DeviceScan::ExclusiveSum(*temp, temp_bytes, d_counts, d_offsets,
+                                    static_cast<int>(tiles), stream),
+      "DeviceScan");
+  ScatterTiles<<<tiles, kThreads, 0, stream>>>(d_prev, d_next, n, d_offsets,
+                                               d_indices, d_new, d_old);
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaGetLastError(), "ScatterTiles launch");
+  uint64_t last_offset = 0, last_count = 0;
+  TANDEM_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(&last_offset, d_offsets + tiles - 1, 8,
+                      cudaMemcpyDeviceToHost, stream),
+      "cudaMemcpy");
+  TANDEM_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(&last_count, d_counts + tiles - 1, 8,
+                      cudaMemcpyDeviceToHost, stream),
+      "cudaMemcpy");
+  // Also what makes `scratch` free for the next call.
+  TANDEM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream),
+                              "cudaStreamSynchronize");
+  return last_offset + last_count;
 }
 
 absl::Status ApplyPatch(uint16_t* d_words, uint64_t num_words,

@@ -47,6 +47,10 @@ absl::StatusOr<std::unique_ptr<WeightSubscriber>> WeightSubscriber::Create(
   ASSIGN_OR_RETURN(s->staging_,
                    weights::StagingWeights::Create(
                        std::move(layout), weights::StagingMode::kDoubleBuffer));
+  // Sealed versions (a data-plane key: tls.mode mtls) stay on the host path.
+  s->device_go_live_ = s->options_.pull_cuda_ipc != nullptr &&
+                       s->options_.pull_cuda_ipc->hands_over() &&
+                       s->options_.data_plane_key == nullptr;
   return s;
 }
 

@@ -41,6 +41,26 @@
 //              off for the life of the subscriber: it reports the epoch
 //              failed, then broadcast = false, and pulls every version.
 //
+// Device go-live (a worker on a CUDA device: pull_cuda_ipc set, staged
+// mode, no data-plane key): a version pulled by CUDA IPC is not read back
+// to the host first. The pull receiver leaves the sink's device copy
+// alone (GrpcPullReceiver handoff mode); the subscriber takes it
+// (CudaIpcSink::TakeStagedCopy), verifies it on the device
+// (GoLiveFromStagedTensor: CRC-32C per bucket by the device kernel, the
+// finite check, the SHA-256 of the manifest that came over gRPC) and
+// stages the live weights as views into that copy (converted on the
+// device only when the wire dtype differs from the live dtype), so the
+// engine's swap is a pointer swap with no host round trip;
+// publish-to-staged is measured there. Then the host staging follows: the
+// copy is read back to the host and committed there without a second
+// finite check or SHA-256 (StagingWeights::CommitVerifiedElsewhere),
+// while the engine may already swap; the pull receiver plans from it and
+// deltas (pulled, not offered by CUDA IPC) apply to its bytes. A refusal
+// is counted and logged like the host path's (rejected, and non-finite or
+// digest mismatch under transport cuda_ipc), the live version stays, and
+// the version is not fetched again (StagingWeights::
+// RecordRefusedElsewhere). Broadcasts still go through host staging.
+//
 // A version whose floating-point weights hold an Inf or a NaN is refused
 // by the staging's finite check, whatever the transport: the live weights
 // stay, the refusal is logged and counted
@@ -253,6 +273,13 @@ class WeightSubscriber {
   // The receiver for `address` (a new one when the trainer moved); false
   // when stopping.
   bool EnsurePullReceiver(const std::string& address);
+  // Device go-live (weight_subscriber_device.cc): `manifest`'s version,
+  // which the pull receiver left in the CUDA IPC sink, is verified where it
+  // lies and staged for the engine as views into that copy; then the host
+  // staging follows. The refusal (counted in the staging's stats) or OK.
+  absl::Status GoLiveOnDevice(const v1::WeightManifest& manifest,
+                              weights::SyncTransport transport,
+                              absl::Time started);
   // Counts the shared-memory fallbacks of one pull.
   void RecordShmFallbacks(const weights::PullStats& before,
                           const weights::PullStats& after);
@@ -292,6 +319,11 @@ class WeightSubscriber {
   std::string trainer_address_;
   WeightSyncOptions options_;
   std::shared_ptr<weights::StagingWeights> staging_;
+  // Versions pulled by CUDA IPC go live from the sink's device copy
+  // (options_.pull_cuda_ipc hands copies over, staged mode, no data-plane
+  // key); set by Create.
+  bool device_go_live_ = false;
+  bool device_live_logged_ = false;  // the first device go-live was logged
   ReceivedVersions received_;
   std::thread thread_;
 

@@ -44,6 +44,7 @@ bool WeightSubscriber::EnsurePullReceiver(const std::string& address) {
       rpc::MakeChannel(address, options_.tls),
       weights::PullOptions{.shared_memory = options_.pull_shared_memory,
                            .cuda_ipc = options_.pull_cuda_ipc,
+                           .cuda_ipc_handoff = device_go_live_,
                            .data_plane_key = options_.data_plane_key,
                            .clock = options_.clock});
   absl::MutexLock lock(&mu_);
@@ -69,8 +70,15 @@ void WeightSubscriber::PullOnce(const std::string& address,
       : after.shm_versions > before.shm_versions
           ? weights::SyncTransport::kShm
           : weights::SyncTransport::kPull;
+  // A version the receiver left in the CUDA IPC sink goes live from there.
+  const std::optional<v1::WeightManifest> handed_off =
+      version.ok() ? pull_->TakeCudaIpcHandoff() : std::nullopt;
+  absl::Status result = version.status();
+  if (handed_off.has_value()) {
+    result = GoLiveOnDevice(*handed_off, transport, start);
+  }
   CountNonFinite(nonfinite_before, transport);
-  CountDigestChecks(staging_before, transport, version.status());
+  CountDigestChecks(staging_before, transport, result);
   RecordShmFallbacks(before, after);
   if (options_.metrics != nullptr &&
       after.raw_decrypt_failures > before.raw_decrypt_failures) {
@@ -80,7 +88,9 @@ void WeightSubscriber::PullOnce(const std::string& address,
                             before.raw_decrypt_failures));
   }
   if (version.ok()) {
-    Deliver(*version, transport, start, bytes_before);
+    if (!handed_off.has_value()) {
+      Deliver(*version, transport, start, bytes_before);
+    }
     return;
   }
   // DeadlineExceeded: nothing newer yet. Others: the trainer is away or

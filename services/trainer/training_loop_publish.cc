@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
@@ -46,21 +47,36 @@ TrainingLoop::PublishedWeights() const {
 absl::StatusOr<weights::PublishedVersion> TrainingLoop::StoreVersion(
     uint64_t version) {
   ASSIGN_OR_RETURN(auto weights, PublishedWeights());
+  std::shared_ptr<const weights::DeviceWeightBuffer> buffer;
+  if (parts_.device_ring != nullptr || parts_.device_copies) {
+    buffer = StoreDeviceVersion(*weights, version);
+  }
   // The host copy is still made when the version is also on the device:
   // the weight store serves pulls, catch-up and shared memory from host
   // bytes, and the manifest's CRCs and SHA-256 are computed from it (the
-  // device copy holds the same bytes, so they hold for both).
-  ASSIGN_OR_RETURN(auto flat, weights::FlattenModel(*weights, *layout_));
-  std::optional<weights::DeviceFlat> device;
-  if (parts_.device_ring != nullptr || parts_.device_copies) {
-    std::shared_ptr<const weights::DeviceWeightBuffer> buffer =
-        StoreDeviceVersion(*weights, version);
-    if (buffer != nullptr && parts_.device_copies) {
-      device = weights::DeviceFlat{
-          .data = static_cast<const uint8_t*>(buffer->payload),
-          .bytes = layout_->total_bytes(),
-          .owner = buffer};
+  // device copy holds the same bytes, so they hold for both). A version
+  // flattened on the device is flattened once: the host copy is one
+  // device-to-host copy of that buffer.
+  std::shared_ptr<std::vector<uint8_t>> flat;
+  if (buffer != nullptr) {
+    absl::StatusOr<std::shared_ptr<std::vector<uint8_t>>> copied =
+        weights::CopyDeviceFlatToHost(*buffer, *layout_, weights->device());
+    if (copied.ok()) {
+      flat = *std::move(copied);
+    } else {
+      Log()->warn("version {}: {}; flattening it again on the host", version,
+                  copied.status().ToString());
     }
+  }
+  if (flat == nullptr) {
+    ASSIGN_OR_RETURN(flat, weights::FlattenModel(*weights, *layout_));
+  }
+  std::optional<weights::DeviceFlat> device;
+  if (buffer != nullptr && parts_.device_copies) {
+    device = weights::DeviceFlat{
+        .data = static_cast<const uint8_t*>(buffer->payload),
+        .bytes = layout_->total_bytes(),
+        .owner = buffer};
   }
   ASSIGN_OR_RETURN(tandem::v1::WeightManifest manifest,
                    layout_->BuildManifest(
@@ -110,11 +126,19 @@ TrainingLoop::StoreDeviceVersion(const model::ModelWeights& weights,
   // that reads its manifest finds the device copy. Not fatal: the version
   // is still served by every other path (pull, and broadcast and delta
   // detection from the host copy).
+  // A full ring's oldest version, which this one evicts, lends its memory
+  // when no lease holds it (nor the delta publisher, which keeps the
+  // previous version): no cudaMalloc per version once the ring is full.
+  std::shared_ptr<const weights::DeviceWeightBuffer> reuse;
+  if (parts_.device_ring != nullptr) {
+    reuse = parts_.device_ring->TakeOldestForReuse(layout_->total_bytes());
+  }
   absl::StatusOr<std::shared_ptr<weights::DeviceWeightBuffer>> buffer =
       weights::FlattenModelToDevice(
           weights, *layout_, version,
           parts_.device_ring != nullptr ? parts_.device_ring->deferred_frees()
-                                        : nullptr);
+                                        : nullptr,
+          std::move(reuse));
   if (!buffer.ok()) {
     if (!device_ring_failed_) {
       Log()->warn(

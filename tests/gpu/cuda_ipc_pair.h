@@ -27,6 +27,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -103,13 +104,16 @@ inline void WriteFileAtomically(const std::filesystem::path& path,
 }
 
 // The trainer's process: argv = {prog, kTrainerFlag, dir, bytes, versions}.
-// Returns the exit status.
-inline int RunIpcTrainer(int argc, char** argv) {
+// `layout_of` turns `bytes` into the layout served (PairLayout; a test may
+// give a model's layout for some sentinel size). Returns the exit status.
+inline int RunIpcTrainer(
+    int argc, char** argv,
+    const std::function<FlatWeightLayout(uint64_t)>& layout_of = PairLayout) {
   if (argc != 5) return 2;
   const std::filesystem::path dir = argv[2];
   const uint64_t bytes = std::stoull(argv[3]);
   const uint64_t versions = std::stoull(argv[4]);
-  const FlatWeightLayout layout = PairLayout(bytes);
+  const FlatWeightLayout layout = layout_of(bytes);
   WeightStore store(2);
   DeviceVersionRing ring(2);
   WeightServerService service(&store, {.data_host = "", .cuda_ipc = &ring});

@@ -6,7 +6,9 @@
 // SHA-256) and commits it: every version bit-exact, none streamed. Without
 // a visible CUDA device it prints why and exits 77 (ctest: Skipped).
 //
-// Also: FlattenModelToDevice writes FlattenModel's bytes.
+// Also: FlattenModelToDevice writes FlattenModel's bytes; and a rollout
+// worker's WeightSubscriber makes each version live from the sink's device
+// copy (the device go-live: views into that copy, no host round trip).
 
 #define CATCH_CONFIG_RUNNER
 
@@ -15,9 +17,11 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "common/model/decoder_model.h"
 #include "common/model/device.h"
 #include "common/model/model_weights.h"
 #include "common/weights/cuda_ipc_device.h"
@@ -26,6 +30,8 @@
 #include "common/weights/model_flattening.h"
 #include "common/weights/pull/grpc_pull_receiver.h"
 #include "common/weights/staging_weights.h"
+#include "services/rollout/weight_subscriber.h"
+#include "services/rollout/weight_update_sources.h"
 #include "tests/gpu/cuda_ipc_pair.h"
 #include "tests/unit/model_test_util.h"
 
@@ -134,7 +140,152 @@ TEST_CASE(
     REQUIRE(cudaMemcpy(back.data(), (*device)->payload, back.size(),
                        cudaMemcpyDeviceToHost) == cudaSuccess);
     CHECK(back == **host);
+    // The trainer's host copy of the device-flattened version.
+    auto copied =
+        CopyDeviceFlatToHost(**device, *layout, at::Device(at::kCUDA, 0));
+    INFO(copied.status().ToString());
+    REQUIRE(copied.ok());
+    CHECK(**copied == **host);
+
+    // The next version written into this buffer's memory (the ring lent
+    // it): same allocation and handle, a new token, the new bytes.
+    auto next = model::RandomInit(model::testing::TinyQwen2Config(), 4, {});
+    REQUIRE(next.ok());
+    auto next_gpu = (*next)->To(at::Device(at::kCUDA, 0), dtype);
+    REQUIRE(next_gpu.ok());
+    auto next_host = FlattenModel(**next_gpu, *layout);
+    REQUIRE(next_host.ok());
+    const void* payload = (*device)->payload;
+    const std::string handle = (*device)->offer.handle();
+    const std::string token = (*device)->offer.token();
+    std::shared_ptr<const DeviceWeightBuffer> lent = *std::move(device);
+    auto reused = FlattenModelToDevice(**next_gpu, *layout, 10, nullptr,
+                                       std::move(lent));
+    INFO(reused.status().ToString());
+    REQUIRE(reused.ok());
+    CHECK((*reused)->payload == payload);
+    CHECK((*reused)->offer.handle() == handle);
+    CHECK((*reused)->offer.token() != token);
+    CHECK((*reused)->policy_version == 10);
+    std::string device_token((*reused)->offer.token().size(), '\0');
+    REQUIRE(cudaMemcpy(device_token.data(),
+                       static_cast<const uint8_t*>(payload) +
+                           layout->total_bytes(),
+                       device_token.size(),
+                       cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(device_token == (*reused)->offer.token());
+    auto reused_bytes =
+        CopyDeviceFlatToHost(**reused, *layout, at::Device(at::kCUDA, 0));
+    REQUIRE(reused_bytes.ok());
+    CHECK(**reused_bytes == **next_host);
   }
+}
+
+// The worker test's model: tiny, bf16 (ipc_pair::FillPayload's bytes are
+// finite bf16 values, so the trainer's payloads are valid weights of it).
+model::ModelConfig WorkerModelConfig() {
+  model::ModelConfig config = model::testing::TinyQwen2Config();
+  config.dtype = model::WeightDType::kBFloat16;
+  return config;
+}
+
+}  // namespace
+
+// The layout the trainer process serves: size 0 asks for the worker
+// test's model.
+FlatWeightLayout TrainerLayoutForTest(uint64_t bytes) {
+  if (bytes != 0) return ipc_pair::PairLayout(bytes);
+  return LayoutForConfig(WorkerModelConfig()).value();
+}
+
+namespace {
+
+TEST_CASE(
+    "CUDA IPC device go-live: a rollout worker's subscriber makes each "
+    "version live as views into the sink's device copy, bit-exact, with no "
+    "host round trip, reusing the sink's buffers",
+    "[gpu][cuda_ipc]") {
+  if (!CudaIpcDeviceSink::Create(0).value()->hands_over()) {
+    WARN("SKIPPED: this build has no CUDA kernels (TANDEM_ENABLE_CUDA off)");
+    return;
+  }
+  constexpr uint64_t kVersions = 6;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      ("tandem-cuda-ipc-worker-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  {
+    ipc_pair::TrainerProcess trainer(dir, 0, kVersions);
+    REQUIRE(trainer.port() > 0);
+    const model::ModelConfig config = WorkerModelConfig();
+    const FlatWeightLayout layout = TrainerLayoutForTest(0);
+    auto initial = model::RandomInit(config, 1, {});
+    REQUIRE(initial.ok());
+    auto on_gpu =
+        (*initial)->To(at::Device(at::kCUDA, 0), model::WeightDType::kBFloat16);
+    REQUIRE(on_gpu.ok());
+    auto decoder = std::make_shared<model::DecoderModel>(*on_gpu);
+    rollout::StagedWeightSource source(decoder);
+    auto sink = CudaIpcDeviceSink::Create(0);
+    REQUIRE(sink.ok());
+    rollout::WeightSyncOptions options;
+    options.member_id = [] { return std::string("worker-gpu"); };
+    const std::string address = "127.0.0.1:" + std::to_string(trainer.port());
+    options.sync_weight_group = [address](const v1::SyncWeightGroupRequest&,
+                                          v1::SyncWeightGroupResponse* r) {
+      r->set_weight_server_address(address);
+      return grpc::Status::OK;
+    };
+    options.pull_shared_memory = false;
+    options.pull_cuda_ipc = sink->get();
+    auto subscriber =
+        rollout::WeightSubscriber::Create(decoder, &source, 0, options);
+    REQUIRE(subscriber.ok());
+    (*subscriber)->Start();
+    std::vector<uint8_t> expected(layout.total_bytes());
+    std::set<const void*> buffers;
+    uint64_t live = 0;
+    for (uint64_t v = 1; v <= kVersions; ++v) {
+      REQUIRE(trainer.PublishedNs(v) > 0);
+      const absl::Time give_up = absl::Now() + absl::Seconds(60);
+      while (source.ReadyVersion(live) != v && absl::Now() < give_up) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      REQUIRE(source.ReadyVersion(live) == v);
+      REQUIRE(source.Commit(v).ok());  // the engine's swap
+      live = v;
+      // Every live tensor is a view into ONE device allocation of the
+      // whole payload (the sink's copy): nothing was copied to the host and
+      // back, nor converted.
+      const void* storage = nullptr;
+      for (const auto& [name, tensor] : decoder->weights()->tensors()) {
+        INFO(name);
+        REQUIRE(tensor.is_cuda());
+        const void* s = tensor.storage().data();
+        if (storage == nullptr) storage = s;
+        CHECK(s == storage);
+        CHECK(tensor.storage().nbytes() == layout.total_bytes());
+        const auto* p = static_cast<const uint8_t*>(tensor.data_ptr());
+        CHECK(p >= static_cast<const uint8_t*>(storage));
+        CHECK(p + tensor.nbytes() <=
+              static_cast<const uint8_t*>(storage) + layout.total_bytes());
+      }
+      buffers.insert(storage);
+      // Bit-exact: the live weights flattened are the trainer's payload.
+      auto flat = FlattenModel(*decoder->weights(), layout);
+      REQUIRE(flat.ok());
+      ipc_pair::FillPayload(v, absl::MakeSpan(expected));
+      CHECK(**flat == expected);
+      trainer.Ack(v);
+    }
+    (*subscriber)->Stop();
+    // The sink's pool: buffers of swapped-out versions are reused, so six
+    // versions need far fewer than six allocations.
+    CHECK((*sink)->allocations() <= 3);
+    CHECK(buffers.size() <= 3);
+    CHECK((*subscriber)->versions_received() == kVersions);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
@@ -143,7 +294,8 @@ TEST_CASE(
 int main(int argc, char** argv) {
   if (argc > 1 &&
       std::string(argv[1]) == tandem::weights::ipc_pair::kTrainerFlag) {
-    return tandem::weights::ipc_pair::RunIpcTrainer(argc, argv);
+    return tandem::weights::ipc_pair::RunIpcTrainer(
+        argc, argv, tandem::weights::TrainerLayoutForTest);
   }
   if (tandem::model::CudaDeviceCount() == 0) {
     const absl::Status why = tandem::model::CheckDeviceUsable("device", "cuda");

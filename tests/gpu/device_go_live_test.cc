@@ -78,6 +78,13 @@ TEST_CASE(
       CHECK(at::equal(t, (*on_gpu)->tensors().at(p.info.name)));
     }
 
+    // The host bit scan cannot read device memory: asked for, it is a
+    // clear refusal, not a crash.
+    DeviceGoLiveOptions bit_scan = DeviceOptions(*manifest);
+    bit_scan.finite_check = FiniteCheck::kBitScan;
+    CHECK(absl::IsFailedPrecondition(
+        VerifyStagedTensor(*manifest, *layout, staged, bit_scan)));
+
     // A flipped byte on the device: the device CRC refuses it.
     at::Tensor corrupt = staged.clone();
     corrupt.narrow(0, 100, 1).bitwise_xor_(0x10);
@@ -110,6 +117,11 @@ TEST_CASE(
     auto nonfinite =
         GoLiveFromStagedTensor(config, resealed, *layout, nan, no_digest);
     CHECK(IsNonFiniteWeights(nonfinite.status()));
+    // The host staging path's refusal, element and all (finite_weights.h).
+    CHECK_THAT(std::string(nonfinite.status().message()),
+               Catch::Contains("tensor 'model.norm.weight' (") &&
+                   Catch::Contains("holds a non-finite value: element 0 is "
+                                   "NaN"));
   }
 }
 

@@ -26,6 +26,7 @@
 // header that includes Catch.
 #define CATCH_CONFIG_RUNNER
 
+#include <ATen/core/CachingHostAllocator.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -337,6 +338,13 @@ TEST_CASE("the digest of device bytes equals the host digest",
   auto digest = weights::TensorSha256(device, int64_t{1} << 20);
   REQUIRE(digest.ok());
   CHECK(*digest == *expected);
+  // Its pinned pieces come from LibTorch's caching host allocator: once one
+  // version has been hashed, the next one allocates no pinned memory.
+  at::HostAllocator* pinned = at::getHostAllocator(at::kCUDA);
+  const int64_t pinned_before = pinned->get_stats().allocations.allocated;
+  CHECK(pinned_before > 0);
+  REQUIRE(weights::TensorSha256(device, int64_t{1} << 20).ok());
+  CHECK(pinned->get_stats().allocations.allocated == pinned_before);
   at::Tensor changed = device.clone();
   changed.index_put_({int64_t{2} << 20}, changed[int64_t{2} << 20] + 1);
   CHECK(weights::IsDigestMismatch(

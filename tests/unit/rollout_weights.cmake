@@ -9,3 +9,10 @@ tandem_add_test(rollout_weight_subscriber_seal_test
   LIBS tandem_rollout_weights
   TIMEOUT 120)
 tandem_use_aten_pch(rollout_weight_subscriber_seal_test)
+# Device go-live (issue 22): versions pulled by CUDA IPC go live from the
+# sink's copy; a host-memory sink stands in for the device.
+tandem_add_test(rollout_weight_subscriber_device_test
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/rollout_weight_subscriber_device_test.cc
+  LIBS tandem_rollout_weights
+  TIMEOUT 120)
+tandem_use_aten_pch(rollout_weight_subscriber_device_test)

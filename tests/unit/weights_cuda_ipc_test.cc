@@ -26,6 +26,7 @@
 #include "common/weights/pull/grpc_pull_receiver.h"
 #include "common/weights/pull/weight_server.h"
 #include "common/weights/weight_store.h"
+#include "host_ipc_sink.h"
 #include "kernels/bf16_change.h"
 #include "kernels/bf16_delta.h"
 #include "weight_server_test_util.h"
@@ -34,112 +35,10 @@
 namespace tandem::weights {
 namespace {
 
-using Bytes = std::vector<uint8_t>;
-
-constexpr char kDevice[] = "GPU-00000000-1111-2222-3333-444444444444";
-
-// Host-memory stand-ins for exported device allocations: handle -> memory
-// (payload then token), held weakly as the CUDA driver holds nothing alive.
-// Freed like AllocateDeviceWeightBuffer's: through `frees` when given.
-class HostAllocations {
- public:
-  std::shared_ptr<DeviceWeightBuffer> Allocate(
-      uint64_t version, absl::Span<const uint8_t> bytes,
-      std::shared_ptr<DeferredFrees> frees = nullptr) {
-    const std::string token = RandomIpcToken();
-    auto* memory = new Bytes(bytes.begin(), bytes.end());
-    memory->insert(memory->end(), token.begin(), token.end());
-    std::string handle(kCudaIpcHandleBytes, '\0');
-    const uint64_t id = ++next_;
-    std::memcpy(handle.data(), &id, sizeof(id));
-    auto buffer = std::make_shared<DeviceWeightBuffer>();
-    buffer->policy_version = version;
-    buffer->offer.set_handle(handle);
-    buffer->offer.set_size(bytes.size());
-    buffer->offer.set_boot_id(LocalBootId());
-    buffer->offer.set_device_uuid(kDevice);
-    buffer->offer.set_pci_bus_id("0000:3b:00.0");
-    buffer->offer.set_token(token);
-    buffer->payload = memory->data();
-    auto free = [this, memory] {
-      delete memory;
-      ++freed;
-    };
-    std::weak_ptr<DeferredFrees> defer = frees;
-    buffer->memory =
-        std::shared_ptr<void>(memory->data(), [free, defer](void*) {
-          if (auto to = defer.lock()) {
-            to->Defer(free);
-          } else {
-            free();
-          }
-        });
-    live_[handle] = buffer->memory;
-    return buffer;
-  }
-  // The memory behind `handle` while it is allocated.
-  std::shared_ptr<void> Find(const std::string& handle) const {
-    const auto it = live_.find(handle);
-    return it == live_.end() ? nullptr : it->second.lock();
-  }
-
-  // Allocations actually freed (not merely released).
-  std::atomic<int> freed{0};
-
- private:
-  uint64_t next_ = 0;
-  std::map<std::string, std::weak_ptr<void>> live_;
-};
-
-// A CudaIpcSink over HostAllocations: "opens" a handle only while its
-// allocation lives, checks the token, copies into its staging vector.
-class HostIpcSink final : public CudaIpcSink {
- public:
-  explicit HostIpcSink(const HostAllocations* allocations)
-      : allocations_(allocations) {
-    peer_.set_boot_id(LocalBootId());
-    peer_.set_device_uuid(kDevice);
-    peer_.set_pci_bus_id("0000:3b:00.0");
-    local_.boot_id = LocalBootId();
-    local_.device_uuids = {kDevice};
-  }
-  const v1::CudaIpcPeer& peer() const override { return peer_; }
-  const CudaIpcLocalView& local() const override { return local_; }
-  absl::Status CopyOffer(const v1::CudaIpcOffer& offer, int device) override {
-    ++copies;
-    CHECK(device == 0);
-    std::shared_ptr<void> memory = allocations_->Find(offer.handle());
-    if (memory == nullptr) {
-      return absl::FailedPreconditionError("no such allocation");
-    }
-    const uint8_t* src =
-        static_cast<const uint8_t*>(memory.get()) + offer.offset();
-    if (std::memcmp(src + offer.size(), offer.token().data(),
-                    kCudaIpcTokenBytes) != 0) {
-      return absl::FailedPreconditionError("token differs");
-    }
-    staged_.assign(src, src + offer.size());
-    if (during_copy) during_copy();
-    return absl::OkStatus();
-  }
-  absl::Status ReadStaged(uint64_t offset, absl::Span<uint8_t> dst) override {
-    if (offset + dst.size() > staged_.size()) {
-      return absl::OutOfRangeError("outside the staged copy");
-    }
-    std::memcpy(dst.data(), staged_.data() + offset, dst.size());
-    return absl::OkStatus();
-  }
-
-  int copies = 0;
-  // Runs inside CopyOffer, while the server's call is open.
-  std::function<void()> during_copy;
-
- private:
-  const HostAllocations* allocations_;
-  v1::CudaIpcPeer peer_;
-  CudaIpcLocalView local_;
-  Bytes staged_;
-};
+using host_ipc::Bytes;
+using host_ipc::HostAllocations;
+using host_ipc::HostIpcSink;
+using host_ipc::kDevice;
 
 // Publishes random FULL versions into the store and, like the trainer on a
 // CUDA device, into the ring.
@@ -270,6 +169,60 @@ TEST_CASE(
   CHECK(server.service().stats().bytes == 0);  // nothing streamed
   CHECK(server.service().stats().data_connections == 0);
   CHECK(LeasesAfterSettling(server.service(), 0) == 0);
+}
+
+TEST_CASE(
+    "CUDA IPC pull, handoff mode: an offered version is left in the sink, "
+    "nothing staged, its manifest handed over once; a version not offered "
+    "is staged as before",
+    "[weights][pull][cuda_ipc]") {
+  const FlatWeightLayout layout = testing::SmallLayout();
+  WeightStore store(16);
+  HostAllocations allocations;  // outlives the ring's deferred frees
+  DeviceVersionRing ring(2);
+  testing::WeightServerLoopback server(&store, {.cuda_ipc = &ring});
+  Trainer trainer(layout, &store, &ring, &allocations);
+  auto staging = StagingWeights::Create(layout, StagingMode::kDoubleBuffer);
+  REQUIRE(staging.ok());
+  HostIpcSink sink(&allocations);
+  sink.hand_over = true;
+  GrpcPullReceiver receiver(server.channel(),
+                            {.cuda_ipc = &sink, .cuda_ipc_handoff = true});
+  trainer.Publish(1);
+  auto got = receiver.ReceiveNext(staging->get(), Soon());
+  INFO(got.status().ToString());
+  REQUIRE(got.ok());
+  CHECK(*got == 1);
+  CHECK_FALSE((*staging)->ready());
+  CHECK((*staging)->stats().bytes_received == 0);
+  const std::optional<v1::WeightManifest> handed =
+      receiver.TakeCudaIpcHandoff();
+  REQUIRE(handed.has_value());
+  CHECK(handed->policy_version() == 1);
+  CHECK_FALSE(receiver.TakeCudaIpcHandoff().has_value());  // once
+  const StagedIpcCopy copy = sink.TakeStagedCopy();
+  REQUIRE(copy.memory != nullptr);
+  CHECK(copy.bytes == layout.total_bytes());
+  CHECK(std::memcmp(copy.memory.get(), trainer.current().data(), copy.bytes) ==
+        0);
+  CHECK(receiver.stats().cuda_ipc_versions == 1);
+  CHECK(receiver.stats().cuda_ipc_bytes == layout.total_bytes());
+  // The caller brings the staging to the version (as the subscriber does),
+  // then a version the server does not offer is staged as usual.
+  REQUIRE((*staging)
+              ->CommitVerifiedElsewhere(
+                  *handed,
+                  [&](absl::Span<uint8_t> dst) {
+                    std::memcpy(dst.data(), copy.memory.get(), dst.size());
+                    return absl::OkStatus();
+                  })
+              .ok());
+  Trainer host_only(layout, &store, nullptr, &allocations);
+  host_only.Publish(2);
+  ReceiveAndCommit(receiver, **staging, 2);
+  CHECK(SameBytes((*staging)->live().bytes, host_only.current()));
+  CHECK_FALSE(receiver.TakeCudaIpcHandoff().has_value());
+  CHECK(receiver.stats().cuda_ipc_not_offered == 1);
 }
 
 TEST_CASE(
@@ -629,6 +582,42 @@ TEST_CASE(
   CHECK(ring.versions() == std::vector<uint64_t>{3, 4});
   CHECK(ring.Offer(4, here).value()->offer.token() == again->offer.token());
   CHECK(memory[3].expired());
+}
+
+TEST_CASE(
+    "CUDA IPC ring: lends the buffer the next Put evicts for reuse only when "
+    "the ring is full, the size matches and no lease holds it",
+    "[weights][cuda_ipc]") {
+  HostAllocations allocations;
+  DeviceVersionRing ring(2);
+  const Bytes bytes(256, 7);
+  v1::CudaIpcPeer here;
+  here.set_boot_id(LocalBootId());
+  ring.Put(allocations.Allocate(1, bytes));
+  // Not full: the next Put evicts nothing, so nothing is lent.
+  CHECK(ring.TakeOldestForReuse(bytes.size()) == nullptr);
+  ring.Put(allocations.Allocate(2, bytes));
+  // Another size (a new layout) is not lent.
+  CHECK(ring.TakeOldestForReuse(bytes.size() + 64) == nullptr);
+  {
+    // A lease on v1 (a client copying it) keeps it offered, not lent.
+    auto lease = ring.Offer(1, here);
+    REQUIRE(lease.ok());
+    CHECK(ring.TakeOldestForReuse(bytes.size()) == nullptr);
+  }
+  CHECK(ring.versions() == std::vector<uint64_t>{1, 2});
+  auto lent = ring.TakeOldestForReuse(bytes.size());
+  REQUIRE(lent != nullptr);
+  CHECK(lent->policy_version == 1);
+  CHECK(lent.use_count() == 1);  // the caller's alone
+  // Out of the ring: no longer offered, and no lease can begin.
+  CHECK(ring.versions() == std::vector<uint64_t>{2});
+  CHECK(absl::IsNotFound(ring.Offer(1, here).status()));
+  const int freed = allocations.freed;
+  lent.reset();
+  ring.Put(allocations.Allocate(3, bytes));
+  CHECK(allocations.freed == freed + 1);  // a lent buffer dropped is freed
+  CHECK(ring.versions() == std::vector<uint64_t>{2, 3});
 }
 
 }  // namespace

@@ -164,6 +164,7 @@ TEST_CASE(
   std::shared_ptr<const Bytes> previous;
   std::shared_ptr<uint8_t> d_previous;
   int deltas = 0;
+  int allocations_after_first = 0;
   for (uint64_t v = 1; v <= 6; ++v) {
     if (v > 1) testing::Perturb(layout, &current, rng, v == 4 ? 0.5 : 0.03);
     auto manifest = layout.BuildManifest(current.span(), v);
@@ -178,6 +179,10 @@ TEST_CASE(
     INFO("v" << v << ": " << b.status().ToString());
     REQUIRE(b.ok());
     CHECK(b->compared_on_device == (v > 1));
+    // The device scratch is allocated by the first compaction and reused
+    // by every later one (same sizes): no cudaMalloc per version.
+    if (v == 2) allocations_after_first = compactor.DeviceAllocationsForTest();
+    CHECK(compactor.DeviceAllocationsForTest() == allocations_after_first);
     CHECK(b->reason == a->reason);
     CHECK(b->changed_words == a->changed_words);
     REQUIRE(b->delta.has_value() == a->delta.has_value());
@@ -203,6 +208,7 @@ TEST_CASE(
     d_previous = d_bytes;
   }
   CHECK(deltas >= 3);
+  CHECK(allocations_after_first > 0);
   // A malformed delta leaves the device buffer as it was.
   Bytes garbage(40, 0xAB);
   absl::Status s =

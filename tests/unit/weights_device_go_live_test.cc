@@ -5,15 +5,19 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "common/model/model_weights.h"
 #include "common/weights/device_go_live.h"
 #include "common/weights/model_flattening.h"
+#include "common/weights/staging_weights.h"
 #include "common/weights/weight_digest.h"
+#include "common/weights/weight_transport.h"
 #include "kernels/crc32c.h"
 #include "tests/unit/model_test_util.h"
 
@@ -94,7 +98,9 @@ TEST_CASE("N versions go live bit for bit as views of the staged buffer",
       Version version = MakeVersion(config, v);
       int crcs = 0;
       DeviceGoLiveOptions options = Options(version.manifest, &crcs);
-      options.torch_finite_check_for_test = v % 2 == 0;  // both checks pass
+      // Both checks pass.
+      options.finite_check = v % 2 == 0 ? FiniteCheck::kTorch
+                                        : FiniteCheck::kBitScan;
       auto got = GoLiveFromStagedTensor(config, version.manifest, layout,
                                         version.staged, options);
       INFO(got.status().ToString());
@@ -143,10 +149,11 @@ TEST_CASE("a corrupted byte is refused by the bucket CRC, nothing goes live",
 
 TEST_CASE("a non-finite value is refused naming the tensor",
           "[weights][device]") {
-  for (const bool torch_check : {false, true})
+  for (const FiniteCheck check : {FiniteCheck::kAuto, FiniteCheck::kBitScan,
+                                  FiniteCheck::kTorch})
     for (float bad : {std::numeric_limits<float>::quiet_NaN(),
                       std::numeric_limits<float>::infinity()}) {
-      INFO("torch finite check: " << torch_check);
+      INFO("finite check: " << static_cast<int>(check));
       model::ModelConfig config = model::testing::TinyQwen2Config();
       const FlatWeightLayout layout = WorkerLayout(config);
       Version version = MakeVersion(config, 3);
@@ -163,15 +170,75 @@ TEST_CASE("a non-finite value is refused naming the tensor",
       version.manifest.set_sha256(*sha);
       int crcs = 0;
       DeviceGoLiveOptions options = Options(version.manifest, &crcs);
-      options.torch_finite_check_for_test = torch_check;
+      options.finite_check = check;
       auto got = GoLiveFromStagedTensor(config, version.manifest, layout,
                                         version.staged, options);
       REQUIRE_FALSE(got.ok());
+      CHECK(absl::IsDataLoss(got.status()));
       CHECK(IsNonFiniteWeights(got.status()));
-      CHECK_THAT(
-          std::string(got.status().message()),
-          Catch::Contains("tensor 'model.norm.weight' holds Inf or NaN"));
+      CHECK_THAT(std::string(got.status().message()),
+                 Catch::Contains("weights v3 refused: tensor "
+                                 "'model.norm.weight' (F32) holds a non-finite "
+                                 "value: element 1 is " +
+                                 std::string(std::isnan(bad) ? "NaN" : "+Inf")));
     }
+}
+
+TEST_CASE(
+    "the host staging path and both device finite checks refuse a non-finite "
+    "F16 value with the same code and message",
+    "[weights][device][finite]") {
+  // An F16 tensor between an F32 and a BF16 one, spanning buckets: the
+  // model configs have no F16 dtype, so this is VerifyStagedTensor on a
+  // layout of its own against StagingWeights on the same layout.
+  auto layout = FlatWeightLayout::Create(
+      {{"a", v1::DTYPE_F32, {300}, 1200},
+       {"h", v1::DTYPE_F16, {3000}, 6000},
+       {"b", v1::DTYPE_BF16, {100}, 200}},
+      {.bucket_bytes = 4096, .alignment = 64});
+  REQUIRE(layout.ok());
+  const TensorPlacement* h = layout->Find("h");
+  REQUIRE(h != nullptr);
+  struct Case {
+    uint16_t bits;
+    const char* name;
+  };
+  for (const Case c : {Case{0x7E00, "NaN"}, Case{0xFC00, "-Inf"}}) {
+    INFO(c.name);
+    // Zero bytes are finite in every format: only element 2500 of 'h' is
+    // not.
+    at::Tensor staged = at::zeros({static_cast<int64_t>(layout->total_bytes())},
+                                  at::TensorOptions(at::kByte));
+    auto* base = static_cast<uint8_t*>(staged.data_ptr());
+    std::memcpy(base + h->offset + 2 * 2500, &c.bits, sizeof(c.bits));
+    const absl::Span<const uint8_t> flat(base, layout->total_bytes());
+    auto manifest = layout->BuildManifest(flat, 9);
+    REQUIRE(manifest.ok());
+
+    auto staging = StagingWeights::Create(*layout, StagingMode::kDoubleBuffer);
+    REQUIRE(staging.ok());
+    const absl::Status host = StagePayload(staging->get(), *manifest, flat);
+    DeviceGoLiveOptions options;
+    options.expected_sha256 = manifest->sha256();
+    options.finite_check = FiniteCheck::kBitScan;
+    const absl::Status bit_scan =
+        VerifyStagedTensor(*manifest, *layout, staged, options);
+    options.finite_check = FiniteCheck::kTorch;
+    const absl::Status torch =
+        VerifyStagedTensor(*manifest, *layout, staged, options);
+
+    const std::string expected = absl::StrCat(
+        "weights v9 refused: tensor 'h' (F16) holds a non-finite value: "
+        "element 2500 is ",
+        c.name, " (bucket ", (h->offset + 2 * 2500) / 4096, ")");
+    for (const absl::Status& s : {host, bit_scan, torch}) {
+      INFO(s.ToString());
+      CHECK(absl::IsDataLoss(s));
+      CHECK(IsNonFiniteWeights(s));
+      CHECK(std::string(s.message()) == expected);
+    }
+    CHECK((*staging)->stats().nonfinite_versions == 1);
+  }
 }
 
 TEST_CASE("a digest mismatch is refused after the CRCs pass",

@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/model/decoder_model.h"
@@ -188,6 +189,35 @@ TEST_CASE(
   REQUIRE(layout.ok());
   CHECK(absl::IsFailedPrecondition(
       FlattenModelToDevice(**cpu, *layout, 1).status()));
+}
+
+TEST_CASE(
+    "CopyDeviceFlatToHost copies a flat buffer's bytes to a new host buffer "
+    "(the trainer's host copy of a device-flattened version)",
+    "[weights][model][device]") {
+  // On the CPU the "device" buffer is host memory: the same copy_ a CUDA
+  // trainer runs from device memory (tests/gpu/cuda_ipc_test.cc).
+  auto weights = model::RandomInit(model::testing::TinyQwen2Config(), 33);
+  REQUIRE(weights.ok());
+  auto layout = LayoutForModel(**weights);
+  REQUIRE(layout.ok());
+  auto flat = FlattenModel(**weights, *layout);
+  REQUIRE(flat.ok());
+  std::vector<uint8_t> device_bytes = **flat;
+  DeviceWeightBuffer buffer;
+  buffer.policy_version = 4;
+  buffer.payload = device_bytes.data();
+  auto host = CopyDeviceFlatToHost(buffer, *layout, c10::Device(c10::kCPU));
+  INFO(host.status().ToString());
+  REQUIRE(host.ok());
+  CHECK((*host)->data() != device_bytes.data());  // a copy, not a view
+  CHECK(**host == **flat);
+
+  buffer.payload = nullptr;
+  const absl::Status refused =
+      CopyDeviceFlatToHost(buffer, *layout, c10::Device(c10::kCPU)).status();
+  CHECK(absl::IsInvalidArgument(refused));
+  CHECK_THAT(std::string(refused.message()), Catch::Contains("weights v4"));
 }
 
 }  // namespace

@@ -57,6 +57,22 @@ std::array<uint8_t, 24> PieceAad(uint64_t version, uint64_t bucket,
   return aad;
 }
 
+// The first two broadcasts of a version (broadcast_protocol.h, 1. and
+// 2.): `header`, then `serialized` (the manifest, header.manifest_bytes
+// long) from a 4-byte aligned buffer.
+absl::Status BroadcastHeaderAndManifest(BroadcastBytesFn broadcast,
+                                        Header header,
+                                        const std::string& serialized) {
+  if (absl::Status s =
+          broadcast({reinterpret_cast<uint8_t*>(&header), sizeof(header)});
+      !s.ok()) {
+    return s;
+  }
+  std::vector<float> scratch = Scratch(serialized.size());
+  std::memcpy(scratch.data(), serialized.data(), serialized.size());
+  return broadcast(AsBytes(scratch));
+}
+
 }  // namespace
 
 absl::Status PublishOverBroadcast(
@@ -83,14 +99,10 @@ absl::Status PublishOverBroadcast(
       seal = *std::move(derived);
     }
   }
-  if (absl::Status s =
-          broadcast({reinterpret_cast<uint8_t*>(&header), sizeof(header)});
+  if (absl::Status s = BroadcastHeaderAndManifest(broadcast, header, serialized);
       !s.ok()) {
     return s;
   }
-  std::vector<float> scratch = Scratch(serialized.size());
-  std::memcpy(scratch.data(), serialized.data(), serialized.size());
-  if (absl::Status s = broadcast(AsBytes(scratch)); !s.ok()) return s;
   if (header.sealing == kBroadcastWithheld) return absl::OkStatus();
   // Root buffers are only read by the broadcast; the const_cast never
   // writes.
@@ -170,15 +182,9 @@ absl::Status BroadcastPlainPreamble(BroadcastBytesFn broadcast,
                                     uint64_t payload_bytes,
                                     uint64_t piece_bytes) {
   const std::string serialized = manifest.SerializeAsString();
-  Header header{serialized.size(), payload_bytes, piece_bytes};
-  if (absl::Status s =
-          broadcast({reinterpret_cast<uint8_t*>(&header), sizeof(header)});
-      !s.ok()) {
-    return s;
-  }
-  std::vector<float> scratch = Scratch(serialized.size());
-  std::memcpy(scratch.data(), serialized.data(), serialized.size());
-  return broadcast(AsBytes(scratch));
+  return BroadcastHeaderAndManifest(
+      broadcast, Header{serialized.size(), payload_bytes, piece_bytes},
+      serialized);
 }
 
 absl::StatusOr<BroadcastPreamble> ReceiveBroadcastPreamble(

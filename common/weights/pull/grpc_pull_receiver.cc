@@ -432,9 +432,14 @@ absl::Status GrpcPullReceiver::ReadStream(
   return absl::OkStatus();
 }
 
+std::optional<v1::WeightManifest> GrpcPullReceiver::TakeCudaIpcHandoff() {
+  return std::exchange(handed_off_, std::nullopt);
+}
+
 absl::Status GrpcPullReceiver::Fetch(StagingWeights* staging,
                                      const v1::WeightManifest& manifest,
                                      absl::Time deadline) {
+  handed_off_.reset();
   if (absl::Status s = staging->Begin(manifest); !s.ok()) return s;
   uint32_t bucket = 0;
   uint64_t offset = 0;
@@ -485,7 +490,19 @@ absl::Status GrpcPullReceiver::Fetch(StagingWeights* staging,
                                          : stats_.cuda_ipc_open_failures);
         continue;
       }
-      s = StageCudaIpcCopy(staging, manifest, &bucket, &offset);
+      const bool handoff =
+          options_.cuda_ipc_handoff && options_.cuda_ipc->hands_over();
+      if (handoff) {
+        // The caller verifies the copy where it lies and makes it live;
+        // nothing is staged here (grpc_pull_receiver.h, "Handoff mode").
+        staging->Abort();
+        handed_off_ = manifest;
+        absl::MutexLock lock(&mu_);
+        stats_.bytes += manifest.total_bytes();
+        stats_.cuda_ipc_bytes += manifest.total_bytes();
+      } else {
+        s = StageCudaIpcCopy(staging, manifest, &bucket, &offset);
+      }
       if (s.ok()) {
         absl::MutexLock lock(&mu_);
         ipc_preferred_ = true;

@@ -17,8 +17,9 @@
 // or the version just before it: the server may hold a delta for an
 // anchor too), otherwise the newest full version the server holds.
 // A late joiner therefore fetches one full copy and then follows deltas.
-// A version the staging refused for non-finite values
-// (StagingWeights::refused_version) is not fetched again: the receiver
+// A version the staging refused for non-finite values, or one whose
+// refusal after a device go-live was recorded there
+// (StagingWeights::refused_version), is not fetched again: the receiver
 // waits for a newer one and fetches it in full.
 // Every chunk's CRC-32C is checked; a bad chunk or a broken stream resumes
 // from the first unverified byte (up to max_attempts times without
@@ -60,6 +61,18 @@
 // cuda_ipc_open_failures), the call ended, and the same version streamed
 // (or offered in shared memory) instead; the next version asks again. A
 // server that offers nothing streams as usual (stats().cuda_ipc_not_offered).
+// Handoff mode (options.cuda_ipc_handoff, with a sink that hands_over()):
+// a version copied by the sink is not staged at all. ReceiveNext returns
+// its version with nothing staged (staging is left as it was: Begin()'s
+// checks passed, then Abort()), and TakeCudaIpcHandoff() gives its
+// manifest; the caller takes the copy from the sink
+// (CudaIpcSink::TakeStagedCopy), verifies it where it lies and makes it
+// live (device_go_live.h), then brings the staging to that version
+// (StagingWeights::CommitVerifiedElsewhere) or records its refusal
+// (StagingWeights::RecordRefusedElsewhere), since the next Plan asks for
+// versions newer than the staging's. Counted in stats().cuda_ipc_versions
+// and cuda_ipc_bytes (the bytes copied device-to-device) like a staged
+// copy.
 // While the last FULL version asked for came by CUDA IPC, the receiver
 // fetches each newer version in full (by CUDA IPC) instead of following
 // deltas; after a refusal or a version not offered it follows deltas again
@@ -121,6 +134,9 @@ struct PullOptions {
   // Ask for FULL payloads in the server's device memory (CUDA IPC, see
   // above); null (a CPU worker): never asked. Must outlive the receiver.
   CudaIpcSink* cuda_ipc = nullptr;
+  // Hand a version copied by CUDA IPC over instead of staging it (see
+  // "Handoff mode" above); only when cuda_ipc->hands_over().
+  bool cuda_ipc_handoff = false;
   // Raw data path authentication (data_plane_auth.h): the key this
   // process holds now, set by whoever talks to the coordinator. When set,
   // the receiver answers the server's challenge with a proof before its
@@ -188,6 +204,11 @@ class GrpcPullReceiver : public WeightReceiver {
                      const v1::WeightManifest& manifest, absl::Time deadline);
 
   PullStats stats() const;
+
+  // Handoff mode: the manifest of the version the last ReceiveNext left
+  // in the sink instead of staging it, once (empty otherwise). Call after
+  // each successful ReceiveNext, on its thread.
+  std::optional<v1::WeightManifest> TakeCudaIpcHandoff();
 
  private:
   // With wait > 0 (version 0 only): a long poll for a latest version
@@ -270,6 +291,8 @@ class GrpcPullReceiver : public WeightReceiver {
   bool ipc_preferred_ ABSL_GUARDED_BY(mu_) = false;
   // The device of the last CUDA IPC offer (ReceiveNext's thread only).
   std::string ipc_offer_device_;
+  // The version handed over by the last Fetch (ReceiveNext's thread only).
+  std::optional<v1::WeightManifest> handed_off_;
 };
 
 }  // namespace tandem::weights
