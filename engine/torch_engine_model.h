@@ -62,7 +62,7 @@ struct TorchEngineModelOptions {
   // Attention of decode-only steps over the paged pool
   // (common/model/paged_attention.h): kGather by default, like
   // cuda_graphs, until the decode kernel has passed tests/gpu on a GPU
-  // (docs/gpu.md); then kAuto (kernel on CUDA, gather on the CPU).
+  // (docs/gpu.md); then kAuto.
   model::PagedAttention paged_attention = model::PagedAttention::kGather;
 };
 

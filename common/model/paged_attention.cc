@@ -119,9 +119,8 @@ const char* PagedAttentionName(PagedAttention mode) {
   return "?";
 }
 
-bool UsesDecodeKernel(PagedAttention mode, bool device_is_cuda) {
-  return mode == PagedAttention::kKernel ||
-         (mode == PagedAttention::kAuto && device_is_cuda);
+bool UsesDecodeKernel(PagedAttention mode) {
+  return mode != PagedAttention::kGather;
 }
 
 at::Tensor PagedDecodeAttention(const at::Tensor& query,

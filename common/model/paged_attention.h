@@ -35,16 +35,18 @@ namespace tandem::model {
 //            that has run on a GPU so far);
 //  kKernel = PagedDecodeAttention on every device (on the CPU the C++
 //            reference);
-//  kAuto   = kKernel on CUDA devices, kGather on the CPU (where the
-//            reference is slower, docs/benchmarks.md).
+//  kAuto   = the faster of the two per device: kKernel on CUDA devices
+//            (it reads the KV cache once, the gather three times) and on
+//            the CPU too, where engine_bench measured the reference faster
+//            than the gather at batch 1, 8 and 32 (docs/benchmarks.md).
 enum class PagedAttention { kAuto, kGather, kKernel };
 
 // "auto" | "gather" | "kernel"; InvalidArgument naming the value otherwise.
 absl::StatusOr<PagedAttention> ParsePagedAttention(std::string_view name);
 const char* PagedAttentionName(PagedAttention mode);
 
-// Whether a decode-only step on a pool of `device_is_cuda` runs the kernel.
-bool UsesDecodeKernel(PagedAttention mode, bool device_is_cuda);
+// Whether a decode-only step under `mode` runs the kernel.
+bool UsesDecodeKernel(PagedAttention mode);
 
 // Attention outputs [B, heads, head_dim] (query's dtype) of
 //   query      [B, heads, head_dim]

@@ -84,7 +84,7 @@ class KvBlockPool {
   PagedAttention attention() const { return attention_; }
   // Whether a decode-only step over this pool runs PagedDecodeAttention.
   bool decode_kernel() const {
-    return UsesDecodeKernel(attention_, device_.is_cuda());
+    return UsesDecodeKernel(attention_);
   }
   // Bytes held by the key and value tensors of every layer.
   int64_t allocated_bytes() const;
