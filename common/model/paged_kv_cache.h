@@ -188,9 +188,9 @@ class PagedKvCache final : public KvCache {
 // built once per step and reused by every layer. On a decode-only step
 // (one new token per sequence) of a pool whose decode_kernel() is set,
 // PagedDecodeAttention (paged_attention.h) reads the keys and values in
-// place through per-sequence block tables instead: no gather, no mask. Replaces, for paged
-// caches, the per-sequence Store/Read of the KvCache protocol (Reserve
-// and Commit still go through the caches).
+// place through per-sequence block tables instead: no gather, no mask.
+// Replaces, for paged caches, the per-sequence Store/Read of the KvCache
+// protocol (Reserve and Commit still go through the caches).
 class PagedBatch {
  public:
   // Whether every cache is a PagedKvCache and all share one pool.

@@ -307,8 +307,8 @@ absl::Status Main(const Flags& flags) {
     std::vector<std::vector<Run>> runs(n);
     for (int r = 0; r < flags.repeat; ++r) {
       for (size_t i = 0; i < n; ++i) {
-        ASSIGN_OR_RETURN(Run run, Decode(flags, paths[i], max_tokens, prompt, batch,
-                                         flags.new_tokens));
+        ASSIGN_OR_RETURN(Run run, Decode(flags, paths[i], max_tokens, prompt,
+                                         batch, flags.new_tokens));
         runs[i].push_back(run);
       }
     }
@@ -326,7 +326,8 @@ absl::Status Main(const Flags& flags) {
     std::vector<std::vector<Run>> runs(n);
     for (int r = 0; r < flags.repeat; ++r) {
       for (size_t i = 0; i < n; ++i) {
-        ASSIGN_OR_RETURN(Run run, Prefill(flags, paths[i], max_tokens, long_prompt));
+        ASSIGN_OR_RETURN(Run run,
+                         Prefill(flags, paths[i], max_tokens, long_prompt));
         runs[i].push_back(run);
       }
     }
