@@ -14,9 +14,11 @@
 #      more GPUs, NCCL broadcast of device memory bit-exact and its GB/s
 #      against a GPU-to-GPU copy (1b);
 #   2. decode tokens/s of a random model shaped like Qwen2.5-0.5B in
-#      bfloat16 at batch 1/8/64/256, next to the GPU's memory-bandwidth
-#      bound for the same work (weights + KV cache read per step / measured
-#      device-to-device copy bandwidth);
+#      bfloat16 at batch 1/8/64/256 with the engine's defaults (paged KV
+#      cache, engine.paged_attention's default), and at batch 64/256 with
+#      the paged decode kernel, next to the GPU's memory-bandwidth bound
+#      for the same work (weights + the KV rows the kernel reads in place,
+#      per step / measured device-to-device copy bandwidth);
 #   3. the engine's Olmo 3 table (static + drain, continuous + drain,
 #      continuous + inflight, no updates) on the same model, batch 64,
 #      long-tailed lengths (mean/max 0.44); and what is not built yet;
@@ -217,6 +219,15 @@ then
     --new-tokens 64 --prefill-tokens 512 --repeat 3 --threads 4 \
     >"$work/decode.jsonl" 2>"$work/decode.err"
   rc=$?
+  # The paged decode kernel (engine.paged_attention kernel) on the batches
+  # of the target, decode only.
+  if [[ $rc -eq 0 ]]; then
+    run_bin timeout 900 "$bin/generate_bench" --model "$model" --device cuda \
+      --dtype bfloat16 --batch 64,256 --prompt-tokens 128 --new-tokens 64 \
+      --prefill-tokens 0 --repeat 3 --threads 4 --paged-attention kernel \
+      >>"$work/decode.jsonl" 2>>"$work/decode.err"
+    rc=$?
+  fi
   if [[ $rc -ne 0 ]]; then
     status=1
     { echo "FAIL: generate_bench exit $rc"; echo '```'; tail -n 30 "$work/decode.err"; echo '```'; } >>"$report"
@@ -243,9 +254,14 @@ params = (config["vocab_size"] * h +
           L * (h * h * 2 + 2 * h * kv + 3 * h * config["intermediate_size"]))
 weight_bytes = 2 * params
 print(f"Device-to-device copy: {bandwidth / 1e9:.0f} GB/s (read + write). "
-      f"Weights: {weight_bytes / 1e6:.0f} MB in bf16.\n")
-print("| batch | tokens/s | bytes read per step (weights + KV) | bound tokens/s | share of bound |")
-print("|---|---|---|---|---|")
+      f"Weights: {weight_bytes / 1e6:.0f} MB in bf16. Bytes per step = the "
+      f"weights once + the KV rows a decode step must read: for each "
+      f"sequence, its context tokens x layers x (K and V) x kv_heads x "
+      f"head_dim x 2 bytes, read in place from the pool's blocks (what the "
+      f"paged decode kernel reads; the gather path also writes and re-reads "
+      f"a copy of them, 3x those bytes, which the bound does not count).\n")
+print("| batch | KV layout / attention | tokens/s | bytes read per step (weights + KV) | bound tokens/s | share of bound |")
+print("|---|---|---|---|---|---|")
 for line in open(results):
     r = json.loads(line)
     if r["case"] != "decode":
@@ -255,7 +271,8 @@ for line in open(results):
     kv_bytes = B * context * L * 2 * kv * 2
     step_bytes = weight_bytes + kv_bytes
     bound = B * bandwidth / step_bytes
-    print(f"| {B} | {r['tokens_per_second']:.0f} | {step_bytes / 1e6:.0f} MB "
+    path = f"{r.get('kv_layout', '?')} / {r.get('paged_attention', '?')}"
+    print(f"| {B} | {path} | {r['tokens_per_second']:.0f} | {step_bytes / 1e6:.0f} MB "
           f"| {bound:.0f} | {r['tokens_per_second'] / bound:.1%} |")
 for line in open(results):
     r = json.loads(line)
@@ -287,9 +304,13 @@ else
 fi
 echo >>"$report"
 cat >>"$report" <<'EOF'
-Not built yet (issue 22, docs/gpu.md): a paged attention kernel (this
-table runs the paged KV layout, engine.kv_layout auto, without CUDA graphs:
-engine_bench --cuda-graphs 1 measures them); the worker's device-resident
+This table runs the engine's defaults (paged KV layout, engine.kv_layout
+auto; engine.paged_attention gather; no CUDA graphs: engine_bench
+--cuda-graphs 1 measures them). The paged decode kernel
+(engine.paged_attention kernel, kernels/cuda/paged_attention_cuda.h) is
+built and tested in section 1 (gpu_device_test) but off by default until
+it passes there; section 2 measures it.
+Not built yet (issue 22, docs/gpu.md): the worker's device-resident
 go-live (common/weights/device_go_live.h verifies and views a version in
 device memory, tested in gpu_cuda_ipc_test, but the worker does not call
 it yet: a version copied by CUDA IPC is still verified on the host and
