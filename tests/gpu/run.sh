@@ -10,7 +10,8 @@
 #      on the CPU, mixed precision, placement, the CUDA kernels, CUDA IPC
 #      weight sync between two processes; NCCL broadcast with two or more
 #      GPUs), each PASS / FAIL / SKIPPED; CUDA IPC publish-to-live of
-#      1 GiB against a device-to-device copy (cuda_ipc_bench); with two or
+#      1 GiB as the worker goes live on the device, stage by stage,
+#      against a device-to-device copy (cuda_ipc_bench); with two or
 #      more GPUs, NCCL broadcast of device memory bit-exact and its GB/s
 #      against a GPU-to-GPU copy (1b);
 #   2. decode tokens/s of a random model shaped like Qwen2.5-0.5B in
