@@ -46,7 +46,8 @@ absl::StatusOr<std::unique_ptr<model::KvCache>> TorchEngineModel::NewCache(
                                   weights->config(), weights->dtype(),
                                   weights->device(),
                                   options_.kv_blocks + (graphs ? 1 : 0),
-                                  options_.block_size));
+                                  options_.block_size,
+                                  options_.paged_attention));
       if (graphs && pool_->Allocate(1, &scratch_)) {
         graphs_ = std::make_unique<DecodeGraphs>(
             model_.get(), pool_, int64_t{scratch_[0]} * options_.block_size);

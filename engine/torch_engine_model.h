@@ -13,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/model/paged_attention.h"
 #include "engine/engine_model.h"
 
 namespace at {
@@ -58,6 +59,11 @@ struct TorchEngineModelOptions {
   // (engine/decode_graphs.h); ignored elsewhere. Off by default until it
   // has passed tests/gpu on a GPU (docs/gpu.md).
   bool cuda_graphs = false;
+  // Attention of decode-only steps over the paged pool
+  // (common/model/paged_attention.h): kGather by default, like
+  // cuda_graphs, until the decode kernel has passed tests/gpu on a GPU
+  // (docs/gpu.md); then kAuto.
+  model::PagedAttention paged_attention = model::PagedAttention::kGather;
 };
 
 class TorchEngineModel : public EngineModel {

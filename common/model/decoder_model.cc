@@ -380,9 +380,12 @@ absl::StatusOr<at::Tensor> DecoderModel::ForwardWithCache(
     const bool padded = UsePaddedAttention(c, c10::elementSize(w->dtype()), n,
                                            lengths, paged);
     // Paged caches of one pool: the whole batch's keys and values are
-    // stored and gathered with one op per tensor and layer (PagedBatch).
+    // stored and gathered with one op per tensor and layer (PagedBatch),
+    // or on a decode-only step read in place by the decode kernel.
     std::unique_ptr<PagedBatch> batch;
-    if (padded && paged) batch = PagedBatch::Plan(caches, n);
+    if (paged && (padded || PagedBatch::UsesKernel(caches, n))) {
+      batch = PagedBatch::Plan(caches, n);
+    }
     auto attend = [&](int64_t layer, const at::Tensor& q, const at::Tensor& k,
                       const at::Tensor& v, double scale) {
       if (batch != nullptr) return batch->Attend(layer, q, k, v, scale);

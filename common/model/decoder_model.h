@@ -26,7 +26,10 @@
 //    matmul pair with a mask; constant op count, but it copies the keys
 //    and values and computes the padding. With paged caches of one pool
 //    (paged_kv_cache.h) the copy is one gather for the whole batch and the
-//    attention one scaled_dot_product_attention (PagedBatch).
+//    attention one scaled_dot_product_attention (PagedBatch); on a
+//    decode-only step over a pool whose decode_kernel() is set, PagedBatch
+//    reads the blocks in place instead (paged_attention.h), whatever the
+//    cost estimate says.
 // Both beat one block-diagonal [T x T] mask over the packed tokens, which
 // wastes T^2 - sum n_i^2 work (98% of it for 64 equal sequences).
 //

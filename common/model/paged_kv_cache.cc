@@ -14,7 +14,7 @@ namespace tandem::model {
 
 absl::StatusOr<std::shared_ptr<KvBlockPool>> KvBlockPool::Create(
     const ModelConfig& config, at::ScalarType dtype, at::Device device,
-    int64_t num_blocks, int64_t block_size) {
+    int64_t num_blocks, int64_t block_size, PagedAttention attention) {
   if (num_blocks <= 0 || block_size <= 0 ||
       num_blocks * block_size > (int64_t{1} << 40)) {
     return absl::InvalidArgumentError(
@@ -27,6 +27,7 @@ absl::StatusOr<std::shared_ptr<KvBlockPool>> KvBlockPool::Create(
   pool->block_size_ = block_size;
   pool->dtype_ = dtype;
   pool->device_ = device;
+  pool->attention_ = attention;
   try {
     c10::NoGradGuard no_grad;
     const auto options = at::TensorOptions().dtype(dtype).device(device);
@@ -250,6 +251,14 @@ bool PagedBatch::SharesOnePool(absl::Span<KvCache* const> caches) {
   return pool != nullptr;
 }
 
+bool PagedBatch::UsesKernel(absl::Span<KvCache* const> caches,
+                            const std::vector<int64_t>& n) {
+  if (caches.empty()) return false;
+  const auto* first = static_cast<const PagedKvCache*>(caches[0]);
+  return first->pool().decode_kernel() &&
+         std::all_of(n.begin(), n.end(), [](int64_t x) { return x == 1; });
+}
+
 std::unique_ptr<PagedBatch> PagedBatch::Plan(absl::Span<KvCache* const> caches,
                                              const std::vector<int64_t>& n) {
   if (!SharesOnePool(caches)) return nullptr;
@@ -269,13 +278,25 @@ std::unique_ptr<PagedBatch> PagedBatch::Plan(absl::Span<KvCache* const> caches,
     plan->max_n_ = std::max(plan->max_n_, n[b]);
     plan->max_length_ = std::max(plan->max_length_, length[b]);
   }
+  plan->kernel_ = UsesKernel(caches, n);
+  const int64_t bs = plan->pool_->block_size();
+  const int64_t width = (plan->max_length_ + bs - 1) / bs;
+  // `read` holds the gather's slots, or the kernel's block tables
+  // [B, width] (padded with block 0, never read past a length).
   std::vector<int64_t> write, read, rows;
-  read.reserve(batch * plan->max_length_);
+  read.reserve(plan->kernel_ ? batch * width : batch * plan->max_length_);
   bool dense = true;
   for (int64_t b = 0; b < batch; ++b) {
     paged[b]->AppendSlots(offset[b], length[b], &write);
-    paged[b]->AppendSlots(0, length[b], &read);
-    read.resize((b + 1) * plan->max_length_, 0);
+    if (plan->kernel_) {
+      const std::vector<int32_t>& blocks = paged[b]->blocks();
+      const int64_t used = (length[b] + bs - 1) / bs;
+      read.insert(read.end(), blocks.begin(), blocks.begin() + used);
+      read.resize((b + 1) * width, 0);
+    } else {
+      paged[b]->AppendSlots(0, length[b], &read);
+      read.resize((b + 1) * plan->max_length_, 0);
+    }
     for (int64_t i = 0; i < n[b]; ++i) rows.push_back(b * plan->max_n_ + i);
     dense = dense && n[b] == plan->max_n_;
   }
@@ -303,6 +324,11 @@ std::unique_ptr<PagedBatch> PagedBatch::Plan(absl::Span<KvCache* const> caches,
     start += size;
   }
   plan->write_slots_ = views[0];
+  if (plan->kernel_) {
+    plan->tables_ = views[1].view({batch, width});
+    plan->lengths_ = views[4];
+    return plan;
+  }
   plan->read_slots_ = views[1];
   if (!dense) plan->query_rows_ = views[2];
   // Key j is visible to query i of sequence b iff j <= offset_b + i and
@@ -332,6 +358,18 @@ std::unique_ptr<PagedBatch> PagedBatch::ForDecode(const KvBlockPool* pool,
   plan->max_n_ = 1;
   plan->max_length_ = max_length;
   plan->write_slots_ = std::move(write_slots);
+  plan->kernel_ = pool->decode_kernel();
+  if (plan->kernel_) {
+    // Slot j * block_size of sequence b's row is the start of its block j
+    // (for j past its length, whatever the row holds: never read).
+    const int64_t bs = pool->block_size();
+    plan->tables_ =
+        at::div(read_slots.view({plan->batch_, max_length})
+                    .slice(/*dim=*/1, 0, max_length, bs),
+                bs, /*rounding_mode=*/"floor");
+    plan->lengths_ = lengths;
+    return plan;
+  }
   plan->read_slots_ = std::move(read_slots);
   // The one query of sequence b sees keys [0, length_b).
   const at::Tensor key_pos =
@@ -349,6 +387,11 @@ at::Tensor PagedBatch::Attend(int64_t layer, const at::Tensor& q,
   value_pool.index_copy_(0, write_slots_, v);
   const int64_t heads = q.size(1);
   const int64_t dim = q.size(2);
+  if (kernel_) {
+    return PagedDecodeAttention(q, key_pool, value_pool, tables_, lengths_,
+                                pool_->block_size(), scale)
+        .view({batch_, heads * dim});
+  }
   const int64_t kv_heads = k.size(1);
   // [B, kv_heads, max_length, dim] views of the gathered copies.
   const at::Tensor keys = key_pool.index_select(0, read_slots_)

@@ -58,6 +58,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "common/model/kv_cache.h"
+#include "common/model/paged_attention.h"
 
 namespace tandem::model {
 
@@ -65,10 +66,12 @@ class KvBlockPool {
  public:
   // Allocates the pool's 2 * num_hidden_layers tensors. InvalidArgument for
   // non-positive sizes; ResourceExhausted (naming the bytes) when the
-  // device cannot hold them.
+  // device cannot hold them. `attention` chooses the attention of the
+  // decode-only steps of PagedBatches over this pool (paged_attention.h).
   static absl::StatusOr<std::shared_ptr<KvBlockPool>> Create(
       const ModelConfig& config, at::ScalarType dtype, at::Device device,
-      int64_t num_blocks, int64_t block_size);
+      int64_t num_blocks, int64_t block_size,
+      PagedAttention attention = PagedAttention::kGather);
 
   KvBlockPool(const KvBlockPool&) = delete;
   KvBlockPool& operator=(const KvBlockPool&) = delete;
@@ -78,6 +81,11 @@ class KvBlockPool {
   int64_t num_free() const;
   at::ScalarType dtype() const { return dtype_; }
   at::Device device() const { return device_; }
+  PagedAttention attention() const { return attention_; }
+  // Whether a decode-only step over this pool runs PagedDecodeAttention.
+  bool decode_kernel() const {
+    return UsesDecodeKernel(attention_);
+  }
   // Bytes held by the key and value tensors of every layer.
   int64_t allocated_bytes() const;
 
@@ -100,6 +108,7 @@ class KvBlockPool {
   int64_t block_size_ = 0;
   at::ScalarType dtype_ = at::kFloat;
   at::Device device_ = at::kCPU;
+  PagedAttention attention_ = PagedAttention::kGather;
   std::vector<at::Tensor> keys_;    // [num_blocks * block_size, kv_heads, dim]
   std::vector<at::Tensor> values_;  // [num_blocks * block_size, kv_heads, dim]
   mutable absl::Mutex mu_;
@@ -176,13 +185,22 @@ class PagedKvCache final : public KvCache {
 // the longest with one index_select per tensor and layer, and one
 // at::scaled_dot_product_attention (GQA, a boolean mask for padding and
 // the future) serves the whole batch. The slot indices and the mask are
-// built once per step and reused by every layer. Replaces, for paged
-// caches, the per-sequence Store/Read of the KvCache protocol (Reserve
-// and Commit still go through the caches).
+// built once per step and reused by every layer. On a decode-only step
+// (one new token per sequence) of a pool whose decode_kernel() is set,
+// PagedDecodeAttention (paged_attention.h) reads the keys and values in
+// place through per-sequence block tables instead: no gather, no mask.
+// Replaces, for paged caches, the per-sequence Store/Read of the KvCache
+// protocol (Reserve and Commit still go through the caches).
 class PagedBatch {
  public:
   // Whether every cache is a PagedKvCache and all share one pool.
   static bool SharesOnePool(absl::Span<KvCache* const> caches);
+
+  // Whether Plan(caches, n) would run the decode kernel: every n[b] == 1
+  // and the caches' pool has decode_kernel(). REQUIRES:
+  // SharesOnePool(caches).
+  static bool UsesKernel(absl::Span<KvCache* const> caches,
+                         const std::vector<int64_t>& n);
 
   // nullptr unless SharesOnePool(caches).
   // caches[b] gets n[b] new tokens (REQUIRES: Reserve(n[b]) done), after
@@ -194,7 +212,9 @@ class PagedBatch {
   // the pool's device, built with device ops only (capturable in a CUDA
   // graph): write_slots [B], read_slots [B * max_length] (sequence b's
   // slots first, any slot after them), lengths [B] (tokens including the
-  // new one, >= 1), all int64.
+  // new one, >= 1), all int64. With the pool's decode_kernel() the block
+  // tables are read_slots' every block_size-th slot / block_size (one
+  // device op per step).
   static std::unique_ptr<PagedBatch> ForDecode(const KvBlockPool* pool,
                                                at::Tensor write_slots,
                                                at::Tensor read_slots,
@@ -216,7 +236,13 @@ class PagedBatch {
   int64_t batch_ = 0;
   int64_t max_n_ = 0;
   int64_t max_length_ = 0;
+  bool kernel_ = false;     // PagedDecodeAttention instead of the gather
   at::Tensor write_slots_;  // [sum n] pool slots of the new tokens
+  // Kernel: [B, ceil(max_length / block_size)] block numbers and [B]
+  // lengths; else undefined.
+  at::Tensor tables_;
+  at::Tensor lengths_;
+  // Gather (all undefined with the kernel):
   at::Tensor read_slots_;   // [B * max_length] padded with slot 0
   at::Tensor query_rows_;   // [sum n] row b * max_n + i of each query, or
                             // undefined when every n[b] == max_n

@@ -139,6 +139,14 @@ absl::StatusOr<std::shared_ptr<DeviceWeightBuffer>> AllocateDeviceWeightBuffer(
 // the deleters, on any thread; the rest on the sink's receiving thread.
 class CudaIpcDeviceSink::Pool {
  public:
+  // A free buffer: `released` completes when the work queued before its
+  // last owner dropped it has run (null: it could not be recorded).
+  struct Free {
+    void* memory = nullptr;
+    uint64_t capacity = 0;
+    cudaEvent_t released = nullptr;
+  };
+
   explicit Pool(int device) : device_(device) {}
   ~Pool() { Trim(0); }
 
@@ -158,24 +166,45 @@ class CudaIpcDeviceSink::Pool {
     });
   }
 
+  // Records the release event on the legacy default stream of the pool's
+  // device (never waits) and lists the buffer. The calling thread's
+  // current device is left as it was.
   void Return(void* p, uint64_t capacity) {
+    int current = -1;
+    const bool had_device = cudaGetDevice(&current) == cudaSuccess;
+    Free free{p, capacity, nullptr};
+    if (cudaSetDevice(device_) != cudaSuccess ||
+        cudaEventCreateWithFlags(&free.released, cudaEventDisableTiming) !=
+            cudaSuccess) {
+      free.released = nullptr;
+    } else if (cudaEventRecord(free.released, cudaStreamLegacy) !=
+               cudaSuccess) {
+      cudaEventDestroy(free.released);
+      free.released = nullptr;
+    }
+    (void)cudaGetLastError();
+    if (had_device && current != device_) cudaSetDevice(current);
+    Put(free);
+  }
+
+  void Put(const Free& free) {
     absl::MutexLock lock(&mu_);
-    free_.push_back({p, capacity});
+    free_.push_back(free);
   }
 
   // The smallest free buffer of at least `bytes` bytes, taken off the
-  // list; {nullptr, 0} when none is.
-  std::pair<void*, uint64_t> Take(uint64_t bytes) {
+  // list (its event now the caller's); memory null when none is.
+  Free Take(uint64_t bytes) {
     absl::MutexLock lock(&mu_);
     size_t best = free_.size();
     for (size_t i = 0; i < free_.size(); ++i) {
-      if (free_[i].second >= bytes &&
-          (best == free_.size() || free_[i].second < free_[best].second)) {
+      if (free_[i].capacity >= bytes &&
+          (best == free_.size() || free_[i].capacity < free_[best].capacity)) {
         best = i;
       }
     }
-    if (best == free_.size()) return {nullptr, 0};
-    const std::pair<void*, uint64_t> taken = free_[best];
+    if (best == free_.size()) return {};
+    const Free taken = free_[best];
     free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
     return taken;
   }
@@ -183,7 +212,7 @@ class CudaIpcDeviceSink::Pool {
   // Frees all but the `keep` most recently returned buffers (cudaFree
   // waits for the device: the receiving thread only).
   void Trim(size_t keep) {
-    std::vector<std::pair<void*, uint64_t>> freed;
+    std::vector<Free> freed;
     {
       absl::MutexLock lock(&mu_);
       if (free_.size() <= keep) return;
@@ -192,21 +221,26 @@ class CudaIpcDeviceSink::Pool {
       free_.erase(free_.begin(), cut);
     }
     cudaSetDevice(device_);
-    for (const auto& [p, capacity] : freed) cudaFree(p);
+    for (const Free& f : freed) {
+      if (f.released != nullptr) cudaEventDestroy(f.released);
+      cudaFree(f.memory);
+    }
   }
 
  private:
   const int device_;
   absl::Mutex mu_;
-  std::vector<std::pair<void*, uint64_t>> free_ ABSL_GUARDED_BY(mu_);
+  std::vector<Free> free_ ABSL_GUARDED_BY(mu_);
 };
 
 CudaIpcDeviceSink::CudaIpcDeviceSink(int device, v1::CudaIpcPeer peer,
-                                     CudaIpcLocalView local)
+                                     CudaIpcLocalView local,
+                                     CUstream_st* copy_stream)
     : device_(device),
       peer_(std::move(peer)),
       local_(std::move(local)),
-      pool_(std::make_shared<Pool>(device)) {}
+      pool_(std::make_shared<Pool>(device)),
+      copy_stream_(copy_stream) {}
 
 absl::StatusOr<std::unique_ptr<CudaIpcDeviceSink>> CudaIpcDeviceSink::Create(
     int device) {
@@ -214,11 +248,20 @@ absl::StatusOr<std::unique_ptr<CudaIpcDeviceSink>> CudaIpcDeviceSink::Create(
   if (!peer.ok()) return peer.status();
   auto local = LocalCudaIpcView();
   if (!local.ok()) return local.status();
-  return std::unique_ptr<CudaIpcDeviceSink>(
-      new CudaIpcDeviceSink(device, *std::move(peer), *std::move(local)));
+  TANDEM_CUDA_RETURN(cudaSetDevice(device), "cudaSetDevice");
+  cudaStream_t stream = nullptr;
+  TANDEM_CUDA_RETURN(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                     "creating the CUDA IPC sink's copy stream");
+  return std::unique_ptr<CudaIpcDeviceSink>(new CudaIpcDeviceSink(
+      device, *std::move(peer), *std::move(local), stream));
 }
 
-CudaIpcDeviceSink::~CudaIpcDeviceSink() = default;
+CudaIpcDeviceSink::~CudaIpcDeviceSink() {
+  staging_.reset();  // back to the pool, freed with it
+  cudaSetDevice(device_);
+  cudaStreamSynchronize(copy_stream_);
+  cudaStreamDestroy(copy_stream_);
+}
 
 std::shared_ptr<void> CudaIpcDeviceSink::TakeStaged() {
   capacity_ = 0;
@@ -258,13 +301,22 @@ absl::Status CudaIpcDeviceSink::CopyOffer(const v1::CudaIpcOffer& offer,
     staging_.reset();  // back to the pool
     capacity_ = 0;
     staged_bytes_ = 0;
-    auto [fresh, capacity] = pool_->Take(offer.size());
+    const Pool::Free reused = pool_->Take(offer.size());
+    void* fresh = reused.memory;
+    uint64_t capacity = reused.capacity;
     if (fresh != nullptr) {
-      // Its last owner dropped it, but kernels it queued before may still
-      // read it (on any stream): let them finish before it is overwritten.
-      if (const cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) {
-        pool_->Return(fresh, capacity);
+      // Its last owner dropped it, but kernels queued before may still read
+      // it: the copy stream waits for them on the device (the event of the
+      // drop); only a buffer without one waits here for the whole device.
+      const cudaError_t e =
+          reused.released != nullptr
+              ? cudaStreamWaitEvent(copy_stream_, reused.released, 0)
+              : cudaDeviceSynchronize();
+      // Destroying a pending event is safe: released once it completes.
+      if (reused.released != nullptr) cudaEventDestroy(reused.released);
+      if (e != cudaSuccess) {
         (void)cudaGetLastError();
+        pool_->Put({fresh, capacity, nullptr});
         return CudaError(e, "waiting for the readers of a pooled buffer");
       }
     } else {
@@ -296,20 +348,23 @@ absl::Status CudaIpcDeviceSink::CopyOffer(const v1::CudaIpcOffer& offer,
   absl::Cleanup close = [mapped] { cudaIpcCloseMemHandle(mapped); };
   const auto* src = static_cast<const uint8_t*>(mapped) + offer.offset();
   char token[kCudaIpcTokenBytes];
-  TANDEM_CUDA_RETURN(cudaMemcpy(token, src + offer.size(), sizeof(token),
-                                cudaMemcpyDeviceToHost),
+  TANDEM_CUDA_RETURN(cudaMemcpyAsync(token, src + offer.size(), sizeof(token),
+                                     cudaMemcpyDeviceToHost, copy_stream_),
+                     "reading the offered buffer's token");
+  TANDEM_CUDA_RETURN(cudaStreamSynchronize(copy_stream_),
                      "reading the offered buffer's token");
   if (offer.token() != std::string_view(token, sizeof(token))) {
     return absl::FailedPreconditionError(
         "cuda_ipc.token does not match the mapped allocation's: not the "
         "buffer offered");
   }
-  TANDEM_CUDA_RETURN(
-      cudaMemcpy(staging_.get(), src, offer.size(), cudaMemcpyDeviceToDevice),
-      "copying the offered payload device-to-device");
-  // A device-to-device cudaMemcpy returns before the copy ends: wait, so
-  // the handle is closed (and the server's buffer released) only after.
-  TANDEM_CUDA_RETURN(cudaDeviceSynchronize(), "finishing the copy");
+  TANDEM_CUDA_RETURN(cudaMemcpyAsync(staging_.get(), src, offer.size(),
+                                     cudaMemcpyDeviceToDevice, copy_stream_),
+                     "copying the offered payload device-to-device");
+  // Wait for the copy (this stream only, not the engine's kernels), so the
+  // handle is closed (and the server's buffer released) only after it, and
+  // whoever reads the copy next, on any stream, sees all of it.
+  TANDEM_CUDA_RETURN(cudaStreamSynchronize(copy_stream_), "finishing the copy");
   staged_bytes_ = offer.size();
   return absl::OkStatus();
 }

@@ -16,6 +16,8 @@
 #include "absl/status/statusor.h"
 #include "common/weights/cuda_ipc.h"
 
+struct CUstream_st;  // cudaStream_t, without the CUDA headers
+
 namespace tandem::weights {
 
 // The identity of CUDA device `device` of this process: boot id, UUID
@@ -43,13 +45,21 @@ absl::StatusOr<std::shared_ptr<DeviceWeightBuffer>> AllocateDeviceWeightBuffer(
 //
 // Pool: a buffer handed over comes back to the sink when its last owner
 // drops it (the live weights of a version the engine swapped out): its
-// deleter only puts it on a free list (no cudaFree, so it never blocks the
-// engine's thread), and the next CopyOffer reuses a free buffer large
-// enough instead of calling cudaMalloc, after a cudaDeviceSynchronize
-// (kernels queued before the owner dropped it may still read it). At most
-// kMaxFreeBuffers stay on the list; CopyOffer frees the rest, and the
-// destructor every buffer not handed over (one still owned is freed by its
-// last owner then).
+// deleter records a CUDA event on the legacy default stream of the
+// buffer's device and puts the buffer and event on a free list (no
+// cudaFree, no wait: it never blocks the engine's thread). The next
+// CopyOffer reuses a free buffer large enough instead of calling
+// cudaMalloc: its copy stream (non-blocking, the sink's own) waits for that
+// event on the device, so kernels queued before the owner dropped it
+// finish reading before the copy overwrites it, and the receiving thread
+// never synchronizes the whole device. REQUIRES: the readers of a
+// handed-over buffer run on the legacy default stream (LibTorch's default
+// stream, the engine's) or on blocking streams, which that stream waits
+// for; a reader on a non-blocking stream must finish before it drops its
+// last reference. When the event cannot be recorded, the reuse falls back
+// to cudaDeviceSynchronize. At most kMaxFreeBuffers stay on the list;
+// CopyOffer frees the rest, and the destructor every buffer not handed
+// over (one still owned is freed by its last owner then).
 class CudaIpcDeviceSink final : public CudaIpcSink {
  public:
   static constexpr size_t kMaxFreeBuffers = 2;
@@ -82,12 +92,15 @@ class CudaIpcDeviceSink final : public CudaIpcSink {
  private:
   class Pool;
 
-  CudaIpcDeviceSink(int device, v1::CudaIpcPeer peer, CudaIpcLocalView local);
+  CudaIpcDeviceSink(int device, v1::CudaIpcPeer peer, CudaIpcLocalView local,
+                    CUstream_st* copy_stream);
 
   const int device_;
   const v1::CudaIpcPeer peer_;
   const CudaIpcLocalView local_;
   const std::shared_ptr<Pool> pool_;
+  // cudaStream_t on device_ (non-blocking) that CopyOffer copies on.
+  CUstream_st* const copy_stream_;
   std::shared_ptr<void> staging_;
   uint64_t capacity_ = 0;
   uint64_t staged_bytes_ = 0;

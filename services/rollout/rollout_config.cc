@@ -67,6 +67,17 @@ void RegisterFields(config::ConfigSchema* schema, RolloutConfig* config) {
                   "steps replay a CUDA graph captured per bucket of batch "
                   "size and length (again after each staged weight swap). "
                   "Off by default: not yet run on a GPU (docs/gpu.md).");
+  schema->AddEnum("engine.paged_attention", &config->paged_attention,
+                  {"auto", "gather", "kernel"},
+                  "Attention of decode-only steps over a paged KV cache: "
+                  "gather copies every sequence's keys and values into a "
+                  "padded batch for one scaled_dot_product_attention; "
+                  "kernel reads them in place through the block tables "
+                  "(a CUDA kernel on GPUs, its C++ reference on the CPU, "
+                  "where it measured faster, docs/benchmarks.md); "
+                  "auto is currently kernel on every device. Prefill and "
+                  "mixed steps always gather. gather by default: the "
+                  "kernel has not yet run on a GPU (docs/gpu.md).");
   schema->AddInt("prefetch_prompts", &config->prefetch_prompts, 1, 1 << 20,
                  "Leased prompts kept queued ahead of the engine.");
 

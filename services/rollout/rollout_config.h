@@ -32,6 +32,7 @@ struct RolloutConfig {
   std::string update_mode = "staged";      // staged | inplace
   std::string kv_layout = "auto";          // auto | contiguous | paged
   bool cuda_graphs = false;
+  std::string paged_attention = "gather";  // auto | gather | kernel
   // Prompts leased ahead of the engine.
   int64_t prefetch_prompts = 16;
   // ---- Weight sync (weight_sync.*) ----

@@ -9,6 +9,7 @@
 #include "common/base/status_macros.h"
 #include "common/config/daemon_flags.h"
 #include "common/model/device.h"
+#include "common/model/paged_attention.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/tokenizer/utf8.h"
 
@@ -125,6 +126,10 @@ absl::Status RolloutWorker::LoadModelAndEngine() {
   model_options.kv_blocks = config.num_kv_blocks;
   model_options.block_size = config.block_size;
   model_options.cuda_graphs = config.cuda_graphs;
+  // The schema admits only the three names.
+  model_options.paged_attention =
+      model::ParsePagedAttention(config.paged_attention)
+          .value_or(model::PagedAttention::kGather);
   w->engine_model_ = std::make_unique<engine::TorchEngineModel>(
       w->model_.decoder, w->model_.max_tokens, model_options);
   engine::WeightUpdateSource* source = nullptr;

@@ -15,12 +15,17 @@
 //                [--model DIR] [--device cpu|cuda|cuda:N]
 //                [--dtype auto|float32|bfloat16]
 //                [--kv-layout auto|contiguous|paged|both]
+//                [--paged-attention auto|gather|kernel|both]
 //                [--cuda-graphs 0|1]
 //
 // --kv-layout picks TorchEngineModel's KV layout (engine.kv_layout) for
 // the table; `both` instead runs mode (d) with the contiguous and the paged
 // layout side by side (interleaved, best of --repeat each) and prints the
 // ratio paged / contiguous, which is how kAuto's CPU choice was made.
+// --paged-attention picks the decode attention over the paged pool
+// (engine.paged_attention; default: the engine's); `both` runs mode (d)
+// with paged caches and the gather and the kernel side by side
+// (interleaved, best of --repeat each) and prints kernel / gather.
 // --cuda-graphs 1 replays decode steps from CUDA graphs (engine.cuda_graphs;
 // paged caches on a CUDA device only).
 //
@@ -57,6 +62,7 @@
 #include "absl/time/clock.h"
 #include "common/model/decoder_model.h"
 #include "common/model/device.h"
+#include "common/model/paged_attention.h"
 #include "common/model/torch_device.h"
 #include "common/model/hf_checkpoint.h"
 #include "common/model/model_loader.h"
@@ -83,6 +89,7 @@ struct Flags {
   std::string device = "cpu";
   std::string dtype = "auto";
   std::string kv_layout = "auto";
+  std::string paged_attention;  // empty: the engine's default
 };
 
 KvLayout LayoutOf(const std::string& name) {
@@ -155,7 +162,8 @@ Result RunOnce(
     const model::LoadedModel& loaded,
     const std::vector<std::shared_ptr<model::ModelWeights>>& versions,
     const Flags& flags, const std::vector<int>& lengths, bool static_batching,
-    bool drain, bool updates, KvLayout layout) {
+    bool drain, bool updates, KvLayout layout,
+    std::optional<model::PagedAttention> attention = std::nullopt) {
   model::DecoderOptions decoder_options;
   decoder_options.attention =
       static_cast<model::AttentionMode>(flags.attention);
@@ -171,6 +179,11 @@ Result RunOnce(
   model_options.kv_blocks = options.num_kv_blocks;
   model_options.block_size = options.block_size;
   model_options.cuda_graphs = flags.cuda_graphs != 0;
+  if (!flags.paged_attention.empty() && flags.paged_attention != "both") {
+    model_options.paged_attention =
+        *model::ParsePagedAttention(flags.paged_attention);
+  }
+  if (attention.has_value()) model_options.paged_attention = *attention;
   TorchEngineModel torch_model(decoder, loaded.max_tokens, model_options);
   FlatStepModel flat_model(&torch_model,
                            absl::Milliseconds(flags.flat_step_ms));
@@ -272,7 +285,8 @@ int Main(int argc, char** argv) {
       {"--model", &flags.model},
       {"--device", &flags.device},
       {"--dtype", &flags.dtype},
-      {"--kv-layout", &flags.kv_layout}};
+      {"--kv-layout", &flags.kv_layout},
+      {"--paged-attention", &flags.paged_attention}};
   for (int i = 1; i < argc; i += 2) {
     const std::string f = argv[i];
     std::string* text_target = nullptr;
@@ -317,6 +331,14 @@ int Main(int argc, char** argv) {
                  flags.kv_layout.c_str());
     return 2;
   }
+  if (!flags.paged_attention.empty() && flags.paged_attention != "both" &&
+      !model::ParsePagedAttention(flags.paged_attention).ok()) {
+    std::fprintf(stderr,
+                 "--paged-attention must be auto, gather, kernel or both, "
+                 "got '%s'\n",
+                 flags.paged_attention.c_str());
+    return 2;
+  }
   auto loaded = Load(flags);
   if (!loaded.ok()) {
     std::fprintf(stderr, "%s\n", loaded.status().ToString().c_str());
@@ -352,6 +374,34 @@ int Main(int argc, char** argv) {
         "EMULATION: every engine step padded to %d ms (flat step cost, as on "
         "a memory-bound accelerator); not this machine's throughput\n",
         flags.flat_step_ms);
+  }
+  if (flags.paged_attention == "both") {
+    // Mode (d) on paged caches, gather then kernel in each round.
+    Result best_path[2];
+    std::vector<double> ratios;
+    for (int r = 0; r < flags.repeat; ++r) {
+      double tps[2];
+      for (int a = 0; a < 2; ++a) {
+        Result res = RunOnce(*loaded, versions, flags, lengths, false, false,
+                             false, KvLayout::kPaged,
+                             a == 0 ? model::PagedAttention::kGather
+                                    : model::PagedAttention::kKernel);
+        tps[a] = res.tokens_per_second;
+        if (tps[a] > best_path[a].tokens_per_second) best_path[a] = res;
+      }
+      ratios.push_back(tps[1] / tps[0]);
+    }
+    std::printf("(d) continuous, no updates, paged, batch %d: gather %.1f "
+                "tok/s, kernel %.1f tok/s, kernel/gather %.3f; per round "
+                "median %.3f [%.3f, %.3f]\n",
+                flags.batch, best_path[0].tokens_per_second,
+                best_path[1].tokens_per_second,
+                best_path[1].tokens_per_second /
+                    best_path[0].tokens_per_second,
+                Percentile(ratios, 0.5),
+                *std::min_element(ratios.begin(), ratios.end()),
+                *std::max_element(ratios.begin(), ratios.end()));
+    return 0;
   }
   if (flags.kv_layout == "both") {
     // Mode (d), contiguous then paged in each round.

@@ -11,6 +11,14 @@
 //                  [--batch B[,B...]] [--prompt-tokens P] [--new-tokens C]
 //                  [--prefill-tokens N] [--repeat R] [--prompt-ids a,b,...]
 //                  [--paths LINEAR/SAMPLING[,...]]
+//                  [--kv-layout auto|contiguous|paged]
+//                  [--paged-attention auto|gather|kernel]
+//
+// --kv-layout and --paged-attention are engine.kv_layout and
+// engine.paged_attention (TorchEngineModelOptions); by default the engine's
+// own defaults: kv_layout auto, which pages (the pool is sized like the
+// engine's BlockManager), and the engine's paged attention. Each JSON line
+// names the resolved "kv_layout" and "paged_attention".
 //
 // decode: B requests of the same P-token prompt (separate requests, so each
 // prefills its own copy, as the peers do), all admitted together, greedy,
@@ -53,6 +61,7 @@
 #include "common/model/torch_device.h"
 #include "common/model/hf_checkpoint.h"
 #include "common/model/model_weights.h"
+#include "common/model/paged_attention.h"
 #include "engine/engine.h"
 #include "engine/torch_engine_model.h"
 
@@ -71,7 +80,23 @@ struct Flags {
   int repeat = 2;
   std::vector<int32_t> prompt_ids;
   std::vector<std::string> paths;  // empty: the defaults, no "path" field
+  KvLayout kv_layout = KvLayout::kAuto;
+  model::PagedAttention paged_attention =
+      TorchEngineModelOptions().paged_attention;
 };
+
+// The engine model of one run: `path`'s sampling, the flags' KV layout and
+// paged attention, a pool sized like the engine's blocks.
+TorchEngineModelOptions ModelOptions(const Flags& flags, SampleWhere sampling,
+                                     const EngineOptions& options) {
+  TorchEngineModelOptions out;
+  out.sampling = sampling;
+  out.kv_layout = flags.kv_layout;
+  out.kv_blocks = options.num_kv_blocks;
+  out.block_size = options.block_size;
+  out.paged_attention = flags.paged_attention;
+  return out;
+}
 
 // One compute path: a decoder with its linear mode, and where to sample.
 struct Path {
@@ -99,11 +124,10 @@ std::vector<int32_t> Prompt(const Flags& flags, int length, int vocab) {
 }
 
 // One decode run: `batch` requests of `prompt`, `new_tokens` each.
-absl::StatusOr<Run> Decode(const Path& path, int64_t max_tokens,
+absl::StatusOr<Run> Decode(const Flags& flags, const Path& path,
+                           int64_t max_tokens,
                            const std::vector<int32_t>& prompt, int batch,
                            int new_tokens) {
-  TorchEngineModel torch_model(path.decoder, max_tokens,
-                               {.sampling = path.sampling});
   EngineOptions options;
   options.limits.max_num_seqs = batch;
   // Every prompt fits in the first step: all sequences decode together.
@@ -112,6 +136,8 @@ absl::StatusOr<Run> Decode(const Path& path, int64_t max_tokens,
   options.block_size = 16;
   options.num_kv_blocks =
       batch * ((static_cast<int>(prompt.size()) + new_tokens) / 16 + 2);
+  TorchEngineModel torch_model(path.decoder, max_tokens,
+                               ModelOptions(flags, path.sampling, options));
   // eos_token_ids stays empty: samples run to max_tokens.
   Engine engine(options, &torch_model, nullptr, 0);
   for (int i = 0; i < batch; ++i) {
@@ -135,16 +161,17 @@ absl::StatusOr<Run> Decode(const Path& path, int64_t max_tokens,
 }
 
 // One prefill run: a single request of `prompt`, one new token.
-absl::StatusOr<Run> Prefill(const Path& path, int64_t max_tokens,
+absl::StatusOr<Run> Prefill(const Flags& flags, const Path& path,
+                            int64_t max_tokens,
                             const std::vector<int32_t>& prompt) {
-  TorchEngineModel torch_model(path.decoder, max_tokens,
-                               {.sampling = path.sampling});
   EngineOptions options;
   options.limits.max_num_seqs = 1;
   options.limits.max_batched_tokens =
       std::max<int32_t>(4096, static_cast<int32_t>(prompt.size()));
   options.block_size = 16;
   options.num_kv_blocks = static_cast<int>(prompt.size()) / 16 + 4;
+  TorchEngineModel torch_model(path.decoder, max_tokens,
+                               ModelOptions(flags, path.sampling, options));
   Engine engine(options, &torch_model, nullptr, 0);
   SamplingParams p;
   p.temperature = 0.0f;
@@ -176,11 +203,14 @@ void PrintCase(const Flags& flags, const std::string& path, const char* name,
       path.empty() ? "" : absl::StrCat("\"path\":\"", path, "\",");
   std::printf(
       "{\"engine\":\"tandem\",%s\"case\":\"%s\",\"device\":\"%s\","
-      "\"dtype\":\"%s\",\"batch\":%d,"
+      "\"dtype\":\"%s\",\"kv_layout\":\"%s\",\"paged_attention\":\"%s\","
+      "\"batch\":%d,"
       "\"prompt_tokens\":%d,\"new_tokens\":%d,\"threads\":%d,\"tokens\":%llu,"
       "\"seconds\":%.6f,\"tokens_per_second\":%.3f,\"runs\":[%s]}\n",
       path_field.c_str(), name, flags.device.c_str(), flags.dtype.c_str(),
-      batch, prompt, new_tokens, flags.threads,
+      flags.kv_layout == KvLayout::kContiguous ? "contiguous" : "paged",
+      model::PagedAttentionName(flags.paged_attention), batch, prompt,
+      new_tokens, flags.threads,
       static_cast<unsigned long long>(best.tokens), best.seconds,
       best.tokens_per_second(), absl::StrJoin(each, ",").c_str());
   std::fflush(stdout);
@@ -270,14 +300,15 @@ absl::Status Main(const Flags& flags) {
     // Warm-up, not measured: a short run of the same shape.
     for (const Path& path : paths) {
       RETURN_IF_ERROR(
-          Decode(path, max_tokens, prompt, batch, std::min(4, flags.new_tokens))
+          Decode(flags, path, max_tokens, prompt, batch,
+                 std::min(4, flags.new_tokens))
               .status());
     }
     std::vector<std::vector<Run>> runs(n);
     for (int r = 0; r < flags.repeat; ++r) {
       for (size_t i = 0; i < n; ++i) {
-        ASSIGN_OR_RETURN(Run run, Decode(paths[i], max_tokens, prompt, batch,
-                                         flags.new_tokens));
+        ASSIGN_OR_RETURN(Run run, Decode(flags, paths[i], max_tokens, prompt,
+                                         batch, flags.new_tokens));
         runs[i].push_back(run);
       }
     }
@@ -290,12 +321,13 @@ absl::Status Main(const Flags& flags) {
     const std::vector<int32_t> long_prompt =
         Prompt(flags, flags.prefill_tokens, vocab);
     for (const Path& path : paths) {
-      RETURN_IF_ERROR(Prefill(path, max_tokens, long_prompt).status());
+      RETURN_IF_ERROR(Prefill(flags, path, max_tokens, long_prompt).status());
     }
     std::vector<std::vector<Run>> runs(n);
     for (int r = 0; r < flags.repeat; ++r) {
       for (size_t i = 0; i < n; ++i) {
-        ASSIGN_OR_RETURN(Run run, Prefill(paths[i], max_tokens, long_prompt));
+        ASSIGN_OR_RETURN(Run run,
+                         Prefill(flags, paths[i], max_tokens, long_prompt));
         runs[i].push_back(run);
       }
     }
@@ -324,6 +356,15 @@ int ParseAndRun(int argc, char** argv) {
       flags.device = v;
     } else if (f == "--batch") {
       ok = ParseInts(v, &flags.batches);
+    } else if (f == "--kv-layout") {
+      ok = v == "auto" || v == "contiguous" || v == "paged";
+      flags.kv_layout = v == "contiguous" ? KvLayout::kContiguous
+                        : v == "paged"    ? KvLayout::kPaged
+                                          : KvLayout::kAuto;
+    } else if (f == "--paged-attention") {
+      auto parsed = model::ParsePagedAttention(v);
+      ok = parsed.ok();
+      if (ok) flags.paged_attention = *parsed;
     } else if (f == "--paths") {
       flags.paths = absl::StrSplit(v, ',');
     } else if (f == "--prompt-ids") {

@@ -39,12 +39,19 @@ add_executable(staged_swap_bench
   ${CMAKE_CURRENT_SOURCE_DIR}/staged_swap_bench.cc)
 target_link_libraries(staged_swap_bench PRIVATE tandem_weights_model)
 
-# CUDA IPC publish-to-live against a device-to-device copy (GPU only; exits
-# 77 without a device). Two processes: tests/gpu/cuda_ipc_pair.h.
+# CUDA IPC publish-to-live the way a worker goes live on the device, stage
+# by stage, against a device-to-device copy (GPU; says why and exits 0
+# without a device). Two processes: tests/gpu/cuda_ipc_pair.h. --cpu runs
+# the same go-live and swap on CPU tensors: ctest runs it small as a smoke
+# of the stage breakdown (not timed, not a GPU number).
 add_executable(cuda_ipc_bench ${CMAKE_CURRENT_SOURCE_DIR}/cuda_ipc_bench.cc)
 target_link_libraries(cuda_ipc_bench PRIVATE tandem_weights_cuda_ipc
-  tandem_weights_model)
+  tandem_weights_model tandem_rollout_weights)
 tandem_use_aten_pch(cuda_ipc_bench)
+add_test(NAME bench_cuda_ipc_cpu_smoke
+  COMMAND cuda_ipc_bench --cpu --mib 16 --versions 3)
+set_tests_properties(bench_cuda_ipc_cpu_smoke PROPERTIES LABELS "unit"
+  TIMEOUT 120)
 
 # Going live from a staged tensor on the CPU: TensorSha256 and the CRC +
 # finite checks per GiB against a memcpy (device_go_live.h).

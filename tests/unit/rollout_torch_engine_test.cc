@@ -200,8 +200,9 @@ namespace {
 // One seeded run of groups of samples (forked prompts) through a KV cache
 // small enough that the scheduler preempts; returns the samples by
 // "request/sample" and whether the caches were paged.
-std::map<std::string, FinishedSample> SeededGroups(KvLayout layout,
-                                                   bool* paged) {
+std::map<std::string, FinishedSample> SeededGroups(
+    KvLayout layout, bool* paged,
+    model::PagedAttention attention = model::PagedAttention::kGather) {
   auto decoder = std::make_shared<model::DecoderModel>(Weights(4));
   EngineOptions options = Options(8);
   options.num_kv_blocks = 24;
@@ -210,6 +211,7 @@ std::map<std::string, FinishedSample> SeededGroups(KvLayout layout,
   model_options.kv_layout = layout;
   model_options.kv_blocks = options.num_kv_blocks;
   model_options.block_size = options.block_size;
+  model_options.paged_attention = attention;
   TorchEngineModel m(decoder, 256, model_options);
   Engine e(options, &m, nullptr, 0);
   for (int r = 0; r < 6; ++r) {
@@ -254,6 +256,28 @@ TEST_CASE(
   }
   // The pool was tight enough to exercise preemption (and release).
   CHECK(preemptions > 0);
+}
+
+TEST_CASE(
+    "torch engine: the paged decode kernel (CPU reference) gives the gather "
+    "path's seeded samples") {
+  bool paged = false;
+  const auto gather =
+      SeededGroups(KvLayout::kPaged, &paged, model::PagedAttention::kGather);
+  const auto kernel =
+      SeededGroups(KvLayout::kPaged, &paged, model::PagedAttention::kKernel);
+  CHECK(paged);
+  REQUIRE(gather.size() == 18);
+  REQUIRE(kernel.size() == 18);
+  for (const auto& [id, sample] : gather) {
+    INFO(id);
+    const FinishedSample& other = kernel.at(id);
+    CHECK(other.output == sample.output);
+    REQUIRE(other.logprobs.size() == sample.logprobs.size());
+    for (size_t t = 0; t < sample.logprobs.size(); ++t) {
+      CHECK(other.logprobs[t] == Approx(sample.logprobs[t]).margin(1e-4));
+    }
+  }
 }
 
 TEST_CASE(
