@@ -114,9 +114,9 @@ weights::StagingWeights::Refusal RefusalOf(const absl::Status& why) {
 
 // A free buffer of the pool (a new one while it has fewer than
 // kPoolBuffers), or null.
-std::shared_ptr<uint8_t> TakeBuffer(
-    std::vector<std::shared_ptr<uint8_t>>* pool, weights::DeviceMemory* memory,
-    uint64_t bytes) {
+std::shared_ptr<uint8_t> TakeBuffer(std::vector<std::shared_ptr<uint8_t>>* pool,
+                                    weights::DeviceMemory* memory,
+                                    uint64_t bytes) {
   for (const std::shared_ptr<uint8_t>& b : *pool) {
     if (b.use_count() == 1) return b;
   }
@@ -138,8 +138,7 @@ void WeightSubscriber::SelectLiveDevice() {
   const at::Device device = model_->weights()->device();
   if (!device.is_cuda() || !device.has_index()) return;
   if (const cudaError_t e = cudaSetDevice(device.index()); e != cudaSuccess) {
-    Log()->warn("cudaSetDevice({}): {}", device.index(),
-                cudaGetErrorString(e));
+    Log()->warn("cudaSetDevice({}): {}", device.index(), cudaGetErrorString(e));
   }
 }
 
@@ -273,8 +272,8 @@ bool WeightSubscriber::ReceiveBroadcastOnDevice(
       return memory->Crc32c(p, n);
     };
     go.expected_sha256 = trusted;
-    weights = weights::GoLiveFromStagedTensor(
-        wire_config_, *manifest, staging_->layout(), *staged, go);
+    weights = weights::GoLiveFromStagedTensor(wire_config_, *manifest,
+                                              staging_->layout(), *staged, go);
     if (!weights.ok()) refused = weights.status();
   }
   if (!refused.ok()) {
@@ -319,12 +318,12 @@ bool WeightSubscriber::ReceiveBroadcastOnDevice(
   received_.Record(version, weights::ManifestDigest(full),
                    weights::SyncTransport::kBroadcast,
                    manifest->published_unix_ms());
-  const absl::Status followed = staging_->CommitVerifiedElsewhere(
-      full, [&](absl::Span<uint8_t> dst) {
-        return Copy(at::from_blob(dst.data(),
-                                  {static_cast<int64_t>(dst.size())},
-                                  at::kByte),
-                    *staged, "the live version to the host");
+  const absl::Status followed =
+      staging_->CommitVerifiedElsewhere(full, [&](absl::Span<uint8_t> dst) {
+        return Copy(
+            at::from_blob(dst.data(), {static_cast<int64_t>(dst.size())},
+                          at::kByte),
+            *staged, "the live version to the host");
       });
   CountDigestChecks(staging_before, weights::SyncTransport::kBroadcast,
                     followed);

@@ -260,9 +260,8 @@ class BroadcastWorker {
     if (broadcast) {
       TrainerEnd trainer(&wire_);
       if (delta_on == nullptr) {
-        REQUIRE(weights::PublishDeviceOverBroadcast(&trainer, sent,
-                                                    payload->data(),
-                                                    payload->size())
+        REQUIRE(weights::PublishDeviceOverBroadcast(
+                    &trainer, sent, payload->data(), payload->size())
                     .ok());
       } else {
         REQUIRE(weights::PublishOverBroadcast(
@@ -378,9 +377,9 @@ TEST_CASE(
     auto m = worker.layout().BuildManifest(v3, 3);
     REQUIRE(m.ok());
     m->set_kind(v1::WEIGHT_PAYLOAD_KIND_FULL);
-    REQUIRE(weights::PublishDeviceOverBroadcast(&trainer, *m, v3.data(),
-                                                v3.size())
-                .ok());
+    REQUIRE(
+        weights::PublishDeviceOverBroadcast(&trainer, *m, v3.data(), v3.size())
+            .ok());
   }
   worker.GoLive(3);
   CHECK(worker.Live() == v3);
@@ -442,7 +441,9 @@ TEST_CASE(
   const Bytes v1 = worker.Weights(31);
   worker.Publish(1, v1);
   worker.GoLive(1);
-  auto wrong = [](v1::WeightManifest& m) { m.set_sha256(std::string(32, 'Z')); };
+  auto wrong = [](v1::WeightManifest& m) {
+    m.set_sha256(std::string(32, 'Z'));
+  };
   worker.Publish(2, worker.Weights(32), nullptr, true, wrong);
   REQUIRE(WaitFor(
       [&] {
