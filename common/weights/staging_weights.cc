@@ -488,11 +488,13 @@ absl::Status StagingWeights::CommitVerifiedElsewhere(
   return Commit().status();
 }
 
-void StagingWeights::RecordRefusedElsewhere(uint64_t version, Refusal why) {
+void StagingWeights::RecordRefusedElsewhere(uint64_t version, Refusal why,
+                                            bool pull_again) {
   absl::MutexLock lock(&mu_);
   ++stats_.rejected_versions;
   if (why == Refusal::kNonFinite) ++stats_.nonfinite_versions;
   if (why == Refusal::kDigestMismatch) ++stats_.digest_mismatches;
+  if (pull_again && why != Refusal::kNonFinite) return;
   if (!refused_version_.has_value() || *refused_version_ < version) {
     refused_version_ = version;
   }

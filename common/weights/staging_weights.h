@@ -241,8 +241,12 @@ class StagingWeights {
   // and nonfinite_versions or digest_mismatches) and keeps it in
   // refused_version(), so that receivers wait for a newer version instead
   // of fetching this one again: its bytes came from the trainer's own copy,
-  // which a second fetch would copy again.
-  void RecordRefusedElsewhere(uint64_t version, Refusal why);
+  // which a second fetch would copy again. With `pull_again` (a broadcast
+  // refused for a corrupt copy or a digest mismatch: bytes that crossed the
+  // pair sockets, which the trainer's own copy may not share) it is only
+  // counted, and receivers fetch it; a non-finite version is always kept.
+  void RecordRefusedElsewhere(uint64_t version, Refusal why,
+                              bool pull_again = false);
 
   // ---- Engine side ----
 

@@ -59,7 +59,26 @@
 // is counted and logged like the host path's (rejected, and non-finite or
 // digest mismatch under transport cuda_ipc), the live version stays, and
 // the version is not fetched again (StagingWeights::
-// RecordRefusedElsewhere). Broadcasts still go through host staging.
+// RecordRefusedElsewhere).
+//
+// Device broadcast receive (the same worker, in an NCCL epoch:
+// group->broadcasts_device_memory(); weight_subscriber_broadcast_device.cc,
+// built with CUDA and NCCL only): each version is received by
+// ReceiveDeviceOverBroadcast straight into a device buffer of a small pool
+// (never the one the live weights view), with the group's deadlines and
+// the device CRC-32C of every bucket. The buffer first gets the bytes of
+// the version the host staging holds (a device copy of the last device
+// go-live's flat buffer, or once, after a host delivery, a copy of the
+// host staging's live bytes), so a DELTA is patched on the device onto
+// that base and a FULL overwrites it. Then GoLiveFromStagedTensor
+// (CRC-32C, the finite check, the SHA-256 of the TRUSTED manifest from the
+// trainer's GetManifest) and the views are staged for the engine's pointer
+// swap; the host staging follows (CommitVerifiedElsewhere). A refusal is
+// counted like the host broadcast path's and the version is pulled (a
+// non-finite one is not fetched again); the group is not left. No buffer
+// free (the engine still holds them all): that version takes the host
+// path. A Gloo group, inplace mode, a data-plane key or weights on the CPU:
+// host staging, as before.
 //
 // A version whose floating-point weights hold an Inf or a NaN is refused
 // by the staging's finite check, whatever the transport: the live weights
@@ -86,6 +105,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/base/clock.h"
@@ -106,6 +126,8 @@ struct PullStats;
 class BroadcastGroup;
 class BroadcastWeightReceiver;
 class ManifestDigestSource;
+struct BroadcastGroupConfig;
+class DeviceMemory;
 }  // namespace tandem::weights
 
 namespace tandem::cluster {
@@ -185,6 +207,15 @@ struct WeightSyncOptions {
   // (PullOptions::clock), whose gRPC and socket deadlines and transfers
   // stay real time. Must outlive the subscriber.
   Clock* clock = RealClock();
+  // Test-only seams of the device broadcast receive (see the header):
+  // groups come from `create_group_for_test` instead of
+  // CreateBroadcastGroup, and `device_memory_for_test` stands in for the
+  // CUDA device (host memory; it turns the device receive on for weights
+  // on the CPU). Null in production.
+  std::function<absl::StatusOr<std::unique_ptr<weights::BroadcastGroup>>(
+      const weights::BroadcastGroupConfig&)>
+      create_group_for_test;
+  weights::DeviceMemory* device_memory_for_test = nullptr;
 };
 
 // WeightSyncOptions::sync_weight_group through the coordinator client (each
@@ -254,7 +285,17 @@ class WeightSubscriber {
   void ReceiveBroadcast(const tandem::v1::BroadcastGroup& group);
   // A broadcast version that failed verification, or a delta on a version
   // this worker does not hold: counted and pulled instead.
-  void RejectBroadcast(const absl::Status& why);
+  void RejectBroadcast(uint64_t version, const absl::Status& why);
+  // Device broadcast receive (weight_subscriber_broadcast_device.cc; see
+  // the header). Whether the joined group's versions go to device memory;
+  // makes the live weights' CUDA device current (the NCCL group's device).
+  bool UseDeviceBroadcast();
+  // Receives the next version into a device buffer and stages it; false
+  // when it could not start (no free buffer): the host path takes it.
+  bool ReceiveBroadcastOnDevice(const tandem::v1::BroadcastGroup& group);
+  // Selects the live weights' CUDA device on this thread (before an NCCL
+  // group is created); a no-op on the CPU or without CUDA.
+  void SelectLiveDevice();
   void LeaveGroup();
   // Leaves the group after a failed rendezvous or collective and queues
   // the failure report.
@@ -336,6 +377,10 @@ class WeightSubscriber {
   // trainer's GetManifest over gRPC (not the in-band manifest).
   std::unique_ptr<weights::ManifestDigestSource> broadcast_digests_;
   bool unsigned_logged_ = false;  // a version without a digest was logged
+  // The device broadcast pool and the last device go-live's flat buffer
+  // (weight_subscriber_broadcast_device.cc); null until first used.
+  struct DeviceBroadcast;
+  std::shared_ptr<DeviceBroadcast> device_broadcast_;
   // Not OK: this worker cannot run the coordinator's backend; it pulls.
   absl::Status broadcast_off_;
   std::string joined_prefix_;

@@ -81,8 +81,13 @@ bool WeightSubscriber::JoinEpoch(const tandem::v1::BroadcastGroup& g,
   joined_prefix_ = g.key_prefix();
   received_.SetEpoch(g.epoch());
   const absl::Time start = absl::Now();
+  // An NCCL group runs on the calling thread's current device: the live
+  // weights' one, where the device receive puts each version.
+  SelectLiveDevice();
   absl::StatusOr<std::unique_ptr<weights::BroadcastGroup>> group =
-      weights::CreateBroadcastGroup(config);
+      options_.create_group_for_test
+          ? options_.create_group_for_test(config)
+          : weights::CreateBroadcastGroup(config);
   if (!group.ok()) {
     if (group.status().code() == absl::StatusCode::kFailedPrecondition) {
       // This worker cannot run the backend; no later epoch would do
@@ -133,6 +138,9 @@ bool WeightSubscriber::JoinEpoch(const tandem::v1::BroadcastGroup& g,
 }
 
 void WeightSubscriber::ReceiveBroadcast(const tandem::v1::BroadcastGroup& g) {
+  // Into device memory where the group and the live weights allow it
+  // (weight_subscriber_broadcast_device.cc).
+  if (UseDeviceBroadcast() && ReceiveBroadcastOnDevice(g)) return;
   const absl::Time start = absl::Now();
   const uint64_t bytes_before = staging_->stats().bytes_received;
   const weights::StagingStats staging_before = staging_->stats();
@@ -170,16 +178,17 @@ void WeightSubscriber::ReceiveBroadcast(const tandem::v1::BroadcastGroup& g) {
       group_receiver_->last_round_version() <= received_version()) {
     return;  // a version this worker already holds (pulled before joining)
   }
-  RejectBroadcast(version.status());
+  RejectBroadcast(group_receiver_->last_round_version(), version.status());
 }
 
-void WeightSubscriber::RejectBroadcast(const absl::Status& why) {
+void WeightSubscriber::RejectBroadcast(uint64_t version,
+                                       const absl::Status& why) {
   // The group stays intact for the next version.
   if (options_.metrics != nullptr) {
     options_.metrics->RecordRejected(weights::SyncTransport::kBroadcast);
   }
   Log()->warn("broadcast version {} rejected: {}; pulling it instead",
-              group_receiver_->last_round_version(), why.ToString());
+              version, why.ToString());
   if (!trainer_address_.empty()) {
     PullOnce(trainer_address_, options_.clock->Now() + absl::Seconds(2));
   }

@@ -351,10 +351,9 @@ Not built yet (issue 22, docs/gpu.md): the worker's device-resident
 go-live (common/weights/device_go_live.h verifies and views a version in
 device memory, tested in gpu_cuda_ipc_test, but the worker does not call
 it yet: a version copied by CUDA IPC is still verified on the host and
-staged through it); the worker's half of the device broadcast path (the
-trainer on a GPU publishes FULL versions from device memory over NCCL,
-trainer_publish_test; the worker does not call ReceiveDeviceOverBroadcast
-yet; the tests are in section 1, the GB/s in section 1b).
+staged through it); the worker's half of the device broadcast path is
+built (weight_subscriber_broadcast_device.cc; its two-GPU case is the last
+of trainer_publish_test, section 1, the GB/s in section 1b).
 
 EOF
 

@@ -16,3 +16,12 @@ tandem_add_test(rollout_weight_subscriber_device_test
   LIBS tandem_rollout_weights
   TIMEOUT 120)
 tandem_use_aten_pch(rollout_weight_subscriber_device_test)
+# Device broadcast receive (issue 22 item 4): broadcasts into a device
+# buffer go live as views of it; host memory stands in for the device.
+if(TARGET tandem_weights_cuda)
+  tandem_add_test(rollout_weight_subscriber_broadcast_device_test
+    SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/rollout_weight_subscriber_broadcast_device_test.cc
+    LIBS tandem_rollout_weights
+    TIMEOUT 180)
+  tandem_use_aten_pch(rollout_weight_subscriber_broadcast_device_test)
+endif()

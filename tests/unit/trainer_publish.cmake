@@ -12,4 +12,6 @@ tandem_use_torch_pch(trainer_publish_test)
 if(TARGET tandem_weights_cuda)
   target_compile_definitions(trainer_publish_test PRIVATE
     TANDEM_TEST_DEVICE_SYNC=1)
+  # The worker's half: a subscriber receiving into device memory.
+  target_link_libraries(trainer_publish_test PRIVATE tandem_rollout_weights)
 endif()

@@ -10,7 +10,9 @@
 // trainer's device copy is the stored version byte for byte, its deltas
 // are found on the device with the host path's decision and bytes, and
 // with 2 GPUs the device copy goes over NCCL into a device receiver on the
-// other GPU bit for bit (SendPayload, the broadcast sender's route).
+// other GPU bit for bit (SendPayload, the broadcast sender's route), and
+// a rollout worker's subscriber on that GPU makes it live as views of its
+// device buffer (weight_subscriber_broadcast_device.cc).
 
 #include <torch/torch.h>
 
@@ -34,10 +36,19 @@
 #if TANDEM_TEST_DEVICE_SYNC
 #include <c10/cuda/CUDAFunctions.h>
 
+#include <algorithm>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "common/model/decoder_model.h"
+
 #include "common/weights/broadcast/broadcast_sender.h"
 #include "common/weights/broadcast/device_broadcast.h"
 #include "common/weights/broadcast/gloo_broadcast_transport.h"
 #include "common/weights/broadcast/nccl_broadcast_transport.h"
+#include "services/rollout/weight_subscriber.h"
+#include "services/rollout/weight_update_sources.h"
+#include "tests/support/wait_for.h"
 #endif
 
 // Last: glog (through LibTorch) defines a CHECK macro of its own.
@@ -338,6 +349,104 @@ TEST_CASE(
   REQUIRE(received_status.ok());
   CHECK(from == weights::SentFrom::kDevice);
   CHECK(received == *published.full.bytes);
+}
+
+TEST_CASE(
+    "With 2 GPUs a rollout worker on GPU 1 receives the trainer's device "
+    "publish into device memory and its live weights are views of it, bit "
+    "for bit") {
+  if (!CudaDevices(2)) return;
+  model::testing::TempDir dir;
+  const std::string path = WriteBf16Model(dir);
+  auto trainer = Bf16Trainer(dir, path, "cuda:0");
+  const weights::PublishedVersion published = Step(trainer.get(), 1);
+  REQUIRE(published.full_device.has_value());
+  const uint64_t version = published.full.manifest.policy_version();
+
+  // The worker: the same checkpoint on cuda:1, a broadcast-mode subscriber
+  // whose coordinator names an NCCL epoch of the trainer and itself.
+  auto initial = model::LoadHfModel(
+      path, {.device = at::Device(at::kCUDA, 1)});
+  REQUIRE(initial.ok());
+  auto decoder = std::make_shared<model::DecoderModel>(*initial);
+  rollout::StagedWeightSource source(decoder);
+  auto store = weights::GlooRendezvousStore::Create("127.0.0.1", 0,
+                                                    absl::Seconds(30));
+  REQUIRE(store.ok());
+  tandem::v1::BroadcastGroup group;
+  group.set_epoch(1);
+  group.set_store_address(absl::StrCat("127.0.0.1:", (*store)->port()));
+  group.set_key_prefix("trainer-publish-worker");
+  group.add_member_ids("trainer-1");
+  group.add_member_ids("worker-1");
+  group.set_backend("nccl");
+  group.set_first_policy_version(version);
+  rollout::WeightSyncOptions options;
+  options.mode = rollout::WeightSyncOptions::Mode::kBroadcast;
+  options.member_id = [] { return std::string("worker-1"); };
+  options.sync_weight_group = [&](const tandem::v1::SyncWeightGroupRequest&,
+                                  tandem::v1::SyncWeightGroupResponse* r) {
+    r->set_policy_version(version);
+    *r->mutable_group() = group;
+    return grpc::Status::OK;
+  };
+  options.timeout = absl::Seconds(30);
+  options.pull_shared_memory = false;
+  auto subscriber =
+      rollout::WeightSubscriber::Create(decoder, &source, 0, options);
+  REQUIRE(subscriber.ok());
+  (*subscriber)->Start();
+
+  c10::cuda::set_device(0);
+  weights::NcclGroupConfig c;
+  c.store_port = (*store)->port();
+  c.rank = 0;
+  c.world_size = 2;
+  c.device = 0;
+  c.key_prefix = group.key_prefix();
+  c.timeout = absl::Seconds(30);
+  absl::Status sent_status;
+  weights::SentFrom from = weights::SentFrom::kHost;
+  {
+    auto g = weights::NcclBroadcastGroup::Create(c);
+    sent_status = g.status();
+    if (g.ok()) {
+      sent_status = weights::SendPayload(
+          g->get(), published.full, &*published.full_device,
+          [](weights::BroadcastGroup* group,
+             const tandem::v1::WeightManifest& manifest, const uint8_t* d,
+             uint64_t n) {
+            return weights::PublishDeviceOverBroadcast(group, manifest, d, n);
+          },
+          nullptr, absl::Now() + absl::Seconds(30), &from);
+    }
+    // The worker's receive must end before the group goes.
+    tandem::testing::WaitFor(
+        [&] { return source.ReadyVersion(0) == version; }, absl::Seconds(30));
+  }
+  (*subscriber)->Stop();
+  INFO("sender: " << sent_status.ToString());
+  REQUIRE(sent_status.ok());
+  CHECK(from == weights::SentFrom::kDevice);
+  REQUIRE(source.ReadyVersion(0) == version);
+  REQUIRE(source.Commit(version).ok());
+  // Views of one device buffer on GPU 1 (not a copy per tensor).
+  const std::shared_ptr<model::ModelWeights> live = decoder->weights();
+  uintptr_t lo = UINTPTR_MAX, hi = 0;
+  for (const auto& [name, t] : live->tensors()) {
+    INFO(name);
+    CHECK(t.device() == at::Device(at::kCUDA, 1));
+    const auto p = reinterpret_cast<uintptr_t>(t.data_ptr());
+    lo = std::min(lo, p);
+    hi = std::max(hi, p + t.nbytes());
+  }
+  CHECK(hi - lo <= published.full.bytes->size());
+  auto layout = weights::LayoutForModel(*live);
+  REQUIRE(layout.ok());
+  auto flat = weights::FlattenModel(*live, *layout);
+  REQUIRE(flat.ok());
+  CHECK(std::vector<uint8_t>((*flat)->begin(), (*flat)->end()) ==
+        *published.full.bytes);
 }
 
 #endif  // TANDEM_TEST_DEVICE_SYNC
