@@ -347,13 +347,12 @@ auto; engine.paged_attention gather; no CUDA graphs: engine_bench
 (engine.paged_attention kernel, kernels/cuda/paged_attention_cuda.h) is
 built and tested in section 1 (gpu_device_test) but off by default until
 it passes there; section 2 measures it.
-Not built yet (issue 22, docs/gpu.md): the worker's device-resident
-go-live (common/weights/device_go_live.h verifies and views a version in
-device memory, tested in gpu_cuda_ipc_test, but the worker does not call
-it yet: a version copied by CUDA IPC is still verified on the host and
-staged through it); the worker's half of the device broadcast path is
-built (weight_subscriber_broadcast_device.cc; its two-GPU case is the last
-of trainer_publish_test, section 1, the GB/s in section 1b).
+Built, never run on a GPU before this report (issue 22, docs/gpu.md): the
+worker goes live from device memory, a version copied by CUDA IPC
+(weight_subscriber_device.cc, gpu_cuda_ipc_test) or received by an NCCL
+broadcast (weight_subscriber_broadcast_device.cc; its two-GPU case is the
+last of trainer_publish_test, section 1, the GB/s in section 1b), checked
+there by device_go_live.h (CRC-32C and the tree digest on the device).
 
 EOF
 
