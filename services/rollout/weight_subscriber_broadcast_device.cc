@@ -1,8 +1,9 @@
 // The WeightSubscriber's device broadcast receive: in an NCCL epoch, a
 // worker whose live weights are on a CUDA device receives each version
 // straight into a device buffer (ReceiveDeviceOverBroadcast), verifies it
-// there (GoLiveFromStagedTensor: CRC-32C, finite check, the trusted
-// SHA-256) and stages the live weights as views into that buffer, so the
+// there (GoLiveFromStagedTensor: CRC-32C, finite check, the trusted tree
+// digest on the device, or the trusted SHA-256 when there is none)
+// and stages the live weights as views into that buffer, so the
 // engine's swap stays a pointer swap with no host round trip; then the host
 // staging follows. See weight_subscriber.h ("Device broadcast receive").
 // Part of the WeightSubscriber class; runs on the subscriber's thread.
@@ -34,6 +35,7 @@
 #include "common/weights/flat_weight_layout.h"
 #include "common/weights/pull/manifest_digest_source.h"
 #include "common/weights/weight_digest.h"
+#include "kernels/cuda/sha256_tree_cuda.h"
 
 namespace tandem::rollout {
 
@@ -253,12 +255,16 @@ bool WeightSubscriber::ReceiveBroadcastOnDevice(
   // without a trainer address yet, JoinEpoch warned). Checked once, by
   // GoLiveFromStagedTensor, after the finite check; the receiver's digest
   // hook would hash the same bytes a second time.
-  std::string trusted = manifest->sha256();
+  // The tree root, from the same GetManifest, is what a staging tensor on
+  // a CUDA device is checked against (the device kernel), when there is one.
+  weights::ManifestDigestSource::Digests trusted{
+      .sha256 = manifest->sha256(), .tree_sha256 = manifest->tree_sha256()};
   absl::Status refused;
   absl::StatusOr<std::shared_ptr<model::ModelWeights>> weights =
       absl::InternalError("not verified");
   if (broadcast_digests_ != nullptr) {
-    absl::StatusOr<std::string> t = broadcast_digests_->TrustedSha256(version);
+    absl::StatusOr<weights::ManifestDigestSource::Digests> t =
+        broadcast_digests_->TrustedDigests(version);
     if (t.ok()) {
       trusted = *std::move(t);
     } else {
@@ -271,7 +277,19 @@ bool WeightSubscriber::ReceiveBroadcastOnDevice(
     go.crc32c = [memory](const uint8_t* p, uint64_t n) {
       return memory->Crc32c(p, n);
     };
-    go.expected_sha256 = trusted;
+    go.expected_sha256 = trusted.sha256;
+    go.expected_tree_sha256 = trusted.tree_sha256;
+    if (staged->is_cuda()) {
+      const int index = staged->device().index();
+      go.tree_sha256 = [index](const uint8_t* p,
+                               uint64_t n) -> absl::StatusOr<std::string> {
+        if (cudaSetDevice(index) != cudaSuccess) {
+          return absl::InternalError(
+              absl::StrCat("cudaSetDevice(", index, ") failed"));
+        }
+        return kernels::cuda::Sha256TreeDevice(p, n);
+      };
+    }
     weights = weights::GoLiveFromStagedTensor(wire_config_, *manifest,
                                               staging_->layout(), *staged, go);
     if (!weights.ok()) refused = weights.status();
@@ -314,7 +332,8 @@ bool WeightSubscriber::ReceiveBroadcastOnDevice(
   v1::WeightManifest full = *manifest;
   full.set_kind(v1::WEIGHT_PAYLOAD_KIND_FULL);
   full.set_base_version(0);
-  full.set_sha256(trusted);
+  full.set_sha256(trusted.sha256);
+  full.set_tree_sha256(trusted.tree_sha256);
   received_.Record(version, weights::ManifestDigest(full),
                    weights::SyncTransport::kBroadcast,
                    manifest->published_unix_ms());

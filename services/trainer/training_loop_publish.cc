@@ -22,12 +22,47 @@
 #include "common/weights/model_flattening.h"
 #include "common/weights/tree_digest.h"
 #include "services/trainer/training_loop.h"
+#if TANDEM_TRAINER_DEVICE_SYNC
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/sha256_tree_cuda.h"
+#endif
 #include "tandem/v1/coordinator.grpc.pb.h"
 
 namespace tandem::trainer {
 namespace {
 
 auto Log() { return ComponentLogger("trainer"); }
+
+// The tree root of a version: by the device kernel over `device` (its
+// flat copy, complete: FlattenModelToDevice synchronised its stream) when
+// the device sync is built and there is one, else by the host over `host`.
+// A device failure falls back to the host, with a warning.
+absl::StatusOr<std::string> TreeDigestOf(
+    const std::vector<uint8_t>& host,
+    const weights::DeviceWeightBuffer* device, c10::Device on) {
+#if TANDEM_TRAINER_DEVICE_SYNC
+  if (device != nullptr && device->payload != nullptr && on.is_cuda()) {
+    const int index = on.has_index() ? on.index() : 0;
+    absl::Status set = absl::OkStatus();
+    if (cudaSetDevice(index) != cudaSuccess) {
+      set = absl::InternalError(
+          absl::StrCat("cudaSetDevice(", index, ") failed"));
+    }
+    absl::StatusOr<std::string> root =
+        set.ok() ? kernels::cuda::Sha256TreeDevice(device->payload, host.size())
+                 : absl::StatusOr<std::string>(set);
+    if (root.ok()) return root;
+    Log()->warn("weights v{}: tree digest on the device failed ({}); "
+                "computing it on the host",
+                device->policy_version, root.status().ToString());
+  }
+#else
+  (void)device;
+  (void)on;
+#endif
+  return weights::WeightTreeSha256(host);
+}
 
 }  // namespace
 
@@ -83,11 +118,14 @@ absl::StatusOr<weights::PublishedVersion> TrainingLoop::StoreVersion(
                        *flat, version,
                        /*with_sha256=*/parts_.config->weight_digest != "off"));
   // The tree digest next to it (weight_sync.tree_digest): what a worker
-  // with its staged bytes on a GPU checks there, from the same host bytes.
+  // with its staged bytes on a GPU checks there. Computed on the device
+  // from the device copy when there is one (the same bytes as the host
+  // copy, which was made from it), else from the host bytes.
   if (parts_.config->weight_tree_digest == "on" ||
       (parts_.config->weight_tree_digest == "auto" &&
        parts_.config->device != "cpu")) {
-    ASSIGN_OR_RETURN(std::string tree, weights::WeightTreeSha256(*flat));
+    ASSIGN_OR_RETURN(std::string tree,
+                     TreeDigestOf(*flat, buffer.get(), weights->device()));
     manifest.set_tree_sha256(std::move(tree));
   }
   manifest.set_published_unix_ms(absl::ToUnixMillis(absl::Now()));

@@ -16,7 +16,10 @@
 #include <thread>
 
 #include "common/weights/pull/grpc_pull_receiver.h"
+#include "common/weights/pull/manifest_digest_source.h"
 #include "common/weights/pull/weight_server.h"
+#include "common/weights/tree_digest.h"
+#include "common/weights/weight_digest.h"
 #include "common/weights/weight_store.h"
 #include "kernels/anchor_policy.h"
 #include "kernels/bf16_change.h"
@@ -574,6 +577,42 @@ TEST_CASE("WeightStore keeps the anchor and evicts old versions",
   REQUIRE(latest.ok());
   CHECK(latest->policy_version() == 7);
   CHECK(latest->kind() == v1::WEIGHT_PAYLOAD_KIND_FULL);
+}
+
+TEST_CASE(
+    "ManifestDigestSource fetches a stored version's SHA-256 and tree root "
+    "from the trainer's GetManifest, and names a version it does not hold",
+    "[weights][pull][digest]") {
+  const FlatWeightLayout layout = testing::SmallLayout();
+  Loopback loop;
+  std::mt19937_64 rng(5);
+  WeightBuffer bytes(layout.total_bytes());
+  testing::FillRandom(layout, &bytes, rng);
+  auto manifest = layout.BuildManifest(bytes.span(), 3, /*with_sha256=*/true);
+  REQUIRE(manifest.ok());
+  auto tree = WeightTreeSha256(bytes.span());
+  REQUIRE(tree.ok());
+  manifest->set_tree_sha256(*tree);
+  manifest->set_anchor_version(3);
+  REQUIRE(loop.store()
+              .Put(*manifest, std::make_shared<const Bytes>(
+                                  bytes.data(), bytes.data() + bytes.size()))
+              .ok());
+  ManifestDigestSource source(loop.channel(), absl::Seconds(5));
+  auto digests = source.TrustedDigests(3);
+  REQUIRE(digests.ok());
+  auto sha = WeightSha256(bytes.span());
+  REQUIRE(sha.ok());
+  CHECK(digests->sha256 == *sha);
+  CHECK(digests->tree_sha256 == *tree);
+  CHECK(digests->tree_sha256.size() == kWeightSha256Bytes);
+  auto only_sha = source.TrustedSha256(3);
+  REQUIRE(only_sha.ok());
+  CHECK(*only_sha == *sha);
+  auto missing = source.TrustedDigests(9);
+  REQUIRE_FALSE(missing.ok());
+  CHECK_THAT(std::string(missing.status().message()),
+             Catch::Contains("GetManifest(v9)"));
 }
 
 }  // namespace

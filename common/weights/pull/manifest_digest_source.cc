@@ -12,6 +12,13 @@ ManifestDigestSource::ManifestDigestSource(
 
 absl::StatusOr<std::string> ManifestDigestSource::TrustedSha256(
     uint64_t version) {
+  absl::StatusOr<Digests> digests = TrustedDigests(version);
+  if (!digests.ok()) return digests.status();
+  return std::move(digests->sha256);
+}
+
+absl::StatusOr<ManifestDigestSource::Digests>
+ManifestDigestSource::TrustedDigests(uint64_t version) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
   v1::GetManifestRequest request;
@@ -28,7 +35,8 @@ absl::StatusOr<std::string> ManifestDigestSource::TrustedSha256(
         absl::StrCat("GetManifest(v", version, ") answered v",
                      manifest.policy_version()));
   }
-  return std::move(*manifest.mutable_sha256());
+  return Digests{.sha256 = std::move(*manifest.mutable_sha256()),
+                 .tree_sha256 = std::move(*manifest.mutable_tree_sha256())};
 }
 
 }  // namespace tandem::weights

@@ -31,6 +31,14 @@ class ManifestDigestSource : public TrustedDigestSource {
   // error (naming the version) otherwise.
   absl::StatusOr<std::string> TrustedSha256(uint64_t version) override;
 
+  // Both digests of GetManifest(version) from one call: the SHA-256 and
+  // the tree root (tree_digest.h), each "" when the trainer sends none.
+  struct Digests {
+    std::string sha256;
+    std::string tree_sha256;
+  };
+  absl::StatusOr<Digests> TrustedDigests(uint64_t version);
+
  private:
   std::unique_ptr<v1::WeightServer::Stub> stub_;
   const absl::Duration timeout_;
