@@ -488,6 +488,12 @@ absl::Status StagingWeights::CommitVerifiedElsewhere(
   return Commit().status();
 }
 
+StagingWeights::Refusal StagingWeights::RefusalOf(const absl::Status& why) {
+  if (IsNonFiniteWeights(why)) return Refusal::kNonFinite;
+  if (IsDigestMismatch(why)) return Refusal::kDigestMismatch;
+  return Refusal::kCorrupt;
+}
+
 void StagingWeights::RecordRefusedElsewhere(uint64_t version, Refusal why,
                                             bool pull_again) {
   absl::MutexLock lock(&mu_);

@@ -237,6 +237,10 @@ class StagingWeights {
 
   // Why a version verified elsewhere was refused.
   enum class Refusal { kCorrupt, kNonFinite, kDigestMismatch };
+  // The Refusal of a verification's error: kNonFinite for
+  // IsNonFiniteWeights, kDigestMismatch for IsDigestMismatch, else
+  // kCorrupt.
+  static Refusal RefusalOf(const absl::Status& why);
   // Counts `version`'s refusal as the receive path would (rejected_versions,
   // and nonfinite_versions or digest_mismatches) and keeps it in
   // refused_version(), so that receivers wait for a newer version instead

@@ -104,16 +104,6 @@ absl::Status SyncDevice() {
   return absl::OkStatus();
 }
 
-weights::StagingWeights::Refusal RefusalOf(const absl::Status& why) {
-  if (weights::IsNonFiniteWeights(why)) {
-    return weights::StagingWeights::Refusal::kNonFinite;
-  }
-  if (weights::IsDigestMismatch(why)) {
-    return weights::StagingWeights::Refusal::kDigestMismatch;
-  }
-  return weights::StagingWeights::Refusal::kCorrupt;
-}
-
 // A free buffer of the pool (a new one while it has fewer than
 // kPoolBuffers), or null.
 std::shared_ptr<uint8_t> TakeBuffer(std::vector<std::shared_ptr<uint8_t>>* pool,
@@ -242,8 +232,9 @@ bool WeightSubscriber::ReceiveBroadcastOnDevice(
       return true;  // a version this worker already holds
     }
     // Counted as the host path counts a bad copy; the version is pulled.
-    staging_->RecordRefusedElsewhere(round, RefusalOf(manifest.status()),
-                                     /*pull_again=*/true);
+    staging_->RecordRefusedElsewhere(
+        round, weights::StagingWeights::RefusalOf(manifest.status()),
+        /*pull_again=*/true);
     CountDigestChecks(staging_before, weights::SyncTransport::kBroadcast,
                       manifest.status());
     RejectBroadcast(round, manifest.status());
@@ -297,8 +288,9 @@ bool WeightSubscriber::ReceiveBroadcastOnDevice(
   if (!refused.ok()) {
     // Counted as the host broadcast path counts its refusals; a bad copy
     // or digest is pulled, a non-finite version is not fetched again.
-    staging_->RecordRefusedElsewhere(version, RefusalOf(refused),
-                                     /*pull_again=*/true);
+    staging_->RecordRefusedElsewhere(
+        version, weights::StagingWeights::RefusalOf(refused),
+        /*pull_again=*/true);
     CountNonFinite(staging_before.nonfinite_versions,
                    weights::SyncTransport::kBroadcast);
     CountDigestChecks(staging_before, weights::SyncTransport::kBroadcast,

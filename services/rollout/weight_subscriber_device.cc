@@ -60,16 +60,6 @@ absl::Status CopyToHost(const at::Tensor& staged, absl::Span<uint8_t> dst) {
   return absl::OkStatus();
 }
 
-weights::StagingWeights::Refusal RefusalOf(const absl::Status& why) {
-  if (weights::IsNonFiniteWeights(why)) {
-    return weights::StagingWeights::Refusal::kNonFinite;
-  }
-  if (weights::IsDigestMismatch(why)) {
-    return weights::StagingWeights::Refusal::kDigestMismatch;
-  }
-  return weights::StagingWeights::Refusal::kCorrupt;
-}
-
 }  // namespace
 
 absl::Status WeightSubscriber::GoLiveOnDevice(
@@ -114,7 +104,8 @@ absl::Status WeightSubscriber::GoLiveOnDevice(
     // Counted as the host path counts its refusals (the staging's stats,
     // read by CountNonFinite and CountDigestChecks); live stays, and the
     // version is not fetched again.
-    staging_->RecordRefusedElsewhere(version, RefusalOf(refused));
+    staging_->RecordRefusedElsewhere(
+        version, weights::StagingWeights::RefusalOf(refused));
     if (options_.metrics != nullptr)
       options_.metrics->RecordRejected(transport);
     Log()->warn("policy version {} rejected: {}", version, refused.ToString());

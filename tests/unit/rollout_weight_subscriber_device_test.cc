@@ -22,7 +22,9 @@
 #include "common/model/decoder_model.h"
 #include "common/model/model_weights.h"
 #include "common/weights/cuda_ipc.h"
+#include "common/weights/finite_weights.h"
 #include "common/weights/model_flattening.h"
+#include "common/weights/weight_digest.h"
 #include "common/weights/pull/weight_server.h"
 #include "common/weights/weight_store.h"
 #include "common/weights/weight_sync_metrics.h"
@@ -367,6 +369,15 @@ TEST_CASE(
   CHECK(absl::IsDataLoss(refused));
   CHECK((*staging)->live_version() == 1u);
   CHECK((*staging)->stats().rejected_versions == 1);
+  // How the device paths classify what GoLiveFromStagedTensor refused.
+  using Refusal = weights::StagingWeights::Refusal;
+  CHECK(weights::StagingWeights::RefusalOf(refused) == Refusal::kCorrupt);
+  CHECK(weights::StagingWeights::RefusalOf(weights::CheckWeightSha256(
+            2, std::string(32, 'a'), std::string(32, 'b'), 64)) ==
+        Refusal::kDigestMismatch);
+  CHECK(weights::StagingWeights::RefusalOf(weights::NonFiniteWeightsError(
+            2, *layout, 0, {.index = 3, .nan = true})) ==
+        Refusal::kNonFinite);
   // Not a FULL version: refused before anything is copied.
   v1::WeightManifest delta = *m2;
   delta.set_kind(v1::WEIGHT_PAYLOAD_KIND_DELTA);
