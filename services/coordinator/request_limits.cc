@@ -70,8 +70,9 @@ const absl::flat_hash_map<std::string_view, FieldLimits>& Fields() {
       {"tandem.v1.ResumeTrainingRequest.member_id", Bytes(kMaxIdBytes)},
       {"tandem.v1.WeightManifest.tensors", Entries(kMaxManifestTensors)},
       {"tandem.v1.WeightManifest.buckets", Entries(kMaxManifestBuckets)},
-      // A SHA-256 digest.
+      // SHA-256 digests: of the whole buffer, and the tree root.
       {"tandem.v1.WeightManifest.sha256", Bytes(32)},
+      {"tandem.v1.WeightManifest.tree_sha256", Bytes(32)},
       {"tandem.v1.TensorSpec.name", Bytes(kMaxTensorNameBytes)},
       {"tandem.v1.TensorSpec.shape", Entries(kMaxTensorRank)},
       // Cluster watch and weight groups
