@@ -28,8 +28,11 @@
 // The split of go_live is measured after the version is live, on the same
 // copy, by separate passes (so it does not slow publish_to_live): finite =
 // VerifyStagedTensor without a digest, less its CRC time; digest =
-// VerifyTensorWeightSha256 alone. tree_digest is the hook for the device
-// tree digest (manifest tree_sha256, issue 22; not on main yet: null).
+// VerifyTensorWeightSha256 alone; tree_digest = the device tree digest
+// alone (null without a tree root or a device, e.g. --cpu). Like a GPU
+// trainer by default, the trainer side puts a tree root in each manifest,
+// and go_live checks it as the worker does (the sink's tree function), so
+// go_live holds the tree digest, not the plain SHA-256.
 // The baseline is cudaMemcpy device-to-device of the same bytes. The first
 // version is a warm-up. One JSON line per version, then a summary line of
 // medians. Without a CUDA device it prints why and exits 0.
@@ -156,9 +159,9 @@ class TimedIpcSink final : public CudaIpcSink {
   double copy_ms_ = 0;
 };
 
-// One version's times (ms). The go_live split (finite, digest) comes from
-// separate passes after the version is live; tree_digest is the hook for
-// the device tree digest (nullopt until it exists).
+// One version's times (ms). The go_live split (finite, digest,
+// tree_digest) comes from separate passes after the version is live;
+// tree_digest is nullopt when there is no tree root or tree function.
 struct StageTimes {
   double rpc = 0;
   double ipc_copy = 0;
@@ -179,6 +182,7 @@ uint64_t GoLiveAndSwap(const model::ModelConfig& config,
                        const FlatWeightLayout& layout,
                        const v1::WeightManifest& manifest,
                        const at::Tensor& staged, const BucketCrc32c& crc32c,
+                       const TreeSha256Fn& tree,
                        rollout::StagedWeightSource& source, uint64_t live,
                        StageTimes& times) {
   const uint64_t version = manifest.policy_version();
@@ -191,7 +195,11 @@ uint64_t GoLiveAndSwap(const model::ModelConfig& config,
     crc_ms += MsBetween(start, ipc_pair::MonotonicNs());
     return crc;
   };
+  // As the worker's GoLiveOnDevice: the tree root on the device when
+  // there is one, else the plain SHA-256.
   go.expected_sha256 = manifest.sha256();
+  go.expected_tree_sha256 = manifest.tree_sha256();
+  go.tree_sha256 = tree;
   const uint64_t start = ipc_pair::MonotonicNs();
   std::shared_ptr<model::ModelWeights> weights =
       OrDie(GoLiveFromStagedTensor(config, manifest, layout, staged, go),
@@ -214,7 +222,8 @@ uint64_t GoLiveAndSwap(const model::ModelConfig& config,
 // The split of go_live, by separate passes on the live copy.
 void SplitGoLive(const FlatWeightLayout& layout,
                  const v1::WeightManifest& manifest, const at::Tensor& staged,
-                 const BucketCrc32c& crc32c, StageTimes& times) {
+                 const BucketCrc32c& crc32c, const TreeSha256Fn& tree,
+                 StageTimes& times) {
   double crc_ms = 0;
   DeviceGoLiveOptions no_digest;
   no_digest.crc32c = [&crc32c, &crc_ms](
@@ -234,9 +243,18 @@ void SplitGoLive(const FlatWeightLayout& layout,
                                    staged),
           "SHA-256 of the copy");
   times.digest = MsBetween(start, ipc_pair::MonotonicNs());
-  // Hook: the device tree digest (manifest tree_sha256) times here once
-  // it lands; until then there is nothing to time.
   times.tree_digest = std::nullopt;
+  if (tree != nullptr && !manifest.tree_sha256().empty()) {
+    start = ipc_pair::MonotonicNs();
+    const std::string root =
+        OrDie(tree(static_cast<const uint8_t*>(staged.data_ptr()),
+                   static_cast<uint64_t>(staged.numel())),
+              "tree digest of the copy");
+    times.tree_digest = MsBetween(start, ipc_pair::MonotonicNs());
+    if (root != manifest.tree_sha256()) {
+      bench::Die(kProgram, "the copy's tree root differs from the manifest's");
+    }
+  }
 }
 
 // A uint8 tensor over a handed-over copy, holding it alive.
@@ -291,12 +309,19 @@ void PrintSummary(const FlatWeightLayout& layout, bool cpu,
   };
   const double live = median(&StageTimes::publish_to_live);
   const double copy = median(&StageTimes::baseline_copy);
+  std::vector<double> trees;
+  for (const StageTimes& t : all) {
+    if (t.tree_digest.has_value()) trees.push_back(*t.tree_digest);
+  }
+  const std::string tree_median =
+      trees.size() == all.size() ? absl::StrFormat("%.3f", bench::Median(trees))
+                                 : std::string("null");
   std::printf(
       "{\"summary\": true, \"mib\": %.1f, \"cpu\": %s, \"versions\": %zu, "
       "\"publish_to_live_ms_median\": %.3f, \"rpc_ms_median\": %s, "
       "\"ipc_copy_ms_median\": %.3f, \"go_live_ms_median\": %.3f, "
       "\"crc_ms_median\": %.3f, \"finite_ms_median\": %.3f, "
-      "\"digest_ms_median\": %.3f, \"tree_digest_ms_median\": null, "
+      "\"digest_ms_median\": %.3f, \"tree_digest_ms_median\": %s, "
       "\"stage_ms_median\": %.3f, \"baseline_copy_ms_median\": %.3f, "
       "\"ratio\": %.2f}\n",
       static_cast<double>(layout.total_bytes()) / (1 << 20),
@@ -304,8 +329,8 @@ void PrintSummary(const FlatWeightLayout& layout, bool cpu,
       cpu ? "null" : absl::StrFormat("%.3f", median(&StageTimes::rpc)).c_str(),
       median(&StageTimes::ipc_copy), median(&StageTimes::go_live),
       median(&StageTimes::crc), median(&StageTimes::finite),
-      median(&StageTimes::digest), median(&StageTimes::stage), copy,
-      live / copy);
+      median(&StageTimes::digest), tree_median.c_str(),
+      median(&StageTimes::stage), copy, live / copy);
 }
 
 double DeviceCopyMs(void* dst, const void* src, uint64_t bytes) {
@@ -368,8 +393,9 @@ int RunDevice(uint64_t mib, uint64_t versions) {
       const at::Tensor staged = CopyTensor(copy);
       StageTimes t;
       const uint64_t published = trainer.PublishedNs(v);
-      const uint64_t live_ns = GoLiveAndSwap(config, layout, *manifest, staged,
-                                             copy.crc32c, source, live, t);
+      const uint64_t live_ns =
+          GoLiveAndSwap(config, layout, *manifest, staged, copy.crc32c,
+                        copy.tree_sha256, source, live, t);
       live = v;
       t.rpc = MsBetween(published, sink.started_ns());
       t.ipc_copy = sink.copy_ms();
@@ -386,7 +412,7 @@ int RunDevice(uint64_t mib, uint64_t versions) {
                     return absl::OkStatus();
                   }),
               which + ": host staging");
-      SplitGoLive(layout, *manifest, staged, copy.crc32c, t);
+      SplitGoLive(layout, *manifest, staged, copy.crc32c, copy.tree_sha256, t);
       t.baseline_copy = DeviceCopyMs(b, a, bytes);
       PrintVersion(v, layout, false, t);
       if (v > 1) all.push_back(t);
@@ -435,11 +461,11 @@ int RunCpu(uint64_t mib, uint64_t versions) {
     std::memcpy(staged.data_ptr(), payload.data(), n);
     const uint64_t copied = ipc_pair::MonotonicNs();
     const uint64_t live_ns = GoLiveAndSwap(config, layout, manifest, staged,
-                                           host_crc, source, live, t);
+                                           host_crc, nullptr, source, live, t);
     live = v;
     t.ipc_copy = MsBetween(published, copied);
     t.publish_to_live = MsBetween(published, live_ns);
-    SplitGoLive(layout, manifest, staged, host_crc, t);
+    SplitGoLive(layout, manifest, staged, host_crc, nullptr, t);
     const uint64_t start = ipc_pair::MonotonicNs();
     std::memcpy(baseline.data(), payload.data(), n);
     t.baseline_copy = MsBetween(start, ipc_pair::MonotonicNs());

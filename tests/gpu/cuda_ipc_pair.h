@@ -37,6 +37,7 @@
 #include "common/weights/cuda_ipc_device.h"
 #include "common/weights/flat_weight_layout.h"
 #include "common/weights/pull/weight_server.h"
+#include "common/weights/tree_digest.h"
 #include "common/weights/weight_buffer.h"
 #include "common/weights/weight_store.h"
 
@@ -129,6 +130,13 @@ inline int RunIpcTrainer(
     auto host = std::make_shared<std::vector<uint8_t>>(layout.total_bytes());
     FillPayload(v, absl::MakeSpan(*host));
     auto manifest = layout.BuildManifest(*host, v);
+    // A tree root, as a GPU trainer sends by default
+    // (weight_sync.tree_digest auto): workers check it on the device.
+    if (manifest.ok()) {
+      auto tree = WeightTreeSha256(*host);
+      if (!tree.ok()) manifest = tree.status();
+      if (manifest.ok()) manifest->set_tree_sha256(*std::move(tree));
+    }
     auto buffer = AllocateDeviceWeightBuffer(0, v, layout.total_bytes(),
                                              ring.deferred_frees());
     if (!manifest.ok() || !buffer.ok()) {
