@@ -11,6 +11,7 @@
 #include "common/model/model_config.h"
 #include "common/model/model_weights.h"
 #include "common/model/torch_status.h"
+#include "common/weights/cuda_ipc.h"
 #include "common/weights/tree_digest.h"
 #include "kernels/crc32c.h"
 
@@ -240,6 +241,24 @@ absl::StatusOr<std::shared_ptr<model::ModelWeights>> GoLiveFromStagedTensor(
     return s;
   }
   return ViewStagedTensor(config, layout, staged);
+}
+
+absl::StatusOr<at::Tensor> StagedCopyTensor(const StagedIpcCopy& copy) {
+  std::shared_ptr<void> keep = copy.memory;
+  void* data = keep.get();
+  const at::Device device = copy.device < 0
+                                ? at::Device(at::kCPU)
+                                : at::Device(at::kCUDA, copy.device);
+  try {
+    return at::from_blob(
+        data, {static_cast<int64_t>(copy.bytes)},
+        [keep = std::move(keep)](void*) mutable { keep.reset(); },
+        at::TensorOptions().dtype(at::kByte).device(device));
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("viewing the CUDA IPC copy as a tensor on ", device.str(),
+                     ": ", e.what_without_backtrace()));
+  }
 }
 
 }  // namespace tandem::weights

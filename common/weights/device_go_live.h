@@ -54,6 +54,8 @@ class ModelWeights;
 
 namespace tandem::weights {
 
+struct StagedIpcCopy;  // cuda_ipc.h
+
 // kernels::Crc32c of `n` bytes at `d` (memory of the staged tensor's
 // device).
 using BucketCrc32c =
@@ -131,5 +133,11 @@ absl::StatusOr<std::shared_ptr<model::ModelWeights>> GoLiveFromStagedTensor(
     const model::ModelConfig& config, const v1::WeightManifest& manifest,
     const FlatWeightLayout& layout, const at::Tensor& staged,
     const DeviceGoLiveOptions& options);
+
+// A contiguous uint8 tensor over a CUDA IPC sink's handed-over copy
+// (cuda_ipc.h), on its device (the CPU for a host-memory stand-in), that
+// holds the copy alive: views of it (the live weights) keep it until the
+// last one is dropped. Internal when the tensor cannot be made.
+absl::StatusOr<at::Tensor> StagedCopyTensor(const StagedIpcCopy& copy);
 
 }  // namespace tandem::weights

@@ -28,26 +28,6 @@ namespace {
 
 auto Log() { return ComponentLogger("rollout"); }
 
-// A uint8 tensor over the whole copy, on its device, holding the copy
-// alive: the live weights' views keep it until the engine drops them.
-absl::StatusOr<at::Tensor> CopyTensor(const weights::StagedIpcCopy& copy) {
-  std::shared_ptr<void> keep = copy.memory;
-  void* data = keep.get();
-  const at::Device device = copy.device < 0
-                                ? at::Device(at::kCPU)
-                                : at::Device(at::kCUDA, copy.device);
-  try {
-    return at::from_blob(
-        data, {static_cast<int64_t>(copy.bytes)},
-        [keep = std::move(keep)](void*) mutable { keep.reset(); },
-        at::TensorOptions().dtype(at::kByte).device(device));
-  } catch (const c10::Error& e) {
-    return absl::InternalError(
-        absl::StrCat("viewing the CUDA IPC copy as a tensor on ", device.str(),
-                     ": ", e.what_without_backtrace()));
-  }
-}
-
 // Copies `staged` (any device) into host bytes `dst` of the same size.
 absl::Status CopyToHost(const at::Tensor& staged, absl::Span<uint8_t> dst) {
   try {
@@ -84,7 +64,7 @@ absl::Status WeightSubscriber::GoLiveOnDevice(
     refused = absl::DataLossError(absl::StrCat(
         "weights v", version, ": the CUDA IPC sink handed over ", copy.bytes,
         " bytes, the layout has ", layout.total_bytes()));
-  } else if (staged = CopyTensor(copy); !staged.ok()) {
+  } else if (staged = weights::StagedCopyTensor(copy); !staged.ok()) {
     refused = staged.status();
   } else {
     weights::DeviceGoLiveOptions go;

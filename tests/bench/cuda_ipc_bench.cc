@@ -257,19 +257,6 @@ void SplitGoLive(const FlatWeightLayout& layout,
   }
 }
 
-// A uint8 tensor over a handed-over copy, holding it alive.
-at::Tensor CopyTensor(const StagedIpcCopy& copy) {
-  std::shared_ptr<void> keep = copy.memory;
-  void* data = keep.get();
-  const at::Device device = copy.device < 0
-                                ? at::Device(at::kCPU)
-                                : at::Device(at::kCUDA, copy.device);
-  return at::from_blob(
-      data, {static_cast<int64_t>(copy.bytes)},
-      [keep = std::move(keep)](void*) mutable { keep.reset(); },
-      at::TensorOptions().dtype(at::kByte).device(device));
-}
-
 // The live weights the engine starts from: views into zeros on `device`.
 std::shared_ptr<model::DecoderModel> InitialModel(
     const model::ModelConfig& config, const FlatWeightLayout& layout,
@@ -390,7 +377,8 @@ int RunDevice(uint64_t mib, uint64_t versions) {
       }
       const StagedIpcCopy copy = sink.TakeStagedCopy();
       if (copy.memory == nullptr) bench::Die(kProgram, which + ": no copy");
-      const at::Tensor staged = CopyTensor(copy);
+      const at::Tensor staged =
+          OrDie(StagedCopyTensor(copy), which + ": viewing the copy");
       StageTimes t;
       const uint64_t published = trainer.PublishedNs(v);
       const uint64_t live_ns =
